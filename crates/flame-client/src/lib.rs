@@ -1,0 +1,1 @@
+//! Flame client library.

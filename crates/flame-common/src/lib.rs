@@ -1,0 +1,19 @@
+//! Flame's shared core.
+//!
+//! Everything two Flame processes must agree on lives here, so that the OSD, the
+//! manager and the client cannot drift apart: the identifiers ([`ids`]), the wire
+//! protocol ([`protocol`]), the cluster map and the placement function ([`map`],
+//! [`placement`]), the manager's JSON API types ([`mgr_api`]), configuration loading
+//! ([`config`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
+//! the verbs-shaped [`transport`] layer, and the [`metrics`] endpoint.
+
+pub mod config;
+pub mod ids;
+pub mod logging;
+pub mod map;
+pub mod metrics;
+pub mod mgr_api;
+pub mod placement;
+pub mod protocol;
+pub mod reactor;
+pub mod transport;

@@ -1,0 +1,14 @@
+//! Logging set-up shared by every binary.
+
+/// Installs a `tracing` subscriber writing to stderr, filtered by `RUST_LOG`
+/// (default `info`). Called once at start-up by every daemon and tool, so their logs
+/// look the same and can be turned up the same way.
+pub fn init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second call (tests) is harmless: try_init just reports the existing subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,178 @@
+//! The cluster map: everything a client or OSD needs to place and route I/O.
+//!
+//! The manager owns the map and bumps [`ClusterMap::epoch`] on every change; OSDs
+//! and clients fetch it by epoch and compute placement themselves (see
+//! [`crate::placement`]), which keeps the manager off the data path.
+
+use crate::ids::{Epoch, OsdId, PgId, VolumeId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+/// Replication and layout settings. Fixed when the cluster is created: changing
+/// `pg_count` or `object_size` later would move or reshape every object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Copies of each object.
+    pub size: u32,
+    /// Fewest copies a write needs while degraded (used by the recovery work; today
+    /// every write goes to all `size` copies).
+    pub min_size: u32,
+    /// Number of placement groups objects are hashed into.
+    pub pg_count: u32,
+    /// Bytes per object; a power of two.
+    pub object_size: u32,
+}
+
+/// Largest object size accepted: bounds every per-request buffer.
+pub const OBJECT_SIZE_MAX: u32 = 64 << 20;
+/// Smallest object size accepted.
+pub const OBJECT_SIZE_MIN: u32 = 64 << 10;
+/// Most placement groups a pool may have (bounds per-PG tables).
+pub const PG_COUNT_MAX: u32 = 1 << 16;
+/// Most replicas per object.
+pub const POOL_SIZE_MAX: u32 = 8;
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 3,
+            min_size: 2,
+            pg_count: 128,
+            object_size: 4 << 20,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Checks the settings, naming the bad key.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.size == 0 || self.size > POOL_SIZE_MAX {
+            return Err(("pool.size".into(), format!("must be 1..={POOL_SIZE_MAX}")));
+        }
+        if self.min_size == 0 || self.min_size > self.size {
+            return Err(("pool.min_size".into(), "must be 1..=size".into()));
+        }
+        if self.pg_count == 0 || self.pg_count > PG_COUNT_MAX {
+            return Err((
+                "pool.pg_count".into(),
+                format!("must be 1..={PG_COUNT_MAX}"),
+            ));
+        }
+        if !self.object_size.is_power_of_two()
+            || !(OBJECT_SIZE_MIN..=OBJECT_SIZE_MAX).contains(&self.object_size)
+        {
+            return Err((
+                "pool.object_size".into(),
+                format!("must be a power of two in {OBJECT_SIZE_MIN}..={OBJECT_SIZE_MAX}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One OSD as the map knows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OsdInfo {
+    /// Cluster-wide id.
+    pub id: OsdId,
+    /// Address of shard 0's data listener; shard `i` listens on the same IP at port
+    /// `addr.port() + i`, so a client can reach the owning shard directly.
+    pub addr: SocketAddr,
+    /// Number of shard threads; placement group `pg` lives on shard `pg % shards`.
+    pub shards: u16,
+    /// Failure domain: placement puts copies on distinct hosts where it can.
+    pub host: String,
+    /// Relative share of data; 0 takes no new data.
+    pub weight: f64,
+    /// Heartbeating (up) or not (down). Down OSDs keep their placement: I/O to their
+    /// placement groups waits rather than being served from fewer copies.
+    pub up: bool,
+    /// Part of placement (in) or not (out).
+    pub r#in: bool,
+    /// Where the OSD serves Prometheus metrics.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl OsdInfo {
+    /// The data address of shard `shard`.
+    pub fn shard_addr(&self, shard: u16) -> SocketAddr {
+        let mut a = self.addr;
+        a.set_port(self.addr.port().wrapping_add(shard));
+        a
+    }
+
+    /// The shard of this OSD that owns placement group `pg`.
+    pub fn shard_of(&self, pg: PgId) -> u16 {
+        (pg.0 % u32::from(self.shards.max(1))) as u16
+    }
+}
+
+/// A volume: a thin-provisioned virtual disk of `size` bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    /// Never-reused id; objects are named by it.
+    pub id: VolumeId,
+    /// User-facing name, also the NBD export name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Creation time, seconds since the Unix epoch.
+    pub created_unix: u64,
+}
+
+/// The whole cluster map. Serialized as JSON by the manager's API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Cluster identity; a client or OSD refuses a map of another cluster.
+    pub fsid: String,
+    /// Incremented on every change.
+    pub epoch: Epoch,
+    /// Replication settings.
+    pub pool: PoolConfig,
+    /// OSDs by id.
+    pub osds: BTreeMap<OsdId, OsdInfo>,
+    /// Volumes by name.
+    pub volumes: BTreeMap<String, VolumeInfo>,
+}
+
+impl ClusterMap {
+    /// Empty map of a new cluster.
+    pub fn new(fsid: String, pool: PoolConfig) -> Self {
+        ClusterMap {
+            fsid,
+            epoch: Epoch(1),
+            pool,
+            osds: BTreeMap::new(),
+            volumes: BTreeMap::new(),
+        }
+    }
+
+    /// Looks a volume up by id.
+    pub fn volume_by_id(&self, id: VolumeId) -> Option<&VolumeInfo> {
+        self.volumes.values().find(|v| v.id == id)
+    }
+}
+
+/// Checks a volume name: it is an NBD export name and a path component in the CLI,
+/// so keep it to a safe, bounded alphabet.
+pub fn validate_volume_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
+        return Err(format!(
+            "volume name must be 1..={VOLUME_NAME_BYTES_MAX} bytes"
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err("volume name may contain only A-Z a-z 0-9 - _ .".into());
+    }
+    Ok(())
+}
+
+/// Longest volume name.
+pub const VOLUME_NAME_BYTES_MAX: usize = 128;
+/// Largest volume: 1 PiB. Bounds object indexes and arithmetic on offsets.
+pub const VOLUME_SIZE_MAX: u64 = 1 << 50;

@@ -1,0 +1,208 @@
+//! The manager's HTTP/JSON API: paths and bodies.
+//!
+//! Shared by `flame-mgr` (server), `flame-osd` (boot and heartbeats) and
+//! `flame-client`/`flame-admin` (maps and volume operations), so the three can only
+//! disagree at compile time. Errors come back as a non-2xx status with an
+//! [`ApiError`] body.
+//!
+//! | method | path | body → reply |
+//! |---|---|---|
+//! | GET | `/v1/map` | → [`crate::map::ClusterMap`] |
+//! | GET | `/v1/status` | → [`ClusterStatus`] |
+//! | GET | `/v1/osds` | → `Vec<`[`OsdStatus`]`>` |
+//! | POST | `/v1/osd/boot` | [`OsdBoot`] → [`OsdBootReply`] |
+//! | POST | `/v1/osd/heartbeat` | [`OsdHeartbeat`] → [`HeartbeatReply`] |
+//! | GET | `/v1/volumes` | → `Vec<`[`crate::map::VolumeInfo`]`>` |
+//! | POST | `/v1/volumes` | [`VolumeCreate`] → `VolumeInfo` |
+//! | GET | `/v1/volumes/{name}` | → `VolumeInfo` |
+//! | POST | `/v1/volumes/{name}/resize` | [`VolumeResize`] → `VolumeInfo` |
+//! | DELETE | `/v1/volumes/{name}` | → `VolumeInfo` (the removed volume) |
+//! | GET | `/metrics` | → Prometheus text |
+
+use crate::ids::{Epoch, OsdId};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// Error body of every failed call.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Human-readable reason.
+    pub error: String,
+}
+
+/// An OSD announcing itself at start-up.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OsdBoot {
+    /// Identity of the OSD's data directory, created at its first start. The manager
+    /// maps it to a stable [`OsdId`], so a restarted OSD gets its old id back.
+    pub uuid: String,
+    /// Id the OSD had before, if its data directory recorded one.
+    pub id: Option<OsdId>,
+    /// Data address of shard 0.
+    pub addr: SocketAddr,
+    /// Shard threads.
+    pub shards: u16,
+    /// Failure domain.
+    pub host: String,
+    /// Placement weight.
+    pub weight: f64,
+    /// Metrics endpoint.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// The manager's answer to [`OsdBoot`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OsdBootReply {
+    /// The OSD's id.
+    pub id: OsdId,
+    /// The cluster id.
+    pub fsid: String,
+    /// Map epoch after the boot was recorded.
+    pub epoch: Epoch,
+}
+
+/// Periodic liveness report from an OSD.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OsdHeartbeat {
+    /// Reporting OSD.
+    pub id: OsdId,
+    /// The OSD's data-directory uuid, so a stale process cannot heartbeat for a
+    /// replaced OSD.
+    pub uuid: String,
+    /// Map epoch the OSD has.
+    pub epoch: Epoch,
+    /// Bytes its objects occupy on disk.
+    pub used_bytes: u64,
+    /// Bytes of its file system.
+    pub capacity_bytes: u64,
+}
+
+/// Answer to a heartbeat: the current epoch, so the OSD knows when to fetch the map.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeartbeatReply {
+    /// Current map epoch.
+    pub epoch: Epoch,
+}
+
+/// One OSD in `flame-admin osd ls`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OsdStatus {
+    /// Map entry.
+    #[serde(flatten)]
+    pub info: crate::map::OsdInfo,
+    /// Last reported object bytes.
+    pub used_bytes: u64,
+    /// Last reported file-system bytes.
+    pub capacity_bytes: u64,
+    /// Milliseconds since the last heartbeat (None: never heard from since the
+    /// manager started).
+    pub last_heartbeat_ms_ago: Option<u64>,
+    /// Placement groups whose acting set includes this OSD.
+    pub pgs: u32,
+}
+
+/// `flame-admin status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Cluster id.
+    pub fsid: String,
+    /// `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`.
+    pub health: String,
+    /// Reasons for a health other than OK.
+    pub health_detail: Vec<String>,
+    /// Current map epoch.
+    pub epoch: Epoch,
+    /// OSDs known.
+    pub osds: u32,
+    /// OSDs up.
+    pub osds_up: u32,
+    /// OSDs in.
+    pub osds_in: u32,
+    /// Volumes.
+    pub volumes: u32,
+    /// Sum of volume sizes.
+    pub provisioned_bytes: u64,
+    /// Sum of OSD-reported object bytes (all copies).
+    pub used_bytes: u64,
+    /// Sum of OSD file-system sizes.
+    pub capacity_bytes: u64,
+    /// Pool settings.
+    pub pool: crate::map::PoolConfig,
+}
+
+/// Creates a volume.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VolumeCreate {
+    /// Name (also the NBD export name).
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Changes a volume's size.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VolumeResize {
+    /// New size in bytes.
+    pub size: u64,
+    /// Must be true to make the volume smaller (data past the new end is lost).
+    #[serde(default)]
+    pub allow_shrink: bool,
+}
+
+/// Parses a size such as `4G`, `512M`, `10GiB`, `4096` (binary units; bytes if no
+/// suffix). Shared by the CLI and the configuration.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 10G, 512M)"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        "P" | "PB" | "PIB" => 50,
+        _ => {
+            return Err(format!(
+                "`{text}`: unknown unit `{unit}` (use K, M, G, T, P)"
+            ));
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+/// Formats bytes with a binary unit, for tables.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size("10GiB").unwrap(), 10 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999P").is_err());
+        assert_eq!(format_size(4 << 30), "4.0 GiB");
+    }
+}

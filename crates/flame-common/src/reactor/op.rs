@@ -1,0 +1,264 @@
+//! io_uring operations as futures.
+//!
+//! Each operation owns the memory the kernel reads or writes (buffers, iovecs,
+//! socket addresses, timespecs) until its completion arrives, even if the future is
+//! dropped first: the memory then stays parked in the reactor's operation table and
+//! is freed when the completion comes in. That is what makes dropping an in-flight
+//! operation memory-safe.
+
+use super::executor::with_current;
+use io_uring::{opcode, squeue, types};
+use std::any::Any;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// State of one submitted operation, kept in the reactor's table under its
+/// `user_data`.
+pub(crate) struct OpSlot {
+    /// Completion result once it arrived.
+    pub(crate) result: Option<i32>,
+    /// Task to wake on completion.
+    pub(crate) waker: Option<Waker>,
+    /// Memory the kernel may still touch; dropped only after completion.
+    pub(crate) resources: Option<Box<dyn Any>>,
+    /// The future was dropped: free the slot when the completion arrives.
+    pub(crate) orphaned: bool,
+}
+
+/// A submitted operation. Resolves to the raw completion result and gives back the
+/// resources it held.
+struct Op<R: 'static> {
+    key: Option<usize>,
+    _r: std::marker::PhantomData<fn() -> R>,
+}
+
+impl<R: 'static> Op<R> {
+    /// Queues `sqe` (its `user_data` is set here) with `resources` kept alive until
+    /// completion. The entry reaches the kernel at the reactor's next submit.
+    fn submit(sqe: squeue::Entry, resources: R) -> Op<R> {
+        let key = with_current(|r| r.push_op(sqe, Box::new(resources)));
+        Op {
+            key: Some(key),
+            _r: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<R: 'static> Future for Op<R> {
+    type Output = (i32, R);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(key) = self.key else {
+            panic!("operation polled after completion");
+        };
+        let done = with_current(|r| r.poll_op(key, cx.waker()));
+        match done {
+            None => Poll::Pending,
+            Some((res, resources)) => {
+                self.key = None;
+                // The box was created from an `R` in `submit`.
+                let resources = match resources.downcast::<R>() {
+                    Ok(b) => *b,
+                    Err(_) => unreachable!("operation resources changed type"),
+                };
+                Poll::Ready((res, resources))
+            }
+        }
+    }
+}
+
+impl<R: 'static> Drop for Op<R> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            // Still in flight: leave the memory to the reactor until completion.
+            let _ = with_current(|r| r.orphan_op(key));
+        }
+    }
+}
+
+fn result(res: i32) -> io::Result<usize> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as usize)
+    }
+}
+
+/// Accepts one connection on a listening socket.
+pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
+    let sqe = opcode::Accept::new(
+        types::Fd(listener),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    )
+    .flags(libc::SOCK_CLOEXEC)
+    .build();
+    let (res, ()) = Op::submit(sqe, ()).await;
+    let fd = result(res)?;
+    // The kernel handed us a fresh descriptor we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Connects a socket (created non-connected by the caller) to `addr`.
+pub async fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
+    let (storage, len) = sockaddr_of(addr);
+    let storage = Box::new(storage);
+    let sqe = opcode::Connect::new(
+        types::Fd(fd),
+        &*storage as *const libc::sockaddr_storage as *const libc::sockaddr,
+        len,
+    )
+    .build();
+    let (res, _storage) = Op::submit(sqe, storage).await;
+    result(res).map(|_| ())
+}
+
+fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// Receives into `buf[start..]`; returns the byte count (0 = peer closed) and the buffer.
+pub async fn recv(fd: RawFd, mut buf: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+    assert!(start <= buf.len(), "recv start beyond buffer");
+    let len = (buf.len() - start).min(u32::MAX as usize) as u32;
+    let ptr = buf[start..].as_mut_ptr();
+    let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
+    let (res, buf) = Op::submit(sqe, buf).await;
+    (result(res), buf)
+}
+
+/// Sends `buf[start..]`; returns the byte count sent (may be short) and the buffer.
+pub async fn send(fd: RawFd, buf: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+    assert!(start <= buf.len(), "send start beyond buffer");
+    let len = (buf.len() - start).min(u32::MAX as usize) as u32;
+    let ptr = buf[start..].as_ptr();
+    let sqe = opcode::Send::new(types::Fd(fd), ptr, len)
+        .flags(libc::MSG_NOSIGNAL)
+        .build();
+    let (res, buf) = Op::submit(sqe, buf).await;
+    (result(res), buf)
+}
+
+/// Writes several buffers with one `writev`, skipping the first `skip` bytes of the
+/// concatenation (for resuming after a short write). Returns bytes written and the
+/// buffers.
+pub async fn writev(
+    fd: RawFd,
+    bufs: Vec<Vec<u8>>,
+    skip: usize,
+) -> (io::Result<usize>, Vec<Vec<u8>>) {
+    let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(bufs.len());
+    let mut to_skip = skip;
+    for b in &bufs {
+        if to_skip >= b.len() {
+            to_skip -= b.len();
+            continue;
+        }
+        iovecs.push(libc::iovec {
+            iov_base: b[to_skip..].as_ptr() as *mut libc::c_void,
+            iov_len: b.len() - to_skip,
+        });
+        to_skip = 0;
+    }
+    if iovecs.is_empty() {
+        return (Ok(0), bufs);
+    }
+    // IOV_MAX bounds one call; the caller loops on short writes anyway.
+    iovecs.truncate(1024);
+    let sqe = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32).build();
+    let (res, (bufs, _iovecs)) = Op::submit(sqe, (bufs, iovecs)).await;
+    (result(res), bufs)
+}
+
+/// Reads `buf.len()` bytes at `offset` of a file into `buf`; returns the count read
+/// (short at end of file).
+pub async fn read_at(fd: RawFd, mut buf: Vec<u8>, offset: u64) -> (io::Result<usize>, Vec<u8>) {
+    let len = buf.len().min(u32::MAX as usize) as u32;
+    let sqe = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len)
+        .offset(offset)
+        .build();
+    let (res, buf) = Op::submit(sqe, buf).await;
+    (result(res), buf)
+}
+
+/// Writes `buf` at `offset` of a file; returns the count written.
+pub async fn write_at(fd: RawFd, buf: Vec<u8>, offset: u64) -> (io::Result<usize>, Vec<u8>) {
+    let len = buf.len().min(u32::MAX as usize) as u32;
+    let sqe = opcode::Write::new(types::Fd(fd), buf.as_ptr(), len)
+        .offset(offset)
+        .build();
+    let (res, buf) = Op::submit(sqe, buf).await;
+    (result(res), buf)
+}
+
+/// `fdatasync` (or `fsync` when `data_only` is false) through the ring.
+pub async fn fsync(fd: RawFd, data_only: bool) -> io::Result<()> {
+    let mut op = opcode::Fsync::new(types::Fd(fd));
+    if data_only {
+        op = op.flags(types::FsyncFlags::DATASYNC);
+    }
+    let (res, ()) = Op::submit(op.build(), ()).await;
+    result(res).map(|_| ())
+}
+
+/// `fallocate(fd, mode, offset, len)` through the ring (used to punch holes).
+pub async fn fallocate(fd: RawFd, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    let sqe = opcode::Fallocate::new(types::Fd(fd), len)
+        .offset(offset)
+        .mode(mode)
+        .build();
+    let (res, ()) = Op::submit(sqe, ()).await;
+    result(res).map(|_| ())
+}
+
+/// Closes a descriptor through the ring.
+pub async fn close(fd: OwnedFd) -> io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let raw = fd.into_raw_fd();
+    let (res, ()) = Op::submit(opcode::Close::new(types::Fd(raw)).build(), ()).await;
+    result(res).map(|_| ())
+}
+
+/// Sleeps for `duration` on the ring's timer.
+pub async fn sleep(duration: Duration) {
+    let ts = Box::new(types::Timespec::from(duration));
+    let sqe = opcode::Timeout::new(&*ts as *const types::Timespec).build();
+    // -ETIME is the normal expiry result.
+    let _ = Op::submit(sqe, ts).await;
+}

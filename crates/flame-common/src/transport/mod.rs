@@ -1,0 +1,135 @@
+//! The transport layer: how Flame messages move between a client and an OSD, or
+//! between two OSDs.
+//!
+//! The shape follows RDMA verbs so that RDMA and shared-memory transports slot in
+//! without touching the OSD or the client: a connection is a queue pair on which
+//! messages are *posted* (`send` never blocks: it queues, and the connection's own
+//! writer drains the queue in order, batching many messages into one system call)
+//! and *completed* (`recv` yields whole, validated messages). All of it runs on the
+//! owning thread's [`crate::reactor`]; a connection is never touched by another
+//! thread.
+//!
+//! Today there is one implementation, [`tcp`]. The OSD and the client only see
+//! [`Conn`] and [`Listener`]; adding a transport means adding a variant here.
+
+pub mod tcp;
+
+use crate::protocol::{Message, ProtocolError};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Which transport a daemon uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportKind {
+    /// TCP sockets through io_uring.
+    #[default]
+    Tcp,
+}
+
+/// Why a connection failed. Every variant ends the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The peer closed the connection.
+    #[error("connection closed by peer")]
+    Closed,
+    /// The peer sent bytes that are not a valid message.
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// A socket operation failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// Connecting took longer than allowed.
+    #[error("connect to {0} timed out")]
+    ConnectTimeout(SocketAddr),
+    /// The send queue is over its bound: the peer is not reading.
+    #[error("send queue over {0} bytes: peer is not reading")]
+    Backlog(usize),
+}
+
+/// A connection of any transport.
+#[derive(Clone)]
+pub enum Conn {
+    /// TCP.
+    Tcp(Rc<tcp::TcpConn>),
+}
+
+impl Conn {
+    /// Queues `msg` for sending, in order after every message queued before it.
+    pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
+        match self {
+            Conn::Tcp(c) => c.send(msg),
+        }
+    }
+
+    /// Receives the next message. Only one task may receive on a connection.
+    pub async fn recv(&self) -> Result<Message, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.recv().await,
+        }
+    }
+
+    /// Closes the connection: pending and future receives fail, queued sends are
+    /// dropped.
+    pub fn close(&self) {
+        match self {
+            Conn::Tcp(c) => c.close(),
+        }
+    }
+
+    /// Whether the connection has failed or been closed.
+    pub fn is_closed(&self) -> bool {
+        match self {
+            Conn::Tcp(c) => c.is_closed(),
+        }
+    }
+
+    /// The peer's address, for logs.
+    pub fn peer(&self) -> SocketAddr {
+        match self {
+            Conn::Tcp(c) => c.peer(),
+        }
+    }
+
+    /// Connects to `addr` with `kind`, giving up after `timeout`.
+    pub async fn connect(
+        kind: TransportKind,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Conn, TransportError> {
+        match kind {
+            TransportKind::Tcp => Ok(Conn::Tcp(tcp::TcpConn::connect(addr, timeout).await?)),
+        }
+    }
+}
+
+/// A listening endpoint.
+pub enum Listener {
+    /// TCP.
+    Tcp(tcp::TcpListener),
+}
+
+impl Listener {
+    /// Binds `addr`.
+    pub fn bind(kind: TransportKind, addr: SocketAddr) -> Result<Listener, TransportError> {
+        match kind {
+            TransportKind::Tcp => Ok(Listener::Tcp(tcp::TcpListener::bind(addr)?)),
+        }
+    }
+
+    /// Accepts the next connection.
+    pub async fn accept(&self) -> Result<Conn, TransportError> {
+        match self {
+            Listener::Tcp(l) => Ok(Conn::Tcp(l.accept().await?)),
+        }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        match self {
+            Listener::Tcp(l) => l.local_addr(),
+        }
+    }
+}

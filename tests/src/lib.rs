@@ -1,0 +1,1 @@
+//! Cross-process test harness.
