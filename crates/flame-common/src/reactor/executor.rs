@@ -107,6 +107,14 @@ pub(crate) fn with_current<T>(f: impl FnOnce(&Inner) -> T) -> T {
     }
 }
 
+/// Like [`with_current`], but does nothing off a reactor thread.
+pub(crate) fn try_with_current(f: impl FnOnce(&Inner)) {
+    let inner = CURRENT.try_with(|c| c.borrow().clone()).ok().flatten();
+    if let Some(inner) = inner {
+        f(&inner);
+    }
+}
+
 impl Inner {
     pub(crate) fn push_op(&self, sqe: squeue::Entry, resources: Box<dyn Any>) -> usize {
         let key = self.ops.borrow_mut().insert(OpSlot {
@@ -449,7 +457,7 @@ mod tests {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         let data = r
             .block_on(async move {
-                let (n, _) = write_at(fd, b"hello world".to_vec(), 100).await;
+                let (n, _) = write_at(fd, b"hello world".to_vec(), 100, true).await;
                 assert_eq!(n.unwrap(), 11);
                 let (n, buf) = read_at(fd, vec![0; 11], 100).await;
                 assert_eq!(n.unwrap(), 11);

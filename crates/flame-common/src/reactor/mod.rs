@@ -18,10 +18,12 @@
 //! a lock-free queue and wake the reactor through an eventfd. That is for control
 //! work (opening volumes, map updates); the data path never crosses threads.
 
+mod buf;
 mod executor;
 mod op;
 pub mod poll;
 
+pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 pub use executor::{Handle, Reactor, ReactorConfig, spawn, yield_now};
 pub use op::{
     accept, close, connect, fallocate, fsync, read_at, recv, send, sleep, write_at, writev,

@@ -6,7 +6,8 @@
 //! is freed when the completion comes in. That is what makes dropping an in-flight
 //! operation memory-safe.
 
-use super::executor::with_current;
+use super::buf::{IoBuf, IoBufMut};
+use super::executor::{try_with_current, with_current};
 use io_uring::{opcode, squeue, types};
 use std::any::Any;
 use std::future::Future;
@@ -76,7 +77,9 @@ impl<R: 'static> Drop for Op<R> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             // Still in flight: leave the memory to the reactor until completion.
-            let _ = with_current(|r| r.orphan_op(key));
+            // If the reactor is gone (thread teardown) the ring is gone too, and with it
+            // any kernel access to the memory.
+            try_with_current(|r| r.orphan_op(key));
         }
     }
 }
@@ -208,7 +211,7 @@ pub async fn writev(
 
 /// Reads `buf.len()` bytes at `offset` of a file into `buf`; returns the count read
 /// (short at end of file).
-pub async fn read_at(fd: RawFd, mut buf: Vec<u8>, offset: u64) -> (io::Result<usize>, Vec<u8>) {
+pub async fn read_at<B: IoBufMut>(fd: RawFd, mut buf: B, offset: u64) -> (io::Result<usize>, B) {
     let len = buf.len().min(u32::MAX as usize) as u32;
     let sqe = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len)
         .offset(offset)
@@ -217,13 +220,20 @@ pub async fn read_at(fd: RawFd, mut buf: Vec<u8>, offset: u64) -> (io::Result<us
     (result(res), buf)
 }
 
-/// Writes `buf` at `offset` of a file; returns the count written.
-pub async fn write_at(fd: RawFd, buf: Vec<u8>, offset: u64) -> (io::Result<usize>, Vec<u8>) {
+/// Writes `buf` at `offset` of a file; returns the count written. With `dsync` the
+/// write is on stable storage when it completes (`RWF_DSYNC`, the FUA of files).
+pub async fn write_at<B: IoBuf>(
+    fd: RawFd,
+    buf: B,
+    offset: u64,
+    dsync: bool,
+) -> (io::Result<usize>, B) {
     let len = buf.len().min(u32::MAX as usize) as u32;
-    let sqe = opcode::Write::new(types::Fd(fd), buf.as_ptr(), len)
-        .offset(offset)
-        .build();
-    let (res, buf) = Op::submit(sqe, buf).await;
+    let mut op = opcode::Write::new(types::Fd(fd), buf.as_ptr(), len).offset(offset);
+    if dsync {
+        op = op.rw_flags(libc::RWF_DSYNC);
+    }
+    let (res, buf) = Op::submit(op.build(), buf).await;
     (result(res), buf)
 }
 
