@@ -1,1 +1,1239 @@
 //! Cross-process test harness.
+//!
+//! Integration tests must exercise what a user runs: the real `flame-mgr`,
+//! `flame-osd` and `flame-nbd` binaries as separate processes, talking over real
+//! sockets, with data in real directories. [`TestCluster`] starts such a cluster on
+//! loopback inside a temporary directory, waits until it is ready, and gives tests
+//! the handles they need (addresses, data directories, kill/restart of single
+//! daemons, the `flame-admin` CLI, the manager API).
+//!
+//! Everything is bounded: every wait has a timeout and every external tool runs
+//! with a deadline, so a broken daemon fails a test with its log instead of hanging
+//! CI. Every child is killed when the cluster is dropped (also while a test panics),
+//! and additionally carries `PR_SET_PDEATHSIG = SIGKILL`, so even a test process
+//! killed by a timeout leaves no daemon behind.
+//!
+//! The binaries are taken from the cargo target directory the test itself was built
+//! into (`target/<profile>/`), so `cargo build --workspace --bins` must run before
+//! `cargo test` (scripts/test.sh does).
+
+use flame_common::ids::VolumeId;
+use flame_common::map::{ClusterMap, VolumeInfo};
+use flame_common::mgr_api::{ClusterStatus, OsdStatus, VolumeCreate};
+use flame_common::placement::mix64;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a daemon may take to become ready after it was started. Generous: CI
+/// machines have two cores and run other tests at the same time.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(45);
+/// Default deadline for one run of an external tool (qemu-io, nbdcopy, fio, ...).
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a daemon gets between SIGTERM and SIGKILL in [`TestCluster::stop_all`].
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Timeout of one HTTP request to a daemon.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Lines of each daemon log shown when a test fails.
+const LOG_TAIL_LINES: usize = 40;
+
+/// Shape of the cluster to start.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Number of OSD processes.
+    pub osds: usize,
+    /// Shard threads per OSD; each gets its own data port.
+    pub shards: u16,
+    /// Whether to start `flame-nbd` as well.
+    pub nbd: bool,
+    /// The manager's `heartbeat_grace_ms`.
+    pub heartbeat_grace_ms: u64,
+    /// The pool's placement-group count.
+    pub pg_count: u32,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            osds: 3,
+            shards: 2,
+            nbd: false,
+            heartbeat_grace_ms: 6000,
+            pg_count: 128,
+        }
+    }
+}
+
+impl ClusterOptions {
+    /// The default cluster plus `flame-nbd`.
+    pub fn with_nbd() -> Self {
+        ClusterOptions {
+            nbd: true,
+            ..ClusterOptions::default()
+        }
+    }
+}
+
+/// What protocol a listening port speaks; the garbage tests use it to say what they
+/// hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortKind {
+    /// The manager's HTTP API (also serves /metrics).
+    MgrApi,
+    /// A Flame protocol data port of one OSD shard.
+    OsdData,
+    /// A Prometheus /metrics endpoint.
+    Metrics,
+    /// The NBD server.
+    Nbd,
+}
+
+/// One listening socket of the cluster.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// Human-readable owner, e.g. `osd.1 shard 0`.
+    pub name: String,
+    /// Address.
+    pub addr: SocketAddr,
+    /// Protocol.
+    pub kind: PortKind,
+}
+
+/// A daemon process the harness controls.
+struct Daemon {
+    name: String,
+    binary: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn new(name: &str, binary: PathBuf, config: PathBuf, log: PathBuf) -> Daemon {
+        Daemon {
+            name: name.to_string(),
+            binary,
+            config,
+            log,
+            child: None,
+        }
+    }
+
+    fn start(&mut self) {
+        assert!(
+            self.child.is_none(),
+            "{} is already running; kill it first",
+            self.name
+        );
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("cannot open log {}: {e}", self.log.display()));
+        let _ = writeln!(log, "==== harness: starting {} ====", self.name);
+        let log_err = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot clone log handle: {e}"));
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        // SAFETY: prctl is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                // The daemon dies with the thread that spawned it, so a test process
+                // killed by a timeout leaves nothing behind. (Consequence: start and
+                // restart daemons from the test's own thread.)
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start {} ({}): {e}",
+                self.name,
+                self.binary.display()
+            )
+        });
+        self.child = Some(child);
+    }
+
+    /// SIGKILL and reap.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM without waiting.
+    fn signal_term(&self) {
+        if let Some(child) = &self.child
+            && let Ok(pid) = i32::try_from(child.id())
+        {
+            // SAFETY: plain kill(2) on our own child's pid; it is not reaped yet, so
+            // the pid cannot have been reused.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+    }
+
+    /// Waits up to `deadline` for the process to exit, then SIGKILLs it.
+    fn reap_by(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    return child.wait().ok();
+                }
+            }
+        }
+    }
+
+    /// `Some(status)` if the process has exited on its own.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.exited().is_none()
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Addresses of one OSD.
+#[derive(Clone, Copy, Debug)]
+struct OsdAddrs {
+    data: SocketAddr,
+    metrics: SocketAddr,
+}
+
+/// A running Flame cluster on loopback: one manager, N OSDs, optionally flame-nbd.
+pub struct TestCluster {
+    // Daemons are declared (and so dropped) before the directory they write into.
+    mgr: Daemon,
+    osds: Vec<Daemon>,
+    nbd: Option<Daemon>,
+    mgr_addr: SocketAddr,
+    osd_addrs: Vec<OsdAddrs>,
+    nbd_addr: Option<SocketAddr>,
+    nbd_metrics_addr: Option<SocketAddr>,
+    opts: ClusterOptions,
+    bin_dir: PathBuf,
+    /// The cluster directory; `None` only after [`Drop`] decided to keep it.
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+}
+
+impl TestCluster {
+    /// Starts the default cluster (1 manager, 3 OSDs with 2 shards each) and waits
+    /// until every OSD is up.
+    pub fn start() -> TestCluster {
+        TestCluster::start_with(ClusterOptions::default())
+    }
+
+    /// Starts a cluster of the given shape and waits until it is ready.
+    pub fn start_with(opts: ClusterOptions) -> TestCluster {
+        assert!(
+            opts.osds > 0 && opts.shards > 0,
+            "need at least one OSD shard"
+        );
+        let bin_dir = bin_dir();
+        let dir = tempfile::Builder::new()
+            .prefix("flame-test-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+        let root = dir.path().to_path_buf();
+        let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+
+        let mgr_addr = loopback(free_ports(1));
+        let mgr_yaml = format!(
+            "# flame-mgr config written by the test harness\n\
+             listen: \"{mgr_addr}\"\n\
+             data_dir: \"{}\"\n\
+             heartbeat_grace_ms: {}\n\
+             failure_check_interval_ms: 500\n\
+             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n",
+            root.join("mgr").display(),
+            opts.heartbeat_grace_ms,
+            opts.pg_count,
+        );
+        let mgr = Daemon::new(
+            "mgr",
+            binary(&bin_dir, "flame-mgr"),
+            write_config(&root, "mgr.yaml", &mgr_yaml),
+            root.join("mgr.log"),
+        );
+
+        let mut osds = Vec::new();
+        let mut osd_addrs = Vec::new();
+        for i in 0..opts.osds {
+            let addrs = OsdAddrs {
+                data: loopback(free_ports(opts.shards)),
+                metrics: loopback(free_ports(1)),
+            };
+            let yaml = format!(
+                "# flame-osd config written by the test harness\n\
+                 mgr: \"{mgr_addr}\"\n\
+                 listen: \"{}\"\n\
+                 metrics_listen: \"{}\"\n\
+                 data_dir: \"{}\"\n\
+                 host: \"test-host-{i}\"\n\
+                 shards: {}\n\
+                 poll_mode: interrupt\n\
+                 heartbeat_interval_ms: 500\n",
+                addrs.data,
+                addrs.metrics,
+                root.join(format!("osd.{i}")).display(),
+                opts.shards,
+            );
+            let name = format!("osd.{i}");
+            osds.push(Daemon::new(
+                &name,
+                binary(&bin_dir, "flame-osd"),
+                write_config(&root, &format!("{name}.yaml"), &yaml),
+                root.join(format!("{name}.log")),
+            ));
+            osd_addrs.push(addrs);
+        }
+
+        let (mut nbd, mut nbd_addr, mut nbd_metrics_addr) = (None, None, None);
+        if opts.nbd {
+            let listen = loopback(free_ports(1));
+            let metrics = loopback(free_ports(1));
+            let yaml = format!(
+                "# flame-nbd config written by the test harness\n\
+                 mgr: \"{mgr_addr}\"\n\
+                 listen: \"{listen}\"\n\
+                 metrics_listen: \"{metrics}\"\n\
+                 threads: 2\n\
+                 poll_mode: interrupt\n"
+            );
+            nbd = Some(Daemon::new(
+                "nbd",
+                binary(&bin_dir, "flame-nbd"),
+                write_config(&root, "nbd.yaml", &yaml),
+                root.join("nbd.log"),
+            ));
+            nbd_addr = Some(listen);
+            nbd_metrics_addr = Some(metrics);
+        }
+
+        let mut cluster = TestCluster {
+            mgr,
+            osds,
+            nbd,
+            mgr_addr,
+            osd_addrs,
+            nbd_addr,
+            nbd_metrics_addr,
+            opts,
+            bin_dir,
+            dir: Some(dir),
+            root,
+        };
+        let since = Instant::now();
+        cluster.mgr.start();
+        cluster.wait_mgr();
+        for osd in &mut cluster.osds {
+            osd.start();
+        }
+        for i in 0..cluster.osds.len() {
+            cluster.wait_osd_ready(i, since);
+        }
+        if cluster.nbd.is_some() {
+            cluster.start_nbd_and_wait();
+        }
+        cluster
+    }
+
+    // ---------------------------------------------------------------- addresses
+
+    /// The manager's API address (also serves `/metrics`).
+    pub fn mgr_addr(&self) -> SocketAddr {
+        self.mgr_addr
+    }
+
+    /// `http://<mgr><path>`.
+    pub fn mgr_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.mgr_addr)
+    }
+
+    /// Number of OSD processes.
+    pub fn osd_count(&self) -> usize {
+        self.osds.len()
+    }
+
+    /// Shard threads per OSD.
+    pub fn shards(&self) -> u16 {
+        self.opts.shards
+    }
+
+    /// Data address of shard `shard` of OSD process `i`.
+    pub fn osd_addr(&self, i: usize, shard: u16) -> SocketAddr {
+        let mut a = self.osd_addrs[i].data;
+        a.set_port(a.port() + shard);
+        a
+    }
+
+    /// Metrics address of OSD process `i`.
+    pub fn osd_metrics_addr(&self, i: usize) -> SocketAddr {
+        self.osd_addrs[i].metrics
+    }
+
+    /// The NBD server's address. Panics if the cluster has no flame-nbd.
+    pub fn nbd_addr(&self) -> SocketAddr {
+        self.nbd_addr
+            .expect("this TestCluster was started without flame-nbd (use ClusterOptions::with_nbd)")
+    }
+
+    /// flame-nbd's metrics address. Panics if the cluster has no flame-nbd.
+    pub fn nbd_metrics_addr(&self) -> SocketAddr {
+        self.nbd_metrics_addr
+            .expect("this TestCluster was started without flame-nbd (use ClusterOptions::with_nbd)")
+    }
+
+    /// NBD URI of a volume: `nbd://127.0.0.1:PORT/NAME`.
+    pub fn nbd_uri(&self, volume: &str) -> String {
+        format!("nbd://{}/{volume}", self.nbd_addr())
+    }
+
+    /// Every listening socket of the cluster.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        let mut v = vec![Endpoint {
+            name: "mgr api".into(),
+            addr: self.mgr_addr,
+            kind: PortKind::MgrApi,
+        }];
+        for i in 0..self.osds.len() {
+            for s in 0..self.opts.shards {
+                v.push(Endpoint {
+                    name: format!("osd.{i} shard {s}"),
+                    addr: self.osd_addr(i, s),
+                    kind: PortKind::OsdData,
+                });
+            }
+            v.push(Endpoint {
+                name: format!("osd.{i} metrics"),
+                addr: self.osd_metrics_addr(i),
+                kind: PortKind::Metrics,
+            });
+        }
+        if let (Some(nbd), Some(metrics)) = (self.nbd_addr, self.nbd_metrics_addr) {
+            v.push(Endpoint {
+                name: "nbd".into(),
+                addr: nbd,
+                kind: PortKind::Nbd,
+            });
+            v.push(Endpoint {
+                name: "nbd metrics".into(),
+                addr: metrics,
+                kind: PortKind::Metrics,
+            });
+        }
+        v
+    }
+
+    // ---------------------------------------------------------------- paths
+
+    /// The cluster's temporary directory (configs, logs, data).
+    pub fn dir(&self) -> &Path {
+        self.root.as_path()
+    }
+
+    /// Data directory of OSD process `i`.
+    pub fn osd_data_dir(&self, i: usize) -> PathBuf {
+        self.root.join(format!("osd.{i}"))
+    }
+
+    /// Where OSD process `i` stores object `index` of `volume` — the on-disk layout
+    /// `objects/<volume id, 16 hex digits>/<object index, 16 hex digits>`.
+    pub fn object_path(&self, i: usize, volume: VolumeId, index: u64) -> PathBuf {
+        self.osd_data_dir(i)
+            .join("objects")
+            .join(format!("{:016x}", volume.0))
+            .join(format!("{index:016x}"))
+    }
+
+    /// The manager's data directory.
+    pub fn mgr_data_dir(&self) -> PathBuf {
+        self.root.join("mgr")
+    }
+
+    /// Path of a binary of this build (`flame-admin`, ...).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        binary(&self.bin_dir, name)
+    }
+
+    // ---------------------------------------------------------------- daemon control
+
+    /// SIGKILLs OSD process `i` (and reaps it).
+    pub fn kill_osd(&mut self, i: usize) {
+        self.osds[i].kill();
+    }
+
+    /// Starts OSD process `i` again (SIGKILLing it first if it still runs) and waits
+    /// until it serves and has heartbeated to the manager.
+    pub fn restart_osd(&mut self, i: usize) {
+        self.osds[i].kill();
+        let since = Instant::now();
+        self.osds[i].start();
+        self.wait_osd_ready(i, since);
+    }
+
+    /// Whether OSD process `i` is running.
+    pub fn osd_running(&mut self, i: usize) -> bool {
+        self.osds[i].is_running()
+    }
+
+    /// Pid of OSD process `i`, if started.
+    pub fn osd_pid(&self, i: usize) -> Option<u32> {
+        self.osds[i].pid()
+    }
+
+    /// SIGKILLs the manager.
+    pub fn kill_mgr(&mut self) {
+        self.mgr.kill();
+    }
+
+    /// Starts the manager again (SIGKILLing it first if it still runs), waits for its
+    /// API, then waits until every running OSD has heartbeated to it.
+    pub fn restart_mgr(&mut self) {
+        self.mgr.kill();
+        let since = Instant::now();
+        self.mgr.start();
+        self.wait_mgr();
+        for i in 0..self.osds.len() {
+            if self.osds[i].is_running() {
+                self.wait_osd_ready(i, since);
+            }
+        }
+    }
+
+    /// Whether the manager is running.
+    pub fn mgr_running(&mut self) -> bool {
+        self.mgr.is_running()
+    }
+
+    /// SIGKILLs flame-nbd.
+    pub fn kill_nbd(&mut self) {
+        if let Some(nbd) = &mut self.nbd {
+            nbd.kill();
+        }
+    }
+
+    /// Starts flame-nbd again (SIGKILLing it first) and waits for its port.
+    pub fn restart_nbd(&mut self) {
+        self.kill_nbd();
+        self.start_nbd_and_wait();
+    }
+
+    /// Whether flame-nbd is running (false if the cluster has none).
+    pub fn nbd_running(&mut self) -> bool {
+        self.nbd.as_mut().is_some_and(Daemon::is_running)
+    }
+
+    /// Panics, with the logs, unless every daemon that was started is still running.
+    /// Tests call it after abusing the cluster: a daemon that died of bad input is a
+    /// bug even if the others cover for it.
+    pub fn assert_all_running(&mut self) {
+        let mut dead = Vec::new();
+        if let Some(s) = self.mgr.exited() {
+            dead.push(format!("mgr ({s})"));
+        }
+        for osd in &mut self.osds {
+            if let Some(s) = osd.exited() {
+                dead.push(format!("{} ({s})", osd.name));
+            }
+        }
+        if let Some(nbd) = &mut self.nbd
+            && let Some(s) = nbd.exited()
+        {
+            dead.push(format!("nbd ({s})"));
+        }
+        assert!(
+            dead.is_empty(),
+            "daemons exited: {}\n{}",
+            dead.join(", "),
+            self.log_tails()
+        );
+    }
+
+    /// Stops everything: SIGTERM to every daemon, up to [`STOP_GRACE`] to exit,
+    /// then SIGKILL.
+    pub fn stop_all(&mut self) {
+        if let Some(nbd) = &self.nbd {
+            nbd.signal_term();
+        }
+        for osd in &self.osds {
+            osd.signal_term();
+        }
+        self.mgr.signal_term();
+        let deadline = Instant::now() + STOP_GRACE;
+        if let Some(nbd) = &mut self.nbd {
+            nbd.reap_by(deadline);
+        }
+        for osd in &mut self.osds {
+            osd.reap_by(deadline);
+        }
+        self.mgr.reap_by(deadline);
+    }
+
+    /// SIGKILLs every daemon at once (a power-cut-like stop of all processes).
+    pub fn kill_all(&mut self) {
+        self.kill_nbd();
+        for osd in &mut self.osds {
+            osd.kill();
+        }
+        self.mgr.kill();
+    }
+
+    /// Starts every daemon that is not running (manager first) and waits until the
+    /// cluster is ready again.
+    pub fn start_all(&mut self) {
+        let since = Instant::now();
+        if !self.mgr.is_running() {
+            self.mgr.kill();
+            self.mgr.start();
+        }
+        self.wait_mgr();
+        for osd in &mut self.osds {
+            if !osd.is_running() {
+                osd.kill();
+                osd.start();
+            }
+        }
+        for i in 0..self.osds.len() {
+            self.wait_osd_ready(i, since);
+        }
+        if self.nbd.is_some() && !self.nbd_running() {
+            self.restart_nbd();
+        }
+    }
+
+    fn start_nbd_and_wait(&mut self) {
+        let addr = self.nbd_addr();
+        let Some(nbd) = &mut self.nbd else { return };
+        nbd.start();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(nbd) = &mut self.nbd
+                && let Some(status) = nbd.exited()
+            {
+                panic!("flame-nbd exited ({status})\n{}", self.log_tails());
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "flame-nbd did not listen on {addr} within {STARTUP_TIMEOUT:?}\n{}",
+                    self.log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_mgr(&mut self) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = self.mgr.exited() {
+                panic!("flame-mgr exited ({status})\n{}", self.log_tails());
+            }
+            let last = match self.try_status() {
+                Ok(_) => return,
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                panic!(
+                    "flame-mgr API at {} not ready within {STARTUP_TIMEOUT:?}: {last}\n{}",
+                    self.mgr_addr,
+                    self.log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until OSD process `i` accepts connections on every shard port and the
+    /// manager lists it up with a heartbeat received after `since`.
+    fn wait_osd_ready(&mut self, i: usize, since: Instant) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let data = self.osd_addrs[i].data;
+        loop {
+            if let Some(status) = self.osds[i].exited() {
+                panic!("osd.{i} exited ({status})\n{}", self.log_tails());
+            }
+            let problem = self.osd_problem(i, data, since);
+            let Some(problem) = problem else { return };
+            if Instant::now() > deadline {
+                panic!(
+                    "osd.{i} not ready within {STARTUP_TIMEOUT:?}: {problem}\n{}",
+                    self.log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Why OSD `i` is not ready yet, or `None` if it is.
+    fn osd_problem(&self, i: usize, data: SocketAddr, since: Instant) -> Option<String> {
+        for s in 0..self.opts.shards {
+            let addr = self.osd_addr(i, s);
+            if let Err(e) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+                return Some(format!("shard {s} at {addr} not accepting: {e}"));
+            }
+        }
+        let osds = match self.try_osds() {
+            Ok(o) => o,
+            Err(e) => return Some(e),
+        };
+        let Some(entry) = osds.iter().find(|o| o.info.addr == data) else {
+            return Some(format!("manager does not list an OSD at {data}"));
+        };
+        if !entry.info.up {
+            return Some(format!("{} is down in the map", entry.info.id));
+        }
+        match entry.last_heartbeat_ms_ago {
+            Some(ms) if Duration::from_millis(ms) <= since.elapsed() => None,
+            Some(ms) => Some(format!("last heartbeat {ms} ms ago, before the restart")),
+            None => Some("no heartbeat since the manager started".into()),
+        }
+    }
+
+    /// Waits (bounded) until the manager reports `n` OSDs up.
+    pub fn wait_osds_up(&mut self, n: u32) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let last = match self.try_status() {
+                Ok(s) if s.osds_up == n => return,
+                Ok(s) => format!("{} of {} OSDs up", s.osds_up, s.osds),
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                panic!(
+                    "cluster did not reach {n} OSDs up within {STARTUP_TIMEOUT:?}: {last}\n{}",
+                    self.log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    // ---------------------------------------------------------------- manager API
+
+    /// GET on the manager API: `(status code, body)`.
+    pub fn api_get(&self, path: &str) -> Result<(u16, String), String> {
+        http_get(self.mgr_addr, path)
+    }
+
+    fn api_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        let (code, body) = self.api_get(path)?;
+        if !(200..300).contains(&code) {
+            return Err(format!("GET {path}: HTTP {code}: {body}"));
+        }
+        serde_json::from_str(&body).map_err(|e| format!("GET {path}: bad JSON ({e}): {body}"))
+    }
+
+    /// `GET /v1/status`.
+    pub fn try_status(&self) -> Result<ClusterStatus, String> {
+        self.api_json("/v1/status")
+    }
+
+    /// `GET /v1/status`, panicking on failure.
+    pub fn status(&self) -> ClusterStatus {
+        self.try_status()
+            .unwrap_or_else(|e| panic!("status: {e}\n{}", self.log_tails()))
+    }
+
+    /// `GET /v1/osds`.
+    pub fn try_osds(&self) -> Result<Vec<OsdStatus>, String> {
+        self.api_json("/v1/osds")
+    }
+
+    /// `GET /v1/map`, panicking on failure.
+    pub fn map(&self) -> ClusterMap {
+        self.api_json("/v1/map")
+            .unwrap_or_else(|e| panic!("map: {e}\n{}", self.log_tails()))
+    }
+
+    /// `GET /v1/volumes/{name}`, panicking on failure.
+    pub fn volume(&self, name: &str) -> VolumeInfo {
+        self.api_json(&format!("/v1/volumes/{name}"))
+            .unwrap_or_else(|e| panic!("volume {name}: {e}\n{}", self.log_tails()))
+    }
+
+    /// Creates a volume through the API (`POST /v1/volumes`), panicking on failure.
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> VolumeInfo {
+        let body = VolumeCreate {
+            name: name.to_string(),
+            size: size_bytes,
+        };
+        let url = self.mgr_url("/v1/volumes");
+        let result = agent()
+            .post(&url)
+            .send_json(&body)
+            .map_err(|e| e.to_string())
+            .and_then(|mut r| {
+                let code = r.status().as_u16();
+                let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+                if (200..300).contains(&code) {
+                    serde_json::from_str::<VolumeInfo>(&text)
+                        .map_err(|e| format!("bad JSON ({e}): {text}"))
+                } else {
+                    Err(format!("HTTP {code}: {text}"))
+                }
+            });
+        let info = result.unwrap_or_else(|e| {
+            panic!(
+                "create volume {name} ({size_bytes} bytes): {e}\n{}",
+                self.log_tails()
+            )
+        });
+        assert_eq!(info.name, name);
+        assert_eq!(info.size, size_bytes);
+        info
+    }
+
+    // ---------------------------------------------------------------- flame-admin
+
+    /// Runs `flame-admin --mgr <mgr> ARGS...` (bounded by [`TOOL_TIMEOUT`]).
+    pub fn admin(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(self.bin("flame-admin"));
+        cmd.arg("--mgr")
+            .arg(self.mgr_addr.to_string())
+            .args(args)
+            .env("FLAME_MGR", self.mgr_addr.to_string());
+        run_bounded(&mut cmd, TOOL_TIMEOUT)
+    }
+
+    /// Runs flame-admin and panics (with its output and the logs) unless it
+    /// succeeds; returns stdout.
+    pub fn admin_ok(&self, args: &[&str]) -> String {
+        let out = self.admin(args);
+        if !out.status.success() {
+            panic!(
+                "flame-admin {args:?} failed ({}):\n{}\n{}",
+                out.status,
+                output_text(&out),
+                self.log_tails()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `flame-admin ARGS... --json`, asserts success and parses stdout.
+    pub fn admin_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all: Vec<&str> = args.to_vec();
+        all.push("--json");
+        let stdout = self.admin_ok(&all);
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("flame-admin {all:?}: stdout is not JSON ({e}):\n{stdout}"))
+    }
+
+    // ---------------------------------------------------------------- NBD helpers
+
+    /// Waits (bounded) until flame-nbd serves the export `volume` (`nbdinfo --size`
+    /// succeeds). A just-created volume may need a map refresh in flame-nbd.
+    pub fn wait_nbd_export(&self, volume: &str) -> u64 {
+        let nbdinfo = require_tool("nbdinfo");
+        let uri = self.nbd_uri(volume);
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let out = run_bounded(
+                Command::new(&nbdinfo).arg("--size").arg(&uri),
+                Duration::from_secs(30),
+            );
+            if out.status.success() {
+                let text = String::from_utf8_lossy(&out.stdout);
+                return text
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("nbdinfo --size {uri} printed {text:?}: {e}"));
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "export {volume} not served by flame-nbd within {STARTUP_TIMEOUT:?}:\n{}\n{}",
+                    output_text(&out),
+                    self.log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs `qemu-io -f raw <uri> -c CMD...` on `volume` and panics unless every
+    /// command succeeded (qemu-io exits non-zero and prints "Pattern verification
+    /// failed" when a `read -P` does not match). Returns stdout.
+    pub fn qemu_io(&self, volume: &str, commands: &[&str]) -> String {
+        let mut cmd = Command::new(require_tool("qemu-io"));
+        cmd.arg("-f").arg("raw").arg(self.nbd_uri(volume));
+        for c in commands {
+            cmd.arg("-c").arg(c);
+        }
+        let out = run_bounded(&mut cmd, TOOL_TIMEOUT);
+        let text = output_text(&out);
+        if !out.status.success()
+            || text.contains("Pattern verification failed")
+            || text.contains("failed:")
+        {
+            panic!(
+                "qemu-io {commands:?} on {volume} failed ({}):\n{text}\n{}",
+                out.status,
+                self.log_tails()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    // ---------------------------------------------------------------- diagnostics
+
+    /// The last lines of every daemon's log, for failure messages.
+    pub fn log_tails(&self) -> String {
+        let mut s = format!("---- cluster dir {} ----\n", self.root.display());
+        let mut logs = vec![&self.mgr.log];
+        logs.extend(self.osds.iter().map(|o| &o.log));
+        if let Some(nbd) = &self.nbd {
+            logs.push(&nbd.log);
+        }
+        for log in logs {
+            let text = fs::read_to_string(log).unwrap_or_else(|e| format!("(unreadable: {e})"));
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(LOG_TAIL_LINES);
+            let _ = writeln!(
+                s,
+                "---- {} (last {} lines) ----",
+                log.display(),
+                lines.len() - from
+            );
+            for line in &lines[from..] {
+                let _ = writeln!(s, "{line}");
+            }
+        }
+        s
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        self.kill_all();
+        if std::thread::panicking() {
+            // Shown by the test runner next to the failure.
+            eprintln!("{}", self.log_tails());
+        }
+        if std::env::var_os("FLAME_TEST_KEEP").is_some()
+            && let Some(dir) = self.dir.take()
+        {
+            let _ = dir.keep();
+            eprintln!(
+                "FLAME_TEST_KEEP: cluster directory kept at {}",
+                self.root.display()
+            );
+        }
+    }
+}
+
+// -------------------------------------------------------------------- free helpers
+
+/// The directory holding this build's binaries: the test executable lives in
+/// `target/<profile>/deps/`, the binaries in `target/<profile>/`.
+pub fn bin_dir() -> PathBuf {
+    let exe =
+        std::env::current_exe().unwrap_or_else(|e| panic!("cannot find the test executable: {e}"));
+    let mut dir = exe
+        .parent()
+        .unwrap_or_else(|| panic!("test executable {} has no parent", exe.display()))
+        .to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    dir
+}
+
+fn binary(bin_dir: &Path, name: &str) -> PathBuf {
+    let path = bin_dir.join(name);
+    if !path.is_file() {
+        panic!(
+            "{} not found: run `cargo build --workspace --bins` (same profile as the tests) \
+             before `cargo test` — scripts/test.sh does both",
+            path.display()
+        );
+    }
+    path
+}
+
+fn write_config(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+    path
+}
+
+/// Ports handed out by this process, so two clusters of one test binary (tests run
+/// in parallel threads) never get the same port.
+static TAKEN_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+static PORT_SEED: AtomicU64 = AtomicU64::new(0);
+
+/// Lowest port handed out. Below the kernel's ephemeral range (32768+), so an
+/// outgoing connection of some daemon cannot grab a port between our probe and the
+/// daemon's bind.
+const PORT_MIN: u16 = 20_000;
+/// One past the highest port handed out.
+const PORT_END: u16 = 32_000;
+
+/// Finds `count` consecutive free loopback ports and returns the first. Each
+/// candidate range is probed by binding every port in it; ranges already handed out
+/// by this process are skipped.
+pub fn free_ports(count: u16) -> u16 {
+    assert!(count > 0 && count < 100, "free_ports({count})");
+    let seed = PORT_SEED.fetch_add(1, Ordering::Relaxed)
+        ^ u64::from(std::process::id()) << 32
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let span = u64::from(PORT_END - PORT_MIN - count);
+    let mut taken = TAKEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    for attempt in 0..1000u64 {
+        let base = PORT_MIN + (mix64(seed.wrapping_add(attempt)) % span) as u16;
+        let range = base..base + count;
+        if range.clone().any(|p| taken.contains(&p)) {
+            continue;
+        }
+        // Hold every listener until all are bound, then release them together.
+        let bound: Result<Vec<TcpListener>, _> = range
+            .clone()
+            .map(|p| TcpListener::bind(("127.0.0.1", p)))
+            .collect();
+        if bound.is_ok() {
+            taken.extend(range);
+            return base;
+        }
+    }
+    panic!("no {count} consecutive free loopback ports in {PORT_MIN}..{PORT_END}");
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(HTTP_TIMEOUT))
+        .build()
+        .into()
+}
+
+/// `GET http://<addr><path>` → `(status, body)`; errors are transport failures.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let url = format!("http://{addr}{path}");
+    let mut resp = agent()
+        .get(&url)
+        .call()
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let code = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("GET {url}: reading body: {e}"))?;
+    Ok((code, body))
+}
+
+/// Finds an external tool on `PATH`, or panics telling how to install it. Tests do
+/// not skip when a tool is missing: a skipped test would pass CI silently.
+pub fn require_tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "required tool `{name}` not found on PATH. scripts/test.sh installs the test \
+         tools (apt-get install qemu-utils libnbd-bin fio python3-libnbd fuse3)"
+    );
+}
+
+/// Runs a command to completion with a deadline, capturing stdout and stderr. On
+/// timeout the command is killed and the test fails with what it printed so far.
+pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    let mut out_pipe = child.stdout.take();
+    let mut err_pipe = child.stderr.take();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(p) = out_pipe.as_mut() {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(p) = err_pipe.as_mut() {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let (status, timed_out) = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break (status, false),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                match child.wait() {
+                    Ok(status) => break (status, true),
+                    Err(e) => panic!("cannot reap {desc}: {e}"),
+                }
+            }
+            Err(e) => panic!("cannot wait for {desc}: {e}"),
+        }
+    };
+    let output = Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    };
+    if timed_out {
+        panic!(
+            "{desc} did not finish within {timeout:?}; killed. Output so far:\n{}",
+            output_text(&output)
+        );
+    }
+    output
+}
+
+/// Runs a command with [`run_bounded`] and panics unless it succeeds.
+pub fn run_ok(cmd: &mut Command, timeout: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let out = run_bounded(cmd, timeout);
+    if !out.status.success() {
+        panic!("{desc} failed ({}):\n{}", out.status, output_text(&out));
+    }
+    out
+}
+
+/// stdout and stderr of a finished command, for messages.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "--- stdout ---\n{}--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Deterministic pseudo-random bytes: the same `seed` always gives the same data, so
+/// a failing comparison can be reproduced, and different seeds never look alike.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    let mut i = 0u64;
+    while v.len() < len {
+        v.extend_from_slice(&mix64(seed ^ mix64(i)).to_le_bytes());
+        i += 1;
+    }
+    v.truncate(len);
+    v
+}
+
+/// Index and length of the first difference between two byte strings, for
+/// readable assertion messages on megabytes of data.
+pub fn first_difference(a: &[u8], b: &[u8]) -> Option<String> {
+    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+        return Some(format!(
+            "first difference at byte {i} (offset {i:#x}): {:#04x} vs {:#04x}",
+            a[i], b[i]
+        ));
+    }
+    if a.len() != b.len() {
+        return Some(format!("lengths differ: {} vs {}", a.len(), b.len()));
+    }
+    None
+}
+
+/// Asserts two byte strings are equal, reporting where they differ instead of
+/// printing both.
+#[track_caller]
+pub fn assert_same_bytes(what: &str, got: &[u8], want: &[u8]) {
+    if let Some(diff) = first_difference(got, want) {
+        panic!("{what}: {diff}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_and_bindable() {
+        let a = free_ports(4);
+        let b = free_ports(4);
+        assert!(a + 4 <= b || b + 4 <= a, "ranges overlap: {a} {b}");
+        for p in a..a + 4 {
+            TcpListener::bind(("127.0.0.1", p)).unwrap();
+        }
+    }
+
+    #[test]
+    fn pattern_is_deterministic_and_seed_dependent() {
+        assert_eq!(pattern(1, 1000), pattern(1, 1000));
+        assert_ne!(pattern(1, 1000), pattern(2, 1000));
+        assert_eq!(pattern(3, 13).len(), 13);
+        assert_eq!(&pattern(3, 13)[..], &pattern(3, 20)[..13]);
+    }
+
+    #[test]
+    fn first_difference_finds_it() {
+        assert_eq!(first_difference(b"abc", b"abc"), None);
+        assert!(first_difference(b"abc", b"abd").unwrap().contains("byte 2"));
+        assert!(first_difference(b"ab", b"abc").unwrap().contains("lengths"));
+    }
+
+    #[test]
+    fn run_bounded_kills_on_timeout() {
+        let r = std::panic::catch_unwind(|| {
+            run_bounded(Command::new("sleep").arg("30"), Duration::from_millis(200))
+        });
+        assert!(r.is_err(), "a command past its deadline must fail the test");
+        let out = run_bounded(&mut Command::new("true"), Duration::from_secs(10));
+        assert!(out.status.success());
+    }
+
+    #[test]
+    fn bin_dir_is_the_profile_dir() {
+        let d = bin_dir();
+        assert_ne!(d.file_name().and_then(|n| n.to_str()), Some("deps"));
+        assert!(d.join("deps").is_dir(), "{} has no deps/", d.display());
+    }
+}
