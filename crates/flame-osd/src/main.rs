@@ -1,1 +1,81 @@
-fn main() {}
+//! `flame-osd`: stores objects and replicates writes.
+//!
+//! Start-up order matters: bind every shard's listener first (so the address the
+//! manager publishes is already served), then register with the manager, then start
+//! the shard threads, then heartbeat on this thread forever.
+
+mod config;
+mod control;
+mod metrics;
+mod ordering;
+mod peers;
+mod shard;
+mod store;
+
+use arc_swap::ArcSwap;
+use clap::Parser;
+use config::OsdConfig;
+use flame_common::transport::Listener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Flame object storage daemon.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// YAML configuration file (every key optional; see docs/configuration.md).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() {
+    flame_common::logging::init();
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        tracing::error!("{e}");
+        eprintln!("flame-osd: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let cfg: OsdConfig =
+        flame_common::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+    let cfg = Arc::new(cfg);
+    std::fs::create_dir_all(cfg.data_dir.join("objects"))
+        .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
+    let identity = control::Identity::load_or_create(&cfg.data_dir)?;
+    let direct_io =
+        store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
+    let shards = cfg.shard_count();
+    tracing::info!(uuid = %identity.uuid, shards, direct_io, data_dir = %cfg.data_dir.display(), "starting");
+
+    let mut listeners = Vec::with_capacity(usize::from(shards));
+    for i in 0..shards {
+        let mut addr = cfg.listen;
+        addr.set_port(cfg.listen.port() + i);
+        let l = Listener::bind(cfg.transport, addr)
+            .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
+        listeners.push(l);
+    }
+    let metrics_addr = flame_common::metrics::serve(cfg.metrics_listen)
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+
+    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
+    let (osd_id, map) = control.boot()?;
+    tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
+    let map = Arc::new(ArcSwap::from_pointee(map));
+
+    for (i, listener) in listeners.into_iter().enumerate() {
+        shard::spawn(shard::ShardSetup {
+            id: i as u16,
+            osd: osd_id,
+            listener,
+            map: map.clone(),
+            config: cfg.clone(),
+            direct_io,
+        })
+        .map_err(|e| format!("cannot start shard {i}: {e}"))?;
+    }
+    control.run(osd_id, map)
+}

@@ -64,6 +64,14 @@ impl Conn {
         }
     }
 
+    /// Like [`Conn::send`], but takes the message so a large payload (write data,
+    /// read reply) is handed to the transport without a copy.
+    pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
+        match self {
+            Conn::Tcp(c) => c.send_owned(msg),
+        }
+    }
+
     /// Receives the next message. Only one task may receive on a connection.
     pub async fn recv(&self) -> Result<Message, TransportError> {
         match self {

@@ -1,0 +1,180 @@
+//! `flame-osd` configuration (YAML, every key optional; see docs/configuration.md).
+
+use flame_common::config::{Validate, cores};
+use flame_common::reactor::PollMode;
+use flame_common::transport::TransportKind;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Whether object files are opened with `O_DIRECT`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirectIo {
+    /// Use `O_DIRECT` if the data directory's file system supports it (tmpfs does not).
+    #[default]
+    Auto,
+    /// Require `O_DIRECT`; refuse to start without it.
+    On,
+    /// Always use the page cache.
+    Off,
+}
+
+/// Settings of one OSD.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OsdConfig {
+    /// Manager API address.
+    pub mgr: String,
+    /// Data address of shard 0; shard `i` listens on port + `i`.
+    pub listen: SocketAddr,
+    /// Prometheus endpoint.
+    pub metrics_listen: SocketAddr,
+    /// Where objects and the OSD's identity live.
+    pub data_dir: PathBuf,
+    /// Failure domain name; defaults to the machine's host name.
+    pub host: Option<String>,
+    /// Placement weight.
+    pub weight: f64,
+    /// Shard threads; 0 means one per core.
+    pub shards: u16,
+    /// Transport for clients and peers.
+    pub transport: TransportKind,
+    /// Idle strategy of the shard threads.
+    pub poll_mode: PollMode,
+    /// `O_DIRECT` policy.
+    pub direct_io: DirectIo,
+    /// Heartbeat period.
+    pub heartbeat_interval_ms: u64,
+    /// Connections one shard accepts before refusing more.
+    pub max_connections_per_shard: u32,
+    /// Requests one connection may have in flight; further requests wait unread in
+    /// the socket, which back-pressures the sender.
+    pub max_inflight_per_connection: u32,
+    /// Object files one shard keeps open.
+    pub open_files_per_shard_max: u32,
+    /// How long a peer connection attempt may take.
+    pub connect_timeout_ms: u64,
+    /// How long a replica may take to apply a forwarded write before the primary
+    /// fails the client's write with EAGAIN (the client retries).
+    pub replica_timeout_ms: u64,
+}
+
+impl Default for OsdConfig {
+    fn default() -> Self {
+        OsdConfig {
+            mgr: "127.0.0.1:6800".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 6900)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9201)),
+            data_dir: PathBuf::from("./flame-osd"),
+            host: None,
+            weight: 1.0,
+            shards: 0,
+            transport: TransportKind::Tcp,
+            poll_mode: PollMode::Interrupt,
+            direct_io: DirectIo::Auto,
+            heartbeat_interval_ms: 1000,
+            max_connections_per_shard: 1024,
+            max_inflight_per_connection: 256,
+            open_files_per_shard_max: 1024,
+            connect_timeout_ms: 2000,
+            replica_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Most shard threads: more than cores only adds context switches.
+pub const SHARDS_MAX: u16 = 256;
+
+impl OsdConfig {
+    /// Shard count with 0 resolved to the core count.
+    pub fn shard_count(&self) -> u16 {
+        if self.shards == 0 {
+            cores().clamp(1, usize::from(SHARDS_MAX)) as u16
+        } else {
+            self.shards
+        }
+    }
+
+    /// Host name for placement.
+    pub fn host_name(&self) -> String {
+        if let Some(h) = &self.host {
+            return h.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "localhost".into())
+    }
+}
+
+impl Validate for OsdConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |k: &str, m: &str| Err((k.to_string(), m.to_string()));
+        if self.mgr.trim().is_empty() {
+            return bad("mgr", "must be host:port of the manager");
+        }
+        if self.shards > SHARDS_MAX {
+            return bad("shards", "must be at most 256");
+        }
+        if u32::from(self.listen.port()) + u32::from(self.shard_count()) > 65535 {
+            return bad("listen", "port + shards exceeds 65535");
+        }
+        if !self.weight.is_finite() || self.weight < 0.0 {
+            return bad("weight", "must be a finite number >= 0");
+        }
+        if let Some(h) = &self.host
+            && (h.is_empty() || h.len() > 64)
+        {
+            return bad("host", "must be 1..=64 bytes");
+        }
+        if !(10..=60_000).contains(&self.heartbeat_interval_ms) {
+            return bad("heartbeat_interval_ms", "must be 10..=60000");
+        }
+        if !(1..=65_536).contains(&self.max_connections_per_shard) {
+            return bad("max_connections_per_shard", "must be 1..=65536");
+        }
+        if !(1..=4096).contains(&self.max_inflight_per_connection) {
+            return bad("max_inflight_per_connection", "must be 1..=4096");
+        }
+        if !(16..=1_000_000).contains(&self.open_files_per_shard_max) {
+            return bad("open_files_per_shard_max", "must be 16..=1000000");
+        }
+        if !(1..=600_000).contains(&self.connect_timeout_ms) {
+            return bad("connect_timeout_ms", "must be 1..=600000");
+        }
+        if !(1..=600_000).contains(&self.replica_timeout_ms) {
+            return bad("replica_timeout_ms", "must be 1..=600000");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::config::parse_str;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c: OsdConfig =
+            parse_str("shards: 2\npoll_mode: adaptive\ndirect_io: off\n", "t").unwrap();
+        assert_eq!(c.shard_count(), 2);
+        assert_eq!(c.poll_mode, PollMode::Adaptive);
+        assert_eq!(c.direct_io, DirectIo::Off);
+        assert!(
+            parse_str::<OsdConfig>("shard: 2\n", "t")
+                .unwrap_err()
+                .to_string()
+                .contains("shard")
+        );
+        assert!(
+            parse_str::<OsdConfig>("weight: -1\n", "t")
+                .unwrap_err()
+                .to_string()
+                .contains("weight")
+        );
+        assert!(parse_str::<OsdConfig>("poll_mode: sometimes\n", "t").is_err());
+    }
+}

@@ -1,0 +1,291 @@
+//! The OSD's control plane: identity, boot, heartbeats, map updates.
+//!
+//! Runs on its own ordinary thread with blocking HTTP calls to the manager; it never
+//! touches the data path except by publishing new maps into the shared `ArcSwap`,
+//! which shards read without locking.
+
+use crate::config::OsdConfig;
+use arc_swap::ArcSwap;
+use flame_common::ids::OsdId;
+use flame_common::map::ClusterMap;
+use flame_common::mgr_api::{HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest map accepted from the manager.
+const MAP_BYTES_MAX: u64 = 64 << 20;
+
+/// The OSD's identity, kept in `data_dir/osd.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Identity {
+    /// Created at first start; names this data directory to the manager.
+    pub uuid: String,
+    /// Assigned by the manager at first boot.
+    pub id: Option<OsdId>,
+    /// The cluster this directory belongs to; an OSD refuses to join another.
+    pub fsid: Option<String>,
+}
+
+impl Identity {
+    fn path(data_dir: &Path) -> PathBuf {
+        data_dir.join("osd.json")
+    }
+
+    /// Loads the identity, creating it on first start.
+    pub fn load_or_create(data_dir: &Path) -> Result<Identity, String> {
+        let path = Self::path(data_dir);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                format!(
+                    "{} is corrupt ({e}); refusing to guess this OSD's identity",
+                    path.display()
+                )
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let id = Identity {
+                    uuid: new_uuid(),
+                    id: None,
+                    fsid: None,
+                };
+                id.save(data_dir)?;
+                Ok(id)
+            }
+            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// Writes the identity atomically (temp file, fsync, rename, fsync dir).
+    pub fn save(&self, data_dir: &Path) -> Result<(), String> {
+        use std::io::Write;
+        let path = Self::path(data_dir);
+        let tmp = data_dir.join("osd.json.tmp");
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(data_dir)?.sync_all()
+        };
+        write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+}
+
+fn new_uuid() -> String {
+    let a: u64 = rand::random();
+    let b: u64 = rand::random();
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        (b >> 48) & 0x3fff | 0x8000,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// Talks to the manager.
+pub struct Control {
+    base: String,
+    agent: ureq::Agent,
+    cfg: Arc<OsdConfig>,
+    identity: Identity,
+    metrics_addr: SocketAddr,
+}
+
+impl Control {
+    /// A control plane for this OSD.
+    pub fn new(cfg: Arc<OsdConfig>, identity: Identity, metrics_addr: SocketAddr) -> Control {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .into();
+        Control {
+            base: format!("http://{}", cfg.mgr),
+            agent,
+            cfg,
+            identity,
+            metrics_addr,
+        }
+    }
+
+    /// Registers with the manager, retrying until it answers. Returns the id and the
+    /// first map.
+    pub fn boot(&mut self) -> Result<(OsdId, ClusterMap), String> {
+        let body = OsdBoot {
+            uuid: self.identity.uuid.clone(),
+            id: self.identity.id,
+            addr: self.cfg.listen,
+            shards: self.cfg.shard_count(),
+            host: self.cfg.host_name(),
+            weight: self.cfg.weight,
+            metrics_addr: Some(self.metrics_addr),
+        };
+        let mut delay = Duration::from_millis(100);
+        let reply: OsdBootReply = loop {
+            match self.post("/v1/osd/boot", &body) {
+                Ok(r) => break r,
+                Err(e) => {
+                    tracing::warn!(
+                        "boot: manager at {} not answering ({e}); retrying",
+                        self.cfg.mgr
+                    );
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+        if let Some(fsid) = &self.identity.fsid
+            && *fsid != reply.fsid
+        {
+            return Err(format!(
+                "data directory belongs to cluster {fsid}, but the manager runs cluster {}; refusing to join",
+                reply.fsid
+            ));
+        }
+        if self.identity.id != Some(reply.id) || self.identity.fsid.as_deref() != Some(&reply.fsid)
+        {
+            self.identity.id = Some(reply.id);
+            self.identity.fsid = Some(reply.fsid.clone());
+            self.identity.save(&self.cfg.data_dir)?;
+        }
+        let map = self.fetch_map()?;
+        Ok((reply.id, map))
+    }
+
+    fn post<B: Serialize, R: for<'de> Deserialize<'de>>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<R, String> {
+        let url = format!("{}{path}", self.base);
+        let mut resp = self
+            .agent
+            .post(&url)
+            .send_json(body)
+            .map_err(|e| e.to_string())?;
+        resp.body_mut().read_json::<R>().map_err(|e| e.to_string())
+    }
+
+    /// Fetches the current map.
+    pub fn fetch_map(&self) -> Result<ClusterMap, String> {
+        let url = format!("{}/v1/map", self.base);
+        let mut resp = self
+            .agent
+            .get(&url)
+            .call()
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let map: ClusterMap = resp
+            .body_mut()
+            .with_config()
+            .limit(MAP_BYTES_MAX)
+            .read_json()
+            .map_err(|e| format!("GET {url}: bad map: {e}"))?;
+        map.pool
+            .validate()
+            .map_err(|(k, m)| format!("manager sent an invalid map: {k}: {m}"))?;
+        Ok(map)
+    }
+
+    /// Heartbeats forever; fetches the map whenever the manager reports a newer epoch,
+    /// and re-boots if the manager has forgotten this OSD.
+    pub fn run(mut self, id: OsdId, map: Arc<ArcSwap<ClusterMap>>) -> ! {
+        let interval = Duration::from_millis(self.cfg.heartbeat_interval_ms);
+        let mut usage = (0u64, 0u64);
+        let mut usage_at: Option<Instant> = None;
+        let mut id = id;
+        loop {
+            std::thread::sleep(interval);
+            if usage_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                usage = disk_usage(&self.cfg.data_dir);
+                usage_at = Some(Instant::now());
+            }
+            let hb = OsdHeartbeat {
+                id,
+                uuid: self.identity.uuid.clone(),
+                epoch: map.load().epoch,
+                used_bytes: usage.0,
+                capacity_bytes: usage.1,
+            };
+            match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
+                Ok(reply) => {
+                    if reply.epoch > map.load().epoch {
+                        match self.fetch_map() {
+                            Ok(m) => {
+                                tracing::info!(epoch = %m.epoch, "new map");
+                                map.store(Arc::new(m));
+                            }
+                            Err(e) => tracing::warn!("map fetch failed: {e}"),
+                        }
+                    }
+                }
+                Err(e) if e.contains("404") => {
+                    tracing::warn!("manager does not know this OSD; booting again");
+                    match self.boot() {
+                        Ok((new_id, m)) => {
+                            id = new_id;
+                            map.store(Arc::new(m));
+                        }
+                        Err(e) => {
+                            tracing::error!("{e}");
+                            std::process::exit(1);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("heartbeat failed: {e}"),
+            }
+        }
+    }
+}
+
+/// (bytes used by object files, bytes of the file system).
+fn disk_usage(data_dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let mut used = 0u64;
+    let objects = data_dir.join("objects");
+    if let Ok(vols) = std::fs::read_dir(&objects) {
+        for vol in vols.flatten() {
+            if let Ok(files) = std::fs::read_dir(vol.path()) {
+                for f in files.flatten() {
+                    if let Ok(m) = f.metadata() {
+                        used += m.blocks() * 512;
+                    }
+                }
+            }
+        }
+    }
+    let capacity = statvfs_bytes(data_dir).unwrap_or(0);
+    (used, capacity)
+}
+
+fn statvfs_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we pass.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_blocks * st.f_frsize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_is_stable_and_corruption_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Identity::load_or_create(dir.path()).unwrap();
+        let b = Identity::load_or_create(dir.path()).unwrap();
+        assert_eq!(a.uuid, b.uuid);
+        assert_eq!(a.uuid.len(), 36);
+        std::fs::write(dir.path().join("osd.json"), b"{not json").unwrap();
+        assert!(
+            Identity::load_or_create(dir.path())
+                .unwrap_err()
+                .contains("corrupt")
+        );
+    }
+}

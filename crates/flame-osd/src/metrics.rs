@@ -1,0 +1,108 @@
+//! OSD metrics. Data-path counters carry a `shard` label and each shard resolves its
+//! children once at start, so shards never contend on a counter.
+
+use flame_common::metrics::LATENCY_BUCKETS_S;
+use flame_common::protocol::OpCode;
+use prometheus::{
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, register_histogram_vec,
+    register_int_counter_vec, register_int_gauge_vec,
+};
+use std::sync::LazyLock;
+
+static OPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_ops_total",
+        "Requests handled, by op, role and shard",
+        &["op", "role", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static BYTES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_bytes_total",
+        "Payload bytes read or written, by op, role and shard",
+        &["op", "role", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_errors_total",
+        "Requests answered with an error, by op and shard",
+        &["op", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "flame_osd_op_latency_seconds",
+        "Time from a request's arrival to its reply being queued, by op and role",
+        &["op", "role"],
+        LATENCY_BUCKETS_S.to_vec()
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "flame_osd_connections",
+        "Open connections, by kind (client|peer) and shard",
+        &["kind", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// The data-path ops that get their own counters.
+pub const DATA_OPS: [OpCode; 5] = [
+    OpCode::Read,
+    OpCode::Write,
+    OpCode::WriteZeroes,
+    OpCode::Discard,
+    OpCode::Flush,
+];
+
+/// Per-op counters of one role on one shard.
+pub struct OpCounters {
+    /// Requests.
+    pub ops: IntCounter,
+    /// Payload bytes.
+    pub bytes: IntCounter,
+    /// Latency histogram.
+    pub latency: prometheus::Histogram,
+}
+
+/// Metric children of one shard, resolved once.
+pub struct ShardMetrics {
+    /// Indexed by `[role][op index]`, role 0 = primary/client-facing, 1 = replica.
+    pub by_op: [[OpCounters; DATA_OPS.len()]; 2],
+    /// Errors by op index.
+    pub errors: [IntCounter; DATA_OPS.len()],
+    /// Client connections.
+    pub client_connections: IntGauge,
+    /// Peer (replication) connections.
+    pub peer_connections: IntGauge,
+}
+
+impl ShardMetrics {
+    /// Resolves every child for `shard`.
+    pub fn new(shard: u16) -> ShardMetrics {
+        let s = shard.to_string();
+        let role = |r: &str| {
+            DATA_OPS.map(|op| OpCounters {
+                ops: OPS.with_label_values(&[op.name(), r, &s]),
+                bytes: BYTES.with_label_values(&[op.name(), r, &s]),
+                latency: LATENCY.with_label_values(&[op.name(), r]),
+            })
+        };
+        ShardMetrics {
+            by_op: [role("primary"), role("replica")],
+            errors: DATA_OPS.map(|op| ERRORS.with_label_values(&[op.name(), &s])),
+            client_connections: CONNECTIONS.with_label_values(&["client", &s]),
+            peer_connections: CONNECTIONS.with_label_values(&["peer", &s]),
+        }
+    }
+
+    /// Index of `op` in [`DATA_OPS`].
+    pub fn op_index(op: OpCode) -> Option<usize> {
+        DATA_OPS.iter().position(|o| *o == op)
+    }
+}

@@ -1,0 +1,261 @@
+//! Connections from this shard to the shards of other OSDs, for replication.
+//!
+//! Each shard owns its own peer connections (the penetrating model: the thread that
+//! took a client's write also drives its replication and sees the replicas' replies),
+//! one per (OSD, shard). Requests on a peer connection are matched to replies by
+//! request id; a connection failure fails every request waiting on it, and the
+//! primary answers its client with EAGAIN so the client retries.
+
+use crate::metrics::ShardMetrics;
+use flame_common::ids::{Epoch, OsdId, RequestId};
+use flame_common::map::OsdInfo;
+use flame_common::protocol::{Message, OpCode, status};
+use flame_common::reactor;
+use flame_common::transport::{Conn, TransportKind};
+use futures_channel::oneshot;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// One connection to a peer shard.
+pub struct Peer {
+    conn: Conn,
+    pending: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
+    next_id: Cell<u64>,
+}
+
+/// Peer connections of one shard.
+pub struct Peers {
+    transport: TransportKind,
+    connect_timeout: Duration,
+    call_timeout: Duration,
+    conns: RefCell<HashMap<(OsdId, u16), Rc<Peer>>>,
+    /// Peers being connected: later callers wait for the first attempt rather than
+    /// opening a second connection (one connection keeps one order).
+    connecting: RefCell<HashMap<(OsdId, u16), Rc<crate::ordering::Event>>>,
+    metrics: Rc<ShardMetrics>,
+}
+
+impl Peers {
+    /// No connections yet; they open on first use.
+    pub fn new(
+        transport: TransportKind,
+        connect_timeout: Duration,
+        call_timeout: Duration,
+        metrics: Rc<ShardMetrics>,
+    ) -> Peers {
+        Peers {
+            transport,
+            connect_timeout,
+            call_timeout,
+            conns: RefCell::new(HashMap::new()),
+            connecting: RefCell::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// Sends `msg` to shard `shard` of `osd` and waits for the reply's status.
+    /// Connection problems and timeouts come back as EAGAIN.
+    pub async fn call(
+        self: &Rc<Self>,
+        osd: &OsdInfo,
+        shard: u16,
+        epoch: Epoch,
+        msg: Message,
+    ) -> i32 {
+        let peer = match self.get(osd, shard, epoch).await {
+            Ok(p) => p,
+            Err(()) => return status::EAGAIN,
+        };
+        let reply = {
+            let id = peer.next_id.get();
+            peer.next_id.set(id + 1);
+            let msg = with_id(msg, RequestId(id));
+            let (tx, rx) = oneshot::channel();
+            peer.pending.borrow_mut().insert(id, tx);
+            if peer.conn.send_owned(msg).is_err() {
+                peer.pending.borrow_mut().remove(&id);
+                return status::EAGAIN;
+            }
+            let timeout = self.call_timeout;
+            let wait = async { rx.await.ok() };
+            let expire = async {
+                reactor::sleep(timeout).await;
+                None
+            };
+            let r = futures_lite::future::or(wait, expire).await;
+            if r.is_none() {
+                peer.pending.borrow_mut().remove(&id);
+            }
+            r
+        };
+        match reply {
+            Some(Message::Reply { status, .. }) => status,
+            Some(_) => status::EIO,
+            None => {
+                // Timed out or the connection died: drop the connection so the next
+                // call starts afresh.
+                tracing::warn!(osd = %osd.id, shard, "replica did not answer; closing connection");
+                self.drop_peer(osd.id, shard, &peer);
+                status::EAGAIN
+            }
+        }
+    }
+
+    fn drop_peer(&self, osd: OsdId, shard: u16, peer: &Rc<Peer>) {
+        peer.conn.close();
+        let mut conns = self.conns.borrow_mut();
+        if conns
+            .get(&(osd, shard))
+            .is_some_and(|p| Rc::ptr_eq(p, peer))
+        {
+            conns.remove(&(osd, shard));
+            self.metrics.peer_connections.dec();
+        }
+    }
+
+    async fn get(self: &Rc<Self>, osd: &OsdInfo, shard: u16, epoch: Epoch) -> Result<Rc<Peer>, ()> {
+        let key = (osd.id, shard);
+        // Bounded: each round either returns or waits for another task's attempt,
+        // which ends within connect_timeout.
+        for _ in 0..4 {
+            if let Some(p) = self.conns.borrow().get(&key)
+                && !p.conn.is_closed()
+            {
+                return Ok(p.clone());
+            }
+            let waiting = self.connecting.borrow().get(&key).cloned();
+            if let Some(ev) = waiting {
+                ev.wait().await;
+                continue;
+            }
+            let ev = Rc::new(crate::ordering::Event::default());
+            self.connecting.borrow_mut().insert(key, ev.clone());
+            let result = self.connect(osd, shard, epoch).await;
+            self.connecting.borrow_mut().remove(&key);
+            ev.set();
+            return result;
+        }
+        Err(())
+    }
+
+    async fn connect(
+        self: &Rc<Self>,
+        osd: &OsdInfo,
+        shard: u16,
+        epoch: Epoch,
+    ) -> Result<Rc<Peer>, ()> {
+        let addr = osd.shard_addr(shard);
+        let conn = match Conn::connect(self.transport, addr, self.connect_timeout).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(osd = %osd.id, %addr, "peer connect failed: {e}");
+                return Err(());
+            }
+        };
+        if conn
+            .send(&Message::Hello {
+                id: RequestId(0),
+                epoch,
+                shard,
+            })
+            .is_err()
+        {
+            return Err(());
+        }
+        let hello = futures_lite::future::or(async { conn.recv().await.ok() }, async {
+            reactor::sleep(self.connect_timeout).await;
+            None
+        })
+        .await;
+        match hello {
+            Some(Message::Reply {
+                op: OpCode::Hello,
+                status: 0,
+                ..
+            }) => {}
+            other => {
+                tracing::warn!(osd = %osd.id, %addr, "peer refused hello: {other:?}");
+                conn.close();
+                return Err(());
+            }
+        }
+        let peer = Rc::new(Peer {
+            conn,
+            pending: RefCell::new(HashMap::new()),
+            next_id: Cell::new(1),
+        });
+        self.conns
+            .borrow_mut()
+            .insert((osd.id, shard), peer.clone());
+        self.metrics.peer_connections.inc();
+        let me = self.clone();
+        let osd_id = osd.id;
+        let p = peer.clone();
+        reactor::spawn(async move {
+            loop {
+                match p.conn.recv().await {
+                    Ok(reply @ Message::Reply { .. }) => {
+                        let tx = p.pending.borrow_mut().remove(&reply.id().0);
+                        if let Some(tx) = tx {
+                            let _ = tx.send(reply);
+                        }
+                    }
+                    Ok(other) => {
+                        tracing::warn!(osd = %osd_id, "peer sent a request on a replication connection: {:?}", other.op());
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            // Fail everything still waiting (dropping the senders wakes them).
+            p.pending.borrow_mut().clear();
+            me.drop_peer(osd_id, shard, &p);
+        })
+        .detach();
+        Ok(peer)
+    }
+}
+
+fn with_id(msg: Message, id: RequestId) -> Message {
+    match msg {
+        Message::Write {
+            epoch,
+            target,
+            flags,
+            data,
+            ..
+        } => Message::Write {
+            id,
+            epoch,
+            target,
+            flags,
+            data,
+        },
+        Message::WriteZeroes {
+            epoch,
+            target,
+            flags,
+            ..
+        } => Message::WriteZeroes {
+            id,
+            epoch,
+            target,
+            flags,
+        },
+        Message::Discard {
+            epoch,
+            target,
+            flags,
+            ..
+        } => Message::Discard {
+            id,
+            epoch,
+            target,
+            flags,
+        },
+        Message::Flush { epoch, flags, .. } => Message::Flush { id, epoch, flags },
+        other => other,
+    }
+}

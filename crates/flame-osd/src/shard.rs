@@ -1,0 +1,512 @@
+//! A shard thread: the penetrating model.
+//!
+//! One thread owns a listener, every connection accepted on it, the objects of its
+//! placement groups, its peer connections and its io_uring. A request is received,
+//! decoded, applied to disk, replicated and answered by this thread alone: no queue
+//! hand-off, no lock (the cluster map is read through a lock-free `ArcSwap`).
+
+use crate::config::OsdConfig;
+use crate::metrics::ShardMetrics;
+use crate::ordering::WriteGate;
+use crate::peers::Peers;
+use crate::store::ObjectStore;
+use arc_swap::ArcSwap;
+use flame_common::ids::{Epoch, OsdId};
+use flame_common::map::ClusterMap;
+use flame_common::placement::{object_pg, pg_osds};
+use flame_common::protocol::{IoTarget, Message, OpCode, flags, status};
+use flame_common::reactor::{self, Reactor, ReactorConfig};
+use flame_common::transport::{Conn, Listener};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a new connection may take to send its `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything one shard thread owns.
+pub struct Shard {
+    id: u16,
+    osd: OsdId,
+    map: Arc<ArcSwap<ClusterMap>>,
+    store: ObjectStore,
+    gate: Rc<WriteGate>,
+    peers: Rc<Peers>,
+    metrics: Rc<ShardMetrics>,
+    max_connections: u32,
+    max_inflight: u32,
+    connections: Cell<u32>,
+}
+
+/// What a shard thread needs to start.
+pub struct ShardSetup {
+    /// Shard number.
+    pub id: u16,
+    /// This OSD's id.
+    pub osd: OsdId,
+    /// The bound listener of this shard.
+    pub listener: Listener,
+    /// The live map.
+    pub map: Arc<ArcSwap<ClusterMap>>,
+    /// Configuration.
+    pub config: Arc<OsdConfig>,
+    /// Whether `O_DIRECT` works in the data directory.
+    pub direct_io: bool,
+}
+
+/// Starts a shard thread. It runs until the process exits.
+pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("shard-{}", setup.id))
+        .spawn(move || {
+            let id = setup.id;
+            let cfg = setup.config.clone();
+            let mut reactor = match Reactor::new(ReactorConfig {
+                poll_mode: cfg.poll_mode,
+                ..Default::default()
+            }) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(shard = id, "cannot create io_uring: {e}");
+                    std::process::exit(1);
+                }
+            };
+            let metrics = Rc::new(ShardMetrics::new(id));
+            let shard = Rc::new(Shard {
+                id,
+                osd: setup.osd,
+                map: setup.map,
+                store: ObjectStore::new(
+                    &cfg.data_dir,
+                    setup.direct_io,
+                    cfg.open_files_per_shard_max as usize,
+                ),
+                gate: Rc::new(WriteGate::default()),
+                peers: Rc::new(Peers::new(
+                    cfg.transport,
+                    Duration::from_millis(cfg.connect_timeout_ms),
+                    Duration::from_millis(cfg.replica_timeout_ms),
+                    metrics.clone(),
+                )),
+                metrics,
+                max_connections: cfg.max_connections_per_shard,
+                max_inflight: cfg.max_inflight_per_connection,
+                connections: Cell::new(0),
+            });
+            if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
+                tracing::error!(shard = id, "reactor failed: {e}");
+                std::process::exit(1);
+            }
+        })
+}
+
+async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
+    loop {
+        let conn = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(shard = shard.id, "accept failed: {e}");
+                reactor::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if shard.connections.get() >= shard.max_connections {
+            tracing::warn!(shard = shard.id, peer = %conn.peer(), "connection limit reached; refusing");
+            conn.close();
+            continue;
+        }
+        reactor::spawn(serve_connection(shard.clone(), conn)).detach();
+    }
+}
+
+/// Counts a connection while it lives.
+struct ConnectionSlot(Rc<Shard>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.set(self.0.connections.get() - 1);
+        self.0.metrics.client_connections.dec();
+    }
+}
+
+async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
+    shard.connections.set(shard.connections.get() + 1);
+    shard.metrics.client_connections.inc();
+    let _slot = ConnectionSlot(shard.clone());
+    let peer = conn.peer();
+    // The first message must be a Hello naming this shard.
+    let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
+        reactor::sleep(HELLO_TIMEOUT).await;
+        None
+    })
+    .await;
+    match first {
+        Some(Ok(hello @ Message::Hello { .. })) => {
+            let reply = shard.hello(&hello);
+            let ok = matches!(reply, Message::Reply { status: 0, .. });
+            if conn.send(&reply).is_err() || !ok {
+                conn.close();
+                return;
+            }
+        }
+        Some(Ok(other)) => {
+            tracing::warn!(shard = shard.id, %peer, "first message was {:?}, not hello; closing", other.op());
+            conn.close();
+            return;
+        }
+        Some(Err(e)) => {
+            tracing::debug!(shard = shard.id, %peer, "connection failed before hello: {e}");
+            return;
+        }
+        None => {
+            tracing::warn!(shard = shard.id, %peer, "no hello within {HELLO_TIMEOUT:?}; closing");
+            conn.close();
+            return;
+        }
+    }
+    let inflight = Rc::new(Inflight {
+        count: Cell::new(0),
+        reader: Cell::new(None),
+    });
+    loop {
+        // Back-pressure: stop reading while the connection has too much in flight;
+        // the unread requests wait in the socket and slow the sender down.
+        inflight.below(shard.max_inflight).await;
+        let msg = match conn.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(shard = shard.id, %peer, "connection ended: {e}");
+                conn.close();
+                return;
+            }
+        };
+        if matches!(msg, Message::Reply { .. } | Message::Hello { .. }) {
+            tracing::warn!(shard = shard.id, %peer, "unexpected {:?} mid-connection; closing", msg.op());
+            conn.close();
+            return;
+        }
+        inflight.count.set(inflight.count.get() + 1);
+        let shard = shard.clone();
+        let conn = conn.clone();
+        let inflight = inflight.clone();
+        reactor::spawn(async move {
+            let reply = shard.execute(msg).await;
+            let _ = conn.send_owned(reply);
+            inflight.count.set(inflight.count.get() - 1);
+            if let Some(w) = inflight.reader.take() {
+                w.wake();
+            }
+        })
+        .detach();
+    }
+}
+
+/// Requests in flight on one connection, and the reader waiting for room.
+struct Inflight {
+    count: Cell<u32>,
+    reader: Cell<Option<std::task::Waker>>,
+}
+
+impl Inflight {
+    async fn below(&self, max: u32) {
+        std::future::poll_fn(|cx| {
+            if self.count.get() < max {
+                std::task::Poll::Ready(())
+            } else {
+                self.reader.set(Some(cx.waker().clone()));
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+impl Shard {
+    fn epoch(&self) -> Epoch {
+        self.map.load().epoch
+    }
+
+    fn hello(&self, hello: &Message) -> Message {
+        let Message::Hello { shard, .. } = hello else {
+            return hello.reply(self.epoch(), status::EINVAL);
+        };
+        let map = self.map.load();
+        let shards = map.osds.get(&self.osd).map_or(0, |o| u32::from(o.shards));
+        let st = if *shard == self.id {
+            status::OK
+        } else {
+            status::ESTALE
+        };
+        Message::Reply {
+            op: OpCode::Hello,
+            id: hello.id(),
+            epoch: map.epoch,
+            status: st,
+            info: shards,
+            data: Vec::new(),
+        }
+    }
+
+    /// Checks that `target` is well-formed and that this OSD and shard should serve
+    /// it in the role the request asks for. Returns the acting set.
+    fn check(&self, map: &ClusterMap, target: &IoTarget, replica: bool) -> Result<Vec<OsdId>, i32> {
+        let end = u64::from(target.offset) + u64::from(target.length);
+        if end > u64::from(map.pool.object_size) {
+            return Err(status::EINVAL);
+        }
+        if object_pg(target.object, map.pool.pg_count) != target.pg {
+            return Err(status::EINVAL);
+        }
+        let set = pg_osds(map, target.pg);
+        let me = map.osds.get(&self.osd).ok_or(status::ESTALE)?;
+        if me.shard_of(target.pg) != self.id {
+            return Err(status::ESTALE);
+        }
+        let serves = if replica {
+            set.contains(&self.osd)
+        } else {
+            set.first() == Some(&self.osd)
+        };
+        if !serves {
+            return Err(status::ESTALE);
+        }
+        Ok(set)
+    }
+
+    /// Runs one request and builds its reply.
+    pub async fn execute(self: &Rc<Self>, msg: Message) -> Message {
+        let started = Instant::now();
+        let op = msg.op();
+        let is_replica = match &msg {
+            Message::Write { flags: f, .. }
+            | Message::WriteZeroes { flags: f, .. }
+            | Message::Discard { flags: f, .. }
+            | Message::Flush { flags: f, .. }
+            | Message::Read { flags: f, .. } => f & flags::REPLICA != 0,
+            _ => false,
+        };
+        let bytes = match &msg {
+            Message::Read { target, .. } | Message::Write { target, .. } => {
+                u64::from(target.length)
+            }
+            _ => 0,
+        };
+        let id = msg.id();
+        let (st, data) = self.apply(msg, is_replica).await;
+        if let Some(i) = ShardMetrics::op_index(op) {
+            let c = &self.metrics.by_op[usize::from(is_replica)][i];
+            c.ops.inc();
+            c.bytes.inc_by(bytes);
+            c.latency.observe(started.elapsed().as_secs_f64());
+            if st != status::OK {
+                self.metrics.errors[i].inc();
+            }
+        }
+        Message::Reply {
+            op,
+            id,
+            epoch: self.epoch(),
+            status: st,
+            info: 0,
+            data,
+        }
+    }
+
+    async fn apply(self: &Rc<Self>, msg: Message, replica: bool) -> (i32, Vec<u8>) {
+        let map = self.map.load_full();
+        match &msg {
+            Message::Read { target, .. } => {
+                if let Err(st) = self.check(&map, target, replica) {
+                    return (st, Vec::new());
+                }
+                match self
+                    .store
+                    .read(target.object, target.offset, target.length)
+                    .await
+                {
+                    Ok(data) => (status::OK, data),
+                    Err(e) => {
+                        tracing::error!(object = %target.object, "read failed: {e}");
+                        (status::EIO, Vec::new())
+                    }
+                }
+            }
+            Message::Write { target, .. }
+            | Message::WriteZeroes { target, .. }
+            | Message::Discard { target, .. } => {
+                let set = match self.check(&map, target, replica) {
+                    Ok(s) => s,
+                    Err(st) => return (st, Vec::new()),
+                };
+                if replica {
+                    return (self.apply_local(msg).await, Vec::new());
+                }
+                (self.replicate(&map, set, msg).await, Vec::new())
+            }
+            Message::Flush { .. } => match self.store.flush().await {
+                Ok(()) => (status::OK, Vec::new()),
+                Err(e) => {
+                    tracing::error!("flush failed: {e}");
+                    (status::EIO, Vec::new())
+                }
+            },
+            Message::DeleteVolume { volume, .. } => {
+                let me = map.osds.get(&self.osd).cloned();
+                let pg_count = map.pool.pg_count;
+                let shard = self.id;
+                let owned = move |o| {
+                    me.as_ref()
+                        .is_some_and(|m| m.shard_of(object_pg(o, pg_count)) == shard)
+                };
+                match self.store.delete_volume(*volume, owned) {
+                    Ok(n) => {
+                        tracing::info!(shard = self.id, %volume, objects = n, "deleted volume objects");
+                        (status::OK, Vec::new())
+                    }
+                    Err(e) => {
+                        tracing::error!(%volume, "delete failed: {e}");
+                        (status::EIO, Vec::new())
+                    }
+                }
+            }
+            Message::Ping { .. } => (status::OK, Vec::new()),
+            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, Vec::new()),
+        }
+    }
+
+    /// Applies a write-like request to the local store.
+    async fn apply_local(&self, msg: Message) -> i32 {
+        let res = match msg {
+            Message::Write {
+                target,
+                flags: f,
+                data,
+                ..
+            } => {
+                self.store
+                    .write(target.object, target.offset, data, f & flags::FUA != 0)
+                    .await
+            }
+            Message::WriteZeroes {
+                target, flags: f, ..
+            }
+            | Message::Discard {
+                target, flags: f, ..
+            } => {
+                self.store
+                    .zero(
+                        target.object,
+                        target.offset,
+                        target.length,
+                        f & flags::FUA != 0,
+                    )
+                    .await
+            }
+            _ => return status::EINVAL,
+        };
+        match res {
+            Ok(()) => status::OK,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => status::ENOSPC,
+            Err(e) => {
+                tracing::error!("local write failed: {e}");
+                status::EIO
+            }
+        }
+    }
+
+    /// Primary path: order against overlapping writes, forward to the replicas and
+    /// apply locally in parallel, answer once every copy has applied.
+    async fn replicate(self: &Rc<Self>, map: &ClusterMap, set: Vec<OsdId>, msg: Message) -> i32 {
+        let target = match &msg {
+            Message::Write { target, .. }
+            | Message::WriteZeroes { target, .. }
+            | Message::Discard { target, .. } => target.clone(),
+            _ => return status::EINVAL,
+        };
+        // Register before the first await: admission order is arrival order.
+        let (_guard, earlier) =
+            self.gate
+                .enter(target.object, target.offset, target.offset + target.length);
+        // A replica known to be down cannot apply the write: fail fast, the client
+        // waits and retries until it is back.
+        let mut replicas = Vec::with_capacity(set.len().saturating_sub(1));
+        for id in set.iter().skip(1) {
+            match map.osds.get(id) {
+                Some(o) if o.up => replicas.push(o.clone()),
+                _ => return status::EAGAIN,
+            }
+        }
+        for e in earlier {
+            e.wait().await;
+        }
+        // One copy of the payload per replica: each send queue owns its bytes.
+        let calls: Vec<_> = replicas
+            .into_iter()
+            .map(|osd| {
+                let peers = self.peers.clone();
+                let fwd = with_replica_flag(&msg);
+                let shard = osd.shard_of(target.pg);
+                let epoch = map.epoch;
+                reactor::spawn(async move { peers.call(&osd, shard, epoch, fwd).await })
+            })
+            .collect();
+        let local = self.apply_local(msg).await;
+        let mut result = local;
+        for c in calls {
+            let st = c.await;
+            if result == status::OK && st != status::OK {
+                // A replica's ESTALE means maps disagree: the client refreshes and
+                // retries, as for EAGAIN.
+                result = if st == status::ESTALE {
+                    status::EAGAIN
+                } else {
+                    st
+                };
+            }
+        }
+        result
+    }
+}
+
+fn with_replica_flag(msg: &Message) -> Message {
+    match msg.clone() {
+        Message::Write {
+            id,
+            epoch,
+            target,
+            flags: f,
+            data,
+        } => Message::Write {
+            id,
+            epoch,
+            target,
+            flags: f | flags::REPLICA,
+            data,
+        },
+        Message::WriteZeroes {
+            id,
+            epoch,
+            target,
+            flags: f,
+        } => Message::WriteZeroes {
+            id,
+            epoch,
+            target,
+            flags: f | flags::REPLICA,
+        },
+        Message::Discard {
+            id,
+            epoch,
+            target,
+            flags: f,
+        } => Message::Discard {
+            id,
+            epoch,
+            target,
+            flags: f | flags::REPLICA,
+        },
+        other => other,
+    }
+}

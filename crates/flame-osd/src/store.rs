@@ -1,0 +1,509 @@
+//! The object store of one shard: object files under the data directory, read and
+//! written through the shard's io_uring.
+//!
+//! On-disk layout (see docs/on-disk-format.md): `objects/<volume id, 16 hex
+//! digits>/<object index, 16 hex digits>`, one sparse file per object, at most
+//! `object_size` bytes. A byte never written reads as zero (a missing file, a hole,
+//! or past the end of the file). Zeroing and discarding punch holes.
+//!
+//! A placement group belongs to exactly one shard, so an object file is only ever
+//! touched by one thread: the open-file cache and the dirty set need no lock.
+
+use crate::config::DirectIo;
+use flame_common::ids::{ObjectId, VolumeId};
+use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// One object's open descriptors.
+struct ObjectFile {
+    /// Page-cache descriptor: unaligned I/O, and everything when `O_DIRECT` is off.
+    buffered: File,
+    /// `O_DIRECT` descriptor for block-aligned I/O, when the file system allows it.
+    direct: Option<File>,
+}
+
+/// Objects of one shard.
+pub struct ObjectStore {
+    root: PathBuf,
+    direct_io: bool,
+    open_max: usize,
+    files: RefCell<HashMap<ObjectId, Rc<ObjectFile>>>,
+    /// Objects written since the last flush: what a flush must fdatasync.
+    dirty: RefCell<HashSet<ObjectId>>,
+    /// Directories that gained entries since the last flush: fsynced by a flush, so
+    /// a new object's name is as durable as its data.
+    dirty_dirs: RefCell<HashSet<PathBuf>>,
+    /// Volume directories known to exist.
+    known_dirs: RefCell<HashSet<VolumeId>>,
+}
+
+/// Decides `O_DIRECT` for a data directory: probes by creating an aligned file.
+pub fn probe_direct_io(data_dir: &Path, policy: DirectIo) -> io::Result<bool> {
+    if policy == DirectIo::Off {
+        return Ok(false);
+    }
+    let probe = data_dir.join(".direct-io-probe");
+    let result = (|| -> io::Result<()> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&probe)?;
+        let buf = AlignedBuf::zeroed(DIRECT_IO_ALIGN);
+        // SAFETY: buf is a valid aligned buffer of DIRECT_IO_ALIGN bytes.
+        let n = unsafe {
+            libc::pwrite(
+                f.as_raw_fd(),
+                buf.as_slice().as_ptr() as *const libc::c_void,
+                DIRECT_IO_ALIGN,
+                0,
+            )
+        };
+        if n != DIRECT_IO_ALIGN as isize {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&probe);
+    match (result, policy) {
+        (Ok(()), _) => Ok(true),
+        (Err(e), DirectIo::On) => Err(io::Error::other(format!(
+            "direct_io: on, but O_DIRECT does not work in {}: {e}",
+            data_dir.display()
+        ))),
+        (Err(_), _) => Ok(false),
+    }
+}
+
+fn is_aligned(offset: u64, len: usize) -> bool {
+    offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
+}
+
+impl ObjectStore {
+    /// A store rooted at `data_dir/objects`.
+    pub fn new(data_dir: &Path, direct_io: bool, open_max: usize) -> ObjectStore {
+        ObjectStore {
+            root: data_dir.join("objects"),
+            direct_io,
+            open_max: open_max.max(16),
+            files: RefCell::new(HashMap::new()),
+            dirty: RefCell::new(HashSet::new()),
+            dirty_dirs: RefCell::new(HashSet::new()),
+            known_dirs: RefCell::new(HashSet::new()),
+        }
+    }
+
+    fn volume_dir(&self, volume: VolumeId) -> PathBuf {
+        self.root.join(format!("{:016x}", volume.0))
+    }
+
+    /// Path of an object's file.
+    pub fn object_path(&self, object: ObjectId) -> PathBuf {
+        self.volume_dir(object.volume)
+            .join(format!("{:016x}", object.index))
+    }
+
+    /// Opens (or with `create`, creates) an object's file. `Ok(None)`: it does not
+    /// exist and `create` is false — the object reads as zeroes.
+    fn open(&self, object: ObjectId, create: bool) -> io::Result<Option<Rc<ObjectFile>>> {
+        if let Some(f) = self.files.borrow().get(&object) {
+            return Ok(Some(f.clone()));
+        }
+        let path = self.object_path(object);
+        if create && !self.known_dirs.borrow().contains(&object.volume) {
+            let dir = self.volume_dir(object.volume);
+            if !dir.exists() {
+                std::fs::create_dir_all(&dir)?;
+                self.dirty_dirs.borrow_mut().insert(self.root.clone());
+            }
+            self.known_dirs.borrow_mut().insert(object.volume);
+        }
+        let existed = path.exists();
+        let buffered = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !existed {
+            self.dirty_dirs
+                .borrow_mut()
+                .insert(self.volume_dir(object.volume));
+        }
+        let direct = if self.direct_io {
+            Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&path)?,
+            )
+        } else {
+            None
+        };
+        let file = Rc::new(ObjectFile { buffered, direct });
+        let mut files = self.files.borrow_mut();
+        if files.len() >= self.open_max {
+            // Evict an arbitrary entry; a dirty object is reopened by the next flush.
+            if let Some(k) = files.keys().next().copied() {
+                files.remove(&k);
+            }
+        }
+        files.insert(object, file.clone());
+        Ok(Some(file))
+    }
+
+    /// Reads `len` bytes at `offset`; never-written bytes are zero.
+    pub async fn read(&self, object: ObjectId, offset: u32, len: u32) -> io::Result<Vec<u8>> {
+        let len = len as usize;
+        let Some(file) = self.open(object, false)? else {
+            return Ok(vec![0; len]);
+        };
+        let offset = u64::from(offset);
+        if let (Some(direct), true) = (&file.direct, is_aligned(offset, len)) {
+            let buf = AlignedBuf::zeroed(len);
+            let (filled, buf) = read_full(direct.as_raw_fd(), buf, offset, len).await;
+            filled?;
+            return Ok(buf.as_slice().to_vec());
+        }
+        let (filled, buf) = read_full(file.buffered.as_raw_fd(), vec![0u8; len], offset, len).await;
+        filled?;
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset`. With `fua` the data is on stable storage when this
+    /// returns.
+    pub async fn write(
+        &self,
+        object: ObjectId,
+        offset: u32,
+        data: Vec<u8>,
+        fua: bool,
+    ) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let file = self
+            .open(object, true)?
+            .ok_or_else(|| io::Error::other("object file vanished while creating it"))?;
+        let offset = u64::from(offset);
+        if let (Some(direct), true) = (&file.direct, is_aligned(offset, data.len())) {
+            let buf = AlignedBuf::copy_from(&data);
+            write_full(direct.as_raw_fd(), buf, offset, fua).await?;
+        } else {
+            write_full(file.buffered.as_raw_fd(), data, offset, fua).await?;
+        }
+        if fua {
+            // The data is stable; only a newly created name may still need its dir.
+            self.sync_dirs().await?;
+        } else {
+            self.dirty.borrow_mut().insert(object);
+        }
+        Ok(())
+    }
+
+    /// Makes `[offset, offset+len)` read back as zeroes by punching a hole.
+    pub async fn zero(&self, object: ObjectId, offset: u32, len: u32, fua: bool) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let Some(file) = self.open(object, false)? else {
+            return Ok(()); // no file: already zero
+        };
+        let fd = file.buffered.as_raw_fd();
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        match reactor::fallocate(fd, mode, u64::from(offset), u64::from(len)).await {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                // File system without hole punching: write real zeroes.
+                write_full(fd, vec![0u8; len as usize], u64::from(offset), false).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        if fua {
+            reactor::fsync(fd, true).await?;
+        } else {
+            self.dirty.borrow_mut().insert(object);
+        }
+        Ok(())
+    }
+
+    /// Makes every write applied so far stable: fdatasync of every dirty object (all
+    /// at once through the ring) and fsync of directories that gained entries.
+    pub async fn flush(&self) -> io::Result<()> {
+        let dirty: Vec<ObjectId> = self.dirty.borrow_mut().drain().collect();
+        let mut syncs = Vec::with_capacity(dirty.len());
+        for object in &dirty {
+            let file = match self.open(*object, false) {
+                Ok(Some(f)) => f,
+                Ok(None) => continue, // deleted since: nothing to sync
+                Err(e) => {
+                    self.dirty.borrow_mut().extend(dirty.iter().copied());
+                    return Err(e);
+                }
+            };
+            syncs.push(reactor::spawn(async move {
+                reactor::fsync(file.buffered.as_raw_fd(), true).await
+            }));
+        }
+        let mut first_error = None;
+        for s in syncs {
+            if let Err(e) = s.await {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            // Keep them dirty: a later flush retries (and reports again if still failing).
+            self.dirty.borrow_mut().extend(dirty.iter().copied());
+            return Err(e);
+        }
+        self.sync_dirs().await
+    }
+
+    async fn sync_dirs(&self) -> io::Result<()> {
+        let dirs: Vec<PathBuf> = self.dirty_dirs.borrow_mut().drain().collect();
+        for dir in &dirs {
+            let f = File::open(dir)?;
+            reactor::fsync(f.as_raw_fd(), false).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes the volume's objects for which `owned` is true (the objects of this
+    /// shard's placement groups). Returns how many were removed.
+    pub fn delete_volume(
+        &self,
+        volume: VolumeId,
+        owned: impl Fn(ObjectId) -> bool,
+    ) -> io::Result<u64> {
+        let dir = self.volume_dir(volume);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(index) = name.to_str().and_then(|s| u64::from_str_radix(s, 16).ok()) else {
+                continue; // not an object file
+            };
+            let object = ObjectId { volume, index };
+            if !owned(object) {
+                continue;
+            }
+            self.files.borrow_mut().remove(&object);
+            self.dirty.borrow_mut().remove(&object);
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.known_dirs.borrow_mut().remove(&volume);
+        // The last shard to finish removes the (then empty) directory.
+        let _ = std::fs::remove_dir(&dir);
+        Ok(removed)
+    }
+}
+
+/// Reads until `len` bytes or end of file; the rest of `buf` keeps its zeroes.
+async fn read_full<B: reactor::IoBufMut>(
+    fd: i32,
+    mut buf: B,
+    offset: u64,
+    len: usize,
+) -> (io::Result<()>, B) {
+    let mut done = 0usize;
+    // Bounded: each round either advances or ends the loop.
+    while done < len {
+        let (res, back) = read_at_partial(fd, buf, offset + done as u64, done).await;
+        buf = back;
+        match res {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (Err(e), buf),
+        }
+    }
+    (Ok(()), buf)
+}
+
+/// Reads into `buf[start..]` (via a sub-range view of the buffer).
+async fn read_at_partial<B: reactor::IoBufMut>(
+    fd: i32,
+    buf: B,
+    offset: u64,
+    start: usize,
+) -> (io::Result<usize>, B) {
+    if start == 0 {
+        return reactor::read_at(fd, buf, offset).await;
+    }
+    let (res, sliced) = reactor::read_at(fd, Tail { buf, start }, offset).await;
+    (res, sliced.buf)
+}
+
+async fn write_full<B: reactor::IoBuf>(
+    fd: i32,
+    buf: B,
+    offset: u64,
+    dsync: bool,
+) -> io::Result<()> {
+    let len = buf.len();
+    let (res, mut buf) = reactor::write_at(fd, buf, offset, dsync).await;
+    let mut done = res?;
+    // Short writes on regular files are rare (signals, quota); finish them.
+    while done < len {
+        let (res, back) = reactor::write_at(
+            fd,
+            TailRef { buf, start: done },
+            offset + done as u64,
+            dsync,
+        )
+        .await;
+        buf = back.buf;
+        match res {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "device accepted no bytes",
+                ));
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The tail `buf[start..]` of a buffer, as a buffer.
+struct Tail<B> {
+    buf: B,
+    start: usize,
+}
+
+impl<B: reactor::IoBufMut> reactor::IoBuf for Tail<B> {
+    fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr().wrapping_add(self.start)
+    }
+    fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+impl<B: reactor::IoBufMut> reactor::IoBufMut for Tail<B> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr().wrapping_add(self.start)
+    }
+}
+
+/// Read-only tail view, for resuming short writes.
+struct TailRef<B> {
+    buf: B,
+    start: usize,
+}
+
+impl<B: reactor::IoBuf> reactor::IoBuf for TailRef<B> {
+    fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr().wrapping_add(self.start)
+    }
+    fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::reactor::{Reactor, ReactorConfig};
+
+    fn obj(i: u64) -> ObjectId {
+        ObjectId {
+            volume: VolumeId(5),
+            index: i,
+        }
+    }
+
+    fn with_store(direct: bool, f: impl AsyncFnOnce(&ObjectStore, &Path) + 'static) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let store = ObjectStore::new(&path, direct, 16);
+            f(&store, &path).await;
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn unwritten_reads_zero_and_writes_read_back() {
+        for direct in [false, true] {
+            with_store(direct, async |s, _| {
+                assert_eq!(s.read(obj(1), 0, 8192).await.unwrap(), vec![0; 8192]);
+                s.write(obj(1), 4096, vec![7; 4096], false).await.unwrap();
+                s.write(obj(1), 10, b"abc".to_vec(), true).await.unwrap();
+                let back = s.read(obj(1), 0, 12288).await.unwrap();
+                assert_eq!(&back[10..13], b"abc");
+                assert!(back[4096..8192].iter().all(|&b| b == 7));
+                assert!(back[8192..].iter().all(|&b| b == 0));
+                s.flush().await.unwrap();
+            });
+        }
+    }
+
+    #[test]
+    fn zero_punches_and_delete_removes_owned() {
+        with_store(false, async |s, root| {
+            s.write(obj(1), 0, vec![9; 65536], false).await.unwrap();
+            s.write(obj(2), 0, vec![9; 10], false).await.unwrap();
+            s.zero(obj(1), 4096, 8192, false).await.unwrap();
+            let back = s.read(obj(1), 0, 65536).await.unwrap();
+            assert!(back[..4096].iter().all(|&b| b == 9));
+            assert!(back[4096..12288].iter().all(|&b| b == 0));
+            assert!(back[12288..].iter().all(|&b| b == 9));
+            s.zero(obj(3), 0, 4096, true).await.unwrap(); // missing object: no-op
+            s.flush().await.unwrap();
+            let n = s.delete_volume(VolumeId(5), |o| o.index == 1).unwrap();
+            assert_eq!(n, 1);
+            assert!(
+                !root
+                    .join("objects/0000000000000005/0000000000000001")
+                    .exists()
+            );
+            assert!(
+                root.join("objects/0000000000000005/0000000000000002")
+                    .exists()
+            );
+            assert_eq!(s.read(obj(1), 0, 16).await.unwrap(), vec![0; 16]);
+        });
+    }
+
+    #[test]
+    fn open_file_cache_is_bounded() {
+        with_store(false, async |s, _| {
+            for i in 0..100 {
+                s.write(obj(i), 0, vec![i as u8; 16], false).await.unwrap();
+            }
+            assert!(s.files.borrow().len() <= 16);
+            s.flush().await.unwrap(); // reopens evicted dirty objects
+            for i in 0..100 {
+                assert_eq!(s.read(obj(i), 0, 16).await.unwrap(), vec![i as u8; 16]);
+            }
+        });
+    }
+}
