@@ -1,1 +1,211 @@
-fn main() {}
+//! `flame-mgr`: the Flame manager daemon.
+//!
+//! Holds the cluster map (OSDs, pool, volumes, epoch) durably in
+//! `data_dir/state.json`, registers OSDs and tracks their heartbeats, marks silent
+//! OSDs down, and serves the map and the admin API over HTTP/JSON. It is off the
+//! data path: clients and OSDs compute placement from the map themselves.
+//!
+//! Layout: [`config`] (YAML settings), [`state`] (the map and every rule on it, pure
+//! logic), [`store`] (crash-safe `state.json`), [`shared`] (lock, persist-then-
+//! publish), [`api`] (axum routes), [`failure`] (heartbeat grace), [`metrics`].
+
+mod api;
+mod config;
+mod failure;
+mod metrics;
+mod shared;
+mod state;
+mod store;
+
+use clap::Parser;
+use config::MgrConfig;
+use state::{ClusterState, PersistedState};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use store::Store;
+use tracing::{error, info, warn};
+
+/// How long shutdown waits for open requests (e.g. map long-polls) before exiting.
+/// Exiting early is safe: every acknowledged change is already on disk.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "flame-mgr",
+    version,
+    about = "Flame manager: cluster map, OSD heartbeats, volumes, admin API"
+)]
+struct Args {
+    /// YAML configuration file; without it every setting has its default.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    flame_common::logging::init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("flame-mgr: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A random RFC 4122 version-4 uuid, the default cluster id.
+fn generate_fsid() -> String {
+    let mut b = rand::random::<u128>().to_be_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Loads the existing cluster from `store`, or creates (and persists) a new one.
+fn load_or_create(config: &MgrConfig, store: &Store) -> Result<PersistedState, BoxError> {
+    if let Some(state) = store.load()? {
+        if let Some(fsid) = &config.fsid
+            && *fsid != state.map.fsid
+        {
+            return Err(format!(
+                "config fsid {fsid} does not match the cluster in {} (fsid {}): wrong data_dir?",
+                store.state_path().display(),
+                state.map.fsid
+            )
+            .into());
+        }
+        if config.pool != state.map.pool {
+            warn!(
+                "config pool {:?} differs from the cluster's {:?}; pool settings are fixed at creation, keeping the cluster's",
+                config.pool, state.map.pool
+            );
+        }
+        info!(
+            "loaded cluster {} at map {} from {}: {} OSDs, {} volumes",
+            state.map.fsid,
+            state.map.epoch,
+            store.state_path().display(),
+            state.map.osds.len(),
+            state.map.volumes.len()
+        );
+        return Ok(state);
+    }
+    let fsid = config.fsid.clone().unwrap_or_else(generate_fsid);
+    config
+        .pool
+        .validate()
+        .map_err(|(k, m)| format!("invalid {k}: {m}"))?;
+    let state = PersistedState::new_cluster(fsid, config.pool.clone());
+    // Persist before serving, so the fsid handed to OSDs is the one a restart sees.
+    store.save(&state)?;
+    info!(
+        "created new cluster {} in {} (pool size {}, min_size {}, {} PGs, {} byte objects)",
+        state.map.fsid,
+        store.state_path().display(),
+        state.map.pool.size,
+        state.map.pool.min_size,
+        state.map.pool.pg_count,
+        state.map.pool.object_size
+    );
+    Ok(state)
+}
+
+fn run(args: Args) -> Result<(), BoxError> {
+    let config: MgrConfig = flame_common::config::load(args.config.as_deref())?;
+    let store = Store::open(&config.data_dir)?;
+    let persisted = load_or_create(&config, &store)?;
+    let metrics = metrics::Metrics::new()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("flame-mgr")
+        .build()?;
+    runtime.block_on(serve(config, store, persisted, metrics))
+}
+
+async fn serve(
+    config: MgrConfig,
+    store: Store,
+    persisted: PersistedState,
+    metrics: metrics::Metrics,
+) -> Result<(), BoxError> {
+    let fsid = persisted.map.fsid.clone();
+    // Start time counts as every OSD's last heartbeat: they get a full grace period
+    // to find the restarted manager.
+    let shared = shared::Shared::new(store, ClusterState::new(persisted, Instant::now()), metrics);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts parse this line to find a port-0 listener.
+    info!("flame-mgr listening on http://{addr} (cluster {fsid})");
+
+    tokio::spawn(failure::run(
+        std::sync::Arc::clone(&shared),
+        Duration::from_millis(config.heartbeat_grace_ms),
+        Duration::from_millis(config.failure_check_interval_ms),
+    ));
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut graceful = stop_rx.clone();
+    let server = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
+        let _ = graceful.wait_for(|s| *s).await;
+    });
+    let mut hard = stop_rx;
+    tokio::select! {
+        r = server => r?,
+        _ = async move {
+            let _ = hard.wait_for(|s| *s).await;
+            tokio::time::sleep(SHUTDOWN_WAIT).await;
+        } => info!("not waiting longer for open requests"),
+    }
+    info!("flame-mgr stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM. If the handlers cannot be installed, never
+/// resolves (the process is then stopped by SIGKILL, which is safe).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        (Err(e), _) | (_, Err(e)) => {
+            warn!("cannot install signal handlers ({e}); stop with SIGKILL");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+        _ = int.recv() => info!("SIGINT: shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fsid_is_a_v4_uuid() {
+        let a = super::generate_fsid();
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert!(crate::config::validate_fsid(&a).is_ok());
+        assert_ne!(a, super::generate_fsid());
+    }
+}

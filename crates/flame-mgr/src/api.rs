@@ -1,0 +1,340 @@
+//! The HTTP/JSON API (routes and bodies defined in `flame_common::mgr_api`).
+//!
+//! Handlers are thin: parse, call [`Shared::commit`] or read a snapshot, encode.
+//! Every failure is an [`ApiError`] JSON body with a 4xx/5xx status, including
+//! malformed bodies, unknown routes and wrong methods, so clients have one error
+//! shape to handle.
+
+use crate::shared::{MgrError, Shared};
+use crate::state::StateError;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use flame_common::ids::Epoch;
+use flame_common::mgr_api::{
+    ApiError, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, VolumeCreate, VolumeResize,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tracing::{error, info};
+
+/// Largest request body accepted. Every API body is well under 1 KiB; the limit
+/// keeps a misbehaving client from making the manager buffer megabytes.
+pub const BODY_BYTES_MAX: usize = 64 << 10;
+/// Longest a `GET /v1/map` long-poll may wait, whatever `wait_ms` asks for, so a
+/// client (and a proxy between) never sees a request hang indefinitely.
+pub const MAP_WAIT_MS_MAX: u64 = 30_000;
+
+/// An error reply: status plus [`ApiError`] body.
+#[derive(Debug)]
+pub struct HttpError {
+    status: StatusCode,
+    message: String,
+}
+
+impl HttpError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        HttpError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<MgrError> for HttpError {
+    fn from(e: MgrError) -> Self {
+        let status = match &e {
+            MgrError::State(StateError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            MgrError::State(StateError::NotFound(_)) => StatusCode::NOT_FOUND,
+            MgrError::State(StateError::Conflict(_)) => StatusCode::CONFLICT,
+            MgrError::Store(_) | MgrError::Internal(_) => {
+                error!("{e}");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        HttpError::new(status, e.to_string())
+    }
+}
+
+impl From<StateError> for HttpError {
+    fn from(e: StateError) -> Self {
+        MgrError::State(e).into()
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        json_response(
+            self.status,
+            &ApiError {
+                error: self.message,
+            },
+        )
+    }
+}
+
+/// Encodes `body` as a JSON response.
+fn json_response<T: Serialize + ?Sized>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        // Our own types always serialize; answer rather than panic if one day not.
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{{\"error\":\"cannot encode reply: {e}\"}}"),
+        )
+            .into_response(),
+    }
+}
+
+fn ok_json<T: Serialize + ?Sized>(body: &T) -> Response {
+    json_response(StatusCode::OK, body)
+}
+
+/// A JSON request body. Unlike axum's `Json`, it ignores the Content-Type (curl
+/// users forget it) and turns every failure into an [`ApiError`] 400 (or 413 for
+/// an oversized body) that says what was wrong.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|r| HttpError::new(r.status(), r.body_text()))?;
+        serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| {
+            HttpError::new(
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON request body: {e}"),
+            )
+        })
+    }
+}
+
+fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, HttpError> {
+    p.map(|Path(name)| name)
+        .map_err(|r| HttpError::new(StatusCode::BAD_REQUEST, r.body_text()))
+}
+
+/// Builds the router with every route of `flame_common::mgr_api`.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/map", get(get_map))
+        .route("/v1/status", get(get_status))
+        .route("/v1/osds", get(get_osds))
+        .route("/v1/osd/boot", post(osd_boot))
+        .route("/v1/osd/heartbeat", post(osd_heartbeat))
+        .route("/v1/volumes", get(list_volumes).post(create_volume))
+        .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
+        .route("/v1/volumes/{name}/resize", post(resize_volume))
+        .route("/metrics", get(get_metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Added after the routes, so it runs after routing and sees MatchedPath.
+        .layer(middleware::from_fn_with_state(Arc::clone(&shared), track))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(shared)
+}
+
+/// Counts and times every request by route template (never by raw path or
+/// arbitrary method, which would let clients create unbounded label values).
+async fn track(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let route = match req.extensions().get::<MatchedPath>() {
+        Some(path) => {
+            let method = match *req.method() {
+                Method::GET => "GET",
+                Method::POST => "POST",
+                Method::DELETE => "DELETE",
+                Method::PUT => "PUT",
+                Method::HEAD => "HEAD",
+                _ => "OTHER",
+            };
+            format!("{method} {}", path.as_str())
+        }
+        None => "unmatched".to_string(),
+    };
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let m = &shared.metrics;
+    m.api_latency
+        .with_label_values(&[route.as_str()])
+        .observe(start.elapsed().as_secs_f64());
+    m.api_requests
+        .with_label_values(&[route.as_str(), resp.status().as_str()])
+        .inc();
+    resp
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> HttpError {
+    // Echo at most a bounded prefix of what the client sent.
+    let path: String = uri.path().chars().take(128).collect();
+    HttpError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {method} {path}; see flame_common::mgr_api"),
+    )
+}
+
+async fn method_not_allowed(method: Method) -> HttpError {
+    HttpError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on this path"),
+    )
+}
+
+/// Query of `GET /v1/map`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MapQuery {
+    /// Epoch the caller wants to see.
+    min_epoch: Option<u64>,
+    /// How long to wait for it, capped at [`MAP_WAIT_MS_MAX`].
+    wait_ms: Option<u64>,
+}
+
+async fn get_map(
+    State(shared): State<Arc<Shared>>,
+    query: Result<Query<MapQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let Query(q) = query.map_err(|r| HttpError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    let map = match q.min_epoch {
+        Some(min) => {
+            let wait_ms = q.wait_ms.unwrap_or(0).min(MAP_WAIT_MS_MAX);
+            shared
+                .wait_map(Epoch(min), Duration::from_millis(wait_ms))
+                .await
+        }
+        None => shared.map(),
+    };
+    Ok(ok_json(&*map))
+}
+
+async fn get_status(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
+    let (state, acting) = shared.snapshot().await?;
+    Ok(ok_json(&state.status(&acting)))
+}
+
+async fn get_osds(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
+    let (state, acting) = shared.snapshot().await?;
+    Ok(ok_json(&state.osd_statuses(&acting, Instant::now())))
+}
+
+async fn osd_boot(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(req): ApiJson<OsdBoot>,
+) -> Result<Response, HttpError> {
+    let (id, fsid, epoch) = shared
+        .commit(move |s, now| {
+            let id = s.boot(&req, now)?;
+            Ok((id, s.map().fsid.clone(), s.epoch()))
+        })
+        .await?;
+    info!("{id} booted (map {epoch})");
+    Ok(ok_json(&OsdBootReply { id, fsid, epoch }))
+}
+
+async fn osd_heartbeat(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(hb): ApiJson<OsdHeartbeat>,
+) -> Result<Response, HttpError> {
+    let epoch = shared
+        .commit(move |s, now| {
+            s.heartbeat(&hb, now)?;
+            Ok(s.epoch())
+        })
+        .await?;
+    Ok(ok_json(&HeartbeatReply { epoch }))
+}
+
+async fn list_volumes(State(shared): State<Arc<Shared>>) -> Response {
+    let map = shared.map();
+    let vols: Vec<_> = map.volumes.values().collect();
+    ok_json(&vols)
+}
+
+async fn get_volume(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let name = path_name(name)?;
+    let map = shared.map();
+    let vol = map
+        .volumes
+        .get(&name)
+        .ok_or_else(|| StateError::NotFound(format!("no volume named {name}")))?;
+    Ok(ok_json(vol))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn create_volume(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(req): ApiJson<VolumeCreate>,
+) -> Result<Response, HttpError> {
+    let (vol, epoch) = shared
+        .commit(move |s, _| Ok((s.create_volume(&req, unix_now())?, s.epoch())))
+        .await?;
+    info!(
+        "volume {} created: {}, {} bytes (map {epoch})",
+        vol.name, vol.id, vol.size
+    );
+    Ok(ok_json(&vol))
+}
+
+async fn resize_volume(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+    ApiJson(req): ApiJson<VolumeResize>,
+) -> Result<Response, HttpError> {
+    let name = path_name(name)?;
+    let (vol, epoch) = shared
+        .commit(move |s, _| Ok((s.resize_volume(&name, &req)?, s.epoch())))
+        .await?;
+    info!(
+        "volume {} resized to {} bytes (map {epoch})",
+        vol.name, vol.size
+    );
+    Ok(ok_json(&vol))
+}
+
+async fn delete_volume(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let name = path_name(name)?;
+    let (vol, epoch) = shared
+        .commit(move |s, _| Ok((s.delete_volume(&name)?, s.epoch())))
+        .await?;
+    info!("volume {} ({}) deleted (map {epoch})", vol.name, vol.id);
+    Ok(ok_json(&vol))
+}
+
+async fn get_metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let text = shared.render_metrics().await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,147 @@
+//! The state shared by all request handlers, and the one way to change it.
+//!
+//! Every change goes through [`Shared::commit`], which (1) applies the operation to
+//! a *copy* of the state under the state lock, (2) if the epoch moved, writes the
+//! copy to disk with fsync, and only then (3) installs the copy and publishes the
+//! new map. Hence:
+//! - nothing is acknowledged, served or published before it is durable;
+//! - a failed write leaves the old state in place (memory and disk agree);
+//! - changes are persisted in the order they were made (the lock is held across
+//!   the write, so a newer state can never be overwritten by an older one).
+//!
+//! The work runs on a blocking thread (`spawn_blocking`), not in the request's
+//! future: if the client hangs up mid-request, axum drops the future, but a save
+//! that has started always finishes and is installed, so memory never falls behind
+//! the disk.
+
+use crate::state::{ClusterState, StateError, acting_sets};
+use crate::store::{Store, StoreError};
+use flame_common::ids::{Epoch, OsdId};
+use flame_common::map::ClusterMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{Mutex, watch};
+
+/// Why a change or query failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MgrError {
+    /// The operation was refused; nothing changed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The change could not be made durable; nothing changed.
+    #[error("cannot persist the cluster state: {0}")]
+    Store(#[from] StoreError),
+    /// A worker thread failed (a bug); nothing changed.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Placement groups' acting sets, by PG number.
+pub type ActingSets = Arc<Vec<Vec<OsdId>>>;
+
+/// Everything the HTTP handlers and the failure detector share.
+pub struct Shared {
+    /// The live state. Holders of the lock only ever see durable state.
+    state: Mutex<ClusterState>,
+    store: Store,
+    /// The latest durable map; GET /v1/map reads it without taking the state lock,
+    /// and long-polls wait on it.
+    map_tx: watch::Sender<Arc<ClusterMap>>,
+    /// Acting sets of one epoch: computing them costs `pg_count × osds` hashes, and
+    /// they only change with the map.
+    acting_cache: parking_lot::Mutex<Option<(Epoch, ActingSets)>>,
+    /// Prometheus metrics.
+    pub metrics: crate::metrics::Metrics,
+}
+
+impl Shared {
+    /// Wraps a state that is already on disk.
+    pub fn new(store: Store, state: ClusterState, metrics: crate::metrics::Metrics) -> Arc<Self> {
+        let (map_tx, _) = watch::channel(Arc::new(state.map().clone()));
+        Arc::new(Shared {
+            state: Mutex::new(state),
+            store,
+            map_tx,
+            acting_cache: parking_lot::Mutex::new(None),
+            metrics,
+        })
+    }
+
+    /// Applies `op` (given the current time) durably; see the module doc.
+    pub async fn commit<T, F>(self: &Arc<Self>, op: F) -> Result<T, MgrError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut ClusterState, Instant) -> Result<T, StateError> + Send + 'static,
+    {
+        let shared = Arc::clone(self);
+        tokio::task::spawn_blocking(move || shared.commit_blocking(op))
+            .await
+            .map_err(|e| MgrError::Internal(format!("state update task failed: {e}")))?
+    }
+
+    fn commit_blocking<T>(
+        &self,
+        op: impl FnOnce(&mut ClusterState, Instant) -> Result<T, StateError>,
+    ) -> Result<T, MgrError> {
+        let mut guard = self.state.blocking_lock();
+        let mut next = guard.clone();
+        // The clock is read under the lock so heartbeat times are monotonic in
+        // commit order.
+        let out = op(&mut next, Instant::now())?;
+        let changed = next.epoch() != guard.epoch();
+        if changed {
+            self.store.save(&next.persisted)?;
+        }
+        *guard = next;
+        if changed {
+            self.map_tx.send_replace(Arc::new(guard.map().clone()));
+        }
+        Ok(out)
+    }
+
+    /// The latest durable map.
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.map_tx.borrow().clone()
+    }
+
+    /// Waits until the map epoch reaches `min_epoch` or `wait` passes, and returns
+    /// the map as it is then (possibly older than `min_epoch`).
+    pub async fn wait_map(&self, min_epoch: Epoch, wait: std::time::Duration) -> Arc<ClusterMap> {
+        let mut rx = self.map_tx.subscribe();
+        // Err (timeout, or the sender gone at shutdown) just means "reply now".
+        let _ = tokio::time::timeout(wait, rx.wait_for(|m| m.epoch >= min_epoch)).await;
+        rx.borrow().clone()
+    }
+
+    /// A consistent copy of the state with the acting sets of its map.
+    pub async fn snapshot(&self) -> Result<(ClusterState, ActingSets), MgrError> {
+        let snap = self.state.lock().await.clone();
+        let acting = self.acting_sets(snap.map()).await?;
+        Ok((snap, acting))
+    }
+
+    async fn acting_sets(&self, map: &ClusterMap) -> Result<ActingSets, MgrError> {
+        if let Some((epoch, sets)) = &*self.acting_cache.lock()
+            && *epoch == map.epoch
+        {
+            return Ok(Arc::clone(sets));
+        }
+        let m = map.clone();
+        let sets = Arc::new(
+            tokio::task::spawn_blocking(move || acting_sets(&m))
+                .await
+                .map_err(|e| MgrError::Internal(format!("placement task failed: {e}")))?,
+        );
+        *self.acting_cache.lock() = Some((map.epoch, Arc::clone(&sets)));
+        Ok(sets)
+    }
+
+    /// Refreshes the map gauges and renders every metric.
+    pub async fn render_metrics(&self) -> String {
+        {
+            let state = self.state.lock().await;
+            self.metrics.refresh(&state);
+        }
+        flame_common::metrics::render()
+    }
+}
