@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Flame's test command: everything CI checks, in order, on a fresh Debian 12 machine
+# (as root, with Rust installed). Run it from anywhere: scripts/test.sh
+#
+#   1. installs the test tools with apt-get, only those missing
+#   2. cargo fmt --check, clippy -D warnings
+#   3. cargo build --workspace --bins, cargo test --workspace (unit + integration
+#      tests; the integration tests start the real binaries, see tests/)
+#   4. cargo check -p flame-common --features rdma (RDMA must compile everywhere)
+#   5. smoke test of deploy/dev-cluster.sh: up, flame-admin status, qemu-io through
+#      flame-nbd, down, up again (same data), down
+#
+# Environment: FLAME_TEST_SKIP_SMOKE=1 skips step 5 (for a machine whose dev-cluster
+# ports 6800/69x0/920x/9300/10809 are taken).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+START=$SECONDS
+section_start=$SECONDS
+section() {
+    if ((SECONDS > START)); then
+        echo "---- (previous section took $((SECONDS - section_start)) s)"
+    fi
+    section_start=$SECONDS
+    printf '\n==== [%4d s] %s ====\n' $((SECONDS - START)) "$*"
+}
+die() {
+    echo "test.sh: FAILED: $*" >&2
+    exit 1
+}
+
+# ------------------------------------------------------------------------------
+section "system packages"
+# qemu-utils: qemu-io, qemu-img; libnbd-bin: nbdinfo, nbdcopy, nbdfuse; fio (nbd
+# engine); python3-libnbd: scripted NBD clients; fuse3: nbdfuse's mounts; cmake and
+# libclang-dev: the rdma feature's build (sideway's bindings); iptables: network
+# fault tests; curl: metrics checks; shellcheck: lints these scripts.
+PACKAGES=(qemu-utils libnbd-bin fio python3-libnbd fuse3 cmake libclang-dev iptables curl shellcheck)
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    SUDO=()
+    if ((EUID != 0)); then
+        command -v sudo >/dev/null || die "not root and no sudo: install ${missing[*]} by hand"
+        SUDO=(sudo)
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${SUDO[@]}" apt-get update -q
+    "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "all present: ${PACKAGES[*]}"
+fi
+
+# Fail loudly here rather than with a confusing error deep inside a test.
+for tool in cargo rustc qemu-io qemu-img nbdinfo nbdcopy nbdfuse fio fusermount3 cmake iptables curl shellcheck setsid; do
+    command -v "$tool" >/dev/null || die "required tool '$tool' is missing after the install step"
+done
+cargo fmt --version >/dev/null 2>&1 || die "rustfmt is missing (rustup component add rustfmt)"
+cargo clippy --version >/dev/null 2>&1 || die "clippy is missing (rustup component add clippy)"
+/usr/bin/python3 -c 'import nbd' 2>/dev/null || die "python3-libnbd is not importable by /usr/bin/python3"
+compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || die "libclang is missing (libclang-dev)"
+echo "tools: $(rustc --version); $(qemu-io --version | head -n 1); $(nbdinfo --version | head -n 1); $(fio --version)"
+
+# ------------------------------------------------------------------------------
+section "shellcheck"
+shellcheck deploy/dev-cluster.sh scripts/*.sh .ci/run
+
+section "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+section "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+section "cargo build --workspace --bins"
+# The integration tests (tests/) start these binaries, so they are built first.
+cargo build --workspace --bins
+
+section "cargo test --workspace"
+cargo test --workspace
+
+section "cargo check -p flame-common --features rdma"
+cargo check -p flame-common --features rdma
+
+# ------------------------------------------------------------------------------
+if [[ "${FLAME_TEST_SKIP_SMOKE:-0}" == 1 ]]; then
+    section "dev cluster smoke test: SKIPPED (FLAME_TEST_SKIP_SMOKE=1)"
+else
+    section "dev cluster smoke test (deploy/dev-cluster.sh)"
+    SMOKE_DIR="$(mktemp -d /tmp/flame-smoke.XXXXXX)"
+    DEV=(deploy/dev-cluster.sh --dir "$SMOKE_DIR")
+    cleanup() {
+        "${DEV[@]}" down >/dev/null 2>&1 || true
+        rm -rf "$SMOKE_DIR"
+    }
+    trap cleanup EXIT
+    smoke_fail() {
+        echo "---- logs of the smoke cluster ----" >&2
+        "${DEV[@]}" logs >&2 || true
+        die "$*"
+    }
+    ADMIN="${CARGO_TARGET_DIR:-$REPO/target}/release/flame-admin"
+    URI=nbd://127.0.0.1:10809/demo
+
+    "${DEV[@]}" up || smoke_fail "dev-cluster.sh up"
+    "${DEV[@]}" up >/dev/null || smoke_fail "dev-cluster.sh up on a running cluster must succeed"
+    "${DEV[@]}" status || smoke_fail "dev-cluster.sh status"
+    # No flags: flame-admin must find the dev cluster's manager by default.
+    "$ADMIN" status || smoke_fail "flame-admin status"
+    status_json="$("$ADMIN" status --json)" || smoke_fail "flame-admin status --json"
+    grep -Eq '"osds_up": *3' <<<"$status_json" || smoke_fail "expected 3 OSDs up: $status_json"
+    "$ADMIN" volume info demo || smoke_fail "volume demo missing"
+
+    # Across the 4 MiB object boundary, and readback.
+    qemu-io -f raw "$URI" \
+        -c 'write -P 0xab 0 1M' \
+        -c 'write -P 0xcd 4190208 8192' \
+        -c 'read -P 0xab 0 1M' \
+        -c 'read -P 0xcd 4190208 8192' \
+        -c 'read -P 0 1048576 4096' || smoke_fail "qemu-io write/read through flame-nbd"
+
+    "${DEV[@]}" down || smoke_fail "dev-cluster.sh down"
+    if "${DEV[@]}" status >/dev/null 2>&1; then smoke_fail "status after down says running"; fi
+    "${DEV[@]}" up --no-build >/dev/null || smoke_fail "dev-cluster.sh up after down"
+    qemu-io -f raw "$URI" \
+        -c 'read -P 0xab 0 1M' \
+        -c 'read -P 0xcd 4190208 8192' || smoke_fail "data written before down/up is gone"
+    "${DEV[@]}" down || smoke_fail "dev-cluster.sh down"
+    trap - EXIT
+    cleanup
+fi
+
+section "all tests passed in $((SECONDS - START)) s"
