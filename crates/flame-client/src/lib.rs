@@ -1,1 +1,2 @@
 //! Flame client library.
+pub mod nbd;

@@ -1,0 +1,136 @@
+//! `flame-nbd` configuration (YAML, every key optional).
+//!
+//! ```yaml
+//! mgr: 127.0.0.1:6800            # manager to fetch the cluster map from
+//! listen: 127.0.0.1:10809        # NBD address (every thread binds it with SO_REUSEPORT)
+//! metrics_listen: 127.0.0.1:9300 # Prometheus /metrics
+//! threads: 0                     # reactor threads; 0 = one per core
+//! transport: tcp                 # transport to the OSDs
+//! poll_mode: interrupt           # interrupt | busy | adaptive
+//! max_connections: 256           # NBD connections over all threads
+//! io_timeout_ms: 30000           # bound on one backend operation
+//! handshake_timeout_ms: 10000    # a client must finish negotiation within this
+//! connect_timeout_ms: 2000       # connecting to the manager / OSDs
+//! ```
+
+use flame_common::config::Validate;
+use flame_common::reactor::PollMode;
+use flame_common::transport::TransportKind;
+use serde::Deserialize;
+use std::net::SocketAddr;
+
+/// Settings of the NBD server.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NbdConfig {
+    /// Manager address (`host:port`) the Flame backend fetches the cluster map from.
+    pub mgr: String,
+    /// NBD listening address.
+    pub listen: SocketAddr,
+    /// Address of the Prometheus `/metrics` endpoint.
+    pub metrics_listen: SocketAddr,
+    /// Reactor threads (0 = number of cores). Each accepts its own connections.
+    pub threads: usize,
+    /// Transport to the OSDs.
+    pub transport: TransportKind,
+    /// How idle reactor threads wait.
+    pub poll_mode: PollMode,
+    /// Most NBD connections served at once (over all threads); more are closed at
+    /// accept.
+    pub max_connections: usize,
+    /// Longest one backend operation may take before the request fails with EIO.
+    pub io_timeout_ms: u64,
+    /// Longest a client may take from connect to the end of negotiation.
+    pub handshake_timeout_ms: u64,
+    /// Timeout for connecting to the manager and OSDs.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for NbdConfig {
+    fn default() -> Self {
+        NbdConfig {
+            mgr: "127.0.0.1:6800".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 10809)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9300)),
+            threads: 0,
+            transport: TransportKind::Tcp,
+            poll_mode: PollMode::Interrupt,
+            max_connections: 256,
+            io_timeout_ms: 30_000,
+            handshake_timeout_ms: 10_000,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// Upper bound on `threads` (a typo like 10000 should fail, not spawn threads).
+pub const THREADS_MAX: usize = 1024;
+
+impl NbdConfig {
+    /// Threads to run: `threads`, or the core count when 0.
+    pub fn thread_count(&self) -> usize {
+        if self.threads == 0 {
+            flame_common::config::cores()
+        } else {
+            self.threads
+        }
+    }
+}
+
+impl Validate for NbdConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        let bad = |k: &str, m: &str| Err((k.to_string(), m.to_string()));
+        if self.threads > THREADS_MAX {
+            return bad("threads", "must be at most 1024 (0 = one per core)");
+        }
+        if self.max_connections == 0 || self.max_connections > 1 << 20 {
+            return bad("max_connections", "must be between 1 and 1048576");
+        }
+        for (k, v) in [
+            ("io_timeout_ms", self.io_timeout_ms),
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+        ] {
+            if v == 0 || v > 3_600_000 {
+                return bad(k, "must be between 1 and 3600000 ms");
+            }
+        }
+        if self.mgr.is_empty() {
+            return bad("mgr", "must be host:port");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::config::parse_str;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c: NbdConfig = parse_str("", "t").unwrap();
+        assert_eq!(c, NbdConfig::default());
+        let c: NbdConfig = parse_str(
+            "listen: 127.0.0.1:1234\nthreads: 2\npoll_mode: adaptive\nhandshake_timeout_ms: 500\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 1234);
+        assert_eq!(c.thread_count(), 2);
+        assert_eq!(c.poll_mode, PollMode::Adaptive);
+        assert_eq!(c.handshake_timeout_ms, 500);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = parse_str::<NbdConfig>("threads: 5000\n", "t").unwrap_err();
+        assert!(e.to_string().contains("threads"), "{e}");
+        let e = parse_str::<NbdConfig>("handshake_timeout_ms: 0\n", "t").unwrap_err();
+        assert!(e.to_string().contains("handshake_timeout_ms"), "{e}");
+        let e = parse_str::<NbdConfig>("listen_port: 1\n", "t").unwrap_err();
+        assert!(e.to_string().contains("listen_port"), "{e}");
+        let e = parse_str::<NbdConfig>("max_connections: 0\n", "t").unwrap_err();
+        assert!(e.to_string().contains("max_connections"), "{e}");
+    }
+}

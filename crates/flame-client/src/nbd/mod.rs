@@ -1,0 +1,29 @@
+//! `flame-nbd`: an NBD server (spec: `NetworkBlockDevice/nbd` `doc/proto.md`) written
+//! for Flame's io_uring reactor, because no spec-complete Rust NBD server exists.
+//!
+//! Layout:
+//! * [`proto`] — constants, encoders/decoders and request validation; no I/O.
+//! * [`handshake`] — fixed-newstyle negotiation (`EXPORT_NAME`, `ABORT`, `LIST`,
+//!   `INFO`, `GO`, `STRUCTURED_REPLY`; `STARTTLS` refused; others `ERR_UNSUP`).
+//! * [`transmission`] — pipelined requests, out-of-order replies, simple and
+//!   structured replies, bounded in-flight work.
+//! * [`backend`] — the [`Backend`]/[`Exports`] traits the server is generic over;
+//!   [`memory`] implements them in memory (tests, benchmarks, `--memory`).
+//! * [`server`] — one reactor thread per core, each with its own `SO_REUSEPORT`
+//!   listener; a connection lives on one thread from accept to close.
+//! * [`config`], [`metrics`] — YAML settings and Prometheus metrics.
+
+pub mod backend;
+pub mod config;
+mod conn;
+pub mod handshake;
+pub mod memory;
+pub mod metrics;
+pub mod proto;
+pub mod server;
+pub mod transmission;
+
+pub use backend::{Backend, Errno, Exports, OpenError};
+pub use config::NbdConfig;
+pub use memory::{MemoryBackend, MemoryExports};
+pub use server::Server;

@@ -1,0 +1,213 @@
+//! Threads, listeners and connections.
+//!
+//! Penetrating model: `threads` reactor threads, each with its own listening socket
+//! bound to the same address with `SO_REUSEPORT`. The kernel spreads incoming
+//! connections over the sockets, and each connection then lives on the thread that
+//! accepted it — negotiation, requests, backend I/O and replies — until it closes.
+//! Nothing on the data path crosses threads; the only shared state is the
+//! connection count (an atomic, touched at accept and close).
+
+use super::backend::Exports;
+use super::config::NbdConfig;
+use super::conn::{Conn, Reader};
+use super::handshake::{self, HandshakeError, Outcome};
+use super::metrics::OpMetrics;
+use super::transmission;
+use flame_common::reactor::{self, Reactor, ReactorConfig};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Pending connections the kernel queues per listening socket.
+const LISTEN_BACKLOG: i32 = 1024;
+/// Pause after a failed accept (e.g. out of descriptors) so the loop does not spin.
+const ACCEPT_RETRY_MS: u64 = 10;
+
+/// A bound, not yet running NBD server: every thread's listening socket is open, so
+/// clients can connect as soon as [`Server::bind`] returns.
+pub struct Server {
+    config: NbdConfig,
+    listeners: Vec<TcpListener>,
+    addr: SocketAddr,
+}
+
+fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(LISTEN_BACKLOG)?;
+    Ok(sock.into())
+}
+
+impl Server {
+    /// Binds one `SO_REUSEPORT` socket per thread on `config.listen` (port 0 picks a
+    /// free port, shared by all threads).
+    pub fn bind(config: NbdConfig) -> io::Result<Server> {
+        let threads = config.thread_count().max(1);
+        let first = reuseport_listener(config.listen)?;
+        let addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..threads {
+            listeners.push(reuseport_listener(addr)?);
+        }
+        Ok(Server {
+            config,
+            listeners,
+            addr,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Runs every thread; returns only if one fails. `make_exports(i)` is called on
+    /// thread `i` to create that thread's (reactor-local) exports.
+    pub fn run<E, F>(self, make_exports: F) -> io::Result<()>
+    where
+        E: Exports,
+        F: Fn(usize) -> E + Send + Sync + 'static,
+    {
+        let make = Arc::new(make_exports);
+        let conns = Arc::new(AtomicUsize::new(0));
+        let mut handles = Vec::new();
+        for (i, l) in self.listeners.into_iter().enumerate() {
+            let make = make.clone();
+            let conns = conns.clone();
+            let config = self.config.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("nbd-{i}"))
+                .spawn(move || thread_main(i, l, config, conns, move |i| make(i)))?;
+            handles.push(h);
+        }
+        let mut result = Ok(());
+        for h in handles {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!("NBD thread failed: {e}");
+                    result = Err(e);
+                }
+                Err(_) => result = Err(io::Error::other("NBD thread panicked")),
+            }
+        }
+        result
+    }
+}
+
+/// What the tasks of one thread share.
+struct ThreadCtx {
+    metrics: Rc<OpMetrics>,
+    conns: Arc<AtomicUsize>,
+    max_connections: usize,
+    handshake_timeout: Duration,
+}
+
+fn thread_main<E: Exports>(
+    index: usize,
+    listener: TcpListener,
+    config: NbdConfig,
+    conns: Arc<AtomicUsize>,
+    make_exports: impl FnOnce(usize) -> E,
+) -> io::Result<()> {
+    let mut r = Reactor::new(ReactorConfig {
+        poll_mode: config.poll_mode,
+        ..ReactorConfig::default()
+    })?;
+    let exports = Rc::new(make_exports(index));
+    let ctx = Rc::new(ThreadCtx {
+        metrics: Rc::new(OpMetrics::new()),
+        conns,
+        max_connections: config.max_connections,
+        handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+    });
+    r.block_on(accept_loop(listener, exports, ctx))?;
+    Ok(())
+}
+
+async fn accept_loop<E: Exports>(listener: TcpListener, exports: Rc<E>, ctx: Rc<ThreadCtx>) {
+    let lfd = listener.as_raw_fd();
+    loop {
+        match reactor::accept(lfd).await {
+            Ok(fd) => {
+                let before = ctx.conns.fetch_add(1, Ordering::AcqRel);
+                if before >= ctx.max_connections {
+                    ctx.conns.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(
+                        max = ctx.max_connections,
+                        "connection refused: max_connections reached"
+                    );
+                    drop(fd);
+                    continue;
+                }
+                reactor::spawn(connection(fd, exports.clone(), ctx.clone())).detach();
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                reactor::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
+            }
+        }
+    }
+}
+
+/// Decrements the connection count and gauge however the connection ends.
+struct ConnGuard {
+    ctx: Rc<ThreadCtx>,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.ctx.conns.fetch_sub(1, Ordering::AcqRel);
+        self.ctx.metrics.connections().dec();
+    }
+}
+
+async fn connection<E: Exports>(fd: OwnedFd, exports: Rc<E>, ctx: Rc<ThreadCtx>) {
+    ctx.metrics.connections().inc();
+    let _guard = ConnGuard { ctx: ctx.clone() };
+    let _ = SockRef::from(&fd).set_tcp_nodelay(true);
+    let stream = TcpStream::from(fd);
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let conn = Conn::new(stream);
+    let mut rd = Reader::new(conn.clone());
+    let negotiation = handshake::negotiate(&conn, &mut rd, &*exports);
+    let timeout = async {
+        reactor::sleep(ctx.handshake_timeout).await;
+        Err(HandshakeError::Timeout)
+    };
+    match futures_lite::future::or(negotiation, timeout).await {
+        Ok(Outcome::Transmission {
+            backend,
+            structured,
+            name,
+        }) => {
+            tracing::debug!(%peer, export = %name, structured, "transmission");
+            let res = transmission::serve(
+                conn.clone(),
+                rd,
+                Rc::new(backend),
+                structured,
+                ctx.metrics.clone(),
+            )
+            .await;
+            match res {
+                Ok(()) => tracing::debug!(%peer, "client disconnected"),
+                Err(e) => tracing::debug!(%peer, "connection ended: {e}"),
+            }
+        }
+        Ok(Outcome::Aborted) => tracing::debug!(%peer, "client aborted negotiation"),
+        Err(e @ HandshakeError::Io(_)) => tracing::debug!(%peer, "negotiation ended: {e}"),
+        Err(e) => tracing::info!(%peer, "negotiation failed: {e}"),
+    }
+    conn.close();
+}
