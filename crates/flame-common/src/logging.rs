@@ -6,9 +6,13 @@
 pub fn init() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: daemons usually log to files (dev-cluster.sh, the
+    // test harness, journald), where escape codes make logs unreadable and ungreppable.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second call (tests) is harmless: try_init just reports the existing subscriber.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .try_init();
 }
