@@ -39,6 +39,9 @@ DAEMONS=(mgr osd.0 osd.1 osd.2 nbd)
 
 die() {
     echo "dev-cluster: error: $*" >&2
+    if [[ "${cmd:-}" == up ]]; then
+        echo "dev-cluster: daemons that did start keep running; see '$0 status', '$0 logs', '$0 down'" >&2
+    fi
     exit 1
 }
 note() { echo "dev-cluster: $*"; }
