@@ -1,0 +1,588 @@
+//! End-to-end tests of the real `flame-mgr` binary over HTTP on 127.0.0.1.
+//!
+//! Each test starts the binary with `listen: 127.0.0.1:0` and a temporary data
+//! directory, and learns the port from its "listening on http://ADDR" log line, so
+//! tests never race each other for ports.
+
+use flame_common::ids::{Epoch, OsdId};
+use flame_common::map::{ClusterMap, VolumeInfo};
+use flame_common::mgr_api::{
+    ApiError, ClusterStatus, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, OsdStatus,
+    VolumeCreate, VolumeResize,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running manager.
+struct Mgr {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+fn write_config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("mgr.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:0\ndata_dir: {}\n{extra}",
+        dir.join("data").display()
+    );
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Spawns the binary; returns the child, its accumulated log and a channel of its
+/// log lines (closed when it exits).
+fn spawn(config: &Path) -> (Child, Arc<Mutex<String>>, Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flame-mgr"))
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = channel();
+    let log2 = Arc::clone(&log);
+    // Drains stderr for the life of the process, so it can never block on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            log2.lock().unwrap().push_str(&line);
+            log2.lock().unwrap().push('\n');
+            let _ = tx.send(line);
+        }
+    });
+    (child, log, rx)
+}
+
+impl Mgr {
+    fn start(config: &Path) -> Mgr {
+        let (child, log, rx) = spawn(config);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(pos) = line.find("listening on http://") {
+                        let rest = &line[pos + "listening on ".len()..];
+                        let url: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                        return Mgr { child, url, log };
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "flame-mgr did not start in time; log:\n{}",
+                        log.lock().unwrap()
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("flame-mgr exited at start; log:\n{}", log.lock().unwrap())
+                }
+            }
+        }
+    }
+
+    /// SIGKILL, the harshest stop: no chance to flush anything.
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        reply(agent().get(self.url(path)).call())
+    }
+
+    fn post<B: Serialize>(&self, path: &str, body: &B) -> (u16, Value) {
+        reply(agent().post(self.url(path)).send_json(body))
+    }
+
+    fn delete(&self, path: &str) -> (u16, Value) {
+        reply(agent().delete(self.url(path)).call())
+    }
+
+    fn get_ok<T: DeserializeOwned>(&self, path: &str) -> T {
+        ok(self.get(path))
+    }
+
+    fn post_ok<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> T {
+        ok(self.post(path, body))
+    }
+
+    fn map(&self) -> ClusterMap {
+        self.get_ok("/v1/map")
+    }
+}
+
+impl Drop for Mgr {
+    fn drop(&mut self) {
+        // A failing test shows what the manager logged.
+        if std::thread::panicking() {
+            eprintln!("--- flame-mgr log ---\n{}", self.log.lock().unwrap());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An agent that returns non-2xx replies as responses, so tests can read the
+/// ApiError body.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(40)))
+        .build()
+        .into()
+}
+
+fn reply(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Value) {
+    let mut resp = r.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap();
+    let value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("reply {status} is not JSON ({e}): {text:?}"));
+    (status, value)
+}
+
+fn ok<T: DeserializeOwned>((status, v): (u16, Value)) -> T {
+    assert_eq!(status, 200, "{v}");
+    serde_json::from_value(v).unwrap()
+}
+
+/// Asserts a failed call: its status and an ApiError mentioning `needle`.
+fn assert_err((status, v): (u16, Value), want: u16, needle: &str) {
+    assert_eq!(status, want, "{v}");
+    let e: ApiError = serde_json::from_value(v).unwrap();
+    assert!(e.error.contains(needle), "{:?} lacks {needle:?}", e.error);
+}
+
+fn boot(uuid: &str, port: u16, host: &str) -> OsdBoot {
+    OsdBoot {
+        uuid: uuid.into(),
+        id: None,
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        shards: 2,
+        host: host.into(),
+        weight: 1.0,
+        metrics_addr: None,
+    }
+}
+
+fn heartbeat(id: OsdId, uuid: &str) -> OsdHeartbeat {
+    OsdHeartbeat {
+        id,
+        uuid: uuid.into(),
+        epoch: Epoch(0),
+        used_bytes: 1000,
+        capacity_bytes: 1 << 30,
+    }
+}
+
+fn create(name: &str, size: u64) -> VolumeCreate {
+    VolumeCreate {
+        name: name.into(),
+        size,
+    }
+}
+
+#[test]
+fn volume_routes_status_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = Mgr::start(&write_config(dir.path(), "pool:\n  pg_count: 64\n"));
+
+    let st: ClusterStatus = mgr.get_ok("/v1/status");
+    assert_eq!(st.health, "HEALTH_ERR", "no OSDs yet");
+    assert_eq!(st.epoch, Epoch(1));
+
+    let v: VolumeInfo = mgr.post_ok("/v1/volumes", &create("disk-a", 10 << 30));
+    assert_eq!((v.name.as_str(), v.size), ("disk-a", 10 << 30));
+    let got: VolumeInfo = mgr.get_ok("/v1/volumes/disk-a");
+    assert_eq!(got, v);
+    let _: VolumeInfo = mgr.post_ok("/v1/volumes", &create("disk-b", 4096));
+    let list: Vec<VolumeInfo> = mgr.get_ok("/v1/volumes");
+    assert_eq!(
+        list.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+        ["disk-a", "disk-b"]
+    );
+
+    assert_err(
+        mgr.post("/v1/volumes", &create("disk-a", 4096)),
+        409,
+        "exists",
+    );
+    assert_err(
+        mgr.post("/v1/volumes", &create("bad name", 4096)),
+        400,
+        "volume name",
+    );
+    assert_err(
+        mgr.post("/v1/volumes", &create("x", 1000)),
+        400,
+        "multiple of 512",
+    );
+    assert_err(
+        mgr.post("/v1/volumes", &create("x", 0)),
+        400,
+        "multiple of 512",
+    );
+    assert_err(mgr.get("/v1/volumes/nope"), 404, "nope");
+
+    let grow = VolumeResize {
+        size: 20 << 30,
+        allow_shrink: false,
+    };
+    let v2: VolumeInfo = mgr.post_ok("/v1/volumes/disk-a/resize", &grow);
+    assert_eq!((v2.id, v2.size), (v.id, 20 << 30));
+    let shrink = VolumeResize {
+        size: 1 << 30,
+        allow_shrink: false,
+    };
+    assert_err(
+        mgr.post("/v1/volumes/disk-a/resize", &shrink),
+        400,
+        "allow_shrink",
+    );
+    let shrink = VolumeResize {
+        allow_shrink: true,
+        ..shrink
+    };
+    let v3: VolumeInfo = mgr.post_ok("/v1/volumes/disk-a/resize", &shrink);
+    assert_eq!(v3.size, 1 << 30);
+    assert_err(mgr.post("/v1/volumes/zzz/resize", &shrink), 404, "zzz");
+
+    let e_before = mgr.map().epoch;
+    let (status, removed) = mgr.delete("/v1/volumes/disk-b");
+    assert_eq!(status, 200);
+    assert_eq!(removed["name"], "disk-b");
+    assert_eq!(mgr.map().epoch, Epoch(e_before.0 + 1));
+    assert_err(mgr.delete("/v1/volumes/disk-b"), 404, "disk-b");
+    // A new volume never gets a deleted volume's id.
+    let v4: VolumeInfo = mgr.post_ok("/v1/volumes", &create("disk-b", 4096));
+    assert!(v4.id.0 > v.id.0 + 1, "{v4:?}");
+
+    // The plain ureq API reports a non-2xx as an error status.
+    match ureq::get(mgr.url("/v1/volumes/nope")).call() {
+        Err(ureq::Error::StatusCode(404)) => {}
+        other => panic!("expected 404, got {other:?}"),
+    }
+
+    // Three OSDs on three hosts: healthy, and PG counts add up.
+    let mut ids = Vec::new();
+    for (i, u) in ["u0", "u1", "u2"].iter().enumerate() {
+        let r: OsdBootReply = mgr.post_ok(
+            "/v1/osd/boot",
+            &boot(u, 6900 + 10 * i as u16, &format!("h{i}")),
+        );
+        assert_eq!(r.id, OsdId(i as u32));
+        let _: HeartbeatReply = mgr.post_ok("/v1/osd/heartbeat", &heartbeat(r.id, u));
+        ids.push(r.id);
+    }
+    let st: ClusterStatus = mgr.get_ok("/v1/status");
+    assert_eq!(st.health, "HEALTH_OK", "{:?}", st.health_detail);
+    assert_eq!((st.osds, st.osds_up, st.osds_in, st.volumes), (3, 3, 3, 2));
+    assert_eq!(st.provisioned_bytes, (1 << 30) + 4096);
+    assert_eq!(st.used_bytes, 3000);
+    let osds: Vec<OsdStatus> = mgr.get_ok("/v1/osds");
+    assert_eq!(osds.len(), 3);
+    assert!(osds.iter().all(|o| o.pgs == 64), "{osds:?}");
+    assert!(osds.iter().all(|o| o.last_heartbeat_ms_ago.is_some()));
+
+    let mut resp = agent().get(mgr.url("/metrics")).call().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let text = resp.body_mut().read_to_string().unwrap();
+    let epoch = mgr.map().epoch;
+    for needle in [
+        format!("flame_mgr_map_epoch {}", epoch.0),
+        "flame_mgr_osds{state=\"up\"} 3".to_string(),
+        "flame_mgr_osds{state=\"in\"} 3".to_string(),
+        "flame_mgr_osds{state=\"total\"} 3".to_string(),
+        "flame_mgr_volumes 2".to_string(),
+        format!("flame_mgr_provisioned_bytes {}", (1u64 << 30) + 4096),
+        "flame_mgr_used_bytes 3000".to_string(),
+        "flame_mgr_api_requests_total{route=\"POST /v1/volumes\",status=\"409\"} 1".to_string(),
+        "flame_mgr_api_latency_seconds_bucket{route=\"GET /v1/status\"".to_string(),
+    ] {
+        assert!(text.contains(&needle), "metrics lack {needle}:\n{text}");
+    }
+}
+
+#[test]
+fn sigkill_after_acknowledged_changes_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let mgr = Mgr::start(&config);
+    let before = mgr.map();
+    let v: VolumeInfo = mgr.post_ok("/v1/volumes", &create("demo", 4 << 30));
+    mgr.kill9();
+
+    let mgr = Mgr::start(&config);
+    let after = mgr.map();
+    assert_eq!(after.fsid, before.fsid);
+    assert_eq!(after.epoch, Epoch(before.epoch.0 + 1));
+    assert_eq!(after.volumes.get("demo"), Some(&v));
+
+    // Now kill while creates are streaming in: every acknowledged one must survive.
+    let url = mgr.url("/v1/volumes");
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop) = (Arc::clone(&acked), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let name = format!("v{i}");
+                match agent().post(&url).send_json(create(&name, 1 << 20)) {
+                    Ok(r) if r.status() == 200 => acked.lock().unwrap().push(name),
+                    Ok(r) => panic!("create {name}: {}", r.status()),
+                    Err(_) => break, // the manager died mid-request
+                }
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while acked.lock().unwrap().len() < 20 {
+        assert!(Instant::now() < deadline, "creates too slow");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    mgr.kill9();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let acked = acked.lock().unwrap().clone();
+
+    let mgr = Mgr::start(&config);
+    let map = mgr.map();
+    for name in &acked {
+        assert!(map.volumes.contains_key(name), "acknowledged {name} lost");
+    }
+    // Every create bumped the epoch exactly once; nothing else happened.
+    assert_eq!(map.epoch.0, 1 + map.volumes.len() as u64);
+    // Ids stay unique and the next one is fresh.
+    let next: VolumeInfo = mgr.post_ok("/v1/volumes", &create("after", 512));
+    assert!(map.volumes.values().all(|v| v.id < next.id));
+}
+
+#[test]
+fn silent_osd_is_marked_down_after_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "heartbeat_grace_ms: 1000\nfailure_check_interval_ms: 50\n",
+    );
+    let mgr = Mgr::start(&config);
+    let r: OsdBootReply = mgr.post_ok("/v1/osd/boot", &boot("uuid-1", 6900, "h1"));
+    // Booting again with the same settings changes nothing.
+    let r2: OsdBootReply = mgr.post_ok("/v1/osd/boot", &boot("uuid-1", 6900, "h1"));
+    assert_eq!((r2.id, r2.epoch, &r2.fsid), (r.id, r.epoch, &r.fsid));
+
+    // Heartbeats well inside the grace keep it up with no map change.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(2500) {
+        let hb: HeartbeatReply = mgr.post_ok("/v1/osd/heartbeat", &heartbeat(r.id, "uuid-1"));
+        assert_eq!(hb.epoch, r.epoch);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(mgr.map().osds[&r.id].up);
+
+    // Unknown id or wrong uuid: 404, so the OSD boots again.
+    assert_err(
+        mgr.post("/v1/osd/heartbeat", &heartbeat(OsdId(42), "uuid-1")),
+        404,
+        "boot again",
+    );
+    assert_err(
+        mgr.post("/v1/osd/heartbeat", &heartbeat(r.id, "uuid-x")),
+        404,
+        "boot again",
+    );
+
+    // Silence: a long-poll for the next epoch returns once it is marked down.
+    let t = Instant::now();
+    let map: ClusterMap = mgr.get_ok(&format!(
+        "/v1/map?min_epoch={}&wait_ms=10000",
+        r.epoch.0 + 1
+    ));
+    assert_eq!(map.epoch, Epoch(r.epoch.0 + 1), "long-poll timed out");
+    assert!(t.elapsed() < Duration::from_secs(8));
+    let osd = &map.osds[&r.id];
+    assert!(
+        !osd.up && osd.r#in,
+        "down but never automatically out: {osd:?}"
+    );
+    let st: ClusterStatus = mgr.get_ok("/v1/status");
+    assert_ne!(st.health, "HEALTH_OK");
+    assert!(st.health_detail.contains(&format!("{} is down", r.id)));
+
+    // A heartbeat brings it back up.
+    let hb: HeartbeatReply = mgr.post_ok("/v1/osd/heartbeat", &heartbeat(r.id, "uuid-1"));
+    assert_eq!(hb.epoch, Epoch(r.epoch.0 + 2));
+    assert!(mgr.map().osds[&r.id].up);
+
+    // After a manager restart the OSD gets a fresh grace period, then goes down.
+    mgr.kill9();
+    let mgr = Mgr::start(&config);
+    let map = mgr.map();
+    assert!(map.osds[&r.id].up, "marked down right at restart");
+    // A long-poll with nothing to wait for returns at once.
+    let t = Instant::now();
+    let same: ClusterMap = mgr.get_ok(&format!("/v1/map?min_epoch={}&wait_ms=10000", map.epoch.0));
+    assert_eq!(same.epoch, map.epoch);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let later: ClusterMap = mgr.get_ok(&format!(
+        "/v1/map?min_epoch={}&wait_ms=10000",
+        map.epoch.0 + 1
+    ));
+    assert!(!later.osds[&r.id].up);
+    // Same uuid, new address: same id back.
+    let r3: OsdBootReply = mgr.post_ok("/v1/osd/boot", &boot("uuid-1", 7000, "h1"));
+    assert_eq!(r3.id, r.id);
+    assert_eq!(mgr.map().osds[&r.id].addr.port(), 7000);
+}
+
+#[test]
+fn garbage_and_bad_requests_leave_it_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = Mgr::start(&write_config(dir.path(), ""));
+    let addr = mgr.url.trim_start_matches("http://").to_string();
+
+    // Random bytes, held open.
+    let mut junk = TcpStream::connect(&addr).unwrap();
+    let mut x: u64 = 0x1234_5678;
+    let bytes: Vec<u8> = (0..8192)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (x >> 33) as u8
+        })
+        .collect();
+    let _ = junk.write_all(&bytes);
+    // A request that stalls half-way through its headers.
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    stalled
+        .write_all(b"POST /v1/volumes HTTP/1.1\r\nHost: x\r\nContent-Le")
+        .unwrap();
+    // A body that promises more than it sends.
+    let mut short = TcpStream::connect(&addr).unwrap();
+    short
+        .write_all(b"POST /v1/volumes HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"na")
+        .unwrap();
+    // An absurd header, then hang up.
+    {
+        let mut big = TcpStream::connect(&addr).unwrap();
+        let _ = big.write_all(b"GET /v1/map HTTP/1.1\r\nX: ");
+        let _ = big.write_all(&vec![b'a'; 256 << 10]);
+    }
+
+    // Everyone else is still served.
+    let st: ClusterStatus = mgr.get_ok("/v1/status");
+    assert_eq!(st.epoch, Epoch(1));
+    let _: VolumeInfo = mgr.post_ok("/v1/volumes", &create("still-works", 4096));
+
+    // The junk connection got an error or was closed, not a hang.
+    junk.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    match junk.read(&mut buf) {
+        Ok(0) | Err(_) => {}
+        Ok(n) => assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 4"),
+            "{:?}",
+            &buf[..n]
+        ),
+    }
+
+    // Malformed and oversized bodies: ApiError with 400 / 413.
+    let raw = |body: &[u8]| {
+        reply(
+            agent()
+                .post(mgr.url("/v1/volumes"))
+                .header("Content-Type", "application/json")
+                .send(body),
+        )
+    };
+    assert_err(raw(b"{\"name\": "), 400, "invalid JSON");
+    assert_err(raw(b"{\"name\": \"a\"}"), 400, "size");
+    assert_err(raw(b"[1,2,3]"), 400, "invalid JSON");
+    assert_err(raw(&vec![b' '; 100 << 10]), 413, "limit");
+    assert_err(
+        mgr.post("/v1/osd/boot", &serde_json::json!({"uuid": "u"})),
+        400,
+        "invalid JSON",
+    );
+    let mut bad_boot = boot("u", 6900, "h");
+    bad_boot.shards = 0;
+    assert_err(mgr.post("/v1/osd/boot", &bad_boot), 400, "shards");
+    assert_err(mgr.get("/v1/nothing"), 404, "no route");
+    assert_err(mgr.delete("/v1/status"), 405, "not allowed");
+    assert_err(mgr.get("/v1/map?min_epoch=x"), 400, "min_epoch");
+
+    drop((stalled, short));
+    let list: Vec<VolumeInfo> = mgr.get_ok("/v1/volumes");
+    assert_eq!(list.len(), 1);
+}
+
+/// Waits for a process that is expected to exit on its own.
+fn wait_exit(child: &mut Child) -> ExitStatus {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "flame-mgr did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_fails_to_start(config: &Path, needle: &str) {
+    let (mut child, log, _rx) = spawn(config);
+    let status = wait_exit(&mut child);
+    assert!(!status.success(), "started anyway");
+    // Let the reader thread drain the last lines.
+    std::thread::sleep(Duration::from_millis(200));
+    let log = log.lock().unwrap().clone();
+    assert!(log.contains(needle), "log lacks {needle:?}:\n{log}");
+}
+
+#[test]
+fn refuses_to_start_on_bad_state_or_shared_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    // A second manager on the same data_dir is refused while the first runs.
+    let mgr = Mgr::start(&config);
+    assert_fails_to_start(&config, "in use by another flame-mgr");
+    let fsid = mgr.map().fsid;
+    mgr.kill9();
+    // A config fsid that does not match the data_dir's cluster.
+    let wrong = write_config(dir.path(), "fsid: some-other-cluster\n");
+    assert_fails_to_start(&wrong, "does not match");
+    // The right one is fine.
+    let right = write_config(dir.path(), &format!("fsid: {fsid}\n"));
+    drop(Mgr::start(&right));
+    // A corrupt state file is an error, never a silent reset.
+    let state = dir.path().join("data/state.json");
+    let mut text = std::fs::read_to_string(&state).unwrap();
+    text.truncate(text.len() / 2);
+    std::fs::write(&state, text).unwrap();
+    assert_fails_to_start(&config, "corrupt");
+    // Bad config values name the key.
+    let bad = write_config(dir.path(), "heartbeat_grace_ms: 0\n");
+    assert_fails_to_start(&bad, "heartbeat_grace_ms");
+}
