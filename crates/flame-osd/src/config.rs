@@ -28,6 +28,10 @@ pub struct OsdConfig {
     pub mgr: String,
     /// Data address of shard 0; shard `i` listens on port + `i`.
     pub listen: SocketAddr,
+    /// Address published in the cluster map for shard 0 (clients and peers connect
+    /// there). Defaults to `listen`; set it when `listen` is a wildcard such as
+    /// `0.0.0.0:6900`. Its port must equal `listen`'s port.
+    pub advertise: Option<SocketAddr>,
     /// Prometheus endpoint.
     pub metrics_listen: SocketAddr,
     /// Where objects and the OSD's identity live.
@@ -65,6 +69,7 @@ impl Default for OsdConfig {
         OsdConfig {
             mgr: "127.0.0.1:6800".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 6900)),
+            advertise: None,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9201)),
             data_dir: PathBuf::from("./flame-osd"),
             host: None,
@@ -96,6 +101,11 @@ impl OsdConfig {
         }
     }
 
+    /// The data address published in the map.
+    pub fn advertised(&self) -> SocketAddr {
+        self.advertise.unwrap_or(self.listen)
+    }
+
     /// Host name for placement.
     pub fn host_name(&self) -> String {
         if let Some(h) = &self.host {
@@ -120,6 +130,19 @@ impl Validate for OsdConfig {
         }
         if u32::from(self.listen.port()) + u32::from(self.shard_count()) > 65535 {
             return bad("listen", "port + shards exceeds 65535");
+        }
+        let published = self.advertised();
+        if published.ip().is_unspecified() {
+            return bad(
+                "advertise",
+                "listen is a wildcard address: set advertise to this host's reachable IP:port",
+            );
+        }
+        if published.port() != self.listen.port() {
+            return bad(
+                "advertise",
+                "port must equal listen's port (shards use consecutive ports)",
+            );
         }
         if !self.weight.is_finite() || self.weight < 0.0 {
             return bad("weight", "must be a finite number >= 0");
@@ -176,5 +199,10 @@ mod tests {
                 .contains("weight")
         );
         assert!(parse_str::<OsdConfig>("poll_mode: sometimes\n", "t").is_err());
+        let e = parse_str::<OsdConfig>("listen: 0.0.0.0:6900\n", "t").unwrap_err();
+        assert!(e.to_string().contains("advertise"), "{e}");
+        let c: OsdConfig =
+            parse_str("listen: 0.0.0.0:6900\nadvertise: 10.0.0.5:6900\n", "t").unwrap();
+        assert_eq!(c.advertised().to_string(), "10.0.0.5:6900");
     }
 }

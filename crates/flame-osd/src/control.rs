@@ -118,7 +118,7 @@ impl Control {
         let body = OsdBoot {
             uuid: self.identity.uuid.clone(),
             id: self.identity.id,
-            addr: self.cfg.listen,
+            addr: self.cfg.advertised(),
             shards: self.cfg.shard_count(),
             host: self.cfg.host_name(),
             weight: self.cfg.weight,
