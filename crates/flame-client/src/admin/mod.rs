@@ -1,0 +1,807 @@
+//! `flame-admin`: the cluster's command-line tool.
+//!
+//! Admin commands talk to the manager's HTTP API ([`MgrClient`]); the two that need
+//! the OSDs — `volume rm` (delete the objects) and `bench` — also connect a
+//! [`Cluster`] and run the data path on a reactor on the main thread. Every command
+//! prints an aligned table (or `key value` lines) by default and the same data as
+//! JSON with `--json`, so scripts never parse the human format.
+
+pub mod format;
+
+use crate::bench::{self, BenchConfig, BenchReport, Pattern};
+use crate::{ClientConfig, ClientError, Cluster, MgrClient};
+use clap::{Parser, Subcommand};
+use flame_common::ids::{ObjectId, OsdId, PgId, VolumeId};
+use flame_common::map::{ClusterMap, VolumeInfo};
+use flame_common::mgr_api::{format_size, parse_size};
+use flame_common::placement;
+use flame_common::reactor::{Reactor, ReactorConfig};
+use format::{fields, table, utc_time};
+use serde::Serialize;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Command line of flame-admin.
+#[derive(Parser, Debug)]
+#[command(
+    name = "flame-admin",
+    version,
+    about = "Administer a Flame cluster: status, OSDs, volumes, placement, benchmarks"
+)]
+pub struct Cli {
+    /// Manager address (HOST:PORT or http://HOST:PORT).
+    #[arg(
+        long,
+        global = true,
+        env = "FLAME_MGR",
+        default_value = "127.0.0.1:6800"
+    )]
+    pub mgr: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Cluster health, map epoch, OSDs, volumes and capacity.
+    Status,
+    /// OSD commands.
+    #[command(subcommand)]
+    Osd(OsdCommand),
+    /// Volume commands.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Which object, placement group and OSDs hold a byte of a volume.
+    Locate {
+        /// Volume name.
+        volume: String,
+        /// Byte offset (suffixes K, M, G, ... allowed).
+        #[arg(value_parser = size_arg)]
+        offset: u64,
+    },
+    /// Benchmark a volume through the client library.
+    Bench(BenchArgs),
+}
+
+/// `flame-admin osd ...`
+#[derive(Subcommand, Debug)]
+pub enum OsdCommand {
+    /// List OSDs.
+    Ls,
+}
+
+/// `flame-admin volume ...`
+#[derive(Subcommand, Debug)]
+pub enum VolumeCommand {
+    /// Create a thin-provisioned volume.
+    Create {
+        /// Volume name (also the NBD export name).
+        name: String,
+        /// Size, e.g. 10G.
+        #[arg(long, value_parser = size_arg)]
+        size: u64,
+    },
+    /// List volumes.
+    Ls,
+    /// Show one volume.
+    Info {
+        /// Volume name.
+        name: String,
+    },
+    /// Grow (or, with --allow-shrink, shrink) a volume.
+    Resize {
+        /// Volume name.
+        name: String,
+        /// New size, e.g. 20G.
+        #[arg(long, value_parser = size_arg)]
+        size: u64,
+        /// Allow making the volume smaller (data past the new end is lost).
+        #[arg(long)]
+        allow_shrink: bool,
+    },
+    /// Remove a volume and delete its objects on every OSD.
+    Rm {
+        /// Volume name.
+        name: String,
+    },
+}
+
+/// `flame-admin bench ...`
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Volume name.
+    pub volume: String,
+    /// Access pattern.
+    #[arg(long, value_enum, default_value = "randread")]
+    pub rw: Pattern,
+    /// Bytes per I/O.
+    #[arg(long, value_parser = size_arg, default_value = "4k")]
+    pub bs: u64,
+    /// Concurrent I/Os.
+    #[arg(long, default_value_t = 32)]
+    pub iodepth: usize,
+    /// How long to run (e.g. 10s, 500ms, 1m).
+    #[arg(long, value_parser = duration_arg, default_value = "10s")]
+    pub runtime: Duration,
+    /// Only use the first BYTES of the volume.
+    #[arg(long, value_parser = size_arg)]
+    pub size_limit: Option<u64>,
+    /// Seed for random offsets and written data.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+fn size_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_size(s)
+}
+
+fn duration_arg(s: &str) -> std::result::Result<Duration, String> {
+    format::parse_duration(s)
+}
+
+/// An error for the user: one line on stderr, exit code 1.
+#[derive(Debug)]
+pub struct AdminError(pub String);
+
+impl std::fmt::Display for AdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<ClientError> for AdminError {
+    fn from(e: ClientError) -> Self {
+        AdminError(e.to_string())
+    }
+}
+
+type Result<T> = std::result::Result<T, AdminError>;
+
+/// Parses the process arguments, runs the command and returns the exit code:
+/// 0 on success, 1 on any error (message on stderr), 2 on a usage error.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and succeed.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match execute(&cli, &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = out.flush();
+            eprintln!("flame-admin: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs one parsed command, writing its output to `out`.
+pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
+    let mgr = MgrClient::new(&cli.mgr)?;
+    let text = match &cli.command {
+        Command::Status => status(&mgr, cli.json)?,
+        Command::Osd(OsdCommand::Ls) => osd_ls(&mgr, cli.json)?,
+        Command::Volume(v) => volume(cli, &mgr, v)?,
+        Command::Locate { volume, offset } => locate(&mgr, volume, *offset, cli.json)?,
+        Command::Bench(b) => run_bench(cli, b)?,
+    };
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| AdminError(format!("writing output: {e}")))
+}
+
+fn json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string_pretty(v)
+        .map(|s| s + "\n")
+        .map_err(|e| AdminError(format!("encoding JSON: {e}")))
+}
+
+fn status(mgr: &MgrClient, as_json: bool) -> Result<String> {
+    let s = mgr.status()?;
+    if as_json {
+        return json(&s);
+    }
+    let mut health = s.health.clone();
+    for d in &s.health_detail {
+        health.push_str(&format!("\n{:10}- {d}", ""));
+    }
+    Ok(fields(&[
+        ("cluster", s.fsid.clone()),
+        ("health", health),
+        ("map", format!("epoch {}", s.epoch.0)),
+        (
+            "osds",
+            format!("{} total, {} up, {} in", s.osds, s.osds_up, s.osds_in),
+        ),
+        (
+            "volumes",
+            format!(
+                "{} ({} provisioned)",
+                s.volumes,
+                format_size(s.provisioned_bytes)
+            ),
+        ),
+        (
+            "usage",
+            format!(
+                "{} used of {} (all copies)",
+                format_size(s.used_bytes),
+                format_size(s.capacity_bytes)
+            ),
+        ),
+        (
+            "pool",
+            format!(
+                "size {}, min_size {}, {} PGs, {} objects",
+                s.pool.size,
+                s.pool.min_size,
+                s.pool.pg_count,
+                format_size(u64::from(s.pool.object_size))
+            ),
+        ),
+    ]))
+}
+
+fn osd_ls(mgr: &MgrClient, as_json: bool) -> Result<String> {
+    let osds = mgr.osds()?;
+    if as_json {
+        return json(&osds);
+    }
+    let rows: Vec<Vec<String>> = osds
+        .iter()
+        .map(|o| {
+            vec![
+                o.info.id.to_string(),
+                o.info.host.clone(),
+                o.info.addr.to_string(),
+                o.info.shards.to_string(),
+                format!("{:.2}", o.info.weight),
+                if o.info.up { "up" } else { "down" }.into(),
+                if o.info.r#in { "in" } else { "out" }.into(),
+                o.pgs.to_string(),
+                format!(
+                    "{} / {}",
+                    format_size(o.used_bytes),
+                    format_size(o.capacity_bytes)
+                ),
+                o.last_heartbeat_ms_ago
+                    .map_or("never".into(), |ms| format!("{ms} ms ago")),
+            ]
+        })
+        .collect();
+    Ok(table(
+        &[
+            "ID",
+            "HOST",
+            "ADDR",
+            "SHARDS",
+            "WEIGHT",
+            "STATUS",
+            "IN",
+            "PGS",
+            "USED",
+            "HEARTBEAT",
+        ],
+        &rows,
+    ))
+}
+
+/// A volume as flame-admin shows it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct VolumeView {
+    /// Id.
+    pub id: VolumeId,
+    /// Name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Objects the volume spans: ceil(size / object_size) (thin: not all exist).
+    pub objects: u64,
+    /// Bytes per object.
+    pub object_size: u32,
+    /// Creation time, seconds since the Unix epoch.
+    pub created_unix: u64,
+}
+
+impl VolumeView {
+    fn new(v: &VolumeInfo, object_size: u32) -> VolumeView {
+        VolumeView {
+            id: v.id,
+            name: v.name.clone(),
+            size: v.size,
+            objects: v.size.div_ceil(u64::from(object_size.max(1))),
+            object_size,
+            created_unix: v.created_unix,
+        }
+    }
+
+    fn fields(&self) -> String {
+        fields(&[
+            ("name", self.name.clone()),
+            ("id", self.id.to_string()),
+            (
+                "size",
+                format!("{} ({} bytes)", format_size(self.size), self.size),
+            ),
+            (
+                "objects",
+                format!(
+                    "{} of {}",
+                    self.objects,
+                    format_size(u64::from(self.object_size))
+                ),
+            ),
+            ("created", utc_time(self.created_unix)),
+        ])
+    }
+}
+
+fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
+    // Object size is fixed per cluster; the map has it.
+    let object_size = || -> Result<u32> { Ok(mgr.map()?.pool.object_size) };
+    match cmd {
+        VolumeCommand::Create { name, size } => {
+            let v = mgr.create_volume(name, *size)?;
+            let view = VolumeView::new(&v, object_size()?);
+            if cli.json {
+                return json(&view);
+            }
+            Ok(format!("created volume {name}\n{}", view.fields()))
+        }
+        VolumeCommand::Ls => {
+            let vols = mgr.volumes()?;
+            let os = object_size()?;
+            let views: Vec<VolumeView> = vols.iter().map(|v| VolumeView::new(v, os)).collect();
+            if cli.json {
+                return json(&views);
+            }
+            let rows: Vec<Vec<String>> = views
+                .iter()
+                .map(|v| {
+                    vec![
+                        v.name.clone(),
+                        v.id.0.to_string(),
+                        format_size(v.size),
+                        v.objects.to_string(),
+                        utc_time(v.created_unix),
+                    ]
+                })
+                .collect();
+            Ok(table(&["NAME", "ID", "SIZE", "OBJECTS", "CREATED"], &rows))
+        }
+        VolumeCommand::Info { name } => {
+            let v = mgr.volume(name)?;
+            let view = VolumeView::new(&v, object_size()?);
+            if cli.json {
+                return json(&view);
+            }
+            Ok(view.fields())
+        }
+        VolumeCommand::Resize {
+            name,
+            size,
+            allow_shrink,
+        } => {
+            let v = mgr.resize_volume(name, *size, *allow_shrink)?;
+            let view = VolumeView::new(&v, object_size()?);
+            if cli.json {
+                return json(&view);
+            }
+            Ok(format!("resized volume {name}\n{}", view.fields()))
+        }
+        VolumeCommand::Rm { name } => volume_rm(cli, mgr, name),
+    }
+}
+
+/// Deletes the volume's objects on every OSD through the data path, then removes
+/// the volume from the map. In that order: once the map forgets the volume, nothing
+/// knows the id its objects are named by, so they could never be found again.
+fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
+    let v = mgr.volume(name)?;
+    let fail = |e: ClientError| AdminError(format!("cannot remove volume `{name}`: {e}"));
+    let cluster = Cluster::connect(ClientConfig::new(cli.mgr.clone())).map_err(fail)?;
+    if let Some(down) = cluster.map().osds.values().find(|o| !o.up) {
+        return Err(AdminError(format!(
+            "cannot remove volume `{name}`: {} is down, and its copies of the volume's \
+             objects would be left behind. Bring it back up (or remove it from the \
+             cluster) and try again.",
+            down.id
+        )));
+    }
+    let mut reactor = Reactor::new(ReactorConfig::default())
+        .map_err(|e| AdminError(format!("starting the I/O reactor: {e}")))?;
+    let c = cluster.clone();
+    let id = v.id;
+    reactor
+        .block_on(async move { c.delete_volume_objects(id).await })
+        .map_err(|e| AdminError(format!("I/O reactor failed: {e}")))?
+        .map_err(fail)?;
+    let removed = mgr.remove_volume(name)?;
+    let view = VolumeView::new(&removed, cluster.map().pool.object_size);
+    if cli.json {
+        return json(&view);
+    }
+    Ok(format!(
+        "removed volume {name} ({}, {}); its objects were deleted on every OSD\n",
+        view.id,
+        format_size(view.size)
+    ))
+}
+
+/// One OSD of a located object.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LocatedOsd {
+    /// OSD id.
+    pub id: OsdId,
+    /// `primary` (takes client I/O) or `replica`.
+    pub role: &'static str,
+    /// Address of the shard that owns the PG.
+    pub addr: SocketAddr,
+    /// That shard.
+    pub shard: u16,
+    /// Heartbeating.
+    pub up: bool,
+    /// Part of placement.
+    pub r#in: bool,
+}
+
+/// `flame-admin locate` output.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Location {
+    /// Volume name.
+    pub volume: String,
+    /// Volume id.
+    pub volume_id: VolumeId,
+    /// Byte offset asked about.
+    pub offset: u64,
+    /// Object index within the volume.
+    pub object_index: u64,
+    /// Offset within that object.
+    pub object_offset: u64,
+    /// Object name (`<volume id>.<index>` in hex), as OSDs name it.
+    pub object: String,
+    /// Placement group.
+    pub pg: PgId,
+    /// Map epoch the placement was computed from.
+    pub epoch: u64,
+    /// Acting set, primary first.
+    pub osds: Vec<LocatedOsd>,
+}
+
+/// Computes where byte `offset` of `volume` lives in `map`.
+pub fn locate_in(map: &ClusterMap, volume: &str, offset: u64) -> Result<Location> {
+    let v = map
+        .volumes
+        .get(volume)
+        .ok_or_else(|| AdminError(ClientError::NoSuchVolume(volume.to_string()).to_string()))?;
+    if offset >= v.size {
+        return Err(AdminError(format!(
+            "offset {offset} is beyond the end of volume `{volume}` ({} bytes)",
+            v.size
+        )));
+    }
+    let os = u64::from(map.pool.object_size);
+    let object = ObjectId {
+        volume: v.id,
+        index: offset / os,
+    };
+    let loc = placement::locate(map, object);
+    let osds = loc
+        .osds
+        .iter()
+        .enumerate()
+        .filter_map(|(i, id)| map.osds.get(id).map(|o| (i, o)))
+        .map(|(i, o)| {
+            let shard = o.shard_of(loc.pg);
+            LocatedOsd {
+                id: o.id,
+                role: if i == 0 { "primary" } else { "replica" },
+                addr: o.shard_addr(shard),
+                shard,
+                up: o.up,
+                r#in: o.r#in,
+            }
+        })
+        .collect();
+    Ok(Location {
+        volume: volume.to_string(),
+        volume_id: v.id,
+        offset,
+        object_index: object.index,
+        object_offset: offset % os,
+        object: object.to_string(),
+        pg: loc.pg,
+        epoch: map.epoch.0,
+        osds,
+    })
+}
+
+fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<String> {
+    let map = mgr.map()?;
+    let l = locate_in(&map, volume, offset)?;
+    if as_json {
+        return json(&l);
+    }
+    let mut s = fields(&[
+        ("volume", format!("{} ({})", l.volume, l.volume_id)),
+        (
+            "offset",
+            format!(
+                "{} = object {} + {}",
+                l.offset, l.object_index, l.object_offset
+            ),
+        ),
+        ("object", l.object.clone()),
+        ("pg", format!("{} (map epoch {})", l.pg, l.epoch)),
+    ]);
+    if l.osds.is_empty() {
+        s.push_str("osds    none: no OSD is in\n");
+        return Ok(s);
+    }
+    let rows: Vec<Vec<String>> = l
+        .osds
+        .iter()
+        .map(|o| {
+            vec![
+                o.role.to_string(),
+                o.id.to_string(),
+                o.addr.to_string(),
+                o.shard.to_string(),
+                format!(
+                    "{},{}",
+                    if o.up { "up" } else { "down" },
+                    if o.r#in { "in" } else { "out" }
+                ),
+            ]
+        })
+        .collect();
+    s.push('\n');
+    s.push_str(&table(&["ROLE", "OSD", "ADDR", "SHARD", "STATE"], &rows));
+    Ok(s)
+}
+
+fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
+    let cluster = Cluster::connect(ClientConfig::new(cli.mgr.clone()))?;
+    let cfg = BenchConfig {
+        pattern: b.rw,
+        block_bytes: b.bs,
+        iodepth: b.iodepth,
+        runtime: b.runtime,
+        size_limit: b.size_limit,
+        seed: b.seed,
+    };
+    let mut reactor = Reactor::new(ReactorConfig::default())
+        .map_err(|e| AdminError(format!("starting the I/O reactor: {e}")))?;
+    let name = b.volume.clone();
+    let report = reactor
+        .block_on(async move {
+            let vol = cluster.open_volume(&name).await?;
+            bench::run(&vol, &cfg).await
+        })
+        .map_err(|e| AdminError(format!("I/O reactor failed: {e}")))??;
+    if cli.json {
+        return json(&report);
+    }
+    Ok(bench_text(&report))
+}
+
+/// The human summary of a benchmark run.
+pub fn bench_text(r: &BenchReport) -> String {
+    fields(&[
+        (
+            "job",
+            format!(
+                "{} {} bs={} iodepth={} over {}",
+                r.volume,
+                r.pattern.name(),
+                format_size(r.block_bytes),
+                r.iodepth,
+                format_size(r.region_bytes)
+            ),
+        ),
+        ("done", format!("{} ops in {:.2} s", r.ops, r.elapsed_s)),
+        ("iops", format!("{:.0}", r.iops)),
+        ("bandwidth", format!("{:.1} MiB/s", r.mib_per_s)),
+        (
+            "latency",
+            format!(
+                "p50 {} us, p99 {} us, p99.9 {} us, max {} us, mean {:.0} us",
+                r.latency.p50_us,
+                r.latency.p99_us,
+                r.latency.p999_us,
+                r.latency.max_us,
+                r.latency.mean_us
+            ),
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::ids::Epoch;
+    use flame_common::map::{OsdInfo, PoolConfig};
+
+    fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("flame-admin").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_parses_every_command() {
+        let c = parse(&["status"]).unwrap();
+        assert!(matches!(c.command, Command::Status));
+        assert!(!c.json);
+        let c = parse(&["--json", "osd", "ls"]).unwrap();
+        assert!(c.json);
+        assert!(matches!(c.command, Command::Osd(OsdCommand::Ls)));
+        // Global flags go after the subcommand too.
+        let c = parse(&[
+            "volume", "create", "demo", "--size", "10G", "--mgr", "h:1", "--json",
+        ])
+        .unwrap();
+        assert_eq!(c.mgr, "h:1");
+        assert!(c.json);
+        match c.command {
+            Command::Volume(VolumeCommand::Create { name, size }) => {
+                assert_eq!(name, "demo");
+                assert_eq!(size, 10 << 30);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["volume", "resize", "v", "--size", "1T", "--allow-shrink"])
+            .unwrap()
+            .command
+        {
+            Command::Volume(VolumeCommand::Resize {
+                size, allow_shrink, ..
+            }) => {
+                assert_eq!(size, 1 << 40);
+                assert!(allow_shrink);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["locate", "v", "4M"]).unwrap().command {
+            Command::Locate { volume, offset } => {
+                assert_eq!(volume, "v");
+                assert_eq!(offset, 4 << 20);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["volume", "rm", "v"]).unwrap().command,
+            Command::Volume(VolumeCommand::Rm { .. })
+        ));
+        assert!(matches!(
+            parse(&["volume", "ls"]).unwrap().command,
+            Command::Volume(VolumeCommand::Ls)
+        ));
+    }
+
+    #[test]
+    fn bench_defaults_and_options() {
+        let Command::Bench(b) = parse(&["bench", "v"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(b.rw, Pattern::Randread);
+        assert_eq!(b.bs, 4096);
+        assert_eq!(b.iodepth, 32);
+        assert_eq!(b.runtime, Duration::from_secs(10));
+        assert_eq!(b.size_limit, None);
+        let Command::Bench(b) = parse(&[
+            "bench",
+            "v",
+            "--rw",
+            "randwrite",
+            "--bs",
+            "1M",
+            "--iodepth",
+            "4",
+            "--runtime",
+            "500ms",
+            "--size-limit",
+            "1G",
+            "--seed",
+            "7",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(b.rw, Pattern::Randwrite);
+        assert_eq!(b.bs, 1 << 20);
+        assert_eq!(b.runtime, Duration::from_millis(500));
+        assert_eq!(b.size_limit, Some(1 << 30));
+        assert_eq!(b.seed, 7);
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors() {
+        assert!(parse(&["volume", "create", "v", "--size", "ten"]).is_err());
+        assert!(parse(&["volume", "create", "v"]).is_err());
+        assert!(parse(&["bench", "v", "--rw", "sideways"]).is_err());
+        assert!(parse(&["bench", "v", "--runtime", "soon"]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+    }
+
+    fn map() -> ClusterMap {
+        let mut m = ClusterMap::new("f".into(), PoolConfig::default());
+        m.epoch = Epoch(9);
+        for i in 0..4u32 {
+            m.osds.insert(
+                OsdId(i),
+                OsdInfo {
+                    id: OsdId(i),
+                    addr: format!("127.0.0.1:{}", 6900 + 10 * i).parse().unwrap(),
+                    shards: 2,
+                    host: format!("h{i}"),
+                    weight: 1.0,
+                    up: i != 3,
+                    r#in: true,
+                    metrics_addr: None,
+                },
+            );
+        }
+        m.volumes.insert(
+            "demo".into(),
+            VolumeInfo {
+                id: VolumeId(5),
+                name: "demo".into(),
+                size: 10 << 20,
+                created_unix: 0,
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn locate_matches_placement() {
+        let m = map();
+        let l = locate_in(&m, "demo", (4 << 20) + 17).unwrap();
+        assert_eq!(l.object_index, 1);
+        assert_eq!(l.object_offset, 17);
+        assert_eq!(l.object, "0000000000000005.0000000000000001");
+        let want = placement::locate(
+            &m,
+            ObjectId {
+                volume: VolumeId(5),
+                index: 1,
+            },
+        );
+        assert_eq!(l.pg, want.pg);
+        let ids: Vec<OsdId> = l.osds.iter().map(|o| o.id).collect();
+        assert_eq!(ids, want.osds);
+        assert_eq!(l.osds[0].role, "primary");
+        assert!(l.osds[1..].iter().all(|o| o.role == "replica"));
+        for o in &l.osds {
+            assert_eq!(u32::from(o.shard), l.pg.0 % 2);
+            assert_eq!(o.addr.port(), m.osds[&o.id].addr.port() + o.shard);
+        }
+        assert!(locate_in(&m, "demo", 10 << 20).is_err());
+        assert!(locate_in(&m, "nope", 0).is_err());
+    }
+
+    #[test]
+    fn volume_view_counts_objects() {
+        let m = map();
+        let v = VolumeView::new(&m.volumes["demo"], 4 << 20);
+        assert_eq!(v.objects, 3); // 10 MiB / 4 MiB, rounded up
+        assert!(v.fields().contains("1970-01-01"));
+    }
+}

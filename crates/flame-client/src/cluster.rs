@@ -1,0 +1,358 @@
+//! The cluster handle: the current map, kept fresh by background threads.
+//!
+//! Clients compute placement themselves from the map, so the one thing the client
+//! needs from the manager is the newest map, quickly. Two plain threads keep it:
+//!
+//! * the **watcher** long-polls `GET /v1/map?min_epoch=<current+1>&wait_ms=...`, so
+//!   a new epoch arrives as soon as the manager publishes it. A manager that ignores
+//!   the long-poll parameters answers at once with the map it has; the watcher then
+//!   waits `map_refresh_ms` before asking again, which degrades to plain polling.
+//! * the **refresher** serves on-demand refreshes ([`Cluster::request_map_refresh`]):
+//!   when an OSD answers ESTALE the data path must not wait up to a long poll's
+//!   duration, so this thread does an immediate `GET /v1/map`. Requests that arrive
+//!   while a fetch is running are coalesced into the next one, and fetches are
+//!   spaced at least [`REFRESH_INTERVAL_MIN`] apart, so a storm of ESTALE replies
+//!   costs the manager a bounded number of requests.
+//!
+//! Both publish through an [`ArcSwap`], so the data path reads the map with one
+//! atomic load and no lock, from any thread. A map is published only if its epoch is
+//! newer, its fsid is this cluster's and its pool settings are valid: placement
+//! must never run over a map it cannot trust.
+
+use crate::config::ClientConfig;
+use crate::error::ClientError;
+use crate::mgr_client::MgrClient;
+use crate::volume::Volume;
+use arc_swap::ArcSwap;
+use flame_common::ids::{Epoch, VolumeId};
+use flame_common::map::{ClusterMap, VolumeInfo};
+use flame_common::reactor;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Smallest spacing of two on-demand map fetches.
+pub const REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(20);
+/// Longest a data-path task waits for an on-demand refresh before carrying on with
+/// the map it has (the retry loop will come back).
+const REFRESH_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// Gives every `Cluster` a process-unique number, so per-thread connection tables
+/// never mix up two clusters' OSDs that happen to share ids.
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+/// A connection to one Flame cluster. Cheap to clone and shareable between threads;
+/// the data path ([`Cluster::open_volume`], [`Volume`]) must run on a
+/// `flame_common::reactor` thread.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("mgr", &self.inner.shared.mgr.base())
+            .field("epoch", &self.inner.shared.map.load().epoch)
+            .finish()
+    }
+}
+
+/// Owned by the `Cluster` clones only: dropping the last one stops the threads.
+struct Inner {
+    shared: Arc<Shared>,
+    uid: u64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.refresh_cv.notify_all();
+        let _g = self.shared.stop_lock.lock();
+        self.shared.stop_cv.notify_all();
+    }
+}
+
+/// What the background threads share with the handles.
+struct Shared {
+    config: ClientConfig,
+    mgr: MgrClient,
+    fsid: String,
+    map: ArcSwap<ClusterMap>,
+    /// Serializes the compare-and-publish of the two writer threads.
+    publish_lock: Mutex<()>,
+    /// Highest refresh ticket handed out.
+    refresh_requested: Mutex<u64>,
+    refresh_cv: Condvar,
+    /// Highest ticket whose fetch attempt has finished (successfully or not).
+    refresh_done: AtomicU64,
+    stop: AtomicBool,
+    stop_lock: Mutex<()>,
+    stop_cv: Condvar,
+}
+
+impl Shared {
+    /// Publishes `map` if it is newer and trustworthy. Returns whether it was.
+    fn publish(&self, map: ClusterMap) -> bool {
+        if map.fsid != self.fsid {
+            tracing::error!(
+                expected = %self.fsid, got = %map.fsid,
+                "manager served a map of another cluster; ignoring it"
+            );
+            return false;
+        }
+        if let Err((key, msg)) = map.pool.validate() {
+            tracing::error!(%key, %msg, epoch = %map.epoch, "manager served an invalid map; ignoring it");
+            return false;
+        }
+        let _g = self.publish_lock.lock();
+        let cur = self.map.load();
+        if map.epoch <= cur.epoch {
+            return false;
+        }
+        tracing::debug!(from = %cur.epoch, to = %map.epoch, "new cluster map");
+        self.map.store(Arc::new(map));
+        true
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Sleeps up to `d`, waking early when the cluster is dropped.
+    fn sleep(&self, d: Duration) {
+        let mut g = self.stop_lock.lock();
+        if !self.stopped() {
+            self.stop_cv.wait_for(&mut g, d);
+        }
+    }
+}
+
+/// Checks a freshly fetched first map.
+fn check_first_map(map: &ClusterMap) -> Result<(), ClientError> {
+    map.pool.validate().map_err(|(key, msg)| ClientError::Mgr {
+        url: "/v1/map".into(),
+        message: format!("the map's {key} is invalid: {msg}"),
+    })
+}
+
+impl Cluster {
+    /// Fetches the map from the manager and starts the threads that keep it fresh.
+    /// Blocking (one HTTP call): call it at start-up, not on a reactor thread.
+    pub fn connect(config: ClientConfig) -> Result<Cluster, ClientError> {
+        config.validate()?;
+        let mgr = MgrClient::new(&config.mgr)?;
+        let map = mgr.map()?;
+        check_first_map(&map)?;
+        let shared = Arc::new(Shared {
+            fsid: map.fsid.clone(),
+            map: ArcSwap::from_pointee(map),
+            config,
+            mgr,
+            publish_lock: Mutex::new(()),
+            refresh_requested: Mutex::new(0),
+            refresh_cv: Condvar::new(),
+            refresh_done: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            stop_lock: Mutex::new(()),
+            stop_cv: Condvar::new(),
+        });
+        let spawn = |name: &str, f: fn(Arc<Shared>)| {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(s))
+                .map_err(|source| ClientError::Io {
+                    context: format!("starting thread {name}"),
+                    source,
+                })
+        };
+        spawn("flame-map-watch", watch_loop)?;
+        spawn("flame-map-fetch", refresh_loop)?;
+        Ok(Cluster {
+            inner: Arc::new(Inner {
+                shared,
+                uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            }),
+        })
+    }
+
+    /// The settings this handle was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.shared.config
+    }
+
+    /// The manager client (admin operations).
+    pub fn mgr(&self) -> &MgrClient {
+        &self.inner.shared.mgr
+    }
+
+    /// The newest map this client has. Lock-free; callable from any thread.
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.inner.shared.map.load_full()
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.inner.shared.map.load().epoch
+    }
+
+    /// A volume as the current map describes it.
+    pub fn volume_info(&self, name: &str) -> Option<VolumeInfo> {
+        self.inner.shared.map.load().volumes.get(name).cloned()
+    }
+
+    /// Asks the refresher thread for an immediate map fetch and returns a ticket that
+    /// [`Cluster::refresh_map_now`] waits on. Never blocks (beyond a short mutex).
+    pub fn request_map_refresh(&self) -> u64 {
+        let s = &self.inner.shared;
+        let mut req = s.refresh_requested.lock();
+        *req += 1;
+        let ticket = *req;
+        drop(req);
+        s.refresh_cv.notify_one();
+        ticket
+    }
+
+    /// Notes an epoch seen in an OSD reply: a newer one than ours means our map is
+    /// behind, so ask for a fresh one.
+    pub(crate) fn note_epoch(&self, epoch: Epoch) {
+        if epoch > self.epoch() {
+            self.request_map_refresh();
+        }
+    }
+
+    /// Whether the fetch for `ticket` has been attempted.
+    fn refreshed(&self, ticket: u64) -> bool {
+        self.inner.shared.refresh_done.load(Ordering::Acquire) >= ticket
+    }
+
+    /// Fetches a fresh map now and returns the newest map (fresh or not, if the
+    /// manager is unreachable). Must run on a reactor thread: it waits with reactor
+    /// sleeps, never blocking the thread, and gives up after a bounded time.
+    pub async fn refresh_map_now(&self) -> Arc<ClusterMap> {
+        let ticket = self.request_map_refresh();
+        self.wait_refreshed(ticket, Instant::now() + REFRESH_WAIT_MAX)
+            .await;
+        self.map()
+    }
+
+    /// Waits (on the reactor) until `ticket` is served or `until` passes.
+    pub(crate) async fn wait_refreshed(&self, ticket: u64, until: Instant) {
+        let mut nap = Duration::from_millis(1);
+        let until = until.min(Instant::now() + REFRESH_WAIT_MAX);
+        while !self.refreshed(ticket) {
+            let now = Instant::now();
+            let Some(left) = until.checked_duration_since(now) else {
+                return;
+            };
+            if left.is_zero() {
+                return;
+            }
+            reactor::sleep(nap.min(left)).await;
+            nap = (nap * 2).min(Duration::from_millis(8));
+        }
+    }
+
+    /// Fetches the map on the calling thread (blocking; for tools and control
+    /// threads, not the reactor) and returns the newest map.
+    pub fn refresh_map_blocking(&self) -> Result<Arc<ClusterMap>, ClientError> {
+        let map = self.inner.shared.mgr.map()?;
+        self.inner.shared.publish(map);
+        Ok(self.map())
+    }
+
+    /// Opens a volume by name for I/O. A name missing from our map triggers one
+    /// refresh first (the volume may have been created a moment ago). Must run on
+    /// a reactor thread.
+    pub async fn open_volume(&self, name: &str) -> Result<Volume, ClientError> {
+        let info = match self.volume_info(name) {
+            Some(v) => v,
+            None => self
+                .refresh_map_now()
+                .await
+                .volumes
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ClientError::NoSuchVolume(name.to_string()))?,
+        };
+        Ok(Volume::new(self.clone(), info))
+    }
+
+    /// Deletes every object of volume `id` on every OSD of the map (all shards, in
+    /// parallel). Refuses — before sending anything — if any OSD is down, and fails
+    /// if one goes down meanwhile: a volume's objects must never be silently left
+    /// behind. Must run on a reactor thread.
+    pub async fn delete_volume_objects(&self, id: VolumeId) -> Result<(), ClientError> {
+        crate::io::delete_volume_objects(self, id).await
+    }
+
+    /// Process-unique number of this cluster handle (connection-table key).
+    pub(crate) fn uid(&self) -> u64 {
+        self.inner.uid
+    }
+}
+
+/// The watcher thread: long-polls for newer maps until the cluster is dropped.
+fn watch_loop(s: Arc<Shared>) {
+    let refresh = Duration::from_millis(s.config.map_refresh_ms);
+    let mut failures: u32 = 0;
+    while !s.stopped() {
+        let started = Instant::now();
+        let cur = s.map.load().epoch.0;
+        match s.mgr.wait_map(cur + 1, s.config.map_wait_ms) {
+            Ok(map) => {
+                failures = 0;
+                if s.publish(map) {
+                    continue;
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                // First failure loudly, then every minute or so: the manager being
+                // away is not an I/O error as long as the map stays valid.
+                if failures == 1 || failures.is_multiple_of(60) {
+                    tracing::warn!(error = %e, failures, "cannot fetch the cluster map");
+                }
+            }
+        }
+        if let Some(left) = refresh.checked_sub(started.elapsed()) {
+            s.sleep(left);
+        }
+    }
+}
+
+/// The refresher thread: serves on-demand refresh tickets.
+fn refresh_loop(s: Arc<Shared>) {
+    let mut served: u64 = 0;
+    let mut last_fetch: Option<Instant> = None;
+    loop {
+        let ticket = {
+            let mut req = s.refresh_requested.lock();
+            while *req <= served && !s.stopped() {
+                s.refresh_cv.wait(&mut req);
+            }
+            *req
+        };
+        if s.stopped() {
+            return;
+        }
+        if let Some(t) = last_fetch
+            && let Some(left) = REFRESH_INTERVAL_MIN.checked_sub(t.elapsed())
+        {
+            std::thread::sleep(left);
+        }
+        // Every ticket handed out up to here is covered by this fetch.
+        let ticket = ticket.max(*s.refresh_requested.lock());
+        last_fetch = Some(Instant::now());
+        match s.mgr.map() {
+            Ok(map) => {
+                s.publish(map);
+            }
+            Err(e) => tracing::debug!(error = %e, "on-demand map refresh failed"),
+        }
+        served = ticket;
+        s.refresh_done.store(ticket, Ordering::Release);
+    }
+}

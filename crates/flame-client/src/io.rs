@@ -1,0 +1,459 @@
+//! Sending one request to the right OSD shard, and retrying it until it gets a
+//! final answer or its deadline passes.
+//!
+//! Two shapes of request exist:
+//! * **object I/O** (read, write, write-zeroes, discard of one piece): the target is
+//!   computed from the map on every try — object → PG → acting set; the primary
+//!   (first OSD) takes client I/O, on the shard `pg % shards` — so a retry after a
+//!   map change goes wherever the object lives *now*. Only the primary is ever asked,
+//!   so data never comes from a replica that might lag.
+//! * **shard calls** (flush, delete-volume): addressed to a fixed (OSD, shard).
+//!
+//! Each try either succeeds, fails finally (EIO/EINVAL/ENOSPC, protocol
+//! violations), or fails transiently (ESTALE, EAGAIN, connection trouble, primary
+//! down in the map). Transient failures wait with [`Backoff`], ask the manager for a
+//! fresh map (and for ESTALE wait for it), and try again.
+
+use crate::cluster::Cluster;
+use crate::connection::{self, ConnError, ConnKey, Reply, Target};
+use crate::error::ClientError;
+use crate::join::try_join_bounded;
+use crate::metrics::{self, Op};
+use crate::retry::{Backoff, RetryReason, Verdict, classify};
+use crate::split::Piece;
+use flame_common::ids::{ObjectId, OsdId, RequestId, VolumeId};
+use flame_common::map::{ClusterMap, OsdInfo};
+use flame_common::placement;
+use flame_common::protocol::{IoTarget, Message, OpCode, flags};
+use flame_common::reactor;
+use std::time::Instant;
+
+/// Most shard calls (flush, delete) in flight at once for one operation.
+const SHARD_CALLS_WINDOW: usize = 256;
+
+/// What to do with one piece.
+pub(crate) enum PieceOp {
+    /// Read the piece; the reply carries its bytes.
+    Read,
+    /// Write these bytes (exactly the piece's length).
+    Write { data: Vec<u8>, fua: bool },
+    /// Zero the range.
+    WriteZeroes { fua: bool },
+    /// Discard the range.
+    Discard,
+}
+
+impl PieceOp {
+    fn name(&self) -> &'static str {
+        match self {
+            PieceOp::Read => "read",
+            PieceOp::Write { .. } => "write",
+            PieceOp::WriteZeroes { .. } => "write_zeroes",
+            PieceOp::Discard => "discard",
+        }
+    }
+}
+
+/// One transient failure.
+struct Transient {
+    reason: RetryReason,
+    message: String,
+}
+
+impl From<ConnError> for Transient {
+    fn from(e: ConnError) -> Self {
+        Transient {
+            reason: e.reason,
+            message: e.message,
+        }
+    }
+}
+
+/// Outcome of one try.
+enum Try<T> {
+    Done(T),
+    Retry(Transient),
+    Fail(ClientError),
+}
+
+/// Waits before the next try: records the retry, asks for a fresh map, sleeps the
+/// backoff (awaiting the fresh map if the failure suggests ours is stale). Returns
+/// the timeout error when the deadline has passed.
+async fn back_off(
+    cluster: &Cluster,
+    backoff: &mut Backoff,
+    op: &'static str,
+    t: Transient,
+) -> Result<(), ClientError> {
+    metrics::record_retry(t.reason);
+    let Some(delay) = backoff.next_delay(Instant::now()) else {
+        return Err(timeout(cluster, op, t.message));
+    };
+    tracing::trace!(op, reason = t.reason.name(), msg = %t.message, ?delay, "retrying");
+    let ticket = cluster.request_map_refresh();
+    reactor::sleep(delay).await;
+    if t.reason.wants_fresh_map() {
+        cluster.wait_refreshed(ticket, backoff.deadline()).await;
+    }
+    Ok(())
+}
+
+fn timeout(cluster: &Cluster, op: &'static str, last: String) -> ClientError {
+    ClientError::Timeout {
+        op,
+        timeout_ms: cluster.config().io_timeout_ms,
+        last,
+    }
+}
+
+/// Runs `attempt` bounded by the deadline.
+async fn bounded<T>(
+    deadline: Instant,
+    attempt: impl std::future::Future<Output = Try<T>>,
+) -> Option<Try<T>> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return None;
+    }
+    let expire = async {
+        reactor::sleep(left).await;
+        None
+    };
+    futures_lite::future::or(async { Some(attempt.await) }, expire).await
+}
+
+fn target_for(cluster: &Cluster, map: &ClusterMap, osd: &OsdInfo, shard: u16) -> Target {
+    let cfg = cluster.config();
+    Target {
+        key: ConnKey {
+            cluster: cluster.uid(),
+            osd: osd.id,
+            shard,
+        },
+        addr: osd.shard_addr(shard),
+        transport: cfg.transport,
+        timeout: cfg.connect_timeout(),
+        epoch: map.epoch,
+        shards: osd.shards,
+    }
+}
+
+/// Gives `msg` the request id `new` (ids are per connection, so they are only known
+/// once the connection is).
+fn set_id(msg: &mut Message, new: RequestId) {
+    match msg {
+        Message::Hello { id, .. }
+        | Message::Read { id, .. }
+        | Message::Write { id, .. }
+        | Message::WriteZeroes { id, .. }
+        | Message::Discard { id, .. }
+        | Message::Flush { id, .. }
+        | Message::DeleteVolume { id, .. }
+        | Message::Ping { id, .. }
+        | Message::Reply { id, .. } => *id = new,
+    }
+}
+
+/// Sends `msg` to `target` and waits for the reply. The message stays with the
+/// caller, so a retry can resend it (with a new id) without rebuilding its payload.
+async fn exchange(target: &Target, msg: &mut Message) -> Result<Reply, Transient> {
+    let conn = connection::get(target).await?;
+    let id = conn.next_id();
+    set_id(msg, id);
+    Ok(conn.call(id, msg).await?)
+}
+
+/// Performs one piece of a volume request, retrying until `deadline`. Returns the
+/// data for reads (exactly `piece.length` bytes), an empty vector otherwise.
+pub(crate) async fn piece_io(
+    cluster: &Cluster,
+    volume: VolumeId,
+    piece: Piece,
+    mut op: PieceOp,
+    deadline: Instant,
+) -> Result<Vec<u8>, ClientError> {
+    let op_name = op.name();
+    let object = ObjectId {
+        volume,
+        index: piece.object_index,
+    };
+    let mut backoff = Backoff::new(deadline);
+    loop {
+        let map = cluster.map();
+        let attempt = piece_try(cluster, &map, object, piece, &mut op);
+        let t = match bounded(deadline, attempt).await {
+            None => {
+                return Err(timeout(
+                    cluster,
+                    op_name,
+                    "no answer from the OSD in time".into(),
+                ));
+            }
+            Some(Try::Done(data)) => return Ok(data),
+            Some(Try::Fail(e)) => return Err(e),
+            Some(Try::Retry(t)) => t,
+        };
+        back_off(cluster, &mut backoff, op_name, t).await?;
+    }
+}
+
+/// One try of one piece against the map `map`.
+async fn piece_try(
+    cluster: &Cluster,
+    map: &ClusterMap,
+    object: ObjectId,
+    piece: Piece,
+    op: &mut PieceOp,
+) -> Try<Vec<u8>> {
+    let loc = placement::locate(map, object);
+    let Some(primary) = loc.osds.first().and_then(|id| map.osds.get(id)) else {
+        return Try::Retry(Transient {
+            reason: RetryReason::NoOsds,
+            message: format!("no OSD is in for {} ({object})", loc.pg),
+        });
+    };
+    if !primary.up {
+        return Try::Retry(Transient {
+            reason: RetryReason::OsdDown,
+            message: format!("{} (primary of {}) is down", primary.id, loc.pg),
+        });
+    }
+    let target = target_for(cluster, map, primary, primary.shard_of(loc.pg));
+    let io = IoTarget {
+        pg: loc.pg,
+        object,
+        offset: piece.object_offset,
+        length: piece.length,
+    };
+    // The write payload moves into the message and back out after the exchange,
+    // whatever its outcome, so a retry resends it without a copy.
+    let fua_flag = |fua: bool| if fua { flags::FUA } else { 0 };
+    let (id, epoch) = (RequestId(0), map.epoch);
+    let mut msg = match op {
+        PieceOp::Read => Message::Read {
+            id,
+            epoch,
+            target: io,
+            flags: 0,
+        },
+        PieceOp::Write { data, fua } => Message::Write {
+            id,
+            epoch,
+            target: io,
+            flags: fua_flag(*fua),
+            data: std::mem::take(data),
+        },
+        PieceOp::WriteZeroes { fua } => Message::WriteZeroes {
+            id,
+            epoch,
+            target: io,
+            flags: fua_flag(*fua),
+        },
+        PieceOp::Discard => Message::Discard {
+            id,
+            epoch,
+            target: io,
+            flags: 0,
+        },
+    };
+    let result = exchange(&target, &mut msg).await;
+    if let (PieceOp::Write { data, .. }, Message::Write { data: sent, .. }) = (&mut *op, msg) {
+        *data = sent;
+    }
+    let reply = match result {
+        Ok(reply) => reply,
+        Err(t) => return Try::Retry(t),
+    };
+    cluster.note_epoch(reply.epoch);
+    match classify(reply.status) {
+        Verdict::Done => {
+            if matches!(op, PieceOp::Read) && reply.data.len() != piece.length as usize {
+                return Try::Fail(ClientError::Protocol(format!(
+                    "{} answered a {}-byte read with {} bytes",
+                    primary.id,
+                    piece.length,
+                    reply.data.len()
+                )));
+            }
+            Try::Done(reply.data)
+        }
+        Verdict::Retry(reason) => Try::Retry(Transient {
+            reason,
+            message: format!(
+                "{} answered {}",
+                primary.id,
+                crate::error::errno_name(reply.status)
+            ),
+        }),
+        Verdict::Fail => Try::Fail(ClientError::Osd {
+            osd: primary.id,
+            op: op.name(),
+            status: reply.status,
+        }),
+    }
+}
+
+/// What a shard call does when its OSD is down in the map.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WhenDown {
+    /// Wait (retry) until it is up again or the deadline passes.
+    Wait,
+    /// Fail at once with [`ClientError::OsdDown`].
+    Refuse,
+}
+
+/// Sends `op` to shard `shard` of `osd`, retrying until the deadline. An OSD that
+/// left the map (or a shard it no longer has) is done: it holds nothing to flush
+/// or delete.
+async fn shard_call(
+    cluster: &Cluster,
+    osd: OsdId,
+    shard: u16,
+    op: OpCode,
+    volume: VolumeId,
+    when_down: WhenDown,
+    deadline: Instant,
+) -> Result<(), ClientError> {
+    let mut backoff = Backoff::new(deadline);
+    loop {
+        let map = cluster.map();
+        let Some(info) = map.osds.get(&osd) else {
+            return Ok(());
+        };
+        if shard >= info.shards {
+            return Ok(());
+        }
+        let t = if !info.up {
+            if when_down == WhenDown::Refuse {
+                return Err(ClientError::OsdDown(osd));
+            }
+            Transient {
+                reason: RetryReason::OsdDown,
+                message: format!("{osd} is down"),
+            }
+        } else {
+            let target = target_for(cluster, &map, info, shard);
+            let (id, epoch) = (RequestId(0), map.epoch);
+            let mut msg = match op {
+                OpCode::DeleteVolume => Message::DeleteVolume { id, epoch, volume },
+                _ => Message::Flush {
+                    id,
+                    epoch,
+                    flags: 0,
+                },
+            };
+            let attempt = async {
+                match exchange(&target, &mut msg).await {
+                    Ok(reply) => {
+                        cluster.note_epoch(reply.epoch);
+                        match classify(reply.status) {
+                            Verdict::Done => Try::Done(()),
+                            Verdict::Retry(reason) => Try::Retry(Transient {
+                                reason,
+                                message: format!(
+                                    "{osd} shard {shard} answered {}",
+                                    crate::error::errno_name(reply.status)
+                                ),
+                            }),
+                            Verdict::Fail => Try::Fail(ClientError::Osd {
+                                osd,
+                                op: op.name(),
+                                status: reply.status,
+                            }),
+                        }
+                    }
+                    Err(t) => Try::Retry(t),
+                }
+            };
+            match bounded(deadline, attempt).await {
+                None => {
+                    return Err(timeout(
+                        cluster,
+                        op.name(),
+                        format!("no answer from {osd} shard {shard} in time"),
+                    ));
+                }
+                Some(Try::Done(())) => return Ok(()),
+                Some(Try::Fail(e)) => return Err(e),
+                Some(Try::Retry(t)) => t,
+            }
+        };
+        back_off(cluster, &mut backoff, op.name(), t).await?;
+    }
+}
+
+/// Flushes every shard of every OSD that is `in`.
+///
+/// Why this is enough for NBD's `CAN_MULTI_CONN` ("a flush on any connection covers
+/// every write completed on any connection before it"): a write is acknowledged to
+/// a client only after every OSD of its acting set has applied it, and an OSD shard
+/// answers Flush only once every write it has applied — as primary or replica, from
+/// any connection of any client — is stable. Acting sets only contain `in` OSDs, so
+/// flushing all shards of all `in` OSDs covers every completed write, whichever
+/// client thread or connection carried it. (A write whose OSD was marked `out`
+/// between the write and the flush is covered by recovery, not by this flush.)
+pub(crate) async fn flush_all(cluster: &Cluster) -> Result<(), ClientError> {
+    let started = Instant::now();
+    let deadline = started + cluster.config().io_timeout();
+    let map = cluster.map();
+    let targets: Vec<(OsdId, u16)> = map
+        .osds
+        .values()
+        .filter(|o| o.r#in)
+        .flat_map(|o| (0..o.shards.max(1)).map(move |s| (o.id, s)))
+        .collect();
+    let res = try_join_bounded(targets, SHARD_CALLS_WINDOW, |(osd, shard)| {
+        shard_call(
+            cluster,
+            osd,
+            shard,
+            OpCode::Flush,
+            VolumeId(0),
+            WhenDown::Wait,
+            deadline,
+        )
+    })
+    .await
+    .map(|_| ());
+    metrics::record_op(Op::Flush, res.is_ok(), 0, started.elapsed());
+    res
+}
+
+/// See [`Cluster::delete_volume_objects`].
+pub(crate) async fn delete_volume_objects(
+    cluster: &Cluster,
+    volume: VolumeId,
+) -> Result<(), ClientError> {
+    let started = Instant::now();
+    let deadline = started + cluster.config().io_timeout();
+    let map = cluster.map();
+    // Check first, so a down OSD stops the deletion before anything is removed.
+    if let Some(down) = map.osds.values().find(|o| !o.up) {
+        return Err(ClientError::OsdDown(down.id));
+    }
+    let targets: Vec<(OsdId, u16)> = map
+        .osds
+        .values()
+        .flat_map(|o| (0..o.shards.max(1)).map(move |s| (o.id, s)))
+        .collect();
+    let res = try_join_bounded(targets, SHARD_CALLS_WINDOW, |(osd, shard)| {
+        shard_call(
+            cluster,
+            osd,
+            shard,
+            OpCode::DeleteVolume,
+            volume,
+            WhenDown::Refuse,
+            deadline,
+        )
+    })
+    .await
+    .map(|_| ());
+    metrics::record_op(Op::DeleteVolume, res.is_ok(), 0, started.elapsed());
+    res
+}
+
+/// Deadline of a request starting now.
+pub(crate) fn deadline_from_now(cluster: &Cluster) -> Instant {
+    Instant::now() + cluster.config().io_timeout()
+}

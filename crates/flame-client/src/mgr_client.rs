@@ -1,0 +1,281 @@
+//! A small blocking client of the manager's HTTP/JSON API.
+//!
+//! The manager is off the data path, so a blocking client on plain threads (ureq) is
+//! the simplest thing that works: the map watcher runs it on its own thread and
+//! flame-admin runs it on its main thread. Every response body is read with a size
+//! bound before parsing, and an error answer's [`ApiError`] text is passed through to
+//! the user unchanged, because it is the manager that knows what was wrong.
+
+use crate::error::ClientError;
+use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
+use flame_common::mgr_api::{ApiError, ClusterStatus, OsdStatus, VolumeCreate, VolumeResize};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+
+/// Largest response body accepted. A map with thousands of OSDs and volumes is a
+/// few MiB; anything larger is a wrong endpoint, not a map.
+pub const RESPONSE_BYTES_MAX: u64 = 64 << 20;
+/// Longest error text shown from a non-JSON error body.
+const ERROR_TEXT_CHARS_MAX: usize = 500;
+/// Bound on an ordinary (non-long-poll) call, connect included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A handle on one manager. Cheap to clone (the connection pool is shared).
+#[derive(Clone)]
+pub struct MgrClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for MgrClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MgrClient")
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+/// Turns `host:port` or `http://host:port[/]` into a base URL without a trailing
+/// slash.
+pub fn base_url(addr: &str) -> Result<String, ClientError> {
+    let a = addr.trim().trim_end_matches('/');
+    if a.is_empty() {
+        return Err(ClientError::InvalidArgument(
+            "manager address is empty".into(),
+        ));
+    }
+    if a.starts_with("https://") {
+        return Err(ClientError::InvalidArgument(format!(
+            "manager address `{addr}`: https is not supported; use http://HOST:PORT or HOST:PORT"
+        )));
+    }
+    let url = if a.starts_with("http://") {
+        a.to_string()
+    } else if a.contains("://") {
+        return Err(ClientError::InvalidArgument(format!(
+            "manager address `{addr}`: expected HOST:PORT or http://HOST:PORT"
+        )));
+    } else {
+        format!("http://{a}")
+    };
+    Ok(url)
+}
+
+impl MgrClient {
+    /// A client of the manager at `addr` (`host:port` or `http://host:port`).
+    pub fn new(addr: &str) -> Result<MgrClient, ClientError> {
+        let base = base_url(addr)?;
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            // Error statuses carry an ApiError body we want to show.
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(3)))
+            .build()
+            .into();
+        Ok(MgrClient { base, agent })
+    }
+
+    /// The base URL, for messages.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The current cluster map.
+    pub fn map(&self) -> Result<ClusterMap, ClientError> {
+        self.get("/v1/map", CALL_TIMEOUT)
+    }
+
+    /// A map of epoch `min_epoch` or newer, waiting up to `wait_ms` on the manager for
+    /// one to appear. A manager without long-poll support answers at once with its
+    /// current map, so callers must check the epoch they got.
+    pub fn wait_map(&self, min_epoch: u64, wait_ms: u64) -> Result<ClusterMap, ClientError> {
+        let path = format!("/v1/map?min_epoch={min_epoch}&wait_ms={wait_ms}");
+        self.get(&path, CALL_TIMEOUT + Duration::from_millis(wait_ms))
+    }
+
+    /// Cluster health and totals.
+    pub fn status(&self) -> Result<ClusterStatus, ClientError> {
+        self.get("/v1/status", CALL_TIMEOUT)
+    }
+
+    /// Every OSD with its usage.
+    pub fn osds(&self) -> Result<Vec<OsdStatus>, ClientError> {
+        self.get("/v1/osds", CALL_TIMEOUT)
+    }
+
+    /// Every volume.
+    pub fn volumes(&self) -> Result<Vec<VolumeInfo>, ClientError> {
+        self.get("/v1/volumes", CALL_TIMEOUT)
+    }
+
+    /// One volume by name.
+    pub fn volume(&self, name: &str) -> Result<VolumeInfo, ClientError> {
+        check_name(name)?;
+        self.get(&format!("/v1/volumes/{name}"), CALL_TIMEOUT)
+    }
+
+    /// Creates a volume of `size` bytes.
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo, ClientError> {
+        check_name(name)?;
+        let body = VolumeCreate {
+            name: name.to_string(),
+            size,
+        };
+        self.post("/v1/volumes", &body)
+    }
+
+    /// Resizes a volume; shrinking needs `allow_shrink` (data past the end is lost).
+    pub fn resize_volume(
+        &self,
+        name: &str,
+        size: u64,
+        allow_shrink: bool,
+    ) -> Result<VolumeInfo, ClientError> {
+        check_name(name)?;
+        let body = VolumeResize { size, allow_shrink };
+        self.post(&format!("/v1/volumes/{name}/resize"), &body)
+    }
+
+    /// Removes a volume from the map. Its objects must have been deleted from the
+    /// OSDs first ([`crate::Cluster::delete_volume_objects`]): once the volume is
+    /// gone from the map nothing knows its id any more.
+    pub fn remove_volume(&self, name: &str) -> Result<VolumeInfo, ClientError> {
+        check_name(name)?;
+        let url = self.url(&format!("/v1/volumes/{name}"));
+        let resp = self
+            .agent
+            .delete(&url)
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build()
+            .call();
+        self.finish(&url, resp)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str, timeout: Duration) -> Result<T, ClientError> {
+        let url = self.url(path);
+        let resp = self
+            .agent
+            .get(&url)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call();
+        self.finish(&url, resp)
+    }
+
+    fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let url = self.url(path);
+        let resp = self
+            .agent
+            .post(&url)
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build()
+            .send_json(body);
+        self.finish(&url, resp)
+    }
+
+    /// Reads a bounded body and turns it into `T` or the manager's error.
+    fn finish<T: DeserializeOwned>(
+        &self,
+        url: &str,
+        resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<T, ClientError> {
+        let mgr_err = |message: String| ClientError::Mgr {
+            url: url.to_string(),
+            message,
+        };
+        let mut resp = resp.map_err(|e| mgr_err(describe_ureq(&e)))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(RESPONSE_BYTES_MAX)
+            .read_to_vec()
+            .map_err(|e| mgr_err(format!("reading the answer: {}", describe_ureq(&e))))?;
+        if !(200..300).contains(&status) {
+            let message = match serde_json::from_slice::<ApiError>(&bytes) {
+                Ok(api) => api.error,
+                Err(_) => {
+                    let text = String::from_utf8_lossy(&bytes);
+                    let text: String = text.trim().chars().take(ERROR_TEXT_CHARS_MAX).collect();
+                    if text.is_empty() {
+                        "no explanation given".into()
+                    } else {
+                        text
+                    }
+                }
+            };
+            return Err(ClientError::Api { status, message });
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| mgr_err(format!("unexpected answer (is this a Flame manager?): {e}")))
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ClientError> {
+    validate_volume_name(name)
+        .map_err(|e| ClientError::InvalidArgument(format!("volume `{name}`: {e}")))?;
+    // `.` and `..` pass the alphabet check but would be path segments in the URL.
+    if name.chars().all(|c| c == '.') {
+        return Err(ClientError::InvalidArgument(format!(
+            "volume `{name}`: not a valid name"
+        )));
+    }
+    Ok(())
+}
+
+/// A user-facing description of a transport-level failure.
+fn describe_ureq(e: &ureq::Error) -> String {
+    match e {
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused (is flame-mgr running there?)".into()
+        }
+        ureq::Error::Timeout(t) => format!("timed out ({t})"),
+        ureq::Error::HostNotFound => "host not found".into(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls() {
+        assert_eq!(base_url("127.0.0.1:6800").unwrap(), "http://127.0.0.1:6800");
+        assert_eq!(base_url("http://mgr:6800/").unwrap(), "http://mgr:6800");
+        assert!(base_url("").is_err());
+        assert!(base_url("https://x:1").is_err());
+        assert!(base_url("ftp://x:1").is_err());
+    }
+
+    #[test]
+    fn names_are_checked_before_they_reach_a_url() {
+        assert!(check_name("demo-1").is_ok());
+        assert!(check_name("..").is_err());
+        assert!(check_name("a/b").is_err());
+        assert!(check_name("").is_err());
+    }
+
+    #[test]
+    fn unreachable_manager_is_a_clear_error() {
+        // A port nobody listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let c = MgrClient::new(&port.to_string()).unwrap();
+        let e = c.status().unwrap_err().to_string();
+        assert!(e.contains("refused") || e.contains("connect"), "{e}");
+    }
+}

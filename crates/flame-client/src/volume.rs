@@ -1,0 +1,264 @@
+//! A volume: byte-addressed I/O on a replicated virtual disk.
+//!
+//! Every call checks its range against the size in the *current* map, so a resize
+//! takes effect for the next request without reopening. A request is split at object
+//! boundaries and at the message bound ([`crate::split`]); its pieces go to their
+//! primaries concurrently and the call returns when all are done (or the first fails
+//! finally). Any number of calls may be in flight at once, from any number of tasks
+//! on the reactor thread.
+
+use crate::cluster::Cluster;
+use crate::error::ClientError;
+use crate::io::{self, PieceOp, piece_io};
+use crate::join::try_join_bounded;
+use crate::metrics::{self, Op};
+use crate::split::{Piece, split};
+use flame_common::ids::VolumeId;
+use flame_common::map::VolumeInfo;
+use flame_common::protocol::IO_BYTES_MAX;
+use std::time::Instant;
+
+/// Largest single read: the result is one buffer, so bound what one call may
+/// allocate. (NBD requests are at most 32 MiB.)
+pub const READ_BYTES_MAX: u64 = 1 << 30;
+/// Pieces of one request in flight at once: enough to keep every OSD of a large
+/// cluster busy, few enough that a whole-volume discard stays cheap.
+const PIECES_WINDOW: usize = 64;
+
+/// An open volume. Cheap to clone; `Send`, but its I/O methods must run on a
+/// `flame_common::reactor` thread (they use that thread's OSD connections).
+#[derive(Clone, Debug)]
+pub struct Volume {
+    cluster: Cluster,
+    id: VolumeId,
+    name: String,
+    object_size: u32,
+}
+
+impl Volume {
+    pub(crate) fn new(cluster: Cluster, info: VolumeInfo) -> Volume {
+        // The pool layout is fixed at cluster creation, so the object size cannot
+        // change under an open volume.
+        let object_size = cluster.map().pool.object_size;
+        Volume {
+            cluster,
+            id: info.id,
+            name: info.name,
+            object_size,
+        }
+    }
+
+    /// The volume's name (also its NBD export name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The volume's never-reused id.
+    pub fn id(&self) -> VolumeId {
+        self.id
+    }
+
+    /// Bytes per object.
+    pub fn object_size(&self) -> u32 {
+        self.object_size
+    }
+
+    /// The cluster this volume belongs to.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Current size in bytes, from the newest map; 0 once the volume has been
+    /// removed (or replaced by a new volume of the same name).
+    pub fn size(&self) -> u64 {
+        self.current().map_or(0, |v| v.size)
+    }
+
+    fn current(&self) -> Option<VolumeInfo> {
+        self.cluster
+            .volume_info(&self.name)
+            .filter(|v| v.id == self.id)
+    }
+
+    /// Checks `[offset, offset + length)` against the current size.
+    fn check_range(&self, offset: u64, length: u64) -> Result<(), ClientError> {
+        let Some(info) = self.current() else {
+            return Err(ClientError::NoSuchVolume(self.name.clone()));
+        };
+        match offset.checked_add(length) {
+            Some(end) if end <= info.size => Ok(()),
+            _ => Err(ClientError::OutOfRange {
+                offset,
+                length,
+                size: info.size,
+            }),
+        }
+    }
+
+    fn pieces(&self, offset: u64, length: u64) -> crate::split::Pieces {
+        split(offset, length, self.object_size, IO_BYTES_MAX)
+    }
+
+    /// Reads `length` bytes at `offset`. Never-written ranges read as zeroes.
+    pub async fn read_at(&self, offset: u64, length: usize) -> Result<Vec<u8>, ClientError> {
+        let started = Instant::now();
+        let res = self.read_inner(offset, length as u64).await;
+        metrics::record_op(Op::Read, res.is_ok(), length as u64, started.elapsed());
+        res
+    }
+
+    async fn read_inner(&self, offset: u64, length: u64) -> Result<Vec<u8>, ClientError> {
+        if length > READ_BYTES_MAX {
+            return Err(ClientError::InvalidArgument(format!(
+                "read of {length} bytes is larger than the {READ_BYTES_MAX}-byte limit"
+            )));
+        }
+        self.check_range(offset, length)?;
+        let deadline = io::deadline_from_now(&self.cluster);
+        let mut pieces = self.pieces(offset, length);
+        let first = match pieces.next() {
+            None => return Ok(Vec::new()),
+            Some(p) => p,
+        };
+        if u64::from(first.length) == length {
+            // The common case: one piece, its reply buffer is the result.
+            return piece_io(&self.cluster, self.id, first, PieceOp::Read, deadline).await;
+        }
+        let all = std::iter::once(first).chain(pieces);
+        let parts = try_join_bounded(all, PIECES_WINDOW, |p: Piece| {
+            piece_io(&self.cluster, self.id, p, PieceOp::Read, deadline)
+        })
+        .await?;
+        let mut out = Vec::with_capacity(length as usize);
+        for part in parts {
+            out.extend_from_slice(&part);
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`. With `fua`, returns only once the data is on
+    /// stable storage on every copy. The write is acknowledged only after every OSD
+    /// of each object's acting set has applied it.
+    pub async fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let res = self.write_inner(offset, Data::Borrowed(data), fua).await;
+        metrics::record_op(Op::Write, res.is_ok(), data.len() as u64, started.elapsed());
+        res
+    }
+
+    /// Like [`Volume::write_at`], taking the buffer: a write within one piece is
+    /// sent without copying it.
+    pub async fn write_vec(
+        &self,
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let len = data.len() as u64;
+        let res = self.write_inner(offset, Data::Owned(data), fua).await;
+        metrics::record_op(Op::Write, res.is_ok(), len, started.elapsed());
+        res
+    }
+
+    async fn write_inner(&self, offset: u64, data: Data<'_>, fua: bool) -> Result<(), ClientError> {
+        let length = data.as_slice().len() as u64;
+        self.check_range(offset, length)?;
+        let deadline = io::deadline_from_now(&self.cluster);
+        let mut pieces = self.pieces(offset, length);
+        let Some(first) = pieces.next() else {
+            return Ok(());
+        };
+        if u64::from(first.length) == length {
+            let data = data.into_vec();
+            let op = PieceOp::Write { data, fua };
+            return piece_io(&self.cluster, self.id, first, op, deadline)
+                .await
+                .map(|_| ());
+        }
+        let bytes = data.as_slice();
+        let all = std::iter::once(first).chain(pieces);
+        try_join_bounded(all, PIECES_WINDOW, |p: Piece| {
+            let start = p.request_offset as usize;
+            let data = bytes[start..start + p.length as usize].to_vec();
+            piece_io(
+                &self.cluster,
+                self.id,
+                p,
+                PieceOp::Write { data, fua },
+                deadline,
+            )
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Makes `[offset, offset + length)` read back as zeroes. With `fua`, stable on
+    /// every copy before returning.
+    pub async fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let res = self
+            .range_op(offset, length, || PieceOp::WriteZeroes { fua })
+            .await;
+        metrics::record_op(Op::WriteZeroes, res.is_ok(), length, started.elapsed());
+        res
+    }
+
+    /// Tells the cluster the range is no longer needed; it reads back as zeroes
+    /// afterwards (Flame guarantees that, so TRIM can be used as cheap zeroing).
+    pub async fn discard(&self, offset: u64, length: u64) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let res = self.range_op(offset, length, || PieceOp::Discard).await;
+        metrics::record_op(Op::Discard, res.is_ok(), length, started.elapsed());
+        res
+    }
+
+    async fn range_op(
+        &self,
+        offset: u64,
+        length: u64,
+        make: impl Fn() -> PieceOp,
+    ) -> Result<(), ClientError> {
+        self.check_range(offset, length)?;
+        let deadline = io::deadline_from_now(&self.cluster);
+        try_join_bounded(self.pieces(offset, length), PIECES_WINDOW, |p| {
+            piece_io(&self.cluster, self.id, p, make(), deadline)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Makes every write completed before this call — on any connection, by any
+    /// client thread — stable on every copy. See `io::flush_all` for why this is
+    /// what lets flame-nbd advertise `NBD_FLAG_CAN_MULTI_CONN`.
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        io::flush_all(&self.cluster).await
+    }
+}
+
+/// Write data, borrowed or owned, so the one-piece path can avoid a copy.
+enum Data<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Data<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Data::Borrowed(b) => b,
+            Data::Owned(v) => v,
+        }
+    }
+
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Data::Borrowed(b) => b.to_vec(),
+            Data::Owned(v) => v,
+        }
+    }
+}
