@@ -12,6 +12,8 @@
 //! Today there is one implementation, [`tcp`]. The OSD and the client only see
 //! [`Conn`] and [`Listener`]; adding a transport means adding a variant here.
 
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod tcp;
 
 use crate::protocol::{Message, ProtocolError};
