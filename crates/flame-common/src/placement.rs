@@ -94,6 +94,45 @@ pub fn locate(map: &ClusterMap, object: ObjectId) -> Location {
     }
 }
 
+/// Acting sets of every placement group of one map, computed once per epoch so the
+/// data path does an index instead of `pg_count` hash draws and a sort per request.
+#[derive(Clone, Debug)]
+pub struct PgTable {
+    epoch: crate::ids::Epoch,
+    pg_count: u32,
+    sets: Vec<Vec<OsdId>>,
+}
+
+impl PgTable {
+    /// Computes the table for `map`.
+    pub fn new(map: &ClusterMap) -> PgTable {
+        let sets = (0..map.pool.pg_count)
+            .map(|pg| pg_osds(map, PgId(pg)))
+            .collect();
+        PgTable {
+            epoch: map.epoch,
+            pg_count: map.pool.pg_count,
+            sets,
+        }
+    }
+
+    /// The epoch of the map this table was computed from.
+    pub fn epoch(&self) -> crate::ids::Epoch {
+        self.epoch
+    }
+
+    /// Acting set of `pg`, primary first; empty for a PG outside the pool.
+    pub fn osds(&self, pg: PgId) -> &[OsdId] {
+        self.sets.get(pg.0 as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Locates an object.
+    pub fn locate(&self, object: ObjectId) -> (PgId, &[OsdId]) {
+        let pg = object_pg(object, self.pg_count);
+        (pg, self.osds(pg))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +168,21 @@ mod tests {
             r#in: true,
             metrics_addr: None,
         }
+    }
+
+    #[test]
+    fn table_matches_direct_computation() {
+        let m = map_with(5, 2);
+        let t = PgTable::new(&m);
+        for pg in 0..m.pool.pg_count {
+            assert_eq!(t.osds(PgId(pg)), pg_osds(&m, PgId(pg)).as_slice());
+        }
+        let o = ObjectId {
+            volume: VolumeId(3),
+            index: 99,
+        };
+        assert_eq!(t.locate(o).1, locate(&m, o).osds.as_slice());
+        assert!(t.osds(PgId(m.pool.pg_count)).is_empty());
     }
 
     #[test]

@@ -400,6 +400,21 @@ impl Message {
         }
     }
 
+    /// The sender's map epoch.
+    pub fn epoch(&self) -> Epoch {
+        match self {
+            Message::Hello { epoch, .. }
+            | Message::Read { epoch, .. }
+            | Message::Write { epoch, .. }
+            | Message::WriteZeroes { epoch, .. }
+            | Message::Discard { epoch, .. }
+            | Message::Flush { epoch, .. }
+            | Message::DeleteVolume { epoch, .. }
+            | Message::Ping { epoch, .. }
+            | Message::Reply { epoch, .. } => *epoch,
+        }
+    }
+
     /// The header describing this message, and its payload.
     pub fn to_header(&self) -> (Header, &[u8]) {
         fn io(op: OpCode, id: RequestId, epoch: Epoch, t: &IoTarget, flags: u16) -> Header {

@@ -13,7 +13,11 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// How often the control thread checks whether a shard asked for a newer map.
+const MAP_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Largest map accepted from the manager.
 const MAP_BYTES_MAX: u64 = 64 << 20;
@@ -190,15 +194,40 @@ impl Control {
         Ok(map)
     }
 
-    /// Heartbeats forever; fetches the map whenever the manager reports a newer epoch,
-    /// and re-boots if the manager has forgotten this OSD.
-    pub fn run(mut self, id: OsdId, map: Arc<ArcSwap<ClusterMap>>) -> ! {
+    /// Heartbeats forever; fetches the map whenever the manager reports a newer epoch
+    /// or a shard saw a request from a peer with a newer map (`wanted_epoch`), and
+    /// re-boots if the manager has forgotten this OSD.
+    pub fn run(
+        mut self,
+        id: OsdId,
+        map: Arc<ArcSwap<ClusterMap>>,
+        wanted_epoch: Arc<AtomicU64>,
+    ) -> ! {
         let interval = Duration::from_millis(self.cfg.heartbeat_interval_ms);
         let mut usage = (0u64, 0u64);
         let mut usage_at: Option<Instant> = None;
         let mut id = id;
+        let mut last_heartbeat = Instant::now();
         loop {
-            std::thread::sleep(interval);
+            std::thread::sleep(MAP_CHECK_INTERVAL);
+            if wanted_epoch.load(Ordering::Relaxed) > map.load().epoch.0 {
+                // A client or peer already has a newer map: fetch it now rather than
+                // at the next heartbeat, so their retries succeed quickly.
+                match self.fetch_map() {
+                    Ok(m) => {
+                        tracing::info!(epoch = %m.epoch, "new map (asked for by a peer)");
+                        let reached = m.epoch.0;
+                        map.store(Arc::new(m));
+                        // Stop asking if the manager has nothing newer.
+                        wanted_epoch.fetch_min(reached, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!("map fetch failed: {e}"),
+                }
+            }
+            if last_heartbeat.elapsed() < interval {
+                continue;
+            }
+            last_heartbeat = Instant::now();
             if usage_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
                 usage = disk_usage(&self.cfg.data_dir);
                 usage_at = Some(Instant::now());

@@ -65,6 +65,7 @@ fn run(args: Args) -> Result<(), String> {
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
     let map = Arc::new(ArcSwap::from_pointee(map));
+    let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
     for (i, listener) in listeners.into_iter().enumerate() {
         shard::spawn(shard::ShardSetup {
@@ -72,10 +73,11 @@ fn run(args: Args) -> Result<(), String> {
             osd: osd_id,
             listener,
             map: map.clone(),
+            wanted_epoch: wanted_epoch.clone(),
             config: cfg.clone(),
             direct_io,
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }
-    control.run(osd_id, map)
+    control.run(osd_id, map, wanted_epoch)
 }

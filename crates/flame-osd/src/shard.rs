@@ -13,13 +13,14 @@ use crate::store::ObjectStore;
 use arc_swap::ArcSwap;
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::ClusterMap;
-use flame_common::placement::{object_pg, pg_osds};
+use flame_common::placement::{PgTable, object_pg};
 use flame_common::protocol::{IoTarget, Message, OpCode, flags, status};
 use flame_common::reactor::{self, Reactor, ReactorConfig};
 use flame_common::transport::{Conn, Listener};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a new connection may take to send its `Hello`.
@@ -29,7 +30,14 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Shard {
     id: u16,
     osd: OsdId,
-    map: Arc<ArcSwap<ClusterMap>>,
+    /// The map as the control thread publishes it.
+    map_source: Arc<ArcSwap<ClusterMap>>,
+    /// Highest epoch seen in a request (shared with the control thread).
+    wanted_epoch: Arc<AtomicU64>,
+    /// This shard's own copy of the current map and its placement table, refreshed
+    /// when the epoch changes. `Rc`, not `Arc`: cloning it per request touches no
+    /// cache line shared with other shards.
+    view: RefCell<Rc<MapView>>,
     store: ObjectStore,
     gate: Rc<WriteGate>,
     peers: Rc<Peers>,
@@ -49,6 +57,8 @@ pub struct ShardSetup {
     pub listener: Listener,
     /// The live map.
     pub map: Arc<ArcSwap<ClusterMap>>,
+    /// Highest epoch seen in a request; the control thread fetches it.
+    pub wanted_epoch: Arc<AtomicU64>,
     /// Configuration.
     pub config: Arc<OsdConfig>,
     /// Whether `O_DIRECT` works in the data directory.
@@ -76,7 +86,9 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
             let shard = Rc::new(Shard {
                 id,
                 osd: setup.osd,
-                map: setup.map,
+                view: RefCell::new(Rc::new(MapView::new(&setup.map.load()))),
+                map_source: setup.map,
+                wanted_epoch: setup.wanted_epoch,
                 store: ObjectStore::new(
                     &cfg.data_dir,
                     setup.direct_io,
@@ -223,16 +235,44 @@ impl Inflight {
     }
 }
 
+/// A map and the acting sets computed from it.
+pub struct MapView {
+    map: ClusterMap,
+    table: PgTable,
+}
+
+impl MapView {
+    fn new(map: &ClusterMap) -> MapView {
+        MapView {
+            map: map.clone(),
+            table: PgTable::new(map),
+        }
+    }
+}
+
 impl Shard {
+    /// The current map view; recomputed only when the epoch moved.
+    fn view(&self) -> Rc<MapView> {
+        let source = self.map_source.load();
+        let cached = self.view.borrow().clone();
+        if cached.map.epoch == source.epoch {
+            return cached;
+        }
+        let fresh = Rc::new(MapView::new(&source));
+        *self.view.borrow_mut() = fresh.clone();
+        fresh
+    }
+
     fn epoch(&self) -> Epoch {
-        self.map.load().epoch
+        self.view().map.epoch
     }
 
     fn hello(&self, hello: &Message) -> Message {
         let Message::Hello { shard, .. } = hello else {
             return hello.reply(self.epoch(), status::EINVAL);
         };
-        let map = self.map.load();
+        let view = self.view();
+        let map = &view.map;
         let shards = map.osds.get(&self.osd).map_or(0, |o| u32::from(o.shards));
         let st = if *shard == self.id {
             status::OK
@@ -251,7 +291,8 @@ impl Shard {
 
     /// Checks that `target` is well-formed and that this OSD and shard should serve
     /// it in the role the request asks for. Returns the acting set.
-    fn check(&self, map: &ClusterMap, target: &IoTarget, replica: bool) -> Result<Vec<OsdId>, i32> {
+    fn check(&self, view: &MapView, target: &IoTarget, replica: bool) -> Result<Vec<OsdId>, i32> {
+        let map = &view.map;
         let end = u64::from(target.offset) + u64::from(target.length);
         if end > u64::from(map.pool.object_size) {
             return Err(status::EINVAL);
@@ -259,7 +300,7 @@ impl Shard {
         if object_pg(target.object, map.pool.pg_count) != target.pg {
             return Err(status::EINVAL);
         }
-        let set = pg_osds(map, target.pg);
+        let set = view.table.osds(target.pg).to_vec();
         let me = map.osds.get(&self.osd).ok_or(status::ESTALE)?;
         if me.shard_of(target.pg) != self.id {
             return Err(status::ESTALE);
@@ -315,10 +356,16 @@ impl Shard {
     }
 
     async fn apply(self: &Rc<Self>, msg: Message, replica: bool) -> (i32, Vec<u8>) {
-        let map = self.map.load_full();
+        let view = self.view();
+        let map = &view.map;
+        let sender_epoch = msg.epoch();
+        if sender_epoch > map.epoch {
+            self.wanted_epoch
+                .fetch_max(sender_epoch.0, Ordering::Relaxed);
+        }
         match &msg {
             Message::Read { target, .. } => {
-                if let Err(st) = self.check(&map, target, replica) {
+                if let Err(st) = self.check(&view, target, replica) {
                     return (st, Vec::new());
                 }
                 match self
@@ -336,14 +383,14 @@ impl Shard {
             Message::Write { target, .. }
             | Message::WriteZeroes { target, .. }
             | Message::Discard { target, .. } => {
-                let set = match self.check(&map, target, replica) {
+                let set = match self.check(&view, target, replica) {
                     Ok(s) => s,
                     Err(st) => return (st, Vec::new()),
                 };
                 if replica {
                     return (self.apply_local(msg).await, Vec::new());
                 }
-                (self.replicate(&map, set, msg).await, Vec::new())
+                (self.replicate(map, set, msg).await, Vec::new())
             }
             Message::Flush { .. } => match self.store.flush().await {
                 Ok(()) => (status::OK, Vec::new()),
