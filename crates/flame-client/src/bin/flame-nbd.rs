@@ -10,10 +10,12 @@
 //! the cluster's volumes.
 
 use clap::Parser;
-use flame_client::nbd::{MemoryExports, NbdConfig, Server};
+use flame_client::nbd::{FlameExports, MemoryExports, NbdConfig, Server};
+use flame_client::{ClientConfig, ClientError, Cluster};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 /// Command line of flame-nbd.
 #[derive(Parser, Debug)]
@@ -48,15 +50,19 @@ fn main() -> ExitCode {
             }
         }
     }
-    if specs.is_empty() {
-        // Cluster mode: exports are Flame volumes (FlameExports over
-        // flame_client::Cluster/Volume). Wired in once the client library lands.
-        eprintln!(
-            "flame-nbd: serving cluster volumes is not available yet in this build; \
-             use --memory NAME=SIZE for the in-memory test mode"
-        );
-        return ExitCode::from(2);
-    }
+    // Cluster mode connects to the manager before listening, so a client that can
+    // connect can also open volumes.
+    let cluster = if specs.is_empty() {
+        match connect_cluster(&config) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("flame-nbd: cannot reach the cluster at {}: {e}", config.mgr);
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        None
+    };
     let server = match Server::bind(config.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -77,18 +83,54 @@ fn main() -> ExitCode {
     let addr = server.local_addr();
     tracing::info!(
         threads = config.thread_count(),
-        exports = specs.len(),
-        "flame-nbd (memory mode) listening on {addr}"
+        mode = if cluster.is_some() {
+            "cluster"
+        } else {
+            "memory"
+        },
+        "flame-nbd listening on {addr}"
     );
     // Tests and scripts read the bound address (useful with port 0) from stdout.
     println!("flame-nbd listening on {addr}");
     let _ = std::io::stdout().flush();
-    let exports = MemoryExports::new(specs);
-    match server.run(move |_| exports.clone()) {
+    let result = match cluster {
+        Some(cluster) => server.run(move |_| FlameExports::new(cluster.clone())),
+        None => {
+            let exports = MemoryExports::new(specs);
+            server.run(move |_| exports.clone())
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("flame-nbd: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// How long start-up keeps trying to reach the manager (it may be starting too).
+const MGR_CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Connects the client library to the cluster, retrying while the manager comes up.
+fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
+    let client = ClientConfig {
+        mgr: config.mgr.clone(),
+        transport: config.transport,
+        io_timeout_ms: config.io_timeout_ms,
+        connect_timeout_ms: config.connect_timeout_ms,
+        ..ClientConfig::default()
+    };
+    let deadline = Instant::now() + MGR_CONNECT_PATIENCE;
+    loop {
+        match Cluster::connect(client.clone()) {
+            Ok(c) => return Ok(c),
+            Err(e @ ClientError::InvalidArgument(_)) => return Err(e),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) => {
+                tracing::warn!("manager at {} not reachable yet: {e}", config.mgr);
+                std::thread::sleep(Duration::from_millis(500));
+            }
         }
     }
 }

@@ -8,7 +8,8 @@
 //! * [`transmission`] — pipelined requests, out-of-order replies, simple and
 //!   structured replies, bounded in-flight work.
 //! * [`backend`] — the [`Backend`]/[`Exports`] traits the server is generic over;
-//!   [`memory`] implements them in memory (tests, benchmarks, `--memory`).
+//!   [`flame`] serves Flame volumes through them; [`memory`] implements them in
+//!   memory (tests, benchmarks, `--memory`).
 //! * [`server`] — one reactor thread per core, each with its own `SO_REUSEPORT`
 //!   listener; a connection lives on one thread from accept to close.
 //! * [`config`], [`metrics`] — YAML settings and Prometheus metrics.
@@ -16,6 +17,7 @@
 pub mod backend;
 pub mod config;
 mod conn;
+pub mod flame;
 pub mod handshake;
 pub mod memory;
 pub mod metrics;
@@ -25,5 +27,6 @@ pub mod transmission;
 
 pub use backend::{Backend, Errno, Exports, OpenError};
 pub use config::NbdConfig;
+pub use flame::{FlameBackend, FlameExports};
 pub use memory::{MemoryBackend, MemoryExports};
 pub use server::Server;
