@@ -334,6 +334,14 @@ fn structured_replies_errors_and_pipelining() {
     let (_, _, _, cookie, p) = r.any_reply();
     assert_eq!(cookie, 10);
     assert!(p.len() == 8 + big.len() && p[8..] == big[..]);
+    // A zero-length structured read is a single NONE chunk.
+    r.request(CMD_READ, 0, 11, 0, 0, &[]);
+    let (_, f, ty, cookie, p) = r.any_reply();
+    assert_eq!(
+        (f, ty, cookie),
+        (REPLY_FLAG_DONE, u32::from(REPLY_TYPE_NONE), 11)
+    );
+    assert!(p.is_empty());
     // DISC after pipelined writes: they are answered before the close.
     r.request(CMD_WRITE, 0, 20, 0, 4, b"last");
     r.request(CMD_DISC, 0, 21, 0, 0, &[]);

@@ -38,7 +38,9 @@ pub struct NbdConfig {
     /// Most NBD connections served at once (over all threads); more are closed at
     /// accept.
     pub max_connections: usize,
-    /// Longest one backend operation may take before the request fails with EIO.
+    /// Longest one backend operation may take (retries included) before the request
+    /// fails with EIO. Enforced by the Flame client library (its `io_timeout_ms`),
+    /// which bounds every volume operation.
     pub io_timeout_ms: u64,
     /// Longest a client may take from connect to the end of negotiation.
     pub handshake_timeout_ms: u64,

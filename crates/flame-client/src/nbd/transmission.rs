@@ -245,7 +245,10 @@ async fn run_request<B: Backend>(
     let failed = result.is_err();
     match result {
         Ok(Some((offset, d))) => {
-            if s.structured {
+            if s.structured && d.is_empty() {
+                // OFFSET_DATA may not carry zero bytes: a zero-length read is a NONE.
+                conn.send(&[&encode_none_chunk(cookie)]);
+            } else if s.structured {
                 let h = encode_offset_data_header(cookie, offset, d.len() as u32);
                 conn.send_with_data(&h, d);
             } else {
