@@ -267,7 +267,7 @@ Use the 4 GiB volume "demo" (NBD export name = volume name):
       dd if=/dev/urandom of=mnt/nbd bs=1M count=16 conv=notrunc,fsync
       losetup --find --show mnt/nbd   # then mkfs.ext4 /dev/loopN and mount it (as root)
       fusermount3 -u mnt              # when done
-  nbd-client -N demo $HOST $NBD_PORT /dev/nbd0    # on a host with the nbd module (modprobe nbd)
+  nbd-client -N demo $HOST /dev/nbd0    # on a host with the nbd module (modprobe nbd; port 10809 is the default)
   qemu-system-x86_64 ... -drive file=nbd://$HOST:$NBD_PORT/demo,format=raw,cache=none
 
 Administer it (flame-admin talks to $HOST:$MGR_PORT by default):
