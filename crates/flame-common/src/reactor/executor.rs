@@ -91,6 +91,22 @@ pub(crate) struct Inner {
     overflow: RefCell<Vec<squeue::Entry>>,
     /// Eventfd read buffer (kept here so its address is stable).
     wake_buf: RefCell<Box<u64>>,
+    /// Process-unique id ([`current_id`]).
+    id: u64,
+}
+
+/// Source of reactor ids.
+static NEXT_REACTOR_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A process-unique id of the current thread's reactor, `None` off a reactor thread.
+/// Per-thread caches of reactor-bound objects (the client's OSD connections, whose
+/// reader and writer tasks live on one reactor) compare it to notice that the
+/// reactor they were built on has been replaced by a new one on the same thread.
+pub fn current_id() -> Option<u64> {
+    CURRENT
+        .try_with(|c| c.borrow().as_ref().map(|i| i.id))
+        .ok()
+        .flatten()
 }
 
 thread_local! {
@@ -286,6 +302,7 @@ impl Reactor {
             shared,
             overflow: RefCell::new(Vec::new()),
             wake_buf: RefCell::new(Box::new(0)),
+            id: NEXT_REACTOR_ID.fetch_add(1, Ordering::Relaxed),
         });
         inner.arm_wake();
         CURRENT.with(|c| {
