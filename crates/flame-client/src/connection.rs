@@ -110,6 +110,27 @@ enum Slot {
 
 thread_local! {
     static TABLE: RefCell<HashMap<ConnKey, Slot>> = RefCell::new(HashMap::new());
+    /// The reactor the table's connections were made on (see [`check_reactor`]).
+    static TABLE_REACTOR: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Empties the table if the thread's reactor is not the one its connections were
+/// made on. A connection's reader and writer are tasks of one reactor; once that
+/// reactor is dropped they never run again, so a connection surviving into a new
+/// reactor on the same thread would swallow requests until they time out.
+fn check_reactor() {
+    let now = reactor::current_id();
+    if TABLE_REACTOR.with(|r| r.replace(now)) == now {
+        return;
+    }
+    let stale: Vec<Slot> = TABLE.with(|t| t.borrow_mut().drain().map(|(_, s)| s).collect());
+    for slot in stale {
+        if let Slot::Ready(c) = slot {
+            c.fail(&ConnError::lost(
+                "the reactor of this connection was replaced",
+            ));
+        }
+    }
 }
 
 /// Removes a pending request when its caller stops waiting (reply, timeout or
@@ -215,8 +236,20 @@ impl OsdConn {
     }
 }
 
+/// Fails its connection when the reader task ends or is dropped — including when
+/// the reactor it ran on is torn down, so a later reactor on the same thread never
+/// picks up a connection nobody reads.
+struct ReaderGuard(Rc<OsdConn>);
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        self.0.fail(&ConnError::lost("connection reader stopped"));
+    }
+}
+
 /// The reader task of a connection: dispatches replies until the connection fails.
 async fn reader(c: Rc<OsdConn>) {
+    let _guard = ReaderGuard(c.clone());
     loop {
         let msg = c.conn.recv().await;
         let err = match msg {
@@ -274,6 +307,7 @@ pub(crate) async fn get(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         Wait(oneshot::Receiver<Result<Rc<OsdConn>, ConnError>>),
         Stale(Rc<OsdConn>),
     }
+    check_reactor();
     let found = TABLE.with(|t| {
         let mut t = t.borrow_mut();
         match t.get_mut(&target.key) {

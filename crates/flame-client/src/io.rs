@@ -178,21 +178,20 @@ pub(crate) async fn piece_io(
         index: piece.object_index,
     };
     let mut backoff = Backoff::new(deadline);
+    let mut last: Option<String> = None;
     loop {
         let map = cluster.map();
         let attempt = piece_try(cluster, &map, object, piece, &mut op);
         let t = match bounded(deadline, attempt).await {
             None => {
-                return Err(timeout(
-                    cluster,
-                    op_name,
-                    "no answer from the OSD in time".into(),
-                ));
+                let why = last.unwrap_or_else(|| "no answer from the OSD in time".into());
+                return Err(timeout(cluster, op_name, why));
             }
             Some(Try::Done(data)) => return Ok(data),
             Some(Try::Fail(e)) => return Err(e),
             Some(Try::Retry(t)) => t,
         };
+        last = Some(t.message.clone());
         back_off(cluster, &mut backoff, op_name, t).await?;
     }
 }
@@ -315,6 +314,7 @@ async fn shard_call(
     deadline: Instant,
 ) -> Result<(), ClientError> {
     let mut backoff = Backoff::new(deadline);
+    let mut last: Option<String> = None;
     loop {
         let map = cluster.map();
         let Some(info) = map.osds.get(&osd) else {
@@ -367,17 +367,16 @@ async fn shard_call(
             };
             match bounded(deadline, attempt).await {
                 None => {
-                    return Err(timeout(
-                        cluster,
-                        op.name(),
-                        format!("no answer from {osd} shard {shard} in time"),
-                    ));
+                    let why = last
+                        .unwrap_or_else(|| format!("no answer from {osd} shard {shard} in time"));
+                    return Err(timeout(cluster, op.name(), why));
                 }
                 Some(Try::Done(())) => return Ok(()),
                 Some(Try::Fail(e)) => return Err(e),
                 Some(Try::Retry(t)) => t,
             }
         };
+        last = Some(t.message.clone());
         back_off(cluster, &mut backoff, op.name(), t).await?;
     }
 }
