@@ -1,0 +1,142 @@
+//! The documented example configurations (deploy/examples/*.yaml, every key with its
+//! default) are accepted by the daemons: a renamed or removed key fails here, since
+//! every daemon rejects unknown keys. Only addresses and paths are changed, so the
+//! daemons can run side by side with anything else on the machine.
+
+use flame_tests::{bin_dir, free_ports, http_get};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Running(Child, String);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn example(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/examples")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Replaces the value of top-level `key:` lines; panics if the key is not there
+/// (the example must document it).
+fn set(yaml: &str, key: &str, value: &str) -> String {
+    let prefix = format!("{key}:");
+    let mut found = false;
+    let out: Vec<String> = yaml
+        .lines()
+        .map(|l| {
+            if l.starts_with(&prefix) {
+                found = true;
+                format!("{prefix} {value}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert!(found, "example lacks top-level key `{key}`");
+    out.join("\n") + "\n"
+}
+
+fn start(bin: &str, config: PathBuf, log: &Path) -> Running {
+    let log_file = std::fs::File::create(log).unwrap();
+    let child = Command::new(bin_dir().join(bin))
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e} (cargo build --workspace --bins)"));
+    Running(child, log.display().to_string())
+}
+
+fn wait_for(what: &str, daemon: &mut Running, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        if let Ok(Some(status)) = daemon.0.try_wait() {
+            panic!(
+                "{what} exited ({status}) with the example config:\n{}",
+                std::fs::read_to_string(&daemon.1).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready in 30 s:\n{}",
+            std::fs::read_to_string(&daemon.1).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn example_configs_start_the_daemons() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let lo = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+    let quoted = |p: &Path| format!("\"{}\"", p.display());
+
+    let mgr_addr = lo(free_ports(1));
+    let mgr_yaml = set(&example("mgr.yaml"), "listen", &mgr_addr.to_string());
+    let mgr_yaml = set(&mgr_yaml, "data_dir", &quoted(&d.join("mgr")));
+    std::fs::write(d.join("mgr.yaml"), mgr_yaml).unwrap();
+    let mut mgr = start("flame-mgr", d.join("mgr.yaml"), &d.join("mgr.log"));
+    wait_for("flame-mgr", &mut mgr, || {
+        http_get(mgr_addr, "/v1/status").is_ok_and(|(c, _)| c == 200)
+    });
+
+    // shards: 0 means one per core: reserve that many consecutive ports.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u16;
+    let osd_addr = lo(free_ports(cores));
+    let mut osd_yaml = set(&example("osd.yaml"), "mgr", &mgr_addr.to_string());
+    osd_yaml = set(&osd_yaml, "listen", &osd_addr.to_string());
+    osd_yaml = set(&osd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
+    osd_yaml = set(&osd_yaml, "data_dir", &quoted(&d.join("osd")));
+    std::fs::write(d.join("osd.yaml"), osd_yaml).unwrap();
+    let mut osd = start("flame-osd", d.join("osd.yaml"), &d.join("osd.log"));
+    wait_for("flame-osd", &mut osd, || {
+        http_get(mgr_addr, "/v1/osds").is_ok_and(|(c, body)| {
+            c == 200 && body.contains(&osd_addr.to_string()) && body.contains("\"up\":true")
+        })
+    });
+
+    let nbd_addr = lo(free_ports(1));
+    let mut nbd_yaml = set(&example("nbd.yaml"), "mgr", &mgr_addr.to_string());
+    nbd_yaml = set(&nbd_yaml, "listen", &nbd_addr.to_string());
+    nbd_yaml = set(&nbd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
+    std::fs::write(d.join("nbd.yaml"), nbd_yaml).unwrap();
+    let mut nbd = start("flame-nbd", d.join("nbd.yaml"), &d.join("nbd.log"));
+    wait_for("flame-nbd", &mut nbd, || {
+        TcpStream::connect_timeout(&nbd_addr, Duration::from_millis(300)).is_ok()
+    });
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (bin, key) in [
+        ("flame-mgr", "heartbeat_grace"),
+        ("flame-osd", "shard"),
+        ("flame-nbd", "thread"),
+    ] {
+        let cfg = dir.path().join(format!("{bin}.yaml"));
+        std::fs::write(&cfg, format!("{key}: 1\n")).unwrap();
+        let out = flame_tests::run_bounded(
+            Command::new(bin_dir().join(bin)).arg("--config").arg(&cfg),
+            Duration::from_secs(30),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bin} accepted unknown key {key}");
+        assert!(
+            err.contains(key),
+            "{bin}: error does not name `{key}`: {err}"
+        );
+    }
+}
