@@ -184,8 +184,14 @@ poll_mode: interrupt"
 start_daemon() {
     local name="$1" bin p
     bin="$BIN/$(binary_of "$name")"
+    # A daemon killed a moment ago may hold its ports for a few milliseconds more
+    # (the kernel tears down its io_uring asynchronously): allow a short grace.
+    local deadline=$((SECONDS + 5))
     for p in $(ports_of "$name"); do
-        port_in_use "$p" && die "port $p (needed by $name) is in use by another process; stop it first"
+        while port_in_use "$p"; do
+            ((SECONDS < deadline)) || die "port $p (needed by $name) is in use by another process; stop it first"
+            sleep 0.1
+        done
     done
     rm -f "$(pidfile "$name")"
     echo "==== $(date -Is) dev-cluster.sh: starting $name ====" >>"$(logfile "$name")"
@@ -238,10 +244,13 @@ wait_ready() {
         }
         sleep 0.3
     done
-    while ! port_in_use "$NBD_PORT"; do
-        check_alive
-        ((SECONDS < deadline)) || die "flame-nbd not listening on $NBD_PORT after ${TIMEOUT_S}s"
-        sleep 0.2
+    local p
+    for p in $(ports_of osd.0) $(ports_of osd.1) $(ports_of osd.2) "$NBD_PORT"; do
+        while ! port_in_use "$p"; do
+            check_alive
+            ((SECONDS < deadline)) || die "nothing listens on port $p after ${TIMEOUT_S}s (logs: $DIR/logs/)"
+            sleep 0.2
+        done
     done
 }
 

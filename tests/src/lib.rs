@@ -113,17 +113,49 @@ struct Daemon {
     binary: PathBuf,
     config: PathBuf,
     log: PathBuf,
+    /// Every address the daemon listens on.
+    ports: Vec<SocketAddr>,
     child: Option<Child>,
 }
 
+/// How long a restart waits for the ports of a killed daemon to become free.
+const PORT_RELEASE_TIMEOUT: Duration = Duration::from_secs(15);
+
 impl Daemon {
-    fn new(name: &str, binary: PathBuf, config: PathBuf, log: PathBuf) -> Daemon {
+    fn new(
+        name: &str,
+        binary: PathBuf,
+        config: PathBuf,
+        log: PathBuf,
+        ports: Vec<SocketAddr>,
+    ) -> Daemon {
         Daemon {
             name: name.to_string(),
             binary,
             config,
             log,
+            ports,
             child: None,
+        }
+    }
+
+    /// Waits until every listening address of the daemon can be bound again. A
+    /// process killed with io_uring requests in flight (an accept on its listener)
+    /// releases its sockets only when the kernel's deferred ring teardown has run,
+    /// which can be after the process was reaped; a restart in that window would
+    /// fail with EADDRINUSE.
+    fn wait_ports_free(&self) {
+        let deadline = Instant::now() + PORT_RELEASE_TIMEOUT;
+        for addr in &self.ports {
+            while let Err(e) = TcpListener::bind(addr) {
+                if Instant::now() > deadline {
+                    panic!(
+                        "{}: {addr} still in use {PORT_RELEASE_TIMEOUT:?} after the old process died: {e}",
+                        self.name
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 
@@ -133,6 +165,7 @@ impl Daemon {
             "{} is already running; kill it first",
             self.name
         );
+        self.wait_ports_free();
         let mut log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -292,6 +325,7 @@ impl TestCluster {
             binary(&bin_dir, "flame-mgr"),
             write_config(&root, "mgr.yaml", &mgr_yaml),
             root.join("mgr.log"),
+            vec![mgr_addr],
         );
 
         let mut osds = Vec::new();
@@ -322,6 +356,10 @@ impl TestCluster {
                 binary(&bin_dir, "flame-osd"),
                 write_config(&root, &format!("{name}.yaml"), &yaml),
                 root.join(format!("{name}.log")),
+                (0..opts.shards)
+                    .map(|s| loopback(addrs.data.port() + s))
+                    .chain([addrs.metrics])
+                    .collect(),
             ));
             osd_addrs.push(addrs);
         }
@@ -343,6 +381,7 @@ impl TestCluster {
                 binary(&bin_dir, "flame-nbd"),
                 write_config(&root, "nbd.yaml", &yaml),
                 root.join("nbd.log"),
+                vec![listen, metrics],
             ));
             nbd_addr = Some(listen);
             nbd_metrics_addr = Some(metrics);

@@ -1,0 +1,152 @@
+//! Garbage on every listening port — the manager API, every OSD shard port, the NBD
+//! port and every metrics port — leaves every daemon running and serving.
+
+use flame_common::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
+use flame_common::protocol::{IoTarget, Message, PAYLOAD_BYTES_MAX};
+use flame_tests::{ClusterOptions, Endpoint, PortKind, TestCluster, http_get, pattern};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::time::Duration;
+
+fn connect(ep: &Endpoint) -> TcpStream {
+    let s = TcpStream::connect_timeout(&ep.addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{} ({}) does not accept: {e}", ep.name, ep.addr));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// Sends `bytes`, then reads until the peer closes or goes quiet; returns nothing.
+/// The peer may close at any point (that is a valid answer to garbage), so write
+/// errors are fine.
+fn blast(ep: &Endpoint, bytes: &[u8]) {
+    let mut s = connect(ep);
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        match s.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn valid_write_header(len: u32) -> Vec<u8> {
+    let msg = Message::Write {
+        id: RequestId(1),
+        epoch: Epoch(1),
+        target: IoTarget {
+            pg: PgId(0),
+            object: ObjectId {
+                volume: VolumeId(1),
+                index: 0,
+            },
+            offset: 0,
+            length: len,
+        },
+        flags: 0,
+        data: vec![0; len as usize],
+    };
+    msg.to_header().0.encode().to_vec()
+}
+
+fn garbage_inputs() -> Vec<(&'static str, Vec<u8>)> {
+    let header = valid_write_header(4096);
+    vec![
+        ("random bytes", pattern(42, 64 * 1024)),
+        ("half a Flame header", header[..32].to_vec()),
+        // A well-formed header announcing a payload that never comes.
+        ("header without its payload", {
+            let mut v = valid_write_header(PAYLOAD_BYTES_MAX);
+            v.extend_from_slice(&[7u8; 100]);
+            v
+        }),
+        ("a Flame header with a corrupted checksum", {
+            let mut v = header.clone();
+            v[60] ^= 0xff;
+            v
+        }),
+        (
+            "HTTP garbage",
+            b"GET /\x00\xff HTTP/9.9\r\nContent-Length: 99999999999\r\n\r\nxx".to_vec(),
+        ),
+        ("NBD-like garbage", {
+            let mut v = b"IHAVEOPT".to_vec();
+            v.extend_from_slice(&[0, 0, 0, 7, 0xff, 0xff, 0xff, 0xff]);
+            v.extend_from_slice(&pattern(7, 1000));
+            v
+        }),
+        ("one byte", vec![0]),
+        ("nothing", vec![]),
+    ]
+}
+
+fn assert_serving(cluster: &mut TestCluster, after: &str) {
+    cluster.assert_all_running();
+    let st = cluster.status();
+    assert_eq!(st.osds_up, 3, "after {after}: {st:?}");
+    for ep in cluster.endpoints() {
+        if ep.kind == PortKind::Metrics {
+            let (code, body) = http_get(ep.addr, "/metrics")
+                .unwrap_or_else(|e| panic!("after {after}: {}: {e}", ep.name));
+            assert_eq!(code, 200, "after {after}: {}", ep.name);
+            assert!(body.contains("flame_"), "after {after}: {}", ep.name);
+        }
+    }
+    cluster.qemu_io(
+        "g",
+        &[
+            "write -P 0x66 4190208 8192",
+            "read -P 0x66 4190208 8192",
+            "read -P 0x55 0 4096",
+        ],
+    );
+}
+
+#[test]
+fn garbage_on_every_port_leaves_the_cluster_serving() {
+    let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    cluster.create_volume("g", 16 << 20);
+    cluster.wait_nbd_export("g");
+    cluster.qemu_io("g", &["write -P 0x55 0 4096"]);
+    let endpoints = cluster.endpoints();
+    assert!(
+        endpoints.iter().any(|e| e.kind == PortKind::OsdData)
+            && endpoints.iter().any(|e| e.kind == PortKind::Nbd)
+            && endpoints.iter().any(|e| e.kind == PortKind::MgrApi)
+            && endpoints
+                .iter()
+                .filter(|e| e.kind == PortKind::Metrics)
+                .count()
+                == 4,
+        "{endpoints:?}"
+    );
+
+    for (what, bytes) in garbage_inputs() {
+        for ep in &endpoints {
+            blast(ep, &bytes);
+        }
+        assert_serving(&mut cluster, what);
+    }
+
+    // Stalled peers: half-sent garbage held open on every port while others work.
+    let stalled: Vec<TcpStream> = endpoints
+        .iter()
+        .map(|ep| {
+            let mut s = connect(ep);
+            let _ = s.write_all(&valid_write_header(4096)[..20]);
+            s
+        })
+        .collect();
+    assert_serving(&mut cluster, "stalled half-sent connections");
+    drop(stalled);
+
+    // Many connections at once that vanish immediately.
+    for ep in &endpoints {
+        let conns: Vec<TcpStream> = (0..50).map(|_| connect(ep)).collect();
+        drop(conns);
+    }
+    assert_serving(&mut cluster, "50 connections opened and dropped per port");
+}

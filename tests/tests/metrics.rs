@@ -1,0 +1,126 @@
+//! Every daemon serves Prometheus text on its metrics address, with the metrics the
+//! issue names; values follow what the cluster did.
+
+use flame_tests::{ClusterOptions, TestCluster, http_get};
+use std::net::SocketAddr;
+
+fn scrape(addr: SocketAddr, who: &str) -> String {
+    let (code, body) =
+        http_get(addr, "/metrics").unwrap_or_else(|e| panic!("{who} metrics at {addr}: {e}"));
+    assert_eq!(code, 200, "{who} metrics at {addr}: HTTP {code}\n{body}");
+    body
+}
+
+/// Sum of every sample of `name` (all label sets) in Prometheus text, or None if
+/// the metric has no samples.
+fn sum_samples(text: &str, name: &str) -> Option<f64> {
+    let mut found = false;
+    let mut sum = 0.0;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue; // another metric with this prefix (name_bucket, ...)
+        }
+        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let Some(v) = value {
+            found = true;
+            sum += v;
+        }
+    }
+    found.then_some(sum)
+}
+
+/// Sum of the samples of `name` whose label set contains `label` (e.g.
+/// `op="write"`), or None if there is none.
+fn sum_with(text: &str, name: &str, label: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let Some(labels_end) = rest.strip_prefix('{').and_then(|r| r.find('}')) else {
+            continue;
+        };
+        if !rest[..labels_end + 1].contains(label) {
+            continue;
+        }
+        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+#[test]
+fn every_daemon_serves_its_metrics() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    cluster.create_volume("m", 16 << 20);
+    cluster.create_volume("m2", 1 << 30);
+    cluster.wait_nbd_export("m");
+    // Some I/O, so per-op counters have samples.
+    cluster.qemu_io(
+        "m",
+        &[
+            "write -P 0x1 0 1M",
+            "read -P 0x1 0 1M",
+            "write -P 0x2 4194304 65536",
+            "flush",
+        ],
+    );
+    let status = cluster.status();
+
+    // Manager: on its API address.
+    let mgr = scrape(cluster.mgr_addr(), "mgr");
+    for name in ["flame_mgr_map_epoch", "flame_mgr_osds", "flame_mgr_volumes"] {
+        assert!(mgr.contains(name), "mgr metrics lack {name}:\n{mgr}");
+    }
+    assert_eq!(
+        sum_samples(&mgr, "flame_mgr_map_epoch"),
+        Some(status.epoch.0 as f64),
+        "map epoch metric must equal the status epoch"
+    );
+    assert_eq!(sum_samples(&mgr, "flame_mgr_volumes"), Some(2.0));
+    assert_eq!(
+        sum_with(&mgr, "flame_mgr_osds", "state=\"up\""),
+        Some(3.0),
+        "flame_mgr_osds{{state=\"up\"}} must be 3:\n{mgr}"
+    );
+
+    // OSDs: every one served writes (3 replicas of everything on 3 OSDs).
+    for i in 0..cluster.osd_count() {
+        let text = scrape(cluster.osd_metrics_addr(i), &format!("osd.{i}"));
+        assert!(
+            text.contains("flame_osd_ops_total"),
+            "osd.{i} lacks flame_osd_ops_total:\n{text}"
+        );
+        let writes = sum_with(&text, "flame_osd_ops_total", "op=\"write\"").unwrap_or(0.0);
+        assert!(writes > 0.0, "osd.{i}: no writes counted:\n{text}");
+    }
+
+    // flame-nbd.
+    let nbd = scrape(cluster.nbd_metrics_addr(), "nbd");
+    assert!(nbd.contains("flame_nbd_ops_total"), "{nbd}");
+    let reads = sum_with(&nbd, "flame_nbd_ops_total", "op=\"read\"").unwrap_or(0.0);
+    let writes = sum_with(&nbd, "flame_nbd_ops_total", "op=\"write\"").unwrap_or(0.0);
+    assert!(reads > 0.0 && writes > 0.0, "nbd op counters:\n{nbd}");
+
+    // Only /metrics is served on the metrics ports.
+    let (code, _) = http_get(cluster.osd_metrics_addr(0), "/nope").unwrap();
+    assert_eq!(code, 404);
+}
+
+#[test]
+fn metric_parsing_helpers() {
+    let text = "# HELP x\nx_total{op=\"read\",s=\"0\"} 3\nx_total{op=\"write\",s=\"0\"} 4\n\
+                x_total{op=\"write\",s=\"1\"} 5\nx_total{op=\"write_zeroes\"} 6\nx_total_other 9\nx 1\n";
+    assert_eq!(sum_samples(text, "x_total"), Some(18.0));
+    assert_eq!(sum_samples(text, "x"), Some(1.0));
+    assert_eq!(sum_samples(text, "y"), None);
+    assert_eq!(sum_with(text, "x_total", "op=\"write\""), Some(9.0));
+    assert_eq!(sum_with(text, "x_total", "op=\"flush\""), None);
+}
