@@ -193,6 +193,12 @@ impl Cluster {
         self.inner.shared.map.load_full()
     }
 
+    /// Runs `f` on the newest map without taking a reference count (the data
+    /// path's per-request checks).
+    pub fn with_map<R>(&self, f: impl FnOnce(&ClusterMap) -> R) -> R {
+        f(&self.inner.shared.map.load())
+    }
+
     /// The current epoch.
     pub fn epoch(&self) -> Epoch {
         self.inner.shared.map.load().epoch

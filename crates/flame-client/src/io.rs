@@ -21,11 +21,12 @@ use crate::join::try_join_bounded;
 use crate::metrics::{self, Op};
 use crate::retry::{Backoff, RetryReason, Verdict, classify};
 use crate::split::Piece;
-use flame_common::ids::{ObjectId, OsdId, RequestId, VolumeId};
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo};
 use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, flags};
 use flame_common::reactor;
+use std::cell::RefCell;
 use std::time::Instant;
 
 /// Most shard calls (flush, delete) in flight at once for one operation.
@@ -138,6 +139,49 @@ fn target_for(cluster: &Cluster, map: &ClusterMap, osd: &OsdInfo, shard: u16) ->
     }
 }
 
+/// This thread's primaries of the map it saw last: placement ranks every `in` OSD
+/// per placement group, which is worth doing once per PG and epoch rather than once
+/// per request.
+struct PrimaryCache {
+    cluster: u64,
+    epoch: Epoch,
+    /// By PG: `UNKNOWN`, `NONE` (no OSD in) or the primary's id.
+    primaries: Vec<u32>,
+}
+
+const UNKNOWN: u32 = u32::MAX;
+const NONE: u32 = u32::MAX - 1;
+
+thread_local! {
+    static PRIMARIES: RefCell<PrimaryCache> = const {
+        RefCell::new(PrimaryCache {
+            cluster: 0,
+            epoch: Epoch(0),
+            primaries: Vec::new(),
+        })
+    };
+}
+
+/// The primary of `pg` in `map` (the first OSD of its acting set).
+fn primary_of(cluster: &Cluster, map: &ClusterMap, pg: PgId) -> Option<OsdId> {
+    PRIMARIES.with(|c| {
+        let mut c = c.borrow_mut();
+        // A map is published once per epoch per cluster, so (cluster, epoch) names
+        // its content.
+        if c.cluster != cluster.uid() || c.epoch != map.epoch {
+            c.cluster = cluster.uid();
+            c.epoch = map.epoch;
+            c.primaries.clear();
+            c.primaries.resize(map.pool.pg_count as usize, UNKNOWN);
+        }
+        let slot = c.primaries.get_mut(pg.0 as usize)?;
+        if *slot == UNKNOWN {
+            *slot = placement::pg_osds(map, pg).first().map_or(NONE, |o| o.0);
+        }
+        (*slot != NONE).then_some(OsdId(*slot))
+    })
+}
+
 /// Gives `msg` the request id `new` (ids are per connection, so they are only known
 /// once the connection is).
 fn set_id(msg: &mut Message, new: RequestId) {
@@ -204,22 +248,22 @@ async fn piece_try(
     piece: Piece,
     op: &mut PieceOp,
 ) -> Try<Vec<u8>> {
-    let loc = placement::locate(map, object);
-    let Some(primary) = loc.osds.first().and_then(|id| map.osds.get(id)) else {
+    let pg = placement::object_pg(object, map.pool.pg_count);
+    let Some(primary) = primary_of(cluster, map, pg).and_then(|id| map.osds.get(&id)) else {
         return Try::Retry(Transient {
             reason: RetryReason::NoOsds,
-            message: format!("no OSD is in for {} ({object})", loc.pg),
+            message: format!("no OSD is in for {pg} ({object})"),
         });
     };
     if !primary.up {
         return Try::Retry(Transient {
             reason: RetryReason::OsdDown,
-            message: format!("{} (primary of {}) is down", primary.id, loc.pg),
+            message: format!("{} (primary of {pg}) is down", primary.id),
         });
     }
-    let target = target_for(cluster, map, primary, primary.shard_of(loc.pg));
+    let target = target_for(cluster, map, primary, primary.shard_of(pg));
     let io = IoTarget {
-        pg: loc.pg,
+        pg,
         object,
         offset: piece.object_offset,
         length: piece.length,

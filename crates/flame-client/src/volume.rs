@@ -71,26 +71,30 @@ impl Volume {
     /// Current size in bytes, from the newest map; 0 once the volume has been
     /// removed (or replaced by a new volume of the same name).
     pub fn size(&self) -> u64 {
-        self.current().map_or(0, |v| v.size)
+        self.current_size().unwrap_or(0)
     }
 
-    fn current(&self) -> Option<VolumeInfo> {
-        self.cluster
-            .volume_info(&self.name)
-            .filter(|v| v.id == self.id)
+    /// The size in the newest map, `None` if the volume is no longer there.
+    fn current_size(&self) -> Option<u64> {
+        self.cluster.with_map(|m| {
+            m.volumes
+                .get(&self.name)
+                .filter(|v| v.id == self.id)
+                .map(|v| v.size)
+        })
     }
 
     /// Checks `[offset, offset + length)` against the current size.
     fn check_range(&self, offset: u64, length: u64) -> Result<(), ClientError> {
-        let Some(info) = self.current() else {
+        let Some(size) = self.current_size() else {
             return Err(ClientError::NoSuchVolume(self.name.clone()));
         };
         match offset.checked_add(length) {
-            Some(end) if end <= info.size => Ok(()),
+            Some(end) if end <= size => Ok(()),
             _ => Err(ClientError::OutOfRange {
                 offset,
                 length,
-                size: info.size,
+                size,
             }),
         }
     }

@@ -217,9 +217,11 @@ fn status(mgr: &MgrClient, as_json: bool) -> Result<String> {
     if as_json {
         return json(&s);
     }
+    // Detail lines go under the health value: keys are padded to "volumes" + 2.
+    let indent = " ".repeat("volumes".len() + 2);
     let mut health = s.health.clone();
     for d in &s.health_detail {
-        health.push_str(&format!("\n{:10}- {d}", ""));
+        health.push_str(&format!("\n{indent}- {d}"));
     }
     Ok(fields(&[
         ("cluster", s.fsid.clone()),
@@ -376,7 +378,7 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
                 .map(|v| {
                     vec![
                         v.name.clone(),
-                        v.id.0.to_string(),
+                        v.id.to_string(),
                         format_size(v.size),
                         v.objects.to_string(),
                         utc_time(v.created_unix),
