@@ -68,7 +68,12 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.refresh_cv.notify_all();
+        // Notify under each condvar's mutex, so a thread between its check of `stop`
+        // and its wait cannot miss the wake-up.
+        {
+            let _g = self.shared.refresh_requested.lock();
+            self.shared.refresh_cv.notify_all();
+        }
         let _g = self.shared.stop_lock.lock();
         self.shared.stop_cv.notify_all();
     }

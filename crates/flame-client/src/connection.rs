@@ -12,6 +12,7 @@
 //! opens a new one. Requests are idempotent at the same offset, so the retry loop
 //! may resend them there.
 
+use crate::deadline::Deadline;
 use crate::metrics;
 use crate::retry::RetryReason;
 use flame_common::ids::{Epoch, OsdId, RequestId};
@@ -24,7 +25,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Requests in flight on one connection at most; matches the OSD's default
 /// `max_inflight_per_connection`, so a busy client queues here instead of being
@@ -355,7 +356,7 @@ pub(crate) async fn get(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
 async fn connect_task(target: Target) {
     let attempt = open(&target);
     let expire = async {
-        reactor::sleep(target.timeout).await;
+        Deadline::at(Instant::now() + target.timeout).await;
         Err(ConnError::lost(format!(
             "connecting to {} ({} shard {}) timed out",
             target.addr, target.key.osd, target.key.shard

@@ -16,6 +16,7 @@
 
 use crate::cluster::Cluster;
 use crate::connection::{self, ConnError, ConnKey, Reply, Target};
+use crate::deadline::Deadline;
 use crate::error::ClientError;
 use crate::join::try_join_bounded;
 use crate::metrics::{self, Op};
@@ -112,12 +113,11 @@ async fn bounded<T>(
     deadline: Instant,
     attempt: impl std::future::Future<Output = Try<T>>,
 ) -> Option<Try<T>> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
+    if Instant::now() >= deadline {
         return None;
     }
     let expire = async {
-        reactor::sleep(left).await;
+        Deadline::at(deadline).await;
         None
     };
     futures_lite::future::or(async { Some(attempt.await) }, expire).await

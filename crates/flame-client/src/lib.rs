@@ -36,6 +36,7 @@ pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod connection;
+pub mod deadline;
 pub mod error;
 mod io;
 mod join;
