@@ -164,6 +164,8 @@ fn replies_out_of_order_are_matched_by_id() {
         for r in readers {
             r.await;
         }
+        // Finished requests leave no timers behind.
+        assert_eq!(flame_client::deadline::pending(), 0);
     });
     assert_eq!(
         state.hellos.load(Ordering::SeqCst),
