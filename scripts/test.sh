@@ -84,8 +84,8 @@ section "cargo build --workspace --bins"
 # The integration tests (tests/) start these binaries, so they are built first.
 cargo build --workspace --bins
 
-section "cargo test --workspace"
-cargo test --workspace
+section "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast
 
 section "cargo check -p flame-common --features rdma"
 cargo check -p flame-common --features rdma
