@@ -493,6 +493,54 @@ mod tests {
         });
     }
 
+    /// Unmounts a test mount, even when the test panics.
+    struct Mount(PathBuf);
+    impl Drop for Mount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn direct_io_probe_falls_back_where_unsupported() {
+        // ramfs has no O_DIRECT (tmpfs gained it in Linux 6.6, so it no longer
+        // serves). Mounting needs root, which the test command runs as.
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("ramfs");
+        std::fs::create_dir(&mnt).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "ramfs", "ramfs"])
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(
+            ok.success(),
+            "mount -t ramfs failed: this test needs root (scripts/test.sh runs as root)"
+        );
+        let _mount = Mount(mnt.clone());
+        assert!(!probe_direct_io(&mnt, DirectIo::Auto).unwrap());
+        let err = probe_direct_io(&mnt, DirectIo::On).unwrap_err();
+        assert!(err.to_string().contains("O_DIRECT"), "{err}");
+        assert!(!probe_direct_io(&mnt, DirectIo::Off).unwrap());
+        // On a file system with O_DIRECT, auto uses it.
+        assert!(
+            probe_direct_io(dir.path(), DirectIo::Auto).unwrap() || cfg!(not(target_os = "linux"))
+        );
+        // The store works without it.
+        let path = mnt.clone();
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let s = ObjectStore::new(&path, false, 16);
+            s.write(obj(1), 4096, vec![1; 4096], true).await.unwrap();
+            s.zero(obj(1), 4096, 100, false).await.unwrap();
+            let back = s.read(obj(1), 4096, 4096).await.unwrap();
+            assert!(back[..100].iter().all(|&b| b == 0));
+            assert!(back[100..].iter().all(|&b| b == 1));
+            s.flush().await.unwrap();
+        })
+        .unwrap();
+    }
+
     #[test]
     fn open_file_cache_is_bounded() {
         with_store(false, async |s, _| {
