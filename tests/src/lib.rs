@@ -58,6 +58,14 @@ pub struct ClusterOptions {
     pub heartbeat_grace_ms: u64,
     /// The pool's placement-group count.
     pub pg_count: u32,
+    /// The OSDs' `heartbeat_interval_ms` (how often they report, and so how soon
+    /// they notice a new map epoch on their own).
+    pub osd_heartbeat_interval_ms: u64,
+    /// Start the OSDs one after the other, each only once the previous one is
+    /// registered (as on a real cluster whose machines boot at different times),
+    /// instead of all at once. Each OSD then boots with a map that lacks the later
+    /// ones.
+    pub osds_one_by_one: bool,
 }
 
 impl Default for ClusterOptions {
@@ -68,6 +76,8 @@ impl Default for ClusterOptions {
             nbd: false,
             heartbeat_grace_ms: 6000,
             pg_count: 128,
+            osd_heartbeat_interval_ms: 500,
+            osds_one_by_one: false,
         }
     }
 }
@@ -344,11 +354,12 @@ impl TestCluster {
                  host: \"test-host-{i}\"\n\
                  shards: {}\n\
                  poll_mode: interrupt\n\
-                 heartbeat_interval_ms: 500\n",
+                 heartbeat_interval_ms: {}\n",
                 addrs.data,
                 addrs.metrics,
                 root.join(format!("osd.{i}")).display(),
                 opts.shards,
+                opts.osd_heartbeat_interval_ms,
             );
             let name = format!("osd.{i}");
             osds.push(Daemon::new(
@@ -403,11 +414,18 @@ impl TestCluster {
         let since = Instant::now();
         cluster.mgr.start();
         cluster.wait_mgr();
-        for osd in &mut cluster.osds {
-            osd.start();
-        }
-        for i in 0..cluster.osds.len() {
-            cluster.wait_osd_ready(i, since);
+        if cluster.opts.osds_one_by_one {
+            for i in 0..cluster.osds.len() {
+                cluster.osds[i].start();
+                cluster.wait_osd_ready(i, since);
+            }
+        } else {
+            for osd in &mut cluster.osds {
+                osd.start();
+            }
+            for i in 0..cluster.osds.len() {
+                cluster.wait_osd_ready(i, since);
+            }
         }
         if cluster.nbd.is_some() {
             cluster.start_nbd_and_wait();
