@@ -409,6 +409,7 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         id,
         epoch: target.epoch,
         shard: target.key.shard,
+        peer: false,
     };
     // If the timeout fires first, this future is dropped; close the connection then
     // so its reader task ends.

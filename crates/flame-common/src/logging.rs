@@ -16,3 +16,18 @@ pub fn init() {
         .with_ansi(ansi)
         .try_init();
 }
+
+/// Makes any panic end the whole process (after logging it).
+///
+/// Daemons call this: a panic would otherwise end only the thread it happened on,
+/// leaving, say, an OSD whose control thread still heartbeats while a shard thread
+/// is dead — healthy to the manager, a black hole to clients. Failing stop lets the
+/// manager mark the daemon down and the supervisor (systemd) restart it.
+pub fn abort_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!("panic: {info}; aborting the process");
+        default(info);
+        std::process::abort();
+    }));
+}

@@ -294,6 +294,10 @@ pub enum Message {
         /// The shard the sender believes it reached (its port); a mismatch means the
         /// sender's map is stale.
         shard: u16,
+        /// Sent by another OSD (a replication connection, which multiplexes many
+        /// clients' writes and so gets a larger in-flight bound). Encoded as the
+        /// [`flags::REPLICA`] bit.
+        peer: bool,
     },
     /// Read `target.length` bytes.
     Read {
@@ -433,9 +437,15 @@ impl Message {
             }
         }
         match self {
-            Message::Hello { id, epoch, shard } => (
+            Message::Hello {
+                id,
+                epoch,
+                shard,
+                peer,
+            } => (
                 Header {
                     opcode: OpCode::Hello as u8,
+                    flags: if *peer { flags::REPLICA } else { 0 },
                     request_id: id.0,
                     epoch: epoch.0,
                     offset: u32::from(*shard),
@@ -576,7 +586,13 @@ impl Message {
             OpCode::Hello => {
                 let shard = u16::try_from(h.offset)
                     .map_err(|_| ProtocolError::Inconsistent("shard number out of range"))?;
-                no_payload(Message::Hello { id, epoch, shard })
+                let peer = flags & flags::REPLICA != 0;
+                no_payload(Message::Hello {
+                    id,
+                    epoch,
+                    shard,
+                    peer,
+                })
             }
             OpCode::Read => no_payload(Message::Read {
                 id,
@@ -681,6 +697,13 @@ mod tests {
             id,
             epoch,
             shard: 3,
+            peer: false,
+        });
+        roundtrip(Message::Hello {
+            id,
+            epoch,
+            shard: 3,
+            peer: true,
         });
         roundtrip(Message::Read {
             id,

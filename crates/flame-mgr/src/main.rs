@@ -48,6 +48,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 fn main() -> ExitCode {
     let args = Args::parse();
     flame_common::logging::init();
+    flame_common::logging::abort_on_panic();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

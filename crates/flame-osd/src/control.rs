@@ -16,6 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// How often object bytes are recounted for the heartbeat's usage report.
+const USAGE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// How often the control thread checks whether a shard asked for a newer map.
 const MAP_CHECK_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -204,13 +207,32 @@ impl Control {
         wanted_epoch: Arc<AtomicU64>,
     ) -> ! {
         let interval = Duration::from_millis(self.cfg.heartbeat_interval_ms);
-        let mut usage = (0u64, 0u64);
-        let mut usage_at: Option<Instant> = None;
-        let mut id = id;
+        // Counting object bytes walks the data directory, which can take seconds
+        // with millions of objects: do it on its own thread so heartbeats are never
+        // late because of it.
+        let usage = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        {
+            let usage = usage.clone();
+            let dir = self.cfg.data_dir.clone();
+            let spawned = std::thread::Builder::new()
+                .name("disk-usage".into())
+                .spawn(move || {
+                    loop {
+                        let (used, capacity) = disk_usage(&dir);
+                        usage.0.store(used, Ordering::Relaxed);
+                        usage.1.store(capacity, Ordering::Relaxed);
+                        std::thread::sleep(USAGE_INTERVAL);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start the disk-usage thread ({e}); reporting 0 bytes used");
+            }
+        }
         let mut last_heartbeat = Instant::now();
         loop {
             std::thread::sleep(MAP_CHECK_INTERVAL);
-            if wanted_epoch.load(Ordering::Relaxed) > map.load().epoch.0 {
+            let wanted = wanted_epoch.load(Ordering::Relaxed);
+            if wanted > map.load().epoch.0 {
                 // A client or peer already has a newer map: fetch it now rather than
                 // at the next heartbeat, so their retries succeed quickly.
                 match self.fetch_map() {
@@ -218,8 +240,16 @@ impl Control {
                         tracing::info!(epoch = %m.epoch, "new map (asked for by a peer)");
                         let reached = m.epoch.0;
                         map.store(Arc::new(m));
-                        // Stop asking if the manager has nothing newer.
-                        wanted_epoch.fetch_min(reached, Ordering::Relaxed);
+                        // Stop asking if the manager has nothing newer — unless a shard
+                        // asked for an even newer epoch meanwhile.
+                        if reached < wanted {
+                            let _ = wanted_epoch.compare_exchange(
+                                wanted,
+                                reached,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
                     }
                     Err(e) => tracing::warn!("map fetch failed: {e}"),
                 }
@@ -228,16 +258,12 @@ impl Control {
                 continue;
             }
             last_heartbeat = Instant::now();
-            if usage_at.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                usage = disk_usage(&self.cfg.data_dir);
-                usage_at = Some(Instant::now());
-            }
             let hb = OsdHeartbeat {
                 id,
                 uuid: self.identity.uuid.clone(),
                 epoch: map.load().epoch,
-                used_bytes: usage.0,
-                capacity_bytes: usage.1,
+                used_bytes: usage.0.load(Ordering::Relaxed),
+                capacity_bytes: usage.1.load(Ordering::Relaxed),
             };
             match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
                 Ok(reply) => {
@@ -254,10 +280,13 @@ impl Control {
                 Err(e) if e.contains("404") => {
                     tracing::warn!("manager does not know this OSD; booting again");
                     match self.boot() {
-                        Ok((new_id, m)) => {
-                            id = new_id;
-                            map.store(Arc::new(m));
+                        Ok((new_id, _)) if new_id != id => {
+                            // The shards serve placement groups as `id`; they cannot
+                            // change identity under load. Restart clean.
+                            tracing::error!(old = %id, new = %new_id, "the manager gave this OSD a new id; exiting to restart under it");
+                            std::process::exit(1);
                         }
+                        Ok((_, m)) => map.store(Arc::new(m)),
                         Err(e) => {
                             tracing::error!("{e}");
                             std::process::exit(1);

@@ -30,6 +30,7 @@ struct Args {
 
 fn main() {
     flame_common::logging::init();
+    flame_common::logging::abort_on_panic();
     let args = Args::parse();
     if let Err(e) = run(args) {
         tracing::error!("{e}");
@@ -38,10 +39,33 @@ fn main() {
     }
 }
 
+/// Each shard caches up to `open_files_per_shard_max` object files, twice with
+/// `O_DIRECT`; the default soft limit (1024) is far below that. Raise it to the hard
+/// limit, which needs no privilege.
+fn raise_open_file_limit() {
+    // SAFETY: getrlimit/setrlimit on a valid struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::warn!(
+                    "cannot raise the open-file limit: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
 fn run(args: Args) -> Result<(), String> {
     let cfg: OsdConfig =
         flame_common::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
     let cfg = Arc::new(cfg);
+    raise_open_file_limit();
     std::fs::create_dir_all(cfg.data_dir.join("objects"))
         .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
     let identity = control::Identity::load_or_create(&cfg.data_dir)?;

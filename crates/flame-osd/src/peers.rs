@@ -159,6 +159,7 @@ impl Peers {
                 id: RequestId(0),
                 epoch,
                 shard,
+                peer: true,
             })
             .is_err()
         {

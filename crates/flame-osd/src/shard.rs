@@ -16,12 +16,15 @@ use flame_common::map::ClusterMap;
 use flame_common::placement::{PgTable, object_pg};
 use flame_common::protocol::{IoTarget, Message, OpCode, flags, status};
 use flame_common::reactor::{self, Reactor, ReactorConfig};
-use flame_common::transport::{Conn, Listener};
+use flame_common::transport::{Conn, Listener, TransportError};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// A replication connection may have this many times a client's in-flight bound.
+const PEER_INFLIGHT_FACTOR: u32 = 16;
 
 /// How long a new connection may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -118,9 +121,20 @@ async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
         let conn = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
+                // Out of descriptors or memory: back off instead of spinning. Any
+                // other error concerns one connection (it reset before we got to it)
+                // and must not slow down accepting everyone else.
+                let resource = matches!(
+                    &e,
+                    TransportError::Io(io) if matches!(
+                        io.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    )
+                );
                 tracing::warn!(shard = shard.id, "accept failed: {e}");
-                reactor::sleep(Duration::from_millis(100)).await;
+                if resource {
+                    reactor::sleep(Duration::from_millis(100)).await;
+                }
                 continue;
             }
         };
@@ -149,6 +163,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     let _slot = ConnectionSlot(shard.clone());
     let peer = conn.peer();
     // The first message must be a Hello naming this shard.
+    let mut max_inflight = shard.max_inflight;
     let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
         reactor::sleep(HELLO_TIMEOUT).await;
         None
@@ -156,6 +171,11 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     .await;
     match first {
         Some(Ok(hello @ Message::Hello { .. })) => {
+            if matches!(hello, Message::Hello { peer: true, .. }) {
+                // One replication connection carries the writes of every client of
+                // the sending shard: give it room for all of them.
+                max_inflight = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR);
+            }
             let reply = shard.hello(&hello);
             let ok = matches!(reply, Message::Reply { status: 0, .. });
             if conn.send(&reply).is_err() || !ok {
@@ -185,7 +205,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     loop {
         // Back-pressure: stop reading while the connection has too much in flight;
         // the unread requests wait in the socket and slow the sender down.
-        inflight.below(shard.max_inflight).await;
+        inflight.below(max_inflight).await;
         let msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
@@ -360,8 +380,12 @@ impl Shard {
         let map = &view.map;
         let sender_epoch = msg.epoch();
         if sender_epoch > map.epoch {
+            // The sender knows a newer map: fetch it now, and do not act on the old
+            // one meanwhile (placement may have moved; two OSDs must never both
+            // believe they are primary). The sender retries in a few milliseconds.
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
+            return (status::ESTALE, Vec::new());
         }
         match &msg {
             Message::Read { target, .. } => {
@@ -388,6 +412,17 @@ impl Shard {
                     Err(st) => return (st, Vec::new()),
                 };
                 if replica {
+                    // Ordered like on the primary: a forwarded write that outlived its
+                    // primary's timeout (and a retry of it on a new connection) must
+                    // not overtake or be overtaken by an overlapping one.
+                    let (_guard, earlier) = self.gate.enter(
+                        target.object,
+                        target.offset,
+                        target.offset + target.length,
+                    );
+                    for e in earlier {
+                        e.wait().await;
+                    }
                     return (self.apply_local(msg).await, Vec::new());
                 }
                 (self.replicate(map, set, msg).await, Vec::new())
@@ -476,6 +511,11 @@ impl Shard {
         let (_guard, earlier) =
             self.gate
                 .enter(target.object, target.offset, target.offset + target.length);
+        // Every copy or none: with fewer OSDs in than the pool's size, a write would
+        // be acknowledged with fewer copies than promised.
+        if set.len() < map.pool.size as usize {
+            return status::EAGAIN;
+        }
         // A replica known to be down cannot apply the write: fail fast, the client
         // waits and retries until it is back.
         let mut replicas = Vec::with_capacity(set.len().saturating_sub(1));

@@ -12,7 +12,7 @@
 use crate::config::DirectIo;
 use flame_common::ids::{ObjectId, VolumeId};
 use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -35,11 +35,16 @@ pub struct ObjectStore {
     direct_io: bool,
     open_max: usize,
     files: RefCell<HashMap<ObjectId, Rc<ObjectFile>>>,
-    /// Objects written since the last flush: what a flush must fdatasync.
-    dirty: RefCell<HashSet<ObjectId>>,
-    /// Directories that gained entries since the last flush: fsynced by a flush, so
+    /// Objects written and not yet known stable, with the generation of their last
+    /// write. An entry is removed only after an fdatasync that *started after* that
+    /// write succeeded, so a flush racing another flush never returns before the
+    /// data it covers is stable.
+    dirty: RefCell<HashMap<ObjectId, u64>>,
+    /// Directories that gained entries and are not yet known stable (same rule), so
     /// a new object's name is as durable as its data.
-    dirty_dirs: RefCell<HashSet<PathBuf>>,
+    dirty_dirs: RefCell<HashMap<PathBuf, u64>>,
+    /// Generation counter for the two maps above.
+    generation: Cell<u64>,
     /// Volume directories known to exist.
     known_dirs: RefCell<HashSet<VolumeId>>,
 }
@@ -84,6 +89,33 @@ pub fn probe_direct_io(data_dir: &Path, policy: DirectIo) -> io::Result<bool> {
     }
 }
 
+/// Most fdatasyncs one flush keeps in flight (and object files it holds open).
+pub const FLUSH_PARALLEL_MAX: usize = 64;
+
+/// Exit status of an OSD that stopped because its storage failed.
+const EXIT_STORAGE_FAILED: i32 = 74;
+
+/// Removes `key` from a dirty map if no write re-dirtied it since `generation`.
+fn clear_if_unchanged<K: std::hash::Hash + Eq>(
+    map: &RefCell<HashMap<K, u64>>,
+    key: &K,
+    generation: u64,
+) {
+    let mut m = map.borrow_mut();
+    if m.get(key) == Some(&generation) {
+        m.remove(key);
+    }
+}
+
+/// Stops the process after a failed sync (see [`ObjectStore::flush`]).
+fn fail_stop(what: &str, e: &io::Error) -> ! {
+    tracing::error!(
+        "{what} failed: {e}; stopping this OSD so no write is acknowledged as stable when it is not"
+    );
+    eprintln!("flame-osd: {what} failed: {e}; stopping");
+    std::process::exit(EXIT_STORAGE_FAILED)
+}
+
 fn is_aligned(offset: u64, len: usize) -> bool {
     offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
 }
@@ -96,8 +128,9 @@ impl ObjectStore {
             direct_io,
             open_max: open_max.max(16),
             files: RefCell::new(HashMap::new()),
-            dirty: RefCell::new(HashSet::new()),
-            dirty_dirs: RefCell::new(HashSet::new()),
+            dirty: RefCell::new(HashMap::new()),
+            dirty_dirs: RefCell::new(HashMap::new()),
+            generation: Cell::new(0),
             known_dirs: RefCell::new(HashSet::new()),
         }
     }
@@ -123,7 +156,7 @@ impl ObjectStore {
             let dir = self.volume_dir(object.volume);
             if !dir.exists() {
                 std::fs::create_dir_all(&dir)?;
-                self.dirty_dirs.borrow_mut().insert(self.root.clone());
+                self.mark_dir_dirty(self.root.clone());
             }
             self.known_dirs.borrow_mut().insert(object.volume);
         }
@@ -139,9 +172,7 @@ impl ObjectStore {
             Err(e) => return Err(e),
         };
         if !existed {
-            self.dirty_dirs
-                .borrow_mut()
-                .insert(self.volume_dir(object.volume));
+            self.mark_dir_dirty(self.volume_dir(object.volume));
         }
         let direct = if self.direct_io {
             Some(
@@ -210,9 +241,25 @@ impl ObjectStore {
             // The data is stable; only a newly created name may still need its dir.
             self.sync_dirs().await?;
         } else {
-            self.dirty.borrow_mut().insert(object);
+            self.mark_dirty(object);
         }
         Ok(())
+    }
+
+    fn next_generation(&self) -> u64 {
+        let g = self.generation.get() + 1;
+        self.generation.set(g);
+        g
+    }
+
+    fn mark_dirty(&self, object: ObjectId) {
+        let g = self.next_generation();
+        self.dirty.borrow_mut().insert(object, g);
+    }
+
+    fn mark_dir_dirty(&self, dir: PathBuf) {
+        let g = self.next_generation();
+        self.dirty_dirs.borrow_mut().insert(dir, g);
     }
 
     /// Makes `[offset, offset+len)` read back as zeroes by punching a hole.
@@ -236,48 +283,67 @@ impl ObjectStore {
         if fua {
             reactor::fsync(fd, true).await?;
         } else {
-            self.dirty.borrow_mut().insert(object);
+            self.mark_dirty(object);
         }
         Ok(())
     }
 
-    /// Makes every write applied so far stable: fdatasync of every dirty object (all
-    /// at once through the ring) and fsync of directories that gained entries.
+    /// Makes every write applied so far stable: fdatasync of every dirty object
+    /// (up to [`FLUSH_PARALLEL_MAX`] at once through the ring) and fsync of
+    /// directories that gained entries.
+    ///
+    /// A failed fdatasync is fatal to the process: Linux reports a writeback error
+    /// once and then marks the pages clean, so a retry would "succeed" without the
+    /// data. Stopping makes the manager mark this OSD down; clients wait for it.
     pub async fn flush(&self) -> io::Result<()> {
-        let dirty: Vec<ObjectId> = self.dirty.borrow_mut().drain().collect();
-        let mut syncs = Vec::with_capacity(dirty.len());
-        for object in &dirty {
-            let file = match self.open(*object, false) {
-                Ok(Some(f)) => f,
-                Ok(None) => continue, // deleted since: nothing to sync
-                Err(e) => {
-                    self.dirty.borrow_mut().extend(dirty.iter().copied());
-                    return Err(e);
+        let snapshot: Vec<(ObjectId, u64)> =
+            self.dirty.borrow().iter().map(|(o, g)| (*o, *g)).collect();
+        for chunk in snapshot.chunks(FLUSH_PARALLEL_MAX) {
+            let mut syncs = Vec::with_capacity(chunk.len());
+            for &(object, generation) in chunk {
+                match self.open(object, false)? {
+                    Some(file) => syncs.push((
+                        object,
+                        generation,
+                        reactor::spawn(async move {
+                            reactor::fsync(file.buffered.as_raw_fd(), true).await
+                        }),
+                    )),
+                    // Deleted since: nothing left to make stable.
+                    None => clear_if_unchanged(&self.dirty, &object, generation),
                 }
-            };
-            syncs.push(reactor::spawn(async move {
-                reactor::fsync(file.buffered.as_raw_fd(), true).await
-            }));
-        }
-        let mut first_error = None;
-        for s in syncs {
-            if let Err(e) = s.await {
-                first_error.get_or_insert(e);
             }
-        }
-        if let Some(e) = first_error {
-            // Keep them dirty: a later flush retries (and reports again if still failing).
-            self.dirty.borrow_mut().extend(dirty.iter().copied());
-            return Err(e);
+            for (object, generation, sync) in syncs {
+                if let Err(e) = sync.await {
+                    fail_stop(&format!("fdatasync of object {object}"), &e);
+                }
+                clear_if_unchanged(&self.dirty, &object, generation);
+            }
         }
         self.sync_dirs().await
     }
 
     async fn sync_dirs(&self) -> io::Result<()> {
-        let dirs: Vec<PathBuf> = self.dirty_dirs.borrow_mut().drain().collect();
-        for dir in &dirs {
-            let f = File::open(dir)?;
-            reactor::fsync(f.as_raw_fd(), false).await?;
+        let dirs: Vec<(PathBuf, u64)> = self
+            .dirty_dirs
+            .borrow()
+            .iter()
+            .map(|(d, g)| (d.clone(), *g))
+            .collect();
+        for (dir, generation) in dirs {
+            let f = match File::open(&dir) {
+                Ok(f) => f,
+                // Removed with its volume: nothing to make durable.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    clear_if_unchanged(&self.dirty_dirs, &dir, generation);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Err(e) = reactor::fsync(f.as_raw_fd(), false).await {
+                fail_stop(&format!("fsync of directory {}", dir.display()), &e);
+            }
+            clear_if_unchanged(&self.dirty_dirs, &dir, generation);
         }
         Ok(())
     }
@@ -397,7 +463,8 @@ struct Tail<B> {
     start: usize,
 }
 
-impl<B: reactor::IoBufMut> reactor::IoBuf for Tail<B> {
+// SAFETY: a view into a buffer that itself satisfies IoBuf.
+unsafe impl<B: reactor::IoBufMut> reactor::IoBuf for Tail<B> {
     fn as_ptr(&self) -> *const u8 {
         self.buf.as_ptr().wrapping_add(self.start)
     }
@@ -406,7 +473,8 @@ impl<B: reactor::IoBufMut> reactor::IoBuf for Tail<B> {
     }
 }
 
-impl<B: reactor::IoBufMut> reactor::IoBufMut for Tail<B> {
+// SAFETY: as above.
+unsafe impl<B: reactor::IoBufMut> reactor::IoBufMut for Tail<B> {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.buf.as_mut_ptr().wrapping_add(self.start)
     }
@@ -418,7 +486,8 @@ struct TailRef<B> {
     start: usize,
 }
 
-impl<B: reactor::IoBuf> reactor::IoBuf for TailRef<B> {
+// SAFETY: as above.
+unsafe impl<B: reactor::IoBuf> reactor::IoBuf for TailRef<B> {
     fn as_ptr(&self) -> *const u8 {
         self.buf.as_ptr().wrapping_add(self.start)
     }
@@ -491,6 +560,38 @@ mod tests {
             );
             assert_eq!(s.read(obj(1), 0, 16).await.unwrap(), vec![0; 16]);
         });
+    }
+
+    #[test]
+    fn dirty_entries_stay_until_their_sync_completes() {
+        // A flush in progress must not hide the data from a concurrent flush: the
+        // second flush has to wait for (or issue) its own sync, not return early.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let s = Rc::new(ObjectStore::new(&path, false, 16));
+            s.write(obj(1), 0, vec![1; 4096], false).await.unwrap();
+            let s1 = s.clone();
+            let first = reactor::spawn(async move { s1.flush().await });
+            reactor::yield_now().await; // the first flush has its sync in flight
+            assert!(
+                s.dirty.borrow().contains_key(&obj(1)),
+                "dirty entry dropped before its sync finished"
+            );
+            // A write during the flush re-dirties the object: the first flush must not
+            // clear the newer generation.
+            s.write(obj(1), 0, vec![2; 4096], false).await.unwrap();
+            first.await.unwrap();
+            assert!(
+                s.dirty.borrow().contains_key(&obj(1)),
+                "newer write lost its dirty mark"
+            );
+            s.flush().await.unwrap();
+            assert!(s.dirty.borrow().is_empty());
+            assert!(s.dirty_dirs.borrow().is_empty());
+        })
+        .unwrap();
     }
 
     /// Unmounts a test mount, even when the test panics.

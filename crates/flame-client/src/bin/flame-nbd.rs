@@ -32,6 +32,7 @@ struct Args {
 
 fn main() -> ExitCode {
     flame_common::logging::init();
+    flame_common::logging::abort_on_panic();
     let args = Args::parse();
     let config: NbdConfig = match flame_common::config::load(args.config.as_deref()) {
         Ok(c) => c,

@@ -9,7 +9,11 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 
 /// Memory an operation may read from.
-pub trait IoBuf: 'static {
+///
+/// # Safety
+/// `as_ptr` must stay valid for `len` bytes while the value is moved around (the
+/// kernel holds the address during the operation): heap memory, not inline arrays.
+pub unsafe trait IoBuf: 'static {
     /// Start of the bytes.
     fn as_ptr(&self) -> *const u8;
     /// Number of bytes.
@@ -21,12 +25,16 @@ pub trait IoBuf: 'static {
 }
 
 /// Memory an operation may write into.
-pub trait IoBufMut: IoBuf {
+///
+/// # Safety
+/// As for [`IoBuf`].
+pub unsafe trait IoBufMut: IoBuf {
     /// Start of the bytes.
     fn as_mut_ptr(&mut self) -> *mut u8;
 }
 
-impl IoBuf for Vec<u8> {
+// SAFETY: a Vec's heap buffer does not move when the Vec does.
+unsafe impl IoBuf for Vec<u8> {
     fn as_ptr(&self) -> *const u8 {
         self.as_slice().as_ptr()
     }
@@ -35,7 +43,8 @@ impl IoBuf for Vec<u8> {
     }
 }
 
-impl IoBufMut for Vec<u8> {
+// SAFETY: as above.
+unsafe impl IoBufMut for Vec<u8> {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.as_mut_slice().as_mut_ptr()
     }
@@ -48,29 +57,30 @@ pub const DIRECT_IO_ALIGN: usize = 4096;
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// Allocated bytes (≥ `len`, ≥ 1).
+    cap: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    /// Allocates `len` zero bytes (`len` > 0).
+    /// Allocates `len` zero bytes.
     pub fn zeroed(len: usize) -> AlignedBuf {
-        assert!(len > 0, "empty aligned buffer");
-        let layout = Self::layout(len);
+        let cap = len.max(1);
+        let layout = Self::layout(cap);
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout);
         };
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr, len, cap }
     }
 
-    /// Copies `data` into a new aligned buffer.
+    /// Copies `data` into a new aligned buffer of the same length.
     pub fn copy_from(data: &[u8]) -> AlignedBuf {
-        let mut b = AlignedBuf::zeroed(data.len().max(1));
-        b.as_mut_slice()[..data.len()].copy_from_slice(data);
-        b.len = data.len().max(1);
+        let mut b = AlignedBuf::zeroed(data.len());
+        b.as_mut_slice().copy_from_slice(data);
         b
     }
 
@@ -97,11 +107,12 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with the same layout.
-        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
     }
 }
 
-impl IoBuf for AlignedBuf {
+// SAFETY: the allocation is owned and never moves.
+unsafe impl IoBuf for AlignedBuf {
     fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
@@ -110,7 +121,8 @@ impl IoBuf for AlignedBuf {
     }
 }
 
-impl IoBufMut for AlignedBuf {
+// SAFETY: as above.
+unsafe impl IoBufMut for AlignedBuf {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -127,5 +139,6 @@ mod tests {
         assert!(b.as_slice().iter().all(|&x| x == 0));
         let c = AlignedBuf::copy_from(b"abc");
         assert_eq!(c.as_slice(), b"abc");
+        assert!(AlignedBuf::copy_from(&[]).is_empty());
     }
 }

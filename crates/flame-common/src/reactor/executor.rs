@@ -16,6 +16,8 @@ use std::task::{Poll, Waker};
 
 /// Reserved `user_data` of the eventfd read that wakes a sleeping reactor.
 const WAKE_KEY: u64 = u64::MAX;
+/// Reserved `user_data` of cancellation requests; their completions are ignored.
+const CANCEL_KEY: u64 = u64::MAX - 1;
 /// Tasks run per loop iteration before completions are reaped again, so a task that
 /// keeps waking itself cannot starve I/O.
 const TASKS_PER_TICK_MAX: usize = 512;
@@ -54,7 +56,10 @@ struct Shared {
 
 impl Shared {
     fn wake(&self) {
-        if self.sleeping.swap(false, Ordering::AcqRel) {
+        // SeqCst pairs with the reactor's store + fence before it re-checks the
+        // queues: either the reactor sees our push, or we see its `sleeping` flag.
+        // (Release/Acquire alone allows both to miss: a store-load race.)
+        if self.sleeping.swap(false, Ordering::SeqCst) {
             let one: u64 = 1;
             // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
             let _ = unsafe {
@@ -88,7 +93,7 @@ pub(crate) struct Inner {
     ops: RefCell<slab::Slab<OpSlot>>,
     shared: Arc<Shared>,
     /// Entries that did not fit the submission queue; pushed at the next submit.
-    overflow: RefCell<Vec<squeue::Entry>>,
+    overflow: RefCell<std::collections::VecDeque<squeue::Entry>>,
     /// Eventfd read buffer (kept here so its address is stable).
     wake_buf: RefCell<Box<u64>>,
     /// Process-unique id ([`current_id`]).
@@ -132,12 +137,18 @@ pub(crate) fn try_with_current(f: impl FnOnce(&Inner)) {
 }
 
 impl Inner {
-    pub(crate) fn push_op(&self, sqe: squeue::Entry, resources: Box<dyn Any>) -> usize {
+    pub(crate) fn push_op(
+        &self,
+        sqe: squeue::Entry,
+        resources: Box<dyn Any>,
+        cancel_on_drop: bool,
+    ) -> usize {
         let key = self.ops.borrow_mut().insert(OpSlot {
             result: None,
             waker: None,
             resources: Some(resources),
             orphaned: false,
+            cancel_on_drop,
         });
         let sqe = sqe.user_data(key as u64);
         let mut ring = self.ring.borrow_mut();
@@ -145,7 +156,7 @@ impl Inner {
         // and lives until the completion is reaped.
         let pushed = unsafe { ring.submission().push(&sqe).is_ok() };
         if !pushed {
-            self.overflow.borrow_mut().push(sqe);
+            self.overflow.borrow_mut().push_back(sqe);
         }
         key
     }
@@ -176,7 +187,25 @@ impl Inner {
             } else {
                 slot.orphaned = true;
                 slot.waker = None;
+                if slot.cancel_on_drop {
+                    drop(ops);
+                    self.push_cancel(key);
+                }
             }
+        }
+    }
+
+    /// Asks the kernel to cancel operation `key` (it then completes with -ECANCELED,
+    /// freeing its slot). Used for timers and socket waits nobody awaits any more:
+    /// left alone, an abandoned 10 s timer would hold its slot for 10 s.
+    fn push_cancel(&self, key: usize) {
+        let sqe = opcode::AsyncCancel::new(key as u64)
+            .build()
+            .user_data(CANCEL_KEY);
+        let mut ring = self.ring.borrow_mut();
+        // SAFETY: a cancel entry points at no memory.
+        if unsafe { ring.submission().push(&sqe).is_err() } {
+            self.overflow.borrow_mut().push_back(sqe);
         }
     }
 
@@ -185,18 +214,28 @@ impl Inner {
         let mut ring = self.ring.borrow_mut();
         loop {
             let mut overflow = self.overflow.borrow_mut();
-            while let Some(sqe) = overflow.last() {
+            while let Some(sqe) = overflow.front() {
                 // SAFETY: as in push_op; the slot still owns the memory.
                 if unsafe { ring.submission().push(sqe).is_err() } {
                     break;
                 }
-                overflow.pop();
+                overflow.pop_front();
             }
             let more = !overflow.is_empty();
             drop(overflow);
+            // Entering the kernel with nothing to submit is a wasted system call
+            // (unless completions overflowed and must be flushed into the ring).
+            if ring.submission().is_empty() && !ring.submission().cq_overflow() {
+                return Ok(());
+            }
             match ring.submit() {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EBUSY | libc::EAGAIN | libc::ENOMEM)
+                    ) =>
+                {
                     // Completion queue full: reap before submitting more.
                     drop(ring);
                     self.reap();
@@ -223,6 +262,9 @@ impl Inner {
                 n += 1;
                 if cqe.user_data() == WAKE_KEY {
                     rearm_wake = true;
+                    continue;
+                }
+                if cqe.user_data() == CANCEL_KEY {
                     continue;
                 }
                 let key = cqe.user_data() as usize;
@@ -257,7 +299,7 @@ impl Inner {
         let mut ring = self.ring.borrow_mut();
         // SAFETY: wake_buf is owned by Inner and outlives the ring's use of it.
         if unsafe { ring.submission().push(&sqe).is_err() } {
-            self.overflow.borrow_mut().push(sqe);
+            self.overflow.borrow_mut().push_back(sqe);
         }
     }
 
@@ -300,7 +342,7 @@ impl Reactor {
             ring: RefCell::new(ring),
             ops: RefCell::new(slab::Slab::with_capacity(entries as usize)),
             shared,
-            overflow: RefCell::new(Vec::new()),
+            overflow: RefCell::new(std::collections::VecDeque::new()),
             wake_buf: RefCell::new(Box::new(0)),
             id: NEXT_REACTOR_ID.fetch_add(1, Ordering::Relaxed),
         });
@@ -375,7 +417,8 @@ impl Reactor {
             if found {
                 continue;
             }
-            self.inner.shared.sleeping.store(true, Ordering::Release);
+            self.inner.shared.sleeping.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
             // Re-check after announcing sleep: a waker may have raced us.
             if !self.inner.shared.runnable.is_empty() || !self.inner.shared.remote.is_empty() {
                 self.inner.shared.sleeping.store(false, Ordering::Release);
@@ -386,16 +429,70 @@ impl Reactor {
             self.poller.record_sleep();
             match res {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM)
+                    ) => {}
                 Err(e) => return Err(e),
             }
         }
     }
 }
 
+/// How long dropping a reactor waits for the kernel to finish cancelled operations.
+const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Drop for Reactor {
+    /// Tears down without freeing memory the kernel may still write: cancel every
+    /// operation in flight, wait (bounded) for their completions, leak the buffers
+    /// of any that never complete, then drop every task.
     fn drop(&mut self) {
+        let inner = self.inner.clone();
+        let in_flight: Vec<usize> = inner
+            .ops
+            .borrow()
+            .iter()
+            .filter(|(_, s)| s.result.is_none())
+            .map(|(k, _)| k)
+            .collect();
+        for key in in_flight {
+            inner.push_cancel(key);
+        }
+        let deadline = std::time::Instant::now() + TEARDOWN_WAIT;
+        loop {
+            let _ = inner.submit();
+            inner.reap();
+            let pending = inner.ops.borrow().iter().any(|(_, s)| s.result.is_none());
+            if !pending || std::time::Instant::now() >= deadline {
+                break;
+            }
+            let ts = types::Timespec::new().nsec(10_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = inner.ring.borrow().submitter().submit_with_args(1, &args);
+        }
+        let slots: Vec<OpSlot> = inner.ops.borrow_mut().drain().collect();
+        for mut slot in slots {
+            if slot.result.is_none() {
+                // The kernel may still write here: leaking beats a use-after-free.
+                std::mem::forget(slot.resources.take());
+            }
+        }
+        // Dropping wakers and queued runnables drops the tasks' futures; a future's
+        // drop can wake others, so drain until quiet (bounded).
+        for _ in 0..64 {
+            let mut dropped = false;
+            while let Some(r) = inner.shared.runnable.pop() {
+                drop(r);
+                dropped = true;
+            }
+            while inner.shared.remote.pop().is_some() {
+                dropped = true;
+            }
+            if !dropped {
+                break;
+            }
+        }
         CURRENT.with(|c| c.borrow_mut().take());
     }
 }
@@ -519,6 +616,82 @@ mod tests {
             })
             .unwrap();
         assert_eq!(got, 7);
+        th.join().unwrap();
+    }
+
+    fn ops_in_table() -> usize {
+        with_current(|r| r.ops.borrow().len())
+    }
+
+    #[test]
+    fn abandoned_timers_are_cancelled_not_left_running() {
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            for _ in 0..1000 {
+                // The quick branch wins; the 60 s timer is dropped.
+                futures_lite::future::or(async {}, sleep(Duration::from_secs(60))).await;
+            }
+            // Let the cancellations reach the kernel and complete.
+            sleep(Duration::from_millis(20)).await;
+            assert!(
+                ops_in_table() < 10,
+                "{} operations still held",
+                ops_in_table()
+            );
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn teardown_with_operations_in_flight() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        {
+            let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+            let fd = a.as_raw_fd();
+            r.block_on(async move {
+                spawn(recv(fd, vec![0; 4096], 0)).detach();
+                spawn(sleep(Duration::from_secs(60))).detach();
+                sleep(Duration::from_millis(5)).await;
+            })
+            .unwrap();
+            // Dropping the reactor cancels the receive and the timer.
+        }
+        // A new reactor on the same thread works.
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        assert_eq!(r.block_on(async { 5 }).unwrap(), 5);
+    }
+
+    #[test]
+    fn cross_thread_wakeups_are_never_lost() {
+        // Ping-pong through Handle::run with the reactor going to sleep in between:
+        // a lost wake-up would hang (bounded here by the test's own deadline).
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        let handle = r.handle();
+        let rounds = 20_000u32;
+        let (tx, rx) = std::sync::mpsc::channel::<futures_channel::oneshot::Sender<()>>();
+        let th = std::thread::spawn(move || {
+            for sender in rx.iter().take(rounds as usize) {
+                handle.run(move || {
+                    let _ = sender.send(());
+                });
+            }
+        });
+        let done = r
+            .block_on(async move {
+                for _ in 0..rounds {
+                    let (otx, orx) = futures_channel::oneshot::channel();
+                    tx.send(otx).unwrap();
+                    let ok = futures_lite::future::or(async { orx.await.is_ok() }, async {
+                        sleep(Duration::from_secs(5)).await;
+                        false
+                    })
+                    .await;
+                    assert!(ok, "wake-up lost");
+                }
+                true
+            })
+            .unwrap();
+        assert!(done);
         th.join().unwrap();
     }
 

@@ -29,6 +29,9 @@ pub(crate) struct OpSlot {
     pub(crate) resources: Option<Box<dyn Any>>,
     /// The future was dropped: free the slot when the completion arrives.
     pub(crate) orphaned: bool,
+    /// Cancel the operation in the kernel if its future is dropped (timers and
+    /// socket waits; never writes, whose effect must not be left half-known).
+    pub(crate) cancel_on_drop: bool,
 }
 
 /// A submitted operation. Resolves to the raw completion result and gives back the
@@ -42,7 +45,17 @@ impl<R: 'static> Op<R> {
     /// Queues `sqe` (its `user_data` is set here) with `resources` kept alive until
     /// completion. The entry reaches the kernel at the reactor's next submit.
     fn submit(sqe: squeue::Entry, resources: R) -> Op<R> {
-        let key = with_current(|r| r.push_op(sqe, Box::new(resources)));
+        let key = with_current(|r| r.push_op(sqe, Box::new(resources), false));
+        Op {
+            key: Some(key),
+            _r: std::marker::PhantomData,
+        }
+    }
+
+    /// Like `submit`, for operations that are cancelled in the kernel when their
+    /// future is dropped (waiting has no effect worth finishing).
+    fn submit_cancellable(sqe: squeue::Entry, resources: R) -> Op<R> {
+        let key = with_current(|r| r.push_op(sqe, Box::new(resources), true));
         Op {
             key: Some(key),
             _r: std::marker::PhantomData,
@@ -101,7 +114,7 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     )
     .flags(libc::SOCK_CLOEXEC)
     .build();
-    let (res, ()) = Op::submit(sqe, ()).await;
+    let (res, ()) = Op::submit_cancellable(sqe, ()).await;
     let fd = result(res)?;
     // The kernel handed us a fresh descriptor we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
@@ -117,7 +130,7 @@ pub async fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
         len,
     )
     .build();
-    let (res, _storage) = Op::submit(sqe, storage).await;
+    let (res, _storage) = Op::submit_cancellable(sqe, storage).await;
     result(res).map(|_| ())
 }
 
@@ -162,7 +175,7 @@ pub async fn recv(fd: RawFd, mut buf: Vec<u8>, start: usize) -> (io::Result<usiz
     let len = (buf.len() - start).min(u32::MAX as usize) as u32;
     let ptr = buf[start..].as_mut_ptr();
     let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
-    let (res, buf) = Op::submit(sqe, buf).await;
+    let (res, buf) = Op::submit_cancellable(sqe, buf).await;
     (result(res), buf)
 }
 
@@ -270,5 +283,5 @@ pub async fn sleep(duration: Duration) {
     let ts = Box::new(types::Timespec::from(duration));
     let sqe = opcode::Timeout::new(&*ts as *const types::Timespec).build();
     // -ETIME is the normal expiry result.
-    let _ = Op::submit(sqe, ts).await;
+    let _ = Op::submit_cancellable(sqe, ts).await;
 }

@@ -58,7 +58,11 @@ pub struct TcpConn {
 impl TcpConn {
     fn new(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
         stream.set_nodelay(true)?;
-        let peer = stream.peer_addr()?;
+        // A peer that reset right after connecting has no address any more; that is
+        // its problem (its first read fails), not a reason to fail the accept loop.
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         let conn = Rc::new(TcpConn {
             stream,
             peer,
@@ -242,14 +246,19 @@ impl TcpConn {
         st.start += HEADER_LEN;
         // Payload: bounded by Header::decode.
         let len = header.payload_len as usize;
-        let mut payload = Vec::with_capacity(len);
         let have = (st.end - st.start).min(len);
-        payload.extend_from_slice(&st.buf[st.start..st.start + have]);
-        st.start += have;
-        if payload.len() < len {
-            // Receive the rest straight into the payload buffer.
-            let mut filled = payload.len();
-            payload.resize(len, 0);
+        let mut payload;
+        if have == len {
+            payload = st.buf[st.start..st.start + have].to_vec();
+            st.start += have;
+        } else {
+            // Receive the rest straight into the payload buffer. `vec![0; n]` gets
+            // fresh zeroed pages from the allocator: no memset of megabytes that
+            // are about to be overwritten.
+            payload = vec![0u8; len];
+            payload[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
+            st.start += have;
+            let mut filled = have;
             while filled < len {
                 if self.closed.get() {
                     return Err(TransportError::Closed);
