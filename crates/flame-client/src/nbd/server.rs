@@ -50,7 +50,7 @@ impl Server {
     /// free port, shared by all threads).
     pub fn bind(config: NbdConfig) -> io::Result<Server> {
         let threads = config.thread_count().max(1);
-        let first = reuseport_listener(config.listen)?;
+        let first = flame_common::transport::bind_retrying(|| reuseport_listener(config.listen))?;
         let addr = first.local_addr()?;
         let mut listeners = vec![first];
         for _ in 1..threads {

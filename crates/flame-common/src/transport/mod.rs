@@ -125,7 +125,9 @@ impl Listener {
     /// Binds `addr`.
     pub fn bind(kind: TransportKind, addr: SocketAddr) -> Result<Listener, TransportError> {
         match kind {
-            TransportKind::Tcp => Ok(Listener::Tcp(tcp::TcpListener::bind(addr)?)),
+            TransportKind::Tcp => Ok(Listener::Tcp(bind_retrying(|| {
+                tcp::TcpListener::bind(addr)
+            })?)),
         }
     }
 
@@ -141,5 +143,50 @@ impl Listener {
         match self {
             Listener::Tcp(l) => l.local_addr(),
         }
+    }
+}
+
+/// How long a daemon keeps retrying a bind that fails with "address in use".
+///
+/// A daemon killed with `kill -9` holds its listening ports for a few milliseconds
+/// after it dies (the kernel tears its io_uring down in the background), so a
+/// supervisor's immediate restart would otherwise fail.
+pub const BIND_RETRY_MS_MAX: u64 = 3000;
+
+/// Runs `bind` until it succeeds, fails with something other than `AddrInUse`, or
+/// [`BIND_RETRY_MS_MAX`] passes.
+pub fn bind_retrying<T>(mut bind: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = std::time::Instant::now() + Duration::from_millis(BIND_RETRY_MS_MAX);
+    loop {
+        match bind() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_retry_waits_for_a_port_to_free_up() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(held);
+        });
+        let l = bind_retrying(|| std::net::TcpListener::bind(addr)).unwrap();
+        assert_eq!(l.local_addr().unwrap(), addr);
+        releaser.join().unwrap();
+        // Other errors are returned at once.
+        let bad: std::io::Result<()> = bind_retrying(|| Err(std::io::Error::other("boom")));
+        assert!(bad.is_err());
     }
 }
