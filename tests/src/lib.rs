@@ -66,6 +66,8 @@ pub struct ClusterOptions {
     /// instead of all at once. Each OSD then boots with a map that lacks the later
     /// ones.
     pub osds_one_by_one: bool,
+    /// Extra lines appended to every OSD's YAML configuration.
+    pub osd_extra_yaml: String,
 }
 
 impl Default for ClusterOptions {
@@ -78,6 +80,7 @@ impl Default for ClusterOptions {
             pg_count: 128,
             osd_heartbeat_interval_ms: 500,
             osds_one_by_one: false,
+            osd_extra_yaml: String::new(),
         }
     }
 }
@@ -354,12 +357,14 @@ impl TestCluster {
                  host: \"test-host-{i}\"\n\
                  shards: {}\n\
                  poll_mode: interrupt\n\
-                 heartbeat_interval_ms: {}\n",
+                 heartbeat_interval_ms: {}\n\
+                 {}\n",
                 addrs.data,
                 addrs.metrics,
                 root.join(format!("osd.{i}")).display(),
                 opts.shards,
                 opts.osd_heartbeat_interval_ms,
+                opts.osd_extra_yaml,
             );
             let name = format!("osd.{i}");
             osds.push(Daemon::new(

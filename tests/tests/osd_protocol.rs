@@ -12,7 +12,7 @@ use flame_common::placement::locate;
 use flame_common::protocol::{IoTarget, Message, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
-use flame_tests::TestCluster;
+use flame_tests::{ClusterOptions, TestCluster};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -272,4 +272,72 @@ fn write_with_a_dead_replica_is_refused_not_acknowledged() {
         status::OK,
         "write after the replica returned was not acknowledged"
     );
+}
+
+#[test]
+fn a_small_shard_byte_bound_slows_clients_but_never_deadlocks() {
+    // 16 MiB per shard, while one connection pipelines 48 writes of 1 MiB (3× the
+    // bound) and each write also occupies the replicas' shards: every write must
+    // still be acknowledged, and the copies must agree.
+    let opts = ClusterOptions {
+        osd_extra_yaml: "max_inflight_bytes_per_shard: 16777216".into(),
+        ..ClusterOptions::default()
+    };
+    let cluster = TestCluster::start_with(opts);
+    let vol = cluster.create_volume("bound", 64 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = locate(&map, object);
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let m = map.clone();
+    let l = loc.clone();
+    reactor
+        .block_on(async move {
+            let shard = m.osds[&l.osds[0]].shard_of(l.pg);
+            let conn = connect(&m, l.osds[0], shard).await;
+            // Warm up until the OSDs have the volume's epoch.
+            let st =
+                status_of(&call_retry(&conn, write(&m, 1, object, 0, vec![1; 4096]), true).await);
+            assert_eq!(st, status::OK);
+            for k in 0..48u64 {
+                let data = vec![k as u8; 1 << 20];
+                conn.send(&write(&m, 100 + k, object, ((k % 4) as u32) << 20, data))
+                    .unwrap();
+            }
+            for acked in 0..48 {
+                let reply =
+                    futures_lite::future::or(async { Some(conn.recv().await.unwrap()) }, async {
+                        flame_common::reactor::sleep(Duration::from_secs(60)).await;
+                        None
+                    })
+                    .await;
+                let reply = reply
+                    .unwrap_or_else(|| panic!("only {acked} of 48 writes acknowledged in 60 s"));
+                assert_eq!(status_of(&reply), status::OK);
+            }
+        })
+        .unwrap();
+    let copies: Vec<Vec<u8>> = loc
+        .osds
+        .iter()
+        .map(|id| {
+            std::fs::read(cluster.object_path(process_of(&cluster, &map, *id), vol.id, 0)).unwrap()
+        })
+        .collect();
+    assert_eq!(copies[0].len(), 4 << 20);
+    assert_eq!(copies[0], copies[1]);
+    assert_eq!(copies[0], copies[2]);
+    // The last write to each MiB wins (writes to one range are ordered).
+    for mib in 0..4usize {
+        let last = (44 + mib) as u8;
+        assert!(
+            copies[0][mib << 20..(mib + 1) << 20]
+                .iter()
+                .all(|&b| b == last),
+            "MiB {mib}"
+        );
+    }
 }

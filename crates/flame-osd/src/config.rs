@@ -55,6 +55,10 @@ pub struct OsdConfig {
     /// Requests one connection may have in flight; further requests wait unread in
     /// the socket, which back-pressures the sender.
     pub max_inflight_per_connection: u32,
+    /// Payload bytes (write data, read lengths) one shard lets be in flight across
+    /// all its connections; beyond it, connections stop reading until requests
+    /// finish. Bounds a shard's memory whatever its clients do.
+    pub max_inflight_bytes_per_shard: u64,
     /// Object files one shard keeps open.
     pub open_files_per_shard_max: u32,
     /// How long a peer connection attempt may take.
@@ -81,6 +85,7 @@ impl Default for OsdConfig {
             heartbeat_interval_ms: 1000,
             max_connections_per_shard: 1024,
             max_inflight_per_connection: 256,
+            max_inflight_bytes_per_shard: 256 << 20,
             open_files_per_shard_max: 1024,
             connect_timeout_ms: 2000,
             replica_timeout_ms: 10_000,
@@ -160,6 +165,12 @@ impl Validate for OsdConfig {
         }
         if !(1..=4096).contains(&self.max_inflight_per_connection) {
             return bad("max_inflight_per_connection", "must be 1..=4096");
+        }
+        if !((16 << 20)..=(64 << 30)).contains(&self.max_inflight_bytes_per_shard) {
+            return bad(
+                "max_inflight_bytes_per_shard",
+                "must be 16 MiB..=64 GiB (in bytes)",
+            );
         }
         if !(16..=1_000_000).contains(&self.open_files_per_shard_max) {
             return bad("open_files_per_shard_max", "must be 16..=1000000");

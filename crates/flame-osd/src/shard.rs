@@ -48,6 +48,11 @@ pub struct Shard {
     max_connections: u32,
     max_inflight: u32,
     connections: Cell<u32>,
+    /// Payload bytes in flight on this shard, and its bound.
+    inflight_bytes: Cell<u64>,
+    inflight_bytes_max: u64,
+    /// Connection readers waiting for `inflight_bytes` to drop below the bound.
+    byte_waiters: RefCell<Vec<std::task::Waker>>,
 }
 
 /// What a shard thread needs to start.
@@ -108,6 +113,9 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 max_connections: cfg.max_connections_per_shard,
                 max_inflight: cfg.max_inflight_per_connection,
                 connections: Cell::new(0),
+                inflight_bytes: Cell::new(0),
+                inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
+                byte_waiters: RefCell::new(Vec::new()),
             });
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
@@ -164,6 +172,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     let peer = conn.peer();
     // The first message must be a Hello naming this shard.
     let mut max_inflight = shard.max_inflight;
+    let mut is_peer = false;
     let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
         reactor::sleep(HELLO_TIMEOUT).await;
         None
@@ -175,6 +184,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                 // One replication connection carries the writes of every client of
                 // the sending shard: give it room for all of them.
                 max_inflight = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR);
+                is_peer = true;
             }
             let reply = shard.hello(&hello);
             let ok = matches!(reply, Message::Reply { status: 0, .. });
@@ -206,6 +216,13 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         // Back-pressure: stop reading while the connection has too much in flight;
         // the unread requests wait in the socket and slow the sender down.
         inflight.below(max_inflight).await;
+        if !is_peer {
+            // Replication connections never wait on the shard's byte bound: their
+            // requests are what frees other shards' (and this one's) primaries, so
+            // blocking them could deadlock two OSDs waiting on each other. Their
+            // volume is bounded by the sending primaries' own bounds.
+            shard.bytes_below_bound().await;
+        }
         let msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
@@ -220,12 +237,15 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             return;
         }
         inflight.count.set(inflight.count.get() + 1);
+        let bytes = payload_bytes(&msg);
+        shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);
         let shard = shard.clone();
         let conn = conn.clone();
         let inflight = inflight.clone();
         reactor::spawn(async move {
             let reply = shard.execute(msg).await;
             let _ = conn.send_owned(reply);
+            shard.release_bytes(bytes);
             inflight.count.set(inflight.count.get() - 1);
             if let Some(w) = inflight.reader.take() {
                 w.wake();
@@ -270,7 +290,38 @@ impl MapView {
     }
 }
 
+/// Memory a request holds while it runs: its write data or its read result.
+fn payload_bytes(msg: &Message) -> u64 {
+    match msg {
+        Message::Write { target, .. } | Message::Read { target, .. } => u64::from(target.length),
+        _ => 0,
+    }
+}
+
 impl Shard {
+    /// Waits while the shard's in-flight payload bytes are at their bound.
+    async fn bytes_below_bound(&self) {
+        std::future::poll_fn(|cx| {
+            if self.inflight_bytes.get() < self.inflight_bytes_max {
+                std::task::Poll::Ready(())
+            } else {
+                self.byte_waiters.borrow_mut().push(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+
+    fn release_bytes(&self, bytes: u64) {
+        let now = self.inflight_bytes.get() - bytes;
+        self.inflight_bytes.set(now);
+        if now < self.inflight_bytes_max {
+            for w in self.byte_waiters.borrow_mut().drain(..) {
+                w.wake();
+            }
+        }
+    }
+
     /// The current map view; recomputed only when the epoch moved.
     fn view(&self) -> Rc<MapView> {
         let source = self.map_source.load();
@@ -442,7 +493,7 @@ impl Shard {
                     me.as_ref()
                         .is_some_and(|m| m.shard_of(object_pg(o, pg_count)) == shard)
                 };
-                match self.store.delete_volume(*volume, owned) {
+                match self.store.delete_volume(*volume, owned).await {
                     Ok(n) => {
                         tracing::info!(shard = self.id, %volume, objects = n, "deleted volume objects");
                         (status::OK, Vec::new())

@@ -47,6 +47,10 @@ pub struct ObjectStore {
     generation: Cell<u64>,
     /// Volume directories known to exist.
     known_dirs: RefCell<HashSet<VolumeId>>,
+    /// Objects known not to exist (reads of never-written data are common and
+    /// would otherwise cost a failing `open` each). Exact, because only this shard
+    /// creates or removes its objects; cleared when it grows past its bound.
+    absent: RefCell<HashSet<ObjectId>>,
 }
 
 /// Decides `O_DIRECT` for a data directory: probes by creating an aligned file.
@@ -88,6 +92,12 @@ pub fn probe_direct_io(data_dir: &Path, policy: DirectIo) -> io::Result<bool> {
         (Err(_), _) => Ok(false),
     }
 }
+
+/// Bound of the known-absent object cache.
+const ABSENT_CACHE_MAX: usize = 65_536;
+
+/// Files removed between yields when deleting a volume.
+pub const DELETE_BATCH: u64 = 64;
 
 /// Most fdatasyncs one flush keeps in flight (and object files it holds open).
 pub const FLUSH_PARALLEL_MAX: usize = 64;
@@ -132,6 +142,7 @@ impl ObjectStore {
             dirty_dirs: RefCell::new(HashMap::new()),
             generation: Cell::new(0),
             known_dirs: RefCell::new(HashSet::new()),
+            absent: RefCell::new(HashSet::new()),
         }
     }
 
@@ -151,6 +162,9 @@ impl ObjectStore {
         if let Some(f) = self.files.borrow().get(&object) {
             return Ok(Some(f.clone()));
         }
+        if !create && self.absent.borrow().contains(&object) {
+            return Ok(None);
+        }
         let path = self.object_path(object);
         if create && !self.known_dirs.borrow().contains(&object.volume) {
             let dir = self.volume_dir(object.volume);
@@ -168,9 +182,17 @@ impl ObjectStore {
             .open(&path)
         {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => {
+                let mut absent = self.absent.borrow_mut();
+                if absent.len() >= ABSENT_CACHE_MAX {
+                    absent.clear();
+                }
+                absent.insert(object);
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
+        self.absent.borrow_mut().remove(&object);
         if !existed {
             self.mark_dir_dirty(self.volume_dir(object.volume));
         }
@@ -349,8 +371,10 @@ impl ObjectStore {
     }
 
     /// Removes the volume's objects for which `owned` is true (the objects of this
-    /// shard's placement groups). Returns how many were removed.
-    pub fn delete_volume(
+    /// shard's placement groups). Returns how many were removed. Yields to the
+    /// shard's other tasks every [`DELETE_BATCH`] files, so removing a large volume
+    /// does not stall every connection of the shard.
+    pub async fn delete_volume(
         &self,
         volume: VolumeId,
         owned: impl Fn(ObjectId) -> bool,
@@ -378,6 +402,10 @@ impl ObjectStore {
                 Ok(()) => removed += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
+            }
+            self.absent.borrow_mut().insert(object);
+            if removed % DELETE_BATCH == 0 {
+                reactor::yield_now().await;
             }
         }
         self.known_dirs.borrow_mut().remove(&volume);
@@ -547,7 +575,10 @@ mod tests {
             assert!(back[12288..].iter().all(|&b| b == 9));
             s.zero(obj(3), 0, 4096, true).await.unwrap(); // missing object: no-op
             s.flush().await.unwrap();
-            let n = s.delete_volume(VolumeId(5), |o| o.index == 1).unwrap();
+            let n = s
+                .delete_volume(VolumeId(5), |o| o.index == 1)
+                .await
+                .unwrap();
             assert_eq!(n, 1);
             assert!(
                 !root
@@ -559,6 +590,24 @@ mod tests {
                     .exists()
             );
             assert_eq!(s.read(obj(1), 0, 16).await.unwrap(), vec![0; 16]);
+        });
+    }
+
+    #[test]
+    fn absent_cache_never_hides_a_written_object() {
+        with_store(false, async |s, _| {
+            assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![0; 8]);
+            assert!(s.absent.borrow().contains(&obj(7)));
+            s.zero(obj(7), 0, 8, false).await.unwrap(); // still absent: no file made
+            s.write(obj(7), 0, vec![5; 8], false).await.unwrap();
+            assert!(!s.absent.borrow().contains(&obj(7)));
+            // Evict it from the open-file cache, then read through a fresh open.
+            s.files.borrow_mut().clear();
+            assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![5; 8]);
+            s.delete_volume(VolumeId(5), |_| true).await.unwrap();
+            assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![0; 8]);
+            s.write(obj(7), 0, vec![6; 8], false).await.unwrap();
+            assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![6; 8]);
         });
     }
 
