@@ -182,28 +182,12 @@ fn primary_of(cluster: &Cluster, map: &ClusterMap, pg: PgId) -> Option<OsdId> {
     })
 }
 
-/// Gives `msg` the request id `new` (ids are per connection, so they are only known
-/// once the connection is).
-fn set_id(msg: &mut Message, new: RequestId) {
-    match msg {
-        Message::Hello { id, .. }
-        | Message::Read { id, .. }
-        | Message::Write { id, .. }
-        | Message::WriteZeroes { id, .. }
-        | Message::Discard { id, .. }
-        | Message::Flush { id, .. }
-        | Message::DeleteVolume { id, .. }
-        | Message::Ping { id, .. }
-        | Message::Reply { id, .. } => *id = new,
-    }
-}
-
 /// Sends `msg` to `target` and waits for the reply. The message stays with the
 /// caller, so a retry can resend it (with a new id) without rebuilding its payload.
 async fn exchange(target: &Target, msg: &mut Message) -> Result<Reply, Transient> {
     let conn = connection::get(target).await?;
     let id = conn.next_id();
-    set_id(msg, id);
+    msg.set_id(id);
     Ok(conn.call(id, msg).await?)
 }
 

@@ -404,6 +404,22 @@ impl Message {
         }
     }
 
+    /// Gives the message request id `new` (ids are per connection, so a message
+    /// resent on another connection gets a new one).
+    pub fn set_id(&mut self, new: RequestId) {
+        match self {
+            Message::Hello { id, .. }
+            | Message::Read { id, .. }
+            | Message::Write { id, .. }
+            | Message::WriteZeroes { id, .. }
+            | Message::Discard { id, .. }
+            | Message::Flush { id, .. }
+            | Message::DeleteVolume { id, .. }
+            | Message::Ping { id, .. }
+            | Message::Reply { id, .. } => *id = new,
+        }
+    }
+
     /// The sender's map epoch.
     pub fn epoch(&self) -> Epoch {
         match self {

@@ -71,7 +71,8 @@ impl Peers {
         let reply = {
             let id = peer.next_id.get();
             peer.next_id.set(id + 1);
-            let msg = with_id(msg, RequestId(id));
+            let mut msg = msg;
+            msg.set_id(RequestId(id));
             let (tx, rx) = oneshot::channel();
             peer.pending.borrow_mut().insert(id, tx);
             if peer.conn.send_owned(msg).is_err() {
@@ -216,47 +217,5 @@ impl Peers {
         })
         .detach();
         Ok(peer)
-    }
-}
-
-fn with_id(msg: Message, id: RequestId) -> Message {
-    match msg {
-        Message::Write {
-            epoch,
-            target,
-            flags,
-            data,
-            ..
-        } => Message::Write {
-            id,
-            epoch,
-            target,
-            flags,
-            data,
-        },
-        Message::WriteZeroes {
-            epoch,
-            target,
-            flags,
-            ..
-        } => Message::WriteZeroes {
-            id,
-            epoch,
-            target,
-            flags,
-        },
-        Message::Discard {
-            epoch,
-            target,
-            flags,
-            ..
-        } => Message::Discard {
-            id,
-            epoch,
-            target,
-            flags,
-        },
-        Message::Flush { epoch, flags, .. } => Message::Flush { id, epoch, flags },
-        other => other,
     }
 }

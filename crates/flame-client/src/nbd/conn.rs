@@ -180,7 +180,7 @@ async fn writer(conn: Rc<Conn>) {
             Poll::Ready(Some(std::mem::take(&mut q.bufs)))
         })
         .await;
-        let Some(mut bufs) = bufs else { return };
+        let Some(bufs) = bufs else { return };
         {
             // Back-pressured readers may go on: the queue was just emptied.
             let mut q = conn.queue.borrow_mut();
@@ -188,23 +188,9 @@ async fn writer(conn: Rc<Conn>) {
                 w.wake();
             }
         }
-        let total: usize = bufs.iter().map(Vec::len).sum();
-        let mut done = 0;
-        while done < total {
-            let (res, back) = reactor::writev(fd, bufs, done).await;
-            bufs = back;
-            match res {
-                Ok(0) => {
-                    conn.close();
-                    return;
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    conn.close();
-                    return;
-                }
-            }
+        if reactor::writev_all(fd, bufs).await.is_err() {
+            conn.close();
+            return;
         }
     }
 }

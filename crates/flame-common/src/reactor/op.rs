@@ -222,6 +222,30 @@ pub async fn writev(
     (result(res), bufs)
 }
 
+/// Writes all of `bufs` (in order), resuming after short writes. A zero-byte write
+/// (peer gone) is an error. Returns the buffers for reuse.
+pub async fn writev_all(fd: RawFd, mut bufs: Vec<Vec<u8>>) -> io::Result<Vec<Vec<u8>>> {
+    let total: usize = bufs.iter().map(Vec::len).sum();
+    let mut done = 0;
+    // Bounded: every round writes at least one byte or returns.
+    while done < total {
+        let (res, back) = writev(fd, bufs, done).await;
+        bufs = back;
+        match res {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "peer accepted no bytes",
+                ));
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(bufs)
+}
+
 /// Reads `buf.len()` bytes at `offset` of a file into `buf`; returns the count read
 /// (short at end of file).
 pub async fn read_at<B: IoBufMut>(fd: RawFd, mut buf: B, offset: u64) -> (io::Result<usize>, B) {

@@ -346,24 +346,10 @@ async fn writer(conn: Rc<TcpConn>) {
             Poll::Ready(Some(std::mem::take(&mut q.bufs)))
         })
         .await;
-        let Some(mut bufs) = bufs else { return };
-        let total: usize = bufs.iter().map(Vec::len).sum();
-        let mut done = 0;
-        while done < total {
-            let (res, back) = reactor::writev(fd, bufs, done).await;
-            bufs = back;
-            match res {
-                Ok(0) => {
-                    conn.close();
-                    return;
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    conn.close();
-                    return;
-                }
-            }
+        let Some(bufs) = bufs else { return };
+        if reactor::writev_all(fd, bufs).await.is_err() {
+            conn.close();
+            return;
         }
     }
 }
