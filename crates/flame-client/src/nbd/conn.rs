@@ -265,13 +265,16 @@ impl Reader {
     /// received straight into it. The caller bounds `len`.
     pub(crate) async fn read_vec(&mut self, len: usize) -> io::Result<Vec<u8>> {
         let have = self.buffered().min(len);
-        let mut out = Vec::with_capacity(len);
-        out.extend_from_slice(&self.buf[self.start..self.start + have]);
-        self.start += have;
         if have == len {
+            let out = self.buf[self.start..self.start + have].to_vec();
+            self.start += have;
             return Ok(out);
         }
-        out.resize(len, 0);
+        // Fresh zeroed pages from the allocator: no memset of up to 32 MiB that the
+        // receive is about to overwrite.
+        let mut out = vec![0u8; len];
+        out[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
+        self.start += have;
         let mut filled = have;
         while filled < len {
             if self.conn.is_closed() {

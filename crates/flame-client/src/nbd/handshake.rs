@@ -69,6 +69,13 @@ pub(crate) async fn negotiate<E: Exports>(
     let cflags = decode_client_flags(&fb).map_err(|e| HandshakeError::Protocol(e.to_string()))?;
     let mut structured = false;
     loop {
+        // The client may not send an option before the final reply to the previous
+        // one, so nothing is lost by waiting for our replies to drain — and a client
+        // that floods options without reading cannot make us queue replies forever.
+        conn.wait_queue_below(0).await;
+        if conn.is_closed() {
+            return Err(HandshakeError::Io(std::io::ErrorKind::BrokenPipe.into()));
+        }
         let mut hb = [0u8; OPTION_HEADER_LEN];
         rd.read_exact(&mut hb).await?;
         let h = decode_option_header(&hb).map_err(|e| HandshakeError::Protocol(e.to_string()))?;

@@ -132,12 +132,28 @@ pub(crate) async fn serve<B: Backend + 'static>(
             reader: RefCell::new(None),
         },
     });
+    // Handles of the running requests. When the client vanishes (any error return
+    // below), dropping them cancels the requests: none keeps retrying for a client
+    // that is gone, where a late retry could overwrite a write the client made
+    // after reconnecting, and their buffers are freed at once.
+    let mut tasks: Vec<reactor::Task<()>> = Vec::new();
     loop {
+        // Replies the client has not read bound what we read from it — refused
+        // requests included, whose error replies also queue up.
+        if s.conn.queued_bytes() > SEND_QUEUE_HIGH_BYTES {
+            s.conn.wait_queue_below(SEND_QUEUE_HIGH_BYTES).await;
+        }
         let mut hb = [0u8; REQUEST_LEN];
         rd.read_exact(&mut hb).await?;
         let req = decode_request(&hb).map_err(|e| TransmissionError::Protocol(e.to_string()))?;
         let cmd = match validate(&req, &info) {
             Ok(c) => c,
+            Err(refusal) if req.cmd == CMD_DISC => {
+                // DISC is never answered, even when malformed: treat it as a
+                // disconnect request.
+                tracing::debug!("DISC with bad flags: {}", refusal.message);
+                break;
+            }
             Err(refusal) => {
                 if req.cmd == CMD_WRITE {
                     if req.len > PAYLOAD_BYTES_MAX {
@@ -172,11 +188,8 @@ pub(crate) async fn serve<B: Backend + 'static>(
             Command::Read { len, .. } | Command::Write { len, .. } => u64::from(len),
             _ => 0,
         };
-        // Bounds: requests and bytes in flight, and replies the client has not read.
+        // Bounds: requests and bytes in flight.
         s.inflight.wait(|i| i.has_room(payload_bytes)).await;
-        if s.conn.queued_bytes() > SEND_QUEUE_HIGH_BYTES {
-            s.conn.wait_queue_below(SEND_QUEUE_HIGH_BYTES).await;
-        }
         if s.conn.is_closed() {
             return Err(TransmissionError::Io(io::ErrorKind::BrokenPipe.into()));
         }
@@ -185,13 +198,27 @@ pub(crate) async fn serve<B: Backend + 'static>(
             _ => Vec::new(),
         };
         s.inflight.start(payload_bytes);
-        reactor::spawn(run_request(s.clone(), req.cookie, cmd, data, payload_bytes)).detach();
+        tasks.push(reactor::spawn(run_request(
+            s.clone(),
+            req.cookie,
+            cmd,
+            data,
+            payload_bytes,
+        )));
+        if tasks.len() >= TASKS_PRUNE_AT {
+            tasks.retain(|t| !t.is_finished());
+        }
     }
     // Soft disconnect: finish what is in flight, write the replies, then close.
     s.inflight.wait(|i| i.count.get() == 0).await;
+    drop(tasks);
     s.conn.wait_queue_below(0).await;
     Ok(())
 }
+
+/// Finished request handles are pruned when this many have accumulated (twice the
+/// in-flight bound keeps the vector small and the pruning rare).
+const TASKS_PRUNE_AT: usize = 256;
 
 /// Data of a successful read: its offset and bytes.
 type ReadData = Option<(u64, Vec<u8>)>;
