@@ -61,6 +61,27 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Makes everything a previous incarnation of this OSD wrote stable before serving.
+///
+/// The dirty set that FLUSH works from lives in memory. After a crash (kill -9) the
+/// writes it acknowledged are still only in the page cache; without this, the first
+/// FLUSH after the restart would find an empty dirty set and report success for
+/// data that a power failure could still lose.
+fn sync_data_fs(data_dir: &std::path::Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(data_dir)
+        .map_err(|e| format!("cannot open data_dir {}: {e}", data_dir.display()))?;
+    // SAFETY: syncfs on a descriptor we own.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(format!(
+            "syncfs of {} failed: {}; refusing to serve data that may not be stable",
+            data_dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 fn run(args: Args) -> Result<(), String> {
     let cfg: OsdConfig =
         flame_common::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
@@ -68,6 +89,7 @@ fn run(args: Args) -> Result<(), String> {
     raise_open_file_limit();
     std::fs::create_dir_all(cfg.data_dir.join("objects"))
         .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
+    sync_data_fs(&cfg.data_dir)?;
     let identity = control::Identity::load_or_create(&cfg.data_dir)?;
     let direct_io =
         store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
