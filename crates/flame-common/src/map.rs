@@ -169,6 +169,10 @@ pub fn validate_volume_name(name: &str) -> Result<(), String> {
     {
         return Err("volume name may contain only A-Z a-z 0-9 - _ .".into());
     }
+    if name.chars().all(|c| c == '.') {
+        // `.` and `..` are path segments: an HTTP client normalises them away.
+        return Err("volume name may not consist of dots only".into());
+    }
     Ok(())
 }
 
@@ -176,3 +180,17 @@ pub fn validate_volume_name(name: &str) -> Result<(), String> {
 pub const VOLUME_NAME_BYTES_MAX: usize = 128;
 /// Largest volume: 1 PiB. Bounds object indexes and arithmetic on offsets.
 pub const VOLUME_SIZE_MAX: u64 = 1 << 50;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_names() {
+        assert!(validate_volume_name("vm-1_a.b").is_ok());
+        for bad in ["", ".", "..", "...", "a/b", "a b", "ä"] {
+            assert!(validate_volume_name(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(validate_volume_name(&"x".repeat(VOLUME_NAME_BYTES_MAX + 1)).is_err());
+    }
+}

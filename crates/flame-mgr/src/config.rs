@@ -41,6 +41,11 @@ pub struct MgrConfig {
     /// Pool settings, used only when the cluster is created: they are fixed after
     /// that (changing them would move every object).
     pub pool: PoolConfig,
+    /// Whether an OSD registering for the first time joins `in` even though
+    /// volumes exist. Off by default: without backfill (not implemented yet) the
+    /// placement groups it takes over would read back as zeroes. Turn it on only
+    /// for a cluster whose volumes hold no data yet.
+    pub new_osds_in_with_volumes: bool,
 }
 
 impl Default for MgrConfig {
@@ -52,6 +57,7 @@ impl Default for MgrConfig {
             heartbeat_grace_ms: 6000,
             failure_check_interval_ms: 1000,
             pool: PoolConfig::default(),
+            new_osds_in_with_volumes: false,
         }
     }
 }

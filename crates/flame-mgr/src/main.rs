@@ -144,7 +144,9 @@ async fn serve(
     let fsid = persisted.map.fsid.clone();
     // Start time counts as every OSD's last heartbeat: they get a full grace period
     // to find the restarted manager.
-    let shared = shared::Shared::new(store, ClusterState::new(persisted, Instant::now()), metrics);
+    let mut cluster_state = ClusterState::new(persisted, Instant::now());
+    cluster_state.new_osds_in_with_volumes = config.new_osds_in_with_volumes;
+    let shared = shared::Shared::new(store, cluster_state, metrics);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

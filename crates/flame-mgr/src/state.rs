@@ -163,6 +163,8 @@ pub struct ClusterState {
     pub persisted: PersistedState,
     /// Heartbeat data by OSD; every OSD in the map has an entry.
     runtime: BTreeMap<OsdId, OsdRuntime>,
+    /// `MgrConfig::new_osds_in_with_volumes`.
+    pub new_osds_in_with_volumes: bool,
 }
 
 impl ClusterState {
@@ -186,7 +188,11 @@ impl ClusterState {
                 )
             })
             .collect();
-        ClusterState { persisted, runtime }
+        ClusterState {
+            persisted,
+            runtime,
+            new_osds_in_with_volumes: false,
+        }
     }
 
     /// The current map.
@@ -248,15 +254,44 @@ impl ClusterState {
             }
         };
         let old = self.persisted.map.osds.get(&id);
+        // Placement inputs (in, host, weight) must not change under existing data:
+        // there is no backfill yet, so a placement group moved to an OSD that lacks
+        // its objects would read back zeroes. While any volume exists, a new OSD
+        // joins `out`, and a known OSD keeps the host and weight it registered with
+        // (a changed value in its config is logged and ignored).
+        let has_data = !self.persisted.map.volumes.is_empty() && !self.new_osds_in_with_volumes;
+        let (host, weight) = match old {
+            Some(o) if has_data && (o.host != req.host || o.weight != req.weight) => {
+                warn!(
+                    "{id} booted with host {:?} weight {} but keeps host {:?} weight {}: \
+                     changing placement under existing volumes needs data movement (not \
+                     implemented yet)",
+                    req.host, req.weight, o.host, o.weight
+                );
+                (o.host.clone(), o.weight)
+            }
+            _ => (req.host.clone(), req.weight),
+        };
+        let r#in = match old {
+            // An operator's "out" must survive the OSD restarting.
+            Some(o) => o.r#in,
+            None if has_data => {
+                warn!(
+                    "new OSD {id} joins OUT: volumes exist and moving their placement \
+                     groups to it needs data movement (not implemented yet)"
+                );
+                false
+            }
+            None => true,
+        };
         let info = OsdInfo {
             id,
             addr: req.addr,
             shards: req.shards,
-            host: req.host.clone(),
-            weight: req.weight,
+            host,
+            weight,
             up: true,
-            // An operator's "out" must survive the OSD restarting.
-            r#in: old.is_none_or(|o| o.r#in),
+            r#in,
             metrics_addr: req.metrics_addr,
         };
         if old != Some(&info) {
@@ -744,6 +779,35 @@ mod tests {
         req.id = Some(OsdId(u32::MAX));
         assert_eq!(s.boot(&req, now).unwrap(), OsdId(8));
         s.persisted.check().unwrap();
+    }
+
+    #[test]
+    fn placement_inputs_do_not_change_under_existing_volumes() {
+        let mut s = state();
+        let now = Instant::now();
+        let a = s.boot(&boot_req("u-a", 6900, "h1"), now).unwrap();
+        assert!(s.map().osds[&a].r#in, "before any volume, new OSDs join in");
+        s.create_volume(
+            &VolumeCreate {
+                name: "v".into(),
+                size: 1 << 30,
+            },
+            0,
+        )
+        .unwrap();
+        // A new OSD joins out while volumes exist (no backfill to fill it).
+        let b = s.boot(&boot_req("u-b", 6910, "h2"), now).unwrap();
+        assert!(!s.map().osds[&b].r#in);
+        // A known OSD keeps the host and weight placement was computed with.
+        let mut moved = boot_req("u-a", 6900, "h9");
+        moved.weight = 5.0;
+        s.boot(&moved, now).unwrap();
+        assert_eq!(s.map().osds[&a].host, "h1");
+        assert_eq!(s.map().osds[&a].weight, 1.0);
+        // Unless the operator said the volumes hold no data yet.
+        s.new_osds_in_with_volumes = true;
+        let c = s.boot(&boot_req("u-c", 6920, "h3"), now).unwrap();
+        assert!(s.map().osds[&c].r#in);
     }
 
     #[test]

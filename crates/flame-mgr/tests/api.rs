@@ -206,7 +206,10 @@ fn create(name: &str, size: u64) -> VolumeCreate {
 #[test]
 fn volume_routes_status_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let mgr = Mgr::start(&write_config(dir.path(), "pool:\n  pg_count: 64\n"));
+    let mgr = Mgr::start(&write_config(
+        dir.path(),
+        "pool:\n  pg_count: 64\nnew_osds_in_with_volumes: true\n",
+    ));
 
     let st: ClusterStatus = mgr.get_ok("/v1/status");
     assert_eq!(st.health, "HEALTH_ERR", "no OSDs yet");
