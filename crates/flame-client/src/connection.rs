@@ -99,6 +99,9 @@ pub(crate) struct OsdConn {
     pending: RefCell<HashMap<u64, (OpCode, Waiter)>>,
     /// Tasks waiting for an in-flight slot.
     slot_waiters: RefCell<Vec<Waker>>,
+    /// Write payload bytes of the pending requests (bounded by
+    /// [`PENDING_BYTES_MAX`]).
+    pending_bytes: Cell<u64>,
     failed: Cell<bool>,
     /// Whether this connection is counted in `flame_client_connections`.
     counted: Cell<bool>,
@@ -139,27 +142,42 @@ fn check_reactor() {
 struct PendingGuard<'a> {
     conn: &'a OsdConn,
     id: u64,
+    /// Payload bytes this request counts against [`PENDING_BYTES_MAX`].
+    bytes: u64,
 }
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        let removed = self.conn.pending.borrow_mut().remove(&self.id).is_some();
-        if removed {
-            self.conn.wake_slot_waiters();
-        }
+        self.conn.pending.borrow_mut().remove(&self.id);
+        self.conn
+            .pending_bytes
+            .set(self.conn.pending_bytes.get() - self.bytes);
+        self.conn.wake_slot_waiters();
     }
 }
+
+/// Write payload bytes one connection may have pending. Far below the transport's
+/// send-queue bound (which fails a connection whose peer stops reading): a client
+/// with many large writes waits here instead of having a healthy but slow
+/// connection torn down and its requests resent on a new one.
+pub const PENDING_BYTES_MAX: u64 = 64 << 20;
 
 impl OsdConn {
     /// Sends `msg` (whose id must come from [`OsdConn::next_id`]) and waits for its
     /// reply. The caller bounds the wait (dropping the future is clean).
     pub(crate) async fn call(&self, id: RequestId, msg: &Message) -> Result<Reply, ConnError> {
-        self.acquire_slot().await?;
+        let bytes = match msg {
+            Message::Write { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        self.acquire_slot(bytes).await?;
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(id.0, (msg.op(), tx));
+        self.pending_bytes.set(self.pending_bytes.get() + bytes);
         let _guard = PendingGuard {
             conn: self,
             id: id.0,
+            bytes,
         };
         if let Err(e) = self.conn.send(msg) {
             let e = ConnError::lost(format!("sending to {}: {e}", self.addr));
@@ -182,8 +200,10 @@ impl OsdConn {
         RequestId(id)
     }
 
-    /// Waits until fewer than [`INFLIGHT_PER_CONNECTION_MAX`] requests are pending.
-    async fn acquire_slot(&self) -> Result<(), ConnError> {
+    /// Waits until fewer than [`INFLIGHT_PER_CONNECTION_MAX`] requests are pending
+    /// and `bytes` more fit under [`PENDING_BYTES_MAX`] (a request larger than the
+    /// bound goes alone).
+    async fn acquire_slot(&self, bytes: u64) -> Result<(), ConnError> {
         std::future::poll_fn(|cx| {
             if self.failed.get() {
                 return Poll::Ready(Err(ConnError::lost(format!(
@@ -191,7 +211,9 @@ impl OsdConn {
                     self.addr
                 ))));
             }
-            if self.pending.borrow().len() < INFLIGHT_PER_CONNECTION_MAX {
+            let pending_bytes = self.pending_bytes.get();
+            let bytes_fit = pending_bytes == 0 || pending_bytes + bytes <= PENDING_BYTES_MAX;
+            if self.pending.borrow().len() < INFLIGHT_PER_CONNECTION_MAX && bytes_fit {
                 return Poll::Ready(Ok(()));
             }
             self.slot_waiters.borrow_mut().push(cx.waker().clone());
@@ -400,6 +422,7 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         next_id: Cell::new(1),
         pending: RefCell::new(HashMap::new()),
         slot_waiters: RefCell::new(Vec::new()),
+        pending_bytes: Cell::new(0),
         failed: Cell::new(false),
         counted: Cell::new(false),
     });

@@ -92,9 +92,16 @@ async fn back_off(
         return Err(timeout(cluster, op, t.message));
     };
     tracing::trace!(op, reason = t.reason.name(), msg = %t.message, ?delay, "retrying");
-    let ticket = cluster.request_map_refresh();
+    // Only a stale map or a lost connection (the OSD may have moved) is news the
+    // manager can help with now; for a down OSD or an unreachable replica, the
+    // long-polling map watcher brings the change when it happens. Asking on every
+    // retry of every piece would hammer the manager exactly during an incident.
+    let ticket = matches!(t.reason, RetryReason::Stale | RetryReason::Connection)
+        .then(|| cluster.request_map_refresh());
     reactor::sleep(delay).await;
-    if t.reason.wants_fresh_map() {
+    if let Some(ticket) = ticket
+        && t.reason.wants_fresh_map()
+    {
         cluster.wait_refreshed(ticket, backoff.deadline()).await;
     }
     Ok(())
