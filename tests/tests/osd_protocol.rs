@@ -26,6 +26,17 @@ fn process_of(cluster: &TestCluster, map: &ClusterMap, id: OsdId) -> usize {
 }
 
 async fn connect(map: &ClusterMap, osd: OsdId, shard: u16) -> Conn {
+    connect_as(map, osd, shard, 0, 0).await
+}
+
+/// Connects with a fencing session and generation (0, 0: no fencing).
+async fn connect_as(
+    map: &ClusterMap,
+    osd: OsdId,
+    shard: u16,
+    session: u64,
+    generation: u64,
+) -> Conn {
     let info = &map.osds[&osd];
     let conn = Conn::connect(TransportKind::Tcp, info.shard_addr(shard), TIMEOUT)
         .await
@@ -35,6 +46,8 @@ async fn connect(map: &ClusterMap, osd: OsdId, shard: u16) -> Conn {
         epoch: map.epoch,
         shard,
         peer: false,
+        session,
+        generation,
     })
     .unwrap();
     match conn.recv().await.unwrap() {
@@ -340,4 +353,81 @@ fn a_small_shard_byte_bound_slows_clients_but_never_deadlocks() {
             "MiB {mib}"
         );
     }
+}
+
+#[test]
+fn a_reconnected_session_fences_its_old_connection() {
+    // A client that resends on a new connection must never have the stale original
+    // (still arriving on the old connection) executed after it.
+    let cluster = TestCluster::start();
+    let vol = cluster.create_volume("fence", 16 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = locate(&map, object);
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    reactor
+        .block_on(async move {
+            let m = map;
+            let primary = loc.osds[0];
+            let shard = m.osds[&primary].shard_of(loc.pg);
+            let session = 0x5eed_u64;
+            let old = connect_as(&m, primary, shard, session, 1).await;
+            let st =
+                status_of(&call_retry(&old, write(&m, 1, object, 0, vec![1; 4096]), true).await);
+            assert_eq!(st, status::OK);
+            // The session reconnects.
+            let new = connect_as(&m, primary, shard, session, 2).await;
+            assert_eq!(
+                status_of(&call(&new, write(&m, 2, object, 0, vec![2; 4096])).await),
+                status::OK
+            );
+            // A late request on the old connection is not executed; the connection ends.
+            old.send(&write(&m, 3, object, 0, vec![3; 4096])).unwrap();
+            let late = futures_lite::future::or(async { old.recv().await.ok() }, async {
+                flame_common::reactor::sleep(Duration::from_secs(5)).await;
+                None
+            })
+            .await;
+            assert!(
+                late.is_none(),
+                "the superseded connection answered: {late:?}"
+            );
+            let r = call(&new, read(&m, 4, object, 0, 4096)).await;
+            let Message::Reply {
+                status: 0, data, ..
+            } = r
+            else {
+                panic!("read failed: {r:?}")
+            };
+            assert!(data.iter().all(|&b| b == 2), "the stale write was executed");
+            // A hello older than the session's newest is refused.
+            let info = &m.osds[&primary];
+            let stale = Conn::connect(TransportKind::Tcp, info.shard_addr(shard), TIMEOUT)
+                .await
+                .unwrap();
+            stale
+                .send(&Message::Hello {
+                    id: RequestId(0),
+                    epoch: m.epoch,
+                    shard,
+                    peer: false,
+                    session,
+                    generation: 1,
+                })
+                .unwrap();
+            match stale.recv().await {
+                Ok(Message::Reply { status, .. }) => assert_eq!(status, status::ESTALE),
+                other => panic!("stale hello answered {other:?}"),
+            }
+            // Other sessions are unaffected.
+            let other = connect_as(&m, primary, shard, 0xabcdef, 1).await;
+            assert_eq!(
+                status_of(&call(&other, read(&m, 5, object, 0, 16)).await),
+                status::OK
+            );
+        })
+        .unwrap();
 }

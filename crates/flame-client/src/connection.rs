@@ -112,7 +112,21 @@ enum Slot {
     Connecting(Vec<oneshot::Sender<Result<Rc<OsdConn>, ConnError>>>),
 }
 
+/// Generation of the next connection this process opens (see `Message::Hello`):
+/// increasing, so an OSD can tell a reconnection from the connection it replaces.
+static NEXT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The fencing session of this thread's connections to one cluster: unique per
+/// (thread, cluster handle), since each such pair has at most one live connection
+/// per OSD shard. When it reconnects, the OSD stops executing requests still
+/// arriving on the old connection, which this thread may already have resent.
+fn session_of(key: &ConnKey) -> u64 {
+    let seed = SESSION_SEED.with(|s| *s);
+    flame_common::placement::mix64(seed ^ key.cluster) | 1
+}
+
 thread_local! {
+    static SESSION_SEED: u64 = rand::random();
     static TABLE: RefCell<HashMap<ConnKey, Slot>> = RefCell::new(HashMap::new());
     /// The reactor the table's connections were made on (see [`check_reactor`]).
     static TABLE_REACTOR: Cell<Option<u64>> = const { Cell::new(None) };
@@ -433,6 +447,8 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         epoch: target.epoch,
         shard: target.key.shard,
         peer: false,
+        session: session_of(&target.key),
+        generation: NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
     // If the timeout fires first, this future is dropped; close the connection then
     // so its reader task ends.

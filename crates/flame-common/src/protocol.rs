@@ -298,6 +298,14 @@ pub enum Message {
         /// clients' writes and so gets a larger in-flight bound). Encoded as the
         /// [`flags::REPLICA`] bit.
         peer: bool,
+        /// Who is connecting (random per client thread or OSD shard; 0 = no
+        /// fencing). Encoded in the header's volume field.
+        session: u64,
+        /// Increases with every connection a session opens. When a session
+        /// reconnects, the receiver stops executing requests still arriving on its
+        /// older connections: a request resent on the new connection must never be
+        /// overtaken by its stale original. Encoded in the object field.
+        generation: u64,
     },
     /// Read `target.length` bytes.
     Read {
@@ -458,9 +466,13 @@ impl Message {
                 epoch,
                 shard,
                 peer,
+                session,
+                generation,
             } => (
                 Header {
                     opcode: OpCode::Hello as u8,
+                    volume: *session,
+                    object: *generation,
                     flags: if *peer { flags::REPLICA } else { 0 },
                     request_id: id.0,
                     epoch: epoch.0,
@@ -608,6 +620,8 @@ impl Message {
                     epoch,
                     shard,
                     peer,
+                    session: h.volume,
+                    generation: h.object,
                 })
             }
             OpCode::Read => no_payload(Message::Read {
@@ -714,12 +728,16 @@ mod tests {
             epoch,
             shard: 3,
             peer: false,
+            session: 0,
+            generation: 0,
         });
         roundtrip(Message::Hello {
             id,
             epoch,
             shard: 3,
             peer: true,
+            session: 0xdead_beef,
+            generation: 7,
         });
         roundtrip(Message::Read {
             id,

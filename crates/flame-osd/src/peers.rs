@@ -35,6 +35,12 @@ pub struct Peers {
     /// opening a second connection (one connection keeps one order).
     connecting: RefCell<HashMap<(OsdId, u16), Rc<crate::ordering::Event>>>,
     metrics: Rc<ShardMetrics>,
+    /// This shard's replication session (random per process and shard), and the
+    /// generation of its newest connection: a replica stops executing requests from
+    /// a connection this shard has replaced, so a forward that timed out here and was
+    /// resent on a new connection can never be overtaken by its stale original.
+    session: u64,
+    generation: Cell<u64>,
 }
 
 impl Peers {
@@ -52,6 +58,8 @@ impl Peers {
             conns: RefCell::new(HashMap::new()),
             connecting: RefCell::new(HashMap::new()),
             metrics,
+            session: rand::random::<u64>() | 1,
+            generation: Cell::new(0),
         }
     }
 
@@ -161,6 +169,12 @@ impl Peers {
                 epoch,
                 shard,
                 peer: true,
+                session: self.session,
+                generation: {
+                    let g = self.generation.get() + 1;
+                    self.generation.set(g);
+                    g
+                },
             })
             .is_err()
         {

@@ -53,6 +53,8 @@ pub struct Shard {
     inflight_bytes_max: u64,
     /// Connection readers waiting for `inflight_bytes` to drop below the bound.
     byte_waiters: RefCell<Vec<std::task::Waker>>,
+    /// Newest connection generation of each session (see `Message::Hello`).
+    sessions: RefCell<std::collections::HashMap<u64, Rc<Cell<u64>>>>,
 }
 
 /// What a shard thread needs to start.
@@ -116,6 +118,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 inflight_bytes: Cell::new(0),
                 inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
                 byte_waiters: RefCell::new(Vec::new()),
+                sessions: RefCell::new(std::collections::HashMap::new()),
             });
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
@@ -173,6 +176,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     // The first message must be a Hello naming this shard.
     let mut max_inflight = shard.max_inflight;
     let mut is_peer = false;
+    let mut fence: Option<Fence> = None;
     let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
         reactor::sleep(HELLO_TIMEOUT).await;
         None
@@ -186,10 +190,34 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                 max_inflight = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR);
                 is_peer = true;
             }
-            let reply = shard.hello(&hello);
+            let mut reply = shard.hello(&hello);
+            if let (
+                Message::Hello {
+                    session,
+                    generation,
+                    ..
+                },
+                Message::Reply { status: st @ 0, .. },
+            ) = (&hello, &mut reply)
+                && *session != 0
+            {
+                match shard.register_session(*session, *generation) {
+                    Some(f) => fence = Some(f),
+                    None => {
+                        tracing::warn!(shard = shard.id, %peer, session, generation, "hello from a superseded connection; refusing");
+                        *st = status::ESTALE;
+                    }
+                }
+            }
             let ok = matches!(reply, Message::Reply { status: 0, .. });
-            if conn.send(&reply).is_err() || !ok {
+            if conn.send(&reply).is_err() {
                 conn.close();
+                return;
+            }
+            if !ok {
+                // The refusal (wrong shard, superseded session) must reach the
+                // sender, so it can tell a stale map from a network failure.
+                conn.close_after_send();
                 return;
             }
         }
@@ -231,6 +259,17 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                 return;
             }
         };
+        if let Some(f) = &fence
+            && f.current.get() != f.generation
+        {
+            // The same session has connected again: whatever still arrives here was
+            // sent before the sender gave up on this connection and may have been
+            // resent on the new one. Executing it now could let a stale write
+            // overtake (and then overwrite) its newer copy.
+            tracing::info!(shard = shard.id, %peer, "connection superseded by a newer one of its session; closing");
+            conn.close();
+            return;
+        }
         if matches!(msg, Message::Reply { .. } | Message::Hello { .. }) {
             tracing::warn!(shard = shard.id, %peer, "unexpected {:?} mid-connection; closing", msg.op());
             conn.close();
@@ -290,6 +329,16 @@ impl MapView {
     }
 }
 
+/// A connection's place in its session: it may execute requests only while its
+/// generation is the session's newest.
+struct Fence {
+    current: Rc<Cell<u64>>,
+    generation: u64,
+}
+
+/// Sessions one shard remembers (beyond those with a live connection).
+const SESSIONS_MAX: usize = 65_536;
+
 /// Memory a request holds while it runs: its write data or its read result.
 fn payload_bytes(msg: &Message) -> u64 {
     match msg {
@@ -299,6 +348,29 @@ fn payload_bytes(msg: &Message) -> u64 {
 }
 
 impl Shard {
+    /// Records that `session` opened connection `generation`. `None` if the session
+    /// already has a newer connection (this hello is itself stale).
+    fn register_session(&self, session: u64, generation: u64) -> Option<Fence> {
+        let mut sessions = self.sessions.borrow_mut();
+        if sessions.len() >= SESSIONS_MAX {
+            // Forget sessions without a live connection (only their fences hold
+            // a second reference).
+            sessions.retain(|_, c| Rc::strong_count(c) > 1);
+        }
+        let current = sessions
+            .entry(session)
+            .or_insert_with(|| Rc::new(Cell::new(0)))
+            .clone();
+        if generation < current.get() {
+            return None;
+        }
+        current.set(generation);
+        Some(Fence {
+            current,
+            generation,
+        })
+    }
+
     /// Waits while the shard's in-flight payload bytes are at their bound.
     async fn bytes_below_bound(&self) {
         std::future::poll_fn(|cx| {

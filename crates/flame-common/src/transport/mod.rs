@@ -89,6 +89,14 @@ impl Conn {
         }
     }
 
+    /// Closes the connection once every message queued so far has been sent — for
+    /// a last answer (a refusal) that must reach the peer before the close.
+    pub fn close_after_send(&self) {
+        match self {
+            Conn::Tcp(c) => c.close_after_send(),
+        }
+    }
+
     /// Whether the connection has failed or been closed.
     pub fn is_closed(&self) -> bool {
         match self {

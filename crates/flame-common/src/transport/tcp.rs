@@ -53,6 +53,8 @@ pub struct TcpConn {
     queue: RefCell<SendQueue>,
     recv_state: RefCell<Option<RecvState>>,
     closed: Cell<bool>,
+    /// Close once everything queued so far is written (see `close_after_send`).
+    closing: Cell<bool>,
 }
 
 impl TcpConn {
@@ -78,6 +80,7 @@ impl TcpConn {
                 end: 0,
             })),
             closed: Cell::new(false),
+            closing: Cell::new(false),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -302,6 +305,18 @@ impl TcpConn {
         }
     }
 
+    /// See [`super::Conn::close_after_send`].
+    pub fn close_after_send(&self) {
+        if self.closed.get() {
+            return;
+        }
+        self.closing.set(true);
+        // Wake the writer so an already-empty queue closes at once.
+        if let Some(w) = self.queue.borrow_mut().writer.take() {
+            w.wake();
+        }
+    }
+
     /// See [`super::Conn::close`].
     pub fn close(&self) {
         if self.closed.replace(true) {
@@ -338,6 +353,11 @@ async fn writer(conn: Rc<TcpConn>) {
             }
             let mut q = conn.queue.borrow_mut();
             if q.bufs.is_empty() {
+                if conn.closing.get() {
+                    drop(q);
+                    conn.close();
+                    return Poll::Ready(None);
+                }
                 q.writer = Some(cx.waker().clone());
                 return Poll::Pending;
             }
@@ -433,6 +453,39 @@ mod tests {
             let got = server.await;
             assert_eq!(got, sent);
             let _ = OpCode::Read;
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn close_after_send_delivers_the_last_message() {
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr();
+            spawn(async move {
+                let c = l.accept().await.unwrap();
+                let ping = Message::Ping {
+                    id: RequestId(9),
+                    epoch: Epoch(1),
+                };
+                c.send(&ping.reply(Epoch(1), crate::protocol::status::ESTALE))
+                    .unwrap();
+                c.close_after_send();
+                // Keep the listener side alive until the client has read.
+                crate::reactor::sleep(Duration::from_millis(200)).await;
+            })
+            .detach();
+            let c = TcpConn::connect(addr, Duration::from_secs(2))
+                .await
+                .unwrap();
+            match c.recv().await.unwrap() {
+                Message::Reply { status, .. } => {
+                    assert_eq!(status, crate::protocol::status::ESTALE)
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(matches!(c.recv().await, Err(TransportError::Closed)));
         })
         .unwrap();
     }
