@@ -3,6 +3,7 @@
 use flame_common::config::{Validate, cores};
 use flame_common::reactor::PollMode;
 use flame_common::transport::TransportKind;
+use flame_common::transport::tcp::SEND_QUEUE_BYTES_MAX;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,7 +86,7 @@ impl Default for OsdConfig {
             heartbeat_interval_ms: 1000,
             max_connections_per_shard: 1024,
             max_inflight_per_connection: 256,
-            max_inflight_bytes_per_shard: 256 << 20,
+            max_inflight_bytes_per_shard: 128 << 20,
             open_files_per_shard_max: 1024,
             connect_timeout_ms: 2000,
             replica_timeout_ms: 10_000,
@@ -166,10 +167,14 @@ impl Validate for OsdConfig {
         if !(1..=4096).contains(&self.max_inflight_per_connection) {
             return bad("max_inflight_per_connection", "must be 1..=4096");
         }
-        if !((16 << 20)..=(64 << 30)).contains(&self.max_inflight_bytes_per_shard) {
+        // Below the transport's per-connection send-queue bound with room to spare:
+        // everything one shard has in flight may be forwarded to one replica, and
+        // that replica connection must never hit its backlog limit (which fails it).
+        let shard_bytes_max = (SEND_QUEUE_BYTES_MAX as u64) * 3 / 4;
+        if !((16 << 20)..=shard_bytes_max).contains(&self.max_inflight_bytes_per_shard) {
             return bad(
                 "max_inflight_bytes_per_shard",
-                "must be 16 MiB..=64 GiB (in bytes)",
+                &format!("must be 16 MiB..={} MiB (in bytes)", shard_bytes_max >> 20),
             );
         }
         if !(16..=1_000_000).contains(&self.open_files_per_shard_max) {
