@@ -548,6 +548,15 @@ def main():
                                      text=True, timeout=10).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         args.commit = "?"
+    try:
+        head_time = int(subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=REPO, capture_output=True,
+                                       text=True, timeout=10).stdout.strip())
+        oldest = min(os.path.getmtime(os.path.join(bin_dir, n)) for n in BINARIES)
+        if oldest < head_time:
+            log(f"WARNING: binaries in {bin_dir} are older than commit {args.commit}: "
+                "the table's commit may not be what ran (use --build)")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
     snap_dir = tempfile.mkdtemp(prefix="flame-poll-bin-", dir=args.dir)
     try:
         for n in BINARIES:
