@@ -546,6 +546,12 @@ def main():
     try:
         args.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                      text=True, timeout=10).stdout.strip() or "?"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "crates", "Cargo.toml", "Cargo.lock"],
+                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        if dirty:
+            # cargo builds the work tree: uncommitted changes are in the binaries too.
+            args.commit += " + uncommitted changes"
+            log(f"WARNING: uncommitted changes under crates/ are built into the binaries:\n{dirty}")
     except (OSError, subprocess.SubprocessError):
         args.commit = "?"
     try:
