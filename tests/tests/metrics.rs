@@ -100,6 +100,14 @@ fn every_daemon_serves_its_metrics() {
         );
         let writes = sum_with(&text, "flame_osd_ops_total", "op=\"write\"").unwrap_or(0.0);
         assert!(writes > 0.0, "osd.{i}: no writes counted:\n{text}");
+        // Per-shard-thread idle-loop counters (interrupt mode: the shards sleep).
+        for name in [
+            "flame_osd_reactor_events_total",
+            "flame_osd_op_latency_seconds_bucket",
+            "flame_osd_connections",
+        ] {
+            assert!(text.contains(name), "osd.{i} lacks {name}:\n{text}");
+        }
     }
 
     // flame-nbd.

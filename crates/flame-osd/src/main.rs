@@ -94,6 +94,17 @@ fn run(args: Args) -> Result<(), String> {
     let direct_io =
         store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
     let shards = cfg.shard_count();
+    if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
+        // Measured (docs/benchmarks.md): with more spinning threads than cores,
+        // latency rises 20-170x, because the thread that has the work waits for a
+        // spinning one to be descheduled.
+        tracing::warn!(
+            shards,
+            cores = flame_common::config::cores(),
+            "poll_mode: busy spins every shard thread at 100% of a core; use it only when \
+             every spinning thread on this machine (all daemons) has a core of its own"
+        );
+    }
     tracing::info!(uuid = %identity.uuid, shards, direct_io, data_dir = %cfg.data_dir.display(), "starting");
 
     let mut listeners = Vec::with_capacity(usize::from(shards));

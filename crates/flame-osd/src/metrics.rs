@@ -51,6 +51,58 @@ static CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
 
+static REACTOR: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_reactor_events_total",
+        "Idle-loop events of the shard threads: sleeps (blocked in the kernel), spin_hits (spinning found work), empty_polls",
+        &["event", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static SPIN_BUDGET: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "flame_osd_reactor_spin_budget_polls",
+        "Current adaptive spin budget of each shard thread (poll_mode: adaptive)",
+        &["shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Publishes a shard thread's idle-loop counters (read from its reactor).
+pub struct ReactorMetrics {
+    sleeps: IntCounter,
+    spin_hits: IntCounter,
+    empty_polls: IntCounter,
+    budget: IntGauge,
+    last: flame_common::reactor::poll::PollStats,
+}
+
+impl ReactorMetrics {
+    /// Children for `shard`.
+    pub fn new(shard: u16) -> ReactorMetrics {
+        let s = shard.to_string();
+        ReactorMetrics {
+            sleeps: REACTOR.with_label_values(&["sleeps", &s]),
+            spin_hits: REACTOR.with_label_values(&["spin_hits", &s]),
+            empty_polls: REACTOR.with_label_values(&["empty_polls", &s]),
+            budget: SPIN_BUDGET.with_label_values(&[&s]),
+            last: Default::default(),
+        }
+    }
+
+    /// Adds what happened since the last call.
+    pub fn update(&mut self, now: flame_common::reactor::poll::PollStats) {
+        self.sleeps
+            .inc_by(now.sleeps.saturating_sub(self.last.sleeps));
+        self.spin_hits
+            .inc_by(now.spin_hits.saturating_sub(self.last.spin_hits));
+        self.empty_polls
+            .inc_by(now.empty_polls.saturating_sub(self.last.empty_polls));
+        self.budget.set(i64::from(now.budget));
+        self.last = now;
+    }
+}
+
 /// The data-path ops that get their own counters.
 pub const DATA_OPS: [OpCode; 5] = [
     OpCode::Read,

@@ -127,7 +127,19 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
         })
 }
 
+/// How often a shard publishes its reactor's idle-loop counters.
+const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+
 async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
+    let id = shard.id;
+    reactor::spawn(async move {
+        let mut m = crate::metrics::ReactorMetrics::new(id);
+        loop {
+            reactor::sleep(REACTOR_METRICS_INTERVAL).await;
+            m.update(reactor::poll_stats());
+        }
+    })
+    .detach();
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,

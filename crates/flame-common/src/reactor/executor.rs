@@ -98,6 +98,18 @@ pub(crate) struct Inner {
     wake_buf: RefCell<Box<u64>>,
     /// Process-unique id ([`current_id`]).
     id: u64,
+    /// The idle loop's counters as of its last idle period ([`poll_stats`]).
+    poll_stats: std::cell::Cell<super::poll::PollStats>,
+}
+
+/// Idle-loop counters of the current thread's reactor (zero off a reactor thread),
+/// for metrics: how often it slept, how often spinning found work.
+pub fn poll_stats() -> super::poll::PollStats {
+    CURRENT
+        .try_with(|c| c.borrow().as_ref().map(|i| i.poll_stats.get()))
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// Source of reactor ids.
@@ -345,6 +357,7 @@ impl Reactor {
             overflow: RefCell::new(std::collections::VecDeque::new()),
             wake_buf: RefCell::new(Box::new(0)),
             id: NEXT_REACTOR_ID.fetch_add(1, Ordering::Relaxed),
+            poll_stats: std::cell::Cell::new(super::poll::PollStats::default()),
         });
         inner.arm_wake();
         CURRENT.with(|c| {
@@ -404,7 +417,6 @@ impl Reactor {
             self.inner.submit()?;
             let reaped = self.inner.reap();
             if ran > 0 || reaped > 0 || !self.inner.shared.runnable.is_empty() {
-                self.poller.record_work();
                 continue;
             }
             // Idle: spin as the poll mode allows, then sleep in the kernel.
@@ -415,6 +427,7 @@ impl Reactor {
                     || !inner.shared.remote.is_empty()
             });
             if found {
+                self.inner.poll_stats.set(self.poller.stats());
                 continue;
             }
             self.inner.shared.sleeping.store(true, Ordering::SeqCst);
@@ -424,9 +437,11 @@ impl Reactor {
                 self.inner.shared.sleeping.store(false, Ordering::Release);
                 continue;
             }
+            let slept_from = std::time::Instant::now();
             let res = self.inner.ring.borrow_mut().submit_and_wait(1);
             self.inner.shared.sleeping.store(false, Ordering::Release);
-            self.poller.record_sleep();
+            self.poller.record_sleep(slept_from.elapsed());
+            self.inner.poll_stats.set(self.poller.stats());
             match res {
                 Ok(_) => {}
                 Err(e)

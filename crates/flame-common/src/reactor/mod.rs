@@ -24,7 +24,7 @@ mod op;
 pub mod poll;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
-pub use executor::{Handle, Reactor, ReactorConfig, current_id, spawn, yield_now};
+pub use executor::{Handle, Reactor, ReactorConfig, current_id, poll_stats, spawn, yield_now};
 pub use op::{
     accept, close, connect, fallocate, fsync, read_at, recv, send, sleep, write_at, writev,
     writev_all,

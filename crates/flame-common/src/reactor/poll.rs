@@ -31,20 +31,32 @@ pub struct PollStats {
     pub spin_hits: u64,
     /// Times the thread blocked in the kernel.
     pub sleeps: u64,
-    /// Current adaptive spin budget.
+    /// Current adaptive spin budget, in polls.
     pub budget: u32,
 }
 
 const SPIN_MIN: u32 = 16;
 const SPIN_MAX: u32 = 1 << 16;
+/// Starting guess of one empty poll's cost, before it is measured.
+const NS_PER_POLL_INITIAL: u64 = 30;
 
 /// Idle-loop state of one reactor.
+///
+/// The adaptive budget learns from both ways work can arrive after the thread went
+/// idle: during the spin (it took `k` polls) or after the thread gave up and slept
+/// (it took the sleep's length, converted to polls with the measured cost of one
+/// poll). Waits short enough to have been spun through pull the budget up to twice
+/// their (smoothed) length; a sleep longer than the largest budget means there was
+/// nothing worth spinning for, and shrinks it. Without the second half, a budget
+/// below the typical wait could never grow: every wait would end in a sleep.
 pub(crate) struct Poller {
     mode: PollMode,
     /// Adaptive budget of empty polls before sleeping.
     budget: u32,
-    /// Exponential moving average of empty polls that preceded a hit (×16 fixed point).
-    avg_hit_polls_x16: u64,
+    /// Exponential moving average of polls until work arrived (×16 fixed point).
+    avg_wait_polls_x16: u64,
+    /// Measured cost of one empty poll (EMA, ns).
+    ns_per_poll: u64,
     stats: PollStats,
 }
 
@@ -53,7 +65,8 @@ impl Poller {
         Poller {
             mode,
             budget: 1024,
-            avg_hit_polls_x16: 1024 * 16,
+            avg_wait_polls_x16: 1024 * 16,
+            ns_per_poll: NS_PER_POLL_INITIAL,
             stats: PollStats::default(),
         }
     }
@@ -65,13 +78,28 @@ impl Poller {
         }
     }
 
-    pub(crate) fn record_work(&mut self) {}
+    /// Folds one observed wait (in polls) into the average and the budget.
+    fn learn_wait(&mut self, polls: u64) {
+        let sample = polls.min(u64::from(SPIN_MAX)) * 16;
+        self.avg_wait_polls_x16 = (self.avg_wait_polls_x16 * 7 + sample) / 8;
+        let want = (self.avg_wait_polls_x16 * 2 / 16).min(u64::from(SPIN_MAX)) as u32;
+        self.budget = want.clamp(SPIN_MIN, SPIN_MAX);
+    }
 
-    pub(crate) fn record_sleep(&mut self) {
+    /// The thread slept for `slept` before work (or a wake-up) arrived.
+    pub(crate) fn record_sleep(&mut self, slept: std::time::Duration) {
         self.stats.sleeps += 1;
-        if self.mode == PollMode::Adaptive {
-            // Spinning did not pay off this time: shrink towards the floor.
+        if self.mode != PollMode::Adaptive {
+            return;
+        }
+        let polls = slept.as_nanos() as u64 / self.ns_per_poll.max(1);
+        if polls <= u64::from(SPIN_MAX) {
+            // Spinning that long (plus what we already spun) would have caught it.
+            self.learn_wait(u64::from(self.budget) + polls);
+        } else {
+            // Nothing came for longer than we would ever spin: spin less.
             self.budget = (self.budget - self.budget / 4).max(SPIN_MIN);
+            self.avg_wait_polls_x16 = u64::from(self.budget) * 8;
         }
     }
 
@@ -83,25 +111,31 @@ impl Poller {
             PollMode::Busy => u32::MAX,
             PollMode::Adaptive => self.budget,
         };
+        let started = std::time::Instant::now();
         let mut polls: u32 = 0;
-        while polls < limit {
+        let found = loop {
+            if polls >= limit {
+                break false;
+            }
             if ready() {
-                self.stats.spin_hits += 1;
-                self.stats.empty_polls += u64::from(polls);
-                if self.mode == PollMode::Adaptive {
-                    // EMA with weight 1/8 of the polls it took; budget = 2× average.
-                    let sample = u64::from(polls) * 16;
-                    self.avg_hit_polls_x16 = (self.avg_hit_polls_x16 * 7 + sample) / 8;
-                    let want = (self.avg_hit_polls_x16 * 2 / 16) as u32;
-                    self.budget = want.clamp(SPIN_MIN, SPIN_MAX);
-                }
-                return true;
+                break true;
             }
             polls += 1;
             std::hint::spin_loop();
-        }
+        };
         self.stats.empty_polls += u64::from(polls);
-        false
+        if polls >= 64 {
+            // Measure what a poll costs, to convert sleep lengths into polls.
+            let ns = started.elapsed().as_nanos() as u64 / u64::from(polls);
+            self.ns_per_poll = (self.ns_per_poll * 7 + ns.max(1)) / 8;
+        }
+        if found {
+            self.stats.spin_hits += 1;
+            if self.mode == PollMode::Adaptive {
+                self.learn_wait(u64::from(polls));
+            }
+        }
+        found
     }
 }
 
@@ -122,12 +156,29 @@ mod tests {
         }
         let b = p.stats().budget;
         assert!((150..=260).contains(&b), "budget {b}");
-        // Work stops coming: every spin ends in sleep and the budget decays to the floor.
+        // Work stops coming: every spin ends in a long sleep and the budget decays
+        // to the floor.
         for _ in 0..64 {
             assert!(!p.spin(|| false));
-            p.record_sleep();
+            p.record_sleep(std::time::Duration::from_secs(1));
         }
         assert_eq!(p.stats().budget, SPIN_MIN);
+    }
+
+    #[test]
+    fn adaptive_budget_grows_when_work_arrives_soon_after_sleeping() {
+        // A budget too small for the typical wait must grow, not stay stuck: work
+        // keeps arriving ~20 µs after the thread gave up (≈ 666 polls at 30 ns).
+        let mut p = Poller::new(PollMode::Adaptive);
+        p.budget = SPIN_MIN;
+        p.avg_wait_polls_x16 = u64::from(SPIN_MIN) * 16;
+        for _ in 0..64 {
+            assert!(!p.spin(|| false));
+            p.record_sleep(std::time::Duration::from_micros(20));
+        }
+        let b = p.stats().budget;
+        assert!(b > 500, "budget stuck at {b}");
+        assert!(b <= SPIN_MAX);
     }
 
     #[test]
