@@ -121,7 +121,14 @@ impl Poller {
                 break true;
             }
             polls += 1;
-            std::hint::spin_loop();
+            if self.mode == PollMode::Adaptive {
+                // Spin politely: give the core to any runnable thread (on a host
+                // with fewer cores than busy threads, the one holding the work we
+                // wait for) instead of burning the rest of our timeslice.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         };
         self.stats.empty_polls += u64::from(polls);
         if polls >= 64 {
