@@ -33,6 +33,9 @@ struct Args {
 fn main() -> ExitCode {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
+    // Before any thread exists, so every thread inherits the mask and SIGTERM/SIGINT
+    // reach only the thread that waits for them.
+    let signals = block_stop_signals();
     let args = Args::parse();
     let config: NbdConfig = match flame_common::config::load(args.config.as_deref()) {
         Ok(c) => c,
@@ -91,6 +94,15 @@ fn main() -> ExitCode {
         },
         "flame-nbd listening on {addr}"
     );
+    if let Some(set) = signals {
+        let conns = server.connections();
+        let spawned = std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || drain_on_signal(set, conns));
+        if let Err(e) = spawned {
+            tracing::warn!("no graceful shutdown: cannot start the signal thread: {e}");
+        }
+    }
     // Tests and scripts read the bound address (useful with port 0) from stdout.
     println!("flame-nbd listening on {addr}");
     let _ = std::io::stdout().flush();
@@ -134,4 +146,59 @@ fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
             }
         }
     }
+}
+
+/// How long a graceful shutdown waits for clients to disconnect.
+const DRAIN_MAX: Duration = Duration::from_secs(10);
+
+/// Blocks SIGTERM and SIGINT in the calling thread (and the threads it spawns later),
+/// returning the set to wait on; `None` if that fails (then signals keep their
+/// default effect: immediate exit).
+fn block_stop_signals() -> Option<libc::sigset_t> {
+    // SAFETY: plain sigset manipulation on a zeroed set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        (libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) == 0).then_some(set)
+    }
+}
+
+/// Waits for SIGTERM/SIGINT, then shuts down gracefully: no new connections, new
+/// requests answered ESHUTDOWN (clients disconnect), requests in flight completed;
+/// exits once every client is gone or after [`DRAIN_MAX`]. A second signal exits at
+/// once.
+fn drain_on_signal(set: libc::sigset_t, conns: std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: sigwait on a valid, blocked set.
+    if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+        return;
+    }
+    tracing::info!(
+        signal = sig,
+        "stopping: refusing new requests with ESHUTDOWN, finishing those in flight"
+    );
+    flame_client::nbd::server::begin_shutdown();
+    let conns2 = conns.clone();
+    std::thread::spawn(move || {
+        let mut again: libc::c_int = 0;
+        // SAFETY: as above.
+        if unsafe { libc::sigwait(&set, &mut again) } == 0 {
+            tracing::warn!(
+                open = conns2.load(std::sync::atomic::Ordering::SeqCst),
+                "second signal: exiting now"
+            );
+            std::process::exit(1);
+        }
+    });
+    let deadline = std::time::Instant::now() + DRAIN_MAX;
+    while conns.load(std::sync::atomic::Ordering::SeqCst) > 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = conns.load(std::sync::atomic::Ordering::SeqCst);
+    tracing::info!(connections_left = left, "stopped");
+    std::process::exit(0);
 }

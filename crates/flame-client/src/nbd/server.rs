@@ -28,12 +28,28 @@ const LISTEN_BACKLOG: i32 = 1024;
 /// Pause after a failed accept (e.g. out of descriptors) so the loop does not spin.
 const ACCEPT_RETRY_MS: u64 = 10;
 
+/// Set when the server is asked to stop (SIGTERM): new connections are refused and
+/// every new request is answered `ESHUTDOWN`, so clients disconnect cleanly, while
+/// requests already in flight finish and get their replies.
+static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Starts a graceful shutdown (see [`SHUTTING_DOWN`]).
+pub fn begin_shutdown() {
+    SHUTTING_DOWN.store(true, Ordering::SeqCst);
+}
+
+/// Whether a graceful shutdown has begun.
+pub fn shutting_down() -> bool {
+    SHUTTING_DOWN.load(Ordering::SeqCst)
+}
+
 /// A bound, not yet running NBD server: every thread's listening socket is open, so
 /// clients can connect as soon as [`Server::bind`] returns.
 pub struct Server {
     config: NbdConfig,
     listeners: Vec<TcpListener>,
     addr: SocketAddr,
+    conns: Arc<AtomicUsize>,
 }
 
 fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -60,7 +76,13 @@ impl Server {
             config,
             listeners,
             addr,
+            conns: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Open connections, across all threads (for draining at shutdown).
+    pub fn connections(&self) -> Arc<AtomicUsize> {
+        self.conns.clone()
     }
 
     /// The address clients connect to.
@@ -76,7 +98,7 @@ impl Server {
         F: Fn(usize) -> E + Send + Sync + 'static,
     {
         let make = Arc::new(make_exports);
-        let conns = Arc::new(AtomicUsize::new(0));
+        let conns = self.conns.clone();
         let mut handles = Vec::new();
         for (i, l) in self.listeners.into_iter().enumerate() {
             let make = make.clone();
@@ -136,6 +158,7 @@ async fn accept_loop<E: Exports>(listener: TcpListener, exports: Rc<E>, ctx: Rc<
     let lfd = listener.as_raw_fd();
     loop {
         match reactor::accept(lfd).await {
+            Ok(fd) if shutting_down() => drop(fd),
             Ok(fd) => {
                 let before = ctx.conns.fetch_add(1, Ordering::AcqRel);
                 if before >= ctx.max_connections {

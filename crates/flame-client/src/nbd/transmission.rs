@@ -146,6 +146,27 @@ pub(crate) async fn serve<B: Backend + 'static>(
         let mut hb = [0u8; REQUEST_LEN];
         rd.read_exact(&mut hb).await?;
         let req = decode_request(&hb).map_err(|e| TransmissionError::Protocol(e.to_string()))?;
+        if super::server::shutting_down() && req.cmd != CMD_DISC {
+            // Stopping: refuse new work with ESHUTDOWN (the client should then
+            // disconnect); requests already running finish normally.
+            if req.cmd == CMD_WRITE {
+                if req.len > PAYLOAD_BYTES_MAX {
+                    return Err(TransmissionError::Protocol(format!(
+                        "write payload of {} bytes (max {})",
+                        req.len, PAYLOAD_BYTES_MAX
+                    )));
+                }
+                rd.skip(u64::from(req.len)).await?;
+            }
+            send_error(
+                &s.conn,
+                structured,
+                req.cookie,
+                errno::ESHUTDOWN,
+                "server is shutting down",
+            );
+            continue;
+        }
         let cmd = match validate(&req, &info) {
             Ok(c) => c,
             Err(refusal) if req.cmd == CMD_DISC => {

@@ -84,6 +84,23 @@ impl NbdServer {
         format!("nbd://127.0.0.1:{}/{}", self.port, name)
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (bounded) for the server to exit and returns its status.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Panics if the server process has exited.
     pub fn assert_alive(&mut self) {
         assert!(self.child.try_wait().unwrap().is_none(), "flame-nbd exited");
