@@ -6,7 +6,8 @@
 #   2. cargo fmt --check, clippy -D warnings
 #   3. cargo build --workspace --bins, cargo test --workspace (unit + integration
 #      tests; the integration tests start the real binaries, see tests/)
-#   4. cargo check -p flame-common --features rdma (RDMA must compile everywhere)
+#   4. cargo test -p flame-common --features rdma rdma (RDMA must compile everywhere;
+#      its device discovery must answer cleanly without hardware)
 #   5. smoke test of deploy/dev-cluster.sh: up, flame-admin status, qemu-io through
 #      flame-nbd, down, up again (same data), down
 #
@@ -87,8 +88,8 @@ cargo build --workspace --bins
 section "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
-section "cargo check -p flame-common --features rdma"
-cargo check -p flame-common --features rdma
+section "cargo test -p flame-common --features rdma rdma"
+cargo test -p flame-common --features rdma rdma
 
 # ------------------------------------------------------------------------------
 if [[ "${FLAME_TEST_SKIP_SMOKE:-0}" == 1 ]]; then

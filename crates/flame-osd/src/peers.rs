@@ -202,10 +202,15 @@ impl Peers {
             pending: RefCell::new(HashMap::new()),
             next_id: Cell::new(1),
         });
-        self.conns
+        let replaced = self
+            .conns
             .borrow_mut()
             .insert((osd.id, shard), peer.clone());
-        self.metrics.peer_connections.inc();
+        // A closed connection still in the table is replaced here; its reader will
+        // not find itself in the table any more, so it is uncounted here instead.
+        if replaced.is_none() {
+            self.metrics.peer_connections.inc();
+        }
         let me = self.clone();
         let osd_id = osd.id;
         let p = peer.clone();

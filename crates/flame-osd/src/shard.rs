@@ -445,8 +445,8 @@ impl Shard {
     }
 
     /// Checks that `target` is well-formed and that this OSD and shard should serve
-    /// it in the role the request asks for. Returns the acting set.
-    fn check(&self, view: &MapView, target: &IoTarget, replica: bool) -> Result<Vec<OsdId>, i32> {
+    /// it in the role the request asks for.
+    fn check(&self, view: &MapView, target: &IoTarget, replica: bool) -> Result<(), i32> {
         let map = &view.map;
         let end = u64::from(target.offset) + u64::from(target.length);
         if end > u64::from(map.pool.object_size) {
@@ -455,7 +455,7 @@ impl Shard {
         if object_pg(target.object, map.pool.pg_count) != target.pg {
             return Err(status::EINVAL);
         }
-        let set = view.table.osds(target.pg).to_vec();
+        let set = view.table.osds(target.pg);
         let me = map.osds.get(&self.osd).ok_or(status::ESTALE)?;
         if me.shard_of(target.pg) != self.id {
             return Err(status::ESTALE);
@@ -468,7 +468,7 @@ impl Shard {
         if !serves {
             return Err(status::ESTALE);
         }
-        Ok(set)
+        Ok(())
     }
 
     /// Runs one request and builds its reply.
@@ -490,7 +490,11 @@ impl Shard {
             _ => 0,
         };
         let id = msg.id();
-        let (st, data) = self.apply(msg, is_replica).await;
+        // One map view for the whole request: its checks, its replication, and the
+        // epoch in its reply.
+        let view = self.view();
+        let epoch = view.map.epoch;
+        let (st, data) = self.apply(view, msg, is_replica).await;
         if let Some(i) = ShardMetrics::op_index(op) {
             let c = &self.metrics.by_op[usize::from(is_replica)][i];
             c.ops.inc();
@@ -503,15 +507,19 @@ impl Shard {
         Message::Reply {
             op,
             id,
-            epoch: self.epoch(),
+            epoch,
             status: st,
             info: 0,
             data,
         }
     }
 
-    async fn apply(self: &Rc<Self>, msg: Message, replica: bool) -> (i32, Vec<u8>) {
-        let view = self.view();
+    async fn apply(
+        self: &Rc<Self>,
+        view: Rc<MapView>,
+        msg: Message,
+        replica: bool,
+    ) -> (i32, Vec<u8>) {
         let map = &view.map;
         let sender_epoch = msg.epoch();
         if sender_epoch > map.epoch {
@@ -542,10 +550,9 @@ impl Shard {
             Message::Write { target, .. }
             | Message::WriteZeroes { target, .. }
             | Message::Discard { target, .. } => {
-                let set = match self.check(&view, target, replica) {
-                    Ok(s) => s,
-                    Err(st) => return (st, Vec::new()),
-                };
+                if let Err(st) = self.check(&view, target, replica) {
+                    return (st, Vec::new());
+                }
                 if replica {
                     // Ordered like on the primary: a forwarded write that outlived its
                     // primary's timeout (and a retry of it on a new connection) must
@@ -560,7 +567,7 @@ impl Shard {
                     }
                     return (self.apply_local(msg).await, Vec::new());
                 }
-                (self.replicate(map, set, msg).await, Vec::new())
+                (self.replicate(&view, msg).await, Vec::new())
             }
             Message::Flush { .. } => match self.store.flush().await {
                 Ok(()) => (status::OK, Vec::new()),
@@ -635,7 +642,8 @@ impl Shard {
 
     /// Primary path: order against overlapping writes, forward to the replicas and
     /// apply locally in parallel, answer once every copy has applied.
-    async fn replicate(self: &Rc<Self>, map: &ClusterMap, set: Vec<OsdId>, msg: Message) -> i32 {
+    async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, msg: Message) -> i32 {
+        let map = &view.map;
         let target = match &msg {
             Message::Write { target, .. }
             | Message::WriteZeroes { target, .. }
@@ -646,6 +654,7 @@ impl Shard {
         let (_guard, earlier) =
             self.gate
                 .enter(target.object, target.offset, target.offset + target.length);
+        let set = view.table.osds(target.pg);
         // Every copy or none: with fewer OSDs in than the pool's size, a write would
         // be acknowledged with fewer copies than promised.
         if set.len() < map.pool.size as usize {
@@ -653,25 +662,32 @@ impl Shard {
         }
         // A replica known to be down cannot apply the write: fail fast, the client
         // waits and retries until it is back.
-        let mut replicas = Vec::with_capacity(set.len().saturating_sub(1));
-        for id in set.iter().skip(1) {
-            match map.osds.get(id) {
-                Some(o) if o.up => replicas.push(o.clone()),
-                _ => return status::EAGAIN,
-            }
+        let replicas = &set[1..];
+        if !replicas
+            .iter()
+            .all(|id| map.osds.get(id).is_some_and(|o| o.up))
+        {
+            return status::EAGAIN;
         }
         for e in earlier {
             e.wait().await;
         }
         // One copy of the payload per replica: each send queue owns its bytes.
         let calls: Vec<_> = replicas
-            .into_iter()
-            .map(|osd| {
+            .iter()
+            .map(|&id| {
                 let peers = self.peers.clone();
                 let fwd = with_replica_flag(&msg);
-                let shard = osd.shard_of(target.pg);
-                let epoch = map.epoch;
-                reactor::spawn(async move { peers.call(&osd, shard, epoch, fwd).await })
+                let view = view.clone();
+                reactor::spawn(async move {
+                    // Checked above: every replica is in this view's map.
+                    let Some(osd) = view.map.osds.get(&id) else {
+                        return status::EAGAIN;
+                    };
+                    peers
+                        .call(osd, osd.shard_of(target.pg), view.map.epoch, fwd)
+                        .await
+                })
             })
             .collect();
         let local = self.apply_local(msg).await;

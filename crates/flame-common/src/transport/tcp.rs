@@ -119,12 +119,43 @@ impl TcpConn {
 
     /// See [`super::Conn::send`].
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
+        let (header, payload) = msg.to_header();
+        if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
+            self.enqueue(&header, payload, None)
+        } else {
+            self.enqueue(&header, &[], Some(payload.to_vec()))
+        }
+    }
+
+    /// Queues a message whose large payload (write data, read reply) is handed over
+    /// without a copy.
+    pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
+        let (header, payload) = msg.to_header();
+        if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
+            return self.enqueue(&header, payload, None);
+        }
+        let data = match msg {
+            Message::Write { data, .. } | Message::Reply { data, .. } => data,
+            // Only writes and replies carry payloads.
+            other => other.to_header().1.to_vec(),
+        };
+        self.enqueue(&header, &[], Some(data))
+    }
+
+    /// Appends the header and `inline` bytes to the batch buffer, and `separate` (a
+    /// large payload) as its own buffer, in order after everything queued before.
+    fn enqueue(
+        &self,
+        header: &Header,
+        inline: &[u8],
+        separate: Option<Vec<u8>>,
+    ) -> Result<(), TransportError> {
         if self.closed.get() {
             return Err(TransportError::Closed);
         }
-        let (header, payload) = msg.to_header();
+        let bytes = HEADER_LEN + inline.len() + separate.as_ref().map_or(0, Vec::len);
         let mut q = self.queue.borrow_mut();
-        if q.queued_bytes + HEADER_LEN + payload.len() > SEND_QUEUE_BYTES_MAX {
+        if q.queued_bytes + bytes > SEND_QUEUE_BYTES_MAX {
             drop(q);
             self.close();
             return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
@@ -133,89 +164,15 @@ impl TcpConn {
             q.bufs.push(Vec::with_capacity(4096));
             q.last_is_batch = true;
         }
-        let encoded = header.encode();
         if let Some(batch) = q.bufs.last_mut() {
-            batch.extend_from_slice(&encoded);
-            if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-                batch.extend_from_slice(payload);
-            }
+            batch.extend_from_slice(&header.encode());
+            batch.extend_from_slice(inline);
         }
-        if payload.len() > INLINE_PAYLOAD_BYTES_MAX {
-            q.bufs.push(payload.to_vec());
+        if let Some(data) = separate {
+            q.bufs.push(data);
             q.last_is_batch = false;
         }
-        q.queued_bytes += HEADER_LEN + payload.len();
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-        Ok(())
-    }
-
-    /// Queues a message whose large payload is handed over without a copy.
-    pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
-        // The common large case: a write or a read reply. Move the data out instead
-        // of copying it.
-        match msg {
-            Message::Write {
-                id,
-                epoch,
-                target,
-                flags,
-                data,
-            } if data.len() > INLINE_PAYLOAD_BYTES_MAX => {
-                let header_only = Message::Write {
-                    id,
-                    epoch,
-                    target,
-                    flags,
-                    data: Vec::new(),
-                };
-                self.send_split(&header_only, data)
-            }
-            Message::Reply {
-                op,
-                id,
-                epoch,
-                status,
-                info,
-                data,
-            } if data.len() > INLINE_PAYLOAD_BYTES_MAX => {
-                let header_only = Message::Reply {
-                    op,
-                    id,
-                    epoch,
-                    status,
-                    info,
-                    data: Vec::new(),
-                };
-                self.send_split(&header_only, data)
-            }
-            other => self.send(&other),
-        }
-    }
-
-    fn send_split(&self, header_only: &Message, data: Vec<u8>) -> Result<(), TransportError> {
-        if self.closed.get() {
-            return Err(TransportError::Closed);
-        }
-        let (mut header, _) = header_only.to_header();
-        header.payload_len = data.len() as u32;
-        let mut q = self.queue.borrow_mut();
-        if q.queued_bytes + HEADER_LEN + data.len() > SEND_QUEUE_BYTES_MAX {
-            drop(q);
-            self.close();
-            return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
-        }
-        if !q.last_is_batch {
-            q.bufs.push(Vec::with_capacity(4096));
-        }
-        let encoded = header.encode();
-        if let Some(batch) = q.bufs.last_mut() {
-            batch.extend_from_slice(&encoded);
-        }
-        q.queued_bytes += HEADER_LEN + data.len();
-        q.bufs.push(data);
-        q.last_is_batch = false;
+        q.queued_bytes += bytes;
         if let Some(w) = q.writer.take() {
             w.wake();
         }
