@@ -61,6 +61,8 @@ NCPU = os.cpu_count() or 1
 BUSY_NAMES = ("cargo", "rustc", "rust-lld", "ld", "ld.lld", "cc1", "cc1plus", "collect2", "clippy-driver")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The workspace crates whose sources go into the binaries (the uncommitted-changes check).
+CRATE_DIRS = ("flame-common", "flame-mgr", "flame-osd", "flame-client")
 
 
 def log(msg):
@@ -546,12 +548,12 @@ def main():
     try:
         args.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                      text=True, timeout=10).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "crates", "Cargo.toml", "Cargo.lock"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *CRATE_DIRS, "Cargo.toml", "Cargo.lock"],
                                cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
         if dirty:
             # cargo builds the work tree: uncommitted changes are in the binaries too.
             args.commit += " + uncommitted changes"
-            log(f"WARNING: uncommitted changes under crates/ are built into the binaries:\n{dirty}")
+            log(f"WARNING: uncommitted changes in the crates are built into the binaries:\n{dirty}")
     except (OSError, subprocess.SubprocessError):
         args.commit = "?"
     try:
