@@ -5,8 +5,10 @@
 //! protocol ([`protocol`]), the cluster map and the placement function ([`map`],
 //! [`placement`]), the manager's JSON API types ([`mgr_api`]), configuration loading
 //! ([`config`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
-//! the verbs-shaped [`transport`] layer, and the [`metrics`] endpoint.
+//! the verbs-shaped [`transport`] layer, the zero-copy payload [`buffer`]s every
+//! write and read travels in, and the [`metrics`] endpoint.
 
+pub mod buffer;
 pub mod config;
 pub mod ids;
 pub mod logging;
