@@ -27,7 +27,7 @@
 //! that exists yet; the heap pool simply frees.
 
 use crate::reactor::{DIRECT_IO_ALIGN, IoBuf, IoBufMut};
-use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
+use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::ops::{Deref, Range};
@@ -488,7 +488,7 @@ unsafe impl IoBuf for PayloadBuf {
 fn raw_alloc(len: usize) -> Option<NonNull<u8>> {
     let layout = heap_layout(len.max(1))?;
     // SAFETY: non-zero size.
-    NonNull::new(unsafe { alloc(layout) })
+    NonNull::new(unsafe { std::alloc::alloc(layout) })
 }
 
 #[cfg(test)]

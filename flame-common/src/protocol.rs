@@ -28,6 +28,7 @@
 //! The header checksum makes garbage on a port fail fast with a clear error, before
 //! any length in it is trusted.
 
+use crate::buffer::PayloadBuf;
 use crate::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
 
 /// `FLME` in ASCII, read as a little-endian u32.
@@ -328,8 +329,9 @@ pub enum Message {
         target: IoTarget,
         /// Flag bits ([`flags::FUA`], [`flags::REPLICA`]).
         flags: u16,
-        /// The bytes.
-        data: Vec<u8>,
+        /// The bytes: a shared buffer, so forwarding it to every replica and
+        /// writing it to the disk use the memory it was received into.
+        data: PayloadBuf,
     },
     /// Zero a byte range.
     WriteZeroes {
@@ -391,8 +393,8 @@ pub enum Message {
         /// For `Hello`: the replier's shard count in `length`, its shard in `offset`.
         /// Unused otherwise.
         info: u32,
-        /// Read data (empty otherwise).
-        data: Vec<u8>,
+        /// Read data (empty otherwise), in the buffer it was read from the disk into.
+        data: PayloadBuf,
     },
 }
 
@@ -561,9 +563,18 @@ impl Message {
         }
     }
 
+    /// The payload buffer of a write or a reply (`None` for other messages), so a
+    /// transport can send it by reference instead of copying it.
+    pub fn payload_buf(&self) -> Option<&PayloadBuf> {
+        match self {
+            Message::Write { data, .. } | Message::Reply { data, .. } => Some(data),
+            _ => None,
+        }
+    }
+
     /// Builds a message from a decoded header and its payload, checking that the
     /// fields agree. `payload.len()` must equal `header.payload_len`.
-    pub fn from_parts(h: &Header, payload: Vec<u8>) -> Result<Message, ProtocolError> {
+    pub fn from_parts(h: &Header, payload: PayloadBuf) -> Result<Message, ProtocolError> {
         if payload.len() != h.payload_len as usize {
             return Err(ProtocolError::Inconsistent(
                 "payload length differs from header",
@@ -675,7 +686,7 @@ impl Message {
             epoch,
             status,
             info: 0,
-            data: Vec::new(),
+            data: PayloadBuf::empty(),
         }
     }
 
@@ -703,7 +714,7 @@ mod tests {
         let (h, payload) = m.to_header();
         let bytes = h.encode();
         let h2 = Header::decode(&bytes).unwrap();
-        let m2 = Message::from_parts(&h2, payload.to_vec()).unwrap();
+        let m2 = Message::from_parts(&h2, PayloadBuf::copy_from(payload)).unwrap();
         assert_eq!(m, m2);
     }
 
@@ -750,7 +761,7 @@ mod tests {
             epoch,
             target: target(),
             flags: flags::FUA,
-            data: vec![7; 8],
+            data: PayloadBuf::copy_from(&[7; 8]),
         });
         roundtrip(Message::WriteZeroes {
             id,
@@ -781,7 +792,7 @@ mod tests {
             epoch,
             status: status::EIO,
             info: 0,
-            data: vec![1, 2, 3],
+            data: PayloadBuf::copy_from(&[1, 2, 3]),
         });
     }
 
@@ -839,7 +850,7 @@ mod tests {
             ..Default::default()
         };
         let h = Header::decode(&h.encode()).unwrap();
-        assert!(Message::from_parts(&h, vec![0; 8]).is_err());
+        assert!(Message::from_parts(&h, PayloadBuf::zeroed(8)).is_err());
         let h = Header {
             opcode: OpCode::Read as u8,
             offset: u32::MAX,
@@ -847,7 +858,7 @@ mod tests {
             ..Default::default()
         };
         let h = Header::decode(&h.encode()).unwrap();
-        assert!(Message::from_parts(&h, vec![]).is_err());
+        assert!(Message::from_parts(&h, PayloadBuf::empty()).is_err());
     }
 
     #[test]

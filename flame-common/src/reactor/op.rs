@@ -152,11 +152,13 @@ fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (storage, len as libc::socklen_t)
 }
 
-/// Receives into `buf[start..]`; returns the byte count (0 = peer closed) and the buffer.
-pub async fn recv(fd: RawFd, mut buf: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+/// Receives into `buf[start..]`; returns the byte count (0 = peer closed) and the
+/// buffer. Any [`IoBufMut`] serves: a connection's receive buffer, or a payload
+/// buffer a large payload is received straight into.
+pub async fn recv<B: IoBufMut>(fd: RawFd, mut buf: B, start: usize) -> (io::Result<usize>, B) {
     assert!(start <= buf.len(), "recv start beyond buffer");
     let len = (buf.len() - start).min(u32::MAX as usize) as u32;
-    let ptr = buf[start..].as_mut_ptr();
+    let ptr = buf.as_mut_ptr().wrapping_add(start);
     let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
     let (res, buf) = Op::submit_cancellable(sqe, buf).await;
     (result(res), buf)
@@ -176,22 +178,20 @@ pub async fn send(fd: RawFd, buf: Vec<u8>, start: usize) -> (io::Result<usize>, 
 
 /// Writes several buffers with one `writev`, skipping the first `skip` bytes of the
 /// concatenation (for resuming after a short write). Returns bytes written and the
-/// buffers.
-pub async fn writev(
-    fd: RawFd,
-    bufs: Vec<Vec<u8>>,
-    skip: usize,
-) -> (io::Result<usize>, Vec<Vec<u8>>) {
+/// buffers. Any [`IoBuf`] serves: byte vectors, or shared payload buffers that a
+/// send queue holds by reference instead of copying.
+pub async fn writev<B: IoBuf>(fd: RawFd, bufs: Vec<B>, skip: usize) -> (io::Result<usize>, Vec<B>) {
     let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(bufs.len());
     let mut to_skip = skip;
     for b in &bufs {
-        if to_skip >= b.len() {
-            to_skip -= b.len();
+        let len = b.len();
+        if to_skip >= len {
+            to_skip -= len;
             continue;
         }
         iovecs.push(libc::iovec {
-            iov_base: b[to_skip..].as_ptr() as *mut libc::c_void,
-            iov_len: b.len() - to_skip,
+            iov_base: b.as_ptr().wrapping_add(to_skip) as *mut libc::c_void,
+            iov_len: len - to_skip,
         });
         to_skip = 0;
     }
@@ -207,8 +207,8 @@ pub async fn writev(
 
 /// Writes all of `bufs` (in order), resuming after short writes. A zero-byte write
 /// (peer gone) is an error. Returns the buffers for reuse.
-pub async fn writev_all(fd: RawFd, mut bufs: Vec<Vec<u8>>) -> io::Result<Vec<Vec<u8>>> {
-    let total: usize = bufs.iter().map(Vec::len).sum();
+pub async fn writev_all<B: IoBuf>(fd: RawFd, mut bufs: Vec<B>) -> io::Result<Vec<B>> {
+    let total: usize = bufs.iter().map(IoBuf::len).sum();
     let mut done = 0;
     // Bounded: every round writes at least one byte or returns.
     while done < total {

@@ -1,17 +1,24 @@
 //! TCP transport on the reactor.
 //!
-//! Sending: `send` appends the 64-byte header (and a small payload) to a batch
-//! buffer, or queues a large payload as its own buffer without copying; a writer task
-//! per connection drains everything queued with one `writev` per round. Replies
-//! queued by many requests during one reactor tick therefore leave in one system
-//! call.
+//! Sending: `send` appends the 64-byte header to a batch buffer and queues the
+//! payload as a reference to its [`PayloadBuf`] — never a copy, whatever its size;
+//! a writer task per connection drains everything queued with one `writev` per
+//! round. Replies queued by many requests during one reactor tick therefore leave in
+//! one system call, and a write forwarded to two replicas is the same memory in both
+//! send queues.
 //!
-//! Receiving: one buffer per connection takes whatever the socket has; whole
-//! messages are cut out of it. A large payload is received straight into its own
-//! exactly-sized buffer, after the header bounded its size.
+//! Receiving: one buffer per connection takes whatever the socket has; headers are
+//! cut out of it. Each payload goes into its own 4 KiB-aligned [`PayloadBufMut`] of
+//! exactly `payload_len` bytes (bounded by the header's decode before allocation):
+//! the part already in the connection's buffer is copied (a small payload arrives
+//! whole with its header: one memcpy costs less than a system call), the rest is
+//! received straight into it. After a large payload the next header is received
+//! alone, so a stream of large writes lands in its payload buffers without a copy.
 
 use super::TransportError;
+use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{HEADER_LEN, Header, Message};
+use crate::reactor::{IoBuf, IoBufMut};
 use crate::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -21,9 +28,10 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-/// Payloads up to this size are copied into the batch buffer; larger ones travel as
-/// their own iovec (copying 4 KiB costs less than an extra iovec entry).
-const INLINE_PAYLOAD_BYTES_MAX: usize = 16 << 10;
+/// After a payload of at least this size, the next header is received alone (one
+/// more system call), so the payload after it is received straight into its buffer
+/// instead of being copied out of the connection's buffer.
+const DIRECT_RECV_PAYLOAD_BYTES_MIN: usize = 64 << 10;
 /// Receive buffer size: many small messages per system call.
 const RECV_BUFFER_BYTES: usize = 256 << 10;
 /// Bound on bytes queued for sending on one connection. Reached only if the peer
@@ -31,9 +39,33 @@ const RECV_BUFFER_BYTES: usize = 256 << 10;
 /// growing memory without limit.
 pub const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
 
+/// One entry of a send queue.
+enum SendBuf {
+    /// Headers, copied in (64 bytes each).
+    Batch(Vec<u8>),
+    /// A payload, by reference.
+    Payload(PayloadBuf),
+}
+
+// SAFETY: both variants' memory is heap memory that does not move with the value.
+unsafe impl IoBuf for SendBuf {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            SendBuf::Batch(v) => v.as_ptr(),
+            SendBuf::Payload(p) => IoBuf::as_ptr(p),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            SendBuf::Batch(v) => v.len(),
+            SendBuf::Payload(p) => p.len(),
+        }
+    }
+}
+
 struct SendQueue {
     /// Buffers to write, in order. The last one may be a batch still being filled.
-    bufs: Vec<Vec<u8>>,
+    bufs: Vec<SendBuf>,
     /// Whether the last buffer in `bufs` is a batch buffer that may take more.
     last_is_batch: bool,
     queued_bytes: usize,
@@ -44,6 +76,33 @@ struct RecvState {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// Receive only up to the end of the next header (see
+    /// [`DIRECT_RECV_PAYLOAD_BYTES_MIN`]).
+    header_only: bool,
+}
+
+/// The first `len` bytes of a buffer, as a buffer (a receive bounded below the
+/// buffer's size).
+struct Prefix {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+// SAFETY: a view of a Vec's heap memory, within its length.
+unsafe impl IoBuf for Prefix {
+    fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len.min(self.buf.len())
+    }
+}
+
+// SAFETY: as above.
+unsafe impl IoBufMut for Prefix {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr()
+    }
 }
 
 /// One TCP connection owned by the current reactor thread.
@@ -78,6 +137,7 @@ impl TcpConn {
                 buf: vec![0u8; RECV_BUFFER_BYTES],
                 start: 0,
                 end: 0,
+                header_only: false,
             })),
             closed: Cell::new(false),
             closing: Cell::new(false),
@@ -117,43 +177,36 @@ impl TcpConn {
         Ok(TcpConn::new(TcpStream::from(owned))?)
     }
 
-    /// See [`super::Conn::send`].
+    /// See [`super::Conn::send`]. The payload is queued by reference (a clone of
+    /// its [`PayloadBuf`]), not copied.
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
-        let (header, payload) = msg.to_header();
-        if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            self.enqueue(&header, payload, None)
-        } else {
-            self.enqueue(&header, &[], Some(payload.to_vec()))
-        }
+        let (header, _) = msg.to_header();
+        self.enqueue(&header, msg.payload_buf().cloned())
     }
 
-    /// Queues a message whose large payload (write data, read reply) is handed over
-    /// without a copy.
+    /// Queues a message, moving its payload buffer into the send queue.
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
-        let (header, payload) = msg.to_header();
-        if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            return self.enqueue(&header, payload, None);
-        }
+        let (header, _) = msg.to_header();
         let data = match msg {
-            Message::Write { data, .. } | Message::Reply { data, .. } => data,
+            Message::Write { data, .. } | Message::Reply { data, .. } => Some(data),
             // Only writes and replies carry payloads.
-            other => other.to_header().1.to_vec(),
+            _ => None,
         };
-        self.enqueue(&header, &[], Some(data))
+        self.enqueue(&header, data)
     }
 
-    /// Appends the header and `inline` bytes to the batch buffer, and `separate` (a
-    /// large payload) as its own buffer, in order after everything queued before.
-    fn enqueue(
-        &self,
-        header: &Header,
-        inline: &[u8],
-        separate: Option<Vec<u8>>,
-    ) -> Result<(), TransportError> {
+    /// Appends the header to the batch buffer and the payload (by reference) after
+    /// it, in order after everything queued before.
+    fn enqueue(&self, header: &Header, payload: Option<PayloadBuf>) -> Result<(), TransportError> {
         if self.closed.get() {
             return Err(TransportError::Closed);
         }
-        let bytes = HEADER_LEN + inline.len() + separate.as_ref().map_or(0, Vec::len);
+        let payload = payload.filter(|p| !p.is_empty());
+        debug_assert_eq!(
+            header.payload_len as usize,
+            payload.as_ref().map_or(0, PayloadBuf::len)
+        );
+        let bytes = HEADER_LEN + payload.as_ref().map_or(0, PayloadBuf::len);
         let mut q = self.queue.borrow_mut();
         if q.queued_bytes + bytes > SEND_QUEUE_BYTES_MAX {
             drop(q);
@@ -161,15 +214,14 @@ impl TcpConn {
             return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
         }
         if !q.last_is_batch {
-            q.bufs.push(Vec::with_capacity(4096));
+            q.bufs.push(SendBuf::Batch(Vec::with_capacity(4096)));
             q.last_is_batch = true;
         }
-        if let Some(batch) = q.bufs.last_mut() {
+        if let Some(SendBuf::Batch(batch)) = q.bufs.last_mut() {
             batch.extend_from_slice(&header.encode());
-            batch.extend_from_slice(inline);
         }
-        if let Some(data) = separate {
-            q.bufs.push(data);
+        if let Some(data) = payload {
+            q.bufs.push(SendBuf::Payload(data));
             q.last_is_batch = false;
         }
         q.queued_bytes += bytes;
@@ -204,35 +256,32 @@ impl TcpConn {
         hb.copy_from_slice(&st.buf[st.start..st.start + HEADER_LEN]);
         let header = Header::decode(&hb)?;
         st.start += HEADER_LEN;
-        // Payload: bounded by Header::decode.
+        st.header_only = false;
+        // Payload: bounded by Header::decode before this allocation.
         let len = header.payload_len as usize;
         let have = (st.end - st.start).min(len);
-        let mut payload;
-        if have == len {
-            payload = st.buf[st.start..st.start + have].to_vec();
-            st.start += have;
-        } else {
-            // Receive the rest straight into the payload buffer. `vec![0; n]` gets
-            // fresh zeroed pages from the allocator: no memset of megabytes that
-            // are about to be overwritten.
-            payload = vec![0u8; len];
-            payload[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
-            st.start += have;
-            let mut filled = have;
-            while filled < len {
-                if self.closed.get() {
-                    return Err(TransportError::Closed);
-                }
-                let (res, back) = reactor::recv(fd, payload, filled).await;
-                payload = back;
-                match res {
-                    Ok(0) => return Err(TransportError::Closed),
-                    Ok(n) => filled += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e.into()),
-                }
+        let mut payload = PayloadBufMut::for_overwrite(len);
+        payload.as_mut_slice()[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
+        st.start += have;
+        let mut filled = have;
+        // Bounded: every round receives at least one byte or returns.
+        while filled < len {
+            if self.closed.get() {
+                return Err(TransportError::Closed);
+            }
+            let (res, back) = reactor::recv(fd, payload, filled).await;
+            payload = back;
+            match res {
+                Ok(0) => return Err(TransportError::Closed),
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
             }
         }
+        if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
+            st.header_only = true;
+        }
+        let payload = payload.freeze();
         Ok(Message::from_parts(&header, payload)?)
     }
 
@@ -249,8 +298,15 @@ impl TcpConn {
             st.start = 0;
         }
         let buf = std::mem::take(&mut st.buf);
-        let (res, buf) = reactor::recv(fd, buf, st.end).await;
-        st.buf = buf;
+        let limit = if st.header_only {
+            // Up to the end of the header: the payload after it goes to its own
+            // buffer.
+            (st.start + HEADER_LEN).max(st.end + 1).min(buf.len())
+        } else {
+            buf.len()
+        };
+        let (res, view) = reactor::recv(fd, Prefix { buf, len: limit }, st.end).await;
+        st.buf = view.buf;
         match res {
             Ok(0) => Err(TransportError::Closed),
             Ok(n) => {
@@ -398,7 +454,7 @@ mod tests {
                         length: len as u32,
                     },
                     flags: 0,
-                    data: vec![i as u8; len],
+                    data: PayloadBuf::copy_from(&vec![i as u8; len]),
                 };
                 if i % 2 == 0 {
                     c.send(&m).unwrap()
@@ -409,7 +465,74 @@ mod tests {
             }
             let got = server.await;
             assert_eq!(got, sent);
+            // Every payload was received into its own aligned buffer, so the OSD
+            // can write it with O_DIRECT from there.
+            for m in &got {
+                let data = m.payload_buf().unwrap();
+                assert!(data.is_direct_io_aligned());
+                assert_eq!(data.ref_count(), 1);
+            }
             let _ = OpCode::Read;
+        })
+        .unwrap();
+    }
+
+    /// The same payload queued on two connections (a primary forwarding to two
+    /// replicas) is one buffer referenced by both send queues, not two copies, and
+    /// both peers receive it whole — small and large, interleaved.
+    #[test]
+    fn one_payload_buffer_goes_to_two_peers_by_reference() {
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let mut receivers = Vec::new();
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                let addr = l.local_addr();
+                receivers.push(spawn(async move {
+                    let c = l.accept().await.unwrap();
+                    let mut got = Vec::new();
+                    for _ in 0..6 {
+                        got.push(c.recv().await.unwrap());
+                    }
+                    got
+                }));
+                conns.push(
+                    TcpConn::connect(addr, Duration::from_secs(2))
+                        .await
+                        .unwrap(),
+                );
+            }
+            let mut sent = Vec::new();
+            for i in 0..6u64 {
+                let len = [4096, 1 << 20, 100, 3 << 20, 65536, 1][i as usize];
+                let bytes: Vec<u8> = (0..len).map(|j| (j as u64 * 7 + i) as u8).collect();
+                let data = PayloadBuf::copy_from(&bytes);
+                let m = Message::Write {
+                    id: RequestId(i),
+                    epoch: Epoch(1),
+                    target: IoTarget {
+                        pg: PgId(1),
+                        object: ObjectId {
+                            volume: VolumeId(1),
+                            index: i,
+                        },
+                        offset: 0,
+                        length: len as u32,
+                    },
+                    flags: 0,
+                    data: data.clone(),
+                };
+                conns[0].send(&m).unwrap();
+                conns[1].send(&m).unwrap();
+                // The caller's reference, the message's, and one per send queue
+                // (until the writers have run).
+                assert_eq!(data.ref_count(), 4, "payload copied instead of shared");
+                sent.push(m);
+            }
+            for rx in receivers {
+                assert_eq!(rx.await, sent);
+            }
         })
         .unwrap();
     }
