@@ -248,7 +248,7 @@ impl Shard {
             epoch: map.epoch,
             status: st,
             info: shards,
-            data: Vec::new(),
+            data: flame_common::buffer::PayloadBuf::empty(),
         }
     }
 }

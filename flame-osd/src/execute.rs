@@ -4,6 +4,7 @@
 use crate::metrics::ShardMetrics;
 use crate::pg::MapView;
 use crate::shard::Shard;
+use flame_common::buffer::PayloadBuf;
 use flame_common::placement::object_pg;
 use flame_common::protocol::{Message, flags, status};
 use std::rc::Rc;
@@ -67,7 +68,7 @@ impl Shard {
         view: Rc<MapView>,
         msg: Message,
         replica: bool,
-    ) -> (i32, Vec<u8>) {
+    ) -> (i32, PayloadBuf) {
         let map = &view.map;
         let sender_epoch = msg.epoch();
         if sender_epoch > map.epoch {
@@ -76,12 +77,12 @@ impl Shard {
             // believe they are primary). The sender retries in a few milliseconds.
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
-            return (status::ESTALE, Vec::new());
+            return (status::ESTALE, PayloadBuf::empty());
         }
         match &msg {
             Message::Read { target, .. } => {
                 if let Err(st) = view.check(self.osd, self.id, target, replica) {
-                    return (st, Vec::new());
+                    return (st, PayloadBuf::empty());
                 }
                 match self
                     .store
@@ -91,7 +92,7 @@ impl Shard {
                     Ok(data) => (status::OK, data),
                     Err(e) => {
                         tracing::error!(object = %target.object, "read failed: {e}");
-                        (status::EIO, Vec::new())
+                        (status::EIO, PayloadBuf::empty())
                     }
                 }
             }
@@ -99,7 +100,7 @@ impl Shard {
             | Message::WriteZeroes { target, .. }
             | Message::Discard { target, .. } => {
                 if let Err(st) = view.check(self.osd, self.id, target, replica) {
-                    return (st, Vec::new());
+                    return (st, PayloadBuf::empty());
                 }
                 if replica {
                     // Ordered like on the primary: a forwarded write that outlived its
@@ -113,15 +114,15 @@ impl Shard {
                     for e in earlier {
                         e.wait().await;
                     }
-                    return (self.apply_local(msg).await, Vec::new());
+                    return (self.apply_local(msg).await, PayloadBuf::empty());
                 }
-                (self.replicate(&view, msg).await, Vec::new())
+                (self.replicate(&view, msg).await, PayloadBuf::empty())
             }
             Message::Flush { .. } => match self.store.flush().await {
-                Ok(()) => (status::OK, Vec::new()),
+                Ok(()) => (status::OK, PayloadBuf::empty()),
                 Err(e) => {
                     tracing::error!("flush failed: {e}");
-                    (status::EIO, Vec::new())
+                    (status::EIO, PayloadBuf::empty())
                 }
             },
             Message::DeleteVolume { volume, .. } => {
@@ -135,16 +136,16 @@ impl Shard {
                 match self.store.delete_volume(*volume, owned).await {
                     Ok(n) => {
                         tracing::info!(shard = self.id, %volume, objects = n, "deleted volume objects");
-                        (status::OK, Vec::new())
+                        (status::OK, PayloadBuf::empty())
                     }
                     Err(e) => {
                         tracing::error!(%volume, "delete failed: {e}");
-                        (status::EIO, Vec::new())
+                        (status::EIO, PayloadBuf::empty())
                     }
                 }
             }
-            Message::Ping { .. } => (status::OK, Vec::new()),
-            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, Vec::new()),
+            Message::Ping { .. } => (status::OK, PayloadBuf::empty()),
+            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, PayloadBuf::empty()),
         }
     }
 

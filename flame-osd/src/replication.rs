@@ -41,7 +41,9 @@ impl Shard {
         for e in earlier {
             e.wait().await;
         }
-        // One copy of the payload per replica: each send queue owns its bytes.
+        // The same payload buffer goes to every replica's send queue and to the
+        // local write: each forwarded message holds one more reference to it, not a
+        // copy of it.
         let calls: Vec<_> = replicas
             .iter()
             .map(|&id| {
@@ -77,8 +79,10 @@ impl Shard {
     }
 }
 
+/// The message a replica gets: the same request with the [`flags::REPLICA`] bit.
+/// A write's payload is shared (one reference more), never copied.
 fn with_replica_flag(msg: &Message) -> Message {
-    match msg.clone() {
+    match msg {
         Message::Write {
             id,
             epoch,
@@ -86,11 +90,11 @@ fn with_replica_flag(msg: &Message) -> Message {
             flags: f,
             data,
         } => Message::Write {
-            id,
-            epoch,
-            target,
+            id: *id,
+            epoch: *epoch,
+            target: target.clone(),
             flags: f | flags::REPLICA,
-            data,
+            data: data.clone(),
         },
         Message::WriteZeroes {
             id,
@@ -98,9 +102,9 @@ fn with_replica_flag(msg: &Message) -> Message {
             target,
             flags: f,
         } => Message::WriteZeroes {
-            id,
-            epoch,
-            target,
+            id: *id,
+            epoch: *epoch,
+            target: target.clone(),
             flags: f | flags::REPLICA,
         },
         Message::Discard {
@@ -109,11 +113,48 @@ fn with_replica_flag(msg: &Message) -> Message {
             target,
             flags: f,
         } => Message::Discard {
-            id,
-            epoch,
-            target,
+            id: *id,
+            epoch: *epoch,
+            target: target.clone(),
             flags: f | flags::REPLICA,
         },
-        other => other,
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::buffer::PayloadBuf;
+    use flame_common::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
+    use flame_common::protocol::IoTarget;
+
+    #[test]
+    fn forwarded_writes_share_the_payload_buffer() {
+        let data = PayloadBuf::copy_from(&[3u8; 4096]);
+        let msg = Message::Write {
+            id: RequestId(1),
+            epoch: Epoch(2),
+            target: IoTarget {
+                pg: PgId(0),
+                object: ObjectId {
+                    volume: VolumeId(1),
+                    index: 0,
+                },
+                offset: 0,
+                length: 4096,
+            },
+            flags: flags::FUA,
+            data: data.clone(),
+        };
+        let fwd: Vec<Message> = (0..2).map(|_| with_replica_flag(&msg)).collect();
+        for f in &fwd {
+            let Message::Write { flags: fl, data: d, .. } = f else {
+                panic!("{f:?}")
+            };
+            assert_eq!(*fl, flags::FUA | flags::REPLICA);
+            assert!(d.same_memory(&data), "replica got a copy of the payload");
+        }
+        assert_eq!(data.ref_count(), 4);
     }
 }

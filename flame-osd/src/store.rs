@@ -10,6 +10,7 @@
 //! touched by one thread: the open-file cache and the dirty set need no lock.
 
 use crate::config::DirectIo;
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::ids::{ObjectId, VolumeId};
 use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN};
 use std::cell::{Cell, RefCell};
@@ -219,31 +220,33 @@ impl ObjectStore {
         Ok(Some(file))
     }
 
-    /// Reads `len` bytes at `offset`; never-written bytes are zero.
-    pub async fn read(&self, object: ObjectId, offset: u32, len: u32) -> io::Result<Vec<u8>> {
+    /// Reads `len` bytes at `offset`; never-written bytes are zero. The bytes land
+    /// from the disk in the returned (aligned) buffer — with `O_DIRECT` when the
+    /// range is block-aligned — which is then sent to the socket as it is.
+    pub async fn read(&self, object: ObjectId, offset: u32, len: u32) -> io::Result<PayloadBuf> {
         let len = len as usize;
         let Some(file) = self.open(object, false)? else {
-            return Ok(vec![0; len]);
+            return Ok(PayloadBuf::zeroed(len));
         };
         let offset = u64::from(offset);
-        if let (Some(direct), true) = (&file.direct, is_aligned(offset, len)) {
-            let buf = AlignedBuf::zeroed(len);
-            let (filled, buf) = read_full(direct.as_raw_fd(), buf, offset, len).await;
-            filled?;
-            return Ok(buf.as_slice().to_vec());
-        }
-        let (filled, buf) = read_full(file.buffered.as_raw_fd(), vec![0u8; len], offset, len).await;
+        let fd = match (&file.direct, is_aligned(offset, len)) {
+            (Some(direct), true) => direct.as_raw_fd(),
+            _ => file.buffered.as_raw_fd(),
+        };
+        let (filled, buf) = read_full(fd, PayloadBufMut::zeroed(len), offset, len).await;
         filled?;
-        Ok(buf)
+        Ok(buf.freeze())
     }
 
     /// Writes `data` at `offset`. With `fua` the data is on stable storage when this
-    /// returns.
+    /// returns. A block-aligned write goes to the disk with `O_DIRECT` from `data`'s
+    /// own memory (the buffer it was received into, shared with the replicas'
+    /// send queues); anything else through the page cache, also without a copy.
     pub async fn write(
         &self,
         object: ObjectId,
         offset: u32,
-        data: Vec<u8>,
+        data: PayloadBuf,
         fua: bool,
     ) -> io::Result<()> {
         if data.is_empty() {
@@ -253,12 +256,15 @@ impl ObjectStore {
             .open(object, true)?
             .ok_or_else(|| io::Error::other("object file vanished while creating it"))?;
         let offset = u64::from(offset);
-        if let (Some(direct), true) = (&file.direct, is_aligned(offset, data.len())) {
-            let buf = AlignedBuf::copy_from(&data);
-            write_full(direct.as_raw_fd(), buf, offset, fua).await?;
-        } else {
-            write_full(file.buffered.as_raw_fd(), data, offset, fua).await?;
-        }
+        let direct = file
+            .direct
+            .as_ref()
+            .filter(|_| is_aligned(offset, data.len()) && data.is_direct_io_aligned());
+        let fd = match direct {
+            Some(d) => d.as_raw_fd(),
+            None => file.buffered.as_raw_fd(),
+        };
+        write_full(fd, data, offset, fua).await?;
         if fua {
             // The data is stable; only a newly created name may still need its dir.
             self.sync_dirs().await?;
@@ -552,8 +558,8 @@ mod tests {
         for direct in [false, true] {
             with_store(direct, async |s, _| {
                 assert_eq!(s.read(obj(1), 0, 8192).await.unwrap(), vec![0; 8192]);
-                s.write(obj(1), 4096, vec![7; 4096], false).await.unwrap();
-                s.write(obj(1), 10, b"abc".to_vec(), true).await.unwrap();
+                s.write(obj(1), 4096, PayloadBuf::copy_from(&vec![7; 4096]), false).await.unwrap();
+                s.write(obj(1), 10, PayloadBuf::copy_from(&b"abc".to_vec()), true).await.unwrap();
                 let back = s.read(obj(1), 0, 12288).await.unwrap();
                 assert_eq!(&back[10..13], b"abc");
                 assert!(back[4096..8192].iter().all(|&b| b == 7));
@@ -563,11 +569,32 @@ mod tests {
         }
     }
 
+    /// A block-aligned write whose memory is not aligned (a slice of a larger
+    /// payload) cannot go through O_DIRECT (the kernel refuses it with EINVAL): it
+    /// takes the buffered path, and a read lands in an aligned buffer either way.
+    #[test]
+    fn unaligned_memory_falls_back_to_the_page_cache() {
+        with_store(true, async |s, _| {
+            let big: Vec<u8> = (0..8193u32).map(|i| (i % 251) as u8).collect();
+            let whole = PayloadBuf::copy_from(&big);
+            let part = whole.slice(1..4097);
+            assert!(!part.is_direct_io_aligned());
+            s.write(obj(1), 4096, part, false).await.unwrap();
+            let aligned = whole.slice(4096..8192);
+            assert!(aligned.is_direct_io_aligned());
+            s.write(obj(1), 8192, aligned, true).await.unwrap();
+            let back = s.read(obj(1), 4096, 8192).await.unwrap();
+            assert!(back.is_direct_io_aligned());
+            assert_eq!(&back[..4096], &big[1..4097]);
+            assert_eq!(&back[4096..], &big[4096..8192]);
+        });
+    }
+
     #[test]
     fn zero_punches_and_delete_removes_owned() {
         with_store(false, async |s, root| {
-            s.write(obj(1), 0, vec![9; 65536], false).await.unwrap();
-            s.write(obj(2), 0, vec![9; 10], false).await.unwrap();
+            s.write(obj(1), 0, PayloadBuf::copy_from(&vec![9; 65536]), false).await.unwrap();
+            s.write(obj(2), 0, PayloadBuf::copy_from(&vec![9; 10]), false).await.unwrap();
             s.zero(obj(1), 4096, 8192, false).await.unwrap();
             let back = s.read(obj(1), 0, 65536).await.unwrap();
             assert!(back[..4096].iter().all(|&b| b == 9));
@@ -599,14 +626,14 @@ mod tests {
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![0; 8]);
             assert!(s.absent.borrow().contains(&obj(7)));
             s.zero(obj(7), 0, 8, false).await.unwrap(); // still absent: no file made
-            s.write(obj(7), 0, vec![5; 8], false).await.unwrap();
+            s.write(obj(7), 0, PayloadBuf::copy_from(&vec![5; 8]), false).await.unwrap();
             assert!(!s.absent.borrow().contains(&obj(7)));
             // Evict it from the open-file cache, then read through a fresh open.
             s.files.borrow_mut().clear();
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![5; 8]);
             s.delete_volume(VolumeId(5), |_| true).await.unwrap();
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![0; 8]);
-            s.write(obj(7), 0, vec![6; 8], false).await.unwrap();
+            s.write(obj(7), 0, PayloadBuf::copy_from(&vec![6; 8]), false).await.unwrap();
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![6; 8]);
         });
     }
@@ -620,7 +647,7 @@ mod tests {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async move {
             let s = Rc::new(ObjectStore::new(&path, false, 16));
-            s.write(obj(1), 0, vec![1; 4096], false).await.unwrap();
+            s.write(obj(1), 0, PayloadBuf::copy_from(&vec![1; 4096]), false).await.unwrap();
             let s1 = s.clone();
             let first = reactor::spawn(async move { s1.flush().await });
             reactor::yield_now().await; // the first flush has its sync in flight
@@ -630,7 +657,7 @@ mod tests {
             );
             // A write during the flush re-dirties the object: the first flush must not
             // clear the newer generation.
-            s.write(obj(1), 0, vec![2; 4096], false).await.unwrap();
+            s.write(obj(1), 0, PayloadBuf::copy_from(&vec![2; 4096]), false).await.unwrap();
             first.await.unwrap();
             assert!(
                 s.dirty.borrow().contains_key(&obj(1)),
@@ -681,7 +708,7 @@ mod tests {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async move {
             let s = ObjectStore::new(&path, false, 16);
-            s.write(obj(1), 4096, vec![1; 4096], true).await.unwrap();
+            s.write(obj(1), 4096, PayloadBuf::copy_from(&vec![1; 4096]), true).await.unwrap();
             s.zero(obj(1), 4096, 100, false).await.unwrap();
             let back = s.read(obj(1), 4096, 4096).await.unwrap();
             assert!(back[..100].iter().all(|&b| b == 0));
@@ -695,7 +722,7 @@ mod tests {
     fn open_file_cache_is_bounded() {
         with_store(false, async |s, _| {
             for i in 0..100 {
-                s.write(obj(i), 0, vec![i as u8; 16], false).await.unwrap();
+                s.write(obj(i), 0, PayloadBuf::copy_from(&vec![i as u8; 16]), false).await.unwrap();
             }
             assert!(s.files.borrow().len() <= 16);
             s.flush().await.unwrap(); // reopens evicted dirty objects
