@@ -83,8 +83,8 @@ pub(crate) struct Reply {
     pub epoch: Epoch,
     /// Hello: the OSD's shard count.
     pub info: u32,
-    /// Read data.
-    pub data: Vec<u8>,
+    /// Read data, in the buffer the transport received it into.
+    pub data: flame_common::buffer::PayloadBuf,
 }
 
 type Waiter = oneshot::Sender<Result<Reply, ConnError>>;

@@ -22,6 +22,7 @@ use crate::join::try_join_bounded;
 use crate::metrics::{self, Op};
 use crate::retry::{Backoff, RetryReason, Verdict, classify};
 use crate::split::Piece;
+use flame_common::buffer::PayloadBuf;
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo};
 use flame_common::placement;
@@ -37,8 +38,9 @@ const SHARD_CALLS_WINDOW: usize = 256;
 pub(crate) enum PieceOp {
     /// Read the piece; the reply carries its bytes.
     Read,
-    /// Write these bytes (exactly the piece's length).
-    Write { data: Vec<u8>, fua: bool },
+    /// Write these bytes (exactly the piece's length). Shared, so every try sends
+    /// the same memory.
+    Write { data: PayloadBuf, fua: bool },
     /// Zero the range.
     WriteZeroes { fua: bool },
     /// Discard the range.
@@ -199,14 +201,15 @@ async fn exchange(target: &Target, msg: &mut Message) -> Result<Reply, Transient
 }
 
 /// Performs one piece of a volume request, retrying until `deadline`. Returns the
-/// data for reads (exactly `piece.length` bytes), an empty vector otherwise.
+/// data for reads (exactly `piece.length` bytes, in the buffer the reply arrived
+/// in), an empty payload otherwise.
 pub(crate) async fn piece_io(
     cluster: &Cluster,
     volume: VolumeId,
     piece: Piece,
-    mut op: PieceOp,
+    op: PieceOp,
     deadline: Instant,
-) -> Result<Vec<u8>, ClientError> {
+) -> Result<PayloadBuf, ClientError> {
     let op_name = op.name();
     let object = ObjectId {
         volume,
@@ -216,7 +219,7 @@ pub(crate) async fn piece_io(
     let mut last: Option<String> = None;
     loop {
         let map = cluster.map();
-        let attempt = piece_try(cluster, &map, object, piece, &mut op);
+        let attempt = piece_try(cluster, &map, object, piece, &op);
         let t = match bounded(deadline, attempt).await {
             None => {
                 let why = last.unwrap_or_else(|| "no answer from the OSD in time".into());
@@ -237,8 +240,8 @@ async fn piece_try(
     map: &ClusterMap,
     object: ObjectId,
     piece: Piece,
-    op: &mut PieceOp,
-) -> Try<Vec<u8>> {
+    op: &PieceOp,
+) -> Try<PayloadBuf> {
     let pg = placement::object_pg(object, map.pool.pg_count);
     let Some(primary) = primary_of(cluster, map, pg).and_then(|id| map.osds.get(&id)) else {
         return Try::Retry(Transient {
@@ -259,8 +262,8 @@ async fn piece_try(
         offset: piece.object_offset,
         length: piece.length,
     };
-    // The write payload moves into the message and back out after the exchange,
-    // whatever its outcome, so a retry resends it without a copy.
+    // The write payload is shared with the message (one reference more), so a
+    // retry resends the same memory.
     let fua_flag = |fua: bool| if fua { flags::FUA } else { 0 };
     let (id, epoch) = (RequestId(0), map.epoch);
     let mut msg = match op {
@@ -275,7 +278,7 @@ async fn piece_try(
             epoch,
             target: io,
             flags: fua_flag(*fua),
-            data: std::mem::take(data),
+            data: data.clone(),
         },
         PieceOp::WriteZeroes { fua } => Message::WriteZeroes {
             id,
@@ -291,9 +294,7 @@ async fn piece_try(
         },
     };
     let result = exchange(&target, &mut msg).await;
-    if let (PieceOp::Write { data, .. }, Message::Write { data: sent, .. }) = (&mut *op, msg) {
-        *data = sent;
-    }
+    drop(msg);
     let reply = match result {
         Ok(reply) => reply,
         Err(t) => return Try::Retry(t),

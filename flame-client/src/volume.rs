@@ -13,6 +13,7 @@ use crate::io::{self, PieceOp, piece_io};
 use crate::join::try_join_bounded;
 use crate::metrics::{self, Op};
 use crate::split::{Piece, split};
+use flame_common::buffer::PayloadBuf;
 use flame_common::ids::VolumeId;
 use flame_common::map::VolumeInfo;
 use flame_common::protocol::IO_BYTES_MAX;
@@ -125,14 +126,34 @@ impl Volume {
     }
 
     /// Reads `length` bytes at `offset`. Never-written ranges read as zeroes.
+    ///
+    /// A convenience that gathers the reply buffers into one vector (one copy);
+    /// [`Volume::read_bufs`] returns them as they arrived.
     pub async fn read_at(&self, offset: u64, length: usize) -> Result<Vec<u8>, ClientError> {
+        let parts = self.read_bufs(offset, length).await?;
+        let mut out = Vec::with_capacity(length);
+        for part in &parts {
+            out.extend_from_slice(part);
+        }
+        Ok(out)
+    }
+
+    /// Reads `length` bytes at `offset` without copying them: the reply buffers of
+    /// the request's pieces, in order (one buffer unless the range crosses an object
+    /// boundary or the message bound), each the memory the transport received it
+    /// into. Their lengths add up to `length`.
+    pub async fn read_bufs(
+        &self,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<PayloadBuf>, ClientError> {
         let started = Instant::now();
         let res = self.read_inner(offset, length as u64).await;
         metrics::record_op(Op::Read, res.is_ok(), length as u64, started.elapsed());
         res
     }
 
-    async fn read_inner(&self, offset: u64, length: u64) -> Result<Vec<u8>, ClientError> {
+    async fn read_inner(&self, offset: u64, length: u64) -> Result<Vec<PayloadBuf>, ClientError> {
         if length > READ_BYTES_MAX {
             return Err(ClientError::InvalidArgument(format!(
                 "read of {length} bytes is larger than the {READ_BYTES_MAX}-byte limit"
@@ -147,47 +168,50 @@ impl Volume {
         };
         if u64::from(first.length) == length {
             // The common case: one piece, its reply buffer is the result.
-            return piece_io(&self.cluster, self.id, first, PieceOp::Read, deadline).await;
+            let data = piece_io(&self.cluster, self.id, first, PieceOp::Read, deadline).await?;
+            return Ok(vec![data]);
         }
         let all = std::iter::once(first).chain(pieces);
-        let parts = try_join_bounded(all, PIECES_WINDOW, |p: Piece| {
+        try_join_bounded(all, PIECES_WINDOW, |p: Piece| {
             piece_io(&self.cluster, self.id, p, PieceOp::Read, deadline)
         })
-        .await?;
-        let mut out = Vec::with_capacity(length as usize);
-        for part in parts {
-            out.extend_from_slice(&part);
-        }
-        Ok(out)
+        .await
     }
 
     /// Writes `data` at `offset`. With `fua`, returns only once the data is on
     /// stable storage on every copy. The write is acknowledged only after every OSD
     /// of each object's acting set has applied it.
+    ///
+    /// A convenience that copies `data` once into a payload buffer; a caller that
+    /// has its data in a [`PayloadBuf`] already uses [`Volume::write_buf`].
     pub async fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ClientError> {
-        let started = Instant::now();
-        let res = self.write_inner(offset, Data::Borrowed(data), fua).await;
-        metrics::record_op(Op::Write, res.is_ok(), data.len() as u64, started.elapsed());
-        res
+        self.write_buf(offset, PayloadBuf::copy_from(data), fua)
+            .await
     }
 
-    /// Like [`Volume::write_at`], taking the buffer: a write within one piece is
-    /// sent without copying it.
-    pub async fn write_vec(
+    /// Like [`Volume::write_at`], without a copy: every piece of the write (one per
+    /// object touched) is a slice of `data`, sent from its memory, and a retry
+    /// resends the same memory.
+    pub async fn write_buf(
         &self,
         offset: u64,
-        data: Vec<u8>,
+        data: PayloadBuf,
         fua: bool,
     ) -> Result<(), ClientError> {
         let started = Instant::now();
         let len = data.len() as u64;
-        let res = self.write_inner(offset, Data::Owned(data), fua).await;
+        let res = self.write_inner(offset, data, fua).await;
         metrics::record_op(Op::Write, res.is_ok(), len, started.elapsed());
         res
     }
 
-    async fn write_inner(&self, offset: u64, data: Data<'_>, fua: bool) -> Result<(), ClientError> {
-        let length = data.as_slice().len() as u64;
+    async fn write_inner(
+        &self,
+        offset: u64,
+        data: PayloadBuf,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let length = data.len() as u64;
         self.check_range(offset, length)?;
         let deadline = io::deadline_from_now(&self.cluster);
         let mut pieces = self.pieces(offset, length);
@@ -195,17 +219,15 @@ impl Volume {
             return Ok(());
         };
         if u64::from(first.length) == length {
-            let data = data.into_vec();
             let op = PieceOp::Write { data, fua };
             return piece_io(&self.cluster, self.id, first, op, deadline)
                 .await
                 .map(|_| ());
         }
-        let bytes = data.as_slice();
         let all = std::iter::once(first).chain(pieces);
         try_join_bounded(all, PIECES_WINDOW, |p: Piece| {
             let start = p.request_offset as usize;
-            let data = bytes[start..start + p.length as usize].to_vec();
+            let data = data.slice(start..start + p.length as usize);
             piece_io(
                 &self.cluster,
                 self.id,
@@ -263,27 +285,5 @@ impl Volume {
     /// what lets flame-nbd advertise `NBD_FLAG_CAN_MULTI_CONN`.
     pub async fn flush(&self) -> Result<(), ClientError> {
         io::flush_all(&self.cluster).await
-    }
-}
-
-/// Write data, borrowed or owned, so the one-piece path can avoid a copy.
-enum Data<'a> {
-    Borrowed(&'a [u8]),
-    Owned(Vec<u8>),
-}
-
-impl Data<'_> {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Data::Borrowed(b) => b,
-            Data::Owned(v) => v,
-        }
-    }
-
-    fn into_vec(self) -> Vec<u8> {
-        match self {
-            Data::Borrowed(b) => b.to_vec(),
-            Data::Owned(v) => v,
-        }
     }
 }

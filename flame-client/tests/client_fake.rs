@@ -9,6 +9,7 @@ use fake_cluster::{FakeCluster, small_pool};
 use flame_client::admin::{Cli, execute};
 use flame_client::bench::{self, BenchConfig, Pattern};
 use flame_client::{ClientConfig, ClientError, Cluster, MgrClient};
+use flame_common::buffer::PayloadBuf;
 use flame_common::ids::{OsdId, VolumeId};
 use flame_common::map::VolumeInfo;
 use flame_common::reactor::{self, Reactor, ReactorConfig};
@@ -69,7 +70,9 @@ fn read_write_across_object_boundaries() {
             if i % 2 == 0 {
                 vol.write_at(off, &data, i % 3 == 0).await.unwrap();
             } else {
-                vol.write_vec(off, data.clone(), false).await.unwrap();
+                vol.write_buf(off, PayloadBuf::copy_from(&data), false)
+                    .await
+                    .unwrap();
             }
             model[off as usize..off as usize + len].copy_from_slice(&data);
         }
@@ -121,11 +124,23 @@ fn large_requests_are_cut_at_the_message_bound() {
     run(async move {
         let vol = cluster.open_volume("vol").await.unwrap();
         let data = pattern(3, 9 * MIB as usize);
-        vol.write_vec(MIB, data.clone(), false).await.unwrap();
+        // One buffer, sent as three slices of itself.
+        vol.write_buf(MIB, PayloadBuf::copy_from(&data), false)
+            .await
+            .unwrap();
         let got = vol.read_at(MIB, 9 * MIB as usize).await.unwrap();
         assert!(got == data);
+        // The same read without the gathering copy: one reply buffer per piece.
+        let bufs = vol.read_bufs(MIB, 9 * MIB as usize).await.unwrap();
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        assert_eq!(lens, vec![4 << 20, 3 << 20, 2 << 20]);
+        assert!(
+            bufs.iter()
+                .flat_map(|b| b.iter().copied())
+                .eq(data.iter().copied())
+        );
     });
-    assert_eq!(fake.total(|s| s.io_requests.load(Ordering::SeqCst)), 6);
+    assert_eq!(fake.total(|s| s.io_requests.load(Ordering::SeqCst)), 9);
     assert_eq!(fake.total(|s| s.misrouted.load(Ordering::SeqCst)), 0);
 }
 

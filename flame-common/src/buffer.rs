@@ -278,7 +278,11 @@ impl PayloadBufMut {
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        debug_assert!(self.chunk.as_ref().is_none_or(|c| Arc::strong_count(c) == 1));
+        debug_assert!(
+            self.chunk
+                .as_ref()
+                .is_none_or(|c| Arc::strong_count(c) == 1)
+        );
         // SAFETY: as above, and this is the chunk's only reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
@@ -579,14 +583,22 @@ mod tests {
         let clones: Vec<PayloadBuf> = (0..3).map(|_| b.clone()).collect();
         let s = b.slice(4096..4100);
         assert_eq!(b.ref_count(), 5);
-        assert!(clones.iter().all(|c| c.same_memory(&b) && c.as_ptr() == b.as_ptr()));
+        assert!(
+            clones
+                .iter()
+                .all(|c| c.same_memory(&b) && c.as_ptr() == b.as_ptr())
+        );
         assert_eq!(s.as_slice(), &[0, 1, 2, 3]);
         assert!(s.same_memory(&b));
         assert!(s.is_direct_io_aligned());
         assert!(!b.slice(1..2).is_direct_io_aligned());
         drop(b);
         drop(clones);
-        assert_eq!(pool.releases.load(Ordering::SeqCst), 0, "a slice still holds it");
+        assert_eq!(
+            pool.releases.load(Ordering::SeqCst),
+            0,
+            "a slice still holds it"
+        );
         assert_eq!(s.ref_count(), 1);
         drop(s);
         assert_eq!(pool.releases.load(Ordering::SeqCst), 1);

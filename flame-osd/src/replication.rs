@@ -149,7 +149,10 @@ mod tests {
         };
         let fwd: Vec<Message> = (0..2).map(|_| with_replica_flag(&msg)).collect();
         for f in &fwd {
-            let Message::Write { flags: fl, data: d, .. } = f else {
+            let Message::Write {
+                flags: fl, data: d, ..
+            } = f
+            else {
                 panic!("{f:?}")
             };
             assert_eq!(*fl, flags::FUA | flags::REPLICA);

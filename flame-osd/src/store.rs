@@ -558,8 +558,12 @@ mod tests {
         for direct in [false, true] {
             with_store(direct, async |s, _| {
                 assert_eq!(s.read(obj(1), 0, 8192).await.unwrap(), vec![0; 8192]);
-                s.write(obj(1), 4096, PayloadBuf::copy_from(&vec![7; 4096]), false).await.unwrap();
-                s.write(obj(1), 10, PayloadBuf::copy_from(&b"abc".to_vec()), true).await.unwrap();
+                s.write(obj(1), 4096, PayloadBuf::copy_from(&[7; 4096]), false)
+                    .await
+                    .unwrap();
+                s.write(obj(1), 10, PayloadBuf::copy_from(b"abc"), true)
+                    .await
+                    .unwrap();
                 let back = s.read(obj(1), 0, 12288).await.unwrap();
                 assert_eq!(&back[10..13], b"abc");
                 assert!(back[4096..8192].iter().all(|&b| b == 7));
@@ -593,8 +597,12 @@ mod tests {
     #[test]
     fn zero_punches_and_delete_removes_owned() {
         with_store(false, async |s, root| {
-            s.write(obj(1), 0, PayloadBuf::copy_from(&vec![9; 65536]), false).await.unwrap();
-            s.write(obj(2), 0, PayloadBuf::copy_from(&vec![9; 10]), false).await.unwrap();
+            s.write(obj(1), 0, PayloadBuf::copy_from(&[9; 65536]), false)
+                .await
+                .unwrap();
+            s.write(obj(2), 0, PayloadBuf::copy_from(&[9; 10]), false)
+                .await
+                .unwrap();
             s.zero(obj(1), 4096, 8192, false).await.unwrap();
             let back = s.read(obj(1), 0, 65536).await.unwrap();
             assert!(back[..4096].iter().all(|&b| b == 9));
@@ -626,14 +634,18 @@ mod tests {
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![0; 8]);
             assert!(s.absent.borrow().contains(&obj(7)));
             s.zero(obj(7), 0, 8, false).await.unwrap(); // still absent: no file made
-            s.write(obj(7), 0, PayloadBuf::copy_from(&vec![5; 8]), false).await.unwrap();
+            s.write(obj(7), 0, PayloadBuf::copy_from(&[5; 8]), false)
+                .await
+                .unwrap();
             assert!(!s.absent.borrow().contains(&obj(7)));
             // Evict it from the open-file cache, then read through a fresh open.
             s.files.borrow_mut().clear();
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![5; 8]);
             s.delete_volume(VolumeId(5), |_| true).await.unwrap();
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![0; 8]);
-            s.write(obj(7), 0, PayloadBuf::copy_from(&vec![6; 8]), false).await.unwrap();
+            s.write(obj(7), 0, PayloadBuf::copy_from(&[6; 8]), false)
+                .await
+                .unwrap();
             assert_eq!(s.read(obj(7), 0, 8).await.unwrap(), vec![6; 8]);
         });
     }
@@ -647,7 +659,9 @@ mod tests {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async move {
             let s = Rc::new(ObjectStore::new(&path, false, 16));
-            s.write(obj(1), 0, PayloadBuf::copy_from(&vec![1; 4096]), false).await.unwrap();
+            s.write(obj(1), 0, PayloadBuf::copy_from(&[1; 4096]), false)
+                .await
+                .unwrap();
             let s1 = s.clone();
             let first = reactor::spawn(async move { s1.flush().await });
             reactor::yield_now().await; // the first flush has its sync in flight
@@ -657,7 +671,9 @@ mod tests {
             );
             // A write during the flush re-dirties the object: the first flush must not
             // clear the newer generation.
-            s.write(obj(1), 0, PayloadBuf::copy_from(&vec![2; 4096]), false).await.unwrap();
+            s.write(obj(1), 0, PayloadBuf::copy_from(&[2; 4096]), false)
+                .await
+                .unwrap();
             first.await.unwrap();
             assert!(
                 s.dirty.borrow().contains_key(&obj(1)),
@@ -708,7 +724,9 @@ mod tests {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async move {
             let s = ObjectStore::new(&path, false, 16);
-            s.write(obj(1), 4096, PayloadBuf::copy_from(&vec![1; 4096]), true).await.unwrap();
+            s.write(obj(1), 4096, PayloadBuf::copy_from(&[1; 4096]), true)
+                .await
+                .unwrap();
             s.zero(obj(1), 4096, 100, false).await.unwrap();
             let back = s.read(obj(1), 4096, 4096).await.unwrap();
             assert!(back[..100].iter().all(|&b| b == 0));
@@ -722,7 +740,9 @@ mod tests {
     fn open_file_cache_is_bounded() {
         with_store(false, async |s, _| {
             for i in 0..100 {
-                s.write(obj(i), 0, PayloadBuf::copy_from(&vec![i as u8; 16]), false).await.unwrap();
+                s.write(obj(i), 0, PayloadBuf::copy_from(&[i as u8; 16]), false)
+                    .await
+                    .unwrap();
             }
             assert!(s.files.borrow().len() <= 16);
             s.flush().await.unwrap(); // reopens evicted dirty objects

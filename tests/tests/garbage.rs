@@ -47,7 +47,7 @@ fn valid_write_header(len: u32) -> Vec<u8> {
             length: len,
         },
         flags: 0,
-        data: vec![0; len as usize],
+        data: flame_common::buffer::PayloadBuf::zeroed(len as usize),
     };
     msg.to_header().0.encode().to_vec()
 }

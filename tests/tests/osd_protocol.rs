@@ -115,7 +115,7 @@ fn write(map: &ClusterMap, id: u64, object: ObjectId, offset: u32, data: Vec<u8>
         epoch: map.epoch,
         target: target(map, object, offset, data.len() as u32),
         flags: 0,
-        data,
+        data: flame_common::buffer::PayloadBuf::copy_from(&data),
     }
 }
 

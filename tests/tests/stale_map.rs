@@ -28,7 +28,8 @@ fn recv(s: &mut TcpStream) -> Message {
     let h = Header::decode(&hb).expect("bad reply header");
     let mut payload = vec![0u8; h.payload_len as usize];
     s.read_exact(&mut payload).unwrap();
-    Message::from_parts(&h, payload).expect("bad reply")
+    Message::from_parts(&h, flame_common::buffer::PayloadBuf::copy_from(&payload))
+        .expect("bad reply")
 }
 
 #[test]
@@ -94,7 +95,7 @@ fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
                     length: 4096,
                 },
                 flags: 0,
-                data: data.clone(),
+                data: flame_common::buffer::PayloadBuf::copy_from(&data),
             },
         );
         match recv(&mut s) {

@@ -7,6 +7,8 @@
 //! each NBD connection lives on one reactor thread from accept to close, and a
 //! backend runs its I/O on that same thread (penetrating model, no hand-off).
 
+use flame_common::buffer::PayloadBuf;
+
 /// A positive errno (`libc::EIO`, …). The server maps it to one the NBD protocol
 /// allows (see [`super::proto::wire_errno`]).
 pub type Errno = i32;
@@ -32,12 +34,16 @@ pub trait Backend {
         false
     }
 
-    /// Reads `len` bytes at `offset` (the server checked the range). Must return
-    /// exactly `len` bytes.
-    async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, Errno>;
+    /// Reads `len` bytes at `offset` (the server checked the range). Returns the
+    /// bytes as one or more buffers, in order, whose lengths add up to exactly `len`:
+    /// the server sends them to the client as they are (no gathering copy), so a
+    /// backend returns the buffers its data arrived in.
+    async fn read(&self, offset: u64, len: u32) -> Result<Vec<PayloadBuf>, Errno>;
 
     /// Writes `data` at `offset`. With `fua` the data is durable when this returns.
-    async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), Errno>;
+    /// `data` is the buffer the request's payload was received into from the NBD
+    /// socket; a backend that forwards it (Flame) sends that memory on.
+    async fn write(&self, offset: u64, data: PayloadBuf, fua: bool) -> Result<(), Errno>;
 
     /// Makes every write completed so far (on any connection) durable.
     async fn flush(&self) -> Result<(), Errno>;

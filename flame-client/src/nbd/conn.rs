@@ -4,10 +4,17 @@
 //! Replies are queued (never awaited) by whichever request task finishes; a writer
 //! task per connection drains everything queued with one `writev` per round, so the
 //! out-of-order replies of pipelined requests that complete in one reactor tick
-//! leave in one system call. Small replies are copied into a batch buffer; read data
-//! travels as its own iovec without a copy.
+//! leave in one system call. Reply headers are copied into a batch buffer; read data
+//! travels by reference, as its own iovecs, from the buffers it arrived in from the
+//! OSDs.
+//!
+//! A WRITE's payload is received into its own aligned [`PayloadBufMut`]: the part
+//! that came in with the request header is copied out of the receive buffer, the
+//! rest is received straight into it; after a large payload the next request header
+//! is received alone, so a stream of large writes lands without a copy.
 
-use flame_common::reactor;
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::reactor::{self, IoBuf};
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::TcpStream;
@@ -15,16 +22,43 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-/// Data up to this size is copied into the batch buffer rather than sent as its own
-/// iovec.
-const INLINE_BYTES_MAX: usize = 16 << 10;
 /// Receive buffer per connection: many request headers (and small writes) per
 /// system call.
 const RECV_BUFFER_BYTES: usize = 128 << 10;
+/// After a payload of at least this size, the next request header is received alone
+/// (one more system call), so the payload after it is received straight into its
+/// buffer instead of being copied out of the receive buffer.
+const DIRECT_RECV_PAYLOAD_BYTES_MIN: usize = 64 << 10;
+/// Size of an NBD request header: what a header-only receive asks for.
+const REQUEST_HEADER_BYTES: usize = super::proto::REQUEST_LEN;
+
+/// One entry of a send queue.
+enum SendBuf {
+    /// Reply headers and small replies, copied in.
+    Batch(Vec<u8>),
+    /// Read data, by reference.
+    Data(PayloadBuf),
+}
+
+// SAFETY: both variants' memory is heap memory that does not move with the value.
+unsafe impl IoBuf for SendBuf {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            SendBuf::Batch(v) => v.as_ptr(),
+            SendBuf::Data(p) => IoBuf::as_ptr(p),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            SendBuf::Batch(v) => v.len(),
+            SendBuf::Data(p) => p.len(),
+        }
+    }
+}
 
 #[derive(Default)]
 struct SendQueue {
-    bufs: Vec<Vec<u8>>,
+    bufs: Vec<SendBuf>,
     last_is_batch: bool,
     queued_bytes: usize,
     /// A `writev` round is in progress.
@@ -66,11 +100,11 @@ impl Conn {
         }
         let mut q = self.queue.borrow_mut();
         if !q.last_is_batch {
-            q.bufs.push(Vec::with_capacity(4096));
+            q.bufs.push(SendBuf::Batch(Vec::with_capacity(4096)));
             q.last_is_batch = true;
         }
         let mut n = 0;
-        if let Some(batch) = q.bufs.last_mut() {
+        if let Some(SendBuf::Batch(batch)) = q.bufs.last_mut() {
             for p in parts {
                 batch.extend_from_slice(p);
                 n += p.len();
@@ -80,20 +114,18 @@ impl Conn {
         Self::wake_writer(&mut q);
     }
 
-    /// Queues a header (copied) followed by `data` (moved, not copied, when large).
-    pub(crate) fn send_with_data(&self, header: &[u8], data: Vec<u8>) {
-        if data.len() <= INLINE_BYTES_MAX {
-            self.send(&[header, &data]);
-            return;
-        }
+    /// Queues a header (copied) followed by `data` (by reference, never copied).
+    pub(crate) fn send_with_data(&self, header: &[u8], data: Vec<PayloadBuf>) {
         if self.closed.get() {
             return;
         }
         self.send(&[header]);
         let mut q = self.queue.borrow_mut();
-        q.queued_bytes += data.len();
-        q.bufs.push(data);
-        q.last_is_batch = false;
+        for d in data.into_iter().filter(|d| !d.is_empty()) {
+            q.queued_bytes += d.len();
+            q.bufs.push(SendBuf::Data(d));
+            q.last_is_batch = false;
+        }
         Self::wake_writer(&mut q);
     }
 
@@ -202,6 +234,9 @@ pub(crate) struct Reader {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// Receive only up to the end of the next request header (see
+    /// [`DIRECT_RECV_PAYLOAD_BYTES_MIN`]).
+    header_only: bool,
 }
 
 fn eof() -> io::Error {
@@ -216,6 +251,7 @@ impl Reader {
             buf: vec![0u8; RECV_BUFFER_BYTES],
             start: 0,
             end: 0,
+            header_only: false,
         }
     }
 
@@ -237,7 +273,16 @@ impl Reader {
             self.start = 0;
         }
         let buf = std::mem::take(&mut self.buf);
-        let (res, buf) = reactor::recv(self.conn.fd(), buf, self.end).await;
+        let limit = if self.header_only {
+            // Up to the end of a request header: a WRITE's payload after it goes to
+            // its own buffer.
+            (self.start + REQUEST_HEADER_BYTES)
+                .max(self.end + 1)
+                .min(buf.len())
+        } else {
+            buf.len()
+        };
+        let (res, buf) = reactor::recv_range(self.conn.fd(), buf, self.end, limit).await;
         self.buf = buf;
         match res {
             Ok(0) => Err(eof()),
@@ -258,7 +303,37 @@ impl Reader {
         }
         out.copy_from_slice(&self.buf[self.start..self.start + out.len()]);
         self.start += out.len();
+        self.header_only = false;
         Ok(())
+    }
+
+    /// Reads a WRITE's payload of exactly `len` bytes into its own aligned buffer:
+    /// what is already buffered is copied, the rest is received straight into it.
+    /// The caller bounds `len`.
+    pub(crate) async fn read_payload(&mut self, len: usize) -> io::Result<PayloadBufMut> {
+        let have = self.buffered().min(len);
+        let mut out = PayloadBufMut::for_overwrite(len);
+        out.as_mut_slice()[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
+        self.start += have;
+        let mut filled = have;
+        // Bounded: every round receives at least one byte or returns.
+        while filled < len {
+            if self.conn.is_closed() {
+                return Err(eof());
+            }
+            let (res, back) = reactor::recv(self.conn.fd(), out, filled).await;
+            out = back;
+            match res {
+                Ok(0) => return Err(eof()),
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
+            self.header_only = true;
+        }
+        Ok(out)
     }
 
     /// Reads exactly `len` bytes into a new buffer; bytes beyond what is buffered are
@@ -294,6 +369,8 @@ impl Reader {
 
     /// Consumes and drops `len` bytes (an over-long option), with bounded memory.
     pub(crate) async fn skip(&mut self, mut len: u64) -> io::Result<()> {
+        // Skipped bytes go through the receive buffer: read them in large chunks.
+        self.header_only = false;
         loop {
             let take = (self.buffered() as u64).min(len) as usize;
             self.start += take;

@@ -12,6 +12,7 @@
 
 use super::backend::{Backend, Errno, Exports, OpenError};
 use crate::{ClientError, Cluster, Volume};
+use flame_common::buffer::PayloadBuf;
 
 /// The exports of a Flame cluster, for one reactor thread.
 #[derive(Clone)]
@@ -43,16 +44,18 @@ impl Backend for FlameBackend {
         self.size
     }
 
-    async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+    async fn read(&self, offset: u64, len: u32) -> Result<Vec<PayloadBuf>, Errno> {
+        // The OSDs' reply buffers go to the NBD socket as they arrived.
         self.volume
-            .read_at(offset, len as usize)
+            .read_bufs(offset, len as usize)
             .await
             .map_err(errno)
     }
 
-    async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), Errno> {
+    async fn write(&self, offset: u64, data: PayloadBuf, fua: bool) -> Result<(), Errno> {
+        // The buffer the NBD payload was received into is what goes to the OSD.
         self.volume
-            .write_vec(offset, data, fua)
+            .write_buf(offset, data, fua)
             .await
             .map_err(errno)
     }

@@ -10,6 +10,7 @@
 //! are trivially satisfied because a completed write is already in the shared map.
 
 use super::backend::{Backend, Errno, Exports, OpenError};
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,13 +62,19 @@ impl MemoryDisk {
     /// Copies `[offset, offset+len)` out (holes read as zeroes).
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
-        Self::for_each_piece(offset, len, |block, start, n, pos| {
+        self.read_into(offset, &mut out);
+        out
+    }
+
+    /// Copies `[offset, offset+out.len())` into `out` (holes read as zeroes).
+    pub fn read_into(&self, offset: u64, out: &mut [u8]) {
+        Self::for_each_piece(offset, out.len(), |block, start, n, pos| {
             let map = self.stripe(block).lock();
-            if let Some(b) = map.get(&block) {
-                out[pos..pos + n].copy_from_slice(&b[start..start + n]);
+            match map.get(&block) {
+                Some(b) => out[pos..pos + n].copy_from_slice(&b[start..start + n]),
+                None => out[pos..pos + n].fill(0),
             }
         });
-        out
     }
 
     /// Copies `data` in at `offset`.
@@ -135,12 +142,14 @@ impl Backend for MemoryBackend {
         self.disk.read_only
     }
 
-    async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, Errno> {
+    async fn read(&self, offset: u64, len: u32) -> Result<Vec<PayloadBuf>, Errno> {
         self.check(offset, u64::from(len))?;
-        Ok(self.disk.read(offset, len as usize))
+        let mut buf = PayloadBufMut::for_overwrite(len as usize);
+        self.disk.read_into(offset, buf.as_mut_slice());
+        Ok(vec![buf.freeze()])
     }
 
-    async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), Errno> {
+    async fn write(&self, offset: u64, data: PayloadBuf, _fua: bool) -> Result<(), Errno> {
         self.check_write(offset, data.len() as u64)?;
         self.disk.write(offset, &data);
         Ok(())

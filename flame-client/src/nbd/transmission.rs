@@ -12,6 +12,7 @@ use super::backend::{Backend, Errno};
 use super::conn::{Conn, Reader};
 use super::metrics::{Op, OpMetrics};
 use super::proto::{self, *};
+use flame_common::buffer::PayloadBuf;
 use flame_common::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -214,9 +215,11 @@ pub(crate) async fn serve<B: Backend + 'static>(
         if s.conn.is_closed() {
             return Err(TransmissionError::Io(io::ErrorKind::BrokenPipe.into()));
         }
+        // A WRITE's payload is received into the buffer that goes to the backend
+        // (and on to the OSDs) as it is.
         let data = match cmd {
-            Command::Write { len, .. } => rd.read_vec(len as usize).await?,
-            _ => Vec::new(),
+            Command::Write { len, .. } => rd.read_payload(len as usize).await?.freeze(),
+            _ => PayloadBuf::empty(),
         };
         s.inflight.start(payload_bytes);
         tasks.push(reactor::spawn(run_request(
@@ -241,14 +244,14 @@ pub(crate) async fn serve<B: Backend + 'static>(
 /// in-flight bound keeps the vector small and the pruning rare).
 const TASKS_PRUNE_AT: usize = 256;
 
-/// Data of a successful read: its offset and bytes.
-type ReadData = Option<(u64, Vec<u8>)>;
+/// Data of a successful read: its offset and its buffers (sent as they are).
+type ReadData = Option<(u64, Vec<PayloadBuf>)>;
 
 async fn run_request<B: Backend>(
     s: Rc<Session<B>>,
     cookie: u64,
     cmd: Command,
-    data: Vec<u8>,
+    data: PayloadBuf,
     payload_bytes: u64,
 ) {
     let t0 = Instant::now();
@@ -258,12 +261,12 @@ async fn run_request<B: Backend>(
             Op::Read,
             u64::from(len),
             match b.read(offset, len).await {
-                Ok(d) if d.len() == len as usize => Ok(Some((offset, d))),
+                Ok(d) if total_len(&d) == len as usize => Ok(Some((offset, d))),
                 Ok(d) => {
                     tracing::error!(
                         offset,
                         len,
-                        got = d.len(),
+                        got = total_len(&d),
                         "backend read returned a wrong length"
                     );
                     Err(libc::EIO)
@@ -293,11 +296,13 @@ async fn run_request<B: Backend>(
     let failed = result.is_err();
     match result {
         Ok(Some((offset, d))) => {
-            if s.structured && d.is_empty() {
+            let n = total_len(&d);
+            if s.structured && n == 0 {
                 // OFFSET_DATA may not carry zero bytes: a zero-length read is a NONE.
                 conn.send(&[&encode_none_chunk(cookie)]);
             } else if s.structured {
-                let h = encode_offset_data_header(cookie, offset, d.len() as u32);
+                // Bounded by the request's length (checked above), a u32.
+                let h = encode_offset_data_header(cookie, offset, n as u32);
                 conn.send_with_data(&h, d);
             } else {
                 conn.send_with_data(&encode_simple_reply(0, cookie), d);
@@ -314,4 +319,9 @@ async fn run_request<B: Backend>(
     s.metrics
         .record(op, done_bytes, t0.elapsed().as_secs_f64(), failed);
     s.inflight.finish(payload_bytes);
+}
+
+/// Bytes in a read's buffers.
+fn total_len(bufs: &[PayloadBuf]) -> usize {
+    bufs.iter().map(PayloadBuf::len).sum()
 }

@@ -511,8 +511,8 @@ fn handle(osd: &Osd, msg: &Message, is_io: bool) -> Message {
     match msg {
         Message::Read { target, .. } => {
             let data = match objects.get(&(target.object.volume.0, target.object.index)) {
-                Some(o) => o[range(target)].to_vec(),
-                None => vec![0; target.length as usize],
+                Some(o) => flame_common::buffer::PayloadBuf::copy_from(&o[range(target)]),
+                None => flame_common::buffer::PayloadBuf::zeroed(target.length as usize),
             };
             Message::Reply {
                 op: OpCode::Read,

@@ -155,9 +155,25 @@ fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 /// Receives into `buf[start..]`; returns the byte count (0 = peer closed) and the
 /// buffer. Any [`IoBufMut`] serves: a connection's receive buffer, or a payload
 /// buffer a large payload is received straight into.
-pub async fn recv<B: IoBufMut>(fd: RawFd, mut buf: B, start: usize) -> (io::Result<usize>, B) {
-    assert!(start <= buf.len(), "recv start beyond buffer");
-    let len = (buf.len() - start).min(u32::MAX as usize) as u32;
+pub async fn recv<B: IoBufMut>(fd: RawFd, buf: B, start: usize) -> (io::Result<usize>, B) {
+    let end = buf.len();
+    recv_range(fd, buf, start, end).await
+}
+
+/// Receives into `buf[start..end]` only: a reader that must not consume bytes past
+/// a point of the stream (the payload after a header, meant for its own buffer).
+pub async fn recv_range<B: IoBufMut>(
+    fd: RawFd,
+    mut buf: B,
+    start: usize,
+    end: usize,
+) -> (io::Result<usize>, B) {
+    assert!(
+        start <= end && end <= buf.len(),
+        "recv range {start}..{end} beyond a {}-byte buffer",
+        buf.len()
+    );
+    let len = (end - start).min(u32::MAX as usize) as u32;
     let ptr = buf.as_mut_ptr().wrapping_add(start);
     let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
     let (res, buf) = Op::submit_cancellable(sqe, buf).await;

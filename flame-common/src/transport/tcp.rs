@@ -18,8 +18,8 @@
 use super::TransportError;
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{HEADER_LEN, Header, Message};
-use crate::reactor::{IoBuf, IoBufMut};
 use crate::reactor;
+use crate::reactor::IoBuf;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -79,30 +79,6 @@ struct RecvState {
     /// Receive only up to the end of the next header (see
     /// [`DIRECT_RECV_PAYLOAD_BYTES_MIN`]).
     header_only: bool,
-}
-
-/// The first `len` bytes of a buffer, as a buffer (a receive bounded below the
-/// buffer's size).
-struct Prefix {
-    buf: Vec<u8>,
-    len: usize,
-}
-
-// SAFETY: a view of a Vec's heap memory, within its length.
-unsafe impl IoBuf for Prefix {
-    fn as_ptr(&self) -> *const u8 {
-        self.buf.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.len.min(self.buf.len())
-    }
-}
-
-// SAFETY: as above.
-unsafe impl IoBufMut for Prefix {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.buf.as_mut_ptr()
-    }
 }
 
 /// One TCP connection owned by the current reactor thread.
@@ -305,8 +281,8 @@ impl TcpConn {
         } else {
             buf.len()
         };
-        let (res, view) = reactor::recv(fd, Prefix { buf, len: limit }, st.end).await;
-        st.buf = view.buf;
+        let (res, buf) = reactor::recv_range(fd, buf, st.end, limit).await;
+        st.buf = buf;
         match res {
             Ok(0) => Err(TransportError::Closed),
             Ok(n) => {
