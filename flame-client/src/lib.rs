@@ -10,6 +10,8 @@
 //!   `discard`, `flush`) on a reactor thread: requests are split at object
 //!   boundaries, sent to each object's primary on the owning shard's connection, and
 //!   retried through map changes and connection failures until `io_timeout_ms`.
+//!   `write_buf` and `read_bufs` take and return [`flame_common::buffer::PayloadBuf`]s,
+//!   so data travels between the caller and the sockets without a copy.
 //! * [`MgrClient`] — the manager's HTTP/JSON API (volumes, status, OSDs).
 //! * [`bench`] and [`admin`] — the `flame-admin` CLI and its benchmark.
 //!

@@ -4,6 +4,9 @@
 //! the buffer cannot move or be freed while the kernel uses it. `Vec<u8>` serves
 //! buffered I/O and sockets; [`AlignedBuf`] serves `O_DIRECT`, which needs the
 //! memory address, the length and the file offset aligned to the device's block.
+//! Payloads (write data, read replies) use [`crate::buffer`]'s payload buffers, which
+//! are aligned too and implement these traits, so the data path needs no
+//! `AlignedBuf` copy.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;

@@ -60,14 +60,16 @@ pub enum Conn {
 
 impl Conn {
     /// Queues `msg` for sending, in order after every message queued before it.
+    /// The payload (write data, read reply) is queued by reference: the send queue
+    /// holds one more reference to its [`crate::buffer::PayloadBuf`], never a copy.
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send(msg),
         }
     }
 
-    /// Like [`Conn::send`], but takes the message so a large payload (write data,
-    /// read reply) is handed to the transport without a copy.
+    /// Like [`Conn::send`], but takes the message: its payload reference moves into
+    /// the send queue.
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_owned(msg),
