@@ -74,17 +74,27 @@ pub unsafe trait BufferPool: Send + Sync + 'static {
     unsafe fn release(&self, raw: RawBuf, home: ThreadId);
 }
 
-/// The default pool: aligned memory from the global allocator, freed on release.
-/// Large buffers come zeroed straight from the kernel (no memset of megabytes that
-/// a receive is about to overwrite).
+/// The default pool: fresh memory for every buffer, freed on release. Small buffers
+/// come from the global allocator (zeroed: a memset of a few KiB); large ones are
+/// mapped straight from the kernel, whose fresh pages are zero already, so a receive
+/// that is about to overwrite megabytes does not first pay for clearing them (the
+/// global allocator clears over-aligned memory with a memset).
 #[derive(Debug, Default)]
 pub struct HeapPool;
+
+/// Buffers of at least this size are mapped (`mmap`) rather than allocated.
+pub const HEAP_MMAP_BYTES_MIN: usize = 128 << 10;
+/// Token of a mapped buffer.
+const TOKEN_MAPPED: u64 = 1;
+/// Token of a buffer from the global allocator.
+const TOKEN_ALLOCATED: u64 = 0;
 
 fn heap_layout(cap: usize) -> Option<Layout> {
     Layout::from_size_align(cap, DIRECT_IO_ALIGN).ok()
 }
 
-// SAFETY: alloc_zeroed returns zeroed memory of the layout's size and alignment.
+// SAFETY: alloc_zeroed returns zeroed memory of the layout's size and alignment;
+// mmap returns page-aligned (≥ 4 KiB) zero pages.
 unsafe impl BufferPool for HeapPool {
     fn name(&self) -> &'static str {
         "heap"
@@ -92,19 +102,46 @@ unsafe impl BufferPool for HeapPool {
 
     fn allocate(&self, len: usize) -> Option<RawBuf> {
         let cap = len.max(1);
+        if cap >= HEAP_MMAP_BYTES_MIN {
+            let cap = cap.checked_next_multiple_of(DIRECT_IO_ALIGN)?;
+            // SAFETY: an anonymous private mapping; no existing memory is affected.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    cap,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            return Some(RawBuf {
+                ptr: NonNull::new(p.cast::<u8>())?,
+                cap,
+                token: TOKEN_MAPPED,
+                zeroed: true,
+            });
+        }
         let layout = heap_layout(cap)?;
         // SAFETY: layout has non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
         Some(RawBuf {
             ptr,
             cap,
-            token: 0,
+            token: TOKEN_ALLOCATED,
             zeroed: true,
         })
     }
 
     unsafe fn release(&self, raw: RawBuf, _home: ThreadId) {
-        if let Some(layout) = heap_layout(raw.cap) {
+        if raw.token == TOKEN_MAPPED {
+            // SAFETY: mapped in `allocate` with exactly this length (the caller's
+            // contract); nothing uses it any more.
+            unsafe { libc::munmap(raw.ptr.as_ptr().cast(), raw.cap) };
+        } else if let Some(layout) = heap_layout(raw.cap) {
             // SAFETY: allocated in `allocate` with this layout (the caller's contract).
             unsafe { dealloc(raw.ptr.as_ptr(), layout) }
         }
@@ -549,7 +586,15 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_and_zeroed_when_asked() {
-        for len in [1, 100, 4096, 4097, 1 << 20] {
+        for len in [
+            1,
+            100,
+            4096,
+            4097,
+            HEAP_MMAP_BYTES_MIN - 1,
+            HEAP_MMAP_BYTES_MIN + 1,
+            1 << 20,
+        ] {
             let b = PayloadBufMut::zeroed(len);
             assert_eq!(b.as_ptr() as usize % DIRECT_IO_ALIGN, 0, "len {len}");
             assert_eq!(b.len(), len);
