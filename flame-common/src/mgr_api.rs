@@ -10,7 +10,7 @@
 //! | GET | `/v1/map` | → [`crate::map::ClusterMap`] |
 //! | GET | `/v1/status` | → [`ClusterStatus`] |
 //! | GET | `/v1/osds` | → `Vec<`[`OsdStatus`]`>` |
-//! | POST | `/v1/osd/boot` | [`OsdBoot`] → [`OsdBootReply`] |
+//! | POST | `/v1/osd/boot` | [`OsdBoot`] → [`OsdBootReply`]; 409 if the OSD belongs to another cluster or its address is held by another up OSD |
 //! | POST | `/v1/osd/heartbeat` | [`OsdHeartbeat`] → [`HeartbeatReply`] |
 //! | GET | `/v1/volumes` | → `Vec<`[`crate::map::VolumeInfo`]`>` |
 //! | POST | `/v1/volumes` | [`VolumeCreate`] → `VolumeInfo` |
@@ -48,6 +48,13 @@ pub struct OsdBoot {
     pub weight: f64,
     /// Metrics endpoint.
     pub metrics_addr: Option<SocketAddr>,
+    /// The cluster id recorded in the OSD's data directory (`None` for a directory
+    /// that never joined a cluster). The manager refuses a boot whose fsid is not its
+    /// own *before* recording anything, so an OSD of another cluster never becomes a
+    /// ghost entry in this map. Absent in requests from older OSDs (treated as
+    /// `None`).
+    #[serde(default)]
+    pub fsid: Option<String>,
 }
 
 /// The manager's answer to [`OsdBoot`].

@@ -348,7 +348,9 @@ mod tests {
     fn no_libm_functions_in_placement() {
         let src = include_str!("placement.rs");
         let code = &src[..src.find("#[cfg(test)]").unwrap()];
-        for f in [".ln(", ".log2(", ".log10(", ".exp(", ".powf(", ".sqrt(", "ln_1p"] {
+        for f in [
+            ".ln(", ".log2(", ".log10(", ".exp(", ".powf(", ".sqrt(", "ln_1p",
+        ] {
             assert!(!code.contains(f), "placement code calls {f}");
         }
     }
@@ -374,7 +376,9 @@ mod tests {
             .iter()
             .map(|&pg| pg_osds(&m, PgId(pg)).iter().map(|o| o.0).collect())
             .collect();
-        assert_eq!(got, vec![
+        assert_eq!(
+            got,
+            vec![
                 vec![11, 7, 3],
                 vec![1, 7, 5],
                 vec![0, 3, 9],
@@ -382,7 +386,8 @@ mod tests {
                 vec![9, 5, 8],
                 vec![9, 4, 8],
                 vec![0, 3, 6],
-            ]);
+            ]
+        );
         let mut w = map_with(6, 1);
         w.osds.get_mut(&OsdId(0)).unwrap().weight = 2.0;
         w.osds.get_mut(&OsdId(5)).unwrap().weight = 0.5;
@@ -390,7 +395,10 @@ mod tests {
             .iter()
             .map(|&pg| pg_osds(&w, PgId(pg)).iter().map(|o| o.0).collect())
             .collect();
-        assert_eq!(got, vec![vec![3, 2, 0], vec![0, 4, 3], vec![3, 4, 0], vec![3, 1, 5]]);
+        assert_eq!(
+            got,
+            vec![vec![3, 2, 0], vec![0, 4, 3], vec![3, 4, 0], vec![3, 1, 5]]
+        );
     }
 
     #[test]

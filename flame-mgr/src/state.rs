@@ -20,6 +20,7 @@ use flame_common::mgr_api::{
 use flame_common::placement::pg_osds;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
@@ -222,9 +223,41 @@ impl ClusterState {
     /// Idempotent: booting again with the same settings changes nothing and leaves
     /// the epoch alone. An existing OSD keeps its in/out state (an operator's "out"
     /// survives restarts); a new one starts in.
+    ///
+    /// Refused, before anything is recorded (so a refused OSD leaves no trace in the
+    /// map):
+    /// * an OSD whose data directory belongs to another cluster (`req.fsid`);
+    /// * an OSD whose data ports overlap those of another OSD that is **up**: two
+    ///   processes cannot both be reached at one address, and a map naming two live
+    ///   OSDs there would send one's I/O to the other. When the holder is *down*
+    ///   the boot is allowed — this is how an OSD legitimately moves, e.g. a disk
+    ///   replaced by a fresh data directory on the same host and port — and the
+    ///   down holder can no longer come back up at that address (its boot and
+    ///   heartbeats are refused while the new OSD is up). Down OSDs are never
+    ///   contacted, so sharing an address with one routes nothing wrongly.
     pub fn boot(&mut self, req: &OsdBoot, now: Instant) -> Result<OsdId, StateError> {
         validate_boot(req)?;
+        if let Some(fsid) = &req.fsid
+            && *fsid != self.persisted.map.fsid
+        {
+            return Err(StateError::Conflict(format!(
+                "this OSD's data directory belongs to cluster {fsid}, but this manager runs \
+                 cluster {}: refusing to register it. Point the OSD at its own cluster's \
+                 manager, or give it an empty data directory to join this cluster.",
+                self.persisted.map.fsid
+            )));
+        }
         let known = self.persisted.osd_uuids.get(&req.uuid).copied();
+        if let Some(holder) = self.live_osd_at(req.addr, req.shards, known) {
+            let held = holder.shard_addr(0);
+            return Err(StateError::Conflict(format!(
+                "address {} ({} shard ports) overlaps {} at {held} ({} shard ports), which is \
+                 up: refusing to register a second OSD there. Give this OSD another listen \
+                 port, or stop {} first (once the manager marks it down this OSD may take \
+                 the address).",
+                req.addr, req.shards, holder.id, holder.shards, holder.id
+            )));
+        }
         let id = match known {
             Some(id) => {
                 if let Some(asked) = req.id
@@ -312,6 +345,18 @@ impl ClusterState {
         Ok(id)
     }
 
+    /// An up OSD other than `me` whose shard ports (`addr.port()` up to
+    /// `+ shards - 1` on the same IP) overlap `[addr, addr + shards)`.
+    fn live_osd_at(&self, addr: SocketAddr, shards: u16, me: Option<OsdId>) -> Option<&OsdInfo> {
+        let lo = u32::from(addr.port());
+        let hi = lo + u32::from(shards.max(1));
+        self.persisted.map.osds.values().find(|o| {
+            let o_lo = u32::from(o.addr.port());
+            let o_hi = o_lo + u32::from(o.shards.max(1));
+            Some(o.id) != me && o.up && o.addr.ip() == addr.ip() && lo < o_hi && o_lo < hi
+        })
+    }
+
     /// Records a heartbeat (`POST /v1/osd/heartbeat`); a down OSD comes back up.
     ///
     /// An id the manager does not know, or a uuid that does not match it, is
@@ -335,6 +380,21 @@ impl ClusterState {
             }
         };
         let came_up = !osd.up;
+        if came_up {
+            let (addr, shards) = (osd.addr, osd.shards);
+            if let Some(holder) = self.live_osd_at(addr, shards, Some(hb.id)) {
+                // Another OSD took the address while this one was down: coming back
+                // up here would put two live OSDs at one address. The OSD answers
+                // NotFound by booting again, which is refused with the reason.
+                return Err(StateError::NotFound(format!(
+                    "{}'s address {addr} is now held by {}, which is up; boot again",
+                    hb.id, holder.id
+                )));
+            }
+        }
+        let Some(osd) = self.persisted.map.osds.get_mut(&hb.id) else {
+            return Err(StateError::NotFound(format!("{} is not registered", hb.id)));
+        };
         osd.up = true;
         let rt = self.runtime.entry(hb.id).or_insert(OsdRuntime {
             last_heartbeat: now,
@@ -707,6 +767,7 @@ mod tests {
 
     fn boot_req(uuid: &str, port: u16, host: &str) -> OsdBoot {
         OsdBoot {
+            fsid: None,
             uuid: uuid.into(),
             id: None,
             addr: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -759,6 +820,69 @@ mod tests {
         req.id = Some(OsdId(7));
         assert_eq!(s.boot(&req, now).unwrap(), b);
         s.persisted.check().unwrap();
+    }
+
+    #[test]
+    fn boot_of_another_cluster_is_refused_before_anything_is_recorded() {
+        let mut s = state();
+        let now = Instant::now();
+        let mut req = boot_req("u-foreign", 6900, "h1");
+        req.fsid = Some("other-cluster".into());
+        req.id = Some(OsdId(3));
+        let before = s.persisted.clone();
+        let err = s.boot(&req, now).unwrap_err();
+        assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+        assert!(err.to_string().contains("other-cluster"), "{err}");
+        assert_eq!(s.persisted, before, "a refused boot left a trace");
+        assert!(s.runtime.is_empty());
+        // Its own fsid (a restarted member) and none (a fresh directory) are fine.
+        req.fsid = Some("test-fsid".into());
+        assert_eq!(s.boot(&req, now).unwrap(), OsdId(3));
+        assert_eq!(
+            s.boot(&boot_req("u-new", 6910, "h2"), now).unwrap(),
+            OsdId(4)
+        );
+    }
+
+    #[test]
+    fn one_live_osd_per_address() {
+        let mut s = state();
+        let now = Instant::now();
+        let a = s.boot(&boot_req("u-a", 6900, "h1"), now).unwrap();
+        let e = s.epoch();
+        // Same address, or overlapping shard ports (6900-6901 vs 6901-6902).
+        for port in [6900, 6901, 6899] {
+            let before = s.persisted.clone();
+            let err = s.boot(&boot_req("u-b", port, "h2"), now).unwrap_err();
+            assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+            assert!(err.to_string().contains("which is up"), "{err}");
+            assert_eq!(s.persisted, before);
+        }
+        // Adjacent ports and another IP are fine.
+        s.boot(&boot_req("u-c", 6902, "h3"), now).unwrap();
+        let mut other_ip = boot_req("u-d", 6900, "h4");
+        other_ip.addr = "127.0.0.2:6900".parse().unwrap();
+        s.boot(&other_ip, now).unwrap();
+        // The holder re-booting at its own address is not a conflict.
+        assert_eq!(s.boot(&boot_req("u-a", 6900, "h1"), now).unwrap(), a);
+        assert!(s.epoch() > e);
+        // Once the holder is down, a new OSD may take the address (a moved OSD) ...
+        s.persisted.map.osds.get_mut(&a).unwrap().up = false;
+        let b = s.boot(&boot_req("u-b", 6900, "h2"), now).unwrap();
+        assert!(s.map().osds[&b].up);
+        // ... and the old holder can no longer come up there: heartbeat and boot
+        // are refused while the new one is up.
+        let err = s.heartbeat(&hb(a, "u-a"), now).unwrap_err();
+        assert!(matches!(err, StateError::NotFound(_)), "{err:?}");
+        assert!(!s.map().osds[&a].up);
+        assert!(matches!(
+            s.boot(&boot_req("u-a", 6900, "h1"), now),
+            Err(StateError::Conflict(_))
+        ));
+        assert!(!s.map().osds[&a].up);
+        // At a new address it comes back.
+        s.boot(&boot_req("u-a", 6950, "h1"), now).unwrap();
+        assert!(s.map().osds[&a].up);
     }
 
     #[test]

@@ -176,6 +176,7 @@ fn assert_err((status, v): (u16, Value), want: u16, needle: &str) {
 
 fn boot(uuid: &str, port: u16, host: &str) -> OsdBoot {
     OsdBoot {
+        fsid: None,
         uuid: uuid.into(),
         id: None,
         addr: format!("127.0.0.1:{port}").parse().unwrap(),
