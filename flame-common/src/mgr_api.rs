@@ -16,6 +16,8 @@
 //! | POST | `/v1/volumes` | [`VolumeCreate`] → `VolumeInfo` |
 //! | GET | `/v1/volumes/{name}` | → `VolumeInfo` |
 //! | POST | `/v1/volumes/{name}/resize` | [`VolumeResize`] → `VolumeInfo` |
+//! | GET | `/v1/volumes/{name}/trim` | → [`VolumeTrim`] (the shrink whose trim is pending, if any) |
+//! | POST | `/v1/volumes/{name}/trim` | [`TrimDone`] → [`VolumeTrim`] |
 //! | DELETE | `/v1/volumes/{name}` | → `VolumeInfo` (the removed volume) |
 //! | GET | `/metrics` | → Prometheus text |
 
@@ -154,6 +156,43 @@ pub struct VolumeResize {
     /// Must be true to make the volume smaller (data past the new end is lost).
     #[serde(default)]
     pub allow_shrink: bool,
+}
+
+/// Bytes `[from, to)` of a volume that a shrink cut off and that may still hold old
+/// data on some copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrimRange {
+    /// The volume's size after the shrink (the first byte to remove).
+    pub from: u64,
+    /// The largest size the volume had before (the end of the old bytes).
+    pub to: u64,
+}
+
+/// A volume's pending trim (`GET`/`POST /v1/volumes/{name}/trim`).
+///
+/// A shrink takes effect for I/O at once (the map carries the new size), but the
+/// old bytes past the new end are still on the OSDs until a client removes them on
+/// every copy. Until then the manager keeps the range here (persisted), refuses to
+/// grow the volume — a grow would expose the old bytes where zeroes are promised —
+/// and reports it in health. `flame-admin volume resize` completes the trim before
+/// it returns and before it grows a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeTrim {
+    /// The volume (ids are never reused, so a trim can never apply to another).
+    pub volume: crate::ids::VolumeId,
+    /// What remains to be removed; `None` when nothing is pending.
+    pub pending: Option<TrimRange>,
+}
+
+/// A client reporting that it removed `range` of `volume` on every copy and made
+/// that stable (flushed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrimDone {
+    /// The volume trimmed.
+    pub volume: crate::ids::VolumeId,
+    /// The range removed. Clears the pending trim only if it covers all of it (a
+    /// shrink that came in meanwhile widened the pending range).
+    pub range: TrimRange,
 }
 
 /// Parses a size such as `4G`, `512M`, `10GiB`, `4096` (binary units; bytes if no

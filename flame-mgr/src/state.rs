@@ -15,7 +15,8 @@ use flame_common::map::{
     ClusterMap, OsdInfo, PoolConfig, VOLUME_SIZE_MAX, VolumeInfo, validate_volume_name,
 };
 use flame_common::mgr_api::{
-    ClusterStatus, OsdBoot, OsdHeartbeat, OsdStatus, VolumeCreate, VolumeResize,
+    ClusterStatus, OsdBoot, OsdHeartbeat, OsdStatus, TrimDone, TrimRange, VolumeCreate,
+    VolumeResize, VolumeTrim,
 };
 use flame_common::placement::pg_osds;
 use serde::{Deserialize, Serialize};
@@ -77,6 +78,11 @@ pub struct PersistedState {
     /// Id the next volume gets. Only ever grows, so a deleted volume's id (which
     /// names its objects on the OSDs) is never reused.
     pub next_volume_id: u64,
+    /// Shrunk volumes whose old bytes past the new end may still be on some copy
+    /// (see [`flame_common::mgr_api::VolumeTrim`]). While a volume is here it cannot
+    /// grow. Absent in state files of older managers (= nothing pending).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pending_trims: BTreeMap<VolumeId, TrimRange>,
 }
 
 impl PersistedState {
@@ -88,6 +94,7 @@ impl PersistedState {
             osd_uuids: BTreeMap::new(),
             next_osd_id: 0,
             next_volume_id: 1,
+            pending_trims: BTreeMap::new(),
         }
     }
 
@@ -135,6 +142,17 @@ impl PersistedState {
                 return Err(format!(
                     "volume {name} has a duplicate or unissued id {}",
                     vol.id
+                ));
+            }
+        }
+        for (id, t) in &self.pending_trims {
+            let Some(vol) = self.map.volume_by_id(*id) else {
+                return Err(format!("pending trim of {id}, which is not a volume"));
+            };
+            if t.from != vol.size || t.to <= t.from {
+                return Err(format!(
+                    "pending trim {}..{} of volume {} (size {}) is inconsistent",
+                    t.from, t.to, vol.name, vol.size
                 ));
             }
         }
@@ -480,6 +498,12 @@ impl ClusterState {
     /// Changes a volume's size (`POST /v1/volumes/{name}/resize`). Shrinking loses
     /// the data past the new end, so it needs `allow_shrink`. Resizing to the
     /// current size is a no-op and keeps the epoch.
+    ///
+    /// A shrink takes effect for I/O at once and records the cut-off range as a
+    /// pending trim (persisted with the map, in the same epoch): the old bytes stay
+    /// on the OSDs until a client removes them and reports it ([`Self::trim_done`]).
+    /// Growing a volume with a pending trim is refused, so no crash or failure
+    /// between the shrink and the trim can let a later grow expose old bytes.
     pub fn resize_volume(
         &mut self,
         name: &str,
@@ -495,6 +519,19 @@ impl ClusterState {
         if req.size == vol.size {
             return Ok(vol.clone());
         }
+        let pending = self.persisted.pending_trims.get(&vol.id).copied();
+        if req.size > vol.size
+            && let Some(t) = pending
+        {
+            return Err(StateError::Conflict(format!(
+                "volume {name} was shrunk to {} bytes, but the old bytes up to {} have not \
+                 been removed from every OSD yet; growing it now would show them where \
+                 zeroes are promised. Finish the trim first (`flame-admin volume resize \
+                 {name} --size {} --allow-shrink` completes it; it needs every OSD \
+                 holding the volume up), then grow.",
+                t.from, t.to, t.from
+            )));
+        }
         if req.size < vol.size && !req.allow_shrink {
             return Err(StateError::Invalid(format!(
                 "shrinking volume {name} from {} to {} bytes discards the data past the new end; \
@@ -502,10 +539,60 @@ impl ClusterState {
                 vol.size, req.size
             )));
         }
+        if req.size < vol.size {
+            // The range to remove: from the new end to the largest end any data
+            // may have had (an earlier pending trim may reach further).
+            let to = pending.map_or(vol.size, |t| t.to.max(vol.size));
+            self.persisted
+                .pending_trims
+                .insert(vol.id, TrimRange { from: req.size, to });
+        }
         vol.size = req.size;
         let out = vol.clone();
         self.bump_epoch();
         Ok(out)
+    }
+
+    /// The pending trim of volume `name` (`GET /v1/volumes/{name}/trim`).
+    pub fn volume_trim(&self, name: &str) -> Result<VolumeTrim, StateError> {
+        let vol = self
+            .persisted
+            .map
+            .volumes
+            .get(name)
+            .ok_or_else(|| no_such_volume(name))?;
+        Ok(VolumeTrim {
+            volume: vol.id,
+            pending: self.persisted.pending_trims.get(&vol.id).copied(),
+        })
+    }
+
+    /// Records that a client removed `done.range` of the volume on every copy
+    /// (`POST /v1/volumes/{name}/trim`). Clears the pending trim (one epoch) only if
+    /// the range covers it; otherwise (a further shrink came in meanwhile) it stays
+    /// and the reply shows what is left.
+    pub fn trim_done(&mut self, name: &str, done: &TrimDone) -> Result<VolumeTrim, StateError> {
+        let vol = self
+            .persisted
+            .map
+            .volumes
+            .get(name)
+            .ok_or_else(|| no_such_volume(name))?;
+        if vol.id != done.volume {
+            return Err(StateError::Conflict(format!(
+                "volume {name} is {} now, not {}: it was removed and created again",
+                vol.id, done.volume
+            )));
+        }
+        let id = vol.id;
+        if let Some(t) = self.persisted.pending_trims.get(&id).copied()
+            && done.range.from <= t.from
+            && done.range.to >= t.to
+        {
+            self.persisted.pending_trims.remove(&id);
+            self.bump_epoch();
+        }
+        self.volume_trim(name)
     }
 
     /// Removes a volume from the map (`DELETE /v1/volumes/{name}`) and returns it.
@@ -518,6 +605,8 @@ impl ClusterState {
             .volumes
             .remove(name)
             .ok_or_else(|| no_such_volume(name))?;
+        // Its objects are gone (the caller deleted them first): nothing to trim.
+        self.persisted.pending_trims.remove(&vol.id);
         self.bump_epoch();
         Ok(vol)
     }
@@ -525,7 +614,7 @@ impl ClusterState {
     /// `GET /v1/status`. `acting` is [`acting_sets`] of the current map.
     pub fn status(&self, acting: &[Vec<OsdId>]) -> ClusterStatus {
         let map = &self.persisted.map;
-        let (health, health_detail) = health(map, acting);
+        let (health, health_detail) = health(map, acting, &self.persisted.pending_trims);
         ClusterStatus {
             fsid: map.fsid.clone(),
             health: health.as_str().to_string(),
@@ -679,12 +768,50 @@ fn detail_osds(detail: &mut Vec<String>, ids: &[OsdId], what: &str) {
     }
 }
 
-/// Computes health and the reasons for it.
+/// Most volume lines in `health_detail` (the rest are summarized).
+const DETAIL_VOLUMES_MAX: usize = 10;
+/// Objects of one volume checked against the blocked placement groups per status
+/// call, and objects checked over all volumes: bounds the cost of `GET /v1/status`
+/// on a cluster with huge volumes (each check is one hash).
+const HEALTH_SCAN_OBJECTS_PER_VOLUME: u64 = 1 << 16;
+const HEALTH_SCAN_OBJECTS_TOTAL: u64 = 1 << 20;
+
+/// Computes health and the reasons for it, saying what happens to I/O — which is
+/// what an operator needs to know — rather than naming states.
 ///
-/// ERR: no OSDs, or some placement group has fewer than `min_size` up OSDs in its
-/// acting set (its I/O blocks). WARN: an OSD is down or out, fewer OSDs are in than
-/// `pool.size`, or a placement group has fewer than `size` copies up.
-pub fn health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
+/// What the data path does today (no recovery yet): a write (also write-zeroes,
+/// discard) goes to the primary, which applies it only if **every** OSD of the
+/// placement group's acting set is up and the set is full (`pool.size` OSDs);
+/// otherwise it answers EAGAIN and the client retries until the OSD is back or its
+/// I/O timeout passes. A read goes to the primary only, so it waits only if the
+/// primary is down. A FLUSH waits for every OSD that is down but in.
+///
+/// ERR: no OSDs, fewer OSDs in than `pool.size` (no write can complete), or some
+/// placement group has a down OSD (writes to it wait). WARN: an OSD is out, or a
+/// shrunk volume's old bytes are not yet trimmed.
+pub fn health(
+    map: &ClusterMap,
+    acting: &[Vec<OsdId>],
+    pending_trims: &BTreeMap<VolumeId, TrimRange>,
+) -> (Health, Vec<String>) {
+    let (level, mut detail) = io_health(map, acting);
+    if pending_trims.is_empty() {
+        return (level, detail);
+    }
+    for (id, t) in pending_trims {
+        let name = map.volume_by_id(*id).map_or("?", |v| v.name.as_str());
+        detail.push(format!(
+            "volume {name} was shrunk to {} bytes but its old bytes up to {} are not yet \
+             removed on every copy: it cannot grow until `flame-admin volume resize {name} \
+             --size {} --allow-shrink` completes the trim",
+            t.from, t.to, t.from
+        ));
+    }
+    (level.max(Health::Warn), detail)
+}
+
+/// The OSD and placement-group part of [`health`].
+fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
     let mut level = Health::Ok;
     let mut detail = Vec::new();
     if map.osds.is_empty() {
@@ -703,51 +830,106 @@ pub fn health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) 
         .filter(|o| !o.r#in)
         .map(|o| o.id)
         .collect();
-    if !down.is_empty() || !out.is_empty() {
+    detail_osds(&mut detail, &down, "down");
+    detail_osds(&mut detail, &out, "out (it holds no placement groups)");
+    if !out.is_empty() || !down.is_empty() {
         level = level.max(Health::Warn);
-        detail_osds(&mut detail, &down, "down");
-        detail_osds(&mut detail, &out, "out");
     }
     let n_in = map.osds.values().filter(|o| o.r#in).count();
     if n_in < map.pool.size as usize {
-        level = level.max(Health::Warn);
-        detail.push(format!(
-            "only {n_in} OSDs are in, fewer than pool.size {}: objects have fewer copies than configured",
-            map.pool.size
-        ));
-    }
-    let up_in_set = |set: &Vec<OsdId>| {
-        set.iter()
-            .filter(|id| map.osds.get(id).is_some_and(|o| o.up))
-            .count()
-    };
-    let mut blocked = 0usize;
-    let mut degraded = 0usize;
-    for set in acting {
-        let up = up_in_set(set);
-        if up < map.pool.min_size as usize {
-            blocked += 1;
-        } else if up < map.pool.size as usize {
-            degraded += 1;
-        }
-    }
-    if blocked > 0 {
         level = Health::Err;
         detail.push(format!(
-            "{blocked} of {} placement groups have fewer than min_size {} OSDs up: their I/O blocks",
-            acting.len(),
-            map.pool.min_size
+            "only {n_in} OSDs are in, fewer than pool.size {}: every write needs all {} \
+             copies, so writes wait until enough OSDs are in",
+            map.pool.size, map.pool.size
         ));
     }
-    if degraded > 0 {
-        level = level.max(Health::Warn);
+    let is_down = |id: &OsdId| map.osds.get(id).is_none_or(|o| !o.up);
+    // Placement groups whose writes wait (a down OSD in a full acting set) and,
+    // among them, those whose reads wait too (the primary is down).
+    let mut writes_wait = vec![false; acting.len()];
+    let mut n_writes = 0usize;
+    let mut n_reads = 0usize;
+    if n_in >= map.pool.size as usize {
+        for (pg, set) in acting.iter().enumerate() {
+            if set.iter().any(is_down) {
+                writes_wait[pg] = true;
+                n_writes += 1;
+                if set.first().is_some_and(is_down) {
+                    n_reads += 1;
+                }
+            }
+        }
+    }
+    if n_writes > 0 {
+        level = Health::Err;
+        let who = if down.len() == 1 {
+            format!("{}", down[0])
+        } else {
+            format!("{} OSDs", down.len())
+        };
         detail.push(format!(
-            "{degraded} of {} placement groups have fewer than size {} OSDs up (degraded)",
-            acting.len(),
-            map.pool.size
+            "{n_writes} of {} placement groups have a down OSD ({who}): writes to them wait \
+             until it is back up (a client gives up after its I/O timeout), and so does \
+             every FLUSH; reads wait in the {n_reads} of them whose primary is down, the \
+             others' reads are served",
+            acting.len()
         ));
+        detail_blocked_volumes(&mut detail, map, &writes_wait);
     }
     (level, detail)
+}
+
+/// Appends, per volume with objects in a write-blocked placement group, how many
+/// (bounded scan, see [`HEALTH_SCAN_OBJECTS_PER_VOLUME`]).
+fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wait: &[bool]) {
+    let object_size = u64::from(map.pool.object_size.max(1));
+    let mut budget = HEALTH_SCAN_OBJECTS_TOTAL;
+    let mut lines = Vec::new();
+    let mut unscanned = 0usize;
+    for vol in map.volumes.values() {
+        let objects = vol.size.div_ceil(object_size);
+        let scan = objects.min(HEALTH_SCAN_OBJECTS_PER_VOLUME);
+        if scan > budget {
+            unscanned += 1;
+            continue;
+        }
+        budget -= scan;
+        let hit = (0..scan)
+            .filter(|&index| {
+                let pg = flame_common::placement::object_pg(
+                    flame_common::ids::ObjectId {
+                        volume: vol.id,
+                        index,
+                    },
+                    map.pool.pg_count,
+                );
+                writes_wait.get(pg.0 as usize).copied().unwrap_or(false)
+            })
+            .count();
+        if hit > 0 {
+            let of = if scan < objects {
+                format!("of its first {scan} objects (of {objects})")
+            } else {
+                format!("of its {objects} objects")
+            };
+            lines.push(format!(
+                "volume {}: {hit} {of} are in those placement groups",
+                vol.name
+            ));
+        }
+    }
+    let n = lines.len();
+    detail.extend(lines.into_iter().take(DETAIL_VOLUMES_MAX));
+    if n > DETAIL_VOLUMES_MAX {
+        detail.push(format!("... and {} more volumes", n - DETAIL_VOLUMES_MAX));
+    }
+    if unscanned > 0 {
+        detail.push(format!(
+            "{unscanned} more volumes not checked (status scans at most \
+             {HEALTH_SCAN_OBJECTS_TOTAL} objects)"
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -1110,30 +1292,171 @@ mod tests {
         assert_eq!(h(&s).0, "HEALTH_ERR", "no OSDs at all");
         s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
         s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
+        // Two of three copies possible: the primary answers EAGAIN to every write.
         let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
-        assert!(detail.iter().any(|d| d.contains("fewer than pool.size")));
+        assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
+        assert!(
+            detail
+                .iter()
+                .any(|d| d.contains("fewer than pool.size") && d.contains("writes wait")),
+            "{detail:?}"
+        );
         s.boot(&boot_req("c", 6920, "h3"), now).unwrap();
         assert_eq!(h(&s), ("HEALTH_OK".to_string(), vec![]));
-        // One down of three: every PG still has min_size 2 up.
-        s.persisted.map.osds.get_mut(&OsdId(0)).unwrap().up = false;
-        let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_WARN");
-        assert!(detail.contains(&"osd.0 is down".to_string()), "{detail:?}");
-        assert!(detail.iter().any(|d| d.contains("degraded")));
-        // Two down: PGs below min_size.
-        s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
-        let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_ERR");
-        assert!(detail.iter().any(|d| d.contains("min_size")), "{detail:?}");
-        // Out (but up) OSD: warn only while enough copies remain... here 2 in of size 3.
-        for o in s.persisted.map.osds.values_mut() {
-            o.up = true;
-        }
+        // Out (but up) OSD: it holds nothing; with only 2 in, writes wait.
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = false;
         let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
-        assert!(detail.contains(&"osd.2 is out".to_string()));
+        assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
+        assert!(detail.contains(&"osd.2 is out (it holds no placement groups)".to_string()));
+        s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = true;
+        s.boot(&boot_req("d", 6930, "h4"), now).unwrap();
+        s.persisted.map.osds.get_mut(&OsdId(3)).unwrap().r#in = false;
+        let (lvl, detail) = h(&s);
+        assert_eq!(lvl, "HEALTH_WARN", "out with enough in: {detail:?}");
+    }
+
+    /// Health says what happens to I/O when an OSD is down, with the true counts:
+    /// every PG holding the OSD has its writes wait (the primary refuses writes
+    /// with a down replica, and a down primary takes nothing); reads wait only
+    /// where the OSD is the primary (reads go to the primary alone).
+    #[test]
+    fn health_says_what_happens_when_an_osd_is_down() {
+        let mut s = state();
+        let now = Instant::now();
+        for (i, u) in ["a", "b", "c", "d"].iter().enumerate() {
+            s.boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), now)
+                .unwrap();
+        }
+        create(&mut s, "vol-x", 64 << 20).unwrap();
+        s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
+        let acting = acting_sets(s.map());
+        let holding = acting.iter().filter(|set| set.contains(&OsdId(1))).count();
+        let primary = acting.iter().filter(|set| set[0] == OsdId(1)).count();
+        assert!(holding > primary && primary > 0, "{holding} {primary}");
+        let st = s.status(&acting);
+        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        let line = st
+            .health_detail
+            .iter()
+            .find(|d| d.contains("writes to them wait"))
+            .unwrap_or_else(|| panic!("{:?}", st.health_detail));
+        assert!(
+            line.starts_with(&format!(
+                "{holding} of 64 placement groups have a down OSD (osd.1)"
+            )),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!(
+                "reads wait in the {primary} of them whose primary is down"
+            )),
+            "{line}"
+        );
+        assert!(!line.contains("fewer copies"), "{line}");
+        // Which volumes: vol-x has 16 objects of 4 MiB.
+        let want = (0..16)
+            .filter(|&index| {
+                let pg = flame_common::placement::object_pg(
+                    flame_common::ids::ObjectId {
+                        volume: VolumeId(1),
+                        index,
+                    },
+                    64,
+                );
+                acting[pg.0 as usize].contains(&OsdId(1))
+            })
+            .count();
+        assert!(want > 0);
+        assert!(
+            st.health_detail.contains(&format!(
+                "volume vol-x: {want} of its 16 objects are in those placement groups"
+            )),
+            "{:?}",
+            st.health_detail
+        );
+    }
+
+    #[test]
+    fn shrink_records_a_pending_trim_that_blocks_growth() {
+        let mut s = state();
+        let v = create(&mut s, "v", 8 << 20).unwrap();
+        let rs = |size, allow_shrink| VolumeResize { size, allow_shrink };
+        let e = s.epoch();
+        s.resize_volume("v", &rs(4 << 20, true)).unwrap();
+        assert_eq!(
+            s.epoch(),
+            Epoch(e.0 + 1),
+            "shrink and its pending trim: one epoch"
+        );
+        let want = TrimRange {
+            from: 4 << 20,
+            to: 8 << 20,
+        };
+        assert_eq!(s.volume_trim("v").unwrap().pending, Some(want));
+        s.persisted.check().unwrap();
+        // Growing is refused while the old bytes may remain.
+        let err = s.resize_volume("v", &rs(16 << 20, false)).unwrap_err();
+        assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+        assert!(err.to_string().contains("--allow-shrink"), "{err}");
+        assert_eq!(s.map().volumes["v"].size, 4 << 20);
+        // A second shrink widens the range down to the new end.
+        s.resize_volume("v", &rs(1 << 20, true)).unwrap();
+        let want = TrimRange {
+            from: 1 << 20,
+            to: 8 << 20,
+        };
+        assert_eq!(s.volume_trim("v").unwrap().pending, Some(want));
+        // Health says so.
+        let st = s.status(&[]);
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.contains("volume v was shrunk")),
+            "{:?}",
+            st.health_detail
+        );
+        // A report that covers less (made before the second shrink) clears nothing.
+        let done = |from, to| TrimDone {
+            volume: v.id,
+            range: TrimRange { from, to },
+        };
+        let e = s.epoch();
+        assert!(
+            s.trim_done("v", &done(4 << 20, 8 << 20))
+                .unwrap()
+                .pending
+                .is_some()
+        );
+        assert_eq!(s.epoch(), e);
+        // Another volume id (removed and re-created) is refused.
+        assert!(matches!(
+            s.trim_done(
+                "v",
+                &TrimDone {
+                    volume: VolumeId(99),
+                    range: want
+                }
+            ),
+            Err(StateError::Conflict(_))
+        ));
+        assert!(
+            s.trim_done("v", &done(1 << 20, 8 << 20))
+                .unwrap()
+                .pending
+                .is_none()
+        );
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        s.persisted.check().unwrap();
+        // Now it may grow.
+        assert_eq!(
+            s.resize_volume("v", &rs(16 << 20, false)).unwrap().size,
+            16 << 20
+        );
+        // Deleting a volume drops its pending trim.
+        s.resize_volume("v", &rs(1 << 20, true)).unwrap();
+        s.delete_volume("v").unwrap();
+        assert!(s.persisted.pending_trims.is_empty());
+        s.persisted.check().unwrap();
     }
 
     #[test]
