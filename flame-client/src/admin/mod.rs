@@ -400,7 +400,9 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
             size,
             allow_shrink,
         } => {
-            let v = mgr.resize_volume(name, *size, *allow_shrink)?;
+            let config = ClientConfig::new(cli.mgr.clone());
+            let v = crate::resize::resize_volume(&config, name, *size, *allow_shrink)
+                .map_err(|e| AdminError(format!("cannot resize volume `{name}`: {e}")))?;
             let view = VolumeView::new(&v, object_size()?);
             if cli.json {
                 return json(&view);
