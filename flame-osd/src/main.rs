@@ -32,7 +32,16 @@ fn main() {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
     let args = Args::parse();
-    if let Err(e) = run(args) {
+    // A bad config: one plain line on stderr and exit status 2, as flame-mgr and
+    // flame-nbd do (status 1 stays for run-time failures).
+    let cfg: OsdConfig = match flame_common::config::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flame-osd: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cfg) {
         tracing::error!("{e}");
         eprintln!("flame-osd: {e}");
         std::process::exit(1);
@@ -82,9 +91,7 @@ fn sync_data_fs(data_dir: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let cfg: OsdConfig =
-        flame_common::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+fn run(cfg: OsdConfig) -> Result<(), String> {
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(cfg.data_dir.join("objects"))
