@@ -30,7 +30,12 @@ use std::time::Duration;
 #[command(
     name = "flame-admin",
     version,
-    about = "Administer a Flame cluster: status, OSDs, volumes, placement, benchmarks"
+    about = "Administer a Flame cluster: status, OSDs, volumes, placement, benchmarks",
+    after_help = "Sizes use binary units only: K/KiB = 1024, M/MiB, G/GiB, T/TiB, P/PiB \
+                  (1.5G is exact; GB, MB... are refused).\n\
+                  Exit status: 0 ok, 1 the command failed, 2 bad command line. With --json, \
+                  errors are {\"error\": \"...\"} on stdout.\n\
+                  A dev cluster started with --port-base: `source DIR/env` sets FLAME_MGR."
 )]
 pub struct Cli {
     /// Manager address (HOST:PORT or http://HOST:PORT).
