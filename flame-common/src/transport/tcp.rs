@@ -11,7 +11,7 @@
 //! exactly-sized buffer, after the header bounded its size.
 
 use super::TransportError;
-use crate::protocol::{HEADER_LEN, Header, Message};
+use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message};
 use crate::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -121,7 +121,7 @@ impl TcpConn {
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
         let (header, payload) = msg.to_header();
         if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            self.enqueue(&header, payload, None)
+            self.enqueue(&header, &payload, None)
         } else {
             self.enqueue(&header, &[], Some(payload.to_vec()))
         }
@@ -132,14 +132,36 @@ impl TcpConn {
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
         let (header, payload) = msg.to_header();
         if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            return self.enqueue(&header, payload, None);
+            return self.enqueue(&header, &payload, None);
         }
         let data = match msg {
             Message::Write { data, .. } | Message::Reply { data, .. } => data,
             // Only writes and replies carry payloads.
-            other => other.to_header().1.to_vec(),
+            other => other.payload().into_owned(),
         };
         self.enqueue(&header, &[], Some(data))
+    }
+
+    /// Queues bytes that are not a v2 message: the refusal of a peer speaking
+    /// another protocol version, in that version's format
+    /// ([`crate::protocol::version_refusal`]).
+    pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
+        if self.closed.get() {
+            return Err(TransportError::Closed);
+        }
+        let mut q = self.queue.borrow_mut();
+        if q.queued_bytes + bytes.len() > SEND_QUEUE_BYTES_MAX {
+            drop(q);
+            self.close();
+            return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
+        }
+        q.queued_bytes += bytes.len();
+        q.bufs.push(bytes);
+        q.last_is_batch = false;
+        if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+        Ok(())
     }
 
     /// Appends the header and `inline` bytes to the batch buffer, and `separate` (a
@@ -196,7 +218,15 @@ impl TcpConn {
 
     async fn recv_inner(&self, st: &mut RecvState) -> Result<Message, TransportError> {
         let fd = self.stream.as_raw_fd();
-        // Header.
+        // Header: first the prefix every protocol version shares, so a peer of
+        // another version (whose header may be shorter) is recognised from what it
+        // sent instead of waiting for bytes it will never send.
+        while st.end - st.start < HEADER_PREFIX_LEN {
+            self.fill(fd, st).await?;
+        }
+        let mut prefix = [0u8; HEADER_PREFIX_LEN];
+        prefix.copy_from_slice(&st.buf[st.start..st.start + HEADER_PREFIX_LEN]);
+        Header::check_prefix(&prefix)?;
         while st.end - st.start < HEADER_LEN {
             self.fill(fd, st).await?;
         }
@@ -398,6 +428,8 @@ mod tests {
                         length: len as u32,
                     },
                     flags: 0,
+                    seq: crate::ids::PgSeq(0),
+                    remote: None,
                     data: vec![i as u8; len],
                 };
                 if i % 2 == 0 {
