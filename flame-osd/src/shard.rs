@@ -14,7 +14,7 @@ use arc_swap::ArcSwap;
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgTable, object_pg};
-use flame_common::protocol::{IoTarget, Message, OpCode, flags, status};
+use flame_common::protocol::{self, IoTarget, Message, ProtocolError, flags, status};
 use flame_common::reactor::{self, Reactor, ReactorConfig};
 use flame_common::transport::{Conn, Listener, TransportError};
 use std::cell::{Cell, RefCell};
@@ -209,7 +209,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                     generation,
                     ..
                 },
-                Message::Reply { status: st @ 0, .. },
+                Message::HelloReply { status: st @ 0, .. },
             ) = (&hello, &mut reply)
                 && *session != 0
             {
@@ -221,7 +221,7 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                     }
                 }
             }
-            let ok = matches!(reply, Message::Reply { status: 0, .. });
+            let ok = matches!(reply, Message::HelloReply { status: 0, .. });
             if conn.send(&reply).is_err() {
                 conn.close();
                 return;
@@ -236,6 +236,18 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         Some(Ok(other)) => {
             tracing::warn!(shard = shard.id, %peer, "first message was {:?}, not hello; closing", other.op());
             conn.close();
+            return;
+        }
+        Some(Err(TransportError::Protocol(
+            e @ ProtocolError::ForeignVersion {
+                peer_version,
+                request_id,
+            },
+        ))) => {
+            // Answer in the peer's own format, so it can say why, then close.
+            tracing::warn!(shard = shard.id, %peer, "refusing connection: {e}");
+            let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
+            conn.close_after_send();
             return;
         }
         Some(Err(e)) => {
@@ -282,7 +294,10 @@ async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             conn.close();
             return;
         }
-        if matches!(msg, Message::Reply { .. } | Message::Hello { .. }) {
+        if matches!(
+            msg,
+            Message::Reply { .. } | Message::Hello { .. } | Message::HelloReply { .. }
+        ) {
             tracing::warn!(shard = shard.id, %peer, "unexpected {:?} mid-connection; closing", msg.op());
             conn.close();
             return;
@@ -423,24 +438,34 @@ impl Shard {
     }
 
     fn hello(&self, hello: &Message) -> Message {
-        let Message::Hello { shard, .. } = hello else {
+        let Message::Hello {
+            shard, versions, ..
+        } = hello
+        else {
             return hello.reply(self.epoch(), status::EINVAL);
         };
         let view = self.view();
         let map = &view.map;
-        let shards = map.osds.get(&self.osd).map_or(0, |o| u32::from(o.shards));
-        let st = if *shard == self.id {
+        let shards = map.osds.get(&self.osd).map_or(0, |o| o.shards);
+        let st = if !versions.contains(protocol::VERSION) {
+            tracing::warn!(
+                shard = self.id,
+                "refusing hello: peer speaks Flame protocol versions {versions}, this OSD speaks {}",
+                protocol::VERSIONS
+            );
+            status::EPROTONOSUPPORT
+        } else if *shard == self.id {
             status::OK
         } else {
             status::ESTALE
         };
-        Message::Reply {
-            op: OpCode::Hello,
+        Message::HelloReply {
             id: hello.id(),
             epoch: map.epoch,
             status: st,
-            info: shards,
-            data: Vec::new(),
+            versions: protocol::VERSIONS,
+            shard: self.id,
+            shards,
         }
     }
 
@@ -509,7 +534,6 @@ impl Shard {
             id,
             epoch,
             status: st,
-            info: 0,
             data,
         }
     }
@@ -529,6 +553,16 @@ impl Shard {
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
             return (status::ESTALE, Vec::new());
+        }
+        if let Message::Read {
+            remote: Some(_), ..
+        }
+        | Message::Write {
+            remote: Some(_), ..
+        } = &msg
+        {
+            // One-sided transfers need a transport that has them; TCP does not.
+            return (status::EINVAL, Vec::new());
         }
         match &msg {
             Message::Read { target, .. } => {
@@ -569,7 +603,9 @@ impl Shard {
                 }
                 (self.replicate(&view, msg).await, Vec::new())
             }
-            Message::Flush { .. } => match self.store.flush().await {
+            // TODO(merge): pass `volume` to the store once `ObjectStore::flush(Option<VolumeId>)`
+            // lands (store branch); until then a FLUSH syncs every dirty object of the shard.
+            Message::Flush { volume: _, .. } => match self.store.flush().await {
                 Ok(()) => (status::OK, Vec::new()),
                 Err(e) => {
                     tracing::error!("flush failed: {e}");
@@ -596,7 +632,9 @@ impl Shard {
                 }
             }
             Message::Ping { .. } => (status::OK, Vec::new()),
-            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, Vec::new()),
+            Message::Hello { .. } | Message::HelloReply { .. } | Message::Reply { .. } => {
+                (status::EINVAL, Vec::new())
+            }
         }
     }
 
@@ -709,42 +747,12 @@ impl Shard {
 }
 
 fn with_replica_flag(msg: &Message) -> Message {
-    match msg.clone() {
-        Message::Write {
-            id,
-            epoch,
-            target,
-            flags: f,
-            data,
-        } => Message::Write {
-            id,
-            epoch,
-            target,
-            flags: f | flags::REPLICA,
-            data,
-        },
-        Message::WriteZeroes {
-            id,
-            epoch,
-            target,
-            flags: f,
-        } => Message::WriteZeroes {
-            id,
-            epoch,
-            target,
-            flags: f | flags::REPLICA,
-        },
-        Message::Discard {
-            id,
-            epoch,
-            target,
-            flags: f,
-        } => Message::Discard {
-            id,
-            epoch,
-            target,
-            flags: f | flags::REPLICA,
-        },
-        other => other,
+    let mut m = msg.clone();
+    if let Message::Write { flags: f, .. }
+    | Message::WriteZeroes { flags: f, .. }
+    | Message::Discard { flags: f, .. } = &mut m
+    {
+        *f |= flags::REPLICA;
     }
+    m
 }
