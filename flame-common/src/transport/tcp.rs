@@ -11,7 +11,7 @@
 //! exactly-sized buffer, after the header bounded its size.
 
 use super::TransportError;
-use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message};
+use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, ProtocolError};
 use crate::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -210,8 +210,15 @@ impl TcpConn {
         };
         let result = self.recv_inner(&mut st).await;
         *self.recv_state.borrow_mut() = Some(st);
-        if result.is_err() {
-            self.close();
+        match &result {
+            // A peer of another protocol version: close once what is queued has
+            // been sent, so the caller can still queue a refusal in the peer's
+            // format ([`crate::protocol::version_refusal`]) before it yields.
+            Err(TransportError::Protocol(ProtocolError::ForeignVersion { .. })) => {
+                self.close_after_send()
+            }
+            Err(_) => self.close(),
+            Ok(_) => {}
         }
         result
     }
@@ -515,5 +522,63 @@ mod tests {
             assert!(res.is_err());
         })
         .unwrap();
+    }
+
+    /// A v2 connection whose peer answers with a protocol-v1 header (64 bytes, then
+    /// silence) fails at once with an error naming both versions, instead of waiting
+    /// for the 64 more bytes a v2 header would have.
+    #[test]
+    fn a_v1_answer_is_reported_with_both_versions_not_awaited() {
+        use std::io::{Read, Write};
+        let raw = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = raw.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = raw.accept().unwrap();
+            let mut hello = [0u8; crate::protocol::HEADER_LEN];
+            s.read_exact(&mut hello).unwrap();
+            // A v1 HELLO reply: the v1 header only, no payload.
+            let mut b = [0u8; 64];
+            b[0..4].copy_from_slice(b"FLME");
+            b[4] = 1;
+            b[5] = 0x81;
+            let crc = crc32c::crc32c(&b[0..60]);
+            b[60..64].copy_from_slice(&crc.to_le_bytes());
+            s.write_all(&b).unwrap();
+            // Stay connected (silent) until the client is done.
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        });
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let c = TcpConn::connect(addr, Duration::from_secs(2))
+                .await
+                .unwrap();
+            c.send(&Message::Hello {
+                id: RequestId(1),
+                epoch: Epoch(1),
+                versions: crate::protocol::VERSIONS,
+                shard: 0,
+                peer: false,
+                session: 0,
+                generation: 0,
+            })
+            .unwrap();
+            let res = futures_lite::future::or(async { Some(c.recv().await) }, async {
+                crate::reactor::sleep(Duration::from_secs(5)).await;
+                None
+            })
+            .await;
+            let Some(Err(e)) = res else {
+                panic!("expected a version error, got {res:?}")
+            };
+            let text = e.to_string();
+            assert!(
+                text.contains("version 1") && text.contains("version 2"),
+                "{text}"
+            );
+            c.close();
+        })
+        .unwrap();
+        peer.join().unwrap();
     }
 }
