@@ -1430,6 +1430,12 @@ mod tests {
 
     /// Decoding must never panic, and what decodes must re-encode to the same bytes.
     fn check_bytes(b: &[u8]) {
+        if let Some(hb) = b.get(..HEADER_LEN) {
+            let hb: &[u8; HEADER_LEN] = hb.try_into().unwrap();
+            if let Ok(h) = Header::decode(hb) {
+                assert_eq!(&h.encode(), hb, "header re-encodes differently");
+            }
+        }
         if let Ok(Some((m, used))) = Message::decode(b) {
             assert!(used <= b.len());
             assert!(used - HEADER_LEN <= PAYLOAD_BYTES_MAX as usize);
