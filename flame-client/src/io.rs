@@ -452,16 +452,17 @@ pub(crate) fn volume_pgs(volume: VolumeId, size_bytes: u64, pool: &PoolConfig) -
     if objects > scan_max && found < pg_count {
         seen.iter_mut().for_each(|s| *s = true);
     }
-    (0..pg_count).filter(|&pg| seen[pg as usize]).map(PgId).collect()
+    (0..pg_count)
+        .filter(|&pg| seen[pg as usize])
+        .map(PgId)
+        .collect()
 }
 
 /// The (OSD, shard) pairs that hold a placement group of `volume` under `map`, as
 /// primary or replica: the targets of the volume's FLUSH.
 pub(crate) fn volume_flush_targets(map: &ClusterMap, volume: VolumeId) -> Vec<(OsdId, u16)> {
     // A volume no longer in the map: its size is unknown, so take every PG.
-    let size = map
-        .volume_by_id(volume)
-        .map_or(u64::MAX, |v| v.size);
+    let size = map.volume_by_id(volume).map_or(u64::MAX, |v| v.size);
     let table = placement::PgTable::new(map);
     let mut targets = std::collections::BTreeSet::new();
     for pg in volume_pgs(volume, size, &map.pool) {

@@ -424,7 +424,9 @@ fn flush_reaches_every_shard_holding_the_volume_and_no_other() {
     // Expected: the owning shard of every acting-set member of every placement
     // group of the volume's objects, computed independently of the client.
     let table = flame_common::placement::PgTable::new(&map);
-    let objects = map.volumes["vol"].size.div_ceil(u64::from(map.pool.object_size));
+    let objects = map.volumes["vol"]
+        .size
+        .div_ceil(u64::from(map.pool.object_size));
     let mut expect: std::collections::BTreeMap<u32, std::collections::BTreeSet<u16>> =
         Default::default();
     for index in 0..objects {
@@ -468,7 +470,10 @@ fn flush_of_a_small_volume_skips_shards_without_its_pgs() {
     let total: usize = (0..3)
         .map(|i| fake.osd(OsdId(i)).state.flushes.lock().unwrap().len())
         .sum();
-    assert_eq!(total, 2, "a one-object volume's flush reached {total} shards");
+    assert_eq!(
+        total, 2,
+        "a one-object volume's flush reached {total} shards"
+    );
 }
 
 #[test]

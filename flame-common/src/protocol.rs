@@ -219,7 +219,9 @@ pub enum ProtocolError {
     },
     /// The peer speaks another protocol version (its header prefix is valid, so the
     /// version byte can be trusted). Carries what is needed to answer it.
-    #[error("peer speaks Flame protocol version {peer_version}, this build speaks version {VERSION}")]
+    #[error(
+        "peer speaks Flame protocol version {peer_version}, this build speaks version {VERSION}"
+    )]
     ForeignVersion {
         /// The version byte of the peer's header.
         peer_version: u8,
@@ -363,7 +365,9 @@ impl Header {
             return Err(ProtocolError::BadChecksum);
         }
         if b[92..124].iter().any(|&x| x != 0) {
-            return Err(ProtocolError::Inconsistent("reserved header bytes are not zero"));
+            return Err(ProtocolError::Inconsistent(
+                "reserved header bytes are not zero",
+            ));
         }
         let h = Header {
             opcode: b[5],
@@ -629,7 +633,13 @@ pub enum Message {
     },
 }
 
-fn encode_hello_body(versions: Versions, shard: u16, peer: bool, session: u64, generation: u64) -> Vec<u8> {
+fn encode_hello_body(
+    versions: Versions,
+    shard: u16,
+    peer: bool,
+    session: u64,
+    generation: u64,
+) -> Vec<u8> {
     let mut b = vec![0u8; HELLO_BODY_LEN];
     b[0] = versions.min;
     b[1] = versions.max;
@@ -1388,14 +1398,20 @@ mod tests {
         // Message::decode needs no more than those 64 bytes to say so.
         assert!(matches!(
             Message::decode(&b),
-            Err(ProtocolError::ForeignVersion { peer_version: 1, .. })
+            Err(ProtocolError::ForeignVersion {
+                peer_version: 1,
+                ..
+            })
         ));
         let text = ProtocolError::ForeignVersion {
             peer_version: 1,
             request_id: 17,
         }
         .to_string();
-        assert!(text.contains("version 1") && text.contains("version 2"), "{text}");
+        assert!(
+            text.contains("version 1") && text.contains("version 2"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -1412,7 +1428,10 @@ mod tests {
         let len = u32_at(&r, 48) as usize;
         assert_eq!(r.len(), 64 + len);
         let text = std::str::from_utf8(&r[64..]).unwrap();
-        assert!(text.contains("version 1") && text.contains("version 2"), "{text}");
+        assert!(
+            text.contains("version 1") && text.contains("version 2"),
+            "{text}"
+        );
         // A later version gets a v2 HELLO reply.
         let (m, _) = Message::decode(&version_refusal(3, 5)).unwrap().unwrap();
         assert_eq!(
@@ -1475,10 +1494,13 @@ mod tests {
         let mut decoded = 0usize;
         for case in 0..CASES {
             let mut b: Vec<u8> = match case % 3 {
-                0 => (0..rng.random_range(0..300)).map(|_| rng.random()).collect(),
+                0 => (0..rng.random_range(0..300))
+                    .map(|_| rng.random())
+                    .collect(),
                 1 => {
-                    let mut b: Vec<u8> =
-                        (0..rng.random_range(128..300)).map(|_| rng.random()).collect();
+                    let mut b: Vec<u8> = (0..rng.random_range(128..300))
+                        .map(|_| rng.random())
+                        .collect();
                     b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
                     b[4] = if rng.random_ratio(1, 8) { 1 } else { VERSION };
                     b[48..52].copy_from_slice(&rng.random_range(0u32..200).to_le_bytes());
@@ -1507,6 +1529,9 @@ mod tests {
             check_bytes(&b);
         }
         // The generator must reach the message builders, not only the checksums.
-        assert!(decoded > CASES / 20, "only {decoded} of {CASES} cases decoded");
+        assert!(
+            decoded > CASES / 20,
+            "only {decoded} of {CASES} cases decoded"
+        );
     }
 }

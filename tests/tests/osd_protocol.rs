@@ -470,7 +470,11 @@ fn a_protocol_v1_peer_is_refused_with_both_versions_named() {
     s.read_to_end(&mut reply)
         .expect("the OSD neither answered and closed nor closed");
     // Decode it as a version-1 peer would.
-    assert!(reply.len() >= 64, "reply of {} bytes: {reply:?}", reply.len());
+    assert!(
+        reply.len() >= 64,
+        "reply of {} bytes: {reply:?}",
+        reply.len()
+    );
     let u32_at = |i: usize| u32::from_le_bytes(reply[i..i + 4].try_into().unwrap());
     assert_eq!(&reply[0..4], b"FLME");
     assert_eq!(reply[4], 1, "the refusal must be in the peer's version");
