@@ -559,3 +559,46 @@ pub(crate) async fn delete_volume_objects(
 pub(crate) fn deadline_from_now(cluster: &Cluster) -> Instant {
     Instant::now() + cluster.config().io_timeout()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(pg_count: u32) -> PoolConfig {
+        PoolConfig {
+            size: 3,
+            min_size: 2,
+            pg_count,
+            object_size: 4 << 20,
+        }
+    }
+
+    #[test]
+    fn volume_pgs_are_those_of_its_objects() {
+        let p = pool(128);
+        let v = VolumeId(9);
+        assert!(volume_pgs(v, 0, &p).is_empty());
+        // One object (even a partial one): its placement group only.
+        let one = volume_pgs(v, 1, &p);
+        assert_eq!(
+            one,
+            vec![placement::object_pg(
+                ObjectId {
+                    volume: v,
+                    index: 0
+                },
+                128
+            )]
+        );
+        // Ten objects: exactly the set of their placement groups.
+        let mut want: Vec<PgId> = (0..10)
+            .map(|index| placement::object_pg(ObjectId { volume: v, index }, 128))
+            .collect();
+        want.sort();
+        want.dedup();
+        assert_eq!(volume_pgs(v, 10 * (4 << 20) - 1, &p), want);
+        // A huge volume covers every placement group, found within the scan bound.
+        assert_eq!(volume_pgs(v, 1 << 50, &p).len(), 128);
+        assert_eq!(volume_pgs(v, u64::MAX, &p).len(), 128);
+    }
+}
