@@ -154,6 +154,11 @@ pub struct OsdRuntime {
     pub used_bytes: u64,
     /// Last reported file-system bytes.
     pub capacity_bytes: u64,
+    /// Whether a heartbeat (which carries the two figures above) has arrived since
+    /// the manager started. Until then the figures are placeholders (0), and `up`
+    /// is only the state the map last recorded: status shows "waiting for first
+    /// report" rather than `0 B used of 0 B`.
+    pub usage_reported: bool,
 }
 
 /// The manager's whole in-memory state: the persisted part plus heartbeat data.
@@ -184,6 +189,7 @@ impl ClusterState {
                         heard: false,
                         used_bytes: 0,
                         capacity_bytes: 0,
+                        usage_reported: false,
                     },
                 )
             })
@@ -306,6 +312,7 @@ impl ClusterState {
             heard: true,
             used_bytes: 0,
             capacity_bytes: 0,
+            usage_reported: false,
         });
         rt.last_heartbeat = now;
         rt.heard = true;
@@ -341,11 +348,13 @@ impl ClusterState {
             heard: true,
             used_bytes: 0,
             capacity_bytes: 0,
+            usage_reported: false,
         });
         rt.last_heartbeat = now;
         rt.heard = true;
         rt.used_bytes = hb.used_bytes;
         rt.capacity_bytes = hb.capacity_bytes;
+        rt.usage_reported = true;
         if came_up {
             info!("{} heartbeat: marked up", hb.id);
             self.bump_epoch();
@@ -488,6 +497,12 @@ impl ClusterState {
                 .values()
                 .fold(0u64, |a, r| a.saturating_add(r.capacity_bytes)),
             pool: map.pool.clone(),
+            osds_awaiting_first_report: count_u32(
+                map.osds
+                    .keys()
+                    .filter(|id| !self.runtime.get(id).is_some_and(|r| r.usage_reported))
+                    .count(),
+            ),
         }
     }
 
@@ -514,6 +529,7 @@ impl ClusterState {
                         u64::try_from(ms).unwrap_or(u64::MAX)
                     }),
                     pgs: pgs.get(&info.id).copied().unwrap_or(0),
+                    awaiting_first_report: !rt.is_some_and(|r| r.usage_reported),
                 }
             })
             .collect()
@@ -570,7 +586,9 @@ fn validate_boot(req: &OsdBoot) -> Result<(), StateError> {
 fn validate_volume_size(size: u64) -> Result<(), StateError> {
     if size == 0 || !size.is_multiple_of(512) || size > VOLUME_SIZE_MAX {
         return Err(StateError::Invalid(format!(
-            "volume size must be a positive multiple of 512 bytes, at most {VOLUME_SIZE_MAX}; got {size}"
+            "volume size must be a positive multiple of 512 bytes, at most {} ({VOLUME_SIZE_MAX} bytes); got {size} bytes ({})",
+            flame_common::mgr_api::format_size(VOLUME_SIZE_MAX),
+            flame_common::mgr_api::format_size(size)
         )));
     }
     Ok(())
@@ -1034,6 +1052,35 @@ mod tests {
         let total: u32 = osds.iter().map(|o| o.pgs).sum();
         assert_eq!(total, 64 * 3, "each of 64 PGs has 3 copies");
         assert!(osds.iter().all(|o| o.pgs > 0));
+    }
+
+    /// Until an OSD's first heartbeat since the manager started, its usage is not
+    /// known: status counts it as waiting instead of adding a made-up 0.
+    #[test]
+    fn usage_is_unknown_until_the_first_heartbeat_after_a_manager_start() {
+        let mut s = state();
+        let now = Instant::now();
+        let a = s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
+        let b = s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
+        let st = s.status(&[]);
+        assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
+        assert!(
+            s.osd_statuses(&[], now)
+                .iter()
+                .all(|o| o.awaiting_first_report)
+        );
+        s.heartbeat(&hb(a, "a"), now).unwrap();
+        assert_eq!(s.status(&[]).osds_awaiting_first_report, 1);
+        let osds = s.osd_statuses(&[], now);
+        assert!(!osds[0].awaiting_first_report && osds[1].awaiting_first_report);
+        s.heartbeat(&hb(b, "b"), now).unwrap();
+        assert_eq!(s.status(&[]).osds_awaiting_first_report, 0);
+        // A manager restart forgets every report: all are waiting again, though the
+        // map still says up.
+        let s = ClusterState::new(s.persisted.clone(), now);
+        let st = s.status(&[]);
+        assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
+        assert_eq!(st.used_bytes, 0);
     }
 
     #[test]

@@ -236,6 +236,7 @@ fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
                 used_bytes: 0,
                 capacity_bytes: 1 << 40,
                 pool: m.pool.clone(),
+                osds_awaiting_first_report: 0,
             };
             ok(serde_json::to_value(s).unwrap())
         }
@@ -250,6 +251,7 @@ fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
                     capacity_bytes: 1 << 30,
                     last_heartbeat_ms_ago: Some(10),
                     pgs: 0,
+                    awaiting_first_report: false,
                 })
                 .collect();
             ok(serde_json::to_value(v).unwrap())
