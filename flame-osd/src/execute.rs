@@ -57,7 +57,6 @@ impl Shard {
             id,
             epoch,
             status: st,
-            info: 0,
             data,
         }
     }
@@ -77,6 +76,16 @@ impl Shard {
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
             return (status::ESTALE, Vec::new());
+        }
+        if let Message::Read {
+            remote: Some(_), ..
+        }
+        | Message::Write {
+            remote: Some(_), ..
+        } = &msg
+        {
+            // One-sided transfers need a transport that has them; TCP does not.
+            return (status::EINVAL, Vec::new());
         }
         match &msg {
             Message::Read { target, .. } => {
@@ -117,7 +126,9 @@ impl Shard {
                 }
                 (self.replicate(&view, msg).await, Vec::new())
             }
-            Message::Flush { .. } => match self.store.flush().await {
+            // TODO(merge): pass `volume` to the store once `ObjectStore::flush(Option<VolumeId>)`
+            // lands (store branch); until then a FLUSH syncs every dirty object of the shard.
+            Message::Flush { volume: _, .. } => match self.store.flush().await {
                 Ok(()) => (status::OK, Vec::new()),
                 Err(e) => {
                     tracing::error!("flush failed: {e}");
@@ -144,7 +155,9 @@ impl Shard {
                 }
             }
             Message::Ping { .. } => (status::OK, Vec::new()),
-            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, Vec::new()),
+            Message::Hello { .. } | Message::HelloReply { .. } | Message::Reply { .. } => {
+                (status::EINVAL, Vec::new())
+            }
         }
     }
 

@@ -458,8 +458,9 @@ async fn serve_conn(osd: std::rc::Rc<Osd>, conn: Conn) {
             }
             osd.state.hellos.fetch_add(1, Ordering::SeqCst);
             let mut r = m.reply(epoch, status::OK);
-            if let Message::Reply { info, .. } = &mut r {
-                *info = u32::from(osd.shards);
+            if let Message::HelloReply { shards, shard, .. } = &mut r {
+                *shards = osd.shards;
+                *shard = osd.shard;
             }
             let _ = conn.send(&r);
         }
@@ -573,7 +574,6 @@ fn handle(osd: &Osd, msg: &Message, is_io: bool) -> Message {
                 id: msg.id(),
                 epoch,
                 status: 0,
-                info: 0,
                 data,
             }
         }
