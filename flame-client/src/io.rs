@@ -460,9 +460,16 @@ pub(crate) fn volume_pgs(volume: VolumeId, size_bytes: u64, pool: &PoolConfig) -
 
 /// The (OSD, shard) pairs that hold a placement group of `volume` under `map`, as
 /// primary or replica: the targets of the volume's FLUSH.
-pub(crate) fn volume_flush_targets(map: &ClusterMap, volume: VolumeId) -> Vec<(OsdId, u16)> {
+///
+/// `size_bytes` overrides the volume's size in the map: a shrink's trim flushes
+/// the objects past the new end, whose groups the new size may no longer reach.
+pub(crate) fn volume_flush_targets(
+    map: &ClusterMap,
+    volume: VolumeId,
+    size_bytes: Option<u64>,
+) -> Vec<(OsdId, u16)> {
     // A volume no longer in the map: its size is unknown, so take every PG.
-    let size = map.volume_by_id(volume).map_or(u64::MAX, |v| v.size);
+    let size = size_bytes.unwrap_or_else(|| map.volume_by_id(volume).map_or(u64::MAX, |v| v.size));
     let table = placement::PgTable::new(map);
     let mut targets = std::collections::BTreeSet::new();
     for pg in volume_pgs(volume, size, &map.pool) {
@@ -490,10 +497,20 @@ pub(crate) fn volume_flush_targets(map: &ClusterMap, volume: VolumeId) -> Vec<(O
 /// changed between the write and the flush — an OSD marked `out`, or `in` — is
 /// covered by recovery, not by this flush; see docs/protocol.md.)
 pub(crate) async fn flush_volume(cluster: &Cluster, volume: VolumeId) -> Result<(), ClientError> {
+    flush_volume_objects(cluster, volume, None).await
+}
+
+/// [`flush_volume`] over the objects of the first `size_bytes` bytes of the volume
+/// (`None`: its size in the map).
+pub(crate) async fn flush_volume_objects(
+    cluster: &Cluster,
+    volume: VolumeId,
+    size_bytes: Option<u64>,
+) -> Result<(), ClientError> {
     let started = Instant::now();
     let deadline = started + cluster.config().io_timeout();
     let map = cluster.map();
-    let targets = volume_flush_targets(&map, volume);
+    let targets = volume_flush_targets(&map, volume, size_bytes);
     let res = try_join_bounded(targets, SHARD_CALLS_WINDOW, |(osd, shard)| {
         shard_call(
             cluster,

@@ -206,5 +206,7 @@ pub(crate) async fn trim_range(
         .await?;
         at = end;
     }
-    io::flush_all(cluster).await
+    // The trimmed objects lie past the new end: flush the groups the old size
+    // reaches, not only those of the new size.
+    io::flush_volume_objects(cluster, volume, Some(range.to)).await
 }
