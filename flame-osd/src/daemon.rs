@@ -58,6 +58,12 @@ fn sync_data_fs(data_dir: &Path) -> Result<(), String> {
 /// `None`) until the process is stopped. Returns only on a start-up error.
 pub fn run(config: Option<&Path>) -> Result<(), String> {
     let cfg: OsdConfig = flame_common::config::load(config).map_err(|e| e.to_string())?;
+    run_with(cfg)
+}
+
+/// Runs the OSD with an already loaded configuration (the binary loads it itself,
+/// so a bad config gets its own report and exit status 2).
+pub fn run_with(cfg: OsdConfig) -> Result<(), String> {
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(cfg.data_dir.join("objects"))

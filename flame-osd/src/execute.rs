@@ -58,7 +58,6 @@ impl Shard {
             id,
             epoch,
             status: st,
-            info: 0,
             data,
         }
     }
@@ -78,6 +77,16 @@ impl Shard {
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
             return (status::ESTALE, PayloadBuf::empty());
+        }
+        if let Message::Read {
+            remote: Some(_), ..
+        }
+        | Message::Write {
+            remote: Some(_), ..
+        } = &msg
+        {
+            // One-sided transfers need a transport that has them; TCP does not.
+            return (status::EINVAL, PayloadBuf::empty());
         }
         match &msg {
             Message::Read { target, .. } => {
@@ -118,7 +127,9 @@ impl Shard {
                 }
                 (self.replicate(&view, msg).await, PayloadBuf::empty())
             }
-            Message::Flush { .. } => match self.store.flush().await {
+            // TODO(merge): pass `volume` to the store once `ObjectStore::flush(Option<VolumeId>)`
+            // lands (store branch); until then a FLUSH syncs every dirty object of the shard.
+            Message::Flush { volume: _, .. } => match self.store.flush().await {
                 Ok(()) => (status::OK, PayloadBuf::empty()),
                 Err(e) => {
                     tracing::error!("flush failed: {e}");
@@ -145,7 +156,9 @@ impl Shard {
                 }
             }
             Message::Ping { .. } => (status::OK, PayloadBuf::empty()),
-            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, PayloadBuf::empty()),
+            Message::Hello { .. } | Message::HelloReply { .. } | Message::Reply { .. } => {
+                (status::EINVAL, PayloadBuf::empty())
+            }
         }
     }
 

@@ -82,51 +82,21 @@ impl Shard {
 /// The message a replica gets: the same request with the [`flags::REPLICA`] bit.
 /// A write's payload is shared (one reference more), never copied.
 fn with_replica_flag(msg: &Message) -> Message {
-    match msg {
-        Message::Write {
-            id,
-            epoch,
-            target,
-            flags: f,
-            data,
-        } => Message::Write {
-            id: *id,
-            epoch: *epoch,
-            target: target.clone(),
-            flags: f | flags::REPLICA,
-            data: data.clone(),
-        },
-        Message::WriteZeroes {
-            id,
-            epoch,
-            target,
-            flags: f,
-        } => Message::WriteZeroes {
-            id: *id,
-            epoch: *epoch,
-            target: target.clone(),
-            flags: f | flags::REPLICA,
-        },
-        Message::Discard {
-            id,
-            epoch,
-            target,
-            flags: f,
-        } => Message::Discard {
-            id: *id,
-            epoch: *epoch,
-            target: target.clone(),
-            flags: f | flags::REPLICA,
-        },
-        other => other.clone(),
+    let mut m = msg.clone();
+    if let Message::Write { flags: f, .. }
+    | Message::WriteZeroes { flags: f, .. }
+    | Message::Discard { flags: f, .. } = &mut m
+    {
+        *f |= flags::REPLICA;
     }
+    m
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use flame_common::buffer::PayloadBuf;
-    use flame_common::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
+    use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
     use flame_common::protocol::IoTarget;
 
     #[test]
@@ -145,6 +115,8 @@ mod tests {
                 length: 4096,
             },
             flags: flags::FUA,
+            seq: PgSeq(0),
+            remote: None,
             data: data.clone(),
         };
         let fwd: Vec<Message> = (0..2).map(|_| with_replica_flag(&msg)).collect();
