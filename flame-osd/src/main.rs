@@ -33,10 +33,44 @@ fn main() {
     flame_common::logging::abort_on_panic();
     let args = Args::parse();
     if let Err(e) = run(args) {
-        tracing::error!("{e}");
-        eprintln!("flame-osd: {e}");
-        std::process::exit(1);
+        tracing::error!("{}", e.message);
+        eprintln!("flame-osd: {}", e.message);
+        std::process::exit(e.status);
     }
+}
+
+/// Why the OSD stopped, and its exit status.
+struct Fatal {
+    message: String,
+    /// 2 for a configuration or data-directory problem the operator must fix, 1
+    /// otherwise.
+    status: i32,
+}
+
+impl From<String> for Fatal {
+    fn from(message: String) -> Fatal {
+        Fatal { message, status: 1 }
+    }
+}
+
+/// Makes the store consistent after whatever stopped the previous incarnation:
+/// objects named by the intent journals get checksums recomputed from their data.
+fn recover_store(data_dir: &std::path::Path, direct_io: bool) -> Result<(), String> {
+    let mut reactor = flame_common::reactor::Reactor::new(Default::default())
+        .map_err(|e| format!("cannot create io_uring: {e}"))?;
+    let root = data_dir.to_path_buf();
+    let fs = store::fs::Fs::Real { direct_io };
+    let n = reactor
+        .block_on(async move { store::recover(&fs, &root).await })
+        .map_err(|e| format!("cannot run store recovery: {e}"))?
+        .map_err(|e| format!("store recovery of {} failed: {e}", data_dir.display()))?;
+    if n > 0 {
+        tracing::info!(
+            objects = n,
+            "recomputed checksums of objects written since their last flush"
+        );
+    }
+    Ok(())
 }
 
 /// Each shard caches up to `open_files_per_shard_max` object files, twice with
@@ -82,17 +116,20 @@ fn sync_data_fs(data_dir: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: Args) -> Result<(), Fatal> {
     let cfg: OsdConfig =
         flame_common::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
-    std::fs::create_dir_all(cfg.data_dir.join("objects"))
+    std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
-    sync_data_fs(&cfg.data_dir)?;
     let identity = control::Identity::load_or_create(&cfg.data_dir)?;
+    store::layout::open_data_dir(&cfg.data_dir, &identity.uuid, cfg.checksums)
+        .map_err(|message| Fatal { message, status: 2 })?;
+    sync_data_fs(&cfg.data_dir)?;
     let direct_io =
         store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
+    recover_store(&cfg.data_dir, direct_io)?;
     let shards = cfg.shard_count();
     if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
         // Measured (docs/benchmarks.md): with more spinning threads than cores,

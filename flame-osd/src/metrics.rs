@@ -158,3 +158,46 @@ impl ShardMetrics {
         DATA_OPS.iter().position(|o| *o == op)
     }
 }
+
+static CHECKSUM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_checksum_errors_total",
+        "Blocks that failed checksum verification: repaired from another copy, or unrepaired (the read failed)",
+        &["result"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Counts blocks that failed verification: `repaired` from another copy, or not.
+pub fn checksum_errors(repaired: bool, blocks: u64) {
+    let result = if repaired { "repaired" } else { "unrepaired" };
+    CHECKSUM_ERRORS.with_label_values(&[result]).inc_by(blocks);
+}
+
+/// Kinds of operation that make data stable.
+#[derive(Clone, Copy, Debug)]
+pub enum SyncKind {
+    /// `fdatasync` of an object file (FLUSH, FUA zeroing).
+    Fdatasync,
+    /// `fsync` of a directory (a new file's name).
+    Dir,
+    /// A write with `RWF_DSYNC` (FUA).
+    Fua,
+    /// A synced intent-journal write (group commit or reset).
+    Journal,
+}
+
+static SYNCS: LazyLock<[IntCounter; 4]> = LazyLock::new(|| {
+    let v = register_int_counter_vec!(
+        "flame_osd_syncs_total",
+        "Operations that made data stable, by kind (fdatasync|dir|fua|journal): shows that FLUSH and FUA reach this OSD's disk",
+        &["kind"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"));
+    ["fdatasync", "dir", "fua", "journal"].map(|k| v.with_label_values(&[k]))
+});
+
+/// Counts one operation that made data stable (issued; a failed one stops the OSD).
+pub fn sync_done(kind: SyncKind) {
+    SYNCS[kind as usize].inc();
+}
