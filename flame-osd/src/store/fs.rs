@@ -275,17 +275,25 @@ impl File {
         }
     }
 
-    /// Writes `data` at `offset`; with `dsync` it is stable when this returns
-    /// (`RWF_DSYNC`, the FUA of files).
-    pub async fn write(&self, offset: u64, data: Vec<u8>, dsync: bool) -> io::Result<()> {
+    /// Writes `data` at `offset`; with `sync` it is stable when this returns
+    /// (`RWF_DSYNC`, the FUA of files), counted under that kind of sync.
+    pub async fn write(
+        &self,
+        offset: u64,
+        data: Vec<u8>,
+        sync: Option<crate::metrics::SyncKind>,
+    ) -> io::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
+        let dsync = sync.is_some();
+        if let Some(kind) = sync
+            && !matches!(self, File::Sim(..))
+        {
+            crate::metrics::sync_done(kind);
+        }
         match self {
             File::Real { buffered, direct } => {
-                if dsync {
-                    crate::metrics::sync_done(crate::metrics::SyncKind::Fua);
-                }
                 if let (Some(direct), true) = (direct, is_aligned(offset, data.len())) {
                     let buf = AlignedBuf::copy_from(&data);
                     write_full(direct.as_raw_fd(), buf, offset, dsync).await

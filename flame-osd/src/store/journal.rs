@@ -12,6 +12,7 @@
 //! Byte layout in docs/on-disk-format.md.
 
 use super::fs::{File, Fs};
+use crate::metrics::SyncKind;
 use flame_common::ids::{ObjectId, PgId, VolumeId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -124,7 +125,8 @@ pub async fn reset_file(fs: &Fs, path: &Path) -> io::Result<()> {
     };
     let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
     let generation = decode_header(&head).unwrap_or(0).wrapping_add(1);
-    file.write(0, encode_header(generation), true).await
+    file.write(0, encode_header(generation), Some(SyncKind::Journal))
+        .await
 }
 
 /// The journal of one shard.
@@ -236,7 +238,8 @@ impl Journal {
         }
         let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
         let generation = decode_header(&head).unwrap_or(0).wrapping_add(1);
-        file.write(0, encode_header(generation), true).await?;
+        file.write(0, encode_header(generation), Some(SyncKind::Journal))
+            .await?;
         self.generation.set(generation);
         let file = Rc::new(file);
         *self.file.borrow_mut() = Some(file.clone());
@@ -260,8 +263,7 @@ impl Journal {
         }
         let offset = self.tail.get();
         self.tail.set(offset + bytes.len() as u64);
-        file.write(offset, bytes, true).await?;
-        crate::metrics::sync_done(crate::metrics::SyncKind::Journal);
+        file.write(offset, bytes, Some(SyncKind::Journal)).await?;
         self.commits.set(self.commits.get() + 1);
         self.durable_seq.set(self.durable_seq.get().max(last));
         Ok(())
@@ -290,8 +292,8 @@ impl Journal {
             self.generation.set(generation);
             self.entries.borrow_mut().clear();
             self.tail.set(JOURNAL_HEADER_LEN);
-            file.write(0, encode_header(generation), true).await?;
-            crate::metrics::sync_done(crate::metrics::SyncKind::Journal);
+            file.write(0, encode_header(generation), Some(SyncKind::Journal))
+                .await?;
             Ok(())
         }
         .await;

@@ -25,6 +25,7 @@ pub mod layout;
 pub mod meta;
 
 use crate::config::DirectIo;
+use crate::metrics::SyncKind;
 use flame_common::ids::{ObjectId, PgId, VolumeId};
 use flame_common::map::OBJECT_SIZE_MAX;
 use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN};
@@ -576,10 +577,16 @@ impl ObjectStore {
         let _guard = self.begin_write(&state).await?;
         let offset = u64::from(offset);
         if !self.checksums {
-            state.file.write(DATA_OFFSET + offset, data, fua).await?;
+            state
+                .file
+                .write(DATA_OFFSET + offset, data, fua.then_some(SyncKind::Fua))
+                .await?;
         } else if offset.is_multiple_of(BLOCK as u64) && data.len().is_multiple_of(BLOCK) {
             let sums: Vec<u32> = data.chunks(BLOCK).map(meta::block_sum).collect();
-            state.file.write(DATA_OFFSET + offset, data, fua).await?;
+            state
+                .file
+                .write(DATA_OFFSET + offset, data, fua.then_some(SyncKind::Fua))
+                .await?;
             let first = offset as usize / BLOCK;
             for (i, s) in sums.into_iter().enumerate() {
                 state.set_sum(first + i, s);
@@ -634,7 +641,10 @@ impl ObjectStore {
         }
         buf[start..end].copy_from_slice(data);
         let sums: Vec<u32> = buf.chunks(BLOCK).map(meta::block_sum).collect();
-        state.file.write(base, buf, fua).await?;
+        state
+            .file
+            .write(base, buf, fua.then_some(SyncKind::Fua))
+            .await?;
         for (i, s) in sums.into_iter().enumerate() {
             state.set_sum(first + i, s);
         }
@@ -771,7 +781,7 @@ impl ObjectStore {
                     *generation,
                     reactor::spawn(async move {
                         if let Some(m) = meta {
-                            state.file.write(0, m, false).await?;
+                            state.file.write(0, m, None).await?;
                         }
                         state.file.datasync().await
                     }),
@@ -832,7 +842,10 @@ impl ObjectStore {
         let _guard = self.begin_write(&state).await?;
         let _lock = state.lock_rmw().await;
         let offset = DATA_OFFSET + u64::from(block) * BLOCK as u64;
-        state.file.write(offset, good.to_vec(), true).await?;
+        state
+            .file
+            .write(offset, good.to_vec(), Some(SyncKind::Fua))
+            .await?;
         state.set_sum(block as usize, meta::block_sum(good));
         crate::metrics::checksum_errors(true, 1);
         tracing::warn!(%object, block, "repaired a block from another copy");
@@ -971,7 +984,7 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<u64> {
                 crc_count: sums.len() as u32,
                 version,
             };
-            file.write(0, meta::encode_meta(&header, &sums), false)
+            file.write(0, meta::encode_meta(&header, &sums), None)
                 .await?;
             file.datasync().await?;
             recomputed += 1;
