@@ -212,10 +212,9 @@ impl Journal {
                 self.wait().await;
                 continue;
             }
-            self.busy.set(true);
+            let busy = Busy::take(self);
             let res = self.commit_batch().await;
-            self.busy.set(false);
-            self.wake_all();
+            drop(busy);
             if let Err(e) = res {
                 self.failed.set(true);
                 return Err(e);
@@ -263,7 +262,15 @@ impl Journal {
         }
         let offset = self.tail.get();
         self.tail.set(offset + bytes.len() as u64);
+        // If this future is dropped before the write is known to be stable, the
+        // entries go back to the queue: a later batch writes them again rather than
+        // counting them durable.
+        let mut requeue = Requeue {
+            journal: self,
+            batch: Some(batch),
+        };
         file.write(offset, bytes, Some(SyncKind::Journal)).await?;
+        requeue.batch = None;
         self.commits.set(self.commits.get() + 1);
         self.durable_seq.set(self.durable_seq.get().max(last));
         Ok(())
@@ -283,7 +290,7 @@ impl Journal {
         if self.entries.borrow().is_empty() {
             return Ok(true);
         }
-        self.busy.set(true);
+        let busy = Busy::take(self);
         let res = async {
             let file = self.file().await?;
             let generation = self.generation.get().wrapping_add(1);
@@ -297,8 +304,7 @@ impl Journal {
             Ok(())
         }
         .await;
-        self.busy.set(false);
-        self.wake_all();
+        drop(busy);
         if let Err(e) = res {
             self.failed.set(true);
             return Err(e);
@@ -325,5 +331,41 @@ impl Journal {
             }
         })
         .await
+    }
+}
+
+/// Holds the journal's writer role; released (and waiters woken) on drop, also when
+/// the future holding it is dropped.
+struct Busy<'a>(&'a Journal);
+
+impl<'a> Busy<'a> {
+    fn take(journal: &'a Journal) -> Busy<'a> {
+        debug_assert!(!journal.busy.get(), "two journal writers");
+        journal.busy.set(true);
+        Busy(journal)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.set(false);
+        self.0.wake_all();
+    }
+}
+
+/// A batch whose write has not been seen to complete.
+struct Requeue<'a> {
+    journal: &'a Journal,
+    batch: Option<Vec<(u64, ObjectId, PgId)>>,
+}
+
+impl Drop for Requeue<'_> {
+    fn drop(&mut self) {
+        if let Some(batch) = self.batch.take() {
+            let mut pending = self.journal.pending.borrow_mut();
+            let rest = std::mem::take(&mut *pending);
+            pending.extend(batch);
+            pending.extend(rest);
+        }
     }
 }

@@ -149,6 +149,9 @@ mod tests {
 
     #[test]
     fn zero_block_sums_to_zero_and_header_round_trips() {
+        // The values docs/on-disk-format.md quotes.
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(*ZERO_BLOCK_CRC, 0x98F9_4189, "{:#x}", *ZERO_BLOCK_CRC);
         assert_eq!(block_sum(&[0u8; BLOCK]), 0);
         assert_ne!(block_sum(&[1u8; BLOCK]), 0);
         let o = ObjectId {
