@@ -22,9 +22,8 @@
 use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::mgr_client::MgrClient;
-use crate::volume::Volume;
 use arc_swap::ArcSwap;
-use flame_common::ids::{Epoch, VolumeId};
+use flame_common::ids::Epoch;
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::reactor;
 use parking_lot::{Condvar, Mutex};
@@ -272,31 +271,6 @@ impl Cluster {
         let map = self.inner.shared.mgr.map()?;
         self.inner.shared.publish(map);
         Ok(self.map())
-    }
-
-    /// Opens a volume by name for I/O. A name missing from our map triggers one
-    /// refresh first (the volume may have been created a moment ago). Must run on
-    /// a reactor thread.
-    pub async fn open_volume(&self, name: &str) -> Result<Volume, ClientError> {
-        let info = match self.volume_info(name) {
-            Some(v) => v,
-            None => self
-                .refresh_map_now()
-                .await
-                .volumes
-                .get(name)
-                .cloned()
-                .ok_or_else(|| ClientError::NoSuchVolume(name.to_string()))?,
-        };
-        Ok(Volume::new(self.clone(), info))
-    }
-
-    /// Deletes every object of volume `id` on every OSD of the map (all shards, in
-    /// parallel). Refuses — before sending anything — if any OSD is down, and fails
-    /// if one goes down meanwhile: a volume's objects must never be silently left
-    /// behind. Must run on a reactor thread.
-    pub async fn delete_volume_objects(&self, id: VolumeId) -> Result<(), ClientError> {
-        crate::io::delete_volume_objects(self, id).await
     }
 
     /// Process-unique number of this cluster handle (connection-table key).

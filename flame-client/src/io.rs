@@ -453,6 +453,16 @@ pub(crate) async fn flush_all(cluster: &Cluster) -> Result<(), ClientError> {
     res
 }
 
+impl Cluster {
+    /// Deletes every object of volume `id` on every OSD of the map (all shards, in
+    /// parallel). Refuses — before sending anything — if any OSD is down, and fails
+    /// if one goes down meanwhile: a volume's objects must never be silently left
+    /// behind. Must run on a reactor thread.
+    pub async fn delete_volume_objects(&self, id: VolumeId) -> Result<(), ClientError> {
+        delete_volume_objects(self, id).await
+    }
+}
+
 /// See [`Cluster::delete_volume_objects`].
 pub(crate) async fn delete_volume_objects(
     cluster: &Cluster,

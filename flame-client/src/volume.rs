@@ -35,6 +35,27 @@ pub struct Volume {
     object_size: u32,
 }
 
+// Opening a volume is the cluster handle's job, but it lives here so that
+// `cluster` (the map) does not depend on the volume and I/O layers above it.
+impl Cluster {
+    /// Opens a volume by name for I/O. A name missing from our map triggers one
+    /// refresh first (the volume may have been created a moment ago). Must run on
+    /// a reactor thread.
+    pub async fn open_volume(&self, name: &str) -> Result<Volume, ClientError> {
+        let info = match self.volume_info(name) {
+            Some(v) => v,
+            None => self
+                .refresh_map_now()
+                .await
+                .volumes
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ClientError::NoSuchVolume(name.to_string()))?,
+        };
+        Ok(Volume::new(self.clone(), info))
+    }
+}
+
 impl Volume {
     pub(crate) fn new(cluster: Cluster, info: VolumeInfo) -> Volume {
         // The pool layout is fixed at cluster creation, so the object size cannot

@@ -1,23 +1,9 @@
-//! `flame-osd`: stores objects and replicates writes.
-//!
-//! Start-up order matters: bind every shard's listener first (so the address the
-//! manager publishes is already served), then register with the manager, then start
-//! the shard threads, then heartbeat on this thread forever.
+//! `flame-osd`: stores objects and replicates writes. The daemon lives in the
+//! `flame_osd` library (start at `daemon::run`), so its modules can be tested from
+//! inside and from `tests/`.
 
-mod config;
-mod control;
-mod metrics;
-mod ordering;
-mod peers;
-mod shard;
-mod store;
-
-use arc_swap::ArcSwap;
 use clap::Parser;
-use config::OsdConfig;
-use flame_common::transport::Listener;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Flame object storage daemon.
 #[derive(Parser, Debug)]
@@ -32,146 +18,9 @@ fn main() {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
     let args = Args::parse();
-    if let Err(e) = run(args) {
-        tracing::error!("{}", e.message);
-        eprintln!("flame-osd: {}", e.message);
+    if let Err(e) = flame_osd::daemon::run(args.config.as_deref()) {
+        tracing::error!("{e}");
+        eprintln!("flame-osd: {e}");
         std::process::exit(e.status);
     }
-}
-
-/// Why the OSD stopped, and its exit status.
-struct Fatal {
-    message: String,
-    /// 2 for a configuration or data-directory problem the operator must fix, 1
-    /// otherwise.
-    status: i32,
-}
-
-impl From<String> for Fatal {
-    fn from(message: String) -> Fatal {
-        Fatal { message, status: 1 }
-    }
-}
-
-/// Makes the store consistent after whatever stopped the previous incarnation:
-/// objects named by the intent journals get checksums recomputed from their data.
-fn recover_store(data_dir: &std::path::Path, direct_io: bool) -> Result<(), String> {
-    let mut reactor = flame_common::reactor::Reactor::new(Default::default())
-        .map_err(|e| format!("cannot create io_uring: {e}"))?;
-    let root = data_dir.to_path_buf();
-    let fs = store::fs::Fs::Real { direct_io };
-    let n = reactor
-        .block_on(async move { store::recover(&fs, &root).await })
-        .map_err(|e| format!("cannot run store recovery: {e}"))?
-        .map_err(|e| format!("store recovery of {} failed: {e}", data_dir.display()))?;
-    if n > 0 {
-        tracing::info!(
-            objects = n,
-            "recomputed checksums of objects written since their last flush"
-        );
-    }
-    Ok(())
-}
-
-/// Each shard caches up to `open_files_per_shard_max` object files, twice with
-/// `O_DIRECT`; the default soft limit (1024) is far below that. Raise it to the hard
-/// limit, which needs no privilege.
-fn raise_open_file_limit() {
-    // SAFETY: getrlimit/setrlimit on a valid struct.
-    unsafe {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                tracing::warn!(
-                    "cannot raise the open-file limit: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-    }
-}
-
-/// Makes everything a previous incarnation of this OSD wrote stable before serving.
-///
-/// The dirty set that FLUSH works from lives in memory. After a crash (kill -9) the
-/// writes it acknowledged are still only in the page cache; without this, the first
-/// FLUSH after the restart would find an empty dirty set and report success for
-/// data that a power failure could still lose.
-fn sync_data_fs(data_dir: &std::path::Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    let dir = std::fs::File::open(data_dir)
-        .map_err(|e| format!("cannot open data_dir {}: {e}", data_dir.display()))?;
-    // SAFETY: syncfs on a descriptor we own.
-    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(format!(
-            "syncfs of {} failed: {}; refusing to serve data that may not be stable",
-            data_dir.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-fn run(args: Args) -> Result<(), Fatal> {
-    let cfg: OsdConfig =
-        flame_common::config::load(args.config.as_deref()).map_err(|e| e.to_string())?;
-    let cfg = Arc::new(cfg);
-    raise_open_file_limit();
-    std::fs::create_dir_all(&cfg.data_dir)
-        .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
-    let identity = control::Identity::load_or_create(&cfg.data_dir)?;
-    store::layout::open_data_dir(&cfg.data_dir, &identity.uuid, cfg.checksums)
-        .map_err(|message| Fatal { message, status: 2 })?;
-    sync_data_fs(&cfg.data_dir)?;
-    let direct_io =
-        store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
-    recover_store(&cfg.data_dir, direct_io)?;
-    let shards = cfg.shard_count();
-    if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
-        // Measured (docs/benchmarks.md): with more spinning threads than cores,
-        // latency rises 20-170x, because the thread that has the work waits for a
-        // spinning one to be descheduled.
-        tracing::warn!(
-            shards,
-            cores = flame_common::config::cores(),
-            "poll_mode: busy spins every shard thread at 100% of a core; use it only when \
-             every spinning thread on this machine (all daemons) has a core of its own"
-        );
-    }
-    tracing::info!(uuid = %identity.uuid, shards, direct_io, data_dir = %cfg.data_dir.display(), "starting");
-
-    let mut listeners = Vec::with_capacity(usize::from(shards));
-    for i in 0..shards {
-        let mut addr = cfg.listen;
-        addr.set_port(cfg.listen.port() + i);
-        let l = Listener::bind(cfg.transport, addr)
-            .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
-        listeners.push(l);
-    }
-    let metrics_addr = flame_common::metrics::serve(cfg.metrics_listen)
-        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
-
-    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
-    let (osd_id, map) = control.boot()?;
-    tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
-    let map = Arc::new(ArcSwap::from_pointee(map));
-    let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
-
-    for (i, listener) in listeners.into_iter().enumerate() {
-        shard::spawn(shard::ShardSetup {
-            id: i as u16,
-            osd: osd_id,
-            listener,
-            map: map.clone(),
-            wanted_epoch: wanted_epoch.clone(),
-            config: cfg.clone(),
-            direct_io,
-        })
-        .map_err(|e| format!("cannot start shard {i}: {e}"))?;
-    }
-    control.run(osd_id, map, wanted_epoch)
 }

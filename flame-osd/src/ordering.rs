@@ -106,7 +106,7 @@ impl WriteGate {
 
     /// Writes in flight.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inflight.borrow().values().map(Vec::len).sum()
     }
 }

@@ -438,3 +438,46 @@ fn a_reconnected_session_fences_its_old_connection() {
         })
         .unwrap();
 }
+
+/// A client may not send a replica-flagged write straight to a replica: it would be
+/// applied to that copy alone, outside the primary's ordering gate, and the copies
+/// would diverge. Only peer (OSD-to-OSD) connections may.
+#[test]
+fn replica_flag_from_a_client_connection_is_refused() {
+    let cluster = TestCluster::start();
+    let vol = cluster.create_volume("bypass", 16 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = locate(&map, object);
+    let replica = loc.osds[1];
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let m = map.clone();
+    reactor
+        .block_on(async move {
+            let shard = m.osds[&replica].shard_of(loc.pg);
+            let conn = connect(&m, replica, shard).await;
+            let mut msg = write(&m, 1, object, 0, vec![0x5a; 4096]);
+            if let Message::Write { flags, .. } = &mut msg {
+                *flags |= flame_common::protocol::flags::REPLICA;
+            }
+            assert_eq!(status_of(&call(&conn, msg).await), status::EINVAL);
+            // The connection stays usable for legitimate requests.
+            assert_eq!(
+                status_of(&call(&conn, read(&m, 2, object, 0, 16)).await),
+                status::ESTALE,
+                "a replica still refuses client reads as non-primary"
+            );
+        })
+        .unwrap();
+    // Nothing reached the replica's disk.
+    let p = cluster.object_path(process_of(&cluster, &map, replica), vol.id, 0);
+    let on_disk = std::fs::read(&p).unwrap_or_default();
+    assert!(
+        on_disk.iter().all(|&b| b == 0),
+        "the bypassing write reached the replica's copy ({})",
+        p.display()
+    );
+}

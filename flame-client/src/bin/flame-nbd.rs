@@ -179,7 +179,7 @@ fn drain_on_signal(set: libc::sigset_t, conns: std::sync::Arc<std::sync::atomic:
         signal = sig,
         "stopping: refusing new requests with ESHUTDOWN, finishing those in flight"
     );
-    flame_client::nbd::server::begin_shutdown();
+    flame_client::nbd::shutdown::begin_shutdown();
     let conns2 = conns.clone();
     std::thread::spawn(move || {
         let mut again: libc::c_int = 0;

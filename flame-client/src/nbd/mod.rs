@@ -12,6 +12,7 @@
 //!   memory (tests, benchmarks, `--memory`).
 //! * [`server`] — one reactor thread per core, each with its own `SO_REUSEPORT`
 //!   listener; a connection lives on one thread from accept to close.
+//! * [`shutdown`] — the graceful-shutdown flag (SIGTERM).
 //! * [`config`], [`metrics`] — YAML settings and Prometheus metrics.
 
 pub mod backend;
@@ -23,6 +24,7 @@ pub mod memory;
 pub mod metrics;
 pub mod proto;
 pub mod server;
+pub mod shutdown;
 pub mod transmission;
 
 pub use backend::{Backend, Errno, Exports, OpenError};

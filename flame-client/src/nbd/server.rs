@@ -12,7 +12,7 @@ use super::config::NbdConfig;
 use super::conn::{Conn, Reader};
 use super::handshake::{self, HandshakeError, Outcome};
 use super::metrics::OpMetrics;
-use super::transmission;
+use super::{shutdown, transmission};
 use flame_common::reactor::{self, Reactor, ReactorConfig};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use std::io;
@@ -27,21 +27,6 @@ use std::time::Duration;
 const LISTEN_BACKLOG: i32 = 1024;
 /// Pause after a failed accept (e.g. out of descriptors) so the loop does not spin.
 const ACCEPT_RETRY_MS: u64 = 10;
-
-/// Set when the server is asked to stop (SIGTERM): new connections are refused and
-/// every new request is answered `ESHUTDOWN`, so clients disconnect cleanly, while
-/// requests already in flight finish and get their replies.
-static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Starts a graceful shutdown (see [`SHUTTING_DOWN`]).
-pub fn begin_shutdown() {
-    SHUTTING_DOWN.store(true, Ordering::SeqCst);
-}
-
-/// Whether a graceful shutdown has begun.
-pub fn shutting_down() -> bool {
-    SHUTTING_DOWN.load(Ordering::SeqCst)
-}
 
 /// A bound, not yet running NBD server: every thread's listening socket is open, so
 /// clients can connect as soon as [`Server::bind`] returns.
@@ -158,7 +143,7 @@ async fn accept_loop<E: Exports>(listener: TcpListener, exports: Rc<E>, ctx: Rc<
     let lfd = listener.as_raw_fd();
     loop {
         match reactor::accept(lfd).await {
-            Ok(fd) if shutting_down() => drop(fd),
+            Ok(fd) if shutdown::shutting_down() => drop(fd),
             Ok(fd) => {
                 let before = ctx.conns.fetch_add(1, Ordering::AcqRel);
                 if before >= ctx.max_connections {

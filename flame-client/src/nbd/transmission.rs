@@ -146,7 +146,7 @@ pub(crate) async fn serve<B: Backend + 'static>(
         let mut hb = [0u8; REQUEST_LEN];
         rd.read_exact(&mut hb).await?;
         let req = decode_request(&hb).map_err(|e| TransmissionError::Protocol(e.to_string()))?;
-        if super::server::shutting_down() && req.cmd != CMD_DISC {
+        if super::shutdown::shutting_down() && req.cmd != CMD_DISC {
             // Stopping: refuse new work with ESHUTDOWN (the client should then
             // disconnect); requests already running finish normally.
             if req.cmd == CMD_WRITE {

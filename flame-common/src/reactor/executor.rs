@@ -1,7 +1,7 @@
 //! The run loop: tasks, the operation table, submission and completion.
 
-use super::op::OpSlot;
 use super::poll::{PollMode, Poller};
+use super::slot::OpSlot;
 use crossbeam_queue::SegQueue;
 use io_uring::{IoUring, opcode, squeue, types};
 use std::any::Any;
@@ -712,17 +712,32 @@ mod tests {
 
     #[test]
     fn dropped_operation_is_safe() {
+        use std::io::Write;
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async {
-            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
             let fd = a.as_raw_fd();
-            // Start a receive that never completes, then drop it.
-            let fut = recv(fd, vec![0; 64], 0);
-            let t = spawn(fut);
+            let baseline = ops_in_table();
+            // Start a receive that cannot complete yet, then drop its task.
+            let t = spawn(recv(fd, vec![0; 64], 0));
             sleep(Duration::from_millis(5)).await;
+            assert_eq!(ops_in_table(), baseline + 1, "the receive is in flight");
             drop(t);
-            drop(b); // completes the orphaned receive with 0
-            sleep(Duration::from_millis(5)).await;
+            // The slot (and the buffer the kernel may write into) stays parked
+            // until the cancellation's completion arrives, then is freed.
+            sleep(Duration::from_millis(20)).await;
+            assert_eq!(
+                ops_in_table(),
+                baseline,
+                "the abandoned receive's slot was not released after it completed"
+            );
+            // Bytes sent now reach the next receive, not the abandoned one.
+            b.write_all(b"after").unwrap();
+            let (n, buf) = recv(fd, vec![0; 64], 0).await;
+            assert_eq!(&buf[..n.unwrap()], b"after");
+            drop(b);
+            let (n, _) = recv(fd, vec![0; 64], 0).await;
+            assert_eq!(n.unwrap(), 0, "end of stream after the peer closed");
             drop(a);
         })
         .unwrap();

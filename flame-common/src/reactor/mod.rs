@@ -22,6 +22,7 @@ mod buf;
 mod executor;
 mod op;
 pub mod poll;
+mod slot;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 pub use executor::{Handle, Reactor, ReactorConfig, current_id, poll_stats, spawn, yield_now};

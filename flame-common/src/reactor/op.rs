@@ -9,30 +9,13 @@
 use super::buf::{IoBuf, IoBufMut};
 use super::executor::{try_with_current, with_current};
 use io_uring::{opcode, squeue, types};
-use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
-
-/// State of one submitted operation, kept in the reactor's table under its
-/// `user_data`.
-pub(crate) struct OpSlot {
-    /// Completion result once it arrived.
-    pub(crate) result: Option<i32>,
-    /// Task to wake on completion.
-    pub(crate) waker: Option<Waker>,
-    /// Memory the kernel may still touch; dropped only after completion.
-    pub(crate) resources: Option<Box<dyn Any>>,
-    /// The future was dropped: free the slot when the completion arrives.
-    pub(crate) orphaned: bool,
-    /// Cancel the operation in the kernel if its future is dropped (timers and
-    /// socket waits; never writes, whose effect must not be left half-known).
-    pub(crate) cancel_on_drop: bool,
-}
 
 /// A submitted operation. Resolves to the raw completion result and gives back the
 /// resources it held.

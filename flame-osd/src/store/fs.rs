@@ -31,7 +31,6 @@ pub enum Fs {
         direct_io: bool,
     },
     /// The power-loss simulation (tests).
-    #[cfg_attr(not(test), allow(dead_code))]
     Sim(Rc<SimFs>),
 }
 
@@ -488,7 +487,6 @@ pub struct SimFile {
     name_stable: Cell<bool>,
 }
 
-#[cfg_attr(not(test), allow(dead_code))]
 impl SimFs {
     /// An empty simulated disk with the given directories.
     pub fn new(dirs: &[PathBuf]) -> Rc<SimFs> {
@@ -538,7 +536,6 @@ impl SimFs {
     }
 }
 
-#[cfg_attr(not(test), allow(dead_code))]
 impl SimFile {
     fn new(parent: PathBuf) -> SimFile {
         SimFile {

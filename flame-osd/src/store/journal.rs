@@ -177,6 +177,11 @@ impl Journal {
         self.entries.borrow().len()
     }
 
+    /// Whether the current generation names no object.
+    pub fn is_empty(&self) -> bool {
+        self.entries.borrow().is_empty()
+    }
+
     /// Synced entry writes so far.
     #[cfg(test)]
     pub fn commits(&self) -> u64 {

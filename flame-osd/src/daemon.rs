@@ -1,0 +1,159 @@
+//! Start-up of one OSD process.
+//!
+//! Start-up order matters: bind every shard's listener first (so the address the
+//! manager publishes is already served), then register with the manager, then start
+//! the shard threads, then heartbeat on this thread forever.
+
+use crate::config::OsdConfig;
+use crate::{control, shard_thread, store};
+use arc_swap::ArcSwap;
+use flame_common::transport::Listener;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Each shard caches up to `open_files_per_shard_max` object files, twice with
+/// `O_DIRECT`; the default soft limit (1024) is far below that. Raise it to the hard
+/// limit, which needs no privilege.
+fn raise_open_file_limit() {
+    // SAFETY: getrlimit/setrlimit on a valid struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::warn!(
+                    "cannot raise the open-file limit: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
+/// Makes everything a previous incarnation of this OSD wrote stable before serving.
+///
+/// The dirty set that FLUSH works from lives in memory. After a crash (kill -9) the
+/// writes it acknowledged are still only in the page cache; without this, the first
+/// FLUSH after the restart would find an empty dirty set and report success for
+/// data that a power failure could still lose.
+fn sync_data_fs(data_dir: &Path) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(data_dir)
+        .map_err(|e| format!("cannot open data_dir {}: {e}", data_dir.display()))?;
+    // SAFETY: syncfs on a descriptor we own.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(format!(
+            "syncfs of {} failed: {}; refusing to serve data that may not be stable",
+            data_dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Why the OSD could not start, and the exit status that says so.
+#[derive(Debug)]
+pub struct StartError {
+    /// One line for stderr and the log.
+    pub message: String,
+    /// 2 for a problem the operator must fix in the configuration or the data
+    /// directory (such as a data directory of another on-disk format), 1 otherwise.
+    pub status: i32,
+}
+
+impl From<String> for StartError {
+    fn from(message: String) -> StartError {
+        StartError { message, status: 1 }
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Makes the store consistent after whatever stopped the previous incarnation:
+/// objects named by the intent journals get checksums recomputed from their data
+/// (docs/on-disk-format.md, "Crash consistency"). Before any shard starts.
+fn recover_store(data_dir: &Path, direct_io: bool) -> Result<(), String> {
+    let mut reactor = flame_common::reactor::Reactor::new(Default::default())
+        .map_err(|e| format!("cannot create io_uring: {e}"))?;
+    let root = data_dir.to_path_buf();
+    let fs = store::fs::Fs::Real { direct_io };
+    let n = reactor
+        .block_on(async move { store::recover(&fs, &root).await })
+        .map_err(|e| format!("cannot run store recovery: {e}"))?
+        .map_err(|e| format!("store recovery of {} failed: {e}", data_dir.display()))?;
+    if n > 0 {
+        tracing::info!(
+            objects = n,
+            "recomputed checksums of objects written since their last flush"
+        );
+    }
+    Ok(())
+}
+
+/// Runs the OSD described by the configuration file at `config` (defaults when
+/// `None`) until the process is stopped. Returns only on a start-up error.
+pub fn run(config: Option<&Path>) -> Result<(), StartError> {
+    let cfg: OsdConfig = flame_common::config::load(config).map_err(|e| e.to_string())?;
+    let cfg = Arc::new(cfg);
+    raise_open_file_limit();
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
+    let identity = control::Identity::load_or_create(&cfg.data_dir)?;
+    store::layout::open_data_dir(&cfg.data_dir, &identity.uuid, cfg.checksums)
+        .map_err(|message| StartError { message, status: 2 })?;
+    sync_data_fs(&cfg.data_dir)?;
+    let direct_io =
+        store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
+    recover_store(&cfg.data_dir, direct_io)?;
+    let shards = cfg.shard_count();
+    if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
+        // Measured (docs/benchmarks.md): with more spinning threads than cores,
+        // latency rises 20-170x, because the thread that has the work waits for a
+        // spinning one to be descheduled.
+        tracing::warn!(
+            shards,
+            cores = flame_common::config::cores(),
+            "poll_mode: busy spins every shard thread at 100% of a core; use it only when \
+             every spinning thread on this machine (all daemons) has a core of its own"
+        );
+    }
+    tracing::info!(uuid = %identity.uuid, shards, direct_io, data_dir = %cfg.data_dir.display(), "starting");
+
+    let mut listeners = Vec::with_capacity(usize::from(shards));
+    for i in 0..shards {
+        let mut addr = cfg.listen;
+        addr.set_port(cfg.listen.port() + i);
+        let l = Listener::bind(cfg.transport, addr)
+            .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
+        listeners.push(l);
+    }
+    let metrics_addr = flame_common::metrics::serve(cfg.metrics_listen)
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+
+    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
+    let (osd_id, map) = control.boot()?;
+    tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
+    let map = Arc::new(ArcSwap::from_pointee(map));
+    let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
+
+    for (i, listener) in listeners.into_iter().enumerate() {
+        shard_thread::spawn(shard_thread::ShardSetup {
+            id: i as u16,
+            osd: osd_id,
+            listener,
+            map: map.clone(),
+            wanted_epoch: wanted_epoch.clone(),
+            config: cfg.clone(),
+            direct_io,
+        })
+        .map_err(|e| format!("cannot start shard {i}: {e}"))?;
+    }
+    control.run(osd_id, map, wanted_epoch)
+}

@@ -1,0 +1,23 @@
+//! The Flame object storage daemon as a library: `flame-osd`'s `main` only parses
+//! its arguments and calls [`daemon::run`].
+//!
+//! Where a request travels: [`connection`] (accept, HELLO, fencing, bounds) →
+//! [`execute`] (one request, its reply) → [`pg`] (placement-group view and role
+//! checks) → [`replication`] (the primary forwards to the replicas through
+//! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
+//! [`shard_thread`] starts a shard's thread and accepts its connections;
+//! [`shard`] is what one thread owns; [`control`] talks to the manager.
+
+pub mod config;
+pub mod connection;
+pub mod control;
+pub mod daemon;
+pub mod execute;
+pub mod metrics;
+pub mod ordering;
+pub mod peers;
+pub mod pg;
+pub mod replication;
+pub mod shard;
+pub mod shard_thread;
+pub mod store;

@@ -1,0 +1,139 @@
+//! Starting a shard thread and accepting its connections: the thread builds its
+//! [`Shard`] (its io_uring, store, peers, metrics) and then accepts on its own
+//! listener forever, handing each connection to [`crate::connection`] on the same
+//! thread.
+
+use crate::config::OsdConfig;
+use crate::metrics::ShardMetrics;
+use crate::ordering::WriteGate;
+use crate::peers::Peers;
+use crate::pg::MapView;
+use crate::shard::Shard;
+use crate::store::ObjectStore;
+use arc_swap::ArcSwap;
+use flame_common::ids::OsdId;
+use flame_common::map::ClusterMap;
+use flame_common::reactor::{self, Reactor, ReactorConfig};
+use flame_common::transport::{Listener, TransportError};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+/// What a shard thread needs to start.
+pub struct ShardSetup {
+    /// Shard number.
+    pub id: u16,
+    /// This OSD's id.
+    pub osd: OsdId,
+    /// The bound listener of this shard.
+    pub listener: Listener,
+    /// The live map.
+    pub map: Arc<ArcSwap<ClusterMap>>,
+    /// Highest epoch seen in a request; the control thread fetches it.
+    pub wanted_epoch: Arc<AtomicU64>,
+    /// Configuration.
+    pub config: Arc<OsdConfig>,
+    /// Whether `O_DIRECT` works in the data directory.
+    pub direct_io: bool,
+}
+
+/// Starts a shard thread. It runs until the process exits.
+pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("shard-{}", setup.id))
+        .spawn(move || {
+            let id = setup.id;
+            let cfg = setup.config.clone();
+            let mut reactor = match Reactor::new(ReactorConfig {
+                poll_mode: cfg.poll_mode,
+                ..Default::default()
+            }) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(shard = id, "cannot create io_uring: {e}");
+                    std::process::exit(1);
+                }
+            };
+            let metrics = Rc::new(ShardMetrics::new(id));
+            let shard = Rc::new(Shard {
+                id,
+                osd: setup.osd,
+                view: RefCell::new(Rc::new(MapView::new(&setup.map.load()))),
+                map_source: setup.map,
+                wanted_epoch: setup.wanted_epoch,
+                store: ObjectStore::new(
+                    &cfg.data_dir,
+                    id,
+                    crate::store::StoreOptions {
+                        direct_io: setup.direct_io,
+                        open_max: cfg.open_files_per_shard_max as usize,
+                        checksums: cfg.checksums,
+                    },
+                ),
+                gate: Rc::new(WriteGate::default()),
+                peers: Rc::new(Peers::new(
+                    cfg.transport,
+                    Duration::from_millis(cfg.connect_timeout_ms),
+                    Duration::from_millis(cfg.replica_timeout_ms),
+                    metrics.clone(),
+                )),
+                metrics,
+                max_connections: cfg.max_connections_per_shard,
+                max_inflight: cfg.max_inflight_per_connection,
+                connections: Cell::new(0),
+                inflight_bytes: Cell::new(0),
+                inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
+                byte_waiters: RefCell::new(Vec::new()),
+                sessions: RefCell::new(std::collections::HashMap::new()),
+            });
+            if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
+                tracing::error!(shard = id, "reactor failed: {e}");
+                std::process::exit(1);
+            }
+        })
+}
+
+/// How often a shard publishes its reactor's idle-loop counters.
+const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+
+async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
+    let id = shard.id;
+    reactor::spawn(async move {
+        let mut m = crate::metrics::ReactorMetrics::new(id);
+        loop {
+            reactor::sleep(REACTOR_METRICS_INTERVAL).await;
+            m.update(reactor::poll_stats());
+        }
+    })
+    .detach();
+    loop {
+        let conn = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors or memory: back off instead of spinning. Any
+                // other error concerns one connection (it reset before we got to it)
+                // and must not slow down accepting everyone else.
+                let resource = matches!(
+                    &e,
+                    TransportError::Io(io) if matches!(
+                        io.raw_os_error(),
+                        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                    )
+                );
+                tracing::warn!(shard = shard.id, "accept failed: {e}");
+                if resource {
+                    reactor::sleep(Duration::from_millis(100)).await;
+                }
+                continue;
+            }
+        };
+        if shard.connections.get() >= shard.max_connections {
+            tracing::warn!(shard = shard.id, peer = %conn.peer(), "connection limit reached; refusing");
+            conn.close();
+            continue;
+        }
+        reactor::spawn(crate::connection::serve_connection(shard.clone(), conn)).detach();
+    }
+}
