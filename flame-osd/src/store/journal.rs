@@ -27,9 +27,9 @@ pub const JOURNAL_MAGIC: &[u8; 8] = b"FLAMEJNL";
 pub const JOURNAL_HEADER_LEN: u64 = 4096;
 /// Size of one entry.
 pub const ENTRY_LEN: usize = 32;
-/// Entries after which the store flushes everything to reset the journal (soft: a
-/// reset needs a moment with no write in flight, so the journal may grow a little
-/// past this under constant load).
+/// Entries after which the store holds new writes back, lets the ones in flight
+/// finish and flushes everything, which resets the journal (it may exceed this by
+/// the writes that were in flight).
 pub const JOURNAL_ENTRIES_SOFT_MAX: usize = 65_536;
 /// Entries written by one group commit at most.
 const BATCH_MAX: usize = 1024;

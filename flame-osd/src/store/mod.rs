@@ -341,6 +341,13 @@ pub struct ObjectStore {
     /// Write-like operations in flight on this shard (the journal is reset only
     /// when there are none).
     writes_inflight: Cell<u64>,
+    /// Journal entries beyond which a new dirty object makes the store drain and
+    /// flush ([`journal::JOURNAL_ENTRIES_SOFT_MAX`]; lower in tests).
+    journal_max: Cell<usize>,
+    /// New writes wait: the store is draining in-flight writes to reset the journal.
+    draining: Cell<bool>,
+    /// Tasks waiting for the drain to end or for in-flight writes to reach zero.
+    drain_waiters: RefCell<Vec<Waker>>,
 }
 
 /// Marks a write in flight on an object for as long as it lives; on drop the object
@@ -361,9 +368,11 @@ impl Drop for WriteGuard<'_> {
                 w.wake();
             }
         }
-        self.store
-            .writes_inflight
-            .set(self.store.writes_inflight.get() - 1);
+        let left = self.store.writes_inflight.get() - 1;
+        self.store.writes_inflight.set(left);
+        if left == 0 {
+            self.store.wake_drain();
+        }
     }
 }
 
@@ -409,6 +418,9 @@ impl ObjectStore {
             known_dirs: RefCell::new(HashSet::new()),
             absent: RefCell::new(HashSet::new()),
             writes_inflight: Cell::new(0),
+            journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
+            draining: Cell::new(false),
+            drain_waiters: RefCell::new(Vec::new()),
         }
     }
 
@@ -659,13 +671,18 @@ impl ObjectStore {
         &'a self,
         state: &Rc<ObjectState>,
     ) -> Result<WriteGuard<'a>, StoreError> {
+        // Bounded: waits only while another task drains, which ends once the
+        // writes in flight (each bounded by its I/O) are done and a flush ran.
+        while self.draining.get() {
+            self.wait_drain().await;
+        }
         let new_dirty = !self.dirty.borrow().contains_key(&state.object);
-        if self.checksums
-            && new_dirty
-            && (self.dirty.borrow().len() >= self.open_max
-                || self.journal.len() >= journal::JOURNAL_ENTRIES_SOFT_MAX)
-        {
-            // Bounds memory (dirty checksums stay in memory) and the journal.
+        if self.checksums && new_dirty && self.journal.len() >= self.journal_max.get() {
+            // Bounds the journal: a reset needs a moment with no write in flight,
+            // which constant load may never leave, so make one.
+            self.drain_and_flush().await?;
+        } else if self.checksums && new_dirty && self.dirty.borrow().len() >= self.open_max {
+            // Bounds memory: dirty checksums stay in memory until flushed.
             self.flush(None).await?;
         }
         self.writes_inflight.set(self.writes_inflight.get() + 1);
@@ -682,6 +699,46 @@ impl ObjectStore {
             return Err(self.sync_failed("intent journal write", e));
         }
         Ok(guard)
+    }
+
+    /// Holds new writes back, waits for the ones in flight, and flushes everything
+    /// (which then resets the journal).
+    async fn drain_and_flush(&self) -> Result<(), StoreError> {
+        struct Draining<'a>(&'a ObjectStore);
+        impl Drop for Draining<'_> {
+            fn drop(&mut self) {
+                self.0.draining.set(false);
+                self.0.wake_drain();
+            }
+        }
+        self.draining.set(true);
+        let _draining = Draining(self);
+        // Bounded: no new write starts while draining.
+        while self.writes_inflight.get() > 0 {
+            self.wait_drain().await;
+        }
+        self.flush(None).await
+    }
+
+    fn wake_drain(&self) {
+        for w in self.drain_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Waits for the next `wake_drain`.
+    async fn wait_drain(&self) {
+        let mut registered = false;
+        std::future::poll_fn(|cx| {
+            if registered {
+                Poll::Ready(())
+            } else {
+                registered = true;
+                self.drain_waiters.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     fn next_generation(&self) -> u64 {

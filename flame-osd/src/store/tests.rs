@@ -532,6 +532,44 @@ fn dirty_objects_are_bounded_by_flushing() {
     });
 }
 
+#[test]
+fn the_journal_is_bounded_under_constant_concurrent_writes() {
+    // Writes are always in flight, so a flush alone could never reset the journal:
+    // the store holds new writes back until the in-flight ones are done.
+    with_dir(async |root| {
+        let o = StoreOptions {
+            open_max: 1024,
+            ..opts(false, true)
+        };
+        let s = Rc::new(ObjectStore::new(root, 0, o));
+        s.journal_max.set(16);
+        let tasks: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = s.clone();
+                reactor::spawn(async move {
+                    for i in 0..50u64 {
+                        s.write(PG, obj(t * 1000 + i), 0, vec![1; BLOCK], false)
+                            .await
+                            .unwrap();
+                        assert!(s.journal.len() <= 16 + 4, "journal at {}", s.journal.len());
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        for t in 0..4u64 {
+            for i in 0..50u64 {
+                assert_eq!(
+                    s.read(PG, obj(t * 1000 + i), 0, 4).await.unwrap(),
+                    vec![1; 4]
+                );
+            }
+        }
+    });
+}
+
 mod power_loss {
     //! The power-loss simulation: a seeded random workload on the simulated disk,
     //! a power cut after a random number of disk operations, recovery, and a check
