@@ -650,6 +650,10 @@ mod power_loss {
             0,
             opts(false, true),
         ));
+        // Small journal bounds in some runs: resets (and drains) mid-workload.
+        if rng.random_bool(0.5) {
+            store.journal_max.set(rng.random_range(1..4));
+        }
         let mut model = Model::default();
         sim.cut_after(rng.random_range(5..400));
         // Bounded: 60 steps, each a handful of operations.
