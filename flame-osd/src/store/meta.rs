@@ -177,3 +177,24 @@ mod tests {
         assert_eq!(DATA_OFFSET % BLOCK as u64, 0);
     }
 }
+
+#[cfg(test)]
+mod speed {
+    /// crc32c throughput (a measurement, not a check): `cargo test --release -p
+    /// flame-osd crc_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn crc_speed() {
+        let buf = vec![0x5au8; 1 << 20];
+        let t = std::time::Instant::now();
+        let mut x = 0u32;
+        for _ in 0..256 {
+            x ^= crc32c::crc32c(&buf);
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "crc32c: {:.1} GB/s ({x:x})",
+            256.0 * (1 << 20) as f64 / s / 1e9
+        );
+    }
+}
