@@ -8,16 +8,26 @@
 #   deploy/dev-cluster.sh down     stop everything (data and configs are kept)
 #
 # Options (before or after the command):
-#   --dir DIR     cluster directory (default: $FLAME_DEV_DIR, else .flame-dev/ in the
-#                 repository root)
-#   --no-build    `up` without running cargo build first
+#   --dir DIR         cluster directory (default: $FLAME_DEV_DIR, else .flame-dev/ in
+#                     the repository root)
+#   --port-base N     listen on ports N..N+39 instead of the default ports, so two
+#                     dev clusters can run on one machine (each with its own --dir):
+#                     manager N, flame-nbd N+1 (metrics N+2), OSD metrics N+3..N+5,
+#                     osd.K data ports N+10+10K (+1 per shard). Default ports:
+#                     manager 6800, flame-nbd 10809 (metrics 9300), OSD metrics
+#                     9201..9203, osd.K 6900+10K. Fixed when the cluster directory is
+#                     created (its configs hold the ports); later commands reuse it.
+#   --no-build        `up` without running cargo build first
 # Environment:
-#   FLAME_PROFILE     cargo profile of the binaries: release (default) or debug
-#   FLAME_DEV_TIMEOUT seconds `up` waits for the OSDs (default 30)
-#   RUST_LOG          daemon log filter (default info)
+#   FLAME_PROFILE        cargo profile of the binaries: release (default) or debug
+#   FLAME_DEV_TIMEOUT    seconds `up` waits for the OSDs (default 30)
+#   FLAME_DEV_PORT_BASE  same as --port-base
+#   RUST_LOG             daemon log filter (default info)
 #
 # `up` after `down` restarts the same cluster with its data: configs and data
-# directories stay in the cluster directory until you delete it.
+# directories stay in the cluster directory until you delete it. `up` writes
+# DIR/env: `source DIR/env` sets FLAME_MGR, so flame-admin talks to this cluster's
+# manager (needed with --port-base; the default manager is 127.0.0.1:6800).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,22 +35,39 @@ DIR="${FLAME_DEV_DIR:-$REPO/.flame-dev}"
 PROFILE="${FLAME_PROFILE:-release}"
 TIMEOUT_S="${FLAME_DEV_TIMEOUT:-30}"
 BUILD=1
+STARTED_ANY=0 # whether `up` started a daemon (for the hint on failure)
+PORT_BASE="${FLAME_DEV_PORT_BASE:-}"
+PORT_BASE_MIN=1024
+PORT_BASE_MAX=65000 # N+39 must be a port
 
-# Fixed dev-cluster endpoints (see docs/configuration.md).
 HOST=127.0.0.1
-MGR_PORT=6800
-NBD_PORT=10809
-NBD_METRICS_PORT=9300
 OSDS=3
 SHARDS=2
-osd_port() { echo $((6900 + 10 * $1)); }
-osd_metrics_port() { echo $((9201 + $1)); }
 DAEMONS=(mgr osd.0 osd.1 osd.2 nbd)
+
+# Sets the endpoints from PORT_BASE ("" = the default ports; see docs/configuration.md).
+set_ports() {
+    if [[ -z "$PORT_BASE" ]]; then
+        MGR_PORT=6800
+        NBD_PORT=10809
+        NBD_METRICS_PORT=9300
+        OSD_PORT0=6900
+        OSD_METRICS_PORT0=9201
+    else
+        MGR_PORT=$PORT_BASE
+        NBD_PORT=$((PORT_BASE + 1))
+        NBD_METRICS_PORT=$((PORT_BASE + 2))
+        OSD_METRICS_PORT0=$((PORT_BASE + 3))
+        OSD_PORT0=$((PORT_BASE + 10))
+    fi
+}
+osd_port() { echo $((OSD_PORT0 + 10 * $1)); }
+osd_metrics_port() { echo $((OSD_METRICS_PORT0 + $1)); }
 
 die() {
     echo "dev-cluster: error: $*" >&2
-    if [[ "${cmd:-}" == up ]]; then
-        echo "dev-cluster: daemons that did start keep running; see '$0 status', '$0 logs', '$0 down'" >&2
+    if [[ "${cmd:-}" == up ]] && ((STARTED_ANY)); then
+        echo "dev-cluster: daemons that did start keep running; see '$0$(dev_flags) status', '... logs', '... down'" >&2
     fi
     exit 1
 }
@@ -48,6 +75,15 @@ note() { echo "dev-cluster: $*"; }
 
 usage() {
     sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+# A bad command line: say what was wrong first, then the usage; exit status 2.
+usage_error() {
+    echo "dev-cluster: error: $*" >&2
+    echo "dev-cluster: commands: up, down, status, logs (--help for the options)" >&2
+    echo >&2
+    usage >&2
+    exit 2
 }
 
 cmd=""
@@ -63,6 +99,15 @@ while (($#)); do
         DIR="${1#--dir=}"
         shift
         ;;
+    --port-base)
+        (($# >= 2)) || die "--port-base needs a port number"
+        PORT_BASE="$2"
+        shift 2
+        ;;
+    --port-base=*)
+        PORT_BASE="${1#--port-base=}"
+        shift
+        ;;
     --no-build)
         BUILD=0
         shift
@@ -76,16 +121,27 @@ while (($#)); do
         cmd="$1"
         shift
         ;;
+    -*)
+        if [[ "$cmd" == logs ]]; then
+            extra+=("$1")
+            shift
+        else
+            usage_error "unknown option '$1'"
+        fi
+        ;;
     *)
+        [[ -n "$cmd" ]] || usage_error "unknown command '$1'"
         extra+=("$1")
         shift
         ;;
     esac
 done
-[[ -n "$cmd" ]] || {
-    usage >&2
-    exit 2
-}
+[[ -n "$cmd" ]] || usage_error "no command given"
+if [[ -n "$PORT_BASE" ]]; then
+    if ! [[ "$PORT_BASE" =~ ^[0-9]{4,5}$ ]] || ((PORT_BASE < PORT_BASE_MIN || PORT_BASE > PORT_BASE_MAX)); then
+        usage_error "--port-base must be a number from $PORT_BASE_MIN to $PORT_BASE_MAX, not '$PORT_BASE'"
+    fi
+fi
 case "$PROFILE" in
 release | debug) ;;
 *) die "FLAME_PROFILE must be release or debug, not '$PROFILE'" ;;
@@ -99,6 +155,22 @@ case "$DIR" in
 /*) ;;
 *) DIR="$PWD/$DIR" ;;
 esac
+
+# The port base is fixed when the cluster directory is created (its configs hold
+# the ports): remembered in DIR/port-base ("default" for the default ports).
+PORT_BASE_FILE="$DIR/port-base"
+if [[ -f "$PORT_BASE_FILE" ]]; then
+    saved="$(cat "$PORT_BASE_FILE")"
+    [[ "$saved" == default ]] && saved=""
+    if [[ -n "$PORT_BASE" && "$PORT_BASE" != "$saved" ]]; then
+        die "the cluster in $DIR uses $([[ -n "$saved" ]] && echo "port base $saved" || echo "the default ports"), not $PORT_BASE (its configs hold its ports): drop --port-base, or delete $DIR to start afresh"
+    fi
+    PORT_BASE="$saved"
+elif [[ -z "$PORT_BASE" && -f "$DIR/mgr.yaml" ]]; then
+    # A directory made before port bases existed: the default ports.
+    PORT_BASE=""
+fi
+set_ports
 
 binary_of() {
     case "$1" in
@@ -194,7 +266,13 @@ start_daemon() {
         done
     done
     rm -f "$(pidfile "$name")"
-    echo "==== $(date -Is) dev-cluster.sh: starting $name ====" >>"$(logfile "$name")"
+    STARTED_ANY=1
+    # Remember where this run's lines start, so errors show this run only.
+    local log
+    log="$(logfile "$name")"
+    touch "$log"
+    stat -c %s "$log" >"$(logstart "$name")"
+    echo "==== $(date -Is) dev-cluster.sh: starting $name ====" >>"$log"
     # setsid + nohup: the daemon leaves this script's session and survives it. The
     # inner shell writes its own pid, then execs the daemon under that same pid.
     (
@@ -204,54 +282,110 @@ start_daemon() {
             flame-start "run/$name.pid" "$bin" "$name.yaml" \
             >>"logs/$name.log" 2>&1 </dev/null &
     )
-    local i
-    for ((i = 0; i < 100; i++)); do
-        running_pid "$name" >/dev/null && return 0
+    # The inner shell writes the pid file, then execs: once the file is there, a
+    # process that is gone has already exited.
+    local i pid=""
+    for ((i = 0; i < 200; i++)); do
+        running_pid "$name" >/dev/null && break
+        pid="$(cat "$(pidfile "$name")" 2>/dev/null)" || pid=""
+        if [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+            exited "$name" "exited at once"
+        fi
+        sleep 0.02
+    done
+    running_pid "$name" >/dev/null || exited "$name" "did not start"
+    # A daemon with a bad config or a taken port exits at once: wait until it
+    # listens (or dies), so that is reported now, with its own message.
+    local first deadline=$((SECONDS + TIMEOUT_S))
+    case "$name" in
+    mgr) first=$MGR_PORT ;;
+    osd.*) first="$(osd_port "${name#osd.}")" ;;
+    nbd) first=$NBD_PORT ;;
+    esac
+    while ! port_in_use "$first"; do
+        running_pid "$name" >/dev/null || exited "$name" "exited during start-up"
+        ((SECONDS < deadline)) || exited "$name" "does not listen on port $first after ${TIMEOUT_S}s"
         sleep 0.05
     done
-    tail -n 20 "$(logfile "$name")" >&2 || true
-    die "$name did not start (log: $(logfile "$name"))"
+}
+
+logstart() { echo "$DIR/run/$1.logstart"; }
+
+# Prints the lines daemon $1 logged in this run (since `up` started it).
+this_run_log() {
+    local log start=0
+    log="$(logfile "$1")"
+    [[ -f "$log" ]] || return 0
+    if [[ -f "$(logstart "$1")" ]]; then
+        start="$(cat "$(logstart "$1")")"
+        [[ "$start" =~ ^[0-9]+$ ]] || start=0
+    fi
+    tail -c +$((start + 1)) "$log" | tail -n 30
+}
+
+exited() { # name what: shows the daemon's log lines of this run, then dies
+    echo "---- $(logfile "$1"), this run ----" >&2
+    this_run_log "$1" >&2 || true
+    echo "----" >&2
+    die "$1 $2"
 }
 
 check_alive() { # fails loudly if a daemon we started has died
     local name
     for name in "${DAEMONS[@]}"; do
-        if ! running_pid "$name" >/dev/null; then
-            echo "---- last lines of $(logfile "$name") ----" >&2
-            tail -n 30 "$(logfile "$name")" >&2 || true
-            die "$name exited during start-up"
-        fi
+        running_pid "$name" >/dev/null || exited "$name" "exited during start-up"
     done
 }
 
 admin() { "$ADMIN" --mgr "$HOST:$MGR_PORT" "$@"; }
 
-json_number() { # key < json
-    sed -n "s/.*\"$1\": *\([0-9][0-9]*\).*/\1/p" | head -n 1
+
+# Prints "ADDR STATUS" for every OSD the manager knows (from the `osd ls` table:
+# ID HOST ADDR SHARDS WEIGHT STATUS ...).
+osd_table() {
+    admin osd ls 2>/dev/null | awk 'NR > 1 && $1 ~ /^osd\./ { print $3, $6 }'
 }
 
+# Waits until this cluster's OSDs — by address, whatever else the manager knows
+# (an extra OSD someone started, one of another cluster) — are up.
 wait_ready() {
-    local deadline=$((SECONDS + TIMEOUT_S)) up="" out
+    local deadline=$((SECONDS + TIMEOUT_S)) table n addr missing others
     while :; do
         check_alive
-        if out="$(admin status --json 2>/dev/null)"; then
-            up="$(json_number osds_up <<<"$out")"
-            [[ "$up" == "$OSDS" ]] && break
+        missing=()
+        if table="$(osd_table)"; then
+            for ((n = 0; n < OSDS; n++)); do
+                addr="$HOST:$(osd_port "$n")"
+                grep -qx "$addr up" <<<"$table" || missing+=("osd.$n ($addr)")
+            done
+        else
+            missing=("the manager's answer")
         fi
+        ((${#missing[@]} == 0)) && break
         ((SECONDS < deadline)) || {
-            admin status >&2 || true
-            die "only ${up:-0} of $OSDS OSDs up after ${TIMEOUT_S}s (logs: $DIR/logs/)"
+            admin osd ls >&2 || true
+            others="$(awk -v h="$HOST" -v p0="$(osd_port 0)" -v p1="$(osd_port $((OSDS - 1)))" \
+                '{ split($1, a, ":"); if (a[1] != h || a[2] < p0 || a[2] > p1 || (a[2] - p0) % 10) n++ } END { print n + 0 }' <<<"$table")"
+            die "not up after ${TIMEOUT_S}s: ${missing[*]}$( ((others > 0)) && echo "; the manager also knows $others OSD(s) that are not this cluster's") (logs: $DIR/logs/)"
         }
         sleep 0.3
     done
     local p
-    for p in $(ports_of osd.0) $(ports_of osd.1) $(ports_of osd.2) "$NBD_PORT"; do
+    for p in $(ports_of osd.0) $(ports_of osd.1) $(ports_of osd.2) $(ports_of nbd); do
         while ! port_in_use "$p"; do
             check_alive
             ((SECONDS < deadline)) || die "nothing listens on port $p after ${TIMEOUT_S}s (logs: $DIR/logs/)"
             sleep 0.2
         done
     done
+}
+
+# The options that name this cluster, for the commands printed to the user.
+dev_flags() {
+    local f=""
+    [[ "$DIR" == "$REPO/.flame-dev" ]] || f+=" --dir $DIR"
+    [[ -z "$PORT_BASE" ]] || f+=" --port-base $PORT_BASE"
+    echo "$f"
 }
 
 print_usage_info() {
@@ -276,19 +410,20 @@ Use the 4 GiB volume "demo" (NBD export name = volume name):
       dd if=/dev/urandom of=mnt/nbd bs=1M count=16 conv=notrunc,fsync
       losetup --find --show mnt/nbd   # then mkfs.ext4 /dev/loopN and mount it (as root)
       fusermount3 -u mnt              # when done
-  nbd-client -N demo $HOST /dev/nbd0    # on a host with the nbd module (modprobe nbd; port 10809 is the default)
+  nbd-client -N demo $HOST $NBD_PORT /dev/nbd0    # on a host with the nbd module (modprobe nbd)
   qemu-system-x86_64 ... -drive file=nbd://$HOST:$NBD_PORT/demo,format=raw,cache=none
 
-Administer it (flame-admin talks to $HOST:$MGR_PORT by default):
-  export PATH="$BIN:\$PATH"
+Administer it (flame-admin talks to 127.0.0.1:6800 unless FLAME_MGR or --mgr says
+otherwise; $DIR/env sets FLAME_MGR=$HOST:$MGR_PORT):
+  export PATH="$BIN:\$PATH"; source $DIR/env
   flame-admin status
   flame-admin osd ls
   flame-admin volume create vm1 --size 10G
   flame-admin volume ls
   flame-admin locate demo 4M
-  flame-admin bench demo
+  flame-admin volume create scratch --size 4G && flame-admin bench scratch --rw randwrite
 
-  deploy/dev-cluster.sh status | logs | down
+  deploy/dev-cluster.sh$(dev_flags) status | logs | down
 EOF
 }
 
@@ -296,15 +431,40 @@ cmd_up() {
     local name pid started=0
     if ((BUILD)); then
         note "building $PROFILE binaries (cargo build --bins)..."
-        local flags=(--bins --quiet)
+        # cargo's own progress (Compiling ... lines): a first build takes minutes.
+        local flags=(--bins)
         [[ "$PROFILE" == release ]] && flags+=(--release)
         (cd "$REPO" && cargo build "${flags[@]}") || die "cargo build failed"
     fi
     for name in flame-mgr flame-osd flame-nbd flame-admin; do
         [[ -x "$BIN/$name" ]] || die "$BIN/$name missing: build it (cargo build --bins, with --release for FLAME_PROFILE=release)"
     done
+    # Every port a daemon still to start needs must be free before any starts: an
+    # OSD must never register with another cluster's manager on our manager's port.
+    local p busy=()
+    for name in "${DAEMONS[@]}"; do
+        running_pid "$name" >/dev/null && continue
+        for p in $(ports_of "$name"); do
+            port_in_use "$p" && busy+=("$p ($name)")
+        done
+    done
+    if ((${#busy[@]})); then
+        # A daemon stopped a moment ago may hold its ports a little longer.
+        sleep 1
+        busy=()
+        for name in "${DAEMONS[@]}"; do
+            running_pid "$name" >/dev/null && continue
+            for p in $(ports_of "$name"); do
+                port_in_use "$p" && busy+=("$p ($name)")
+            done
+        done
+        ((${#busy[@]} == 0)) || die "ports in use by another process: ${busy[*]}. Another dev cluster? Give this one its own ports: $0 --dir OTHER_DIR --port-base N up (e.g. N = 17000; see --help)"
+    fi
     mkdir -p "$DIR/logs" "$DIR/run"
+    [[ -f "$PORT_BASE_FILE" ]] || echo "${PORT_BASE:-default}" >"$PORT_BASE_FILE"
     write_configs
+    printf '%s\n' "# Generated by deploy/dev-cluster.sh: source it to point flame-admin at this cluster." \
+        "export FLAME_MGR=$HOST:$MGR_PORT" >"$DIR/env"
     for name in "${DAEMONS[@]}"; do
         if pid="$(running_pid "$name")"; then
             note "$name already running (pid $pid)"
@@ -313,15 +473,6 @@ cmd_up() {
         start_daemon "$name"
         started=$((started + 1))
         note "started $name (pid $(running_pid "$name"), log $(logfile "$name"))"
-        if [[ "$name" == mgr ]]; then
-            # OSDs register with the manager at boot: give it a moment to listen.
-            local i
-            for ((i = 0; i < 100; i++)); do
-                port_in_use "$MGR_PORT" && break
-                check_alive_one mgr
-                sleep 0.1
-            done
-        fi
     done
     ((started > 0)) || note "cluster in $DIR is already running"
     note "waiting up to ${TIMEOUT_S}s for $OSDS OSDs to be up..."
@@ -333,13 +484,12 @@ cmd_up() {
         note "created volume demo (4 GiB)"
     fi
     print_usage_info
+    if [[ -n "$PORT_BASE" ]]; then
+        echo
+        note "this cluster's manager is $HOST:$MGR_PORT: run 'source $DIR/env' (sets FLAME_MGR) or pass --mgr $HOST:$MGR_PORT to flame-admin"
+    fi
 }
 
-check_alive_one() {
-    running_pid "$1" >/dev/null && return 0
-    tail -n 30 "$(logfile "$1")" >&2 || true
-    die "$1 exited during start-up"
-}
 
 cmd_down() {
     [[ -d "$DIR" ]] || die "no cluster directory $DIR"

@@ -9,10 +9,13 @@
 #   4. cargo test -p flame-common --features rdma rdma (RDMA must compile everywhere;
 #      its device discovery must answer cleanly without hardware)
 #   5. smoke test of deploy/dev-cluster.sh: up, flame-admin status, qemu-io through
-#      flame-nbd, down, up again (same data), down
+#      flame-nbd, down, up again (same data), down — in a temporary directory with
+#      its own port base (ports 16800..16839 by default), so it runs beside a
+#      default dev cluster (deploy/dev-cluster.sh up, ports 6800 etc.)
 #
-# Environment: FLAME_TEST_SKIP_SMOKE=1 skips step 5 (for a machine whose dev-cluster
-# ports 6800/69x0/920x/9300/10809 are taken).
+# Environment: FLAME_SMOKE_PORT_BASE=N moves the smoke cluster to ports N..N+39 (for
+# two test runs at once, or a machine where 16800..16839 are taken);
+# FLAME_TEST_SKIP_SMOKE=1 skips step 5.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,7 +100,8 @@ if [[ "${FLAME_TEST_SKIP_SMOKE:-0}" == 1 ]]; then
 else
     section "dev cluster smoke test (deploy/dev-cluster.sh)"
     SMOKE_DIR="$(mktemp -d /tmp/flame-smoke.XXXXXX)"
-    DEV=(deploy/dev-cluster.sh --dir "$SMOKE_DIR")
+    SMOKE_PORT_BASE="${FLAME_SMOKE_PORT_BASE:-16800}"
+    DEV=(deploy/dev-cluster.sh --dir "$SMOKE_DIR" --port-base "$SMOKE_PORT_BASE")
     cleanup() {
         "${DEV[@]}" down >/dev/null 2>&1 || true
         rm -rf "$SMOKE_DIR"
@@ -108,13 +112,23 @@ else
         "${DEV[@]}" logs >&2 || true
         die "$*"
     }
-    ADMIN="${CARGO_TARGET_DIR:-$REPO/target}/release/flame-admin"
-    URI=nbd://127.0.0.1:10809/demo
+    ADMIN="${CARGO_TARGET_DIR:-$REPO/target}/${FLAME_PROFILE:-release}/flame-admin"
+    URI="nbd://127.0.0.1:$((SMOKE_PORT_BASE + 1))/demo"
+    # A bad command line names what is wrong and exits 2 before touching anything.
+    bad_rc=0
+    bad_out="$("${DEV[@]}" frobnicate 2>&1)" || bad_rc=$?
+    if ((bad_rc != 2)) || ! grep -q "unknown command 'frobnicate'" <<<"$bad_out"; then
+        smoke_fail "an unknown command must be named (exit $bad_rc): $bad_out"
+    fi
 
     "${DEV[@]}" up || smoke_fail "dev-cluster.sh up"
     "${DEV[@]}" up >/dev/null || smoke_fail "dev-cluster.sh up on a running cluster must succeed"
     "${DEV[@]}" status || smoke_fail "dev-cluster.sh status"
-    # No flags: flame-admin must find the dev cluster's manager by default.
+    # No --mgr: flame-admin finds this cluster's manager through the env file `up`
+    # writes (FLAME_MGR).
+    # shellcheck source=/dev/null
+    source "$SMOKE_DIR/env" || smoke_fail "dev-cluster.sh up wrote no $SMOKE_DIR/env"
+    [[ "${FLAME_MGR:-}" == "127.0.0.1:$SMOKE_PORT_BASE" ]] || smoke_fail "env file sets FLAME_MGR=${FLAME_MGR:-} (want 127.0.0.1:$SMOKE_PORT_BASE)"
     "$ADMIN" status || smoke_fail "flame-admin status"
     status_json="$("$ADMIN" status --json)" || smoke_fail "flame-admin status --json"
     grep -Eq '"osds_up": *3' <<<"$status_json" || smoke_fail "expected 3 OSDs up: $status_json"
@@ -127,6 +141,15 @@ else
         -c 'read -P 0xab 0 1M' \
         -c 'read -P 0xcd 4190208 8192' \
         -c 'read -P 0 1048576 4096' || smoke_fail "qemu-io write/read through flame-nbd"
+
+    # The README's benchmark runs on a scratch volume; `demo` now holds data, so a
+    # write benchmark on it is refused.
+    if "$ADMIN" bench demo --rw randwrite --runtime 1s >/dev/null 2>&1; then
+        smoke_fail "a write benchmark overwrote volume demo, which holds data"
+    fi
+    "$ADMIN" volume create scratch --size 1G || smoke_fail "volume create scratch"
+    "$ADMIN" bench scratch --rw randwrite --bs 4k --iodepth 8 --runtime 1s || smoke_fail "bench scratch"
+    "$ADMIN" volume rm scratch || smoke_fail "volume rm scratch"
 
     "${DEV[@]}" down || smoke_fail "dev-cluster.sh down"
     if "${DEV[@]}" status >/dev/null 2>&1; then smoke_fail "status after down says running"; fi

@@ -39,7 +39,8 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    fn is_write(self) -> bool {
+    /// Whether the pattern writes (and so destroys what the volume held).
+    pub fn is_write(self) -> bool {
         matches!(self, Pattern::Write | Pattern::Randwrite)
     }
 
@@ -121,7 +122,10 @@ pub struct BenchReport {
 fn blocks_for(cfg: &BenchConfig, volume_size: u64) -> Result<u64, ClientError> {
     let bad = |m: String| Err(ClientError::InvalidArgument(m));
     if cfg.block_bytes == 0 || cfg.block_bytes > BLOCK_BYTES_MAX {
-        return bad(format!("--bs must be 1..={BLOCK_BYTES_MAX} bytes"));
+        return bad(format!(
+            "--bs must be 1 byte to {} ({BLOCK_BYTES_MAX} bytes)",
+            crate::admin::size::describe_size(BLOCK_BYTES_MAX)
+        ));
     }
     if cfg.iodepth == 0 || cfg.iodepth > IODEPTH_MAX {
         return bad(format!("--iodepth must be 1..={IODEPTH_MAX}"));
@@ -129,15 +133,113 @@ fn blocks_for(cfg: &BenchConfig, volume_size: u64) -> Result<u64, ClientError> {
     if cfg.runtime.is_zero() || cfg.runtime > RUNTIME_MAX {
         return bad("--runtime must be more than 0 and at most 24h".into());
     }
-    let region = cfg.size_limit.unwrap_or(volume_size).min(volume_size);
+    let region = region_bytes(cfg, volume_size);
     let blocks = region / cfg.block_bytes;
     if blocks == 0 {
         return bad(format!(
-            "the region ({region} bytes) is smaller than one block ({} bytes)",
-            cfg.block_bytes
+            "the region ({}) is smaller than one block ({})",
+            crate::admin::size::describe_size(region),
+            crate::admin::size::describe_size(cfg.block_bytes)
         ));
     }
     Ok(blocks)
+}
+
+/// Bytes read at the start and at the end of the region when looking for data:
+/// partition tables (MBR, GPT and its backup at the end), file-system superblocks
+/// (ext4, XFS, Btrfs at 64 KiB), LVM and swap labels all live there.
+pub const DATA_CHECK_EDGE_BYTES: u64 = 1 << 20;
+/// Bytes read at the start of each sampled object.
+pub const DATA_CHECK_OBJECT_BYTES: u64 = 4096;
+/// Objects sampled at most (evenly spread); a 4 GiB volume of 4 MiB objects has
+/// 1024, so each of its objects is sampled. At most 4 MiB + 2 × 1 MiB of reads.
+pub const DATA_CHECK_OBJECTS_MAX: u64 = 1024;
+/// Sample reads in flight at once.
+const DATA_CHECK_IODEPTH: usize = 16;
+
+/// Where [`find_data`] reads: `(offset, length)` ranges inside the first
+/// `region_bytes` of a volume of `object_bytes` objects, in ascending order.
+pub fn data_check_samples(region_bytes: u64, object_bytes: u64) -> Vec<(u64, u64)> {
+    let mut ranges = Vec::new();
+    if region_bytes == 0 {
+        return ranges;
+    }
+    let edge = DATA_CHECK_EDGE_BYTES.min(region_bytes);
+    ranges.push((0, edge));
+    let object_bytes = object_bytes.max(1);
+    let objects = region_bytes.div_ceil(object_bytes);
+    let sampled = objects.min(DATA_CHECK_OBJECTS_MAX);
+    for i in 0..sampled {
+        // Evenly spread: object i × objects / sampled (all of them when sampled == objects).
+        let index = (u128::from(i) * u128::from(objects) / u128::from(sampled)) as u64;
+        let start = index * object_bytes;
+        if start < edge {
+            continue;
+        }
+        ranges.push((start, DATA_CHECK_OBJECT_BYTES.min(region_bytes - start)));
+    }
+    let tail = region_bytes.saturating_sub(DATA_CHECK_EDGE_BYTES).max(edge);
+    if tail < region_bytes {
+        ranges.push((tail, region_bytes - tail));
+    }
+    ranges
+}
+
+/// Looks for data a write benchmark would destroy: reads the samples of
+/// [`data_check_samples`] and returns the offset of the first non-zero byte found,
+/// or `None` if every sampled byte is zero.
+///
+/// This is a sample, not a proof: cheap (at most about 6 MiB of reads), and it
+/// catches every partitioned or formatted volume, since partition tables and file
+/// systems always write their first blocks; it misses data written only at places
+/// it does not read. Never-written blocks read as zeroes, so a new volume passes.
+pub async fn find_data(volume: &Volume, region_bytes: u64) -> Result<Option<u64>, ClientError> {
+    let region = region_bytes.min(volume.size());
+    let samples = Rc::new(data_check_samples(region, u64::from(volume.object_size())));
+    let found: Rc<Cell<Option<u64>>> = Rc::new(Cell::new(None));
+    let error: Rc<RefCell<Option<ClientError>>> = Rc::new(RefCell::new(None));
+    let tasks: Vec<_> = (0..DATA_CHECK_IODEPTH)
+        .map(|t| {
+            let (volume, samples, found, error) = (
+                volume.clone(),
+                samples.clone(),
+                found.clone(),
+                error.clone(),
+            );
+            reactor::spawn(async move {
+                for &(offset, len) in samples.iter().skip(t).step_by(DATA_CHECK_IODEPTH) {
+                    if error.borrow().is_some() {
+                        return;
+                    }
+                    match volume.read_at(offset, len as usize).await {
+                        Ok(bytes) => {
+                            if let Some(i) = bytes.iter().position(|&b| b != 0) {
+                                let at = offset + i as u64;
+                                found.set(Some(found.get().map_or(at, |f| f.min(at))));
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            error.borrow_mut().get_or_insert(e);
+                            return;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await;
+    }
+    if let Some(e) = error.borrow_mut().take() {
+        return Err(e);
+    }
+    Ok(found.get())
+}
+
+/// The bytes a run with `cfg` may write: the start of the volume, up to `--size-limit`.
+pub fn region_bytes(cfg: &BenchConfig, volume_size: u64) -> u64 {
+    cfg.size_limit.unwrap_or(volume_size).min(volume_size)
 }
 
 /// Shared state of the worker tasks (one thread, so `Rc`/`Cell`).
@@ -271,6 +373,35 @@ mod tests {
             size_limit: None,
             seed: 1,
         }
+    }
+
+    #[test]
+    fn data_check_samples_cover_edges_and_objects() {
+        let mib = 1u64 << 20;
+        // 4 GiB of 4 MiB objects: the first MiB, then every object from the second
+        // on, then the last MiB.
+        let s = data_check_samples(4 << 30, 4 * mib);
+        assert_eq!(s[0], (0, mib));
+        assert_eq!(s[1], (4 * mib, 4096));
+        assert_eq!(s.len(), 1 + 1023 + 1);
+        assert_eq!(*s.last().unwrap(), ((4 << 30) - mib, mib));
+        assert!(
+            s.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
+            "sorted, disjoint"
+        );
+        let total: u64 = s.iter().map(|r| r.1).sum();
+        assert!(total <= 2 * mib + DATA_CHECK_OBJECTS_MAX * 4096);
+        // A huge volume: still at most 1024 objects sampled, spread to the end.
+        let s = data_check_samples(1 << 50, 4 * mib);
+        assert!(s.len() <= 1026);
+        assert!(s[s.len() - 2].0 > (1 << 50) - (1 << 50) / 512);
+        // Smaller than the edges: one range, the whole region.
+        assert_eq!(data_check_samples(8192, 4 * mib), vec![(0, 8192)]);
+        assert_eq!(
+            data_check_samples(mib + 4096, 4 * mib),
+            vec![(0, mib), (mib, 4096)]
+        );
+        assert!(data_check_samples(0, 4 * mib).is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::deadline::Deadline;
 use crate::metrics;
 use crate::retry::RetryReason;
 use flame_common::ids::{Epoch, OsdId, RequestId};
-use flame_common::protocol::{Message, OpCode, status};
+use flame_common::protocol::{self, Message, OpCode, Versions, status};
 use flame_common::reactor;
 use flame_common::transport::{Conn, TransportKind};
 use futures_channel::oneshot;
@@ -81,10 +81,19 @@ pub(crate) struct Reply {
     pub status: i32,
     /// The OSD's map epoch.
     pub epoch: Epoch,
-    /// Hello: the OSD's shard count.
-    pub info: u32,
+    /// A HELLO reply's body: the OSD's protocol versions and shard count.
+    pub hello: Option<HelloInfo>,
     /// Read data.
     pub data: Vec<u8>,
+}
+
+/// What a HELLO reply tells about the OSD.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HelloInfo {
+    /// The protocol versions the OSD speaks.
+    pub versions: Versions,
+    /// The OSD's shard count.
+    pub shards: u16,
 }
 
 type Waiter = oneshot::Sender<Result<Reply, ConnError>>;
@@ -289,24 +298,54 @@ async fn reader(c: Rc<OsdConn>) {
     let _guard = ReaderGuard(c.clone());
     loop {
         let msg = c.conn.recv().await;
-        let err = match msg {
+        let answer = match msg {
             Ok(Message::Reply {
                 op,
                 id,
                 epoch,
                 status,
-                info,
                 data,
-            }) => {
+            }) => Ok((
+                op,
+                id,
+                Reply {
+                    status,
+                    epoch,
+                    hello: None,
+                    data,
+                },
+            )),
+            Ok(Message::HelloReply {
+                id,
+                epoch,
+                status,
+                versions,
+                shards,
+                ..
+            }) => Ok((
+                OpCode::Hello,
+                id,
+                Reply {
+                    status,
+                    epoch,
+                    hello: Some(HelloInfo { versions, shards }),
+                    data: Vec::new(),
+                },
+            )),
+            Ok(other) => Err(other),
+            Err(e) => {
+                // A peer of another protocol version is named in the error (both
+                // versions), which becomes the connection's failure message.
+                c.fail(&ConnError::lost(format!("{}: {e}", c.addr)));
+                return;
+            }
+        };
+        let err = match answer {
+            Ok((op, id, reply)) => {
                 let entry = c.pending.borrow_mut().remove(&id.0);
                 match entry {
                     Some((want, tx)) if want == op => {
-                        let _ = tx.send(Ok(Reply {
-                            status,
-                            epoch,
-                            info,
-                            data,
-                        }));
+                        let _ = tx.send(Ok(reply));
                         c.wake_slot_waiters();
                         continue;
                     }
@@ -324,12 +363,11 @@ async fn reader(c: Rc<OsdConn>) {
                     None => continue,
                 }
             }
-            Ok(other) => ConnError::lost(format!(
+            Err(other) => ConnError::lost(format!(
                 "{} sent a {} request to a client",
                 c.addr,
                 other.op().name()
             )),
-            Err(e) => ConnError::lost(format!("{}: {e}", c.addr)),
         };
         c.fail(&err);
         return;
@@ -445,6 +483,7 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
     let hello = Message::Hello {
         id,
         epoch: target.epoch,
+        versions: protocol::VERSIONS,
         shard: target.key.shard,
         peer: false,
         session: session_of(&target.key),
@@ -459,15 +498,29 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
             "{} is not shard {} of {}: our map is stale",
             target.addr, target.key.shard, target.key.osd
         ))
+    } else if reply.status == status::EPROTONOSUPPORT {
+        let theirs = reply
+            .hello
+            .map_or_else(|| "unknown".to_string(), |h| h.versions.to_string());
+        let e = ConnError::lost(format!(
+            "{} refused the hello: it speaks Flame protocol version {theirs}, this client speaks {}",
+            target.addr,
+            protocol::VERSIONS
+        ));
+        tracing::error!("{}", e.message);
+        c.fail(&e);
+        return Err(e);
     } else if reply.status != status::OK {
         Some(format!(
             "{} refused the hello: status {}",
             target.addr, reply.status
         ))
-    } else if reply.info != u32::from(target.shards) {
+    } else if reply.hello.map(|h| h.shards) != Some(target.shards) {
         Some(format!(
-            "{} has {} shards, our map says {}: our map is stale",
-            target.addr, reply.info, target.shards
+            "{} has {:?} shards, our map says {}: our map is stale",
+            target.addr,
+            reply.hello.map(|h| h.shards),
+            target.shards
         ))
     } else {
         None

@@ -22,8 +22,8 @@ use crate::join::try_join_bounded;
 use crate::metrics::{self, Op};
 use crate::retry::{Backoff, RetryReason, Verdict, classify};
 use crate::split::Piece;
-use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, RequestId, VolumeId};
-use flame_common::map::{ClusterMap, OsdInfo};
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
+use flame_common::map::{ClusterMap, OsdInfo, PoolConfig};
 use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, flags};
 use flame_common::reactor;
@@ -269,12 +269,15 @@ async fn piece_try(
             epoch,
             target: io,
             flags: 0,
+            remote: None,
         },
         PieceOp::Write { data, fua } => Message::Write {
             id,
             epoch,
             target: io,
             flags: fua_flag(*fua),
+            seq: PgSeq(0),
+            remote: None,
             data: std::mem::take(data),
         },
         PieceOp::WriteZeroes { fua } => Message::WriteZeroes {
@@ -282,12 +285,14 @@ async fn piece_try(
             epoch,
             target: io,
             flags: fua_flag(*fua),
+            seq: PgSeq(0),
         },
         PieceOp::Discard => Message::Discard {
             id,
             epoch,
             target: io,
             flags: 0,
+            seq: PgSeq(0),
         },
     };
     let result = exchange(&target, &mut msg).await;
@@ -375,6 +380,7 @@ async fn shard_call(
                     id,
                     epoch,
                     flags: 0,
+                    volume,
                 },
             };
             let attempt = async {
@@ -416,33 +422,102 @@ async fn shard_call(
     }
 }
 
-/// Flushes every shard of every OSD that is `in`.
+/// Most objects of a volume [`volume_pgs`] hashes to find its placement groups before
+/// it gives up and takes all of them (a bound on the work of one flush: with `n`
+/// placement groups, about `n·ln n` objects cover them all, far below this).
+const PG_SCAN_OBJECTS_PER_PG_MAX: u64 = 64;
+
+/// The placement groups that can hold objects of a volume of `size_bytes` bytes:
+/// those of objects `0..ceil(size / object_size)`. If that is more objects than
+/// [`PG_SCAN_OBJECTS_PER_PG_MAX`] per placement group and they have not covered every
+/// placement group by then, every placement group (a superset is always safe).
+pub(crate) fn volume_pgs(volume: VolumeId, size_bytes: u64, pool: &PoolConfig) -> Vec<PgId> {
+    let pg_count = pool.pg_count;
+    let objects = size_bytes.div_ceil(u64::from(pool.object_size.max(1)));
+    let scan_max = u64::from(pg_count).saturating_mul(PG_SCAN_OBJECTS_PER_PG_MAX);
+    let mut seen = vec![false; pg_count as usize];
+    let mut found = 0u32;
+    for index in 0..objects.min(scan_max) {
+        let pg = placement::object_pg(ObjectId { volume, index }, pg_count);
+        if let Some(s) = seen.get_mut(pg.0 as usize)
+            && !*s
+        {
+            *s = true;
+            found += 1;
+            if found == pg_count {
+                break;
+            }
+        }
+    }
+    if objects > scan_max && found < pg_count {
+        seen.iter_mut().for_each(|s| *s = true);
+    }
+    (0..pg_count)
+        .filter(|&pg| seen[pg as usize])
+        .map(PgId)
+        .collect()
+}
+
+/// The (OSD, shard) pairs that hold a placement group of `volume` under `map`, as
+/// primary or replica: the targets of the volume's FLUSH.
+///
+/// `size_bytes` overrides the volume's size in the map: a shrink's trim flushes
+/// the objects past the new end, whose groups the new size may no longer reach.
+pub(crate) fn volume_flush_targets(
+    map: &ClusterMap,
+    volume: VolumeId,
+    size_bytes: Option<u64>,
+) -> Vec<(OsdId, u16)> {
+    // A volume no longer in the map: its size is unknown, so take every PG.
+    let size = size_bytes.unwrap_or_else(|| map.volume_by_id(volume).map_or(u64::MAX, |v| v.size));
+    let table = placement::PgTable::new(map);
+    let mut targets = std::collections::BTreeSet::new();
+    for pg in volume_pgs(volume, size, &map.pool) {
+        for osd in table.osds(pg) {
+            if let Some(info) = map.osds.get(osd) {
+                targets.insert((*osd, info.shard_of(pg)));
+            }
+        }
+    }
+    targets.into_iter().collect()
+}
+
+/// Flushes one volume: sends FLUSH(volume) to every shard that holds one of the
+/// volume's placement groups, as primary or replica, and waits for all of them.
 ///
 /// Why this is enough for NBD's `CAN_MULTI_CONN` ("a flush on any connection covers
-/// every write completed on any connection before it"): a write is acknowledged to
-/// a client only after every OSD of its acting set has applied it, and an OSD shard
-/// answers Flush only once every write it has applied — as primary or replica, from
-/// any connection of any client — is stable. Acting sets only contain `in` OSDs, so
-/// flushing all shards of all `in` OSDs covers every completed write, whichever
-/// client thread or connection carried it. (A write whose OSD was marked `out`
-/// between the write and the flush is covered by recovery, not by this flush.)
-pub(crate) async fn flush_all(cluster: &Cluster) -> Result<(), ClientError> {
+/// every write completed on any connection before it"): a write of this volume is
+/// acknowledged to a client only after every OSD of its placement group's acting set
+/// has applied it, on the shard that owns that placement group, and that shard
+/// answers FLUSH(volume) only once every write of the volume it has applied — as
+/// primary or replica, from any connection of any client — is stable. The targets
+/// are every (OSD, owning shard) of every acting set of every placement group the
+/// volume's objects hash to, so they cover every completed write of the volume,
+/// whichever client thread or connection carried it. (A write whose acting set
+/// changed between the write and the flush — an OSD marked `out`, or `in` — is
+/// covered by recovery, not by this flush; see docs/protocol.md.)
+pub(crate) async fn flush_volume(cluster: &Cluster, volume: VolumeId) -> Result<(), ClientError> {
+    flush_volume_objects(cluster, volume, None).await
+}
+
+/// [`flush_volume`] over the objects of the first `size_bytes` bytes of the volume
+/// (`None`: its size in the map).
+pub(crate) async fn flush_volume_objects(
+    cluster: &Cluster,
+    volume: VolumeId,
+    size_bytes: Option<u64>,
+) -> Result<(), ClientError> {
     let started = Instant::now();
     let deadline = started + cluster.config().io_timeout();
     let map = cluster.map();
-    let targets: Vec<(OsdId, u16)> = map
-        .osds
-        .values()
-        .filter(|o| o.r#in)
-        .flat_map(|o| (0..o.shards.max(1)).map(move |s| (o.id, s)))
-        .collect();
+    let targets = volume_flush_targets(&map, volume, size_bytes);
     let res = try_join_bounded(targets, SHARD_CALLS_WINDOW, |(osd, shard)| {
         shard_call(
             cluster,
             osd,
             shard,
             OpCode::Flush,
-            VolumeId(0),
+            volume,
             WhenDown::Wait,
             deadline,
         )
@@ -500,4 +575,47 @@ pub(crate) async fn delete_volume_objects(
 /// Deadline of a request starting now.
 pub(crate) fn deadline_from_now(cluster: &Cluster) -> Instant {
     Instant::now() + cluster.config().io_timeout()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(pg_count: u32) -> PoolConfig {
+        PoolConfig {
+            size: 3,
+            min_size: 2,
+            pg_count,
+            object_size: 4 << 20,
+        }
+    }
+
+    #[test]
+    fn volume_pgs_are_those_of_its_objects() {
+        let p = pool(128);
+        let v = VolumeId(9);
+        assert!(volume_pgs(v, 0, &p).is_empty());
+        // One object (even a partial one): its placement group only.
+        let one = volume_pgs(v, 1, &p);
+        assert_eq!(
+            one,
+            vec![placement::object_pg(
+                ObjectId {
+                    volume: v,
+                    index: 0
+                },
+                128
+            )]
+        );
+        // Ten objects: exactly the set of their placement groups.
+        let mut want: Vec<PgId> = (0..10)
+            .map(|index| placement::object_pg(ObjectId { volume: v, index }, 128))
+            .collect();
+        want.sort();
+        want.dedup();
+        assert_eq!(volume_pgs(v, 10 * (4 << 20) - 1, &p), want);
+        // A huge volume covers every placement group, found within the scan bound.
+        assert_eq!(volume_pgs(v, 1 << 50, &p).len(), 128);
+        assert_eq!(volume_pgs(v, u64::MAX, &p).len(), 128);
+    }
 }

@@ -43,6 +43,7 @@ mod join;
 pub mod metrics;
 pub mod mgr_client;
 pub mod nbd;
+pub mod resize;
 pub mod retry;
 pub mod split;
 pub mod volume;

@@ -8,7 +8,9 @@
 
 use crate::error::ClientError;
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
-use flame_common::mgr_api::{ApiError, ClusterStatus, OsdStatus, VolumeCreate, VolumeResize};
+use flame_common::mgr_api::{
+    ApiError, ClusterStatus, OsdStatus, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::time::Duration;
@@ -124,7 +126,21 @@ impl MgrClient {
         self.post("/v1/volumes", &body)
     }
 
-    /// Resizes a volume; shrinking needs `allow_shrink` (data past the end is lost).
+    /// The pending trim of a shrunk volume, if any (see [`crate::resize`]).
+    pub fn volume_trim(&self, name: &str) -> Result<VolumeTrim, ClientError> {
+        check_name(name)?;
+        self.get(&format!("/v1/volumes/{name}/trim"), CALL_TIMEOUT)
+    }
+
+    /// Reports a trim done on every copy; answers what is still pending.
+    pub fn trim_done(&self, name: &str, done: &TrimDone) -> Result<VolumeTrim, ClientError> {
+        check_name(name)?;
+        self.post(&format!("/v1/volumes/{name}/trim"), done)
+    }
+
+    /// Resizes a volume in the map only; shrinking needs `allow_shrink`. A shrink
+    /// leaves a pending trim that [`crate::resize::resize_volume`] (which callers
+    /// should use instead) completes.
     pub fn resize_volume(
         &self,
         name: &str,

@@ -259,10 +259,10 @@ impl Volume {
     }
 
     /// Makes every write completed before this call — on any connection, by any
-    /// client thread — stable on every copy. See `io::flush_all` for why this is
+    /// client thread — stable on every copy. See `io::flush_volume` for why this is
     /// what lets flame-nbd advertise `NBD_FLAG_CAN_MULTI_CONN`.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        io::flush_all(&self.cluster).await
+        io::flush_volume(&self.cluster, self.id).await
     }
 }
 

@@ -410,21 +410,70 @@ fn epoch_mismatch_triggers_refresh_and_retry() {
 }
 
 #[test]
-fn flush_reaches_every_shard_of_every_in_osd() {
+fn flush_reaches_every_shard_holding_the_volume_and_no_other() {
     let fake = FakeCluster::start(3, 2, small_pool(2), MIB);
     fake.update_map(|m| m.osds.get_mut(&OsdId(2)).unwrap().r#in = false);
     let cluster = connect(&fake);
+    let map = fake.map.lock().unwrap().clone();
+    let vol_id = map.volumes["vol"].id;
     run(async move {
         let vol = cluster.open_volume("vol").await.unwrap();
         vol.write_at(0, b"data", false).await.unwrap();
         vol.flush().await.unwrap();
     });
-    for id in [0, 1] {
+    // Expected: the owning shard of every acting-set member of every placement
+    // group of the volume's objects, computed independently of the client.
+    let table = flame_common::placement::PgTable::new(&map);
+    let objects = map.volumes["vol"]
+        .size
+        .div_ceil(u64::from(map.pool.object_size));
+    let mut expect: std::collections::BTreeMap<u32, std::collections::BTreeSet<u16>> =
+        Default::default();
+    for index in 0..objects {
+        let (pg, osds) = table.locate(flame_common::ids::ObjectId {
+            volume: vol_id,
+            index,
+        });
+        for o in osds {
+            expect
+                .entry(o.0)
+                .or_default()
+                .insert(map.osds[o].shard_of(pg));
+        }
+    }
+    assert!(!expect.is_empty());
+    for id in [0u32, 1, 2] {
         let f = fake.osd(OsdId(id)).state.flushes.lock().unwrap().clone();
-        assert_eq!(f.get(&0), Some(&1), "osd.{id}: {f:?}");
-        assert_eq!(f.get(&1), Some(&1), "osd.{id}: {f:?}");
+        let got: std::collections::BTreeSet<u16> = f.keys().copied().collect();
+        assert_eq!(
+            got,
+            expect.get(&id).cloned().unwrap_or_default(),
+            "osd.{id}: flushed shards {f:?}"
+        );
+        assert!(f.values().all(|&n| n == 1), "osd.{id}: {f:?}");
     }
     assert!(fake.osd(OsdId(2)).state.flushes.lock().unwrap().is_empty());
+}
+
+#[test]
+fn flush_of_a_small_volume_skips_shards_without_its_pgs() {
+    // A volume of one object lives in one placement group: its flush must reach
+    // that group's acting set only (2 OSDs × 1 shard), not all 3 × 4 shards.
+    let fake = FakeCluster::start(3, 4, small_pool(2), MIB);
+    let object_size = u64::from(fake.map.lock().unwrap().pool.object_size);
+    fake.update_map(|m| m.volumes.get_mut("vol").unwrap().size = object_size);
+    let cluster = connect(&fake);
+    run(async move {
+        let vol = cluster.open_volume("vol").await.unwrap();
+        vol.flush().await.unwrap();
+    });
+    let total: usize = (0..3)
+        .map(|i| fake.osd(OsdId(i)).state.flushes.lock().unwrap().len())
+        .sum();
+    assert_eq!(
+        total, 2,
+        "a one-object volume's flush reached {total} shards"
+    );
 }
 
 #[test]

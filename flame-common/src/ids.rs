@@ -35,6 +35,17 @@ pub struct Epoch(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct RequestId(pub u64);
 
+/// Position of a write in its placement group's order, assigned by the primary.
+///
+/// Carried in every protocol-v2 write header so that recovery can order and
+/// de-duplicate the writes of a placement group; `PgSeq(0)` means "not assigned"
+/// (every sender sends 0 until recovery lands).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct PgSeq(pub u64);
+
 /// One fixed-size object of a volume: bytes `[index * object_size, (index+1) * object_size)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ObjectId {
@@ -53,7 +64,7 @@ macro_rules! display_inner {
         }
     )*};
 }
-display_inner!(OsdId => "osd.{}", VolumeId => "vol.{}", PgId => "pg.{}", Epoch => "e{}", RequestId => "req.{}");
+display_inner!(OsdId => "osd.{}", VolumeId => "vol.{}", PgId => "pg.{}", Epoch => "e{}", RequestId => "req.{}", PgSeq => "seq.{}");
 
 impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

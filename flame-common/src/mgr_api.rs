@@ -10,12 +10,14 @@
 //! | GET | `/v1/map` | → [`crate::map::ClusterMap`] |
 //! | GET | `/v1/status` | → [`ClusterStatus`] |
 //! | GET | `/v1/osds` | → `Vec<`[`OsdStatus`]`>` |
-//! | POST | `/v1/osd/boot` | [`OsdBoot`] → [`OsdBootReply`] |
+//! | POST | `/v1/osd/boot` | [`OsdBoot`] → [`OsdBootReply`]; 409 if the OSD belongs to another cluster or its address is held by another up OSD |
 //! | POST | `/v1/osd/heartbeat` | [`OsdHeartbeat`] → [`HeartbeatReply`] |
 //! | GET | `/v1/volumes` | → `Vec<`[`crate::map::VolumeInfo`]`>` |
 //! | POST | `/v1/volumes` | [`VolumeCreate`] → `VolumeInfo` |
 //! | GET | `/v1/volumes/{name}` | → `VolumeInfo` |
 //! | POST | `/v1/volumes/{name}/resize` | [`VolumeResize`] → `VolumeInfo` |
+//! | GET | `/v1/volumes/{name}/trim` | → [`VolumeTrim`] (the shrink whose trim is pending, if any) |
+//! | POST | `/v1/volumes/{name}/trim` | [`TrimDone`] → [`VolumeTrim`] |
 //! | DELETE | `/v1/volumes/{name}` | → `VolumeInfo` (the removed volume) |
 //! | GET | `/metrics` | → Prometheus text |
 
@@ -48,6 +50,13 @@ pub struct OsdBoot {
     pub weight: f64,
     /// Metrics endpoint.
     pub metrics_addr: Option<SocketAddr>,
+    /// The cluster id recorded in the OSD's data directory (`None` for a directory
+    /// that never joined a cluster). The manager refuses a boot whose fsid is not its
+    /// own *before* recording anything, so an OSD of another cluster never becomes a
+    /// ghost entry in this map. Absent in requests from older OSDs (treated as
+    /// `None`).
+    #[serde(default)]
+    pub fsid: Option<String>,
 }
 
 /// The manager's answer to [`OsdBoot`].
@@ -99,6 +108,12 @@ pub struct OsdStatus {
     pub last_heartbeat_ms_ago: Option<u64>,
     /// Placement groups whose acting set includes this OSD.
     pub pgs: u32,
+    /// No heartbeat since the manager started: `used_bytes`/`capacity_bytes` are
+    /// placeholders (0) and `up` is only what the map last recorded. Right after an
+    /// OSD boots and after every manager restart, until its first heartbeat.
+    /// (Absent from older managers: then false.)
+    #[serde(default)]
+    pub awaiting_first_report: bool,
 }
 
 /// `flame-admin status`.
@@ -128,6 +143,11 @@ pub struct ClusterStatus {
     pub capacity_bytes: u64,
     /// Pool settings.
     pub pool: crate::map::PoolConfig,
+    /// OSDs of the map not heard from since the manager started (see
+    /// [`OsdStatus::awaiting_first_report`]): `used_bytes` and `capacity_bytes`
+    /// leave them out, and their `up` is only the last recorded state.
+    #[serde(default)]
+    pub osds_awaiting_first_report: u32,
 }
 
 /// Creates a volume.
@@ -149,30 +169,41 @@ pub struct VolumeResize {
     pub allow_shrink: bool,
 }
 
-/// Parses a size such as `4G`, `512M`, `10GiB`, `4096` (binary units; bytes if no
-/// suffix). Shared by the CLI and the configuration.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (e.g. 10G, 512M)"))?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        "P" | "PB" | "PIB" => 50,
-        _ => {
-            return Err(format!(
-                "`{text}`: unknown unit `{unit}` (use K, M, G, T, P)"
-            ));
-        }
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))
+/// Bytes `[from, to)` of a volume that a shrink cut off and that may still hold old
+/// data on some copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrimRange {
+    /// The volume's size after the shrink (the first byte to remove).
+    pub from: u64,
+    /// The largest size the volume had before (the end of the old bytes).
+    pub to: u64,
+}
+
+/// A volume's pending trim (`GET`/`POST /v1/volumes/{name}/trim`).
+///
+/// A shrink takes effect for I/O at once (the map carries the new size), but the
+/// old bytes past the new end are still on the OSDs until a client removes them on
+/// every copy. Until then the manager keeps the range here (persisted), refuses to
+/// grow the volume — a grow would expose the old bytes where zeroes are promised —
+/// and reports it in health. `flame-admin volume resize` completes the trim before
+/// it returns and before it grows a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeTrim {
+    /// The volume (ids are never reused, so a trim can never apply to another).
+    pub volume: crate::ids::VolumeId,
+    /// What remains to be removed; `None` when nothing is pending.
+    pub pending: Option<TrimRange>,
+}
+
+/// A client reporting that it removed `range` of `volume` on every copy and made
+/// that stable (flushed).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrimDone {
+    /// The volume trimmed.
+    pub volume: crate::ids::VolumeId,
+    /// The range removed. Clears the pending trim only if it covers all of it (a
+    /// shrink that came in meanwhile widened the pending range).
+    pub range: TrimRange,
 }
 
 /// Formats bytes with a binary unit, for tables.
@@ -197,12 +228,6 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
-        assert_eq!(parse_size("10GiB").unwrap(), 10 << 30);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("4X").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999P").is_err());
         assert_eq!(format_size(4 << 30), "4.0 GiB");
     }
 }

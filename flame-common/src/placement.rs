@@ -2,11 +2,19 @@
 //!
 //! Every client and OSD runs this same function over the same map, so they agree on
 //! where an object lives without asking anyone. OSDs are chosen by rendezvous
-//! hashing with straw2 draws (each OSD draws `ln(u)/weight` from a hash of the PG and
-//! its id; the highest draws win), which has the property CRUSH's straw2 is known
+//! hashing with straw2 draws (each OSD draws `log2(u)/weight` from a hash of the PG
+//! and its id; the highest draws win), which has the property CRUSH's straw2 is known
 //! for: adding or removing one OSD moves only the placement groups that OSD wins or
 //! held — about its weight share — and nothing else. Copies go to distinct hosts
 //! first; only when there are fewer hosts than copies do two copies share a host.
+//!
+//! **No floating point.** Two machines whose math libraries round `ln()` differently
+//! would place an object differently, and a client would then write where the OSDs
+//! do not look. So, like Ceph's `crush_ln`, the draw is computed in fixed point: the
+//! logarithm by an exact integer algorithm ([`log2_q44`]), the weight as a 16.16
+//! fixed-point integer ([`weight_q16`]), the division in `i128`. Every step is
+//! integer arithmetic with one defined result on every machine; golden-value tests
+//! pin both the logarithm and whole acting sets.
 
 use crate::ids::{ObjectId, OsdId, PgId};
 use crate::map::ClusterMap;
@@ -29,12 +37,70 @@ pub fn object_pg(object: ObjectId, pg_count: u32) -> PgId {
     PgId((hash2(object.volume.0, object.index) % u64::from(pg_count)) as u32)
 }
 
-/// straw2 draw of `osd` for `pg`: `ln(u) / weight` with `u` uniform in (0, 1].
-fn straw2_draw(pg: PgId, osd: OsdId, weight: f64) -> f64 {
+/// Fractional bits of [`log2_q44`]'s result (as Ceph's `crush_ln`, which returns
+/// `2^44 · log2(x)`).
+pub const LOG2_FRAC_BITS: u32 = 44;
+
+/// `log2(x) · 2^44`, truncated, for `x ≥ 1` (0 for `x = 0`, which callers never
+/// pass), in integer arithmetic only.
+///
+/// The integer part is the position of the highest set bit. The fraction is
+/// produced one bit at a time by the classic squaring method: with the mantissa
+/// `m ∈ [1, 2)` held in Q1.63, `log2(m²) = 2·log2(m)`, so squaring shifts the
+/// fraction left one bit, and `m² ≥ 2` says that bit is 1 (then halve `m`). Each
+/// squaring truncates to 63 fraction bits; the result is within a few units of the
+/// last place of the true value and, above all, identical on every machine. Ceph
+/// reaches the same goal with lookup tables over a 16-bit input; this needs no
+/// table, takes any 64-bit input (so draws from different OSDs rarely tie), and
+/// costs 44 128-bit multiplications — about 0.1 µs, paid per (PG, OSD) once per
+/// map epoch ([`PgTable`]).
+pub fn log2_q44(x: u64) -> u64 {
+    if x == 0 {
+        return 0;
+    }
+    let int_part = 63 - x.leading_zeros();
+    // Mantissa in [1, 2) as a Q1.63 fixed-point number (< 2^64).
+    let mut m: u128 = u128::from(x) << (63 - int_part);
+    let mut frac: u64 = 0;
+    for _ in 0..LOG2_FRAC_BITS {
+        // m < 2^64, so m² < 2^128: no overflow.
+        m = (m * m) >> 63;
+        frac <<= 1;
+        if m >= 1u128 << 64 {
+            frac |= 1;
+            m >>= 1;
+        }
+    }
+    (u64::from(int_part) << LOG2_FRAC_BITS) | frac
+}
+
+/// A weight as a 16.16 fixed-point integer, as CRUSH stores weights. The map
+/// carries weights as JSON numbers; multiplying by 2^16 is exact in IEEE-754 and
+/// rounding to an integer has one defined result, so this is the only place a float
+/// is touched, and it is deterministic. Weights below 2^-17 round to 0 (no data);
+/// absurdly large ones saturate.
+pub fn weight_q16(weight: f64) -> u64 {
+    if weight.is_nan() || weight <= 0.0 {
+        return 0;
+    }
+    // `as` saturates at u64::MAX for huge values.
+    (weight * 65536.0).round() as u64
+}
+
+/// Bits of the hash used as the straw2 uniform variable `u ∈ [1, 2^48]`.
+const DRAW_BITS: u32 = 48;
+
+/// straw2 draw of `osd` for `pg`: `log2(u / 2^48) / weight` in fixed point, with `u`
+/// uniform in `[1, 2^48]` — a non-positive number; the highest draw wins. (CRUSH uses
+/// `ln`; `log2 = ln / ln 2` ranks the same.)
+fn straw2_draw(pg: PgId, osd: OsdId, weight_q16: u64) -> i128 {
+    debug_assert!(weight_q16 > 0, "zero-weight OSDs draw nothing");
     let h = hash2(u64::from(pg.0) | (1 << 40), u64::from(osd.0));
-    // 53 bits of the hash → uniform in (0, 1]; never 0, so ln is finite.
-    let u = ((h >> 11) + 1) as f64 / (1u64 << 53) as f64;
-    u.ln() / weight
+    let u = (h >> (64 - DRAW_BITS)) + 1;
+    // log2(u) ≤ 48 · 2^44 < 2^50: the difference fits i128 (and i64) easily.
+    let ln = i128::from(log2_q44(u)) - (i128::from(DRAW_BITS) << LOG2_FRAC_BITS);
+    // Scale by 2^16 before dividing by the 16.16 weight, keeping 44 fraction bits.
+    (ln << 16) / i128::from(weight_q16.max(1))
 }
 
 /// The ordered acting set of `pg`: primary first, then the replicas; at most
@@ -45,14 +111,17 @@ fn straw2_draw(pg: PgId, osd: OsdId, weight: f64) -> f64 {
 /// of being answered by an OSD that lacks the data.
 pub fn pg_osds(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
     let size = map.pool.size as usize;
-    let mut ranked: Vec<(f64, OsdId, &str)> = map
+    let mut ranked: Vec<(i128, OsdId, &str)> = map
         .osds
         .values()
-        .filter(|o| o.r#in && o.weight > 0.0)
-        .map(|o| (straw2_draw(pg, o.id, o.weight), o.id, o.host.as_str()))
+        .filter(|o| o.r#in)
+        .filter_map(|o| {
+            let w = weight_q16(o.weight);
+            (w > 0).then(|| (straw2_draw(pg, o.id, w), o.id, o.host.as_str()))
+        })
         .collect();
-    // Highest draw first; ties (practically impossible) broken by id for determinism.
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    // Highest draw first; ties (rare: 48-bit draws) broken by id for determinism.
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut chosen: Vec<OsdId> = Vec::with_capacity(size);
     let mut hosts: Vec<&str> = Vec::with_capacity(size);
     for &(_, id, host) in &ranked {
@@ -168,6 +237,168 @@ mod tests {
             r#in: true,
             metrics_addr: None,
         }
+    }
+
+    /// `floor(log2(x) · 2^44)` computed independently with 80-digit decimal
+    /// arithmetic (Python's `decimal`), for checking accuracy.
+    const LOG2_TRUE: [(u64, u64); 15] = [
+        (1, 0),
+        (2, 17592186044416),
+        (3, 27882955186109),
+        (5, 40847791027014),
+        (10, 58439977071430),
+        (255, 140638152966037),
+        (256, 140737488355328),
+        (1000, 175319931214292),
+        (65535, 281474589437200),
+        (65536, 281474976710656),
+        (1 << 32, 562949953421312),
+        ((1 << 48) - 1, 844424930131967),
+        (1 << 48, 844424930131968),
+        (123456789, 472867949738911),
+        (u64::MAX, 1125899906842623),
+    ];
+
+    #[test]
+    fn log2_is_accurate() {
+        for (x, truth) in LOG2_TRUE {
+            let got = log2_q44(x);
+            assert!(
+                got.abs_diff(truth) <= 4,
+                "log2_q44({x}) = {got}, true value {truth}"
+            );
+        }
+        // Exact at powers of two, monotonic on a sweep.
+        for k in 0u32..64 {
+            assert_eq!(log2_q44(1u64 << k), u64::from(k) << LOG2_FRAC_BITS);
+        }
+        let mut prev = 0;
+        for x in 1..100_000u64 {
+            let v = log2_q44(x);
+            assert!(v >= prev, "log2_q44 not monotonic at {x}");
+            prev = v;
+        }
+    }
+
+    /// Golden values: the exact integers this implementation returns. They must
+    /// never change — a change moves objects in every cluster — so any edit to
+    /// `log2_q44` that alters one of them is a placement-format change.
+    #[test]
+    fn log2_golden_values() {
+        const GOLDEN: [(u64, u64); 8] = [
+            (3, 27882955186109),
+            (10, 58439977071430),
+            (1000, 175319931214292),
+            (65535, 281474589437200),
+            (123456789, 472867949738911),
+            ((1 << 48) - 1, 844424930131967),
+            (0xdead_beef_cafe, 840885729242285),
+            (u64::MAX, 1125899906842623),
+        ];
+        for (x, want) in GOLDEN {
+            assert_eq!(log2_q44(x), want, "log2_q44({x})");
+        }
+    }
+
+    /// The fixed-point draw ranks OSDs as the former floating-point draw
+    /// (`ln(u)/weight` with a 53-bit `u`) did on this machine, so clusters placed by
+    /// the old code keep their placement (barring draws within rounding of a tie).
+    #[test]
+    fn agrees_with_the_float_formula() {
+        fn float_sets(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
+            let mut ranked: Vec<(f64, OsdId, &str)> = map
+                .osds
+                .values()
+                .filter(|o| o.r#in && o.weight > 0.0)
+                .map(|o| {
+                    let h = hash2(u64::from(pg.0) | (1 << 40), u64::from(o.id.0));
+                    let u = ((h >> 11) + 1) as f64 / (1u64 << 53) as f64;
+                    (u.ln() / o.weight, o.id, o.host.as_str())
+                })
+                .collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut chosen = Vec::new();
+            let mut hosts = Vec::new();
+            for &(_, id, host) in &ranked {
+                if chosen.len() < map.pool.size as usize && !hosts.contains(&host) {
+                    chosen.push(id);
+                    hosts.push(host);
+                }
+            }
+            chosen
+        }
+        let mut w = map_with(12, 2);
+        w.osds.get_mut(&OsdId(0)).unwrap().weight = 2.0;
+        w.osds.get_mut(&OsdId(5)).unwrap().weight = 0.5;
+        w.osds.get_mut(&OsdId(9)).unwrap().weight = 1.75;
+        let mut differ = 0;
+        for pg in 0..4096 {
+            if float_sets(&w, PgId(pg)) != pg_osds(&w, PgId(pg)) {
+                differ += 1;
+            }
+        }
+        assert_eq!(differ, 0, "{differ} of 4096 placement groups moved");
+    }
+
+    /// The hazard itself: nothing in the placement code (outside tests) may use a
+    /// floating-point function whose result depends on the math library. The one
+    /// float operation left, [`weight_q16`]'s exact scaling and rounding, is
+    /// IEEE-754-defined.
+    #[test]
+    fn no_libm_functions_in_placement() {
+        let src = include_str!("placement.rs");
+        let code = &src[..src.find("#[cfg(test)]").unwrap()];
+        for f in [
+            ".ln(", ".log2(", ".log10(", ".exp(", ".powf(", ".sqrt(", "ln_1p",
+        ] {
+            assert!(!code.contains(f), "placement code calls {f}");
+        }
+    }
+
+    #[test]
+    fn weights_are_fixed_point() {
+        assert_eq!(weight_q16(1.0), 0x1_0000);
+        assert_eq!(weight_q16(0.5), 0x8000);
+        assert_eq!(weight_q16(2.25), 0x2_4000);
+        assert_eq!(weight_q16(0.0), 0);
+        assert_eq!(weight_q16(-1.0), 0);
+        assert_eq!(weight_q16(f64::NAN), 0);
+        assert_eq!(weight_q16(1e-9), 0);
+        assert_eq!(weight_q16(f64::INFINITY), u64::MAX);
+    }
+
+    /// Golden acting sets: (map, pg) → OSDs, pinned. Any change to hashing, the
+    /// logarithm, weights or tie-breaking that moves a placement group shows here.
+    #[test]
+    fn placement_golden_values() {
+        let m = map_with(4, 3);
+        let got: Vec<Vec<u32>> = [0u32, 1, 2, 3, 100, 511, 1023]
+            .iter()
+            .map(|&pg| pg_osds(&m, PgId(pg)).iter().map(|o| o.0).collect())
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                vec![11, 7, 3],
+                vec![1, 7, 5],
+                vec![0, 3, 9],
+                vec![5, 2, 7],
+                vec![9, 5, 8],
+                vec![9, 4, 8],
+                vec![0, 3, 6],
+            ]
+        );
+        let mut w = map_with(6, 1);
+        w.osds.get_mut(&OsdId(0)).unwrap().weight = 2.0;
+        w.osds.get_mut(&OsdId(5)).unwrap().weight = 0.5;
+        let got: Vec<Vec<u32>> = [0u32, 7, 42, 999]
+            .iter()
+            .map(|&pg| pg_osds(&w, PgId(pg)).iter().map(|o| o.0).collect())
+            .collect();
+        assert_eq!(
+            got,
+            vec![vec![3, 2, 0], vec![0, 4, 3], vec![3, 4, 0], vec![3, 1, 5]]
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use flame_common::ids::Epoch;
 use flame_common::mgr_api::{
-    ApiError, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, VolumeCreate, VolumeResize,
+    ApiError, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, TrimDone, VolumeCreate,
+    VolumeResize,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -142,6 +143,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
+        .route(
+            "/v1/volumes/{name}/trim",
+            get(get_volume_trim).post(volume_trim_done),
+        )
         .route("/metrics", get(get_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -313,6 +318,37 @@ async fn resize_volume(
         vol.name, vol.size
     );
     Ok(ok_json(&vol))
+}
+
+async fn get_volume_trim(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let name = path_name(name)?;
+    let (state, _) = shared.snapshot().await?;
+    Ok(ok_json(&state.volume_trim(&name)?))
+}
+
+async fn volume_trim_done(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+    ApiJson(req): ApiJson<TrimDone>,
+) -> Result<Response, HttpError> {
+    let name = path_name(name)?;
+    let (trim, epoch) = shared
+        .commit(move |s, _| Ok((s.trim_done(&name, &req)?, s.epoch())))
+        .await?;
+    match trim.pending {
+        None => info!(
+            "{}: shrink trimmed on every copy (map {epoch})",
+            trim.volume
+        ),
+        Some(t) => info!(
+            "{}: trim reported, but {}..{} is still pending (map {epoch})",
+            trim.volume, t.from, t.to
+        ),
+    }
+    Ok(ok_json(&trim))
 }
 
 async fn delete_volume(

@@ -49,7 +49,17 @@ fn main() -> ExitCode {
     let args = Args::parse();
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
-    match run(args) {
+    // A bad config is the operator's to fix, not a crash: one plain line on stderr
+    // (no log prefix) and exit status 2, the same for all three daemons, so a
+    // supervisor or script can tell it from a run-time failure (status 1).
+    let config: MgrConfig = match flame_common::config::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flame-mgr: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("flame-mgr: {e}");
@@ -123,8 +133,7 @@ fn load_or_create(config: &MgrConfig, store: &Store) -> Result<PersistedState, B
     Ok(state)
 }
 
-fn run(args: Args) -> Result<(), BoxError> {
-    let config: MgrConfig = flame_common::config::load(args.config.as_deref())?;
+fn run(config: MgrConfig) -> Result<(), BoxError> {
     let store = Store::open(&config.data_dir)?;
     let persisted = load_or_create(&config, &store)?;
     let metrics = metrics::Metrics::new()?;

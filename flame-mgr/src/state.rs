@@ -15,11 +15,13 @@ use flame_common::map::{
     ClusterMap, OsdInfo, PoolConfig, VOLUME_SIZE_MAX, VolumeInfo, validate_volume_name,
 };
 use flame_common::mgr_api::{
-    ClusterStatus, OsdBoot, OsdHeartbeat, OsdStatus, VolumeCreate, VolumeResize,
+    ClusterStatus, OsdBoot, OsdHeartbeat, OsdStatus, TrimDone, TrimRange, VolumeCreate,
+    VolumeResize, VolumeTrim,
 };
 use flame_common::placement::pg_osds;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
@@ -76,6 +78,11 @@ pub struct PersistedState {
     /// Id the next volume gets. Only ever grows, so a deleted volume's id (which
     /// names its objects on the OSDs) is never reused.
     pub next_volume_id: u64,
+    /// Shrunk volumes whose old bytes past the new end may still be on some copy
+    /// (see [`flame_common::mgr_api::VolumeTrim`]). While a volume is here it cannot
+    /// grow. Absent in state files of older managers (= nothing pending).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pending_trims: BTreeMap<VolumeId, TrimRange>,
 }
 
 impl PersistedState {
@@ -87,6 +94,7 @@ impl PersistedState {
             osd_uuids: BTreeMap::new(),
             next_osd_id: 0,
             next_volume_id: 1,
+            pending_trims: BTreeMap::new(),
         }
     }
 
@@ -137,6 +145,17 @@ impl PersistedState {
                 ));
             }
         }
+        for (id, t) in &self.pending_trims {
+            let Some(vol) = self.map.volume_by_id(*id) else {
+                return Err(format!("pending trim of {id}, which is not a volume"));
+            };
+            if t.from != vol.size || t.to <= t.from {
+                return Err(format!(
+                    "pending trim {}..{} of volume {} (size {}) is inconsistent",
+                    t.from, t.to, vol.name, vol.size
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -154,6 +173,11 @@ pub struct OsdRuntime {
     pub used_bytes: u64,
     /// Last reported file-system bytes.
     pub capacity_bytes: u64,
+    /// Whether a heartbeat (which carries the two figures above) has arrived since
+    /// the manager started. Until then the figures are placeholders (0), and `up`
+    /// is only the state the map last recorded: status shows "waiting for first
+    /// report" rather than `0 B used of 0 B`.
+    pub usage_reported: bool,
 }
 
 /// The manager's whole in-memory state: the persisted part plus heartbeat data.
@@ -184,6 +208,7 @@ impl ClusterState {
                         heard: false,
                         used_bytes: 0,
                         capacity_bytes: 0,
+                        usage_reported: false,
                     },
                 )
             })
@@ -222,9 +247,41 @@ impl ClusterState {
     /// Idempotent: booting again with the same settings changes nothing and leaves
     /// the epoch alone. An existing OSD keeps its in/out state (an operator's "out"
     /// survives restarts); a new one starts in.
+    ///
+    /// Refused, before anything is recorded (so a refused OSD leaves no trace in the
+    /// map):
+    /// * an OSD whose data directory belongs to another cluster (`req.fsid`);
+    /// * an OSD whose data ports overlap those of another OSD that is **up**: two
+    ///   processes cannot both be reached at one address, and a map naming two live
+    ///   OSDs there would send one's I/O to the other. When the holder is *down*
+    ///   the boot is allowed — this is how an OSD legitimately moves, e.g. a disk
+    ///   replaced by a fresh data directory on the same host and port — and the
+    ///   down holder can no longer come back up at that address (its boot and
+    ///   heartbeats are refused while the new OSD is up). Down OSDs are never
+    ///   contacted, so sharing an address with one routes nothing wrongly.
     pub fn boot(&mut self, req: &OsdBoot, now: Instant) -> Result<OsdId, StateError> {
         validate_boot(req)?;
+        if let Some(fsid) = &req.fsid
+            && *fsid != self.persisted.map.fsid
+        {
+            return Err(StateError::Conflict(format!(
+                "this OSD's data directory belongs to cluster {fsid}, but this manager runs \
+                 cluster {}: refusing to register it. Point the OSD at its own cluster's \
+                 manager, or give it an empty data directory to join this cluster.",
+                self.persisted.map.fsid
+            )));
+        }
         let known = self.persisted.osd_uuids.get(&req.uuid).copied();
+        if let Some(holder) = self.live_osd_at(req.addr, req.shards, known) {
+            let held = holder.shard_addr(0);
+            return Err(StateError::Conflict(format!(
+                "address {} ({} shard ports) overlaps {} at {held} ({} shard ports), which is \
+                 up: refusing to register a second OSD there. Give this OSD another listen \
+                 port, or stop {} first (once the manager marks it down this OSD may take \
+                 the address).",
+                req.addr, req.shards, holder.id, holder.shards, holder.id
+            )));
+        }
         let id = match known {
             Some(id) => {
                 if let Some(asked) = req.id
@@ -306,10 +363,23 @@ impl ClusterState {
             heard: true,
             used_bytes: 0,
             capacity_bytes: 0,
+            usage_reported: false,
         });
         rt.last_heartbeat = now;
         rt.heard = true;
         Ok(id)
+    }
+
+    /// An up OSD other than `me` whose shard ports (`addr.port()` up to
+    /// `+ shards - 1` on the same IP) overlap `[addr, addr + shards)`.
+    fn live_osd_at(&self, addr: SocketAddr, shards: u16, me: Option<OsdId>) -> Option<&OsdInfo> {
+        let lo = u32::from(addr.port());
+        let hi = lo + u32::from(shards.max(1));
+        self.persisted.map.osds.values().find(|o| {
+            let o_lo = u32::from(o.addr.port());
+            let o_hi = o_lo + u32::from(o.shards.max(1));
+            Some(o.id) != me && o.up && o.addr.ip() == addr.ip() && lo < o_hi && o_lo < hi
+        })
     }
 
     /// Records a heartbeat (`POST /v1/osd/heartbeat`); a down OSD comes back up.
@@ -335,17 +405,34 @@ impl ClusterState {
             }
         };
         let came_up = !osd.up;
+        if came_up {
+            let (addr, shards) = (osd.addr, osd.shards);
+            if let Some(holder) = self.live_osd_at(addr, shards, Some(hb.id)) {
+                // Another OSD took the address while this one was down: coming back
+                // up here would put two live OSDs at one address. The OSD answers
+                // NotFound by booting again, which is refused with the reason.
+                return Err(StateError::NotFound(format!(
+                    "{}'s address {addr} is now held by {}, which is up; boot again",
+                    hb.id, holder.id
+                )));
+            }
+        }
+        let Some(osd) = self.persisted.map.osds.get_mut(&hb.id) else {
+            return Err(StateError::NotFound(format!("{} is not registered", hb.id)));
+        };
         osd.up = true;
         let rt = self.runtime.entry(hb.id).or_insert(OsdRuntime {
             last_heartbeat: now,
             heard: true,
             used_bytes: 0,
             capacity_bytes: 0,
+            usage_reported: false,
         });
         rt.last_heartbeat = now;
         rt.heard = true;
         rt.used_bytes = hb.used_bytes;
         rt.capacity_bytes = hb.capacity_bytes;
+        rt.usage_reported = true;
         if came_up {
             info!("{} heartbeat: marked up", hb.id);
             self.bump_epoch();
@@ -420,6 +507,12 @@ impl ClusterState {
     /// Changes a volume's size (`POST /v1/volumes/{name}/resize`). Shrinking loses
     /// the data past the new end, so it needs `allow_shrink`. Resizing to the
     /// current size is a no-op and keeps the epoch.
+    ///
+    /// A shrink takes effect for I/O at once and records the cut-off range as a
+    /// pending trim (persisted with the map, in the same epoch): the old bytes stay
+    /// on the OSDs until a client removes them and reports it ([`Self::trim_done`]).
+    /// Growing a volume with a pending trim is refused, so no crash or failure
+    /// between the shrink and the trim can let a later grow expose old bytes.
     pub fn resize_volume(
         &mut self,
         name: &str,
@@ -435,6 +528,19 @@ impl ClusterState {
         if req.size == vol.size {
             return Ok(vol.clone());
         }
+        let pending = self.persisted.pending_trims.get(&vol.id).copied();
+        if req.size > vol.size
+            && let Some(t) = pending
+        {
+            return Err(StateError::Conflict(format!(
+                "volume {name} was shrunk to {} bytes, but the old bytes up to {} have not \
+                 been removed from every OSD yet; growing it now would show them where \
+                 zeroes are promised. Finish the trim first (`flame-admin volume resize \
+                 {name} --size {} --allow-shrink` completes it; it needs every OSD \
+                 holding the volume up), then grow.",
+                t.from, t.to, t.from
+            )));
+        }
         if req.size < vol.size && !req.allow_shrink {
             return Err(StateError::Invalid(format!(
                 "shrinking volume {name} from {} to {} bytes discards the data past the new end; \
@@ -442,10 +548,60 @@ impl ClusterState {
                 vol.size, req.size
             )));
         }
+        if req.size < vol.size {
+            // The range to remove: from the new end to the largest end any data
+            // may have had (an earlier pending trim may reach further).
+            let to = pending.map_or(vol.size, |t| t.to.max(vol.size));
+            self.persisted
+                .pending_trims
+                .insert(vol.id, TrimRange { from: req.size, to });
+        }
         vol.size = req.size;
         let out = vol.clone();
         self.bump_epoch();
         Ok(out)
+    }
+
+    /// The pending trim of volume `name` (`GET /v1/volumes/{name}/trim`).
+    pub fn volume_trim(&self, name: &str) -> Result<VolumeTrim, StateError> {
+        let vol = self
+            .persisted
+            .map
+            .volumes
+            .get(name)
+            .ok_or_else(|| no_such_volume(name))?;
+        Ok(VolumeTrim {
+            volume: vol.id,
+            pending: self.persisted.pending_trims.get(&vol.id).copied(),
+        })
+    }
+
+    /// Records that a client removed `done.range` of the volume on every copy
+    /// (`POST /v1/volumes/{name}/trim`). Clears the pending trim (one epoch) only if
+    /// the range covers it; otherwise (a further shrink came in meanwhile) it stays
+    /// and the reply shows what is left.
+    pub fn trim_done(&mut self, name: &str, done: &TrimDone) -> Result<VolumeTrim, StateError> {
+        let vol = self
+            .persisted
+            .map
+            .volumes
+            .get(name)
+            .ok_or_else(|| no_such_volume(name))?;
+        if vol.id != done.volume {
+            return Err(StateError::Conflict(format!(
+                "volume {name} is {} now, not {}: it was removed and created again",
+                vol.id, done.volume
+            )));
+        }
+        let id = vol.id;
+        if let Some(t) = self.persisted.pending_trims.get(&id).copied()
+            && done.range.from <= t.from
+            && done.range.to >= t.to
+        {
+            self.persisted.pending_trims.remove(&id);
+            self.bump_epoch();
+        }
+        self.volume_trim(name)
     }
 
     /// Removes a volume from the map (`DELETE /v1/volumes/{name}`) and returns it.
@@ -458,6 +614,8 @@ impl ClusterState {
             .volumes
             .remove(name)
             .ok_or_else(|| no_such_volume(name))?;
+        // Its objects are gone (the caller deleted them first): nothing to trim.
+        self.persisted.pending_trims.remove(&vol.id);
         self.bump_epoch();
         Ok(vol)
     }
@@ -465,7 +623,7 @@ impl ClusterState {
     /// `GET /v1/status`. `acting` is [`acting_sets`] of the current map.
     pub fn status(&self, acting: &[Vec<OsdId>]) -> ClusterStatus {
         let map = &self.persisted.map;
-        let (health, health_detail) = health(map, acting);
+        let (health, health_detail) = health(map, acting, &self.persisted.pending_trims);
         ClusterStatus {
             fsid: map.fsid.clone(),
             health: health.as_str().to_string(),
@@ -488,6 +646,12 @@ impl ClusterState {
                 .values()
                 .fold(0u64, |a, r| a.saturating_add(r.capacity_bytes)),
             pool: map.pool.clone(),
+            osds_awaiting_first_report: count_u32(
+                map.osds
+                    .keys()
+                    .filter(|id| !self.runtime.get(id).is_some_and(|r| r.usage_reported))
+                    .count(),
+            ),
         }
     }
 
@@ -514,6 +678,7 @@ impl ClusterState {
                         u64::try_from(ms).unwrap_or(u64::MAX)
                     }),
                     pgs: pgs.get(&info.id).copied().unwrap_or(0),
+                    awaiting_first_report: !rt.is_some_and(|r| r.usage_reported),
                 }
             })
             .collect()
@@ -570,7 +735,9 @@ fn validate_boot(req: &OsdBoot) -> Result<(), StateError> {
 fn validate_volume_size(size: u64) -> Result<(), StateError> {
     if size == 0 || !size.is_multiple_of(512) || size > VOLUME_SIZE_MAX {
         return Err(StateError::Invalid(format!(
-            "volume size must be a positive multiple of 512 bytes, at most {VOLUME_SIZE_MAX}; got {size}"
+            "volume size must be a positive multiple of 512 bytes, at most {} ({VOLUME_SIZE_MAX} bytes); got {size} bytes ({})",
+            flame_common::mgr_api::format_size(VOLUME_SIZE_MAX),
+            flame_common::mgr_api::format_size(size)
         )));
     }
     Ok(())
@@ -619,12 +786,50 @@ fn detail_osds(detail: &mut Vec<String>, ids: &[OsdId], what: &str) {
     }
 }
 
-/// Computes health and the reasons for it.
+/// Most volume lines in `health_detail` (the rest are summarized).
+const DETAIL_VOLUMES_MAX: usize = 10;
+/// Objects of one volume checked against the blocked placement groups per status
+/// call, and objects checked over all volumes: bounds the cost of `GET /v1/status`
+/// on a cluster with huge volumes (each check is one hash).
+const HEALTH_SCAN_OBJECTS_PER_VOLUME: u64 = 1 << 16;
+const HEALTH_SCAN_OBJECTS_TOTAL: u64 = 1 << 20;
+
+/// Computes health and the reasons for it, saying what happens to I/O — which is
+/// what an operator needs to know — rather than naming states.
 ///
-/// ERR: no OSDs, or some placement group has fewer than `min_size` up OSDs in its
-/// acting set (its I/O blocks). WARN: an OSD is down or out, fewer OSDs are in than
-/// `pool.size`, or a placement group has fewer than `size` copies up.
-pub fn health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
+/// What the data path does today (no recovery yet): a write (also write-zeroes,
+/// discard) goes to the primary, which applies it only if **every** OSD of the
+/// placement group's acting set is up and the set is full (`pool.size` OSDs);
+/// otherwise it answers EAGAIN and the client retries until the OSD is back or its
+/// I/O timeout passes. A read goes to the primary only, so it waits only if the
+/// primary is down. A FLUSH waits for every OSD that is down but in.
+///
+/// ERR: no OSDs, fewer OSDs in than `pool.size` (no write can complete), or some
+/// placement group has a down OSD (writes to it wait). WARN: an OSD is out, or a
+/// shrunk volume's old bytes are not yet trimmed.
+pub fn health(
+    map: &ClusterMap,
+    acting: &[Vec<OsdId>],
+    pending_trims: &BTreeMap<VolumeId, TrimRange>,
+) -> (Health, Vec<String>) {
+    let (level, mut detail) = io_health(map, acting);
+    if pending_trims.is_empty() {
+        return (level, detail);
+    }
+    for (id, t) in pending_trims {
+        let name = map.volume_by_id(*id).map_or("?", |v| v.name.as_str());
+        detail.push(format!(
+            "volume {name} was shrunk to {} bytes but its old bytes up to {} are not yet \
+             removed on every copy: it cannot grow until `flame-admin volume resize {name} \
+             --size {} --allow-shrink` completes the trim",
+            t.from, t.to, t.from
+        ));
+    }
+    (level.max(Health::Warn), detail)
+}
+
+/// The OSD and placement-group part of [`health`].
+fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
     let mut level = Health::Ok;
     let mut detail = Vec::new();
     if map.osds.is_empty() {
@@ -643,51 +848,106 @@ pub fn health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) 
         .filter(|o| !o.r#in)
         .map(|o| o.id)
         .collect();
-    if !down.is_empty() || !out.is_empty() {
+    detail_osds(&mut detail, &down, "down");
+    detail_osds(&mut detail, &out, "out (it holds no placement groups)");
+    if !out.is_empty() || !down.is_empty() {
         level = level.max(Health::Warn);
-        detail_osds(&mut detail, &down, "down");
-        detail_osds(&mut detail, &out, "out");
     }
     let n_in = map.osds.values().filter(|o| o.r#in).count();
     if n_in < map.pool.size as usize {
-        level = level.max(Health::Warn);
-        detail.push(format!(
-            "only {n_in} OSDs are in, fewer than pool.size {}: objects have fewer copies than configured",
-            map.pool.size
-        ));
-    }
-    let up_in_set = |set: &Vec<OsdId>| {
-        set.iter()
-            .filter(|id| map.osds.get(id).is_some_and(|o| o.up))
-            .count()
-    };
-    let mut blocked = 0usize;
-    let mut degraded = 0usize;
-    for set in acting {
-        let up = up_in_set(set);
-        if up < map.pool.min_size as usize {
-            blocked += 1;
-        } else if up < map.pool.size as usize {
-            degraded += 1;
-        }
-    }
-    if blocked > 0 {
         level = Health::Err;
         detail.push(format!(
-            "{blocked} of {} placement groups have fewer than min_size {} OSDs up: their I/O blocks",
-            acting.len(),
-            map.pool.min_size
+            "only {n_in} OSDs are in, fewer than pool.size {}: every write needs all {} \
+             copies, so writes wait until enough OSDs are in",
+            map.pool.size, map.pool.size
         ));
     }
-    if degraded > 0 {
-        level = level.max(Health::Warn);
+    let is_down = |id: &OsdId| map.osds.get(id).is_none_or(|o| !o.up);
+    // Placement groups whose writes wait (a down OSD in a full acting set) and,
+    // among them, those whose reads wait too (the primary is down).
+    let mut writes_wait = vec![false; acting.len()];
+    let mut n_writes = 0usize;
+    let mut n_reads = 0usize;
+    if n_in >= map.pool.size as usize {
+        for (pg, set) in acting.iter().enumerate() {
+            if set.iter().any(is_down) {
+                writes_wait[pg] = true;
+                n_writes += 1;
+                if set.first().is_some_and(is_down) {
+                    n_reads += 1;
+                }
+            }
+        }
+    }
+    if n_writes > 0 {
+        level = Health::Err;
+        let who = if down.len() == 1 {
+            format!("{}", down[0])
+        } else {
+            format!("{} OSDs", down.len())
+        };
         detail.push(format!(
-            "{degraded} of {} placement groups have fewer than size {} OSDs up (degraded)",
-            acting.len(),
-            map.pool.size
+            "{n_writes} of {} placement groups have a down OSD ({who}): writes to them wait \
+             until it is back up (a client gives up after its I/O timeout), and so does \
+             every FLUSH; reads wait in the {n_reads} of them whose primary is down, the \
+             others' reads are served",
+            acting.len()
         ));
+        detail_blocked_volumes(&mut detail, map, &writes_wait);
     }
     (level, detail)
+}
+
+/// Appends, per volume with objects in a write-blocked placement group, how many
+/// (bounded scan, see [`HEALTH_SCAN_OBJECTS_PER_VOLUME`]).
+fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wait: &[bool]) {
+    let object_size = u64::from(map.pool.object_size.max(1));
+    let mut budget = HEALTH_SCAN_OBJECTS_TOTAL;
+    let mut lines = Vec::new();
+    let mut unscanned = 0usize;
+    for vol in map.volumes.values() {
+        let objects = vol.size.div_ceil(object_size);
+        let scan = objects.min(HEALTH_SCAN_OBJECTS_PER_VOLUME);
+        if scan > budget {
+            unscanned += 1;
+            continue;
+        }
+        budget -= scan;
+        let hit = (0..scan)
+            .filter(|&index| {
+                let pg = flame_common::placement::object_pg(
+                    flame_common::ids::ObjectId {
+                        volume: vol.id,
+                        index,
+                    },
+                    map.pool.pg_count,
+                );
+                writes_wait.get(pg.0 as usize).copied().unwrap_or(false)
+            })
+            .count();
+        if hit > 0 {
+            let of = if scan < objects {
+                format!("of its first {scan} objects (of {objects})")
+            } else {
+                format!("of its {objects} objects")
+            };
+            lines.push(format!(
+                "volume {}: {hit} {of} are in those placement groups",
+                vol.name
+            ));
+        }
+    }
+    let n = lines.len();
+    detail.extend(lines.into_iter().take(DETAIL_VOLUMES_MAX));
+    if n > DETAIL_VOLUMES_MAX {
+        detail.push(format!("... and {} more volumes", n - DETAIL_VOLUMES_MAX));
+    }
+    if unscanned > 0 {
+        detail.push(format!(
+            "{unscanned} more volumes not checked (status scans at most \
+             {HEALTH_SCAN_OBJECTS_TOTAL} objects)"
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -707,6 +967,7 @@ mod tests {
 
     fn boot_req(uuid: &str, port: u16, host: &str) -> OsdBoot {
         OsdBoot {
+            fsid: None,
             uuid: uuid.into(),
             id: None,
             addr: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -759,6 +1020,69 @@ mod tests {
         req.id = Some(OsdId(7));
         assert_eq!(s.boot(&req, now).unwrap(), b);
         s.persisted.check().unwrap();
+    }
+
+    #[test]
+    fn boot_of_another_cluster_is_refused_before_anything_is_recorded() {
+        let mut s = state();
+        let now = Instant::now();
+        let mut req = boot_req("u-foreign", 6900, "h1");
+        req.fsid = Some("other-cluster".into());
+        req.id = Some(OsdId(3));
+        let before = s.persisted.clone();
+        let err = s.boot(&req, now).unwrap_err();
+        assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+        assert!(err.to_string().contains("other-cluster"), "{err}");
+        assert_eq!(s.persisted, before, "a refused boot left a trace");
+        assert!(s.runtime.is_empty());
+        // Its own fsid (a restarted member) and none (a fresh directory) are fine.
+        req.fsid = Some("test-fsid".into());
+        assert_eq!(s.boot(&req, now).unwrap(), OsdId(3));
+        assert_eq!(
+            s.boot(&boot_req("u-new", 6910, "h2"), now).unwrap(),
+            OsdId(4)
+        );
+    }
+
+    #[test]
+    fn one_live_osd_per_address() {
+        let mut s = state();
+        let now = Instant::now();
+        let a = s.boot(&boot_req("u-a", 6900, "h1"), now).unwrap();
+        let e = s.epoch();
+        // Same address, or overlapping shard ports (6900-6901 vs 6901-6902).
+        for port in [6900, 6901, 6899] {
+            let before = s.persisted.clone();
+            let err = s.boot(&boot_req("u-b", port, "h2"), now).unwrap_err();
+            assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+            assert!(err.to_string().contains("which is up"), "{err}");
+            assert_eq!(s.persisted, before);
+        }
+        // Adjacent ports and another IP are fine.
+        s.boot(&boot_req("u-c", 6902, "h3"), now).unwrap();
+        let mut other_ip = boot_req("u-d", 6900, "h4");
+        other_ip.addr = "127.0.0.2:6900".parse().unwrap();
+        s.boot(&other_ip, now).unwrap();
+        // The holder re-booting at its own address is not a conflict.
+        assert_eq!(s.boot(&boot_req("u-a", 6900, "h1"), now).unwrap(), a);
+        assert!(s.epoch() > e);
+        // Once the holder is down, a new OSD may take the address (a moved OSD) ...
+        s.persisted.map.osds.get_mut(&a).unwrap().up = false;
+        let b = s.boot(&boot_req("u-b", 6900, "h2"), now).unwrap();
+        assert!(s.map().osds[&b].up);
+        // ... and the old holder can no longer come up there: heartbeat and boot
+        // are refused while the new one is up.
+        let err = s.heartbeat(&hb(a, "u-a"), now).unwrap_err();
+        assert!(matches!(err, StateError::NotFound(_)), "{err:?}");
+        assert!(!s.map().osds[&a].up);
+        assert!(matches!(
+            s.boot(&boot_req("u-a", 6900, "h1"), now),
+            Err(StateError::Conflict(_))
+        ));
+        assert!(!s.map().osds[&a].up);
+        // At a new address it comes back.
+        s.boot(&boot_req("u-a", 6950, "h1"), now).unwrap();
+        assert!(s.map().osds[&a].up);
     }
 
     #[test]
@@ -986,30 +1310,171 @@ mod tests {
         assert_eq!(h(&s).0, "HEALTH_ERR", "no OSDs at all");
         s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
         s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
+        // Two of three copies possible: the primary answers EAGAIN to every write.
         let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
-        assert!(detail.iter().any(|d| d.contains("fewer than pool.size")));
+        assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
+        assert!(
+            detail
+                .iter()
+                .any(|d| d.contains("fewer than pool.size") && d.contains("writes wait")),
+            "{detail:?}"
+        );
         s.boot(&boot_req("c", 6920, "h3"), now).unwrap();
         assert_eq!(h(&s), ("HEALTH_OK".to_string(), vec![]));
-        // One down of three: every PG still has min_size 2 up.
-        s.persisted.map.osds.get_mut(&OsdId(0)).unwrap().up = false;
-        let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_WARN");
-        assert!(detail.contains(&"osd.0 is down".to_string()), "{detail:?}");
-        assert!(detail.iter().any(|d| d.contains("degraded")));
-        // Two down: PGs below min_size.
-        s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
-        let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_ERR");
-        assert!(detail.iter().any(|d| d.contains("min_size")), "{detail:?}");
-        // Out (but up) OSD: warn only while enough copies remain... here 2 in of size 3.
-        for o in s.persisted.map.osds.values_mut() {
-            o.up = true;
-        }
+        // Out (but up) OSD: it holds nothing; with only 2 in, writes wait.
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = false;
         let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
-        assert!(detail.contains(&"osd.2 is out".to_string()));
+        assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
+        assert!(detail.contains(&"osd.2 is out (it holds no placement groups)".to_string()));
+        s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = true;
+        s.boot(&boot_req("d", 6930, "h4"), now).unwrap();
+        s.persisted.map.osds.get_mut(&OsdId(3)).unwrap().r#in = false;
+        let (lvl, detail) = h(&s);
+        assert_eq!(lvl, "HEALTH_WARN", "out with enough in: {detail:?}");
+    }
+
+    /// Health says what happens to I/O when an OSD is down, with the true counts:
+    /// every PG holding the OSD has its writes wait (the primary refuses writes
+    /// with a down replica, and a down primary takes nothing); reads wait only
+    /// where the OSD is the primary (reads go to the primary alone).
+    #[test]
+    fn health_says_what_happens_when_an_osd_is_down() {
+        let mut s = state();
+        let now = Instant::now();
+        for (i, u) in ["a", "b", "c", "d"].iter().enumerate() {
+            s.boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), now)
+                .unwrap();
+        }
+        create(&mut s, "vol-x", 64 << 20).unwrap();
+        s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
+        let acting = acting_sets(s.map());
+        let holding = acting.iter().filter(|set| set.contains(&OsdId(1))).count();
+        let primary = acting.iter().filter(|set| set[0] == OsdId(1)).count();
+        assert!(holding > primary && primary > 0, "{holding} {primary}");
+        let st = s.status(&acting);
+        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        let line = st
+            .health_detail
+            .iter()
+            .find(|d| d.contains("writes to them wait"))
+            .unwrap_or_else(|| panic!("{:?}", st.health_detail));
+        assert!(
+            line.starts_with(&format!(
+                "{holding} of 64 placement groups have a down OSD (osd.1)"
+            )),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!(
+                "reads wait in the {primary} of them whose primary is down"
+            )),
+            "{line}"
+        );
+        assert!(!line.contains("fewer copies"), "{line}");
+        // Which volumes: vol-x has 16 objects of 4 MiB.
+        let want = (0..16)
+            .filter(|&index| {
+                let pg = flame_common::placement::object_pg(
+                    flame_common::ids::ObjectId {
+                        volume: VolumeId(1),
+                        index,
+                    },
+                    64,
+                );
+                acting[pg.0 as usize].contains(&OsdId(1))
+            })
+            .count();
+        assert!(want > 0);
+        assert!(
+            st.health_detail.contains(&format!(
+                "volume vol-x: {want} of its 16 objects are in those placement groups"
+            )),
+            "{:?}",
+            st.health_detail
+        );
+    }
+
+    #[test]
+    fn shrink_records_a_pending_trim_that_blocks_growth() {
+        let mut s = state();
+        let v = create(&mut s, "v", 8 << 20).unwrap();
+        let rs = |size, allow_shrink| VolumeResize { size, allow_shrink };
+        let e = s.epoch();
+        s.resize_volume("v", &rs(4 << 20, true)).unwrap();
+        assert_eq!(
+            s.epoch(),
+            Epoch(e.0 + 1),
+            "shrink and its pending trim: one epoch"
+        );
+        let want = TrimRange {
+            from: 4 << 20,
+            to: 8 << 20,
+        };
+        assert_eq!(s.volume_trim("v").unwrap().pending, Some(want));
+        s.persisted.check().unwrap();
+        // Growing is refused while the old bytes may remain.
+        let err = s.resize_volume("v", &rs(16 << 20, false)).unwrap_err();
+        assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+        assert!(err.to_string().contains("--allow-shrink"), "{err}");
+        assert_eq!(s.map().volumes["v"].size, 4 << 20);
+        // A second shrink widens the range down to the new end.
+        s.resize_volume("v", &rs(1 << 20, true)).unwrap();
+        let want = TrimRange {
+            from: 1 << 20,
+            to: 8 << 20,
+        };
+        assert_eq!(s.volume_trim("v").unwrap().pending, Some(want));
+        // Health says so.
+        let st = s.status(&[]);
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.contains("volume v was shrunk")),
+            "{:?}",
+            st.health_detail
+        );
+        // A report that covers less (made before the second shrink) clears nothing.
+        let done = |from, to| TrimDone {
+            volume: v.id,
+            range: TrimRange { from, to },
+        };
+        let e = s.epoch();
+        assert!(
+            s.trim_done("v", &done(4 << 20, 8 << 20))
+                .unwrap()
+                .pending
+                .is_some()
+        );
+        assert_eq!(s.epoch(), e);
+        // Another volume id (removed and re-created) is refused.
+        assert!(matches!(
+            s.trim_done(
+                "v",
+                &TrimDone {
+                    volume: VolumeId(99),
+                    range: want
+                }
+            ),
+            Err(StateError::Conflict(_))
+        ));
+        assert!(
+            s.trim_done("v", &done(1 << 20, 8 << 20))
+                .unwrap()
+                .pending
+                .is_none()
+        );
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        s.persisted.check().unwrap();
+        // Now it may grow.
+        assert_eq!(
+            s.resize_volume("v", &rs(16 << 20, false)).unwrap().size,
+            16 << 20
+        );
+        // Deleting a volume drops its pending trim.
+        s.resize_volume("v", &rs(1 << 20, true)).unwrap();
+        s.delete_volume("v").unwrap();
+        assert!(s.persisted.pending_trims.is_empty());
+        s.persisted.check().unwrap();
     }
 
     #[test]
@@ -1034,6 +1499,35 @@ mod tests {
         let total: u32 = osds.iter().map(|o| o.pgs).sum();
         assert_eq!(total, 64 * 3, "each of 64 PGs has 3 copies");
         assert!(osds.iter().all(|o| o.pgs > 0));
+    }
+
+    /// Until an OSD's first heartbeat since the manager started, its usage is not
+    /// known: status counts it as waiting instead of adding a made-up 0.
+    #[test]
+    fn usage_is_unknown_until_the_first_heartbeat_after_a_manager_start() {
+        let mut s = state();
+        let now = Instant::now();
+        let a = s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
+        let b = s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
+        let st = s.status(&[]);
+        assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
+        assert!(
+            s.osd_statuses(&[], now)
+                .iter()
+                .all(|o| o.awaiting_first_report)
+        );
+        s.heartbeat(&hb(a, "a"), now).unwrap();
+        assert_eq!(s.status(&[]).osds_awaiting_first_report, 1);
+        let osds = s.osd_statuses(&[], now);
+        assert!(!osds[0].awaiting_first_report && osds[1].awaiting_first_report);
+        s.heartbeat(&hb(b, "b"), now).unwrap();
+        assert_eq!(s.status(&[]).osds_awaiting_first_report, 0);
+        // A manager restart forgets every report: all are waiting again, though the
+        // map still says up.
+        let s = ClusterState::new(s.persisted.clone(), now);
+        let st = s.status(&[]);
+        assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
+        assert_eq!(st.used_bytes, 0);
     }
 
     #[test]

@@ -168,6 +168,7 @@ mod tests {
         );
         s.boot(
             &OsdBoot {
+                fsid: None,
                 uuid: "uuid-a".into(),
                 id: None,
                 addr: "127.0.0.1:6900".parse().unwrap(),

@@ -8,7 +8,7 @@ use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::mgr_api::{
     ApiError, ClusterStatus, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, OsdStatus,
-    VolumeCreate, VolumeResize,
+    TrimDone, TrimRange, VolumeCreate, VolumeResize, VolumeTrim,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -176,6 +176,7 @@ fn assert_err((status, v): (u16, Value), want: u16, needle: &str) {
 
 fn boot(uuid: &str, port: u16, host: &str) -> OsdBoot {
     OsdBoot {
+        fsid: None,
         uuid: uuid.into(),
         id: None,
         addr: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -270,6 +271,21 @@ fn volume_routes_status_and_metrics() {
     let v3: VolumeInfo = mgr.post_ok("/v1/volumes/disk-a/resize", &shrink);
     assert_eq!(v3.size, 1 << 30);
     assert_err(mgr.post("/v1/volumes/zzz/resize", &shrink), 404, "zzz");
+    // The shrink left a pending trim: growing is refused until it is reported done.
+    let range = TrimRange {
+        from: 1 << 30,
+        to: 20 << 30,
+    };
+    let t: VolumeTrim = mgr.get_ok("/v1/volumes/disk-a/trim");
+    assert_eq!((t.volume, t.pending), (v.id, Some(range)));
+    assert_err(mgr.post("/v1/volumes/disk-a/resize", &grow), 409, "trim");
+    let done = TrimDone {
+        volume: v.id,
+        range,
+    };
+    let t: VolumeTrim = mgr.post_ok("/v1/volumes/disk-a/trim", &done);
+    assert_eq!(t.pending, None);
+    assert_err(mgr.get("/v1/volumes/zzz/trim"), 404, "zzz");
 
     let e_before = mgr.map().epoch;
     let (status, removed) = mgr.delete("/v1/volumes/disk-b");
@@ -301,6 +317,23 @@ fn volume_routes_status_and_metrics() {
     let st: ClusterStatus = mgr.get_ok("/v1/status");
     assert_eq!(st.health, "HEALTH_OK", "{:?}", st.health_detail);
     assert_eq!((st.osds, st.osds_up, st.osds_in, st.volumes), (3, 3, 3, 2));
+    // An OSD of another cluster is refused with 409 and leaves no trace.
+    let e = mgr.map().epoch;
+    let mut foreign = boot("u-foreign", 7900, "h9");
+    foreign.fsid = Some("another-cluster".into());
+    assert_err(
+        mgr.post("/v1/osd/boot", &foreign),
+        409,
+        "belongs to cluster another-cluster",
+    );
+    // A second OSD at a live OSD's address too.
+    assert_err(
+        mgr.post("/v1/osd/boot", &boot("u-squat", 6900, "h9")),
+        409,
+        "which is up",
+    );
+    assert_eq!(mgr.map().epoch, e);
+    assert_eq!(mgr.get_ok::<Vec<OsdStatus>>("/v1/osds").len(), 3);
     assert_eq!(st.provisioned_bytes, (1 << 30) + 4096);
     assert_eq!(st.used_bytes, 3000);
     let osds: Vec<OsdStatus> = mgr.get_ok("/v1/osds");

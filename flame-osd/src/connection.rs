@@ -5,9 +5,9 @@
 //! sender is slowed by TCP instead of growing memory.
 
 use crate::shard::Shard;
-use flame_common::protocol::{Message, OpCode, status};
+use flame_common::protocol::{self, Message, ProtocolError, status};
 use flame_common::reactor;
-use flame_common::transport::Conn;
+use flame_common::transport::{Conn, TransportError};
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -57,7 +57,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                     generation,
                     ..
                 },
-                Message::Reply { status: st @ 0, .. },
+                Message::HelloReply { status: st @ 0, .. },
             ) = (&hello, &mut reply)
                 && *session != 0
             {
@@ -69,7 +69,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                     }
                 }
             }
-            let ok = matches!(reply, Message::Reply { status: 0, .. });
+            let ok = matches!(reply, Message::HelloReply { status: 0, .. });
             if conn.send(&reply).is_err() {
                 conn.close();
                 return;
@@ -84,6 +84,18 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         Some(Ok(other)) => {
             tracing::warn!(shard = shard.id, %peer, "first message was {:?}, not hello; closing", other.op());
             conn.close();
+            return;
+        }
+        Some(Err(TransportError::Protocol(
+            e @ ProtocolError::ForeignVersion {
+                peer_version,
+                request_id,
+            },
+        ))) => {
+            // Answer in the peer's own format, so it can say why, then close.
+            tracing::warn!(shard = shard.id, %peer, "refusing connection: {e}");
+            let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
+            conn.close_after_send();
             return;
         }
         Some(Err(e)) => {
@@ -130,7 +142,10 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             conn.close();
             return;
         }
-        if matches!(msg, Message::Reply { .. } | Message::Hello { .. }) {
+        if matches!(
+            msg,
+            Message::Reply { .. } | Message::Hello { .. } | Message::HelloReply { .. }
+        ) {
             tracing::warn!(shard = shard.id, %peer, "unexpected {:?} mid-connection; closing", msg.op());
             conn.close();
             return;
@@ -231,24 +246,34 @@ impl Shard {
     }
 
     fn hello(&self, hello: &Message) -> Message {
-        let Message::Hello { shard, .. } = hello else {
+        let Message::Hello {
+            shard, versions, ..
+        } = hello
+        else {
             return hello.reply(self.epoch(), status::EINVAL);
         };
         let view = self.view();
         let map = &view.map;
-        let shards = map.osds.get(&self.osd).map_or(0, |o| u32::from(o.shards));
-        let st = if *shard == self.id {
+        let shards = map.osds.get(&self.osd).map_or(0, |o| o.shards);
+        let st = if !versions.contains(protocol::VERSION) {
+            tracing::warn!(
+                shard = self.id,
+                "refusing hello: peer speaks Flame protocol versions {versions}, this OSD speaks {}",
+                protocol::VERSIONS
+            );
+            status::EPROTONOSUPPORT
+        } else if *shard == self.id {
             status::OK
         } else {
             status::ESTALE
         };
-        Message::Reply {
-            op: OpCode::Hello,
+        Message::HelloReply {
             id: hello.id(),
             epoch: map.epoch,
             status: st,
-            info: shards,
-            data: Vec::new(),
+            versions: protocol::VERSIONS,
+            shard: self.id,
+            shards,
         }
     }
 }

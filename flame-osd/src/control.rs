@@ -130,11 +130,21 @@ impl Control {
             host: self.cfg.host_name(),
             weight: self.cfg.weight,
             metrics_addr: Some(self.metrics_addr),
+            fsid: self.identity.fsid.clone(),
         };
         let mut delay = Duration::from_millis(100);
         let reply: OsdBootReply = loop {
             match self.post("/v1/osd/boot", &body) {
                 Ok(r) => break r,
+                // 4xx: the manager refused this OSD (another cluster's data
+                // directory, an address held by another live OSD, an invalid
+                // setting). Retrying cannot help: say why and stop with status 2,
+                // as for a bad configuration.
+                Err(e) if e.starts_with("refused: ") => {
+                    tracing::error!("the manager refused this OSD: {e}");
+                    eprintln!("flame-osd: the manager at {} {e}", self.cfg.mgr);
+                    std::process::exit(2);
+                }
                 Err(e) => {
                     tracing::warn!(
                         "boot: manager at {} not answering ({e}); retrying",
@@ -172,8 +182,25 @@ impl Control {
         let mut resp = self
             .agent
             .post(&url)
+            .config()
+            .http_status_as_error(false)
+            .build()
             .send_json(body)
             .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        if status.is_client_error() {
+            // The manager's ApiError body says why; bounded like every body.
+            let why = resp
+                .body_mut()
+                .with_config()
+                .limit(64 << 10)
+                .read_json::<flame_common::mgr_api::ApiError>()
+                .map_or_else(|e| format!("(unreadable reason: {e})"), |a| a.error);
+            return Err(format!("refused: {path} answered {status}: {why}"));
+        }
+        if !status.is_success() {
+            return Err(format!("{path} answered {status}"));
+        }
         resp.body_mut().read_json::<R>().map_err(|e| e.to_string())
     }
 

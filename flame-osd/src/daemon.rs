@@ -100,7 +100,16 @@ fn recover_store(data_dir: &Path, direct_io: bool) -> Result<(), String> {
 /// Runs the OSD described by the configuration file at `config` (defaults when
 /// `None`) until the process is stopped. Returns only on a start-up error.
 pub fn run(config: Option<&Path>) -> Result<(), StartError> {
-    let cfg: OsdConfig = flame_common::config::load(config).map_err(|e| e.to_string())?;
+    let cfg: OsdConfig = flame_common::config::load(config).map_err(|e| StartError {
+        message: e.to_string(),
+        status: 2,
+    })?;
+    run_with(cfg)
+}
+
+/// Runs the OSD with an already loaded configuration (the binary loads it itself,
+/// so a bad config gets its own report and exit status 2).
+pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(&cfg.data_dir)

@@ -56,7 +56,6 @@ impl Shard {
             id,
             epoch,
             status: st,
-            info: 0,
             data,
         }
     }
@@ -76,6 +75,16 @@ impl Shard {
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
             return (status::ESTALE, Vec::new());
+        }
+        if let Message::Read {
+            remote: Some(_), ..
+        }
+        | Message::Write {
+            remote: Some(_), ..
+        } = &msg
+        {
+            // One-sided transfers need a transport that has them; TCP does not.
+            return (status::EINVAL, Vec::new());
         }
         match &msg {
             Message::Read { target, .. } => {
@@ -121,7 +130,8 @@ impl Shard {
                 }
                 (self.replicate(&view, msg).await, Vec::new())
             }
-            Message::Flush { .. } => match self.store.flush(None).await {
+            // Only the flushed volume's dirty objects are synced.
+            Message::Flush { volume, .. } => match self.store.flush(Some(*volume)).await {
                 Ok(()) => (status::OK, Vec::new()),
                 Err(e) => {
                     tracing::error!("flush failed: {e}");
@@ -144,7 +154,9 @@ impl Shard {
                 }
             }
             Message::Ping { .. } => (status::OK, Vec::new()),
-            Message::Hello { .. } | Message::Reply { .. } => (status::EINVAL, Vec::new()),
+            Message::Hello { .. } | Message::HelloReply { .. } | Message::Reply { .. } => {
+                (status::EINVAL, Vec::new())
+            }
         }
     }
 

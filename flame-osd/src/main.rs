@@ -18,7 +18,17 @@ fn main() {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
     let args = Args::parse();
-    if let Err(e) = flame_osd::daemon::run(args.config.as_deref()) {
+    // A bad config: one plain line on stderr and exit status 2, as flame-mgr and
+    // flame-nbd do (status 1 stays for run-time failures).
+    let cfg: flame_osd::config::OsdConfig = match flame_common::config::load(args.config.as_deref())
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("flame-osd: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = flame_osd::daemon::run_with(cfg) {
         tracing::error!("{e}");
         eprintln!("flame-osd: {e}");
         std::process::exit(e.status);

@@ -9,7 +9,7 @@
 use crate::metrics::ShardMetrics;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::map::OsdInfo;
-use flame_common::protocol::{Message, OpCode, status};
+use flame_common::protocol::{Message, status};
 use flame_common::reactor;
 use flame_common::transport::{Conn, TransportKind};
 use futures_channel::oneshot;
@@ -167,6 +167,7 @@ impl Peers {
             .send(&Message::Hello {
                 id: RequestId(0),
                 epoch,
+                versions: flame_common::protocol::VERSIONS,
                 shard,
                 peer: true,
                 session: self.session,
@@ -186,11 +187,7 @@ impl Peers {
         })
         .await;
         match hello {
-            Some(Message::Reply {
-                op: OpCode::Hello,
-                status: 0,
-                ..
-            }) => {}
+            Some(Message::HelloReply { status: 0, .. }) => {}
             other => {
                 tracing::warn!(osd = %osd.id, %addr, "peer refused hello: {other:?}");
                 conn.close();

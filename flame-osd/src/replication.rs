@@ -78,42 +78,12 @@ impl Shard {
 }
 
 fn with_replica_flag(msg: &Message) -> Message {
-    match msg.clone() {
-        Message::Write {
-            id,
-            epoch,
-            target,
-            flags: f,
-            data,
-        } => Message::Write {
-            id,
-            epoch,
-            target,
-            flags: f | flags::REPLICA,
-            data,
-        },
-        Message::WriteZeroes {
-            id,
-            epoch,
-            target,
-            flags: f,
-        } => Message::WriteZeroes {
-            id,
-            epoch,
-            target,
-            flags: f | flags::REPLICA,
-        },
-        Message::Discard {
-            id,
-            epoch,
-            target,
-            flags: f,
-        } => Message::Discard {
-            id,
-            epoch,
-            target,
-            flags: f | flags::REPLICA,
-        },
-        other => other,
+    let mut m = msg.clone();
+    if let Message::Write { flags: f, .. }
+    | Message::WriteZeroes { flags: f, .. }
+    | Message::Discard { flags: f, .. } = &mut m
+    {
+        *f |= flags::REPLICA;
     }
+    m
 }

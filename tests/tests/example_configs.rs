@@ -118,25 +118,81 @@ fn example_configs_start_the_daemons() {
     });
 }
 
+/// Every daemon reports a bad config the same way: exactly one line on stderr,
+/// starting with its name and naming the file and the key, nothing on stdout, and
+/// exit status 2 (status 1 is for run-time failures). Covers an unknown key (parse
+/// error), a value of the wrong type, a value out of range (validation) and a
+/// missing file.
 #[test]
-fn unknown_keys_are_rejected_with_the_key_named() {
+fn bad_configs_give_one_line_on_stderr_and_exit_status_2() {
     let dir = tempfile::tempdir().unwrap();
-    for (bin, key) in [
-        ("flame-mgr", "heartbeat_grace"),
-        ("flame-osd", "shard"),
-        ("flame-nbd", "thread"),
+    for (bin, unknown, wrong_type, out_of_range) in [
+        (
+            "flame-mgr",
+            "heartbeat_grace",
+            "heartbeat_grace_ms: soon",
+            "pool: {size: 0}",
+        ),
+        ("flame-osd", "shard", "shards: many", "shards: 100000"),
+        ("flame-nbd", "thread", "threads: many", "threads: 100000"),
     ] {
-        let cfg = dir.path().join(format!("{bin}.yaml"));
-        std::fs::write(&cfg, format!("{key}: 1\n")).unwrap();
-        let out = flame_tests::run_bounded(
-            Command::new(bin_dir().join(bin)).arg("--config").arg(&cfg),
-            Duration::from_secs(30),
-        );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bin} accepted unknown key {key}");
-        assert!(
-            err.contains(key),
-            "{bin}: error does not name `{key}`: {err}"
-        );
+        let cases = [
+            (format!("{unknown}: 1\n"), unknown.to_string()),
+            (
+                format!("{wrong_type}\n"),
+                wrong_type.split(':').next().unwrap().to_string(),
+            ),
+            (
+                format!("{out_of_range}\n"),
+                out_of_range.split(':').next().unwrap().to_string(),
+            ),
+        ];
+        for (i, (yaml, key)) in cases.iter().enumerate() {
+            let cfg = dir.path().join(format!("{bin}-{i}.yaml"));
+            std::fs::write(&cfg, yaml).unwrap();
+            check_bad_config(bin, &cfg, key);
+        }
+        check_bad_config(bin, &dir.path().join("missing.yaml"), "missing.yaml");
     }
+}
+
+fn check_bad_config(bin: &str, cfg: &Path, must_name: &str) {
+    let out = flame_tests::run_bounded(
+        Command::new(bin_dir().join(bin)).arg("--config").arg(cfg),
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let what = format!(
+        "{bin} --config {} ({:?})",
+        cfg.display(),
+        std::fs::read_to_string(cfg).ok()
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{what}: exit status; stderr:\n{err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: want one line on stderr, got:\n{err}"
+    );
+    assert!(
+        lines[0].starts_with(&format!("{bin}: ")),
+        "{what}: the line does not start with `{bin}: `: {err}"
+    );
+    assert!(
+        lines[0].contains(must_name),
+        "{what}: does not name `{must_name}`: {err}"
+    );
+    assert!(
+        lines[0].contains(&cfg.display().to_string()),
+        "{what}: does not name the file: {err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{what}: wrote to stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -1,7 +1,7 @@
 //! Garbage on every listening port — the manager API, every OSD shard port, the NBD
 //! port and every metrics port — leaves every daemon running and serving.
 
-use flame_common::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
+use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{IoTarget, Message, PAYLOAD_BYTES_MAX};
 use flame_tests::{ClusterOptions, Endpoint, PortKind, TestCluster, http_get, pattern};
 use std::io::{Read, Write};
@@ -47,6 +47,8 @@ fn valid_write_header(len: u32) -> Vec<u8> {
             length: len,
         },
         flags: 0,
+        seq: PgSeq(0),
+        remote: None,
         data: vec![0; len as usize],
     };
     msg.to_header().0.encode().to_vec()

@@ -6,10 +6,10 @@
 //! non-primaries and wrong shards refuse I/O with ESTALE; and that a write whose
 //! replica is gone is refused with EAGAIN, never acknowledged.
 
-use flame_common::ids::{ObjectId, OsdId, RequestId};
+use flame_common::ids::{ObjectId, OsdId, PgSeq, RequestId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::locate;
-use flame_common::protocol::{IoTarget, Message, status};
+use flame_common::protocol::{self, IoTarget, Message, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
 use flame_tests::{ClusterOptions, TestCluster};
@@ -44,6 +44,7 @@ async fn connect_as(
     conn.send(&Message::Hello {
         id: RequestId(0),
         epoch: map.epoch,
+        versions: protocol::VERSIONS,
         shard,
         peer: false,
         session,
@@ -51,12 +52,16 @@ async fn connect_as(
     })
     .unwrap();
     match conn.recv().await.unwrap() {
-        Message::Reply {
+        Message::HelloReply {
             status: 0,
-            info: shards,
+            shards,
+            shard: theirs,
+            versions,
             ..
         } => {
-            assert_eq!(shards, u32::from(info.shards))
+            assert_eq!(shards, info.shards);
+            assert_eq!(theirs, shard);
+            assert_eq!(versions, protocol::VERSIONS);
         }
         other => panic!("hello refused: {other:?}"),
     }
@@ -106,6 +111,7 @@ fn read(map: &ClusterMap, id: u64, object: ObjectId, offset: u32, len: u32) -> M
         epoch: map.epoch,
         target: target(map, object, offset, len),
         flags: 0,
+        remote: None,
     }
 }
 
@@ -115,6 +121,8 @@ fn write(map: &ClusterMap, id: u64, object: ObjectId, offset: u32, data: Vec<u8>
         epoch: map.epoch,
         target: target(map, object, offset, data.len() as u32),
         flags: 0,
+        seq: PgSeq(0),
+        remote: None,
         data,
     }
 }
@@ -181,6 +189,7 @@ fn replicated_writes_reach_every_copy_in_one_order() {
                         id: RequestId(3),
                         epoch: m.epoch,
                         flags: 0,
+                        volume: vol.id,
                     },
                 )
                 .await;
@@ -419,6 +428,7 @@ fn a_reconnected_session_fences_its_old_connection() {
                 .send(&Message::Hello {
                     id: RequestId(0),
                     epoch: m.epoch,
+                    versions: protocol::VERSIONS,
                     shard,
                     peer: false,
                     session,
@@ -426,7 +436,7 @@ fn a_reconnected_session_fences_its_old_connection() {
                 })
                 .unwrap();
             match stale.recv().await {
-                Ok(Message::Reply { status, .. }) => assert_eq!(status, status::ESTALE),
+                Ok(Message::HelloReply { status, .. }) => assert_eq!(status, status::ESTALE),
                 other => panic!("stale hello answered {other:?}"),
             }
             // Other sessions are unaffected.
@@ -435,6 +445,87 @@ fn a_reconnected_session_fences_its_old_connection() {
                 status_of(&call(&other, read(&m, 5, object, 0, 16)).await),
                 status::OK
             );
+        })
+        .unwrap();
+}
+
+/// A peer speaking protocol version 1 (whose header is 64 bytes) is recognised from
+/// those 64 bytes, answered in version 1's own format with a refusal that names both
+/// versions, and disconnected; the OSD's log names both versions; and the OSD keeps
+/// serving version-2 clients.
+#[test]
+fn a_protocol_v1_peer_is_refused_with_both_versions_named() {
+    use std::io::{Read, Write};
+    let cluster = TestCluster::start();
+    let map = cluster.map();
+    // A version-1 HELLO, byte for byte as a v1 build sent it: magic, version 1,
+    // opcode 1, flags 0, request id 77, epoch, shard 0 in the offset field, crc32c
+    // of bytes 0..60 at 60..64.
+    let mut hello = [0u8; 64];
+    hello[0..4].copy_from_slice(b"FLME");
+    hello[4] = 1;
+    hello[5] = 1;
+    hello[8..16].copy_from_slice(&77u64.to_le_bytes());
+    hello[16..24].copy_from_slice(&map.epoch.0.to_le_bytes());
+    let crc = crc32c::crc32c(&hello[0..60]);
+    hello[60..64].copy_from_slice(&crc.to_le_bytes());
+    let mut s = std::net::TcpStream::connect(cluster.osd_addr(0, 0)).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.write_all(&hello).unwrap();
+    // The OSD answers and closes: read to the end (a read timeout fails the test).
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply)
+        .expect("the OSD neither answered and closed nor closed");
+    // Decode it as a version-1 peer would.
+    assert!(
+        reply.len() >= 64,
+        "reply of {} bytes: {reply:?}",
+        reply.len()
+    );
+    let u32_at = |i: usize| u32::from_le_bytes(reply[i..i + 4].try_into().unwrap());
+    assert_eq!(&reply[0..4], b"FLME");
+    assert_eq!(reply[4], 1, "the refusal must be in the peer's version");
+    assert_eq!(reply[5], 0x81, "a HELLO reply");
+    assert_eq!(crc32c::crc32c(&reply[0..60]), u32_at(60), "v1 header crc");
+    assert_eq!(u64::from_le_bytes(reply[8..16].try_into().unwrap()), 77);
+    assert_eq!(u32_at(52) as i32, status::EPROTONOSUPPORT);
+    assert_eq!(u32_at(44), u32::from(protocol::VERSION));
+    assert_eq!(u32_at(48) as usize, reply.len() - 64, "payload length");
+    let text = String::from_utf8(reply[64..].to_vec()).unwrap();
+    assert!(
+        text.contains("version 1") && text.contains(&format!("version {}", protocol::VERSION)),
+        "refusal text does not name both versions: {text:?}"
+    );
+    // The OSD's log names both versions (bounded wait for the log line).
+    let wanted = format!(
+        "peer speaks Flame protocol version 1, this build speaks version {}",
+        protocol::VERSION
+    );
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !cluster.log_tails().contains(&wanted) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no OSD log line {wanted:?}:\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Version-2 clients are still served.
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let osd = *map.osds.keys().next().unwrap();
+    reactor
+        .block_on(async move {
+            let conn = connect(&map, osd, 0).await;
+            let pong = call_retry(
+                &conn,
+                Message::Ping {
+                    id: RequestId(1),
+                    epoch: map.epoch,
+                },
+                false,
+            )
+            .await;
+            assert_eq!(status_of(&pong), status::OK);
         })
         .unwrap();
 }

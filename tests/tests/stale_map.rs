@@ -8,9 +8,9 @@
 //! epoch a request carries is their only news of the map, and the write is sent the
 //! way any client sends it (HELLO, then WRITE with the client's epoch).
 
-use flame_common::ids::{ObjectId, RequestId};
+use flame_common::ids::{ObjectId, PgSeq, RequestId};
 use flame_common::placement;
-use flame_common::protocol::{HEADER_LEN, Header, IoTarget, Message, OpCode, status};
+use flame_common::protocol::{self, HEADER_LEN, Header, IoTarget, Message, status};
 use flame_tests::{ClusterOptions, TestCluster};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 fn send(s: &mut TcpStream, msg: &Message) {
     let (h, payload) = msg.to_header();
     s.write_all(&h.encode()).unwrap();
-    s.write_all(payload).unwrap();
+    s.write_all(&payload).unwrap();
 }
 
 fn recv(s: &mut TcpStream) -> Message {
@@ -67,18 +67,21 @@ fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
         let mut s = TcpStream::connect(cluster.osd_addr(0, shard)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         id += 1;
-        // HELLO built from its header fields (shard in `offset`), as a client sends it.
-        let hello = Header {
-            opcode: OpCode::Hello as u8,
-            request_id: id,
-            epoch: map.epoch.0,
-            offset: u32::from(shard),
-            ..Header::default()
-        };
-        s.write_all(&hello.encode()).unwrap();
+        send(
+            &mut s,
+            &Message::Hello {
+                id: RequestId(id),
+                epoch: map.epoch,
+                versions: protocol::VERSIONS,
+                shard,
+                peer: false,
+                session: 0,
+                generation: 0,
+            },
+        );
         let hello = recv(&mut s);
         assert!(
-            matches!(hello, Message::Reply { status: 0, .. }),
+            matches!(hello, Message::HelloReply { status: 0, .. }),
             "{hello:?}"
         );
         id += 1;
@@ -94,6 +97,8 @@ fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
                     length: 4096,
                 },
                 flags: 0,
+                seq: PgSeq(0),
+                remote: None,
                 data: data.clone(),
             },
         );

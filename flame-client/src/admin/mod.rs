@@ -7,13 +7,15 @@
 //! JSON with `--json`, so scripts never parse the human format.
 
 pub mod format;
+pub mod size;
 
 use crate::bench::{self, BenchConfig, BenchReport, Pattern};
 use crate::{ClientConfig, ClientError, Cluster, MgrClient};
 use clap::{Parser, Subcommand};
 use flame_common::ids::{ObjectId, OsdId, PgId, VolumeId};
+use flame_common::map::VOLUME_SIZE_MAX;
 use flame_common::map::{ClusterMap, VolumeInfo};
-use flame_common::mgr_api::{format_size, parse_size};
+use flame_common::mgr_api::{ClusterStatus, format_size};
 use flame_common::placement;
 use flame_common::reactor::{Reactor, ReactorConfig};
 use format::{fields, table, utc_time};
@@ -28,7 +30,12 @@ use std::time::Duration;
 #[command(
     name = "flame-admin",
     version,
-    about = "Administer a Flame cluster: status, OSDs, volumes, placement, benchmarks"
+    about = "Administer a Flame cluster: status, OSDs, volumes, placement, benchmarks",
+    after_help = "Sizes use binary units only: K/KiB = 1024, M/MiB, G/GiB, T/TiB, P/PiB \
+                  (1.5G is exact; GB, MB... are refused).\n\
+                  Exit status: 0 ok, 1 the command failed, 2 bad command line. With --json, \
+                  errors are {\"error\": \"...\"} on stdout.\n\
+                  A dev cluster started with --port-base: `source DIR/env` sets FLAME_MGR."
 )]
 pub struct Cli {
     /// Manager address (HOST:PORT or http://HOST:PORT).
@@ -39,7 +46,8 @@ pub struct Cli {
         default_value = "127.0.0.1:6800"
     )]
     pub mgr: String,
-    /// Print JSON instead of tables.
+    /// Print JSON instead of tables. Errors too: `{"error": "..."}` on stdout (nothing
+    /// on stderr), exit status 1 (2 for a bad command line).
     #[arg(long, global = true)]
     pub json: bool,
     /// What to do.
@@ -62,7 +70,7 @@ pub enum Command {
     Locate {
         /// Volume name.
         volume: String,
-        /// Byte offset (suffixes K, M, G, ... allowed).
+        /// Byte offset (binary units: K = 1024, M, G, ...; `GB` etc. are refused).
         #[arg(value_parser = size_arg)]
         offset: u64,
     },
@@ -84,8 +92,10 @@ pub enum VolumeCommand {
     Create {
         /// Volume name (also the NBD export name).
         name: String,
-        /// Size, e.g. 10G.
-        #[arg(long, value_parser = size_arg)]
+        /// Size, e.g. 10G or 1.5GiB: a multiple of 512 bytes, at most 1 PiB. Units are
+        /// binary (K/KiB = 1024, M/MiB, G/GiB, T/TiB, P/PiB); fractions are accepted
+        /// when they come to whole bytes; decimal units (KB, MB, GB) are refused.
+        #[arg(long, value_parser = volume_size_arg)]
         size: u64,
     },
     /// List volumes.
@@ -99,8 +109,9 @@ pub enum VolumeCommand {
     Resize {
         /// Volume name.
         name: String,
-        /// New size, e.g. 20G.
-        #[arg(long, value_parser = size_arg)]
+        /// New size, e.g. 20G: a multiple of 512 bytes, at most 1 PiB, binary units
+        /// as for `volume create`.
+        #[arg(long, value_parser = volume_size_arg)]
         size: u64,
         /// Allow making the volume smaller (data past the new end is lost).
         #[arg(long)]
@@ -121,7 +132,7 @@ pub struct BenchArgs {
     /// Access pattern.
     #[arg(long, value_enum, default_value = "randread")]
     pub rw: Pattern,
-    /// Bytes per I/O.
+    /// Bytes per I/O (binary units: 4k = 4096, 1M = 1048576).
     #[arg(long, value_parser = size_arg, default_value = "4k")]
     pub bs: u64,
     /// Concurrent I/Os.
@@ -130,17 +141,37 @@ pub struct BenchArgs {
     /// How long to run (e.g. 10s, 500ms, 1m).
     #[arg(long, value_parser = duration_arg, default_value = "10s")]
     pub runtime: Duration,
-    /// Only use the first BYTES of the volume.
+    /// Only use the first BYTES of the volume (binary units, e.g. 1G).
     #[arg(long, value_parser = size_arg)]
     pub size_limit: Option<u64>,
     /// Seed for random offsets and written data.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Let a write benchmark (`--rw write` or `randwrite`) overwrite a volume that
+    /// holds data. Without it, flame-admin first reads a sample of the region
+    /// (its first and last MiB and the first 4 KiB of up to 1024 objects) and
+    /// refuses if any byte is non-zero. The sample catches any partitioned or
+    /// formatted volume but not data written only elsewhere.
+    #[arg(long)]
+    pub force_overwrite: bool,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
-    parse_size(s)
+    size::parse_size(s)
 }
+
+/// A volume size: binary units, a whole number of 512-byte sectors (the manager's
+/// rule, checked here so the message can name the nearest valid sizes), at most
+/// [`VOLUME_SIZE_MAX`].
+fn volume_size_arg(s: &str) -> std::result::Result<u64, String> {
+    let bytes = size::parse_size(s)?;
+    size::check_max("a volume", bytes, VOLUME_SIZE_MAX)?;
+    size::check_multiple("a volume's size", bytes, VOLUME_SECTOR_BYTES)?;
+    Ok(bytes)
+}
+
+/// Volumes are whole 512-byte sectors (the manager refuses anything else).
+const VOLUME_SECTOR_BYTES: u64 = 512;
 
 fn duration_arg(s: &str) -> std::result::Result<Duration, String> {
     format::parse_duration(s)
@@ -165,30 +196,70 @@ impl From<ClientError> for AdminError {
 type Result<T> = std::result::Result<T, AdminError>;
 
 /// Parses the process arguments, runs the command and returns the exit code:
-/// 0 on success, 1 on any error (message on stderr), 2 on a usage error.
+/// 0 on success, 1 on any error, 2 on a usage error. The error message is one line
+/// on stderr, or with `--json` an [`ErrorJson`] object on stdout, so a script that
+/// parses stdout always gets JSON.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Known before parsing, so a usage error can be JSON too.
+    let wants_json = args.iter().any(|a| a == "--json");
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
         Err(e) => {
             // --help and --version are "errors" that print to stdout and succeed.
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if wants_json {
+                let message = e.kind().to_string();
+                let detail = e.render().to_string();
+                let _ = write_error_json(&mut out, &first_error_line(&detail, &message));
             } else {
-                ExitCode::SUCCESS
-            };
+                let _ = e.print();
+            }
+            return ExitCode::from(2);
         }
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
     match execute(&cli, &mut out) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let _ = out.flush();
-            eprintln!("flame-admin: error: {e}");
+            if cli.json {
+                let _ = write_error_json(&mut out, &e.0);
+            } else {
+                let _ = out.flush();
+                eprintln!("flame-admin: error: {e}");
+            }
             ExitCode::from(1)
         }
     }
+}
+
+/// What flame-admin prints on stdout for a failed command under `--json`.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct ErrorJson {
+    /// The message the table mode prints after `flame-admin: error:`.
+    pub error: String,
+}
+
+fn write_error_json(out: &mut dyn Write, message: &str) -> std::io::Result<()> {
+    let body = serde_json::to_string_pretty(&ErrorJson {
+        error: message.to_string(),
+    })
+    .unwrap_or_else(|_| String::from("{\"error\": \"unprintable error\"}"));
+    writeln!(out, "{body}")?;
+    out.flush()
+}
+
+/// The `error: ...` line of a rendered clap error, without the prefix (clap's full
+/// rendering adds usage and tips over several lines).
+fn first_error_line(rendered: &str, fallback: &str) -> String {
+    rendered
+        .lines()
+        .find_map(|l| l.strip_prefix("error: "))
+        .map_or_else(|| fallback.to_string(), str::to_string)
 }
 
 /// Runs one parsed command, writing its output to `out`.
@@ -227,10 +298,7 @@ fn status(mgr: &MgrClient, as_json: bool) -> Result<String> {
         ("cluster", s.fsid.clone()),
         ("health", health),
         ("map", format!("epoch {}", s.epoch.0)),
-        (
-            "osds",
-            format!("{} total, {} up, {} in", s.osds, s.osds_up, s.osds_in),
-        ),
+        ("osds", osds_line(&s)),
         (
             "volumes",
             format!(
@@ -239,14 +307,7 @@ fn status(mgr: &MgrClient, as_json: bool) -> Result<String> {
                 format_size(s.provisioned_bytes)
             ),
         ),
-        (
-            "usage",
-            format!(
-                "{} used of {} (all copies)",
-                format_size(s.used_bytes),
-                format_size(s.capacity_bytes)
-            ),
-        ),
+        ("usage", usage_line(&s)),
         (
             "pool",
             format!(
@@ -258,6 +319,50 @@ fn status(mgr: &MgrClient, as_json: bool) -> Result<String> {
             ),
         ),
     ]))
+}
+
+/// The `osds` line of `status`. OSDs not heard from since the manager started are
+/// counted `up` only because the map last said so: say that, rather than present
+/// it as fresh.
+pub fn osds_line(s: &ClusterStatus) -> String {
+    let mut line = format!("{} total, {} up, {} in", s.osds, s.osds_up, s.osds_in);
+    if s.osds_awaiting_first_report > 0 {
+        line.push_str(&format!(
+            "; {} waiting for first report (up/down is the last recorded state)",
+            s.osds_awaiting_first_report
+        ));
+    }
+    line
+}
+
+/// The `usage` line of `status`: unknown while no OSD has reported since the
+/// manager started (right after `up`, after a manager restart), partial while some
+/// have not, instead of a made-up `0 B used of 0 B`.
+pub fn usage_line(s: &ClusterStatus) -> String {
+    let waiting = s.osds_awaiting_first_report.min(s.osds);
+    if s.osds == 0 {
+        return "none: no OSDs".into();
+    }
+    if waiting == s.osds {
+        return format!(
+            "unknown: waiting for first report from {} OSD{}",
+            waiting,
+            if waiting == 1 { "" } else { "s" }
+        );
+    }
+    let mut line = format!(
+        "{} used of {} (all copies)",
+        format_size(s.used_bytes),
+        format_size(s.capacity_bytes)
+    );
+    if waiting > 0 {
+        line.push_str(&format!(
+            " from {} of {} OSDs; {waiting} waiting for first report",
+            s.osds - waiting,
+            s.osds
+        ));
+    }
+    line
 }
 
 fn osd_ls(mgr: &MgrClient, as_json: bool) -> Result<String> {
@@ -274,20 +379,31 @@ fn osd_ls(mgr: &MgrClient, as_json: bool) -> Result<String> {
                 o.info.addr.to_string(),
                 o.info.shards.to_string(),
                 format!("{:.2}", o.info.weight),
-                if o.info.up { "up" } else { "down" }.into(),
+                match (o.info.up, o.awaiting_first_report) {
+                    (true, false) => "up",
+                    (true, true) => "up?",
+                    (false, _) => "down",
+                }
+                .into(),
                 if o.info.r#in { "in" } else { "out" }.into(),
                 o.pgs.to_string(),
-                format!(
-                    "{} / {}",
-                    format_size(o.used_bytes),
-                    format_size(o.capacity_bytes)
+                if o.awaiting_first_report {
+                    "unknown".into()
+                } else {
+                    format!(
+                        "{} / {}",
+                        format_size(o.used_bytes),
+                        format_size(o.capacity_bytes)
+                    )
+                },
+                o.last_heartbeat_ms_ago.map_or_else(
+                    || "waiting for first report".into(),
+                    |ms| format!("{ms} ms ago"),
                 ),
-                o.last_heartbeat_ms_ago
-                    .map_or("never".into(), |ms| format!("{ms} ms ago")),
             ]
         })
         .collect();
-    Ok(table(
+    let mut text = table(
         &[
             "ID",
             "HOST",
@@ -301,7 +417,11 @@ fn osd_ls(mgr: &MgrClient, as_json: bool) -> Result<String> {
             "HEARTBEAT",
         ],
         &rows,
-    ))
+    );
+    if osds.iter().any(|o| o.info.up && o.awaiting_first_report) {
+        text.push_str("up? = recorded up, but no heartbeat since the manager started (yet)\n");
+    }
+    Ok(text)
 }
 
 /// A volume as flame-admin shows it.
@@ -400,7 +520,9 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
             size,
             allow_shrink,
         } => {
-            let v = mgr.resize_volume(name, *size, *allow_shrink)?;
+            let config = ClientConfig::new(cli.mgr.clone());
+            let v = crate::resize::resize_volume(&config, name, *size, *allow_shrink)
+                .map_err(|e| AdminError(format!("cannot resize volume `{name}`: {e}")))?;
             let view = VolumeView::new(&v, object_size()?);
             if cli.json {
                 return json(&view);
@@ -591,12 +713,25 @@ fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
     let mut reactor = Reactor::new(ReactorConfig::default())
         .map_err(|e| AdminError(format!("starting the I/O reactor: {e}")))?;
     let name = b.volume.clone();
+    let check_first = cfg.pattern.is_write() && !b.force_overwrite;
     let report = reactor
         .block_on(async move {
             let vol = cluster.open_volume(&name).await?;
-            bench::run(&vol, &cfg).await
+            if check_first {
+                let region = bench::region_bytes(&cfg, vol.size());
+                if let Some(at) = bench::find_data(&vol, region).await? {
+                    return Ok(Err(AdminError(format!(
+                        "volume `{name}` holds data (a non-zero byte at offset {at}): a {} \
+                         benchmark would overwrite it. Benchmark a scratch volume \
+                         (flame-admin volume create bench --size 4G), or pass \
+                         --force-overwrite to destroy what `{name}` holds",
+                        cfg.pattern.name()
+                    ))));
+                }
+            }
+            bench::run(&vol, &cfg).await.map(Ok)
         })
-        .map_err(|e| AdminError(format!("I/O reactor failed: {e}")))??;
+        .map_err(|e| AdminError(format!("I/O reactor failed: {e}")))???;
     if cli.json {
         return json(&report);
     }
@@ -705,6 +840,7 @@ mod tests {
         assert_eq!(b.iodepth, 32);
         assert_eq!(b.runtime, Duration::from_secs(10));
         assert_eq!(b.size_limit, None);
+        assert!(!b.force_overwrite, "overwriting data is opt-in");
         let Command::Bench(b) = parse(&[
             "bench",
             "v",
@@ -731,6 +867,68 @@ mod tests {
         assert_eq!(b.runtime, Duration::from_millis(500));
         assert_eq!(b.size_limit, Some(1 << 30));
         assert_eq!(b.seed, 7);
+    }
+
+    #[test]
+    fn volume_sizes_are_binary_aligned_and_bounded() {
+        let size = |s: &str| match parse(&["volume", "create", "v", "--size", s]) {
+            Ok(Cli {
+                command: Command::Volume(VolumeCommand::Create { size, .. }),
+                ..
+            }) => Ok(size),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(size("1.5G"), Ok(3 << 29));
+        assert_eq!(size("10GiB"), Ok(10 << 30));
+        assert_eq!(size("1P"), Ok(1 << 50));
+        let e = size("10GB").unwrap_err();
+        assert!(e.contains("decimal units are not accepted"), "{e}");
+        let e = size("100P").unwrap_err();
+        assert!(e.contains("100 PiB") && e.contains("1 PiB"), "{e}");
+        let e = size("1000").unwrap_err();
+        assert!(
+            e.contains("multiple of 512") && e.contains("1024 (1 KiB)"),
+            "{e}"
+        );
+        assert!(size("0").is_err());
+        assert!(size("0.1G").is_err());
+    }
+
+    #[test]
+    fn usage_and_osds_lines_say_when_nothing_is_known() {
+        let mut s = ClusterStatus {
+            fsid: "f".into(),
+            health: "HEALTH_OK".into(),
+            health_detail: vec![],
+            epoch: Epoch(1),
+            osds: 3,
+            osds_up: 3,
+            osds_in: 3,
+            volumes: 0,
+            provisioned_bytes: 0,
+            used_bytes: 0,
+            capacity_bytes: 0,
+            pool: PoolConfig::default(),
+            osds_awaiting_first_report: 3,
+        };
+        assert_eq!(
+            usage_line(&s),
+            "unknown: waiting for first report from 3 OSDs"
+        );
+        assert!(osds_line(&s).contains("3 waiting for first report"));
+        s.osds_awaiting_first_report = 1;
+        s.used_bytes = 1 << 20;
+        s.capacity_bytes = 1 << 30;
+        assert_eq!(
+            usage_line(&s),
+            "1.0 MiB used of 1.0 GiB (all copies) from 2 of 3 OSDs; 1 waiting for first report"
+        );
+        s.osds_awaiting_first_report = 0;
+        assert_eq!(usage_line(&s), "1.0 MiB used of 1.0 GiB (all copies)");
+        assert_eq!(osds_line(&s), "3 total, 3 up, 3 in");
+        s.osds = 0;
+        assert_eq!(usage_line(&s), "none: no OSDs");
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! `CAN_MULTI_CONN` holds because the client keeps no write cache: a write is
 //! acknowledged only once every OSD of the acting set applied it, and
 //! [`Volume::flush`] makes every write completed before it — on any connection, by
-//! any thread — stable on every OSD (it flushes all OSDs, not just those this
-//! connection wrote to).
+//! any thread — stable on every copy (it flushes every OSD shard that holds one of
+//! the volume's placement groups, not just those this connection wrote to).
 
 use super::backend::{Backend, Errno, Exports, OpenError};
 use crate::{ClientError, Cluster, Volume};

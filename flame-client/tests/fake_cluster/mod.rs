@@ -13,7 +13,9 @@
 
 use flame_common::ids::{Epoch, OsdId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig, VolumeInfo};
-use flame_common::mgr_api::{ApiError, ClusterStatus, OsdStatus, VolumeCreate, VolumeResize};
+use flame_common::mgr_api::{
+    ApiError, ClusterStatus, OsdStatus, TrimDone, TrimRange, VolumeCreate, VolumeResize, VolumeTrim,
+};
 use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, status};
 use flame_common::reactor::{self, Reactor, ReactorConfig};
@@ -192,6 +194,19 @@ fn query_param(url: &str, key: &str) -> Option<u64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
+/// Pending trims of every fake manager in this test process, keyed by the fake's map
+/// (its address) and volume id, as the real manager keeps them beside its map.
+fn pending_trims()
+-> std::sync::MutexGuard<'static, std::collections::BTreeMap<(usize, VolumeId), TrimRange>> {
+    static TRIMS: Mutex<std::collections::BTreeMap<(usize, VolumeId), TrimRange>> =
+        Mutex::new(std::collections::BTreeMap::new());
+    TRIMS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn map_key(map: &SharedMap) -> usize {
+    Arc::as_ptr(map) as usize
+}
+
 fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
     let url = req.url().to_string();
     let path = url.split('?').next().unwrap_or("").to_string();
@@ -236,6 +251,7 @@ fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
                 used_bytes: 0,
                 capacity_bytes: 1 << 40,
                 pool: m.pool.clone(),
+                osds_awaiting_first_report: 0,
             };
             ok(serde_json::to_value(s).unwrap())
         }
@@ -250,6 +266,7 @@ fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
                     capacity_bytes: 1 << 30,
                     last_heartbeat_ms_ago: Some(10),
                     pgs: 0,
+                    awaiting_first_report: false,
                 })
                 .collect();
             ok(serde_json::to_value(v).unwrap())
@@ -294,12 +311,49 @@ fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
                     m.epoch = Epoch(m.epoch.0 + 1);
                     ok(serde_json::to_value(v).unwrap())
                 }
+                ("GET", "trim", Some(v)) => ok(serde_json::to_value(VolumeTrim {
+                    volume: v.id,
+                    pending: pending_trims().get(&(map_key(map), v.id)).copied(),
+                })
+                .unwrap()),
+                ("POST", "trim", Some(v)) => match serde_json::from_str::<TrimDone>(&body) {
+                    Ok(d) => {
+                        let mut t = pending_trims();
+                        let key = (map_key(map), v.id);
+                        if t.get(&key)
+                            .is_some_and(|p| d.range.from <= p.from && d.range.to >= p.to)
+                        {
+                            t.remove(&key);
+                        }
+                        ok(serde_json::to_value(VolumeTrim {
+                            volume: v.id,
+                            pending: t.get(&key).copied(),
+                        })
+                        .unwrap())
+                    }
+                    Err(e) => err(400, &format!("bad body: {e}")),
+                },
                 ("POST", "resize", Some(mut v)) => {
                     match serde_json::from_str::<VolumeResize>(&body) {
                         Ok(r) if r.size < v.size && !r.allow_shrink => {
                             err(400, "shrinking needs allow_shrink")
                         }
+                        Ok(r)
+                            if r.size > v.size
+                                && pending_trims().contains_key(&(map_key(map), v.id)) =>
+                        {
+                            err(409, "a trim is pending")
+                        }
                         Ok(r) => {
+                            if r.size < v.size {
+                                pending_trims().insert(
+                                    (map_key(map), v.id),
+                                    TrimRange {
+                                        from: r.size,
+                                        to: v.size,
+                                    },
+                                );
+                            }
                             v.size = r.size;
                             m.volumes.insert(name.to_string(), v.clone());
                             m.epoch = Epoch(m.epoch.0 + 1);
@@ -404,8 +458,9 @@ async fn serve_conn(osd: std::rc::Rc<Osd>, conn: Conn) {
             }
             osd.state.hellos.fetch_add(1, Ordering::SeqCst);
             let mut r = m.reply(epoch, status::OK);
-            if let Message::Reply { info, .. } = &mut r {
-                *info = u32::from(osd.shards);
+            if let Message::HelloReply { shards, shard, .. } = &mut r {
+                *shards = osd.shards;
+                *shard = osd.shard;
             }
             let _ = conn.send(&r);
         }
@@ -519,7 +574,6 @@ fn handle(osd: &Osd, msg: &Message, is_io: bool) -> Message {
                 id: msg.id(),
                 epoch,
                 status: 0,
-                info: 0,
                 data,
             }
         }

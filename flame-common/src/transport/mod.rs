@@ -74,6 +74,14 @@ impl Conn {
         }
     }
 
+    /// Queues raw bytes: only for answering a peer of another protocol version in
+    /// its own format ([`crate::protocol::version_refusal`]).
+    pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
+        match self {
+            Conn::Tcp(c) => c.send_raw(bytes),
+        }
+    }
+
     /// Receives the next message. Only one task may receive on a connection.
     pub async fn recv(&self) -> Result<Message, TransportError> {
         match self {

@@ -11,7 +11,7 @@
 //! exactly-sized buffer, after the header bounded its size.
 
 use super::TransportError;
-use crate::protocol::{HEADER_LEN, Header, Message};
+use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, ProtocolError};
 use crate::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -121,7 +121,7 @@ impl TcpConn {
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
         let (header, payload) = msg.to_header();
         if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            self.enqueue(&header, payload, None)
+            self.enqueue(&header, &payload, None)
         } else {
             self.enqueue(&header, &[], Some(payload.to_vec()))
         }
@@ -132,14 +132,36 @@ impl TcpConn {
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
         let (header, payload) = msg.to_header();
         if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            return self.enqueue(&header, payload, None);
+            return self.enqueue(&header, &payload, None);
         }
         let data = match msg {
             Message::Write { data, .. } | Message::Reply { data, .. } => data,
             // Only writes and replies carry payloads.
-            other => other.to_header().1.to_vec(),
+            other => other.payload().into_owned(),
         };
         self.enqueue(&header, &[], Some(data))
+    }
+
+    /// Queues bytes that are not a v2 message: the refusal of a peer speaking
+    /// another protocol version, in that version's format
+    /// ([`crate::protocol::version_refusal`]).
+    pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
+        if self.closed.get() {
+            return Err(TransportError::Closed);
+        }
+        let mut q = self.queue.borrow_mut();
+        if q.queued_bytes + bytes.len() > SEND_QUEUE_BYTES_MAX {
+            drop(q);
+            self.close();
+            return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
+        }
+        q.queued_bytes += bytes.len();
+        q.bufs.push(bytes);
+        q.last_is_batch = false;
+        if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+        Ok(())
     }
 
     /// Appends the header and `inline` bytes to the batch buffer, and `separate` (a
@@ -188,15 +210,30 @@ impl TcpConn {
         };
         let result = self.recv_inner(&mut st).await;
         *self.recv_state.borrow_mut() = Some(st);
-        if result.is_err() {
-            self.close();
+        match &result {
+            // A peer of another protocol version: close once what is queued has
+            // been sent, so the caller can still queue a refusal in the peer's
+            // format ([`crate::protocol::version_refusal`]) before it yields.
+            Err(TransportError::Protocol(ProtocolError::ForeignVersion { .. })) => {
+                self.close_after_send()
+            }
+            Err(_) => self.close(),
+            Ok(_) => {}
         }
         result
     }
 
     async fn recv_inner(&self, st: &mut RecvState) -> Result<Message, TransportError> {
         let fd = self.stream.as_raw_fd();
-        // Header.
+        // Header: first the prefix every protocol version shares, so a peer of
+        // another version (whose header may be shorter) is recognised from what it
+        // sent instead of waiting for bytes it will never send.
+        while st.end - st.start < HEADER_PREFIX_LEN {
+            self.fill(fd, st).await?;
+        }
+        let mut prefix = [0u8; HEADER_PREFIX_LEN];
+        prefix.copy_from_slice(&st.buf[st.start..st.start + HEADER_PREFIX_LEN]);
+        Header::check_prefix(&prefix)?;
         while st.end - st.start < HEADER_LEN {
             self.fill(fd, st).await?;
         }
@@ -398,6 +435,8 @@ mod tests {
                         length: len as u32,
                     },
                     flags: 0,
+                    seq: crate::ids::PgSeq(0),
+                    remote: None,
                     data: vec![i as u8; len],
                 };
                 if i % 2 == 0 {
@@ -483,5 +522,63 @@ mod tests {
             assert!(res.is_err());
         })
         .unwrap();
+    }
+
+    /// A v2 connection whose peer answers with a protocol-v1 header (64 bytes, then
+    /// silence) fails at once with an error naming both versions, instead of waiting
+    /// for the 64 more bytes a v2 header would have.
+    #[test]
+    fn a_v1_answer_is_reported_with_both_versions_not_awaited() {
+        use std::io::{Read, Write};
+        let raw = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = raw.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = raw.accept().unwrap();
+            let mut hello = [0u8; crate::protocol::HEADER_LEN];
+            s.read_exact(&mut hello).unwrap();
+            // A v1 HELLO reply: the v1 header only, no payload.
+            let mut b = [0u8; 64];
+            b[0..4].copy_from_slice(b"FLME");
+            b[4] = 1;
+            b[5] = 0x81;
+            let crc = crc32c::crc32c(&b[0..60]);
+            b[60..64].copy_from_slice(&crc.to_le_bytes());
+            s.write_all(&b).unwrap();
+            // Stay connected (silent) until the client is done.
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        });
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let c = TcpConn::connect(addr, Duration::from_secs(2))
+                .await
+                .unwrap();
+            c.send(&Message::Hello {
+                id: RequestId(1),
+                epoch: Epoch(1),
+                versions: crate::protocol::VERSIONS,
+                shard: 0,
+                peer: false,
+                session: 0,
+                generation: 0,
+            })
+            .unwrap();
+            let res = futures_lite::future::or(async { Some(c.recv().await) }, async {
+                crate::reactor::sleep(Duration::from_secs(5)).await;
+                None
+            })
+            .await;
+            let Some(Err(e)) = res else {
+                panic!("expected a version error, got {res:?}")
+            };
+            let text = e.to_string();
+            assert!(
+                text.contains("version 1") && text.contains("version 2"),
+                "{text}"
+            );
+            c.close();
+        })
+        .unwrap();
+        peer.join().unwrap();
     }
 }

@@ -1,0 +1,232 @@
+//! What a new user meets in `flame-admin`, through the real binary against real
+//! daemons: a write benchmark that refuses to destroy data, errors as JSON under
+//! `--json`, sizes with binary units and fractions, and status figures that say
+//! "waiting for first report" instead of zeroes.
+
+use flame_tests::{TestCluster, output_text};
+use serde_json::Value;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+const GIB: u64 = 1 << 30;
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts `out` failed with `code` and printed `{"error": "..."}` (and nothing
+/// else) on stdout and nothing on stderr; returns the message.
+fn json_error(out: &Output, code: i32) -> String {
+    assert_eq!(out.status.code(), Some(code), "{}", output_text(out));
+    assert!(
+        out.stderr.is_empty(),
+        "stderr must be empty under --json: {}",
+        stderr(out)
+    );
+    let v: Value = serde_json::from_str(&stdout(out))
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stdout(out)));
+    let obj = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"));
+    assert_eq!(obj.len(), 1, "only `error`: {v}");
+    let msg = obj["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("error is not a string: {v}"));
+    assert!(!msg.is_empty());
+    msg.to_string()
+}
+
+#[test]
+fn write_bench_refuses_a_volume_that_holds_data() {
+    let cluster = TestCluster::start_with(flame_tests::ClusterOptions::with_nbd());
+    cluster.admin_ok(&["volume", "create", "scratch", "--size", "64M"]);
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "scratch",
+            "--rw",
+            "randwrite",
+            "--bs",
+            "4k",
+            "--iodepth",
+            "4",
+            "--runtime",
+            "300ms",
+        ];
+        args.extend_from_slice(extra);
+        cluster.admin(&args)
+    };
+    // A new volume reads as zeroes: the benchmark runs.
+    let out = bench(&[]);
+    assert!(out.status.success(), "fresh volume: {}", output_text(&out));
+    assert!(stdout(&out).contains("iops"), "{}", output_text(&out));
+
+    // Now it holds the benchmark's data: a second write run is refused, and says how
+    // to go on.
+    let out = bench(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    let err = stderr(&out);
+    assert!(err.contains("holds data"), "{err}");
+    assert!(err.contains("--force-overwrite"), "{err}");
+    assert!(err.contains("scratch volume"), "{err}");
+    // Sequential writes too, and the refusal is JSON under --json.
+    let msg = json_error(&bench(&["--json"]), 1);
+    assert!(msg.contains("holds data"), "{msg}");
+
+    // Reading never destroys anything: no check.
+    let out = cluster.admin(&["bench", "scratch", "--rw", "randread", "--runtime", "200ms"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+
+    // The explicit flag lets it through.
+    let out = bench(&["--force-overwrite"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+
+    // Data only in the middle of the volume (object 8, past the first MiB and well
+    // before the last) is found too: the check samples the start of every object.
+    cluster.admin_ok(&["volume", "create", "mid", "--size", "64M"]);
+    cluster.wait_nbd_export("mid");
+    cluster.qemu_io("mid", &["write -P 0x5a 32M 4k"]);
+    let out = cluster.admin(&["bench", "mid", "--rw", "write", "--runtime", "100ms"]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert!(
+        stderr(&out).contains(&format!("offset {}", 32 << 20)),
+        "{}",
+        output_text(&out)
+    );
+    // ... unless --size-limit keeps the run before it.
+    let out = cluster.admin(&[
+        "bench",
+        "mid",
+        "--rw",
+        "write",
+        "--runtime",
+        "100ms",
+        "--size-limit",
+        "16M",
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+}
+
+#[test]
+fn json_errors_are_json_on_stdout_with_a_nonzero_exit() {
+    let cluster = TestCluster::start();
+    // A failed request to the manager.
+    let msg = json_error(&cluster.admin(&["volume", "info", "nope", "--json"]), 1);
+    assert!(msg.contains("nope"), "{msg}");
+    // --json before the subcommand, too.
+    json_error(&cluster.admin(&["--json", "volume", "rm", "nope"]), 1);
+    // A usage error (exit 2) is JSON too when --json is on the command line.
+    let msg = json_error(
+        &cluster.admin(&["volume", "create", "v", "--size", "10GB", "--json"]),
+        2,
+    );
+    assert!(msg.contains("decimal units are not accepted"), "{msg}");
+    json_error(&cluster.admin(&["frobnicate", "--json"]), 2);
+    // An unreachable manager.
+    let out = flame_tests::run_bounded(
+        std::process::Command::new(cluster.bin("flame-admin"))
+            .args(["--mgr", "127.0.0.1:1", "status", "--json"])
+            .env_remove("FLAME_MGR"),
+        Duration::from_secs(60),
+    );
+    let msg = json_error(&out, 1);
+    assert!(msg.contains("127.0.0.1:1"), "{msg}");
+    // Without --json the same errors stay one line on stderr, stdout empty.
+    let out = cluster.admin(&["volume", "info", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "{}", output_text(&out));
+    assert!(
+        stderr(&out).starts_with("flame-admin: error:"),
+        "{}",
+        output_text(&out)
+    );
+}
+
+#[test]
+fn sizes_take_binary_units_and_exact_fractions() {
+    let cluster = TestCluster::start();
+    let v = cluster.admin_json(&["volume", "create", "frac", "--size", "1.5G"]);
+    assert_eq!(v["size"], 3 * GIB / 2, "{v}");
+    let v = cluster.admin_json(&["volume", "resize", "frac", "--size", "2GiB"]);
+    assert_eq!(v["size"], 2 * GIB, "{v}");
+    for (size, says) in [
+        ("10GB", "decimal units are not accepted"),
+        ("100P", "100 PiB, more than the largest allowed, 1 PiB"),
+        ("0.1G", "whole number of bytes"),
+        ("1000", "multiple of 512"),
+    ] {
+        let out = cluster.admin(&["volume", "create", "bad", "--size", size]);
+        assert_eq!(out.status.code(), Some(2), "{size}: {}", output_text(&out));
+        assert!(stderr(&out).contains(says), "{size}: {}", output_text(&out));
+    }
+    assert!(cluster.admin(&["volume", "info", "bad"]).status.code() == Some(1));
+    let help = stdout(&cluster.admin(&["volume", "create", "--help"]));
+    assert!(help.contains("binary"), "{help}");
+    assert!(help.contains("GB"), "{help}");
+}
+
+#[test]
+fn status_says_waiting_for_first_report_until_osds_report() {
+    let mut cluster = TestCluster::start();
+    cluster.admin_ok(&["volume", "create", "v", "--size", "1G"]);
+    // Once every OSD has sent a heartbeat (a registered OSD may not have yet): real
+    // figures.
+    wait_all_reported(&cluster);
+    let human = cluster.admin_ok(&["status"]);
+    assert!(human.contains(" used of "), "{human}");
+    assert!(!human.contains("waiting"), "{human}");
+
+    // A manager restarted while the OSDs are away has no report from any of them,
+    // but its map still says up (for the heartbeat grace): unknown, not 0 B of 0 B.
+    for i in 0..cluster.osd_count() {
+        cluster.kill_osd(i);
+    }
+    cluster.restart_mgr();
+    let st = cluster.admin_json(&["status"]);
+    assert_eq!(st["osds_awaiting_first_report"], 3, "{st}");
+    let human = cluster.admin_ok(&["status"]);
+    assert!(
+        human.contains("unknown: waiting for first report from 3 OSDs"),
+        "{human}"
+    );
+    assert!(!human.contains("0 B used of 0 B"), "{human}");
+    assert!(human.contains("3 waiting for first report"), "{human}");
+    let osds = cluster.admin_ok(&["osd", "ls"]);
+    assert!(osds.contains("up?") && osds.contains("unknown"), "{osds}");
+    assert!(osds.contains("waiting for first report"), "{osds}");
+    let list = cluster.admin_json(&["osd", "ls"]);
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["awaiting_first_report"] == true),
+        "{list}"
+    );
+
+    // The OSDs come back and report: figures again.
+    for i in 0..cluster.osd_count() {
+        cluster.restart_osd(i);
+    }
+    wait_all_reported(&cluster);
+    let human = cluster.admin_ok(&["status"]);
+    assert!(
+        human.contains(" used of ") && !human.contains("waiting"),
+        "{human}"
+    );
+}
+
+fn wait_all_reported(cluster: &TestCluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = cluster.admin_json(&["status"]);
+        if st["osds_awaiting_first_report"] == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "OSDs never reported: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
