@@ -137,6 +137,12 @@ pub struct ShardMetrics {
 impl ShardMetrics {
     /// Resolves every child for `shard`.
     pub fn new(shard: u16) -> ShardMetrics {
+        // The store's counters are per OSD: make them visible (at 0) from the start,
+        // so a dashboard or test sees them before the first sync or bad block.
+        for result in ["repaired", "unrepaired"] {
+            CHECKSUM_ERRORS.with_label_values(&[result]);
+        }
+        LazyLock::force(&SYNCS);
         let s = shard.to_string();
         let role = |r: &str| {
             DATA_OPS.map(|op| OpCounters {

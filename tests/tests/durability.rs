@@ -164,6 +164,14 @@ fn nbd_flush_and_fua_reach_stable_storage_on_every_osd() {
         );
     }
     client.step("quit");
+    // Every OSD exports its checksum error counters (at 0: nothing was corrupt).
+    for i in 0..3 {
+        let (_, body) = http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
+        for result in ["repaired", "unrepaired"] {
+            let line = format!("flame_osd_checksum_errors_total{{result=\"{result}\"}} 0");
+            assert!(body.contains(&line), "osd.{i} lacks {line}");
+        }
+    }
 }
 
 #[test]
