@@ -175,6 +175,8 @@ mod tests {
         assert!(matches!(Header::decode(&m, other), Loaded::Bad(_)));
         assert_eq!(Header::decode(&[0u8; HEADER_LEN], o), Loaded::Fresh);
         assert_eq!(DATA_OFFSET % BLOCK as u64, 0);
+        // docs/on-disk-format.md and tests/src/lib.rs (OBJECT_DATA_OFFSET) say so.
+        assert_eq!(DATA_OFFSET, 69_632);
     }
 }
 
