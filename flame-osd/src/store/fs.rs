@@ -200,6 +200,31 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// Names in each of several directories (empty for a missing one), listed in
+    /// one helper-thread call on the real file system.
+    pub async fn list_dirs(&self, paths: Vec<PathBuf>) -> io::Result<Vec<Vec<String>>> {
+        match self {
+            Fs::Real { .. } => {
+                blocking(move || {
+                    paths
+                        .iter()
+                        .map(|p| list_dir_blocking(p))
+                        .collect::<io::Result<Vec<_>>>()
+                })
+                .await?
+            }
+            Fs::Sim(_) => {
+                let mut out = Vec::with_capacity(paths.len());
+                for p in &paths {
+                    out.push(self.list_dir(p).await?);
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// Names in a directory, with the blocking standard library (start-up and helper
 /// threads only).
 pub fn list_dir_blocking(path: &Path) -> io::Result<Vec<String>> {

@@ -921,12 +921,18 @@ impl ObjectStore {
         owned: impl Fn(PgId) -> bool,
     ) -> Result<u64, StoreError> {
         let mut removed = 0;
-        for pg_name in self.fs.list_dir(&layout::pgs_dir(&self.root)).await? {
-            let Some(pg) = layout::parse_pg_name(&pg_name).filter(|&pg| owned(pg)) else {
-                continue;
-            };
-            let dir = layout::pg_dir(&self.root, pg);
-            for name in self.fs.list_dir(&dir).await? {
+        let dirs: Vec<PathBuf> = self
+            .fs
+            .list_dir(&layout::pgs_dir(&self.root))
+            .await?
+            .iter()
+            .filter_map(|name| layout::parse_pg_name(name))
+            .filter(|&pg| owned(pg))
+            .map(|pg| layout::pg_dir(&self.root, pg))
+            .collect();
+        let listings = self.fs.list_dirs(dirs.clone()).await?;
+        for (dir, names) in dirs.iter().zip(listings) {
+            for name in names {
                 let Some(object) = layout::parse_object_name(&name) else {
                     continue; // not an object file
                 };
