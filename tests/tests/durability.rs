@@ -4,9 +4,14 @@
 //! (or to the FUA write). A flame-nbd whose FLUSH does nothing, or an OSD whose
 //! flush handler skips the sync, fails this test.
 //!
-//! Also: an OSD refuses a data directory of the old format with exit status 2.
+//! Also: a corrupt block is never returned to a client, and an OSD refuses a data
+//! directory of the old format with exit status 2.
 
-use flame_tests::{ClusterOptions, TestCluster, http_get};
+use flame_common::ids::ObjectId;
+use flame_tests::{
+    ClusterOptions, OBJECT_DATA_OFFSET, TOOL_TIMEOUT, TestCluster, http_get, output_text,
+    require_tool, run_bounded,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -215,5 +220,68 @@ fn an_old_format_data_dir_is_refused_with_status_2() {
     assert!(
         data.join("objects/0000000000000001/0000000000000000")
             .exists()
+    );
+}
+
+/// `flame_osd_checksum_errors_total{result="<result>"}` of OSD process `i`.
+fn checksum_errors(cluster: &TestCluster, i: usize, result: &str) -> u64 {
+    let (_, body) = http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
+    let want = format!("flame_osd_checksum_errors_total{{result=\"{result}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+#[test]
+fn a_corrupt_block_on_the_primary_is_never_returned() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    let vol = cluster.create_volume("rot", 16 * MIB);
+    cluster.wait_nbd_export("rot");
+    cluster.qemu_io("rot", &["write -P 0x77 0 16384", "flush"]);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = flame_common::placement::locate(&map, object);
+    let primary_addr = map.osds[&loc.osds[0]].addr;
+    let primary = (0..cluster.osd_count())
+        .find(|&i| cluster.osd_addr(i, 0) == primary_addr)
+        .expect("primary's process");
+    // Flip one byte of block 1 of the primary's copy, behind the OSD's back.
+    {
+        use std::os::unix::fs::FileExt;
+        let path = cluster.object_path(primary, vol.id, 0);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let at = (OBJECT_DATA_OFFSET + 4096 + 10) as u64;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        assert_eq!(b[0], 0x77);
+        f.write_all_at(&[0x78], at).unwrap();
+        f.sync_all().unwrap();
+    }
+    let before = checksum_errors(&cluster, primary, "unrepaired");
+    // Block 0 still reads; block 1 fails rather than return the flipped byte.
+    cluster.qemu_io("rot", &["read -P 0x77 0 4096"]);
+    let out = run_bounded(
+        Command::new(require_tool("qemu-io"))
+            .args(["-f", "raw"])
+            .arg(cluster.nbd_uri("rot"))
+            .args(["-c", "read -P 0x77 4096 4096"]),
+        TOOL_TIMEOUT,
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains("Input/output error") && !text.contains("Pattern verification failed"),
+        "a corrupt block must fail the read with EIO, not return data:\n{text}"
+    );
+    assert!(
+        checksum_errors(&cluster, primary, "unrepaired") > before,
+        "osd.{primary} did not count the checksum error"
     );
 }
