@@ -208,15 +208,16 @@ fn direct_io_probe_falls_back_where_unsupported() {
 fn open_file_cache_is_bounded_and_least_recently_used() {
     with_store(opts(false, true), async |s, _| {
         for i in 0..100 {
+            // Object 0 is used after every other one: it must never be the one
+            // evicted when another object is opened.
             s.write(PG, obj(i), 0, vec![i as u8; 16], false)
                 .await
                 .unwrap();
+            assert!(s.files.borrow().map.contains_key(&obj(0)), "round {i}");
             if i % 10 == 9 {
                 s.flush(None).await.unwrap(); // dirty objects stay open until flushed
             }
-            // Object 0 is used all the time: it must never be the one evicted.
             assert_eq!(s.read(PG, obj(0), 0, 1).await.unwrap(), vec![0]);
-            assert!(s.files.borrow().map.contains_key(&obj(0)), "round {i}");
         }
         s.flush(None).await.unwrap();
         assert!(s.open_count() <= 16, "{} open", s.open_count());
