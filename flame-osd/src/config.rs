@@ -49,6 +49,10 @@ pub struct OsdConfig {
     pub poll_mode: PollMode,
     /// `O_DIRECT` policy.
     pub direct_io: DirectIo,
+    /// Keep a crc32c per 4 KiB block and verify it on every read. Fixed when the
+    /// data directory is formatted (the superblock records it); `false` exists to
+    /// measure what checksums cost.
+    pub checksums: bool,
     /// Heartbeat period.
     pub heartbeat_interval_ms: u64,
     /// Connections one shard accepts before refusing more.
@@ -83,6 +87,7 @@ impl Default for OsdConfig {
             transport: TransportKind::Tcp,
             poll_mode: PollMode::Interrupt,
             direct_io: DirectIo::Auto,
+            checksums: true,
             heartbeat_interval_ms: 1000,
             max_connections_per_shard: 1024,
             max_inflight_per_connection: 256,

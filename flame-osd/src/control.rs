@@ -330,7 +330,7 @@ impl Control {
 fn disk_usage(data_dir: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
     let mut used = 0u64;
-    let objects = data_dir.join("objects");
+    let objects = data_dir.join("pgs");
     if let Ok(vols) = std::fs::read_dir(&objects) {
         for vol in vols.flatten() {
             if let Ok(files) = std::fs::read_dir(vol.path()) {

@@ -54,24 +54,73 @@ fn sync_data_fs(data_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Why the OSD could not start, and the exit status that says so.
+#[derive(Debug)]
+pub struct StartError {
+    /// One line for stderr and the log.
+    pub message: String,
+    /// 2 for a problem the operator must fix in the configuration or the data
+    /// directory (such as a data directory of another on-disk format), 1 otherwise.
+    pub status: i32,
+}
+
+impl From<String> for StartError {
+    fn from(message: String) -> StartError {
+        StartError { message, status: 1 }
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Makes the store consistent after whatever stopped the previous incarnation:
+/// objects named by the intent journals get checksums recomputed from their data
+/// (docs/on-disk-format.md, "Crash consistency"). Before any shard starts.
+fn recover_store(data_dir: &Path, direct_io: bool) -> Result<(), String> {
+    let mut reactor = flame_common::reactor::Reactor::new(Default::default())
+        .map_err(|e| format!("cannot create io_uring: {e}"))?;
+    let root = data_dir.to_path_buf();
+    let fs = store::fs::Fs::Real { direct_io };
+    let n = reactor
+        .block_on(async move { store::recover(&fs, &root).await })
+        .map_err(|e| format!("cannot run store recovery: {e}"))?
+        .map_err(|e| format!("store recovery of {} failed: {e}", data_dir.display()))?;
+    if n > 0 {
+        tracing::info!(
+            objects = n,
+            "recomputed checksums of objects written since their last flush"
+        );
+    }
+    Ok(())
+}
+
 /// Runs the OSD described by the configuration file at `config` (defaults when
 /// `None`) until the process is stopped. Returns only on a start-up error.
-pub fn run(config: Option<&Path>) -> Result<(), String> {
-    let cfg: OsdConfig = flame_common::config::load(config).map_err(|e| e.to_string())?;
+pub fn run(config: Option<&Path>) -> Result<(), StartError> {
+    let cfg: OsdConfig = flame_common::config::load(config).map_err(|e| StartError {
+        message: e.to_string(),
+        status: 2,
+    })?;
     run_with(cfg)
 }
 
 /// Runs the OSD with an already loaded configuration (the binary loads it itself,
 /// so a bad config gets its own report and exit status 2).
-pub fn run_with(cfg: OsdConfig) -> Result<(), String> {
+pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
-    std::fs::create_dir_all(cfg.data_dir.join("objects"))
+    std::fs::create_dir_all(&cfg.data_dir)
         .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
-    sync_data_fs(&cfg.data_dir)?;
     let identity = control::Identity::load_or_create(&cfg.data_dir)?;
+    store::layout::open_data_dir(&cfg.data_dir, &identity.uuid, cfg.checksums)
+        .map_err(|message| StartError { message, status: 2 })?;
+    sync_data_fs(&cfg.data_dir)?;
     let direct_io =
         store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
+    recover_store(&cfg.data_dir, direct_io)?;
     let shards = cfg.shard_count();
     if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
         // Measured (docs/benchmarks.md): with more spinning threads than cores,

@@ -5,7 +5,6 @@ use crate::metrics::ShardMetrics;
 use crate::pg::MapView;
 use crate::shard::Shard;
 use flame_common::buffer::PayloadBuf;
-use flame_common::placement::object_pg;
 use flame_common::protocol::{Message, flags, status};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -95,11 +94,16 @@ impl Shard {
                 }
                 match self
                     .store
-                    .read(target.object, target.offset, target.length)
+                    .read(target.pg, target.object, target.offset, target.length)
                     .await
                 {
                     Ok(data) => (status::OK, data),
                     Err(e) => {
+                        // Repair from another copy needs protocol v2 (to be wired);
+                        // until then the block stays bad and the read fails.
+                        if let crate::store::StoreError::Checksum { blocks, .. } = &e {
+                            crate::metrics::checksum_errors(false, blocks.len() as u64);
+                        }
                         tracing::error!(object = %target.object, "read failed: {e}");
                         (status::EIO, PayloadBuf::empty())
                     }
@@ -127,9 +131,8 @@ impl Shard {
                 }
                 (self.replicate(&view, msg).await, PayloadBuf::empty())
             }
-            // TODO(merge): pass `volume` to the store once `ObjectStore::flush(Option<VolumeId>)`
-            // lands (store branch); until then a FLUSH syncs every dirty object of the shard.
-            Message::Flush { volume: _, .. } => match self.store.flush().await {
+            // Only the flushed volume's dirty objects are synced.
+            Message::Flush { volume, .. } => match self.store.flush(Some(*volume)).await {
                 Ok(()) => (status::OK, PayloadBuf::empty()),
                 Err(e) => {
                     tracing::error!("flush failed: {e}");
@@ -138,12 +141,8 @@ impl Shard {
             },
             Message::DeleteVolume { volume, .. } => {
                 let me = map.osds.get(&self.osd).cloned();
-                let pg_count = map.pool.pg_count;
                 let shard = self.id;
-                let owned = move |o| {
-                    me.as_ref()
-                        .is_some_and(|m| m.shard_of(object_pg(o, pg_count)) == shard)
-                };
+                let owned = move |pg| me.as_ref().is_some_and(|m| m.shard_of(pg) == shard);
                 match self.store.delete_volume(*volume, owned).await {
                     Ok(n) => {
                         tracing::info!(shard = self.id, %volume, objects = n, "deleted volume objects");
@@ -172,7 +171,13 @@ impl Shard {
                 ..
             } => {
                 self.store
-                    .write(target.object, target.offset, data, f & flags::FUA != 0)
+                    .write(
+                        target.pg,
+                        target.object,
+                        target.offset,
+                        data,
+                        f & flags::FUA != 0,
+                    )
                     .await
             }
             Message::WriteZeroes {
@@ -183,6 +188,7 @@ impl Shard {
             } => {
                 self.store
                     .zero(
+                        target.pg,
                         target.object,
                         target.offset,
                         target.length,

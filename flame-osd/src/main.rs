@@ -31,6 +31,6 @@ fn main() {
     if let Err(e) = flame_osd::daemon::run_with(cfg) {
         tracing::error!("{e}");
         eprintln!("flame-osd: {e}");
-        std::process::exit(1);
+        std::process::exit(e.status);
     }
 }

@@ -137,6 +137,12 @@ pub struct ShardMetrics {
 impl ShardMetrics {
     /// Resolves every child for `shard`.
     pub fn new(shard: u16) -> ShardMetrics {
+        // The store's counters are per OSD: make them visible (at 0) from the start,
+        // so a dashboard or test sees them before the first sync or bad block.
+        for result in ["repaired", "unrepaired"] {
+            CHECKSUM_ERRORS.with_label_values(&[result]);
+        }
+        LazyLock::force(&SYNCS);
         let s = shard.to_string();
         let role = |r: &str| {
             DATA_OPS.map(|op| OpCounters {
@@ -157,4 +163,47 @@ impl ShardMetrics {
     pub fn op_index(op: OpCode) -> Option<usize> {
         DATA_OPS.iter().position(|o| *o == op)
     }
+}
+
+static CHECKSUM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_checksum_errors_total",
+        "Blocks that failed checksum verification: repaired from another copy, or unrepaired (the read failed)",
+        &["result"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Counts blocks that failed verification: `repaired` from another copy, or not.
+pub fn checksum_errors(repaired: bool, blocks: u64) {
+    let result = if repaired { "repaired" } else { "unrepaired" };
+    CHECKSUM_ERRORS.with_label_values(&[result]).inc_by(blocks);
+}
+
+/// Kinds of operation that make data stable.
+#[derive(Clone, Copy, Debug)]
+pub enum SyncKind {
+    /// `fdatasync` of an object file (FLUSH, FUA zeroing).
+    Fdatasync,
+    /// `fsync` of a directory (a new file's name).
+    Dir,
+    /// A write with `RWF_DSYNC` (FUA).
+    Fua,
+    /// A synced intent-journal write (group commit or reset).
+    Journal,
+}
+
+static SYNCS: LazyLock<[IntCounter; 4]> = LazyLock::new(|| {
+    let v = register_int_counter_vec!(
+        "flame_osd_syncs_total",
+        "Operations that made data stable, by kind (fdatasync|dir|fua|journal): shows that FLUSH and FUA reach this OSD's disk",
+        &["kind"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"));
+    ["fdatasync", "dir", "fua", "journal"].map(|k| v.with_label_values(&[k]))
+});
+
+/// Counts one operation that made data stable (issued; a failed one stops the OSD).
+pub fn sync_done(kind: SyncKind) {
+    SYNCS[kind as usize].inc();
 }

@@ -65,8 +65,12 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 wanted_epoch: setup.wanted_epoch,
                 store: ObjectStore::new(
                     &cfg.data_dir,
-                    setup.direct_io,
-                    cfg.open_files_per_shard_max as usize,
+                    id,
+                    crate::store::StoreOptions {
+                        direct_io: setup.direct_io,
+                        open_max: cfg.open_files_per_shard_max as usize,
+                        checksums: cfg.checksums,
+                    },
                 ),
                 gate: Rc::new(WriteGate::default()),
                 peers: Rc::new(Peers::new(

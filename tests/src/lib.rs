@@ -33,6 +33,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// Where object data starts in an object file: after the 4 KiB header and the
+/// 64 KiB checksum area (docs/on-disk-format.md).
+pub const OBJECT_DATA_OFFSET: usize = 4096 + 65536;
+
 /// How long a daemon may take to become ready after it was started. Generous: CI
 /// machines have two cores and run other tests at the same time.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(45);
@@ -538,12 +542,23 @@ impl TestCluster {
     }
 
     /// Where OSD process `i` stores object `index` of `volume` — the on-disk layout
-    /// `objects/<volume id, 16 hex digits>/<object index, 16 hex digits>`.
+    /// of docs/on-disk-format.md:
+    /// `pgs/<pg, 8 hex digits>/<volume id, 16 hex digits>.<object index, 16 hex digits>`.
     pub fn object_path(&self, i: usize, volume: VolumeId, index: u64) -> PathBuf {
+        let object = flame_common::ids::ObjectId { volume, index };
+        let pg = flame_common::placement::object_pg(object, self.opts.pg_count);
         self.osd_data_dir(i)
-            .join("objects")
-            .join(format!("{:016x}", volume.0))
-            .join(format!("{index:016x}"))
+            .join("pgs")
+            .join(format!("{:08x}", pg.0))
+            .join(format!("{:016x}.{index:016x}", volume.0))
+    }
+
+    /// The data bytes of an object file (what follows its header and checksum area,
+    /// [`OBJECT_DATA_OFFSET`]), or `None` if OSD process `i` has no file for it.
+    /// Byte `k` is byte `k` of the object; bytes past the end read as zero.
+    pub fn object_data(&self, i: usize, volume: VolumeId, index: u64) -> Option<Vec<u8>> {
+        let file = fs::read(self.object_path(i, volume, index)).ok()?;
+        Some(file.get(OBJECT_DATA_OFFSET..).unwrap_or_default().to_vec())
     }
 
     /// The manager's data directory.

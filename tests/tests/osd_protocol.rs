@@ -225,8 +225,13 @@ fn replicated_writes_reach_every_copy_in_one_order() {
             .osds
             .iter()
             .map(|id| {
-                let p = cluster.object_path(process_of(&cluster, &map, *id), vol.id, index);
-                std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+                let i = process_of(&cluster, &map, *id);
+                cluster.object_data(i, vol.id, index).unwrap_or_else(|| {
+                    panic!(
+                        "{} missing",
+                        cluster.object_path(i, vol.id, index).display()
+                    )
+                })
             })
             .collect();
         assert!(copies[0].len() > 65536);
@@ -346,7 +351,9 @@ fn a_small_shard_byte_bound_slows_clients_but_never_deadlocks() {
         .osds
         .iter()
         .map(|id| {
-            std::fs::read(cluster.object_path(process_of(&cluster, &map, *id), vol.id, 0)).unwrap()
+            cluster
+                .object_data(process_of(&cluster, &map, *id), vol.id, 0)
+                .unwrap()
         })
         .collect();
     assert_eq!(copies[0].len(), 4 << 20);

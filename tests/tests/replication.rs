@@ -2,8 +2,9 @@
 //! of the acting set (all three OSDs of a three-OSD cluster).
 //!
 //! Relies on the on-disk layout of docs/on-disk-format.md:
-//! `data_dir/objects/<volume id: 16 hex>/<object index: 16 hex>`, byte `k` of the file
-//! = byte `k` of the object, missing bytes read as zero.
+//! `data_dir/pgs/<pg: 8 hex>/<volume id: 16 hex>.<object index: 16 hex>`, byte
+//! `OBJECT_DATA_OFFSET + k` of the file = byte `k` of the object, missing bytes read
+//! as zero.
 
 use flame_common::ids::ObjectId;
 use flame_common::placement;
@@ -29,6 +30,7 @@ fn object_bytes(
         )
     });
     let mut out = vec![0u8; len];
+    let offset = offset + flame_tests::OBJECT_DATA_OFFSET;
     if file.len() > offset {
         let n = (file.len() - offset).min(len);
         out[..n].copy_from_slice(&file[offset..offset + n]);

@@ -121,7 +121,9 @@ fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
     // Acknowledged: every copy of the acting set has it.
     for osd in 0..cluster.osd_count() {
         let path = cluster.object_path(osd, vol.id, object.index);
-        let got = std::fs::read(&path).unwrap_or_default();
+        let got = cluster
+            .object_data(osd, vol.id, object.index)
+            .unwrap_or_default();
         assert!(
             got.len() >= 4096 && got[..4096] == data[..],
             "write acknowledged by {} (primary, {}), but harness osd.{osd} has no copy \

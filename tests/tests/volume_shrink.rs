@@ -35,7 +35,8 @@ fn wait_export_size(cluster: &TestCluster, volume: &str, size: u64) {
 }
 
 /// Bytes `[offset, offset + len)` of object `index` of the volume on OSD `osd`'s
-/// disk, missing bytes (no file, past its end, holes) as zero.
+/// disk (docs/on-disk-format.md), missing bytes (no file, past its end, holes) as
+/// zero.
 fn on_disk(
     cluster: &TestCluster,
     osd: usize,
@@ -46,7 +47,8 @@ fn on_disk(
 ) -> Vec<u8> {
     let mut out = vec![0u8; len as usize];
     if let Ok(file) = std::fs::read(cluster.object_path(osd, vol.id, index)) {
-        let offset = offset as usize;
+        // Object data follows the file's header and checksum area.
+        let offset = offset as usize + flame_tests::OBJECT_DATA_OFFSET;
         if file.len() > offset {
             let n = (file.len() - offset).min(out.len());
             out[..n].copy_from_slice(&file[offset..offset + n]);

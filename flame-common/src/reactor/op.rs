@@ -308,3 +308,65 @@ pub async fn sleep(duration: Duration) {
     // -ETIME is the normal expiry result.
     let _ = Op::submit_cancellable(sqe, ts).await;
 }
+
+/// A path as a C string the kernel can read, or `InvalidInput` for a path with a
+/// NUL byte.
+fn c_path(path: &std::path::Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `openat(AT_FDCWD, path, flags | O_CLOEXEC, mode)` through the ring, so a path
+/// lookup that has to read a directory from disk blocks a kernel worker, not the
+/// calling thread.
+pub async fn open(path: &std::path::Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = Box::new(c_path(path)?);
+    let sqe = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), c.as_ptr())
+        .flags(flags | libc::O_CLOEXEC)
+        .mode(mode as libc::mode_t)
+        .build();
+    let (res, _c) = Op::submit(sqe, c).await;
+    let fd = result(res)?;
+    // SAFETY: the kernel handed us a fresh descriptor we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `mkdirat(AT_FDCWD, path, mode)` through the ring. An existing directory is
+/// `AlreadyExists`.
+pub async fn mkdir(path: &std::path::Path, mode: u32) -> io::Result<()> {
+    let c = Box::new(c_path(path)?);
+    let sqe = opcode::MkDirAt::new(types::Fd(libc::AT_FDCWD), c.as_ptr())
+        .mode(mode as libc::mode_t)
+        .build();
+    let (res, _c) = Op::submit(sqe, c).await;
+    result(res).map(|_| ())
+}
+
+/// `unlinkat(AT_FDCWD, path, 0)` (or `AT_REMOVEDIR` with `dir`) through the ring.
+pub async fn unlink(path: &std::path::Path, dir: bool) -> io::Result<()> {
+    let c = Box::new(c_path(path)?);
+    let sqe = opcode::UnlinkAt::new(types::Fd(libc::AT_FDCWD), c.as_ptr())
+        .flags(if dir { libc::AT_REMOVEDIR } else { 0 })
+        .build();
+    let (res, _c) = Op::submit(sqe, c).await;
+    result(res).map(|_| ())
+}
+
+/// Size in bytes of an open file (`statx` on the descriptor through the ring).
+pub async fn file_size(fd: RawFd) -> io::Result<u64> {
+    let empty = Box::new(std::ffi::CString::default());
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    let buf: Box<libc::statx> = Box::new(unsafe { std::mem::zeroed() });
+    let sqe = opcode::Statx::new(
+        types::Fd(fd),
+        empty.as_ptr(),
+        &*buf as *const libc::statx as *mut types::statx,
+    )
+    .flags(libc::AT_EMPTY_PATH)
+    .mask(libc::STATX_SIZE)
+    .build();
+    let (res, (_empty, buf)) = Op::submit(sqe, (empty, buf)).await;
+    result(res)?;
+    Ok(buf.stx_size)
+}

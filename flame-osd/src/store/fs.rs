@@ -1,0 +1,678 @@
+//! The durability layer: every byte the store puts on disk goes through here.
+//!
+//! [`Fs::Real`] is the data directory, reached through the shard's io_uring (no
+//! blocking system call on a shard thread: opens, `mkdir`s and `unlink`s are ring
+//! operations, and the one call io_uring lacks, `getdents`, runs on a helper thread).
+//!
+//! [`Fs::Sim`] is an in-memory disk for tests that keeps what was written but not yet
+//! made stable (by `fdatasync`, an `RWF_DSYNC` write, or — for a new file's name — an
+//! `fsync` of its directory) aside, and at a simulated power cut keeps a random
+//! subset of those pages and drops the rest. That is what a real disk with a volatile
+//! cache may do; it lets a test show that everything a completed FLUSH covered
+//! survives and that every block verifies after recovery.
+
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN, IoBuf};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Page size of the simulated disk: the unit a power cut keeps or drops whole.
+const SIM_PAGE: usize = 4096;
+
+/// Where the store's files live.
+#[derive(Clone)]
+pub enum Fs {
+    /// The real file system, through io_uring.
+    Real {
+        /// Whether block-aligned I/O uses a second, `O_DIRECT` descriptor.
+        direct_io: bool,
+    },
+    /// The power-loss simulation (tests).
+    Sim(Rc<SimFs>),
+}
+
+/// An open file of [`Fs`].
+pub enum File {
+    /// A real file.
+    Real {
+        /// Page-cache descriptor: unaligned I/O, syncs, hole punching.
+        buffered: OwnedFd,
+        /// `O_DIRECT` descriptor for block-aligned I/O, when enabled.
+        direct: Option<OwnedFd>,
+    },
+    /// A simulated file.
+    Sim(Rc<SimFs>, Rc<SimFile>),
+}
+
+fn is_aligned(offset: u64, len: usize) -> bool {
+    offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
+}
+
+impl Fs {
+    /// Whether a failed sync is reported as an error (simulation) instead of
+    /// stopping the process (real disk; see `ObjectStore::flush`).
+    pub fn is_sim(&self) -> bool {
+        matches!(self, Fs::Sim(_))
+    }
+
+    /// Opens `path` read-write; with `create`, creates it if missing. `Ok(None)`:
+    /// missing and `create` is false. The flag says whether this call created it.
+    pub async fn open(&self, path: &Path, create: bool) -> io::Result<Option<(File, bool)>> {
+        match self {
+            Fs::Real { direct_io } => {
+                let mut created = false;
+                let buffered = match reactor::open(path, libc::O_RDWR, 0o644).await {
+                    Ok(fd) => fd,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        // O_EXCL tells us whether we made the name (and so must make
+                        // its directory entry stable); a racing creator cannot exist
+                        // (one shard owns the object) but is handled anyway.
+                        match reactor::open(
+                            path,
+                            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+                            0o644,
+                        )
+                        .await
+                        {
+                            Ok(fd) => {
+                                created = true;
+                                fd
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                                reactor::open(path, libc::O_RDWR, 0o644).await?
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
+                let direct = if *direct_io {
+                    Some(reactor::open(path, libc::O_RDWR | libc::O_DIRECT, 0).await?)
+                } else {
+                    None
+                };
+                Ok(Some((File::Real { buffered, direct }, created)))
+            }
+            Fs::Sim(sim) => {
+                sim.tick()?;
+                let mut files = sim.files.borrow_mut();
+                if let Some(f) = files.get(path) {
+                    return Ok(Some((File::Sim(sim.clone(), f.clone()), false)));
+                }
+                if !create {
+                    return Ok(None);
+                }
+                let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                if !sim.dirs.borrow().contains(&parent) {
+                    return Err(io::Error::from(io::ErrorKind::NotFound));
+                }
+                let f = Rc::new(SimFile::new(parent));
+                files.insert(path.to_path_buf(), f.clone());
+                Ok(Some((File::Sim(sim.clone(), f), true)))
+            }
+        }
+    }
+
+    /// Creates a directory; `Ok(false)` if it already existed.
+    pub async fn mkdir(&self, path: &Path) -> io::Result<bool> {
+        match self {
+            Fs::Real { .. } => match reactor::mkdir(path, 0o755).await {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(e),
+            },
+            Fs::Sim(sim) => {
+                sim.tick()?;
+                Ok(sim.dirs.borrow_mut().insert(path.to_path_buf()))
+            }
+        }
+    }
+
+    /// Makes a directory's entries stable (`fsync` of the directory).
+    pub async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        match self {
+            Fs::Real { .. } => {
+                let fd = match reactor::open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0).await {
+                    Ok(fd) => fd,
+                    // Removed with its contents: nothing left to make durable.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(e),
+                };
+                crate::metrics::sync_done(crate::metrics::SyncKind::Dir);
+                reactor::fsync(fd.as_raw_fd(), false).await
+            }
+            Fs::Sim(sim) => {
+                sim.tick()?;
+                for f in sim.files.borrow().values() {
+                    if f.parent == path {
+                        f.name_stable.set(true);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes a file (or an empty directory with `dir`); `Ok(false)` if missing.
+    pub async fn unlink(&self, path: &Path, dir: bool) -> io::Result<bool> {
+        match self {
+            Fs::Real { .. } => match reactor::unlink(path, dir).await {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(e),
+            },
+            Fs::Sim(sim) => {
+                sim.tick()?;
+                if dir {
+                    return Ok(sim.dirs.borrow_mut().remove(path));
+                }
+                Ok(sim.files.borrow_mut().remove(path).is_some())
+            }
+        }
+    }
+
+    /// Names in a directory (empty if it does not exist). On the real file system
+    /// this runs on a helper thread: io_uring has no `getdents`, and a large
+    /// directory read from disk would stall every connection of the shard.
+    pub async fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
+        match self {
+            Fs::Real { .. } => {
+                let path = path.to_path_buf();
+                blocking(move || list_dir_blocking(&path)).await?
+            }
+            Fs::Sim(sim) => {
+                sim.tick()?;
+                let mut names = BTreeSet::new();
+                for p in sim.files.borrow().keys().chain(sim.dirs.borrow().iter()) {
+                    if p.parent() == Some(path)
+                        && let Some(n) = p.file_name().and_then(|n| n.to_str())
+                    {
+                        names.insert(n.to_string());
+                    }
+                }
+                Ok(names.into_iter().collect())
+            }
+        }
+    }
+}
+
+impl Fs {
+    /// Names in each of several directories (empty for a missing one), listed in
+    /// one helper-thread call on the real file system.
+    pub async fn list_dirs(&self, paths: Vec<PathBuf>) -> io::Result<Vec<Vec<String>>> {
+        match self {
+            Fs::Real { .. } => {
+                blocking(move || {
+                    paths
+                        .iter()
+                        .map(|p| list_dir_blocking(p))
+                        .collect::<io::Result<Vec<_>>>()
+                })
+                .await?
+            }
+            Fs::Sim(_) => {
+                let mut out = Vec::with_capacity(paths.len());
+                for p in &paths {
+                    out.push(self.list_dir(p).await?);
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Names in a directory, with the blocking standard library (start-up and helper
+/// threads only).
+pub fn list_dir_blocking(path: &Path) -> io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(path) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        if let Some(n) = entry?.file_name().to_str() {
+            names.push(n.to_string());
+        }
+    }
+    Ok(names)
+}
+
+/// Runs `job` on a new helper thread and waits for it without blocking the reactor:
+/// the helper signals an eventfd that the ring reads. For rare control work only
+/// (deleting a volume), so a thread per call is fine.
+async fn blocking<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+    // SAFETY: plain eventfd creation; the result is checked.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let efd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let signal = efd.try_clone()?;
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let out = slot.clone();
+    std::thread::Builder::new()
+        .name("store-helper".into())
+        .spawn(move || {
+            let value = job();
+            if let Ok(mut s) = out.lock() {
+                *s = Some(value);
+            }
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a live array to an eventfd we own.
+            unsafe { libc::write(signal.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        })?;
+    let (res, _) = reactor::read_at(efd.as_raw_fd(), vec![0u8; 8], 0).await;
+    res?;
+    let value = slot
+        .lock()
+        .map_err(|_| io::Error::other("helper thread panicked"))?
+        .take();
+    value.ok_or_else(|| io::Error::other("helper thread ended without a result"))
+}
+
+impl File {
+    /// Reads `len` bytes at `offset`; bytes past the end of the file read as zero.
+    pub async fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        match self {
+            File::Real { buffered, direct } => {
+                if let (Some(direct), true) = (direct, is_aligned(offset, len)) {
+                    let buf = AlignedBuf::zeroed(len);
+                    let (filled, buf) = read_full(direct.as_raw_fd(), buf, offset, len).await;
+                    filled?;
+                    return Ok(buf.as_slice().to_vec());
+                }
+                let (filled, buf) =
+                    read_full(buffered.as_raw_fd(), vec![0u8; len], offset, len).await;
+                filled?;
+                Ok(buf)
+            }
+            File::Sim(sim, f) => {
+                sim.tick()?;
+                Ok(f.read(offset, len))
+            }
+        }
+    }
+
+    /// Like [`File::read`], into a payload buffer: the bytes land from the disk in
+    /// the (aligned) buffer that is then sent to the socket — with `O_DIRECT` when
+    /// the range is block-aligned, through the page cache otherwise; no copy either
+    /// way.
+    pub async fn read_buf(&self, offset: u64, len: usize) -> io::Result<PayloadBuf> {
+        match self {
+            File::Real { buffered, direct } => {
+                let fd = match (direct, is_aligned(offset, len)) {
+                    (Some(direct), true) => direct.as_raw_fd(),
+                    _ => buffered.as_raw_fd(),
+                };
+                let (filled, buf) = read_full(fd, PayloadBufMut::zeroed(len), offset, len).await;
+                filled?;
+                Ok(buf.freeze())
+            }
+            File::Sim(sim, f) => {
+                sim.tick()?;
+                Ok(PayloadBuf::copy_from(&f.read(offset, len)))
+            }
+        }
+    }
+
+    /// Writes `data` at `offset`; with `sync` it is stable when this returns
+    /// (`RWF_DSYNC`, the FUA of files), counted under that kind of sync.
+    ///
+    /// A block-aligned write from block-aligned memory (a [`PayloadBuf`] as received
+    /// from the socket) goes to the disk with `O_DIRECT` from that memory; other
+    /// memory at a block-aligned offset is first copied into an aligned buffer.
+    pub async fn write<B: IoBuf + AsRef<[u8]>>(
+        &self,
+        offset: u64,
+        data: B,
+        sync: Option<crate::metrics::SyncKind>,
+    ) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let dsync = sync.is_some();
+        if let Some(kind) = sync
+            && !matches!(self, File::Sim(..))
+        {
+            crate::metrics::sync_done(kind);
+        }
+        match self {
+            File::Real { buffered, direct } => {
+                let memory_aligned = (data.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN);
+                if let (Some(direct), true, true) =
+                    (direct, is_aligned(offset, data.len()), memory_aligned)
+                {
+                    write_full(direct.as_raw_fd(), data, offset, dsync).await
+                } else if let (Some(direct), true) = (direct, is_aligned(offset, data.len())) {
+                    let buf = AlignedBuf::copy_from(data.as_ref());
+                    write_full(direct.as_raw_fd(), buf, offset, dsync).await
+                } else {
+                    write_full(buffered.as_raw_fd(), data, offset, dsync).await
+                }
+            }
+            File::Sim(sim, f) => {
+                sim.tick()?;
+                f.write(offset, data.as_ref(), dsync);
+                Ok(())
+            }
+        }
+    }
+
+    /// Makes `[offset, offset+len)` read as zeroes (punches a hole, or writes zeroes
+    /// where the file system cannot).
+    pub async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        match self {
+            File::Real { buffered, .. } => {
+                let fd = buffered.as_raw_fd();
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                match reactor::fallocate(fd, mode, offset, len).await {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                        let len = usize::try_from(len)
+                            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+                        write_full(fd, vec![0u8; len], offset, false).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            File::Sim(sim, f) => {
+                sim.tick()?;
+                let len = usize::try_from(len)
+                    .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+                f.write(offset, &vec![0u8; len], false);
+                Ok(())
+            }
+        }
+    }
+
+    /// `fdatasync`: everything written to this file is stable when this returns.
+    pub async fn datasync(&self) -> io::Result<()> {
+        match self {
+            File::Real { buffered, .. } => {
+                crate::metrics::sync_done(crate::metrics::SyncKind::Fdatasync);
+                reactor::fsync(buffered.as_raw_fd(), true).await
+            }
+            File::Sim(sim, f) => {
+                sim.tick()?;
+                f.sync();
+                Ok(())
+            }
+        }
+    }
+
+    /// Size of the file in bytes.
+    pub async fn size(&self) -> io::Result<u64> {
+        match self {
+            File::Real { buffered, .. } => reactor::file_size(buffered.as_raw_fd()).await,
+            File::Sim(sim, f) => {
+                sim.tick()?;
+                Ok(f.size())
+            }
+        }
+    }
+}
+
+/// Reads until `len` bytes or end of file; the rest of `buf` keeps its zeroes.
+async fn read_full<B: reactor::IoBufMut>(
+    fd: i32,
+    mut buf: B,
+    offset: u64,
+    len: usize,
+) -> (io::Result<()>, B) {
+    let mut done = 0usize;
+    // Bounded: each round either advances or ends the loop.
+    while done < len {
+        let (res, back) = if done == 0 {
+            reactor::read_at(fd, buf, offset).await
+        } else {
+            let (res, t) =
+                reactor::read_at(fd, Tail { buf, start: done }, offset + done as u64).await;
+            (res, t.buf)
+        };
+        buf = back;
+        match res {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (Err(e), buf),
+        }
+    }
+    (Ok(()), buf)
+}
+
+async fn write_full<B: reactor::IoBuf>(
+    fd: i32,
+    buf: B,
+    offset: u64,
+    dsync: bool,
+) -> io::Result<()> {
+    let len = buf.len();
+    let (res, mut buf) = reactor::write_at(fd, buf, offset, dsync).await;
+    let mut done = res?;
+    // Short writes on regular files are rare (signals, quota); finish them.
+    while done < len {
+        let (res, back) = reactor::write_at(
+            fd,
+            TailRef { buf, start: done },
+            offset + done as u64,
+            dsync,
+        )
+        .await;
+        buf = back.buf;
+        match res {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "device accepted no bytes",
+                ));
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The tail `buf[start..]` of a buffer, as a buffer.
+struct Tail<B> {
+    buf: B,
+    start: usize,
+}
+
+// SAFETY: a view into a buffer that itself satisfies IoBuf.
+unsafe impl<B: reactor::IoBufMut> reactor::IoBuf for Tail<B> {
+    fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr().wrapping_add(self.start)
+    }
+    fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+// SAFETY: as above.
+unsafe impl<B: reactor::IoBufMut> reactor::IoBufMut for Tail<B> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr().wrapping_add(self.start)
+    }
+}
+
+/// Read-only tail view, for resuming short writes.
+struct TailRef<B> {
+    buf: B,
+    start: usize,
+}
+
+// SAFETY: as above.
+unsafe impl<B: reactor::IoBuf> reactor::IoBuf for TailRef<B> {
+    fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr().wrapping_add(self.start)
+    }
+    fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+/// The simulated disk.
+#[derive(Default)]
+pub struct SimFs {
+    files: RefCell<HashMap<PathBuf, Rc<SimFile>>>,
+    /// Directories (always stable: the store creates them before files in them
+    /// and never depends on a directory's own name surviving without its fsync).
+    dirs: RefCell<BTreeSet<PathBuf>>,
+    /// Operations left before the power cut (`None`: no cut planned).
+    ops_left: Cell<Option<u64>>,
+    /// Power is off: every operation fails until [`SimFs::power_cut`] restores.
+    dead: Cell<bool>,
+}
+
+/// One simulated file: its stable pages and its current (possibly volatile) pages.
+pub struct SimFile {
+    parent: PathBuf,
+    stable: RefCell<HashMap<u64, Box<[u8; SIM_PAGE]>>>,
+    current: RefCell<HashMap<u64, Box<[u8; SIM_PAGE]>>>,
+    /// Pages written since they were last made stable.
+    dirty: RefCell<BTreeSet<u64>>,
+    /// The file's name survives a power cut (its directory was synced).
+    name_stable: Cell<bool>,
+}
+
+impl SimFs {
+    /// An empty simulated disk with the given directories.
+    pub fn new(dirs: &[PathBuf]) -> Rc<SimFs> {
+        let fs = SimFs::default();
+        fs.dirs.borrow_mut().extend(dirs.iter().cloned());
+        Rc::new(fs)
+    }
+
+    /// Plans a power cut after `ops` more operations.
+    pub fn cut_after(&self, ops: u64) {
+        self.ops_left.set(Some(ops));
+    }
+
+    /// Whether the planned power cut has happened.
+    pub fn is_dead(&self) -> bool {
+        self.dead.get()
+    }
+
+    fn tick(&self) -> io::Result<()> {
+        if self.dead.get() {
+            return Err(io::Error::other("simulated power loss"));
+        }
+        if let Some(n) = self.ops_left.get() {
+            if n == 0 {
+                self.dead.set(true);
+                self.ops_left.set(None);
+                return Err(io::Error::other("simulated power loss"));
+            }
+            self.ops_left.set(Some(n - 1));
+        }
+        Ok(())
+    }
+
+    /// The power comes back: every page not made stable was either written by the
+    /// disk before the cut or lost (chosen by `keep`, called once per such page), a
+    /// file whose name was never made stable is lost, and operations work again.
+    pub fn power_cut(&self, keep: &mut impl FnMut() -> bool) {
+        self.files.borrow_mut().retain(|_, f| {
+            let survives = f.name_stable.get() || keep();
+            if survives {
+                f.cut(keep);
+            }
+            survives
+        });
+        self.dead.set(false);
+        self.ops_left.set(None);
+    }
+}
+
+impl SimFile {
+    fn new(parent: PathBuf) -> SimFile {
+        SimFile {
+            parent,
+            stable: RefCell::new(HashMap::new()),
+            current: RefCell::new(HashMap::new()),
+            dirty: RefCell::new(BTreeSet::new()),
+            name_stable: Cell::new(false),
+        }
+    }
+
+    fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        let cur = self.current.borrow();
+        let mut done = 0usize;
+        while done < len {
+            let pos = offset + done as u64;
+            let page = pos / SIM_PAGE as u64;
+            let within = (pos % SIM_PAGE as u64) as usize;
+            let n = (SIM_PAGE - within).min(len - done);
+            if let Some(p) = cur.get(&page) {
+                out[done..done + n].copy_from_slice(&p[within..within + n]);
+            }
+            done += n;
+        }
+        out
+    }
+
+    fn write(&self, offset: u64, data: &[u8], stable: bool) {
+        let mut cur = self.current.borrow_mut();
+        let mut done = 0usize;
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let page = pos / SIM_PAGE as u64;
+            let within = (pos % SIM_PAGE as u64) as usize;
+            let n = (SIM_PAGE - within).min(data.len() - done);
+            let p = cur.entry(page).or_insert_with(|| Box::new([0u8; SIM_PAGE]));
+            p[within..within + n].copy_from_slice(&data[done..done + n]);
+            if stable {
+                self.stable.borrow_mut().insert(page, p.clone());
+                self.dirty.borrow_mut().remove(&page);
+            } else {
+                self.dirty.borrow_mut().insert(page);
+            }
+            done += n;
+        }
+    }
+
+    fn sync(&self) {
+        let cur = self.current.borrow();
+        let mut stable = self.stable.borrow_mut();
+        for page in std::mem::take(&mut *self.dirty.borrow_mut()) {
+            if let Some(p) = cur.get(&page) {
+                stable.insert(page, p.clone());
+            }
+        }
+    }
+
+    fn cut(&self, keep: &mut impl FnMut() -> bool) {
+        self.sync_some(keep);
+        *self.current.borrow_mut() = self.stable.borrow().clone();
+    }
+
+    fn sync_some(&self, keep: &mut impl FnMut() -> bool) {
+        let cur = self.current.borrow();
+        let mut stable = self.stable.borrow_mut();
+        for page in std::mem::take(&mut *self.dirty.borrow_mut()) {
+            if keep()
+                && let Some(p) = cur.get(&page)
+            {
+                stable.insert(page, p.clone());
+            }
+        }
+    }
+
+    fn size(&self) -> u64 {
+        self.current
+            .borrow()
+            .keys()
+            .max()
+            .map_or(0, |p| (p + 1) * SIM_PAGE as u64)
+    }
+}

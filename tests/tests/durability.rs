@@ -1,0 +1,287 @@
+//! An NBD FLUSH and an FUA write reach stable storage on every copy: each of the
+//! three OSDs counts the syncs it issued (`flame_osd_syncs_total{kind=...}`), and
+//! those counters must move on all three between the write and the reply to FLUSH
+//! (or to the FUA write). A flame-nbd whose FLUSH does nothing, or an OSD whose
+//! flush handler skips the sync, fails this test.
+//!
+//! Also: a corrupt block is never returned to a client, and an OSD refuses a data
+//! directory of the old format with exit status 2.
+
+use flame_common::ids::ObjectId;
+use flame_tests::{
+    ClusterOptions, OBJECT_DATA_OFFSET, TOOL_TIMEOUT, TestCluster, http_get, output_text,
+    require_tool, run_bounded,
+};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+/// How long one step of the scripted NBD client may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `flame_osd_syncs_total{kind="<kind>"}` of OSD process `i`.
+fn syncs(cluster: &TestCluster, i: usize, kind: &str) -> u64 {
+    let addr = cluster.osd_metrics_addr(i);
+    let (code, body) = http_get(addr, "/metrics").unwrap_or_else(|e| panic!("osd.{i}: {e}"));
+    assert_eq!(code, 200, "osd.{i} metrics: HTTP {code}");
+    let want = format!("flame_osd_syncs_total{{kind=\"{kind}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+fn all_syncs(cluster: &TestCluster, kind: &str) -> Vec<u64> {
+    (0..cluster.osd_count())
+        .map(|i| syncs(cluster, i, kind))
+        .collect()
+}
+
+/// A Python/libnbd client driven step by step: each line sent on stdin runs one
+/// step; it prints the step's name when the server has replied.
+struct Client {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+const SCRIPT: &str = r#"
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+print("connected", flush=True)
+for line in sys.stdin:
+    step = line.strip()
+    if step == "write":
+        # Two objects, 64 KiB each, no flush.
+        h.pwrite(b"\x5a" * 65536, 0)
+        h.pwrite(b"\xa5" * 65536, 4 << 20)
+    elif step == "flush":
+        h.flush()
+    elif step == "fua":
+        h.pwrite(b"\x33" * 4096, 8 << 20, nbd.CMD_FLAG_FUA)
+    elif step == "quit":
+        h.shutdown()
+        print("quit", flush=True)
+        break
+    print(step, flush=True)
+"#;
+
+impl Client {
+    fn start(uri: &str) -> Client {
+        let mut child = Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(SCRIPT)
+            .arg(uri)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 with libnbd (scripts/test.sh installs python3-libnbd)");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut c = Client {
+            child,
+            stdin,
+            lines,
+        };
+        c.expect("connected");
+        c
+    }
+
+    fn expect(&mut self, what: &str) {
+        match self.lines.recv_timeout(STEP_TIMEOUT) {
+            Ok(l) if l == what => {}
+            other => {
+                let _ = self.child.kill();
+                panic!("libnbd client: expected {what:?}, got {other:?}");
+            }
+        }
+    }
+
+    fn step(&mut self, what: &str) {
+        writeln!(self.stdin, "{what}").expect("client stdin");
+        self.stdin.flush().expect("client stdin");
+        self.expect(what);
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn nbd_flush_and_fua_reach_stable_storage_on_every_osd() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    assert_eq!(cluster.osd_count(), 3);
+    cluster.create_volume("dur", 16 * MIB);
+    cluster.wait_nbd_export("dur");
+    let mut client = Client::start(&cluster.nbd_uri("dur"));
+
+    client.step("write");
+    // Writes alone sync nothing on the data path (the journal write aside).
+    let before = all_syncs(&cluster, "fdatasync");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        all_syncs(&cluster, "fdatasync"),
+        before,
+        "something synced object data without a FLUSH"
+    );
+    client.step("flush");
+    let after = all_syncs(&cluster, "fdatasync");
+    for i in 0..3 {
+        // Two dirty objects on every OSD (three copies on three OSDs).
+        assert!(
+            after[i] >= before[i] + 2,
+            "osd.{i}: FLUSH replied before the OSD synced the written objects \
+             (fdatasync {} -> {})\n{}",
+            before[i],
+            after[i],
+            cluster.log_tails()
+        );
+    }
+
+    let before = all_syncs(&cluster, "fua");
+    client.step("fua");
+    let after = all_syncs(&cluster, "fua");
+    for i in 0..3 {
+        assert!(
+            after[i] > before[i],
+            "osd.{i}: an FUA write was acknowledged without a synced write on this copy \
+             (fua {} -> {})\n{}",
+            before[i],
+            after[i],
+            cluster.log_tails()
+        );
+    }
+    client.step("quit");
+    // Every OSD exports its checksum error counters (at 0: nothing was corrupt).
+    for i in 0..3 {
+        let (_, body) = http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
+        for result in ["repaired", "unrepaired"] {
+            let line = format!("flame_osd_checksum_errors_total{{result=\"{result}\"}} 0");
+            assert!(body.contains(&line), "osd.{i} lacks {line}");
+        }
+    }
+}
+
+#[test]
+fn an_old_format_data_dir_is_refused_with_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("osd");
+    // Format 1: objects/<volume>/<index>, identity, no superblock.
+    std::fs::create_dir_all(data.join("objects/0000000000000001")).unwrap();
+    std::fs::write(
+        data.join("objects/0000000000000001/0000000000000000"),
+        b"old",
+    )
+    .unwrap();
+    std::fs::write(
+        data.join("osd.json"),
+        br#"{"uuid":"00000000-0000-4000-8000-000000000001","id":null,"fsid":null}"#,
+    )
+    .unwrap();
+    let cfg = dir.path().join("osd.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "mgr: 127.0.0.1:1\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\ndata_dir: {}\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let bin = flame_tests::bin_dir().join("flame-osd");
+    let out = flame_tests::run_bounded(
+        Command::new(bin).arg("--config").arg(&cfg),
+        Duration::from_secs(30),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("format 1") && stderr.contains("empty data_dir"),
+        "the message must say what is wrong and what to do: {stderr}"
+    );
+    // Untouched: no superblock written, the old object still there.
+    assert!(!data.join("superblock").exists());
+    assert!(
+        data.join("objects/0000000000000001/0000000000000000")
+            .exists()
+    );
+}
+
+/// `flame_osd_checksum_errors_total{result="<result>"}` of OSD process `i`.
+fn checksum_errors(cluster: &TestCluster, i: usize, result: &str) -> u64 {
+    let (_, body) = http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
+    let want = format!("flame_osd_checksum_errors_total{{result=\"{result}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+#[test]
+fn a_corrupt_block_on_the_primary_is_never_returned() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    let vol = cluster.create_volume("rot", 16 * MIB);
+    cluster.wait_nbd_export("rot");
+    cluster.qemu_io("rot", &["write -P 0x77 0 16384", "flush"]);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = flame_common::placement::locate(&map, object);
+    let primary_addr = map.osds[&loc.osds[0]].addr;
+    let primary = (0..cluster.osd_count())
+        .find(|&i| cluster.osd_addr(i, 0) == primary_addr)
+        .expect("primary's process");
+    // Flip one byte of block 1 of the primary's copy, behind the OSD's back.
+    {
+        use std::os::unix::fs::FileExt;
+        let path = cluster.object_path(primary, vol.id, 0);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let at = (OBJECT_DATA_OFFSET + 4096 + 10) as u64;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at).unwrap();
+        assert_eq!(b[0], 0x77);
+        f.write_all_at(&[0x78], at).unwrap();
+        f.sync_all().unwrap();
+    }
+    let before = checksum_errors(&cluster, primary, "unrepaired");
+    // Block 0 still reads; block 1 fails rather than return the flipped byte.
+    cluster.qemu_io("rot", &["read -P 0x77 0 4096"]);
+    let out = run_bounded(
+        Command::new(require_tool("qemu-io"))
+            .args(["-f", "raw"])
+            .arg(cluster.nbd_uri("rot"))
+            .args(["-c", "read -P 0x77 4096 4096"]),
+        TOOL_TIMEOUT,
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains("Input/output error") && !text.contains("Pattern verification failed"),
+        "a corrupt block must fail the read with EIO, not return data:\n{text}"
+    );
+    assert!(
+        checksum_errors(&cluster, primary, "unrepaired") > before,
+        "osd.{primary} did not count the checksum error"
+    );
+}
