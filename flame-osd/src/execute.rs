@@ -92,6 +92,12 @@ impl Shard {
                 if let Err(st) = view.check(self.osd, self.id, target, replica) {
                     return (st, PayloadBuf::empty());
                 }
+                if !replica {
+                    return self.read_repairing(&view, target).await;
+                }
+                // A replica-flagged read comes from a primary repairing a block: a
+                // bad block here is reported (EIO) and the primary repairs this
+                // copy too, so it is logged but not counted as unrepaired.
                 match self
                     .store
                     .read(target.pg, target.object, target.offset, target.length)
@@ -99,12 +105,7 @@ impl Shard {
                 {
                     Ok(data) => (status::OK, data),
                     Err(e) => {
-                        // Repair from another copy needs protocol v2 (to be wired);
-                        // until then the block stays bad and the read fails.
-                        if let crate::store::StoreError::Checksum { blocks, .. } = &e {
-                            crate::metrics::checksum_errors(false, blocks.len() as u64);
-                        }
-                        tracing::error!(object = %target.object, "read failed: {e}");
+                        tracing::error!(object = %target.object, "read for a primary failed: {e}");
                         (status::EIO, PayloadBuf::empty())
                     }
                 }

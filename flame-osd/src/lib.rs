@@ -3,7 +3,7 @@
 //!
 //! Where a request travels: [`connection`] (accept, HELLO, fencing, bounds) →
 //! [`execute`] (one request, its reply) → [`pg`] (placement-group view and role
-//! checks) → [`replication`] (the primary forwards to the replicas through
+//! checks; primary reads heal bad blocks in [`read_repair`]) → [`replication`] (the primary forwards to the replicas through
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager.
@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod ordering;
 pub mod peers;
 pub mod pg;
+pub mod read_repair;
 pub mod replication;
 pub mod shard;
 pub mod shard_thread;

@@ -72,9 +72,25 @@ impl Peers {
         epoch: Epoch,
         msg: Message,
     ) -> i32 {
+        match self.call_reply(osd, shard, epoch, msg).await {
+            Ok(Message::Reply { status, .. }) => status,
+            Ok(_) => status::EIO,
+            Err(st) => st,
+        }
+    }
+
+    /// Like [`Peers::call`], but returns the whole reply (a read's data), or the
+    /// status that stands for a failed call (EAGAIN: no connection or no answer).
+    pub async fn call_reply(
+        self: &Rc<Self>,
+        osd: &OsdInfo,
+        shard: u16,
+        epoch: Epoch,
+        msg: Message,
+    ) -> Result<Message, i32> {
         let peer = match self.get(osd, shard, epoch).await {
             Ok(p) => p,
-            Err(()) => return status::EAGAIN,
+            Err(()) => return Err(status::EAGAIN),
         };
         let reply = {
             let id = peer.next_id.get();
@@ -85,7 +101,7 @@ impl Peers {
             peer.pending.borrow_mut().insert(id, tx);
             if peer.conn.send_owned(msg).is_err() {
                 peer.pending.borrow_mut().remove(&id);
-                return status::EAGAIN;
+                return Err(status::EAGAIN);
             }
             let timeout = self.call_timeout;
             let wait = async { rx.await.ok() };
@@ -100,14 +116,13 @@ impl Peers {
             r
         };
         match reply {
-            Some(Message::Reply { status, .. }) => status,
-            Some(_) => status::EIO,
+            Some(m) => Ok(m),
             None => {
                 // Timed out or the connection died: drop the connection so the next
                 // call starts afresh.
                 tracing::warn!(osd = %osd.id, shard, "replica did not answer; closing connection");
                 self.drop_peer(osd.id, shard, &peer);
-                status::EAGAIN
+                Err(status::EAGAIN)
             }
         }
     }

@@ -7,7 +7,7 @@
 //! Also: a corrupt block is never returned to a client, and an OSD refuses a data
 //! directory of the old format with exit status 2.
 
-use flame_common::ids::ObjectId;
+use flame_common::ids::{ObjectId, VolumeId};
 use flame_tests::{
     ClusterOptions, OBJECT_DATA_OFFSET, TOOL_TIMEOUT, TestCluster, http_get, output_text,
     require_tool, run_bounded,
@@ -233,8 +233,43 @@ fn checksum_errors(cluster: &TestCluster, i: usize, result: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// Byte `at` (a data offset within the object) of OSD process `i`'s copy of object
+/// 0 of `vol`; with `set`, overwrites it first (behind the OSD's back: bit rot).
+fn object_byte(cluster: &TestCluster, i: usize, vol: VolumeId, at: usize, set: Option<u8>) -> u8 {
+    use std::os::unix::fs::FileExt;
+    let path = cluster.object_path(i, vol, 0);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let pos = (OBJECT_DATA_OFFSET + at) as u64;
+    if let Some(v) = set {
+        f.write_all_at(&[v], pos).unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, pos).unwrap();
+    b[0]
+}
+
+fn qemu_io_read(cluster: &TestCluster, volume: &str, command: &str) -> String {
+    let out = run_bounded(
+        Command::new(require_tool("qemu-io"))
+            .args(["-f", "raw", "-r"])
+            .arg(cluster.nbd_uri(volume))
+            .args(["-c", command]),
+        TOOL_TIMEOUT,
+    );
+    output_text(&out)
+}
+
+/// A block that fails its checksum is never returned: the primary reads it from a
+/// copy that verifies, repairs its own copy and every replica that reported the
+/// block bad, and serves the good data. Only when no copy verifies does the read
+/// fail with EIO.
 #[test]
-fn a_corrupt_block_on_the_primary_is_never_returned() {
+fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     let vol = cluster.create_volume("rot", 16 * MIB);
     cluster.wait_nbd_export("rot");
@@ -245,43 +280,76 @@ fn a_corrupt_block_on_the_primary_is_never_returned() {
         index: 0,
     };
     let loc = flame_common::placement::locate(&map, object);
-    let primary_addr = map.osds[&loc.osds[0]].addr;
-    let primary = (0..cluster.osd_count())
-        .find(|&i| cluster.osd_addr(i, 0) == primary_addr)
-        .expect("primary's process");
-    // Flip one byte of block 1 of the primary's copy, behind the OSD's back.
-    {
-        use std::os::unix::fs::FileExt;
-        let path = cluster.object_path(primary, vol.id, 0);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
-        let at = (OBJECT_DATA_OFFSET + 4096 + 10) as u64;
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, at).unwrap();
-        assert_eq!(b[0], 0x77);
-        f.write_all_at(&[0x78], at).unwrap();
-        f.sync_all().unwrap();
-    }
-    let before = checksum_errors(&cluster, primary, "unrepaired");
-    // Block 0 still reads; block 1 fails rather than return the flipped byte.
-    cluster.qemu_io("rot", &["read -P 0x77 0 4096"]);
-    let out = run_bounded(
-        Command::new(require_tool("qemu-io"))
-            .args(["-f", "raw"])
-            .arg(cluster.nbd_uri("rot"))
-            .args(["-c", "read -P 0x77 4096 4096"]),
-        TOOL_TIMEOUT,
+    let process = |id| {
+        let addr = map.osds[&id].addr;
+        (0..cluster.osd_count())
+            .find(|&i| cluster.osd_addr(i, 0) == addr)
+            .expect("OSD process")
+    };
+    let (primary, r1, r2) = (
+        process(loc.osds[0]),
+        process(loc.osds[1]),
+        process(loc.osds[2]),
     );
-    let text = output_text(&out);
+    let repaired0 = checksum_errors(&cluster, primary, "repaired");
+
+    // 1. Bit rot in block 1 of the primary's copy: repaired from a replica.
+    let at1 = 4096 + 10;
+    assert_eq!(
+        object_byte(&cluster, primary, vol.id, at1, Some(0x78)),
+        0x78
+    );
+    let text = qemu_io_read(&cluster, "rot", "read -P 0x77 0 8192");
+    assert!(
+        !text.contains("error") && !text.contains("Pattern verification failed"),
+        "the read must be served from a good copy:\n{text}"
+    );
+    assert_eq!(
+        object_byte(&cluster, primary, vol.id, at1, None),
+        0x77,
+        "the primary's copy was not repaired"
+    );
+    assert_eq!(
+        checksum_errors(&cluster, primary, "repaired"),
+        repaired0 + 1
+    );
+
+    // 2. The same block rotten on the primary and on the first replica: both are
+    // repaired from the second replica.
+    let at2 = 2 * 4096 + 99;
+    object_byte(&cluster, primary, vol.id, at2, Some(0x01));
+    object_byte(&cluster, r1, vol.id, at2, Some(0x02));
+    let text = qemu_io_read(&cluster, "rot", "read -P 0x77 8192 4096");
+    assert!(
+        !text.contains("error") && !text.contains("Pattern verification failed"),
+        "the read must be served from the one good copy:\n{text}"
+    );
+    assert_eq!(object_byte(&cluster, primary, vol.id, at2, None), 0x77);
+    assert_eq!(
+        object_byte(&cluster, r1, vol.id, at2, None),
+        0x77,
+        "the replica that reported the block bad was not repaired"
+    );
+    assert_eq!(
+        checksum_errors(&cluster, primary, "repaired"),
+        repaired0 + 3
+    );
+
+    // 3. No copy verifies: EIO, never the data; counted as unrepaired.
+    let unrepaired0 = checksum_errors(&cluster, primary, "unrepaired");
+    let at3 = 3 * 4096 + 7;
+    for i in [primary, r1, r2] {
+        object_byte(&cluster, i, vol.id, at3, Some(0x55));
+    }
+    let text = qemu_io_read(&cluster, "rot", "read -P 0x77 12288 4096");
     assert!(
         text.contains("Input/output error") && !text.contains("Pattern verification failed"),
-        "a corrupt block must fail the read with EIO, not return data:\n{text}"
+        "a block no copy verifies must fail the read with EIO:\n{text}"
     );
     assert!(
-        checksum_errors(&cluster, primary, "unrepaired") > before,
-        "osd.{primary} did not count the checksum error"
+        checksum_errors(&cluster, primary, "unrepaired") > unrepaired0,
+        "osd.{primary} did not count the unrepairable block"
     );
+    // The other blocks still read.
+    cluster.qemu_io("rot", &["read -P 0x77 0 12288"]);
 }

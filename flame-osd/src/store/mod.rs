@@ -882,7 +882,7 @@ impl ObjectStore {
     /// Replaces block `block` of an object with `good` (4096 bytes that verified on
     /// another copy), stably, and counts the repair. For the read-repair path: a read
     /// that got [`StoreError::Checksum`] fetches each bad block from a copy and calls
-    /// this. (Not called by the OSD yet: the fetch from a copy needs protocol v2.)
+    /// this (`crate::read_repair`).
     pub async fn repair_block(
         &self,
         pg: PgId,

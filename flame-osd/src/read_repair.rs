@@ -1,0 +1,182 @@
+//! Reads that never return a block that fails its checksum, and heal it instead.
+//!
+//! The primary serves client reads. When its store reports blocks that do not match
+//! their checksums, the primary — with the write gate held over those blocks, so no
+//! write to them runs meanwhile — asks each replica in turn for the block (a
+//! replica-flagged read: the replica verifies its own copy and answers EIO if it is
+//! bad too, which is how a replica reports a mismatch). The first copy that
+//! verifies is written over the primary's bad block and over every replica that
+//! reported it bad, and the read is served again from the repaired store. Only when
+//! no copy verifies does the read fail with EIO. Every block is counted in
+//! `flame_osd_checksum_errors_total{result="repaired"|"unrepaired"}` and logged.
+
+use crate::pg::MapView;
+use crate::shard::Shard;
+use crate::store::StoreError;
+use crate::store::meta::BLOCK;
+use flame_common::buffer::PayloadBuf;
+use flame_common::ids::{OsdId, PgSeq, RequestId};
+use flame_common::protocol::{IoTarget, Message, flags, status};
+use std::rc::Rc;
+
+/// Bad blocks one read repairs at most; a read finding more fails with EIO (an
+/// object that corrupt is recovery's job, and the bound keeps one read's work small).
+const REPAIR_BLOCKS_MAX: usize = 64;
+
+impl Shard {
+    /// Reads `target` on the primary, repairing bad blocks from the replicas.
+    /// Returns the status and the data.
+    pub(crate) async fn read_repairing(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        target: &IoTarget,
+    ) -> (i32, PayloadBuf) {
+        let first = self
+            .store
+            .read(target.pg, target.object, target.offset, target.length)
+            .await;
+        let blocks = match first {
+            Ok(data) => return (status::OK, data),
+            Err(StoreError::Checksum { blocks, .. }) => blocks,
+            Err(e) => {
+                tracing::error!(object = %target.object, "read failed: {e}");
+                return (status::EIO, PayloadBuf::empty());
+            }
+        };
+        if blocks.is_empty() || blocks.len() > REPAIR_BLOCKS_MAX {
+            crate::metrics::checksum_errors(false, blocks.len() as u64);
+            tracing::error!(object = %target.object, blocks = blocks.len(), "too many bad blocks to repair on read");
+            return (status::EIO, PayloadBuf::empty());
+        }
+        let block_bytes = BLOCK as u32;
+        let lo = blocks.iter().min().copied().unwrap_or(0) * block_bytes;
+        let hi = (blocks.iter().max().copied().unwrap_or(0) + 1) * block_bytes;
+        // No write to these blocks may run while they are being replaced: take the
+        // same gate as writes (waiting for earlier overlapping ones).
+        let (_guard, earlier) = self.gate.enter(target.object, lo, hi);
+        for e in earlier {
+            e.wait().await;
+        }
+        let replicas: Vec<OsdId> = view.table.osds(target.pg).iter().skip(1).copied().collect();
+        let mut unrepaired = 0u64;
+        for &block in &blocks {
+            if !self.repair_one(view, target, block, &replicas).await {
+                unrepaired += 1;
+            }
+        }
+        if unrepaired > 0 {
+            crate::metrics::checksum_errors(false, unrepaired);
+            tracing::error!(object = %target.object, unrepaired, "no copy of some blocks verifies; read fails");
+            return (status::EIO, PayloadBuf::empty());
+        }
+        match self
+            .store
+            .read(target.pg, target.object, target.offset, target.length)
+            .await
+        {
+            Ok(data) => (status::OK, data),
+            Err(e) => {
+                tracing::error!(object = %target.object, "read failed after repair: {e}");
+                (status::EIO, PayloadBuf::empty())
+            }
+        }
+    }
+
+    /// Fetches `block` from the first replica whose copy verifies, writes it over the
+    /// primary's copy and over the copies of replicas that reported it bad. Whether
+    /// the primary's block is good now.
+    async fn repair_one(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        target: &IoTarget,
+        block: u32,
+        replicas: &[OsdId],
+    ) -> bool {
+        let block_target = IoTarget {
+            pg: target.pg,
+            object: target.object,
+            offset: block * BLOCK as u32,
+            length: BLOCK as u32,
+        };
+        let epoch = view.map.epoch;
+        let mut bad_replicas = Vec::new();
+        let mut good = None;
+        for &id in replicas {
+            let Some(osd) = view.map.osds.get(&id) else {
+                continue;
+            };
+            let read = Message::Read {
+                id: RequestId(0),
+                epoch,
+                target: block_target.clone(),
+                flags: flags::REPLICA,
+                remote: None,
+            };
+            match self
+                .peers
+                .call_reply(osd, osd.shard_of(target.pg), epoch, read)
+                .await
+            {
+                Ok(Message::Reply {
+                    status: status::OK,
+                    data,
+                    ..
+                }) if data.len() == BLOCK => {
+                    good = Some(data);
+                    break;
+                }
+                Ok(Message::Reply {
+                    status: status::EIO,
+                    ..
+                }) => {
+                    tracing::warn!(object = %target.object, block, replica = %id, "replica reports its copy of the block bad too");
+                    bad_replicas.push(id);
+                }
+                other => {
+                    let st = match other {
+                        Ok(Message::Reply { status, .. }) => status,
+                        Ok(_) => status::EIO,
+                        Err(st) => st,
+                    };
+                    tracing::warn!(object = %target.object, block, replica = %id, status = st, "replica could not provide the block");
+                }
+            }
+        }
+        let Some(good) = good else {
+            return false;
+        };
+        if let Err(e) = self
+            .store
+            .repair_block(target.pg, target.object, block, good.as_slice())
+            .await
+        {
+            tracing::error!(object = %target.object, block, "repairing the primary's block failed: {e}");
+            return false;
+        }
+        for id in bad_replicas {
+            let Some(osd) = view.map.osds.get(&id) else {
+                continue;
+            };
+            let write = Message::Write {
+                id: RequestId(0),
+                epoch,
+                target: block_target.clone(),
+                flags: flags::REPLICA | flags::FUA,
+                seq: PgSeq(0),
+                remote: None,
+                data: good.clone(),
+            };
+            let st = self
+                .peers
+                .call(osd, osd.shard_of(target.pg), epoch, write)
+                .await;
+            if st == status::OK {
+                crate::metrics::checksum_errors(true, 1);
+                tracing::warn!(object = %target.object, block, replica = %id, "repaired the replica's block from another copy");
+            } else {
+                tracing::error!(object = %target.object, block, replica = %id, status = st, "could not repair the replica's block");
+            }
+        }
+        true
+    }
+}
