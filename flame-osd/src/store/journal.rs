@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::task::{Poll, Waker};
 
 /// First bytes of a journal header.
 pub const JOURNAL_MAGIC: &[u8; 8] = b"FLAMEJNL";
@@ -145,7 +144,7 @@ pub struct Journal {
     tail: Cell<u64>,
     /// A group commit or reset is writing.
     busy: Cell<bool>,
-    waiters: RefCell<Vec<Waker>>,
+    waiters: super::wait_list::WaitList,
     /// A journal write failed: nothing more can be promised.
     failed: Cell<bool>,
     /// Synced entry writes so far (tests check the group commit with it).
@@ -166,7 +165,7 @@ impl Journal {
             durable_seq: Cell::new(0),
             tail: Cell::new(JOURNAL_HEADER_LEN),
             busy: Cell::new(false),
-            waiters: RefCell::new(Vec::new()),
+            waiters: super::wait_list::WaitList::default(),
             failed: Cell::new(false),
             commits: Cell::new(0),
         }
@@ -318,24 +317,12 @@ impl Journal {
     }
 
     fn wake_all(&self) {
-        for w in self.waiters.borrow_mut().drain(..) {
-            w.wake();
-        }
+        self.waiters.wake_all();
     }
 
     /// Waits for the next `wake_all`.
     async fn wait(&self) {
-        let mut registered = false;
-        std::future::poll_fn(|cx| {
-            if registered {
-                Poll::Ready(())
-            } else {
-                registered = true;
-                self.waiters.borrow_mut().push(cx.waker().clone());
-                Poll::Pending
-            }
-        })
-        .await
+        self.waiters.wait().await
     }
 }
 

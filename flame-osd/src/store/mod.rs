@@ -23,6 +23,7 @@ pub mod fs;
 pub mod journal;
 pub mod layout;
 pub mod meta;
+pub mod wait_list;
 
 use crate::config::DirectIo;
 use crate::metrics::SyncKind;
@@ -348,7 +349,7 @@ pub struct ObjectStore {
     /// New writes wait: the store is draining in-flight writes to reset the journal.
     draining: Cell<bool>,
     /// Tasks waiting for the drain to end or for in-flight writes to reach zero.
-    drain_waiters: RefCell<Vec<Waker>>,
+    drain_waiters: wait_list::WaitList,
 }
 
 /// Marks a write in flight on an object for as long as it lives; on drop the object
@@ -421,7 +422,7 @@ impl ObjectStore {
             writes_inflight: Cell::new(0),
             journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
             draining: Cell::new(false),
-            drain_waiters: RefCell::new(Vec::new()),
+            drain_waiters: wait_list::WaitList::default(),
         }
     }
 
@@ -721,24 +722,12 @@ impl ObjectStore {
     }
 
     fn wake_drain(&self) {
-        for w in self.drain_waiters.borrow_mut().drain(..) {
-            w.wake();
-        }
+        self.drain_waiters.wake_all();
     }
 
     /// Waits for the next `wake_drain`.
     async fn wait_drain(&self) {
-        let mut registered = false;
-        std::future::poll_fn(|cx| {
-            if registered {
-                Poll::Ready(())
-            } else {
-                registered = true;
-                self.drain_waiters.borrow_mut().push(cx.waker().clone());
-                Poll::Pending
-            }
-        })
-        .await
+        self.drain_waiters.wait().await
     }
 
     fn next_generation(&self) -> u64 {
