@@ -26,6 +26,7 @@ stopped (SIGTERM, then SIGKILL) before the next one starts.
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -160,8 +161,10 @@ def print_table(results, args, commit):
                 continue
             iops = med(runs, "iops")
             cpu = med(runs, "cpu_us_per_io")
-            vs_q = f"{iops / qemu:.2f}×" if v.startswith("flame") and qemu else ""
-            vs_b = f"{iops / (raw / 3):.2f}×" if v.startswith("flame") and "write" in rw and raw else ""
+            have_q = qemu > 0 and not math.isnan(qemu)
+            have_raw = raw > 0 and not math.isnan(raw)
+            vs_q = f"{iops / qemu:.2f}×" if v.startswith("flame") and have_q else ""
+            vs_b = f"{iops / (raw / 3):.2f}×" if v.startswith("flame") and "write" in rw and have_raw else ""
             cpu_s = f"{cpu:.1f}" if v.startswith("flame") else ""
             print(f"| {name:<17} | {v:<12} | {iops:>8.0f} | {med(runs, 'mibs'):>7.1f} | {med(runs, 'p50_us'):>8.1f} "
                   f"| {med(runs, 'p99_us'):>8.1f} | {cpu_s:>9} | {vs_q:>10} | {vs_b:>8} |")
