@@ -22,10 +22,11 @@
 //! before growing.
 //!
 //! Limits: the trim costs one request per object (4 MiB by default) of the removed
-//! range, existing or not (thin volumes have no list of their objects); a client
-//! still writing past the new end with a map older than the shrink could land a
-//! write after the discard of that object — shrink a volume only when nothing is
-//! writing to its tail (a file system on it must have been shrunk first anyway).
+//! range, existing or not (thin volumes have no list of their objects). A client
+//! still writing past the new end with a map older than the shrink cannot land a
+//! write after the discard: the primary checks every write against the volume's
+//! end in its own map, which is at least as new as the shrink once it serves the
+//! trim (`flame_osd::pg::MapView::check_write_inside_volume`).
 
 use crate::cluster::Cluster;
 use crate::error::ClientError;

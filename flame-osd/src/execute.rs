@@ -116,6 +116,11 @@ impl Shard {
                 if let Err(st) = view.check(self.osd, self.id, target, replica) {
                     return (st, PayloadBuf::empty());
                 }
+                if matches!(msg, Message::Write { .. })
+                    && let Err(st) = view.check_write_inside_volume(target, sender_epoch)
+                {
+                    return (st, PayloadBuf::empty());
+                }
                 if replica {
                     // Ordered like on the primary: a forwarded write that outlived its
                     // primary's timeout (and a retry of it on a new connection) must

@@ -3,15 +3,19 @@
 //! may serve a request for a group in the role it asks for. Per-group state
 //! (the write sequence, and later the recovery log and object versions) lives here.
 
-use flame_common::ids::OsdId;
+use flame_common::ids::{Epoch, OsdId, VolumeId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgTable, object_pg};
 use flame_common::protocol::{IoTarget, status};
+use std::collections::HashMap;
 
 /// A map and the acting sets computed from it.
 pub struct MapView {
     pub(crate) map: ClusterMap,
     pub(crate) table: PgTable,
+    /// Every volume's size in bytes, by id: a write is checked against its
+    /// volume's end with one lookup.
+    volume_bytes: HashMap<VolumeId, u64>,
 }
 
 impl MapView {
@@ -19,6 +23,36 @@ impl MapView {
         MapView {
             map: map.clone(),
             table: PgTable::new(map),
+            volume_bytes: map.volumes.values().map(|v| (v.id, v.size)).collect(),
+        }
+    }
+
+    /// Checks that a write of `target` lies inside its volume as this map knows
+    /// it. A client whose map predates a shrink (or a volume's removal) must not
+    /// land bytes past the new end after the shrink's trim removed them: a later
+    /// grow would show them where zeroes are promised. An older sender gets ESTALE
+    /// (it refreshes its map and then sees the new size), a current one EINVAL.
+    /// Discards and zeroing are not checked: they remove data, and a shrink's trim
+    /// is exactly such requests past the new end.
+    pub(crate) fn check_write_inside_volume(
+        &self,
+        target: &IoTarget,
+        sender_epoch: Epoch,
+    ) -> Result<(), i32> {
+        let object_size = u64::from(self.map.pool.object_size);
+        let end = target
+            .object
+            .index
+            .saturating_mul(object_size)
+            .saturating_add(u64::from(target.offset) + u64::from(target.length));
+        let inside = self
+            .volume_bytes
+            .get(&target.object.volume)
+            .is_some_and(|&size| end <= size);
+        match (inside, sender_epoch < self.map.epoch) {
+            (true, _) => Ok(()),
+            (false, true) => Err(status::ESTALE),
+            (false, false) => Err(status::EINVAL),
         }
     }
 

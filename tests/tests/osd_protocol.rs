@@ -572,3 +572,58 @@ fn replica_flag_from_a_client_connection_is_refused() {
         p.display()
     );
 }
+
+/// An OSD refuses a write past its volume's end (and to a volume it does not know):
+/// after a shrink, a client with an older map must not land bytes past the new end
+/// once the trim has removed them. Discards past the end (the trim itself) pass.
+#[test]
+fn writes_past_the_volume_end_are_refused() {
+    let cluster = TestCluster::start();
+    // 6 MiB: object 0 whole, object 1 up to 2 MiB.
+    let vol = cluster.create_volume("small", 6 << 20);
+    let map = cluster.map();
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    reactor
+        .block_on(async move {
+            let obj = |index| ObjectId {
+                volume: vol.id,
+                index,
+            };
+            for (object, offset, want) in [
+                (obj(0), 0, status::OK),
+                (obj(1), (2 << 20) - 4096, status::OK),
+                (obj(1), 2 << 20, status::EINVAL),
+                (obj(2), 0, status::EINVAL),
+                (
+                    ObjectId {
+                        volume: flame_common::ids::VolumeId(vol.id.0 + 1000),
+                        index: 0,
+                    },
+                    0,
+                    status::EINVAL,
+                ),
+            ] {
+                let loc = locate(&map, object);
+                let shard = map.osds[&loc.osds[0]].shard_of(loc.pg);
+                let conn = connect(&map, loc.osds[0], shard).await;
+                let reply =
+                    call_retry(&conn, write(&map, 1, object, offset, vec![7; 4096]), true).await;
+                assert_eq!(status_of(&reply), want, "write to {object} at {offset}");
+                if want != status::OK {
+                    let discard = Message::Discard {
+                        id: RequestId(2),
+                        epoch: map.epoch,
+                        target: target(&map, object, offset, 4096),
+                        flags: 0,
+                        seq: PgSeq(0),
+                    };
+                    assert_eq!(
+                        status_of(&call_retry(&conn, discard, true).await),
+                        status::OK,
+                        "a discard past the end (a shrink's trim) must pass"
+                    );
+                }
+            }
+        })
+        .unwrap();
+}
