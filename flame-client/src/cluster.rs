@@ -42,7 +42,7 @@ const REFRESH_WAIT_MAX: Duration = Duration::from_secs(2);
 static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 
 /// A connection to one Flame cluster. Cheap to clone and shareable between threads;
-/// the data path ([`Cluster::open_volume`], [`Volume`]) must run on a
+/// the data path ([`Cluster::open_volume`], [`Volume`](crate::Volume)) must run on a
 /// `flame_common::reactor` thread.
 #[derive(Clone)]
 pub struct Cluster {

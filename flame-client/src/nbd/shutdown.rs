@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 /// requests already in flight finish and get their replies.
 static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Starts a graceful shutdown (see [`SHUTTING_DOWN`]).
+/// Starts a graceful shutdown: new connections are refused and new requests are
+/// answered `ESHUTDOWN`, while requests in flight finish.
 pub fn begin_shutdown() {
     SHUTTING_DOWN.store(true, Ordering::SeqCst);
 }
