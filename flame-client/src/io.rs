@@ -29,6 +29,8 @@ use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, flags};
 use flame_common::reactor;
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Instant;
 
 /// Most shard calls (flush, delete) in flight at once for one operation.
@@ -169,6 +171,56 @@ thread_local! {
             primaries: Vec::new(),
         })
     };
+}
+
+/// Targets of a volume's FLUSH per (volume, size), for the map this thread saw
+/// last: computing them ranks every OSD for every placement group and hashes up to
+/// 64 objects per group, too much to repeat for every FLUSH of an fsync-heavy
+/// workload. Bounded: cleared when full.
+struct FlushTargetCache {
+    cluster: u64,
+    epoch: Epoch,
+    targets: HashMap<(VolumeId, Option<u64>), FlushTargets>,
+}
+
+/// The (OSD, shard) pairs one FLUSH goes to.
+type FlushTargets = Rc<Vec<(OsdId, u16)>>;
+
+/// Volumes whose flush targets one thread remembers per map.
+const FLUSH_TARGET_CACHE_ENTRIES_MAX: usize = 64;
+
+thread_local! {
+    static FLUSH_TARGETS: RefCell<FlushTargetCache> = RefCell::new(FlushTargetCache {
+        cluster: 0,
+        epoch: Epoch(0),
+        targets: HashMap::new(),
+    });
+}
+
+/// [`volume_flush_targets`] through this thread's [`FlushTargetCache`].
+fn flush_targets(
+    cluster: &Cluster,
+    map: &ClusterMap,
+    volume: VolumeId,
+    size_bytes: Option<u64>,
+) -> FlushTargets {
+    FLUSH_TARGETS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.cluster != cluster.uid() || c.epoch != map.epoch {
+            c.cluster = cluster.uid();
+            c.epoch = map.epoch;
+            c.targets.clear();
+        }
+        if let Some(t) = c.targets.get(&(volume, size_bytes)) {
+            return t.clone();
+        }
+        if c.targets.len() >= FLUSH_TARGET_CACHE_ENTRIES_MAX {
+            c.targets.clear();
+        }
+        let t = Rc::new(volume_flush_targets(map, volume, size_bytes));
+        c.targets.insert((volume, size_bytes), t.clone());
+        t
+    })
 }
 
 /// The primary of `pg` in `map` (the first OSD of its acting set).
@@ -511,18 +563,22 @@ pub(crate) async fn flush_volume_objects(
     let started = Instant::now();
     let deadline = started + cluster.config().io_timeout();
     let map = cluster.map();
-    let targets = volume_flush_targets(&map, volume, size_bytes);
-    let res = try_join_bounded(targets, SHARD_CALLS_WINDOW, |(osd, shard)| {
-        shard_call(
-            cluster,
-            osd,
-            shard,
-            OpCode::Flush,
-            volume,
-            WhenDown::Wait,
-            deadline,
-        )
-    })
+    let targets = flush_targets(cluster, &map, volume, size_bytes);
+    let res = try_join_bounded(
+        targets.iter().copied(),
+        SHARD_CALLS_WINDOW,
+        |(osd, shard)| {
+            shard_call(
+                cluster,
+                osd,
+                shard,
+                OpCode::Flush,
+                volume,
+                WhenDown::Wait,
+                deadline,
+            )
+        },
+    )
     .await
     .map(|_| ());
     metrics::record_op(Op::Flush, res.is_ok(), 0, started.elapsed());

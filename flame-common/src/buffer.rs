@@ -403,6 +403,7 @@ impl PayloadBufMut {
             chunk: self.chunk,
             off: 0,
             len: self.len,
+            crc: None,
         }
     }
 
@@ -449,6 +450,10 @@ pub struct PayloadBuf {
     chunk: Option<Arc<Chunk>>,
     off: usize,
     len: usize,
+    /// crc32c of exactly these bytes, once known (the bytes never change): the
+    /// transport verifies a received payload's crc, and a primary forwarding it to
+    /// two replicas then sends that value instead of computing it twice more.
+    crc: Option<u32>,
 }
 
 impl PayloadBuf {
@@ -508,7 +513,21 @@ impl PayloadBuf {
             chunk: self.chunk.clone(),
             off: self.off + range.start,
             len: range.len(),
+            crc: None,
         }
+    }
+
+    /// The crc32c of the bytes: remembered if known, computed otherwise.
+    pub fn crc32c(&self) -> u32 {
+        self.crc.unwrap_or_else(|| crc32c::crc32c(self.as_slice()))
+    }
+
+    /// Records `crc` as the crc32c of these bytes. Only for a value just checked
+    /// against them (the transport's verification of a received payload).
+    pub fn with_verified_crc32c(mut self, crc: u32) -> PayloadBuf {
+        debug_assert_eq!(crc, crc32c::crc32c(self.as_slice()));
+        self.crc = Some(crc);
+        self
     }
 
     /// Whether the bytes start on a [`DIRECT_IO_ALIGN`] boundary.
@@ -611,6 +630,32 @@ unsafe impl IoBuf for PayloadBuf {
 }
 
 /// Allocates `len` uninitialised-by-contract bytes for tests of pools.
+/// One entry of a connection's send queue, for one `writev`: small bytes copied in
+/// (headers, small replies batched together), or a payload by reference, never
+/// copied. Shared by the Flame transport and flame-nbd's connections.
+pub enum SendBuf {
+    /// Bytes copied into the queue.
+    Copied(Vec<u8>),
+    /// A payload sent from the memory it already lives in.
+    Shared(PayloadBuf),
+}
+
+// SAFETY: both variants' memory is heap memory that does not move with the value.
+unsafe impl IoBuf for SendBuf {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            SendBuf::Copied(v) => v.as_ptr(),
+            SendBuf::Shared(p) => IoBuf::as_ptr(p),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            SendBuf::Copied(v) => v.len(),
+            SendBuf::Shared(p) => p.len(),
+        }
+    }
+}
+
 #[cfg(test)]
 fn raw_alloc(len: usize) -> Option<NonNull<u8>> {
     let layout = heap_layout(len.max(1))?;
@@ -833,5 +878,18 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(other, 0);
+    }
+
+    #[test]
+    fn a_verified_crc_travels_with_clones_and_not_with_slices() {
+        let bytes: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+        let b = PayloadBuf::copy_from(&bytes);
+        assert_eq!(b.crc32c(), crc32c::crc32c(&bytes));
+        let known = b.clone().with_verified_crc32c(crc32c::crc32c(&bytes));
+        assert_eq!(known.crc, Some(crc32c::crc32c(&bytes)));
+        assert_eq!(known.clone().crc, known.crc, "a clone (a forward) keeps it");
+        let half = known.slice(0..4096);
+        assert_eq!(half.crc, None, "a slice holds other bytes");
+        assert_eq!(half.crc32c(), crc32c::crc32c(&bytes[..4096]));
     }
 }

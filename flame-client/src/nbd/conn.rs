@@ -13,8 +13,8 @@
 //! rest is received straight into it; after a large payload the next request header
 //! is received alone, so a stream of large writes lands without a copy.
 
-use flame_common::buffer::{PayloadBuf, PayloadBufMut};
-use flame_common::reactor::{self, IoBuf};
+use flame_common::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
+use flame_common::reactor::{self, IoBufMut};
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::TcpStream;
@@ -31,30 +31,6 @@ const RECV_BUFFER_BYTES: usize = 128 << 10;
 const DIRECT_RECV_PAYLOAD_BYTES_MIN: usize = 64 << 10;
 /// Size of an NBD request header: what a header-only receive asks for.
 const REQUEST_HEADER_BYTES: usize = super::proto::REQUEST_LEN;
-
-/// One entry of a send queue.
-enum SendBuf {
-    /// Reply headers and small replies, copied in.
-    Batch(Vec<u8>),
-    /// Read data, by reference.
-    Data(PayloadBuf),
-}
-
-// SAFETY: both variants' memory is heap memory that does not move with the value.
-unsafe impl IoBuf for SendBuf {
-    fn as_ptr(&self) -> *const u8 {
-        match self {
-            SendBuf::Batch(v) => v.as_ptr(),
-            SendBuf::Data(p) => IoBuf::as_ptr(p),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            SendBuf::Batch(v) => v.len(),
-            SendBuf::Data(p) => p.len(),
-        }
-    }
-}
 
 #[derive(Default)]
 struct SendQueue {
@@ -100,11 +76,11 @@ impl Conn {
         }
         let mut q = self.queue.borrow_mut();
         if !q.last_is_batch {
-            q.bufs.push(SendBuf::Batch(Vec::with_capacity(4096)));
+            q.bufs.push(SendBuf::Copied(Vec::with_capacity(4096)));
             q.last_is_batch = true;
         }
         let mut n = 0;
-        if let Some(SendBuf::Batch(batch)) = q.bufs.last_mut() {
+        if let Some(SendBuf::Copied(batch)) = q.bufs.last_mut() {
             for p in parts {
                 batch.extend_from_slice(p);
                 n += p.len();
@@ -123,7 +99,7 @@ impl Conn {
         let mut q = self.queue.borrow_mut();
         for d in data.into_iter().filter(|d| !d.is_empty()) {
             q.queued_bytes += d.len();
-            q.bufs.push(SendBuf::Data(d));
+            q.bufs.push(SendBuf::Shared(d));
             q.last_is_batch = false;
         }
         Self::wake_writer(&mut q);
@@ -307,16 +283,11 @@ impl Reader {
         Ok(())
     }
 
-    /// Reads a WRITE's payload of exactly `len` bytes into its own aligned buffer:
-    /// what is already buffered is copied, the rest is received straight into it.
-    /// The caller bounds `len`.
-    pub(crate) async fn read_payload(&mut self, len: usize) -> io::Result<PayloadBufMut> {
-        let have = self.buffered().min(len);
-        let mut out = PayloadBufMut::for_overwrite(len);
-        out.as_mut_slice()[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
-        self.start += have;
-        let mut filled = have;
-        // Bounded: every round receives at least one byte or returns.
+    /// Receives into `out` from byte `filled` until it is full (the bytes before
+    /// `filled` came from the receive buffer). Bounded: every round receives at
+    /// least one byte or returns.
+    async fn recv_rest<B: IoBufMut>(&mut self, mut out: B, mut filled: usize) -> io::Result<B> {
+        let len = out.len();
         while filled < len {
             if self.conn.is_closed() {
                 return Err(eof());
@@ -330,6 +301,18 @@ impl Reader {
                 Err(e) => return Err(e),
             }
         }
+        Ok(out)
+    }
+
+    /// Reads a WRITE's payload of exactly `len` bytes into its own aligned buffer:
+    /// what is already buffered is copied, the rest is received straight into it.
+    /// The caller bounds `len`.
+    pub(crate) async fn read_payload(&mut self, len: usize) -> io::Result<PayloadBufMut> {
+        let have = self.buffered().min(len);
+        let mut out = PayloadBufMut::for_overwrite(len);
+        out.as_mut_slice()[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
+        self.start += have;
+        let out = self.recv_rest(out, have).await?;
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             self.header_only = true;
         }
@@ -350,21 +333,7 @@ impl Reader {
         let mut out = vec![0u8; len];
         out[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
-        let mut filled = have;
-        while filled < len {
-            if self.conn.is_closed() {
-                return Err(eof());
-            }
-            let (res, back) = reactor::recv(self.conn.fd(), out, filled).await;
-            out = back;
-            match res {
-                Ok(0) => return Err(eof()),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+        self.recv_rest(out, have).await
     }
 
     /// Consumes and drops `len` bytes (an over-long option), with bounded memory.

@@ -16,10 +16,9 @@
 //! alone, so a stream of large writes lands in its payload buffers without a copy.
 
 use super::TransportError;
-use crate::buffer::{PayloadBuf, PayloadBufMut};
+use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
 use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, ProtocolError};
 use crate::reactor;
-use crate::reactor::IoBuf;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -38,30 +37,6 @@ const RECV_BUFFER_BYTES: usize = 256 << 10;
 /// stops reading while we keep producing; the connection is then failed rather than
 /// growing memory without limit.
 pub const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
-
-/// One entry of a send queue.
-enum SendBuf {
-    /// Headers, copied in (64 bytes each).
-    Batch(Vec<u8>),
-    /// A payload, by reference.
-    Payload(PayloadBuf),
-}
-
-// SAFETY: both variants' memory is heap memory that does not move with the value.
-unsafe impl IoBuf for SendBuf {
-    fn as_ptr(&self) -> *const u8 {
-        match self {
-            SendBuf::Batch(v) => v.as_ptr(),
-            SendBuf::Payload(p) => IoBuf::as_ptr(p),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            SendBuf::Batch(v) => v.len(),
-            SendBuf::Payload(p) => p.len(),
-        }
-    }
-}
 
 struct SendQueue {
     /// Buffers to write, in order. The last one may be a batch still being filled.
@@ -193,7 +168,7 @@ impl TcpConn {
             return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
         }
         q.queued_bytes += bytes.len();
-        q.bufs.push(SendBuf::Batch(bytes));
+        q.bufs.push(SendBuf::Copied(bytes));
         q.last_is_batch = false;
         if let Some(w) = q.writer.take() {
             w.wake();
@@ -224,15 +199,15 @@ impl TcpConn {
             return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
         }
         if !q.last_is_batch {
-            q.bufs.push(SendBuf::Batch(Vec::with_capacity(4096)));
+            q.bufs.push(SendBuf::Copied(Vec::with_capacity(4096)));
             q.last_is_batch = true;
         }
-        if let Some(SendBuf::Batch(batch)) = q.bufs.last_mut() {
+        if let Some(SendBuf::Copied(batch)) = q.bufs.last_mut() {
             batch.extend_from_slice(&header.encode());
             batch.extend_from_slice(inline);
         }
         if let Some(data) = payload {
-            q.bufs.push(SendBuf::Payload(data));
+            q.bufs.push(SendBuf::Shared(data));
             q.last_is_batch = false;
         }
         q.queued_bytes += bytes;
