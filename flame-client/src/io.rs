@@ -237,7 +237,9 @@ fn primary_of(cluster: &Cluster, map: &ClusterMap, pg: PgId) -> Option<OsdId> {
         }
         let slot = c.primaries.get_mut(pg.0 as usize)?;
         if *slot == UNKNOWN {
-            *slot = placement::pg_osds(map, pg).first().map_or(NONE, |o| o.0);
+            *slot = placement::PgMembers::compute(map, pg)
+                .primary()
+                .map_or(NONE, |o| o.0);
         }
         (*slot != NONE).then_some(OsdId(*slot))
     })
@@ -296,9 +298,11 @@ async fn piece_try(
 ) -> Try<PayloadBuf> {
     let pg = placement::object_pg(object, map.pool.pg_count);
     let Some(primary) = primary_of(cluster, map, pg).and_then(|id| map.osds.get(&id)) else {
+        // No complete copy is up (they are down, or no OSD is in): the group's
+        // I/O waits for one to come back.
         return Try::Retry(Transient {
-            reason: RetryReason::NoOsds,
-            message: format!("no OSD is in for {pg} ({object})"),
+            reason: RetryReason::OsdDown,
+            message: format!("no complete copy of {pg} ({object}) is up: its OSDs are down or out"),
         });
     };
     if !primary.up {
@@ -526,9 +530,11 @@ pub(crate) fn volume_flush_targets(
     let table = placement::PgTable::new(map);
     let mut targets = std::collections::BTreeSet::new();
     for pg in volume_pgs(volume, size, &map.pool) {
-        for osd in table.osds(pg) {
-            if let Some(info) = map.osds.get(osd) {
-                targets.insert((*osd, info.shard_of(pg)));
+        // Every copy that is up and takes writes: a down OSD cannot be flushed
+        // (and its copy is recovered from these before it serves again).
+        for osd in table.pg(pg).write_set() {
+            if let Some(info) = map.osds.get(&osd) {
+                targets.insert((osd, info.shard_of(pg)));
             }
         }
     }

@@ -449,7 +449,7 @@ fn flush_reaches_every_shard_holding_the_volume_and_no_other() {
             volume: vol_id,
             index,
         });
-        for o in osds {
+        for o in &osds.placed {
             expect
                 .entry(o.0)
                 .or_default()

@@ -16,8 +16,9 @@ use std::net::SocketAddr;
 pub struct PoolConfig {
     /// Copies of each object.
     pub size: u32,
-    /// Fewest copies a write needs while degraded (used by the recovery work; today
-    /// every write goes to all `size` copies).
+    /// Fewest complete copies that must be up for a placement group to serve I/O.
+    /// With fewer, I/O to the group waits (no error, no stale data) until enough
+    /// copies are back: see [`crate::placement::PgMembers`].
     pub min_size: u32,
     /// Number of placement groups objects are hashed into.
     pub pg_count: u32,
@@ -86,9 +87,15 @@ pub struct OsdInfo {
     pub host: String,
     /// Relative share of data; 0 takes no new data.
     pub weight: f64,
-    /// Heartbeating (up) or not (down). Down OSDs keep their placement: I/O to their
-    /// placement groups waits rather than being served from fewer copies.
+    /// Heartbeating (up) or not (down). A down OSD keeps its placement until it is
+    /// marked out; its placement groups go on with the copies that are up (at least
+    /// `pool.min_size`), and it is recovered when it comes back.
     pub up: bool,
+    /// The epoch in which this OSD last came up (0 for maps from before this field).
+    /// Everything an OSD knew before that epoch died with its previous process, so a
+    /// recovery report naming it is trusted only from this epoch on.
+    #[serde(default)]
+    pub up_from: Epoch,
     /// Part of placement (in) or not (out).
     pub r#in: bool,
     /// Where the OSD serves Prometheus metrics.
@@ -135,6 +142,16 @@ pub struct ClusterMap {
     pub osds: BTreeMap<OsdId, OsdInfo>,
     /// Volumes by name.
     pub volumes: BTreeMap<String, VolumeInfo>,
+    /// Placement groups whose complete copies are not exactly the OSDs placement
+    /// chooses for them: the OSDs (in primary-preference order) that hold every
+    /// acknowledged write of the group. Absent: the placed OSDs are complete. The
+    /// manager records an entry when placement moves a group (an OSD out, in, added,
+    /// reweighted) or a member misses writes (it went down while the group carried
+    /// on), and removes it when the group's primary reports the placed members
+    /// recovered. It is how a map change never loses track of where the data is:
+    /// see [`crate::placement::PgMembers`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pg_complete: BTreeMap<PgId, Vec<OsdId>>,
 }
 
 impl ClusterMap {
@@ -146,6 +163,7 @@ impl ClusterMap {
             pool,
             osds: BTreeMap::new(),
             volumes: BTreeMap::new(),
+            pg_complete: BTreeMap::new(),
         }
     }
 

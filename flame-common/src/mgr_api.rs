@@ -93,6 +93,45 @@ pub struct HeartbeatReply {
     pub epoch: Epoch,
 }
 
+/// A primary telling the manager that members of its placement groups now hold
+/// complete copies (`POST /v1/pg/recovered`): it copied to each of them everything
+/// they missed, while holding each object's write gate, and every write since went
+/// to them too. The manager records them as complete (see
+/// `ClusterMap::pg_complete`) in one new epoch for the whole batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgRecoveredReport {
+    /// The reporting OSD: the groups' primary in `epoch`.
+    pub reporter: OsdId,
+    /// The uuid of the reporter's data directory (a stale process cannot report).
+    pub uuid: String,
+    /// The map epoch the recovery ran under. The manager ignores an entry when the
+    /// reporter is no longer the group's primary, or when the member came up again
+    /// after `epoch` (`OsdInfo::up_from`): what was copied to its previous
+    /// incarnation proves nothing about the new one.
+    pub epoch: Epoch,
+    /// (placement group, recovered member) pairs. At most
+    /// [`PG_RECOVERED_ENTRIES_MAX`].
+    pub recovered: Vec<(crate::ids::PgId, OsdId)>,
+}
+
+/// Most entries in one [`PgRecoveredReport`].
+pub const PG_RECOVERED_ENTRIES_MAX: usize = 65_536;
+
+/// An OSD reporting that it cannot reach a peer (`POST /v1/osd/failure`): the
+/// manager marks the peer down sooner than its heartbeat grace would when enough
+/// distinct OSDs report it (so one OSD with a broken link cannot take out others).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdFailureReport {
+    /// The reporting OSD.
+    pub reporter: OsdId,
+    /// The uuid of the reporter's data directory.
+    pub uuid: String,
+    /// The peer it cannot reach.
+    pub failed: OsdId,
+    /// The reporter's map epoch.
+    pub epoch: Epoch,
+}
+
 /// One OSD in `flame-admin osd ls`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OsdStatus {

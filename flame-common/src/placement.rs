@@ -163,25 +163,122 @@ pub fn locate(map: &ClusterMap, object: ObjectId) -> Location {
     }
 }
 
-/// Acting sets of every placement group of one map, computed once per epoch so the
+/// Who does what for one placement group in one map — the rule every OSD and client
+/// applies to the same map, so they agree on roles without asking anyone.
+///
+/// * `placed`: the OSDs placement chooses (every `in` OSD with a positive weight is
+///   a candidate, up or down): where the group's copies belong.
+/// * complete copies: `map.pg_complete[pg]` if the manager recorded one, else
+///   `placed`. They hold every acknowledged write of the group.
+/// * `acting`: the complete copies that are up, the placed ones first (in placement
+///   order), then the others (old homes kept until the new ones are complete).
+///   `acting[0]` is the primary: it orders writes, serves reads and runs recovery.
+/// * `recovering`: placed OSDs that are up but not complete (new members after a
+///   placement change, members back from an outage). They receive every new write,
+///   serve nothing, and become complete when the primary has copied what they miss
+///   and the manager has recorded its report.
+/// * The group serves I/O (`active`) only with at least `pool.min_size` acting
+///   members: a write is acknowledged once every member of `write_set()` (acting and
+///   recovering) has applied it. With fewer, I/O waits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PgMembers {
+    /// Placement's choice, in placement order.
+    pub placed: Vec<OsdId>,
+    /// Complete and up, primary first.
+    pub acting: Vec<OsdId>,
+    /// Placed, up, not complete: being recovered.
+    pub recovering: Vec<OsdId>,
+    /// Complete but down: the group may wait for them.
+    pub down_complete: Vec<OsdId>,
+    /// Whether `acting` has at least `pool.min_size` members.
+    pub active: bool,
+}
+
+impl PgMembers {
+    /// Computes the roles of `pg` in `map`.
+    pub fn compute(map: &ClusterMap, pg: PgId) -> PgMembers {
+        let placed = pg_osds(map, pg);
+        let complete: &[OsdId] = match map.pg_complete.get(&pg) {
+            Some(c) => c,
+            None => &placed,
+        };
+        let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
+        let mut acting: Vec<OsdId> = placed
+            .iter()
+            .filter(|id| complete.contains(id) && up(id))
+            .copied()
+            .collect();
+        acting.extend(
+            complete
+                .iter()
+                .filter(|id| !placed.contains(id) && up(id))
+                .copied(),
+        );
+        let recovering = placed
+            .iter()
+            .filter(|id| !complete.contains(id) && up(id))
+            .copied()
+            .collect();
+        let down_complete = complete.iter().filter(|id| !up(id)).copied().collect();
+        let active = !acting.is_empty() && acting.len() >= map.pool.min_size as usize;
+        PgMembers {
+            placed,
+            acting,
+            recovering,
+            down_complete,
+            active,
+        }
+    }
+
+    /// The primary: the first acting member (`None` when no complete copy is up).
+    pub fn primary(&self) -> Option<OsdId> {
+        self.acting.first().copied()
+    }
+
+    /// Every OSD a write must reach before it is acknowledged: acting (primary
+    /// first) then recovering.
+    pub fn write_set(&self) -> impl Iterator<Item = OsdId> + '_ {
+        self.acting.iter().chain(self.recovering.iter()).copied()
+    }
+
+    /// Whether `osd` should keep this group's data: placed, or holding a complete
+    /// copy (up or down). An OSD holding data of a group it is not a member of in a
+    /// map where the group is clean holds a stray copy.
+    pub fn is_member(&self, osd: OsdId) -> bool {
+        self.placed.contains(&osd)
+            || self.acting.contains(&osd)
+            || self.down_complete.contains(&osd)
+    }
+
+    /// Whether the group has `size` complete copies up, all where placement puts
+    /// them (nothing to recover, nothing misplaced).
+    pub fn is_clean(&self, size: u32) -> bool {
+        self.recovering.is_empty()
+            && self.down_complete.is_empty()
+            && self.acting.len() == size as usize
+            && self.acting == self.placed
+    }
+}
+
+/// The roles of every placement group of one map, computed once per epoch so the
 /// data path does an index instead of `pg_count` hash draws and a sort per request.
 #[derive(Clone, Debug)]
 pub struct PgTable {
     epoch: crate::ids::Epoch,
     pg_count: u32,
-    sets: Vec<Vec<OsdId>>,
+    pgs: Vec<PgMembers>,
 }
 
 impl PgTable {
     /// Computes the table for `map`.
     pub fn new(map: &ClusterMap) -> PgTable {
-        let sets = (0..map.pool.pg_count)
-            .map(|pg| pg_osds(map, PgId(pg)))
+        let pgs = (0..map.pool.pg_count)
+            .map(|pg| PgMembers::compute(map, PgId(pg)))
             .collect();
         PgTable {
             epoch: map.epoch,
             pg_count: map.pool.pg_count,
-            sets,
+            pgs,
         }
     }
 
@@ -190,15 +287,35 @@ impl PgTable {
         self.epoch
     }
 
-    /// Acting set of `pg`, primary first; empty for a PG outside the pool.
-    pub fn osds(&self, pg: PgId) -> &[OsdId] {
-        self.sets.get(pg.0 as usize).map_or(&[], Vec::as_slice)
+    /// Number of placement groups.
+    pub fn pg_count(&self) -> u32 {
+        self.pg_count
     }
 
-    /// Locates an object.
-    pub fn locate(&self, object: ObjectId) -> (PgId, &[OsdId]) {
+    /// Roles in `pg` (an empty, inactive entry for a PG outside the pool).
+    pub fn pg(&self, pg: PgId) -> &PgMembers {
+        static NONE: PgMembers = PgMembers {
+            placed: Vec::new(),
+            acting: Vec::new(),
+            recovering: Vec::new(),
+            down_complete: Vec::new(),
+            active: false,
+        };
+        self.pgs.get(pg.0 as usize).unwrap_or(&NONE)
+    }
+
+    /// Every placement group's roles, by PG number.
+    pub fn iter(&self) -> impl Iterator<Item = (PgId, &PgMembers)> {
+        self.pgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (PgId(i as u32), m))
+    }
+
+    /// Locates an object: its placement group and that group's roles.
+    pub fn locate(&self, object: ObjectId) -> (PgId, &PgMembers) {
         let pg = object_pg(object, self.pg_count);
-        (pg, self.osds(pg))
+        (pg, self.pg(pg))
     }
 }
 
@@ -234,6 +351,7 @@ mod tests {
             host: host.into(),
             weight: 1.0,
             up: true,
+            up_from: crate::ids::Epoch(1),
             r#in: true,
             metrics_addr: None,
         }
@@ -406,14 +524,71 @@ mod tests {
         let m = map_with(5, 2);
         let t = PgTable::new(&m);
         for pg in 0..m.pool.pg_count {
-            assert_eq!(t.osds(PgId(pg)), pg_osds(&m, PgId(pg)).as_slice());
+            assert_eq!(t.pg(PgId(pg)).placed, pg_osds(&m, PgId(pg)));
+            // No recorded override and everyone up: placed copies are complete.
+            assert_eq!(t.pg(PgId(pg)).acting, t.pg(PgId(pg)).placed);
+            assert!(t.pg(PgId(pg)).is_clean(m.pool.size));
         }
         let o = ObjectId {
             volume: VolumeId(3),
             index: 99,
         };
-        assert_eq!(t.locate(o).1, locate(&m, o).osds.as_slice());
-        assert!(t.osds(PgId(m.pool.pg_count)).is_empty());
+        assert_eq!(t.locate(o).1.placed, locate(&m, o).osds);
+        assert!(t.pg(PgId(m.pool.pg_count)).placed.is_empty());
+        assert!(!t.pg(PgId(m.pool.pg_count)).active);
+    }
+
+    #[test]
+    fn roles_follow_complete_copies_and_liveness() {
+        let mut m = map_with(4, 1);
+        let pg = PgId(5);
+        let placed = pg_osds(&m, pg);
+        let (a, b, c) = (placed[0], placed[1], placed[2]);
+        let spare = m
+            .osds
+            .keys()
+            .copied()
+            .find(|id| !placed.contains(id))
+            .unwrap();
+
+        // One copy down: the group goes on with two (min_size 2), the next placed
+        // complete copy is primary.
+        m.osds.get_mut(&a).unwrap().up = false;
+        let r = PgMembers::compute(&m, pg);
+        assert_eq!(r.acting, vec![b, c]);
+        assert_eq!(r.primary(), Some(b));
+        assert_eq!(r.down_complete, vec![a]);
+        assert!(r.active);
+
+        // It comes back after missing writes (the manager dropped it from the
+        // complete copies): it takes writes but is not primary until recovered.
+        m.osds.get_mut(&a).unwrap().up = true;
+        m.pg_complete.insert(pg, vec![b, c]);
+        let r = PgMembers::compute(&m, pg);
+        assert_eq!(r.acting, vec![b, c]);
+        assert_eq!(r.recovering, vec![a]);
+        assert_eq!(r.write_set().collect::<Vec<_>>(), vec![b, c, a]);
+        assert!(!r.is_clean(3));
+
+        // Two complete copies down: below min_size, inactive, but still primary
+        // known so recovery can run.
+        m.pg_complete.insert(pg, vec![a, b, c]);
+        m.osds.get_mut(&b).unwrap().up = false;
+        m.osds.get_mut(&c).unwrap().up = false;
+        let r = PgMembers::compute(&m, pg);
+        assert_eq!(r.acting, vec![a]);
+        assert!(!r.active);
+
+        // Placement moved a copy to `spare` (here: by recording the old complete
+        // set); the old home keeps serving until the new one is complete.
+        m.osds.get_mut(&b).unwrap().up = true;
+        m.osds.get_mut(&c).unwrap().up = true;
+        m.pg_complete.insert(pg, vec![a, b, c, spare]);
+        m.pg_complete.insert(pg, vec![a, b, spare]);
+        let r = PgMembers::compute(&m, pg);
+        assert_eq!(r.acting, vec![a, b, spare]);
+        assert_eq!(r.recovering, vec![c]);
+        assert!(r.is_member(spare) && r.is_member(c));
     }
 
     #[test]

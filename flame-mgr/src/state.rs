@@ -348,6 +348,12 @@ impl ClusterState {
             host,
             weight,
             up: true,
+            // A boot of an OSD that was down is a new incarnation, recorded in the
+            // next epoch. (A repeated boot of an OSD that is up keeps its value.)
+            up_from: match old {
+                Some(o) if o.up => o.up_from,
+                _ => Epoch(self.epoch().0 + 1),
+            },
             r#in,
             metrics_addr: req.metrics_addr,
         };
@@ -461,10 +467,55 @@ impl ClusterState {
                 down.push(*id);
             }
         }
+        for &id in &down {
+            self.record_missed_writes(id);
+        }
         if !down.is_empty() {
             self.bump_epoch();
         }
         down
+    }
+
+    /// An OSD that stopped serving misses every write its placement groups take
+    /// from now on. In every group where it holds a complete copy and at least
+    /// `min_size` other complete copies are up, the group goes on without it, so it
+    /// is no longer complete: the others are recorded as the complete copies
+    /// (`ClusterMap::pg_complete`), and when it comes back it is recovered before
+    /// it serves. Where fewer are up, the group waits for it — no write can be
+    /// acknowledged without it — so it stays complete and serves again as soon as
+    /// it is back. Call after marking it down, before bumping the epoch.
+    fn record_missed_writes(&mut self, id: OsdId) {
+        let map = &self.persisted.map;
+        let min_size = map.pool.min_size as usize;
+        let mut changes = Vec::new();
+        for pg in (0..map.pool.pg_count).map(PgId) {
+            let complete = complete_copies(map, pg);
+            if !complete.contains(&id) {
+                continue;
+            }
+            let rest: Vec<OsdId> = complete.iter().copied().filter(|&o| o != id).collect();
+            let rest_up = rest
+                .iter()
+                .filter(|o| map.osds.get(o).is_some_and(|i| i.up))
+                .count();
+            if rest_up >= min_size {
+                changes.push((pg, rest));
+            }
+        }
+        for (pg, complete) in changes {
+            self.set_complete(pg, complete);
+        }
+    }
+
+    /// Records `complete` as the complete copies of `pg`, dropping the record when
+    /// it says what placement says anyway.
+    fn set_complete(&mut self, pg: PgId, complete: Vec<OsdId>) {
+        let map = &mut self.persisted.map;
+        if pg_osds(map, pg) == complete {
+            map.pg_complete.remove(&pg);
+        } else {
+            map.pg_complete.insert(pg, complete);
+        }
     }
 
     /// Creates a volume (`POST /v1/volumes`).
@@ -745,6 +796,15 @@ fn validate_volume_size(size: u64) -> Result<(), StateError> {
 
 /// The acting set of every placement group of `map`, indexed by PG number. Costs
 /// `pg_count × osds` hash draws, so callers cache it per epoch.
+/// The OSDs holding complete copies of `pg`: the manager's record, or the placed
+/// OSDs when there is none.
+pub fn complete_copies(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
+    match map.pg_complete.get(&pg) {
+        Some(c) => c.clone(),
+        None => pg_osds(map, pg),
+    }
+}
+
 pub fn acting_sets(map: &ClusterMap) -> Vec<Vec<OsdId>> {
     (0..map.pool.pg_count)
         .map(|pg| pg_osds(map, PgId(pg)))

@@ -74,18 +74,23 @@ impl MapView {
         if object_pg(target.object, map.pool.pg_count) != target.pg {
             return Err(status::EINVAL);
         }
-        let set = view.table.osds(target.pg);
+        let members = view.table.pg(target.pg);
         let me = map.osds.get(&osd).ok_or(status::ESTALE)?;
         if me.shard_of(target.pg) != shard {
             return Err(status::ESTALE);
         }
         let serves = if replica {
-            set.contains(&osd)
+            members.write_set().any(|id| id == osd)
         } else {
-            set.first() == Some(&osd)
+            members.primary() == Some(osd)
         };
         if !serves {
             return Err(status::ESTALE);
+        }
+        // Fewer than min_size complete copies up: the group waits (the client
+        // retries) rather than acknowledging a write with too few copies.
+        if !replica && !members.active {
+            return Err(status::EAGAIN);
         }
         Ok(())
     }

@@ -57,7 +57,14 @@ impl Shard {
         for e in earlier {
             e.wait().await;
         }
-        let replicas: Vec<OsdId> = view.table.osds(target.pg).iter().skip(1).copied().collect();
+        let replicas: Vec<OsdId> = view
+            .table
+            .pg(target.pg)
+            .acting
+            .iter()
+            .skip(1)
+            .copied()
+            .collect();
         let mut unrepaired = 0u64;
         for &block in &blocks {
             if !self.repair_one(view, target, block, &replicas).await {

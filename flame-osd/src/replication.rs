@@ -12,7 +12,6 @@ impl Shard {
     /// Primary path: order against overlapping writes, forward to the replicas and
     /// apply locally in parallel, answer once every copy has applied.
     pub(crate) async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, msg: Message) -> i32 {
-        let map = &view.map;
         let target = match &msg {
             Message::Write { target, .. }
             | Message::WriteZeroes { target, .. }
@@ -23,21 +22,15 @@ impl Shard {
         let (_guard, earlier) =
             self.gate
                 .enter(target.object, target.offset, target.offset + target.length);
-        let set = view.table.osds(target.pg);
-        // Every copy or none: with fewer OSDs in than the pool's size, a write would
-        // be acknowledged with fewer copies than promised.
-        if set.len() < map.pool.size as usize {
+        let members = view.table.pg(target.pg);
+        // At least min_size complete copies up (checked again: the gate may have
+        // been entered under a view that has since been replaced).
+        if !members.active || members.primary() != Some(self.osd) {
             return status::EAGAIN;
         }
-        // A replica known to be down cannot apply the write: fail fast, the client
-        // waits and retries until it is back.
-        let replicas = &set[1..];
-        if !replicas
-            .iter()
-            .all(|id| map.osds.get(id).is_some_and(|o| o.up))
-        {
-            return status::EAGAIN;
-        }
+        // Every member that is up and takes writes — the other acting members and
+        // those being recovered — applies the write before it is acknowledged.
+        let replicas: Vec<_> = members.write_set().skip(1).collect();
         for e in earlier {
             e.wait().await;
         }

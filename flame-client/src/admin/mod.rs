@@ -953,6 +953,7 @@ mod tests {
                     host: format!("h{i}"),
                     weight: 1.0,
                     up: i != 3,
+                    up_from: Epoch(1),
                     r#in: true,
                     metrics_addr: None,
                 },

@@ -118,6 +118,7 @@ impl FakeCluster {
                     host: format!("host{i}"),
                     weight: 1.0,
                     up: true,
+                    up_from: Epoch(1),
                     r#in: true,
                     metrics_addr: None,
                 },
