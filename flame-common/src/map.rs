@@ -6,7 +6,7 @@
 
 use crate::ids::{Epoch, OsdId, PgId, VolumeId};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 /// Replication and layout settings. Fixed when the cluster is created: changing
@@ -152,7 +152,19 @@ pub struct ClusterMap {
     /// see [`crate::placement::PgMembers`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pg_complete: BTreeMap<PgId, Vec<OsdId>>,
+    /// Tombstones of removed volumes (the newest [`DELETED_VOLUMES_MAX`] ids). A
+    /// volume is removed from the map at once, but an OSD that was down at the time
+    /// still holds its objects: every OSD, when it starts or sees a map with a
+    /// tombstone of a volume it holds objects of, deletes them. Volume ids are never
+    /// reused, so a tombstone can never name a live volume.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub deleted_volumes: BTreeSet<VolumeId>,
 }
+
+/// Most tombstones [`ClusterMap::deleted_volumes`] keeps (the newest ids): bounds the
+/// map. An OSD down across more volume removals than this keeps the objects of the
+/// oldest ones (they take space, nothing reads them).
+pub const DELETED_VOLUMES_MAX: usize = 4096;
 
 impl ClusterMap {
     /// Empty map of a new cluster.
@@ -164,6 +176,7 @@ impl ClusterMap {
             osds: BTreeMap::new(),
             volumes: BTreeMap::new(),
             pg_complete: BTreeMap::new(),
+            deleted_volumes: BTreeSet::new(),
         }
     }
 

@@ -12,6 +12,12 @@
 //! | GET | `/v1/osds` | → `Vec<`[`OsdStatus`]`>` |
 //! | POST | `/v1/osd/boot` | [`OsdBoot`] → [`OsdBootReply`]; 409 if the OSD belongs to another cluster or its address is held by another up OSD |
 //! | POST | `/v1/osd/heartbeat` | [`OsdHeartbeat`] → [`HeartbeatReply`] |
+//! | POST | `/v1/osd/failure` | [`OsdFailureReport`] → [`OsdFailureReply`] |
+//! | POST | `/v1/pg/recovered` | [`PgRecoveredReport`] → [`PgRecoveredReply`] |
+//! | POST | `/v1/osds/{id}/out` | → [`OsdOpReply`] (`{id}`: `3` or `osd.3`) |
+//! | POST | `/v1/osds/{id}/in` | → [`OsdOpReply`] |
+//! | POST | `/v1/osds/{id}/reweight` | [`OsdReweight`] → [`OsdOpReply`] |
+//! | DELETE | `/v1/osds/{id}` | → [`OsdOpReply`]; 409 while the OSD is up |
 //! | GET | `/v1/volumes` | → `Vec<`[`crate::map::VolumeInfo`]`>` |
 //! | POST | `/v1/volumes` | [`VolumeCreate`] → `VolumeInfo` |
 //! | GET | `/v1/volumes/{name}` | → `VolumeInfo` |
@@ -21,7 +27,7 @@
 //! | DELETE | `/v1/volumes/{name}` | → `VolumeInfo` (the removed volume) |
 //! | GET | `/metrics` | → Prometheus text |
 
-use crate::ids::{Epoch, OsdId};
+use crate::ids::{Epoch, OsdId, PgId};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
@@ -57,6 +63,14 @@ pub struct OsdBoot {
     /// `None`).
     #[serde(default)]
     pub fsid: Option<String>,
+    /// A random value the OSD process picks at start. A boot of an OSD the manager
+    /// has as up with another incarnation is a new process that restarted within the
+    /// heartbeat grace: it lost whatever its previous process had not made durable
+    /// and missed the writes in between, so the manager treats it as down-and-up
+    /// (it is recovered before it serves). The same incarnation again is a retried
+    /// boot and changes nothing. Absent in requests from older OSDs (0).
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// The manager's answer to [`OsdBoot`].
@@ -111,11 +125,21 @@ pub struct PgRecoveredReport {
     pub epoch: Epoch,
     /// (placement group, recovered member) pairs. At most
     /// [`PG_RECOVERED_ENTRIES_MAX`].
-    pub recovered: Vec<(crate::ids::PgId, OsdId)>,
+    pub recovered: Vec<(PgId, OsdId)>,
 }
 
 /// Most entries in one [`PgRecoveredReport`].
 pub const PG_RECOVERED_ENTRIES_MAX: usize = 65_536;
+
+/// The manager's answer to a [`PgRecoveredReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgRecoveredReply {
+    /// Map epoch after the report was recorded (unchanged if nothing was new).
+    pub epoch: Epoch,
+    /// Entries that changed the map; the others were stale (the reporter is no
+    /// longer the primary, the member restarted since, ...) or already recorded.
+    pub recorded: u32,
+}
 
 /// An OSD reporting that it cannot reach a peer (`POST /v1/osd/failure`): the
 /// manager marks the peer down sooner than its heartbeat grace would when enough
@@ -130,6 +154,42 @@ pub struct OsdFailureReport {
     pub failed: OsdId,
     /// The reporter's map epoch.
     pub epoch: Epoch,
+}
+
+/// The manager's answer to an [`OsdFailureReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdFailureReply {
+    /// Map epoch after the report was recorded.
+    pub epoch: Epoch,
+    /// Whether the failed OSD is down in that map (by this report, earlier ones or
+    /// its heartbeat grace).
+    pub down: bool,
+}
+
+/// New placement weight of an OSD (`POST /v1/osds/{id}/reweight`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OsdReweight {
+    /// Relative share of data, `0..=`[`OSD_WEIGHT_MAX`]; 0 moves every placement
+    /// group off the OSD (as `out`, but it stays `in`).
+    pub weight: f64,
+}
+
+/// Largest OSD weight `osd reweight` accepts.
+pub const OSD_WEIGHT_MAX: f64 = 100.0;
+
+/// The manager's answer to an operator command on an OSD (out, in, reweight, rm).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OsdOpReply {
+    /// The OSD.
+    pub osd: OsdId,
+    /// Map epoch after the command.
+    pub epoch: Epoch,
+    /// Whether the command changed the map (false: it was already so).
+    pub changed: bool,
+    /// Placement groups left with no complete copy by `osd rm` (it held the last
+    /// one): their data is lost, and they start again empty on their placed OSDs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_pgs: Vec<PgId>,
 }
 
 /// One OSD in `flame-admin osd ls`.

@@ -15,20 +15,26 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use flame_common::ids::Epoch;
+use flame_common::ids::{Epoch, OsdId};
 use flame_common::mgr_api::{
-    ApiError, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, TrimDone, VolumeCreate,
-    VolumeResize,
+    ApiError, HeartbeatReply, OsdBoot, OsdBootReply, OsdFailureReply, OsdFailureReport,
+    OsdHeartbeat, OsdOpReply, OsdReweight, PgRecoveredReply, PgRecoveredReport, TrimDone,
+    VolumeCreate, VolumeResize,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
-/// Largest request body accepted. Every API body is well under 1 KiB; the limit
-/// keeps a misbehaving client from making the manager buffer megabytes.
+/// Largest request body accepted. Every API body is well under 1 KiB (but see
+/// [`PG_RECOVERED_BODY_BYTES_MAX`]); the limit keeps a misbehaving client from
+/// making the manager buffer megabytes.
 pub const BODY_BYTES_MAX: usize = 64 << 10;
+/// Largest `POST /v1/pg/recovered` body: `PG_RECOVERED_ENTRIES_MAX` (65536) pairs
+/// of at most `[65535,1048575],` (16 bytes) are 1 MiB of JSON, plus room for
+/// whitespace.
+pub const PG_RECOVERED_BODY_BYTES_MAX: usize = 4 << 20;
 /// Longest a `GET /v1/map` long-poll may wait, whatever `wait_ms` asks for, so a
 /// client (and a proxy between) never sees a request hang indefinitely.
 pub const MAP_WAIT_MS_MAX: u64 = 30_000;
@@ -132,6 +138,26 @@ fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, HttpError
         .map_err(|r| HttpError::new(StatusCode::BAD_REQUEST, r.body_text()))
 }
 
+/// An OSD id in a path: `3` or `osd.3`.
+pub fn parse_osd_id(text: &str) -> Option<OsdId> {
+    let digits = text.strip_prefix("osd.").unwrap_or(text);
+    if digits.is_empty() || digits.len() > 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().map(OsdId)
+}
+
+fn path_osd(p: Result<Path<String>, PathRejection>) -> Result<OsdId, HttpError> {
+    let text = path_name(p)?;
+    parse_osd_id(&text).ok_or_else(|| {
+        let shown: String = text.chars().take(32).collect();
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            format!("`{shown}` is not an OSD id (expected e.g. 3 or osd.3)"),
+        )
+    })
+}
+
 /// Builds the router with every route of `flame_common::mgr_api`.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
@@ -140,6 +166,15 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/osds", get(get_osds))
         .route("/v1/osd/boot", post(osd_boot))
         .route("/v1/osd/heartbeat", post(osd_heartbeat))
+        .route("/v1/osd/failure", post(osd_failure))
+        .route(
+            "/v1/pg/recovered",
+            post(pg_recovered).layer(DefaultBodyLimit::max(PG_RECOVERED_BODY_BYTES_MAX)),
+        )
+        .route("/v1/osds/{id}", axum::routing::delete(osd_rm))
+        .route("/v1/osds/{id}/out", post(osd_out))
+        .route("/v1/osds/{id}/in", post(osd_in))
+        .route("/v1/osds/{id}/reweight", post(osd_reweight))
         .route("/v1/volumes", get(list_volumes).post(create_volume))
         .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
         .route("/v1/volumes/{name}/resize", post(resize_volume))
@@ -263,6 +298,122 @@ async fn osd_heartbeat(
         })
         .await?;
     Ok(ok_json(&HeartbeatReply { epoch }))
+}
+
+async fn osd_failure(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(r): ApiJson<OsdFailureReport>,
+) -> Result<Response, HttpError> {
+    let reply = shared
+        .commit(move |s, now| {
+            let down = s.failure_report(&r, now)?;
+            Ok(OsdFailureReply {
+                epoch: s.epoch(),
+                down,
+            })
+        })
+        .await?;
+    Ok(ok_json(&reply))
+}
+
+async fn pg_recovered(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(r): ApiJson<PgRecoveredReport>,
+) -> Result<Response, HttpError> {
+    let reporter = r.reporter;
+    let reply = shared
+        .commit(move |s, _| {
+            let recorded = s.pg_recovered(&r)?;
+            Ok(PgRecoveredReply {
+                epoch: s.epoch(),
+                recorded,
+            })
+        })
+        .await?;
+    if reply.recorded > 0 {
+        info!(
+            "{reporter} reports {} recovered copies (map {})",
+            reply.recorded, reply.epoch
+        );
+    }
+    Ok(ok_json(&reply))
+}
+
+async fn osd_out(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    osd_set_in(shared, path_osd(id)?, false).await
+}
+
+async fn osd_in(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    osd_set_in(shared, path_osd(id)?, true).await
+}
+
+async fn osd_set_in(shared: Arc<Shared>, id: OsdId, r#in: bool) -> Result<Response, HttpError> {
+    let (changed, epoch) = shared
+        .commit(move |s, _| Ok((s.set_in(id, r#in)?, s.epoch())))
+        .await?;
+    if changed {
+        let what = if r#in { "in" } else { "out" };
+        info!("{id} marked {what} by an operator (map {epoch})");
+    }
+    Ok(ok_json(&OsdOpReply {
+        osd: id,
+        epoch,
+        changed,
+        lost_pgs: Vec::new(),
+    }))
+}
+
+async fn osd_reweight(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+    ApiJson(req): ApiJson<OsdReweight>,
+) -> Result<Response, HttpError> {
+    let id = path_osd(id)?;
+    let weight = req.weight;
+    let (changed, epoch) = shared
+        .commit(move |s, _| Ok((s.reweight(id, weight)?, s.epoch())))
+        .await?;
+    if changed {
+        info!("{id} reweighted to {weight} by an operator (map {epoch})");
+    }
+    Ok(ok_json(&OsdOpReply {
+        osd: id,
+        epoch,
+        changed,
+        lost_pgs: Vec::new(),
+    }))
+}
+
+async fn osd_rm(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let id = path_osd(id)?;
+    let (lost_pgs, epoch) = shared
+        .commit(move |s, _| Ok((s.remove_osd(id)?, s.epoch())))
+        .await?;
+    if lost_pgs.is_empty() {
+        info!("{id} removed by an operator (map {epoch})");
+    } else {
+        warn!(
+            "{id} removed by an operator (map {epoch}); it held the last complete copy of \
+             {} placement groups, whose data is LOST: {:?}",
+            lost_pgs.len(),
+            lost_pgs.iter().take(32).map(ToString::to_string).collect::<Vec<_>>()
+        );
+    }
+    Ok(ok_json(&OsdOpReply {
+        osd: id,
+        epoch,
+        changed: true,
+        lost_pgs,
+    }))
 }
 
 async fn list_volumes(State(shared): State<Arc<Shared>>) -> Response {

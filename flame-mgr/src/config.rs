@@ -20,6 +20,12 @@ pub const HEARTBEAT_GRACE_MS_MAX: u64 = 3_600_000;
 pub const FAILURE_CHECK_INTERVAL_MS_MIN: u64 = 10;
 /// Longest accepted failure-check interval (1 minute).
 pub const FAILURE_CHECK_INTERVAL_MS_MAX: u64 = 60_000;
+/// Longest accepted `down_out_interval_ms` (30 days): longer is a typo for "never",
+/// which is spelled 0.
+pub const DOWN_OUT_INTERVAL_MS_MAX: u64 = 30 * 24 * 3_600_000;
+/// Most `min_down_reporters` accepted (more than the OSDs of any sane failure
+/// domain; only the up OSDs count anyway).
+pub const MIN_DOWN_REPORTERS_MAX: u32 = 64;
 
 /// `flame-mgr` settings.
 #[derive(Clone, Debug, Deserialize)]
@@ -34,18 +40,24 @@ pub struct MgrConfig {
     /// If set and an existing state has another fsid, start-up fails: the config
     /// points at the wrong data directory.
     pub fsid: Option<String>,
-    /// An up OSD not heard from for this long is marked down.
+    /// An up OSD not heard from for this long is marked down. Also how long an
+    /// OSD's failure report about a peer counts.
     pub heartbeat_grace_ms: u64,
+    /// An OSD down this long is marked out: its placement groups get new members,
+    /// which are recovered from the remaining copies, so the pool is back to
+    /// `size` copies without the operator. Counted from when this manager marked
+    /// it down; a manager restart starts the clock again for every down OSD. 0
+    /// disables (down OSDs stay in until `flame-admin osd out`).
+    pub down_out_interval_ms: u64,
+    /// Distinct up OSDs that must report a peer unreachable (`POST
+    /// /v1/osd/failure`) within the heartbeat grace before it is marked down ahead
+    /// of its grace. With fewer other up OSDs than this, all of them must.
+    pub min_down_reporters: u32,
     /// How often the manager looks for OSDs past their grace.
     pub failure_check_interval_ms: u64,
     /// Pool settings, used only when the cluster is created: they are fixed after
     /// that (changing them would move every object).
     pub pool: PoolConfig,
-    /// Whether an OSD registering for the first time joins `in` even though
-    /// volumes exist. Off by default: without backfill (not implemented yet) the
-    /// placement groups it takes over would read back as zeroes. Turn it on only
-    /// for a cluster whose volumes hold no data yet.
-    pub new_osds_in_with_volumes: bool,
 }
 
 impl Default for MgrConfig {
@@ -56,8 +68,9 @@ impl Default for MgrConfig {
             fsid: None,
             heartbeat_grace_ms: 6000,
             failure_check_interval_ms: 1000,
+            down_out_interval_ms: 600_000,
+            min_down_reporters: crate::state::MIN_DOWN_REPORTERS_DEFAULT,
             pool: PoolConfig::default(),
-            new_osds_in_with_volumes: false,
         }
     }
 }
@@ -101,6 +114,18 @@ impl Validate for MgrConfig {
                 ),
             ));
         }
+        if self.down_out_interval_ms > DOWN_OUT_INTERVAL_MS_MAX {
+            return Err((
+                "down_out_interval_ms".into(),
+                format!("must be 0 (never) or at most {DOWN_OUT_INTERVAL_MS_MAX}"),
+            ));
+        }
+        if self.min_down_reporters == 0 || self.min_down_reporters > MIN_DOWN_REPORTERS_MAX {
+            return Err((
+                "min_down_reporters".into(),
+                format!("must be 1..={MIN_DOWN_REPORTERS_MAX}"),
+            ));
+        }
         self.pool.validate()
     }
 }
@@ -118,6 +143,8 @@ mod tests {
         assert_eq!(c.fsid, None);
         assert_eq!(c.heartbeat_grace_ms, 6000);
         assert_eq!(c.failure_check_interval_ms, 1000);
+        assert_eq!(c.down_out_interval_ms, 600_000, "Ceph's 10 minutes");
+        assert_eq!(c.min_down_reporters, 2);
         assert_eq!(c.pool, PoolConfig::default());
     }
 
@@ -125,11 +152,13 @@ mod tests {
     fn full_file_parses() {
         let c: MgrConfig = parse_str(
             "listen: 127.0.0.1:0\ndata_dir: /tmp/x\nfsid: abc-1\nheartbeat_grace_ms: 500\n\
-             failure_check_interval_ms: 100\npool:\n  size: 2\n  min_size: 1\n  pg_count: 64\n",
+             failure_check_interval_ms: 100\ndown_out_interval_ms: 0\n\
+             min_down_reporters: 3\npool:\n  size: 2\n  min_size: 1\n  pg_count: 64\n",
             "t",
         )
         .unwrap();
         assert_eq!(c.fsid.as_deref(), Some("abc-1"));
+        assert_eq!((c.down_out_interval_ms, c.min_down_reporters), (0, 3));
         assert_eq!(c.pool.size, 2);
         assert_eq!(c.pool.object_size, 4 << 20);
     }
@@ -143,6 +172,9 @@ mod tests {
                 "failure_check_interval_ms",
             ),
             ("fsid: \"a b\"\n", "fsid"),
+            ("min_down_reporters: 0\n", "min_down_reporters"),
+            ("down_out_interval_ms: 9999999999\n", "down_out_interval_ms"),
+            ("new_osds_in_with_volumes: true\n", "new_osds_in_with_volumes"),
             ("pool:\n  min_size: 4\n", "pool.min_size"),
             ("pool:\n  sise: 4\n", "sise"),
             ("listen: nowhere\n", "listen"),

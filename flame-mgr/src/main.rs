@@ -154,7 +154,8 @@ async fn serve(
     // Start time counts as every OSD's last heartbeat: they get a full grace period
     // to find the restarted manager.
     let mut cluster_state = ClusterState::new(persisted, Instant::now());
-    cluster_state.new_osds_in_with_volumes = config.new_osds_in_with_volumes;
+    cluster_state.min_down_reporters = config.min_down_reporters;
+    cluster_state.heartbeat_grace = Duration::from_millis(config.heartbeat_grace_ms);
     let shared = shared::Shared::new(store, cluster_state, metrics);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -165,8 +166,11 @@ async fn serve(
 
     tokio::spawn(failure::run(
         std::sync::Arc::clone(&shared),
-        Duration::from_millis(config.heartbeat_grace_ms),
-        Duration::from_millis(config.failure_check_interval_ms),
+        failure::Timing {
+            grace: Duration::from_millis(config.heartbeat_grace_ms),
+            interval: Duration::from_millis(config.failure_check_interval_ms),
+            down_out: Duration::from_millis(config.down_out_interval_ms),
+        },
     ));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -12,18 +12,20 @@
 
 use flame_common::ids::{Epoch, OsdId, PgId, VolumeId};
 use flame_common::map::{
-    ClusterMap, OsdInfo, PoolConfig, VOLUME_SIZE_MAX, VolumeInfo, validate_volume_name,
+    ClusterMap, DELETED_VOLUMES_MAX, OsdInfo, PoolConfig, VOLUME_SIZE_MAX, VolumeInfo,
+    validate_volume_name,
 };
 use flame_common::mgr_api::{
-    ClusterStatus, OsdBoot, OsdHeartbeat, OsdStatus, TrimDone, TrimRange, VolumeCreate,
+    ClusterStatus, OSD_WEIGHT_MAX, OsdBoot, OsdFailureReport, OsdHeartbeat, OsdStatus,
+    PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport, TrimDone, TrimRange, VolumeCreate,
     VolumeResize, VolumeTrim,
 };
-use flame_common::placement::pg_osds;
+use flame_common::placement::{PgMembers, pg_osds};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Version of the `state.json` layout; bumped on any incompatible change so an old
 /// manager refuses a newer file instead of misreading it.
@@ -83,6 +85,12 @@ pub struct PersistedState {
     /// grow. Absent in state files of older managers (= nothing pending).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pending_trims: BTreeMap<VolumeId, TrimRange>,
+    /// The incarnation ([`OsdBoot::incarnation`]) of each OSD's current process, as
+    /// its last boot announced it. Kept so that a manager restart does not make a
+    /// retried boot look like a new process. Changes only together with the epoch
+    /// (a new incarnation always changes `up_from`). Absent in older files.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub osd_incarnations: BTreeMap<OsdId, u64>,
 }
 
 impl PersistedState {
@@ -95,6 +103,7 @@ impl PersistedState {
             next_osd_id: 0,
             next_volume_id: 1,
             pending_trims: BTreeMap::new(),
+            osd_incarnations: BTreeMap::new(),
         }
     }
 
@@ -145,6 +154,24 @@ impl PersistedState {
                 ));
             }
         }
+        if self.map.deleted_volumes.len() > DELETED_VOLUMES_MAX {
+            return Err(format!(
+                "{} volume tombstones, more than {DELETED_VOLUMES_MAX}",
+                self.map.deleted_volumes.len()
+            ));
+        }
+        for id in &self.map.deleted_volumes {
+            if vids.contains(id) || id.0 >= self.next_volume_id {
+                return Err(format!(
+                    "tombstone of {id}, which is a live or unissued volume id"
+                ));
+            }
+        }
+        for id in self.osd_incarnations.keys() {
+            if !self.map.osds.contains_key(id) {
+                return Err(format!("incarnation of {id}, which is not in the map"));
+            }
+        }
         for (id, t) in &self.pending_trims {
             let Some(vol) = self.map.volume_by_id(*id) else {
                 return Err(format!("pending trim of {id}, which is not a volume"));
@@ -178,7 +205,30 @@ pub struct OsdRuntime {
     /// is only the state the map last recorded: status shows "waiting for first
     /// report" rather than `0 B used of 0 B`.
     pub usage_reported: bool,
+    /// When the OSD was last marked down (or, for an OSD down in the map when the
+    /// manager started, the start time): `down_out_interval_ms` counts from here.
+    /// `None` while it is up.
+    pub down_since: Option<Instant>,
 }
+
+impl OsdRuntime {
+    /// Runtime data of an OSD just heard from.
+    fn heard_at(now: Instant) -> OsdRuntime {
+        OsdRuntime {
+            last_heartbeat: now,
+            heard: true,
+            used_bytes: 0,
+            capacity_bytes: 0,
+            usage_reported: false,
+            down_since: None,
+        }
+    }
+}
+
+/// Default of [`ClusterState::min_down_reporters`] (`MgrConfig::min_down_reporters`).
+pub const MIN_DOWN_REPORTERS_DEFAULT: u32 = 2;
+/// Default of [`ClusterState::heartbeat_grace`] (`MgrConfig::heartbeat_grace_ms`).
+pub const HEARTBEAT_GRACE_DEFAULT: Duration = Duration::from_millis(6000);
 
 /// The manager's whole in-memory state: the persisted part plus heartbeat data.
 #[derive(Clone, Debug)]
@@ -187,8 +237,14 @@ pub struct ClusterState {
     pub persisted: PersistedState,
     /// Heartbeat data by OSD; every OSD in the map has an entry.
     runtime: BTreeMap<OsdId, OsdRuntime>,
-    /// `MgrConfig::new_osds_in_with_volumes`.
-    pub new_osds_in_with_volumes: bool,
+    /// Failure reports ([`OsdFailureReport`]) not yet expired: failed OSD →
+    /// reporter → when it reported. Bounded by OSDs² (each pair once).
+    failure_reports: BTreeMap<OsdId, BTreeMap<OsdId, Instant>>,
+    /// `MgrConfig::min_down_reporters`: distinct up OSDs whose failure reports
+    /// mark a peer down before its heartbeat grace runs out.
+    pub min_down_reporters: u32,
+    /// `MgrConfig::heartbeat_grace_ms`: also how long a failure report counts.
+    pub heartbeat_grace: Duration,
 }
 
 impl ClusterState {
@@ -199,16 +255,19 @@ impl ClusterState {
         let runtime = persisted
             .map
             .osds
-            .keys()
-            .map(|&id| {
+            .values()
+            .map(|osd| {
                 (
-                    id,
+                    osd.id,
                     OsdRuntime {
                         last_heartbeat: now,
                         heard: false,
                         used_bytes: 0,
                         capacity_bytes: 0,
                         usage_reported: false,
+                        // The time it went down died with the previous manager:
+                        // the down-out clock starts again (documented).
+                        down_since: (!osd.up).then_some(now),
                     },
                 )
             })
@@ -216,7 +275,9 @@ impl ClusterState {
         ClusterState {
             persisted,
             runtime,
-            new_osds_in_with_volumes: false,
+            failure_reports: BTreeMap::new(),
+            min_down_reporters: MIN_DOWN_REPORTERS_DEFAULT,
+            heartbeat_grace: HEARTBEAT_GRACE_DEFAULT,
         }
     }
 
@@ -310,69 +371,69 @@ impl ClusterState {
                 id
             }
         };
-        let old = self.persisted.map.osds.get(&id);
-        // Placement inputs (in, host, weight) must not change under existing data:
-        // there is no backfill yet, so a placement group moved to an OSD that lacks
-        // its objects would read back zeroes. While any volume exists, a new OSD
-        // joins `out`, and a known OSD keeps the host and weight it registered with
-        // (a changed value in its config is logged and ignored).
-        let has_data = !self.persisted.map.volumes.is_empty() && !self.new_osds_in_with_volumes;
-        let (host, weight) = match old {
-            Some(o) if has_data && (o.host != req.host || o.weight != req.weight) => {
-                warn!(
-                    "{id} booted with host {:?} weight {} but keeps host {:?} weight {}: \
-                     changing placement under existing volumes needs data movement (not \
-                     implemented yet)",
-                    req.host, req.weight, o.host, o.weight
-                );
-                (o.host.clone(), o.weight)
-            }
-            _ => (req.host.clone(), req.weight),
-        };
-        let r#in = match old {
-            // An operator's "out" must survive the OSD restarting.
-            Some(o) => o.r#in,
-            None if has_data => {
-                warn!(
-                    "new OSD {id} joins OUT: volumes exist and moving their placement \
-                     groups to it needs data movement (not implemented yet)"
-                );
-                false
-            }
-            None => true,
-        };
+        let old = self.persisted.map.osds.get(&id).cloned();
+        // A boot of an OSD that is up, from another process than the one recorded:
+        // it restarted within the heartbeat grace, so it was never marked down, yet
+        // it lost what its previous process had not made durable and missed the
+        // writes in between. Treat it as down and up again.
+        let restarted = old.as_ref().is_some_and(|o| o.up)
+            && self.persisted.osd_incarnations.get(&id) != Some(&req.incarnation);
+        if restarted {
+            warn!(
+                "{id} booted as a new process (incarnation {:#x}) while marked up: it \
+                 restarted within the heartbeat grace; it is recovered before it serves",
+                req.incarnation
+            );
+            self.record_missed_writes(id);
+        }
         let info = OsdInfo {
             id,
             addr: req.addr,
             shards: req.shards,
-            host,
-            weight,
+            host: req.host.clone(),
+            // The weight in the OSD's config is its initial weight only: once
+            // registered, `osd reweight` sets it, and an operator's reweight must
+            // survive the OSD restarting (as "out" does).
+            weight: old.as_ref().map_or(req.weight, |o| o.weight),
             up: true,
-            // A boot of an OSD that was down is a new incarnation, recorded in the
-            // next epoch. (A repeated boot of an OSD that is up keeps its value.)
-            up_from: match old {
-                Some(o) if o.up => o.up_from,
-                _ => Epoch(self.epoch().0 + 1),
+            // A boot of an OSD that was down, or of a new process, is a new
+            // incarnation, recorded in the next epoch. (A repeated boot of the same
+            // process keeps its value.)
+            up_from: match &old {
+                Some(o) if o.up && !restarted => o.up_from,
+                _ => Epoch(self.epoch().0.saturating_add(1)),
             },
-            r#in,
+            // An operator's "out" survives the OSD restarting; a new OSD joins in.
+            r#in: old.as_ref().is_none_or(|o| o.r#in),
             metrics_addr: req.metrics_addr,
         };
-        if old != Some(&info) {
-            if old.is_some_and(|o| !o.up) {
+        if old.as_ref() != Some(&info) {
+            if old.as_ref().is_some_and(|o| !o.up) {
                 info!("{id} booted: marked up");
             }
-            self.persisted.map.osds.insert(id, info);
+            let moves = old.as_ref().is_none_or(|o| o.host != info.host);
+            if moves {
+                // A new OSD, or one that moved to another host (failure domain):
+                // placement changes, and the data keeps being tracked.
+                self.change_placement(None, |map| {
+                    map.osds.insert(id, info);
+                });
+            } else {
+                self.persisted.map.osds.insert(id, info);
+            }
+            self.persisted
+                .osd_incarnations
+                .insert(id, req.incarnation);
             self.bump_epoch();
         }
-        let rt = self.runtime.entry(id).or_insert(OsdRuntime {
-            last_heartbeat: now,
-            heard: true,
-            used_bytes: 0,
-            capacity_bytes: 0,
-            usage_reported: false,
-        });
+        let rt = self
+            .runtime
+            .entry(id)
+            .or_insert_with(|| OsdRuntime::heard_at(now));
         rt.last_heartbeat = now;
         rt.heard = true;
+        rt.down_since = None;
+        self.failure_reports.remove(&id);
         Ok(id)
     }
 
@@ -388,28 +449,28 @@ impl ClusterState {
         })
     }
 
+    /// The OSD bound to `uuid` if it is `id`; `NotFound` otherwise (a stale process,
+    /// or the manager's state was replaced: the OSD's answer to 404 is to boot again).
+    fn check_binding(&self, id: OsdId, uuid: &str) -> Result<&OsdInfo, StateError> {
+        let bound = self.persisted.osd_uuids.get(uuid).copied();
+        match self.persisted.map.osds.get(&id) {
+            Some(osd) if bound == Some(id) => Ok(osd),
+            Some(_) => Err(StateError::NotFound(format!(
+                "{id} is registered with another uuid; boot again"
+            ))),
+            None => Err(StateError::NotFound(format!(
+                "{id} is not registered; boot again"
+            ))),
+        }
+    }
+
     /// Records a heartbeat (`POST /v1/osd/heartbeat`); a down OSD comes back up.
     ///
     /// An id the manager does not know, or a uuid that does not match it, is
     /// `NotFound`: the sender is a stale process or the manager's state was
     /// replaced, and the OSD's answer to 404 is to boot again.
     pub fn heartbeat(&mut self, hb: &OsdHeartbeat, now: Instant) -> Result<(), StateError> {
-        let bound = self.persisted.osd_uuids.get(&hb.uuid).copied();
-        let osd = match self.persisted.map.osds.get_mut(&hb.id) {
-            Some(osd) if bound == Some(hb.id) => osd,
-            Some(_) => {
-                return Err(StateError::NotFound(format!(
-                    "{} is registered with another uuid; boot again",
-                    hb.id
-                )));
-            }
-            None => {
-                return Err(StateError::NotFound(format!(
-                    "{} is not registered; boot again",
-                    hb.id
-                )));
-            }
-        };
+        let osd = self.check_binding(hb.id, &hb.uuid)?;
         let came_up = !osd.up;
         if came_up {
             let (addr, shards) = (osd.addr, osd.shards);
@@ -423,57 +484,214 @@ impl ClusterState {
                 )));
             }
         }
+        let next_epoch = Epoch(self.epoch().0.saturating_add(1));
         let Some(osd) = self.persisted.map.osds.get_mut(&hb.id) else {
             return Err(StateError::NotFound(format!("{} is not registered", hb.id)));
         };
-        osd.up = true;
-        let rt = self.runtime.entry(hb.id).or_insert(OsdRuntime {
-            last_heartbeat: now,
-            heard: true,
-            used_bytes: 0,
-            capacity_bytes: 0,
-            usage_reported: false,
-        });
+        if came_up {
+            osd.up = true;
+            // It missed writes while it was down (record_missed_writes took it out
+            // of the complete copies where the group went on): a recovery report
+            // made before this epoch says nothing about what it holds now.
+            osd.up_from = next_epoch;
+        }
+        let rt = self
+            .runtime
+            .entry(hb.id)
+            .or_insert_with(|| OsdRuntime::heard_at(now));
         rt.last_heartbeat = now;
         rt.heard = true;
         rt.used_bytes = hb.used_bytes;
         rt.capacity_bytes = hb.capacity_bytes;
         rt.usage_reported = true;
+        rt.down_since = None;
         if came_up {
             info!("{} heartbeat: marked up", hb.id);
+            // Reports about its previous outage must not take it down again.
+            self.failure_reports.remove(&hb.id);
             self.bump_epoch();
         }
         Ok(())
     }
 
-    /// Marks down every up OSD not heard from for longer than `grace`, in one epoch,
-    /// and returns their ids.
-    ///
-    /// OSDs are never marked out here: taking an OSD out moves its placement groups,
-    /// which is only safe once recovery can copy the data (a later issue). Until
-    /// then, I/O to a down OSD's placement groups waits for it to return.
-    pub fn mark_down_silent(&mut self, now: Instant, grace: Duration) -> Vec<OsdId> {
-        let mut down = Vec::new();
-        for (id, osd) in self.persisted.map.osds.iter_mut() {
-            if !osd.up {
-                continue;
-            }
-            let silent = self
-                .runtime
-                .get(id)
-                .is_none_or(|rt| now.saturating_duration_since(rt.last_heartbeat) > grace);
-            if silent {
+    /// Marks `ids` (up OSDs) down at `now`: each misses the writes from now on
+    /// ([`Self::record_missed_writes`]). The caller bumps the epoch once.
+    fn mark_down(&mut self, ids: &[OsdId], now: Instant) {
+        for id in ids {
+            if let Some(osd) = self.persisted.map.osds.get_mut(id) {
                 osd.up = false;
-                down.push(*id);
             }
+            if let Some(rt) = self.runtime.get_mut(id) {
+                rt.down_since = Some(now);
+            }
+            self.failure_reports.remove(id);
         }
-        for &id in &down {
+        for &id in ids {
             self.record_missed_writes(id);
         }
+    }
+
+    /// Marks down every up OSD not heard from for longer than `grace`, in one epoch,
+    /// and returns their ids. (Marking out is [`Self::check_failures`].)
+    #[cfg(test)]
+    pub fn mark_down_silent(&mut self, now: Instant, grace: Duration) -> Vec<OsdId> {
+        self.check_failures(now, grace, Duration::ZERO).0
+    }
+
+    /// The failure detector's periodic step, in one epoch: marks down every up OSD
+    /// not heard from for longer than `grace`, then marks out every OSD that is
+    /// down and in and has been down for at least `down_out` (counted from when
+    /// this manager marked it down, or from the manager's start for an OSD already
+    /// down then; zero: never). Marking out moves its placement groups to other
+    /// OSDs, which are recovered from the remaining complete copies. Returns (marked
+    /// down, marked out).
+    pub fn check_failures(
+        &mut self,
+        now: Instant,
+        grace: Duration,
+        down_out: Duration,
+    ) -> (Vec<OsdId>, Vec<OsdId>) {
+        let down: Vec<OsdId> = self
+            .persisted
+            .map
+            .osds
+            .values()
+            .filter(|osd| osd.up)
+            .filter(|osd| {
+                self.runtime
+                    .get(&osd.id)
+                    .is_none_or(|rt| now.saturating_duration_since(rt.last_heartbeat) > grace)
+            })
+            .map(|osd| osd.id)
+            .collect();
+        self.expire_failure_reports(now);
         if !down.is_empty() {
+            self.mark_down(&down, now);
+        }
+        let out = self.down_too_long(now, down_out);
+        if !out.is_empty() {
+            self.change_placement(None, |map| {
+                for id in &out {
+                    if let Some(osd) = map.osds.get_mut(id) {
+                        osd.r#in = false;
+                    }
+                }
+            });
+        }
+        if !down.is_empty() || !out.is_empty() {
             self.bump_epoch();
         }
-        down
+        (down, out)
+    }
+
+    /// OSDs down and in for at least `interval` (none if it is zero).
+    fn down_too_long(&self, now: Instant, interval: Duration) -> Vec<OsdId> {
+        if interval.is_zero() {
+            return Vec::new();
+        }
+        self
+            .persisted
+            .map
+            .osds
+            .values()
+            .filter(|osd| !osd.up && osd.r#in)
+            .filter(|osd| {
+                self.runtime
+                    .get(&osd.id)
+                    .and_then(|rt| rt.down_since)
+                    .is_some_and(|t| now.saturating_duration_since(t) >= interval)
+            })
+            .map(|osd| osd.id)
+            .collect()
+    }
+
+    /// Drops failure reports older than the heartbeat grace.
+    fn expire_failure_reports(&mut self, now: Instant) {
+        let grace = self.heartbeat_grace;
+        for reports in self.failure_reports.values_mut() {
+            reports.retain(|_, at| now.saturating_duration_since(*at) <= grace);
+        }
+        self.failure_reports.retain(|_, r| !r.is_empty());
+    }
+
+    /// Records that `r.reporter` cannot reach `r.failed` (`POST /v1/osd/failure`)
+    /// and returns whether `r.failed` is down now.
+    ///
+    /// The failed OSD is marked down (one epoch) once distinct **up** OSDs have
+    /// reported it within the heartbeat grace — [`Self::min_down_reporters`] of
+    /// them, or every other up OSD when there are fewer — so one OSD with a broken
+    /// link cannot take a healthy one out of service. A report made under a map
+    /// older than the failed OSD's current incarnation (`up_from`) is about an
+    /// earlier process and is ignored.
+    ///
+    /// Refused: a reporter whose uuid is not bound to its id (404), an unknown
+    /// failed id (404), an OSD reporting itself (400).
+    pub fn failure_report(
+        &mut self,
+        r: &OsdFailureReport,
+        now: Instant,
+    ) -> Result<bool, StateError> {
+        self.check_binding(r.reporter, &r.uuid)?;
+        if r.failed == r.reporter {
+            return Err(StateError::Invalid(format!(
+                "{} reported itself as failed",
+                r.reporter
+            )));
+        }
+        let Some(failed) = self.persisted.map.osds.get(&r.failed) else {
+            return Err(StateError::NotFound(format!(
+                "{} (reported failed by {}) is not in the map",
+                r.failed, r.reporter
+            )));
+        };
+        if r.epoch > self.epoch() {
+            return Err(StateError::Invalid(format!(
+                "report made under map {} but the current map is {}",
+                r.epoch,
+                self.epoch()
+            )));
+        }
+        if !failed.up {
+            return Ok(true);
+        }
+        if r.epoch < failed.up_from {
+            debug!(
+                "ignoring {}'s report of {} under map {}: it came up again in {}",
+                r.reporter, r.failed, r.epoch, failed.up_from
+            );
+            return Ok(false);
+        }
+        self.expire_failure_reports(now);
+        self.failure_reports
+            .entry(r.failed)
+            .or_default()
+            .insert(r.reporter, now);
+        let map = &self.persisted.map;
+        let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
+        let reporters = self
+            .failure_reports
+            .get(&r.failed)
+            .map_or(0, |reps| reps.keys().filter(|id| up(id)).count());
+        let others_up = map
+            .osds
+            .values()
+            .filter(|o| o.up && o.id != r.failed)
+            .count();
+        let needed = (self.min_down_reporters as usize).min(others_up).max(1);
+        if reporters < needed {
+            info!(
+                "{} reports {} unreachable ({reporters} of {needed} reporters needed)",
+                r.reporter, r.failed
+            );
+            return Ok(false);
+        }
+        warn!(
+            "{} marked down: {reporters} OSDs report it unreachable",
+            r.failed
+        );
+        self.mark_down(&[r.failed], now);
+        self.bump_epoch();
+        Ok(true)
     }
 
     /// An OSD that stopped serving misses every write its placement groups take
@@ -507,6 +725,66 @@ impl ClusterState {
         }
     }
 
+    /// Applies a change of placement inputs (an OSD out, in, removed, reweighted,
+    /// added, moved to another host) without losing track of the data: the complete
+    /// copies of every placement group are taken before the change and recorded
+    /// after it (`ClusterMap::pg_complete`), so the old homes keep serving and the
+    /// new placed members start as recovering. A group that had no complete copy
+    /// (it never had members) starts complete on its new members.
+    ///
+    /// `removed`: an OSD the change deletes from the map; it is dropped from every
+    /// complete set. Returns the groups whose only complete copies were on it:
+    /// their data is lost, and they start again empty on their placed members
+    /// (recording an empty set would make them wait forever).
+    ///
+    /// While no volume exists no placement group holds data that matters, so the
+    /// records are reset instead (each down OSD still counts as having missed
+    /// writes, since a volume created now is written without it).
+    fn change_placement(
+        &mut self,
+        removed: Option<OsdId>,
+        change: impl FnOnce(&mut ClusterMap),
+    ) -> Vec<PgId> {
+        if self.persisted.map.volumes.is_empty() {
+            change(&mut self.persisted.map);
+            self.persisted.map.pg_complete.clear();
+            let down: Vec<OsdId> = self
+                .persisted
+                .map
+                .osds
+                .values()
+                .filter(|o| !o.up)
+                .map(|o| o.id)
+                .collect();
+            for id in down {
+                self.record_missed_writes(id);
+            }
+            return Vec::new();
+        }
+        let pg_count = self.persisted.map.pool.pg_count;
+        let before: Vec<Vec<OsdId>> = (0..pg_count)
+            .map(|pg| complete_copies(&self.persisted.map, PgId(pg)))
+            .collect();
+        change(&mut self.persisted.map);
+        let mut lost = Vec::new();
+        for (pg, mut complete) in (0..pg_count).map(PgId).zip(before) {
+            if complete.is_empty() {
+                self.persisted.map.pg_complete.remove(&pg);
+                continue;
+            }
+            if let Some(gone) = removed {
+                complete.retain(|&o| o != gone);
+                if complete.is_empty() {
+                    lost.push(pg);
+                    self.persisted.map.pg_complete.remove(&pg);
+                    continue;
+                }
+            }
+            self.set_complete(pg, complete);
+        }
+        lost
+    }
+
     /// Records `complete` as the complete copies of `pg`, dropping the record when
     /// it says what placement says anyway.
     fn set_complete(&mut self, pg: PgId, complete: Vec<OsdId>) {
@@ -516,6 +794,193 @@ impl ClusterState {
         } else {
             map.pg_complete.insert(pg, complete);
         }
+    }
+
+    /// Records the members a primary reports recovered (`POST /v1/pg/recovered`)
+    /// and returns how many entries changed the map (all in one epoch; none: no
+    /// bump).
+    ///
+    /// The reporter must be bound to its uuid (404) and the report at most
+    /// [`PG_RECOVERED_ENTRIES_MAX`] entries (400). An entry is skipped — stale, not
+    /// an error — unless, in the **current** map, the placement group exists, the
+    /// reporter is its primary, and the member is up, came up no later than the
+    /// report's epoch (what was copied to an earlier process proves nothing), and
+    /// is recovering there (placed, not yet complete). A recorded member joins the
+    /// complete copies (placed ones first, in placement order, then the others);
+    /// once every placed member is complete, exactly the placed set is recorded, so
+    /// the old homes stop being members (and delete their stray copies).
+    pub fn pg_recovered(&mut self, r: &PgRecoveredReport) -> Result<u32, StateError> {
+        if r.recovered.len() > PG_RECOVERED_ENTRIES_MAX {
+            return Err(StateError::Invalid(format!(
+                "{} entries in one report, more than {PG_RECOVERED_ENTRIES_MAX}",
+                r.recovered.len()
+            )));
+        }
+        let reporter = self.check_binding(r.reporter, &r.uuid)?;
+        if r.epoch > self.epoch() {
+            return Err(StateError::Invalid(format!(
+                "report made under map {} but the current map is {}",
+                r.epoch,
+                self.epoch()
+            )));
+        }
+        if reporter.up_from > r.epoch {
+            debug!(
+                "ignoring {}'s recovery report under map {}: it came up again in {}",
+                r.reporter, r.epoch, reporter.up_from
+            );
+            return Ok(0);
+        }
+        let map = &self.persisted.map;
+        let mut by_pg: BTreeMap<PgId, Vec<OsdId>> = BTreeMap::new();
+        for &(pg, member) in &r.recovered {
+            if pg.0 >= map.pool.pg_count {
+                debug!("recovery report of {}: no {pg}", r.reporter);
+                continue;
+            }
+            by_pg.entry(pg).or_default().push(member);
+        }
+        let mut changes = Vec::new();
+        let mut recorded = 0u32;
+        for (pg, members) in by_pg {
+            let roles = PgMembers::compute(map, pg);
+            if roles.primary() != Some(r.reporter) {
+                debug!(
+                    "recovery report of {}: not the primary of {pg} any more",
+                    r.reporter
+                );
+                continue;
+            }
+            let mut complete = complete_copies(map, pg);
+            for member in members {
+                let fresh = map
+                    .osds
+                    .get(&member)
+                    .is_some_and(|o| o.up && o.up_from <= r.epoch);
+                if !fresh || !roles.recovering.contains(&member) || complete.contains(&member) {
+                    debug!(
+                        "recovery report of {}: {member} in {pg} is stale or already complete",
+                        r.reporter
+                    );
+                    continue;
+                }
+                complete.push(member);
+                recorded = recorded.saturating_add(1);
+            }
+            let done = roles.placed.iter().all(|o| complete.contains(o));
+            let ordered: Vec<OsdId> = if done {
+                roles.placed.clone()
+            } else {
+                let mut v: Vec<OsdId> = roles
+                    .placed
+                    .iter()
+                    .filter(|o| complete.contains(o))
+                    .copied()
+                    .collect();
+                v.extend(complete.iter().filter(|o| !roles.placed.contains(o)));
+                v
+            };
+            changes.push((pg, ordered));
+        }
+        if recorded == 0 {
+            return Ok(0);
+        }
+        for (pg, complete) in changes {
+            self.set_complete(pg, complete);
+        }
+        self.bump_epoch();
+        Ok(recorded)
+    }
+
+    /// The OSD `id` for an operator command, or `NotFound` naming the known ones.
+    fn osd_for_command(&self, id: OsdId) -> Result<&OsdInfo, StateError> {
+        self.persisted.map.osds.get(&id).ok_or_else(|| {
+            let known: Vec<String> = self
+                .persisted
+                .map
+                .osds
+                .keys()
+                .take(DETAIL_OSDS_MAX)
+                .map(ToString::to_string)
+                .collect();
+            StateError::NotFound(format!(
+                "there is no {id} (OSDs: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ))
+        })
+    }
+
+    /// `osd out` / `osd in` (`POST /v1/osds/{id}/out|in`): takes the OSD out of
+    /// placement (its placement groups get new members, recovered from the complete
+    /// copies, which keep serving meanwhile) or puts it back. Returns whether the
+    /// map changed (false: it already was so; no epoch).
+    pub fn set_in(&mut self, id: OsdId, r#in: bool) -> Result<bool, StateError> {
+        if self.osd_for_command(id)?.r#in == r#in {
+            return Ok(false);
+        }
+        self.change_placement(None, |map| {
+            if let Some(osd) = map.osds.get_mut(&id) {
+                osd.r#in = r#in;
+            }
+        });
+        self.bump_epoch();
+        Ok(true)
+    }
+
+    /// `osd reweight` (`POST /v1/osds/{id}/reweight`): sets the OSD's placement
+    /// weight, `0..=OSD_WEIGHT_MAX`, finite. Returns whether the map changed.
+    pub fn reweight(&mut self, id: OsdId, weight: f64) -> Result<bool, StateError> {
+        if !weight.is_finite() || !(0.0..=OSD_WEIGHT_MAX).contains(&weight) {
+            return Err(StateError::Invalid(format!(
+                "weight {weight} is not a number in 0..={OSD_WEIGHT_MAX}"
+            )));
+        }
+        if self.osd_for_command(id)?.weight == weight {
+            return Ok(false);
+        }
+        self.change_placement(None, |map| {
+            if let Some(osd) = map.osds.get_mut(&id) {
+                osd.weight = weight;
+            }
+        });
+        self.bump_epoch();
+        Ok(true)
+    }
+
+    /// `osd rm` (`DELETE /v1/osds/{id}`): removes a down OSD from the map, its uuid
+    /// binding (a data directory with that uuid registers as a new OSD) and every
+    /// complete set. Refused while it is up (stop it first). Returns the placement
+    /// groups whose last complete copy it held: their data is lost.
+    pub fn remove_osd(&mut self, id: OsdId) -> Result<Vec<PgId>, StateError> {
+        if self.osd_for_command(id)?.up {
+            return Err(StateError::Conflict(format!(
+                "{id} is up: stop it first (the manager marks it down after its \
+                 heartbeat grace), then remove it"
+            )));
+        }
+        let lost = self.change_placement(Some(id), |map| {
+            map.osds.remove(&id);
+        });
+        self.persisted.osd_uuids.retain(|_, v| *v != id);
+        self.persisted.osd_incarnations.remove(&id);
+        self.runtime.remove(&id);
+        self.failure_reports.remove(&id);
+        for reports in self.failure_reports.values_mut() {
+            reports.remove(&id);
+        }
+        if !lost.is_empty() {
+            warn!(
+                "{id} removed although it held the only complete copy of {} placement \
+                 groups: their data is LOST (they start again empty)",
+                lost.len()
+            );
+        }
+        self.bump_epoch();
+        Ok(lost)
     }
 
     /// Creates a volume (`POST /v1/volumes`).
@@ -656,8 +1121,11 @@ impl ClusterState {
     }
 
     /// Removes a volume from the map (`DELETE /v1/volumes/{name}`) and returns it.
-    /// Its objects on the OSDs are deleted by the caller (`flame-admin volume rm`),
-    /// which knows the volume id from the reply.
+    /// Its objects on the OSDs that are up are deleted by the caller (`flame-admin
+    /// volume rm`), which knows the volume id from the reply; the map keeps a
+    /// tombstone of the id (`ClusterMap::deleted_volumes`, the newest
+    /// [`DELETED_VOLUMES_MAX`]) so that an OSD down at the time deletes its copies
+    /// when it is back.
     pub fn delete_volume(&mut self, name: &str) -> Result<VolumeInfo, StateError> {
         let vol = self
             .persisted
@@ -665,8 +1133,13 @@ impl ClusterState {
             .volumes
             .remove(name)
             .ok_or_else(|| no_such_volume(name))?;
-        // Its objects are gone (the caller deleted them first): nothing to trim.
+        // Its objects are being deleted everywhere: nothing to trim.
         self.persisted.pending_trims.remove(&vol.id);
+        let tombstones = &mut self.persisted.map.deleted_volumes;
+        tombstones.insert(vol.id);
+        while tombstones.len() > DELETED_VOLUMES_MAX {
+            tombstones.pop_first();
+        }
         self.bump_epoch();
         Ok(vol)
     }
@@ -857,16 +1330,17 @@ const HEALTH_SCAN_OBJECTS_TOTAL: u64 = 1 << 20;
 /// Computes health and the reasons for it, saying what happens to I/O — which is
 /// what an operator needs to know — rather than naming states.
 ///
-/// What the data path does today (no recovery yet): a write (also write-zeroes,
-/// discard) goes to the primary, which applies it only if **every** OSD of the
-/// placement group's acting set is up and the set is full (`pool.size` OSDs);
-/// otherwise it answers EAGAIN and the client retries until the OSD is back or its
-/// I/O timeout passes. A read goes to the primary only, so it waits only if the
-/// primary is down. A FLUSH waits for every OSD that is down but in.
+/// What the data path does (see `flame_common::placement::PgMembers`): a placement
+/// group serves reads and writes while at least `pool.min_size` of its complete
+/// copies are up; a write is acknowledged once every complete copy that is up and
+/// every recovering member has applied it. With fewer complete copies up, I/O to
+/// the group waits (EAGAIN, the client retries: no error, no stale data) until
+/// enough are back.
 ///
-/// ERR: no OSDs, fewer OSDs in than `pool.size` (no write can complete), or some
-/// placement group has a down OSD (writes to it wait). WARN: an OSD is out, or a
-/// shrunk volume's old bytes are not yet trimmed.
+/// ERR: no OSDs, fewer OSDs in than `pool.min_size`, or some placement group below
+/// `min_size` (its I/O waits). WARN: an OSD is down or out, a group is degraded
+/// (fewer than `pool.size` complete copies up) or recovering/moving, or a shrunk
+/// volume's old bytes are not yet trimmed.
 pub fn health(
     map: &ClusterMap,
     acting: &[Vec<OsdId>],
@@ -909,56 +1383,74 @@ fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
         .map(|o| o.id)
         .collect();
     detail_osds(&mut detail, &down, "down");
-    detail_osds(&mut detail, &out, "out (it holds no placement groups)");
+    detail_osds(&mut detail, &out, "out (placement puts no data on it)");
     if !out.is_empty() || !down.is_empty() {
         level = level.max(Health::Warn);
     }
     let n_in = map.osds.values().filter(|o| o.r#in).count();
-    if n_in < map.pool.size as usize {
+    let (size, min_size) = (map.pool.size as usize, map.pool.min_size as usize);
+    if n_in < min_size {
         level = Health::Err;
         detail.push(format!(
-            "only {n_in} OSDs are in, fewer than pool.size {}: every write needs all {} \
-             copies, so writes wait until enough OSDs are in",
-            map.pool.size, map.pool.size
+            "only {n_in} OSDs are in, fewer than pool.min_size {min_size}: I/O waits \
+             until enough OSDs are in"
+        ));
+    } else if n_in < size {
+        level = level.max(Health::Warn);
+        detail.push(format!(
+            "only {n_in} OSDs are in, fewer than pool.size {size}: placement groups keep \
+             fewer copies than asked for"
         ));
     }
-    let is_down = |id: &OsdId| map.osds.get(id).is_none_or(|o| !o.up);
-    // Placement groups whose writes wait (a down OSD in a full acting set) and,
-    // among them, those whose reads wait too (the primary is down).
-    let mut writes_wait = vec![false; acting.len()];
-    let mut n_writes = 0usize;
-    let mut n_reads = 0usize;
-    if n_in >= map.pool.size as usize {
-        for (pg, set) in acting.iter().enumerate() {
-            if set.iter().any(is_down) {
-                writes_wait[pg] = true;
-                n_writes += 1;
-                if set.first().is_some_and(is_down) {
-                    n_reads += 1;
-                }
-            }
+    let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
+    // Placement groups whose I/O waits (fewer than min_size complete copies up),
+    // degraded ones (I/O goes on with fewer than size) and moving ones.
+    let mut waits = vec![false; acting.len()];
+    let (mut n_wait, mut n_degraded, mut n_moving) = (0usize, 0usize, 0usize);
+    for (pg, placed) in acting.iter().enumerate() {
+        let complete: &[OsdId] = map
+            .pg_complete
+            .get(&PgId(pg as u32))
+            .map_or(placed.as_slice(), Vec::as_slice);
+        let complete_up = complete.iter().filter(|id| up(id)).count();
+        if complete_up == 0 || complete_up < min_size {
+            waits[pg] = true;
+            n_wait += 1;
+        } else if complete_up < size {
+            n_degraded += 1;
+        }
+        if complete != placed.as_slice() {
+            n_moving += 1;
         }
     }
-    if n_writes > 0 {
+    let total = acting.len();
+    if n_wait > 0 {
         level = Health::Err;
-        let who = if down.len() == 1 {
-            format!("{}", down[0])
-        } else {
-            format!("{} OSDs", down.len())
-        };
         detail.push(format!(
-            "{n_writes} of {} placement groups have a down OSD ({who}): writes to them wait \
-             until it is back up (a client gives up after its I/O timeout), and so does \
-             every FLUSH; reads wait in the {n_reads} of them whose primary is down, the \
-             others' reads are served",
-            acting.len()
+            "{n_wait} of {total} placement groups have fewer than pool.min_size \
+             {min_size} complete copies up: I/O to them waits (no error) until enough \
+             copies are back up"
         ));
-        detail_blocked_volumes(&mut detail, map, &writes_wait);
+        detail_blocked_volumes(&mut detail, map, &waits);
+    }
+    if n_degraded > 0 {
+        level = level.max(Health::Warn);
+        detail.push(format!(
+            "{n_degraded} of {total} placement groups are degraded (fewer than \
+             pool.size {size} complete copies up): I/O goes on with the copies that are up"
+        ));
+    }
+    if n_moving > 0 {
+        level = level.max(Health::Warn);
+        detail.push(format!(
+            "{n_moving} of {total} placement groups are recovering or moving: some \
+             placed OSDs do not hold a complete copy yet"
+        ));
     }
     (level, detail)
 }
 
-/// Appends, per volume with objects in a write-blocked placement group, how many
+/// Appends, per volume with objects in a placement group whose I/O waits, how many
 /// (bounded scan, see [`HEALTH_SCAN_OBJECTS_PER_VOLUME`]).
 fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wait: &[bool]) {
     let object_size = u64::from(map.pool.object_size.max(1));
@@ -1035,6 +1527,7 @@ mod tests {
             host: host.into(),
             weight: 1.0,
             metrics_addr: None,
+            incarnation: 1,
         }
     }
 
@@ -1165,33 +1658,453 @@ mod tests {
         s.persisted.check().unwrap();
     }
 
-    #[test]
-    fn placement_inputs_do_not_change_under_existing_volumes() {
+    /// `n` OSDs on hosts h0.., booted and heartbeating at `now`, and a volume `v`.
+    fn cluster_with_volume(n: u16, now: Instant) -> ClusterState {
         let mut s = state();
+        for i in 0..n {
+            let uuid = format!("u{i}");
+            let id = s
+                .boot(&boot_req(&uuid, 6900 + 10 * i, &format!("h{i}")), now)
+                .unwrap();
+            s.heartbeat(&hb(id, &uuid), now).unwrap();
+        }
+        create(&mut s, "v", 1 << 30).unwrap();
+        s
+    }
+
+    fn all_complete(s: &ClusterState) -> Vec<Vec<OsdId>> {
+        (0..s.map().pool.pg_count)
+            .map(|pg| complete_copies(s.map(), PgId(pg)))
+            .collect()
+    }
+
+    fn report(reporter: OsdId, epoch: Epoch, recovered: Vec<(PgId, OsdId)>) -> PgRecoveredReport {
+        PgRecoveredReport {
+            reporter,
+            uuid: format!("u{}", reporter.0),
+            epoch,
+            recovered,
+        }
+    }
+
+    /// The brief's rule for every placement-input change: the complete copies
+    /// before the change are recorded after it, so nothing loses track of data.
+    #[test]
+    fn placement_changes_keep_track_of_data_and_new_osds_join_in() {
         let now = Instant::now();
-        let a = s.boot(&boot_req("u-a", 6900, "h1"), now).unwrap();
-        assert!(s.map().osds[&a].r#in, "before any volume, new OSDs join in");
-        s.create_volume(
-            &VolumeCreate {
-                name: "v".into(),
-                size: 1 << 30,
-            },
-            0,
-        )
-        .unwrap();
-        // A new OSD joins out while volumes exist (no backfill to fill it).
-        let b = s.boot(&boot_req("u-b", 6910, "h2"), now).unwrap();
-        assert!(!s.map().osds[&b].r#in);
-        // A known OSD keeps the host and weight placement was computed with.
-        let mut moved = boot_req("u-a", 6900, "h9");
-        moved.weight = 5.0;
-        s.boot(&moved, now).unwrap();
-        assert_eq!(s.map().osds[&a].host, "h1");
-        assert_eq!(s.map().osds[&a].weight, 1.0);
-        // Unless the operator said the volumes hold no data yet.
-        s.new_osds_in_with_volumes = true;
-        let c = s.boot(&boot_req("u-c", 6920, "h3"), now).unwrap();
-        assert!(s.map().osds[&c].r#in);
+        let mut s = cluster_with_volume(3, now);
+        assert!(s.map().pg_complete.is_empty());
+        let before = all_complete(&s);
+        let e = s.epoch();
+        // A new OSD joins `in` although a volume exists.
+        let d = s.boot(&boot_req("u3", 6930, "h3"), now).unwrap();
+        assert!(s.map().osds[&d].r#in, "new OSDs join in");
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        assert_eq!(all_complete(&s), before, "complete copies unchanged");
+        let moved: Vec<PgId> = s.map().pg_complete.keys().copied().collect();
+        assert!(!moved.is_empty() && moved.len() < 64, "{}", moved.len());
+        for &pg in &moved {
+            let m = PgMembers::compute(s.map(), pg);
+            assert_eq!(m.recovering, vec![d], "{pg}: {m:?}");
+            assert_eq!(m.acting.len(), 3, "old homes keep serving: {m:?}");
+            assert!(m.active);
+        }
+        // Every other kind of change does the same.
+        type Change = fn(&mut ClusterState);
+        let changes: [(&str, Change); 4] = [
+            ("out", |s| assert!(s.set_in(OsdId(1), false).unwrap())),
+            ("in", |s| assert!(s.set_in(OsdId(1), true).unwrap())),
+            ("reweight", |s| assert!(s.reweight(OsdId(0), 3.5).unwrap())),
+            ("host move", |s| {
+                let mut r = boot_req("u2", 6920, "h9");
+                r.incarnation = 1;
+                s.boot(&r, Instant::now()).unwrap();
+            }),
+        ];
+        for (what, change) in changes {
+            let before = all_complete(&s);
+            let e = s.epoch();
+            change(&mut s);
+            assert_eq!(s.epoch(), Epoch(e.0 + 1), "{what}: one epoch");
+            assert_eq!(all_complete(&s), before, "{what} moved data tracking");
+            s.persisted.check().unwrap();
+        }
+        assert_eq!(s.map().osds[&OsdId(2)].host, "h9");
+        assert_eq!(s.map().osds[&OsdId(0)].weight, 3.5);
+        // The reweight survives the OSD restarting with its config weight.
+        let mut r = boot_req("u0", 6900, "h0");
+        r.incarnation = 7;
+        s.boot(&r, now).unwrap();
+        assert_eq!(s.map().osds[&OsdId(0)].weight, 3.5);
+    }
+
+    #[test]
+    fn without_volumes_placement_changes_need_no_recovery() {
+        let now = Instant::now();
+        let mut s = state();
+        for i in 0..4u16 {
+            s.boot(&boot_req(&format!("u{i}"), 6900 + 10 * i, &format!("h{i}")), now)
+                .unwrap();
+        }
+        assert!(s.map().pg_complete.is_empty(), "bring-up moves no data");
+        // A down OSD still counts as missing writes: a volume created now is
+        // written without it.
+        let later = now + Duration::from_secs(60);
+        for i in [0u32, 2, 3] {
+            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), later).unwrap();
+        }
+        s.mark_down_silent(later, Duration::from_secs(1));
+        assert!(!s.map().pg_complete.is_empty());
+        s.boot(&boot_req("u9", 6990, "h9"), later).unwrap();
+        let m = (0..64)
+            .map(|pg| PgMembers::compute(s.map(), PgId(pg)))
+            .find(|m| m.placed.contains(&OsdId(1)))
+            .unwrap();
+        assert!(m.down_complete.is_empty() && !m.acting.contains(&OsdId(1)));
+    }
+
+    #[test]
+    fn operator_commands_validate_and_are_idempotent() {
+        let now = Instant::now();
+        let mut s = cluster_with_volume(4, now);
+        let e = s.epoch();
+        assert!(!s.set_in(OsdId(1), true).unwrap(), "already in");
+        assert!(!s.reweight(OsdId(1), 1.0).unwrap(), "same weight");
+        assert_eq!(s.epoch(), e, "no-ops bump nothing");
+        for w in [-1.0, 100.5, f64::NAN, f64::INFINITY] {
+            assert!(
+                matches!(s.reweight(OsdId(1), w), Err(StateError::Invalid(_))),
+                "{w}"
+            );
+        }
+        assert!(s.reweight(OsdId(1), 100.0).unwrap());
+        assert!(s.reweight(OsdId(1), 0.0).unwrap());
+        for r in [
+            s.set_in(OsdId(9), false).map(|_| ()),
+            s.reweight(OsdId(9), 1.0).map(|_| ()),
+            s.remove_osd(OsdId(9)).map(|_| ()),
+        ] {
+            let err = r.unwrap_err();
+            assert!(matches!(err, StateError::NotFound(_)), "{err:?}");
+            assert!(err.to_string().contains("osd.9"), "{err}");
+        }
+        // rm is refused while the OSD is up.
+        let e = s.epoch();
+        let err = s.remove_osd(OsdId(2)).unwrap_err();
+        assert!(matches!(err, StateError::Conflict(_)), "{err:?}");
+        assert!(err.to_string().contains("is up"), "{err}");
+        assert_eq!(s.epoch(), e);
+    }
+
+    #[test]
+    fn rm_removes_the_osd_everywhere_and_reports_lost_groups() {
+        let now = Instant::now();
+        let mut s = cluster_with_volume(4, now);
+        let gone = OsdId(3);
+        // One group whose only complete copy is on the OSD being removed.
+        let victim = (0..64)
+            .map(PgId)
+            .find(|pg| pg_osds(s.map(), *pg).contains(&gone))
+            .unwrap();
+        s.persisted.map.pg_complete.insert(victim, vec![gone]);
+        s.persisted.map.osds.get_mut(&gone).unwrap().up = false;
+        let e = s.epoch();
+        let lost = s.remove_osd(gone).unwrap();
+        assert_eq!(lost, vec![victim]);
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        assert!(!s.map().osds.contains_key(&gone));
+        assert!(!s.persisted.osd_uuids.values().any(|&id| id == gone));
+        assert!(!s.persisted.osd_incarnations.contains_key(&gone));
+        assert!(
+            s.map().pg_complete.values().all(|c| !c.contains(&gone)),
+            "{:?}",
+            s.map().pg_complete
+        );
+        assert!(
+            !s.map().pg_complete.contains_key(&victim),
+            "a lost group starts again on its placed OSDs instead of waiting forever"
+        );
+        s.persisted.check().unwrap();
+        // Its data directory comes back as a new OSD, with a new id.
+        let id = s.boot(&boot_req("u3", 6930, "h3"), now).unwrap();
+        assert_eq!(id, OsdId(4));
+    }
+
+    #[test]
+    fn pg_recovered_records_members_and_skips_stale_entries() {
+        let now = Instant::now();
+        let mut s = cluster_with_volume(3, now);
+        let d = s.boot(&boot_req("u3", 6930, "h3"), now).unwrap();
+        let e = s.epoch();
+        let moved: Vec<PgId> = s.map().pg_complete.keys().copied().collect();
+        let (pg, other) = (moved[0], moved[1]);
+        let m = PgMembers::compute(s.map(), pg);
+        let primary = m.primary().unwrap();
+        let not_primary = *m.acting.iter().find(|&&o| o != primary).unwrap();
+        // Refused: bad uuid, too many entries, an epoch from the future.
+        let mut r = report(primary, e, vec![(pg, d)]);
+        r.uuid = "u-wrong".into();
+        assert!(matches!(s.pg_recovered(&r), Err(StateError::NotFound(_))));
+        let r = report(
+            primary,
+            e,
+            vec![(pg, d); PG_RECOVERED_ENTRIES_MAX + 1],
+        );
+        assert!(matches!(s.pg_recovered(&r), Err(StateError::Invalid(_))));
+        let r = report(primary, Epoch(e.0 + 1), vec![(pg, d)]);
+        assert!(matches!(s.pg_recovered(&r), Err(StateError::Invalid(_))));
+        // Skipped without error: not the primary, no such group, not recovering
+        // there, a member that came up after the report's epoch.
+        for r in [
+            report(not_primary, e, vec![(pg, d)]),
+            report(primary, e, vec![(PgId(64), d)]),
+            report(primary, e, vec![(pg, not_primary)]),
+            report(primary, Epoch(s.map().osds[&d].up_from.0 - 1), vec![(pg, d)]),
+        ] {
+            assert_eq!(s.pg_recovered(&r).unwrap(), 0, "{r:?}");
+        }
+        assert_eq!(s.epoch(), e, "nothing changed, no epoch");
+        // A valid batch: one epoch for all of it; the group is placed-complete,
+        // so the record is dropped and the old home stops being a member.
+        let old_home = *complete_copies(s.map(), pg)
+            .iter()
+            .find(|o| !m.placed.contains(o))
+            .unwrap();
+        let p2 = PgMembers::compute(s.map(), other).primary().unwrap();
+        let mut batch = vec![(pg, d)];
+        if p2 == primary {
+            batch.push((other, d));
+        }
+        let r = report(primary, e, batch.clone());
+        assert_eq!(s.pg_recovered(&r).unwrap(), batch.len() as u32);
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        assert!(!s.map().pg_complete.contains_key(&pg));
+        let after = PgMembers::compute(s.map(), pg);
+        assert!(!after.is_member(old_home) && after.is_clean(3), "{after:?}");
+        // The same report again changes nothing.
+        assert_eq!(s.pg_recovered(&r).unwrap(), 0);
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        s.persisted.check().unwrap();
+    }
+
+    #[test]
+    fn pg_recovered_keeps_placed_order_until_every_placed_member_is_complete() {
+        let now = Instant::now();
+        let mut s = cluster_with_volume(5, now);
+        // A group with two recovering members: both of its non-primary placed
+        // OSDs missed writes (recorded by hand).
+        let pg = PgId(7);
+        let placed = pg_osds(s.map(), pg);
+        let gone = OsdId(
+            (0..5)
+                .find(|i| !placed.contains(&OsdId(*i)))
+                .unwrap(),
+        );
+        s.persisted
+            .map
+            .pg_complete
+            .insert(pg, vec![placed[0], gone]);
+        let e = s.epoch();
+        let r = report(placed[0], e, vec![(pg, placed[2])]);
+        assert_eq!(s.pg_recovered(&r).unwrap(), 1);
+        assert_eq!(
+            s.map().pg_complete[&pg],
+            vec![placed[0], placed[2], gone],
+            "placed order first, then the others"
+        );
+        let r = report(placed[0], s.epoch(), vec![(pg, placed[1])]);
+        assert_eq!(s.pg_recovered(&r).unwrap(), 1);
+        assert!(!s.map().pg_complete.contains_key(&pg), "exactly the placed set");
+    }
+
+    #[test]
+    fn failure_reports_mark_down_with_enough_distinct_reporters() {
+        let t0 = Instant::now();
+        let mut s = cluster_with_volume(4, t0);
+        s.heartbeat_grace = Duration::from_secs(6);
+        let rep = |reporter: u32, failed: u32, s: &ClusterState| OsdFailureReport {
+            reporter: OsdId(reporter),
+            uuid: format!("u{reporter}"),
+            failed: OsdId(failed),
+            epoch: s.epoch(),
+        };
+        // 4xx: self, unknown, bad uuid.
+        let r = rep(1, 1, &s);
+        assert!(matches!(s.failure_report(&r, t0), Err(StateError::Invalid(_))));
+        let r = rep(1, 9, &s);
+        assert!(matches!(s.failure_report(&r, t0), Err(StateError::NotFound(_))));
+        let mut r = rep(1, 0, &s);
+        r.uuid = "u2".into();
+        assert!(matches!(s.failure_report(&r, t0), Err(StateError::NotFound(_))));
+        let e = s.epoch();
+        // One reporter, twice: not enough.
+        assert!(!s.failure_report(&rep(1, 0, &s), t0).unwrap());
+        assert!(!s.failure_report(&rep(1, 0, &s), t0).unwrap());
+        assert_eq!(s.epoch(), e);
+        // A report older than the grace has expired when the second arrives.
+        let late = t0 + Duration::from_secs(7);
+        assert!(!s.failure_report(&rep(2, 0, &s), late).unwrap());
+        assert!(s.map().osds[&OsdId(0)].up);
+        // A second distinct reporter within the grace: down, one epoch, and the
+        // OSD missed writes where the group goes on.
+        assert!(s.failure_report(&rep(3, 0, &s), late).unwrap());
+        assert!(!s.map().osds[&OsdId(0)].up);
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        assert!(s.map().pg_complete.values().all(|c| !c.contains(&OsdId(0))));
+        assert!(!s.map().pg_complete.is_empty());
+        // Already down: nothing more.
+        assert!(s.failure_report(&rep(1, 0, &s), late).unwrap());
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        // Down reporters do not count: osd.0 (down) + osd.1 against osd.2.
+        let mut r = rep(0, 2, &s);
+        r.epoch = s.epoch();
+        assert!(!s.failure_report(&r, late).unwrap());
+        assert!(!s.failure_report(&rep(1, 2, &s), late).unwrap());
+        assert!(s.map().osds[&OsdId(2)].up);
+        // A report made before the failed OSD's current incarnation came up is
+        // about an earlier process.
+        s.heartbeat(&hb(OsdId(0), "u0"), late).unwrap();
+        let mut r = rep(1, 0, &s);
+        r.epoch = Epoch(s.epoch().0 - 1);
+        assert!(!s.failure_report(&r, late).unwrap());
+        assert!(s.failure_reports.get(&OsdId(0)).is_none());
+    }
+
+    #[test]
+    fn with_few_other_osds_every_one_of_them_must_report() {
+        let now = Instant::now();
+        let mut s = cluster_with_volume(2, now);
+        s.min_down_reporters = 3;
+        let r = OsdFailureReport {
+            reporter: OsdId(1),
+            uuid: "u1".into(),
+            failed: OsdId(0),
+            epoch: s.epoch(),
+        };
+        assert!(s.failure_report(&r, now).unwrap(), "the only other OSD suffices");
+    }
+
+    #[test]
+    fn down_osds_go_out_after_the_interval() {
+        let t0 = Instant::now();
+        let mut s = cluster_with_volume(4, t0);
+        let grace = Duration::from_secs(1);
+        let out_after = Duration::from_secs(10);
+        // osd.3 stops heartbeating; the others go on.
+        let t1 = t0 + Duration::from_secs(2);
+        for i in 0..3u32 {
+            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), t1).unwrap();
+        }
+        let e = s.epoch();
+        assert_eq!(
+            s.check_failures(t1, grace, out_after),
+            (vec![OsdId(3)], vec![])
+        );
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        for i in 0..3u32 {
+            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), t1 + out_after).unwrap();
+        }
+        let almost = t1 + out_after - Duration::from_millis(1);
+        assert_eq!(s.check_failures(almost, grace * 100, out_after), (vec![], vec![]));
+        // Zero disables.
+        assert_eq!(
+            s.check_failures(t1 + out_after * 5, grace * 100, Duration::ZERO),
+            (vec![], vec![])
+        );
+        // A manager restart starts the clock again.
+        let mut restarted = ClusterState::new(s.persisted.clone(), t1 + out_after);
+        assert_eq!(
+            restarted.check_failures(t1 + out_after, grace * 100, out_after),
+            (vec![], vec![])
+        );
+        assert_eq!(
+            restarted.check_failures(t1 + out_after * 2, grace * 100, out_after),
+            (vec![], vec![OsdId(3)])
+        );
+        let before = all_complete(&s);
+        let e = s.epoch();
+        assert_eq!(
+            s.check_failures(t1 + out_after, grace * 100, out_after),
+            (vec![], vec![OsdId(3)])
+        );
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        assert!(!s.map().osds[&OsdId(3)].r#in);
+        assert_eq!(all_complete(&s), before, "out keeps track of the data");
+        // Already out: nothing more.
+        assert_eq!(
+            s.check_failures(t1 + out_after * 3, grace * 100, out_after),
+            (vec![], vec![])
+        );
+        s.persisted.check().unwrap();
+    }
+
+    #[test]
+    fn a_new_process_within_the_grace_is_recovered_before_it_serves() {
+        let now = Instant::now();
+        let mut s = cluster_with_volume(3, now);
+        let e = s.epoch();
+        // A retried boot of the same process changes nothing.
+        s.boot(&boot_req("u1", 6910, "h1"), now).unwrap();
+        assert_eq!(s.epoch(), e);
+        // A new process (another incarnation) while still marked up.
+        let mut r = boot_req("u1", 6910, "h1");
+        r.incarnation = 2;
+        s.boot(&r, now).unwrap();
+        assert_eq!(s.epoch(), Epoch(e.0 + 1));
+        let osd = &s.map().osds[&OsdId(1)];
+        assert!(osd.up);
+        assert_eq!(osd.up_from, s.epoch());
+        assert_eq!(s.persisted.osd_incarnations[&OsdId(1)], 2);
+        for pg in (0..64).map(PgId) {
+            let m = PgMembers::compute(s.map(), pg);
+            if m.placed.contains(&OsdId(1)) {
+                assert_eq!(m.recovering, vec![OsdId(1)], "{pg}: {m:?}");
+                assert!(m.active);
+            }
+        }
+        // Its retries are idempotent again, also across a manager restart.
+        let mut s = ClusterState::new(s.persisted.clone(), now);
+        let e = s.epoch();
+        s.boot(&r, now).unwrap();
+        assert_eq!(s.epoch(), e);
+    }
+
+    #[test]
+    fn a_heartbeat_back_from_down_starts_a_new_incarnation() {
+        let t0 = Instant::now();
+        let mut s = cluster_with_volume(3, t0);
+        let grace = Duration::from_secs(1);
+        for i in 0..2u32 {
+            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), t0 + grace * 2)
+                .unwrap();
+        }
+        s.mark_down_silent(t0 + grace * 2, grace);
+        let down_epoch = s.epoch();
+        s.heartbeat(&hb(OsdId(2), "u2"), t0 + grace * 3).unwrap();
+        assert_eq!(s.map().osds[&OsdId(2)].up_from, Epoch(down_epoch.0 + 1));
+        assert_eq!(s.epoch(), Epoch(down_epoch.0 + 1));
+    }
+
+    #[test]
+    fn removed_volumes_leave_bounded_tombstones() {
+        let mut s = state();
+        let v = create(&mut s, "a", 4096).unwrap();
+        s.delete_volume("a").unwrap();
+        assert!(s.map().deleted_volumes.contains(&v.id));
+        s.persisted.check().unwrap();
+        for i in 0..DELETED_VOLUMES_MAX + 5 {
+            let name = format!("t{i}");
+            create(&mut s, &name, 4096).unwrap();
+            s.delete_volume(&name).unwrap();
+        }
+        let t = &s.map().deleted_volumes;
+        assert_eq!(t.len(), DELETED_VOLUMES_MAX);
+        assert!(!t.contains(&v.id), "the oldest are dropped");
+        assert_eq!(t.last(), Some(&VolumeId(s.persisted.next_volume_id - 1)));
+        s.persisted.check().unwrap();
+        let mut p = s.persisted.clone();
+        p.map.deleted_volumes.insert(VolumeId(p.next_volume_id));
+        assert!(p.check().is_err(), "tombstone of an unissued id");
     }
 
     #[test]
@@ -1369,23 +2282,32 @@ mod tests {
         };
         assert_eq!(h(&s).0, "HEALTH_ERR", "no OSDs at all");
         s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
-        s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
-        // Two of three copies possible: the primary answers EAGAIN to every write.
+        // One OSD, min_size 2: I/O waits.
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
         assert!(
             detail
                 .iter()
-                .any(|d| d.contains("fewer than pool.size") && d.contains("writes wait")),
+                .any(|d| d.contains("fewer than pool.min_size") && d.contains("I/O waits")),
+            "{detail:?}"
+        );
+        s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
+        // Two of three copies: I/O goes on, degraded.
+        let (lvl, detail) = h(&s);
+        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
+        assert!(
+            detail
+                .iter()
+                .any(|d| d.contains("64 of 64 placement groups are degraded")),
             "{detail:?}"
         );
         s.boot(&boot_req("c", 6920, "h3"), now).unwrap();
         assert_eq!(h(&s), ("HEALTH_OK".to_string(), vec![]));
-        // Out (but up) OSD: it holds nothing; with only 2 in, writes wait.
+        // Out (but up) OSD: placement puts no data on it.
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = false;
         let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
-        assert!(detail.contains(&"osd.2 is out (it holds no placement groups)".to_string()));
+        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
+        assert!(detail.contains(&"osd.2 is out (placement puts no data on it)".to_string()));
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = true;
         s.boot(&boot_req("d", 6930, "h4"), now).unwrap();
         s.persisted.map.osds.get_mut(&OsdId(3)).unwrap().r#in = false;
@@ -1393,10 +2315,9 @@ mod tests {
         assert_eq!(lvl, "HEALTH_WARN", "out with enough in: {detail:?}");
     }
 
-    /// Health says what happens to I/O when an OSD is down, with the true counts:
-    /// every PG holding the OSD has its writes wait (the primary refuses writes
-    /// with a down replica, and a down primary takes nothing); reads wait only
-    /// where the OSD is the primary (reads go to the primary alone).
+    /// Health says what happens to I/O when OSDs are down, with the true counts:
+    /// with one of three copies down I/O goes on (degraded); below min_size it
+    /// waits, and health names the volumes concerned.
     #[test]
     fn health_says_what_happens_when_an_osd_is_down() {
         let mut s = state();
@@ -1407,30 +2328,34 @@ mod tests {
         }
         create(&mut s, "vol-x", 64 << 20).unwrap();
         s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
-        let acting = acting_sets(s.map());
-        let holding = acting.iter().filter(|set| set.contains(&OsdId(1))).count();
-        let primary = acting.iter().filter(|set| set[0] == OsdId(1)).count();
-        assert!(holding > primary && primary > 0, "{holding} {primary}");
-        let st = s.status(&acting);
+        let placed = acting_sets(s.map());
+        let holding = placed.iter().filter(|set| set.contains(&OsdId(1))).count();
+        assert!(holding > 0);
+        let st = s.status(&placed);
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
+        assert!(
+            st.health_detail.contains(&format!(
+                "{holding} of 64 placement groups are degraded (fewer than pool.size 3 \
+                 complete copies up): I/O goes on with the copies that are up"
+            )),
+            "{:?}",
+            st.health_detail
+        );
+        // A second OSD down: groups holding both wait.
+        s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().up = false;
+        let both = |set: &Vec<OsdId>| set.contains(&OsdId(1)) && set.contains(&OsdId(2));
+        let waiting = placed.iter().filter(|set| both(set)).count();
+        assert!(waiting > 0);
+        let st = s.status(&placed);
         assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
-        let line = st
-            .health_detail
-            .iter()
-            .find(|d| d.contains("writes to them wait"))
-            .unwrap_or_else(|| panic!("{:?}", st.health_detail));
         assert!(
-            line.starts_with(&format!(
-                "{holding} of 64 placement groups have a down OSD (osd.1)"
-            )),
-            "{line}"
+            st.health_detail.iter().any(|d| d.starts_with(&format!(
+                "{waiting} of 64 placement groups have fewer than pool.min_size 2 complete \
+                 copies up: I/O to them waits"
+            ))),
+            "{:?}",
+            st.health_detail
         );
-        assert!(
-            line.contains(&format!(
-                "reads wait in the {primary} of them whose primary is down"
-            )),
-            "{line}"
-        );
-        assert!(!line.contains("fewer copies"), "{line}");
         // Which volumes: vol-x has 16 objects of 4 MiB.
         let want = (0..16)
             .filter(|&index| {
@@ -1441,14 +2366,40 @@ mod tests {
                     },
                     64,
                 );
-                acting[pg.0 as usize].contains(&OsdId(1))
+                both(&placed[pg.0 as usize])
             })
             .count();
-        assert!(want > 0);
+        if want > 0 {
+            assert!(
+                st.health_detail.contains(&format!(
+                    "volume vol-x: {want} of its 16 objects are in those placement groups"
+                )),
+                "{:?}",
+                st.health_detail
+            );
+        }
+        // Complete copies count, not placement: a group whose record says only
+        // osd.0 is complete waits although two placed OSDs are up.
+        s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().up = true;
+        let pg = (0..64)
+            .find(|&pg| placed[pg].contains(&OsdId(0)) && !placed[pg].contains(&OsdId(1)))
+            .unwrap();
+        s.persisted
+            .map
+            .pg_complete
+            .insert(PgId(pg as u32), vec![OsdId(0)]);
+        let st = s.status(&placed);
         assert!(
-            st.health_detail.contains(&format!(
-                "volume vol-x: {want} of its 16 objects are in those placement groups"
+            st.health_detail.iter().any(|d| d.starts_with(
+                "1 of 64 placement groups have fewer than pool.min_size"
             )),
+            "{:?}",
+            st.health_detail
+        );
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.starts_with("1 of 64 placement groups are recovering or moving")),
             "{:?}",
             st.health_detail
         );

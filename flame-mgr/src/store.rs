@@ -176,6 +176,7 @@ mod tests {
                 host: "h".into(),
                 weight: 1.0,
                 metrics_addr: Some("127.0.0.1:9201".parse().unwrap()),
+                incarnation: 1,
             },
             std::time::Instant::now(),
         )

@@ -7,9 +7,12 @@
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::mgr_api::{
-    ApiError, ClusterStatus, HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat, OsdStatus,
-    TrimDone, TrimRange, VolumeCreate, VolumeResize, VolumeTrim,
+    ApiError, ClusterStatus, HeartbeatReply, OsdBoot, OsdBootReply, OsdFailureReply,
+    OsdFailureReport, OsdHeartbeat, OsdOpReply, OsdReweight, OsdStatus, PG_RECOVERED_ENTRIES_MAX,
+    PgRecoveredReply, PgRecoveredReport, TrimDone, TrimRange, VolumeCreate, VolumeResize,
+    VolumeTrim,
 };
+use flame_common::placement::PgMembers;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -184,6 +187,7 @@ fn boot(uuid: &str, port: u16, host: &str) -> OsdBoot {
         host: host.into(),
         weight: 1.0,
         metrics_addr: None,
+        incarnation: 1,
     }
 }
 
@@ -209,7 +213,7 @@ fn volume_routes_status_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let mgr = Mgr::start(&write_config(
         dir.path(),
-        "pool:\n  pg_count: 64\nnew_osds_in_with_volumes: true\n",
+        "pool:\n  pg_count: 64\n",
     ));
 
     let st: ClusterStatus = mgr.get_ok("/v1/status");
@@ -315,7 +319,18 @@ fn volume_routes_status_and_metrics() {
         ids.push(r.id);
     }
     let st: ClusterStatus = mgr.get_ok("/v1/status");
-    assert_eq!(st.health, "HEALTH_OK", "{:?}", st.health_detail);
+    // The volumes existed before the OSDs joined: the first OSD held the only
+    // complete copy of every placement group, and each later one joined as
+    // recovering, until a primary reports it recovered (no OSD process runs here
+    // to do so). Until then I/O waits, as health says.
+    assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+    for needle in ["recovering or moving", "I/O to them waits"] {
+        assert!(
+            st.health_detail.iter().any(|d| d.contains(needle)),
+            "{:?}",
+            st.health_detail
+        );
+    }
     assert_eq!((st.osds, st.osds_up, st.osds_in, st.volumes), (3, 3, 3, 2));
     // An OSD of another cluster is refused with 409 and leaves no trace.
     let e = mgr.map().epoch;
@@ -621,4 +636,173 @@ fn refuses_to_start_on_bad_state_or_shared_dir() {
     // Bad config values name the key.
     let bad = write_config(dir.path(), "heartbeat_grace_ms: 0\n");
     assert_fails_to_start(&bad, "heartbeat_grace_ms");
+}
+
+/// Boots OSDs u0..u{n-1} on hosts h0.. and heartbeats them once; returns the ids.
+fn boot_osds(mgr: &Mgr, n: u16) -> Vec<OsdId> {
+    (0..n)
+        .map(|i| {
+            let uuid = format!("u{i}");
+            let r: OsdBootReply =
+                mgr.post_ok("/v1/osd/boot", &boot(&uuid, 6900 + 10 * i, &format!("h{i}")));
+            let _: HeartbeatReply = mgr.post_ok("/v1/osd/heartbeat", &heartbeat(r.id, &uuid));
+            r.id
+        })
+        .collect()
+}
+
+/// Operator commands, recovery reports and failure reports over HTTP, as the
+/// admin CLI and the OSDs send them.
+#[test]
+fn osd_commands_recovery_and_failure_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = Mgr::start(&write_config(
+        dir.path(),
+        "pool:\n  pg_count: 64\nheartbeat_grace_ms: 60000\n",
+    ));
+    let ids = boot_osds(&mgr, 4);
+    let _: VolumeInfo = mgr.post_ok("/v1/volumes", &create("v", 1 << 30));
+    assert!(mgr.map().pg_complete.is_empty());
+
+    // osd.3 out: one epoch, its groups keep their complete copies.
+    let e = mgr.map().epoch;
+    let r: OsdOpReply = mgr.post_ok("/v1/osds/3/out", &());
+    assert_eq!((r.osd, r.epoch, r.changed), (ids[3], Epoch(e.0 + 1), true));
+    let map = mgr.map();
+    assert!(!map.osds[&ids[3]].r#in);
+    assert!(!map.pg_complete.is_empty());
+    let r: OsdOpReply = mgr.post_ok("/v1/osds/osd.3/out", &());
+    assert!(!r.changed && r.epoch == map.epoch, "{r:?}");
+    assert_err(mgr.post("/v1/osds/osd.9/out", &()), 404, "osd.9");
+    assert_err(mgr.post("/v1/osds/abc/in", &()), 400, "not an OSD id");
+    assert_err(
+        mgr.post("/v1/osds/1/reweight", &OsdReweight { weight: 101.0 }),
+        400,
+        "weight",
+    );
+
+    // The primary of a moved group reports the new member recovered.
+    let (&pg, _) = map.pg_complete.iter().next().unwrap();
+    let roles = PgMembers::compute(&map, pg);
+    let primary = roles.primary().unwrap();
+    let member = roles.recovering[0];
+    let report = |reporter: OsdId, entries: Vec<_>| PgRecoveredReport {
+        reporter,
+        uuid: format!("u{}", reporter.0),
+        epoch: map.epoch,
+        recovered: entries,
+    };
+    let mut bad = report(primary, vec![(pg, member)]);
+    bad.uuid = "nobody".into();
+    assert_err(mgr.post("/v1/pg/recovered", &bad), 404, "boot again");
+    // The largest report fits the body limit and is refused only for its count.
+    let big = report(primary, vec![(pg, member); PG_RECOVERED_ENTRIES_MAX + 1]);
+    assert_err(mgr.post("/v1/pg/recovered", &big), 400, "entries");
+    // A member that is not the primary: skipped, not an error.
+    let other = roles.acting[1];
+    let r: PgRecoveredReply = mgr.post_ok("/v1/pg/recovered", &report(other, vec![(pg, member)]));
+    assert_eq!((r.epoch, r.recorded), (map.epoch, 0));
+    let r: PgRecoveredReply =
+        mgr.post_ok("/v1/pg/recovered", &report(primary, vec![(pg, member)]));
+    assert_eq!((r.epoch, r.recorded), (Epoch(map.epoch.0 + 1), 1));
+    let after = mgr.map();
+    assert_eq!(after.epoch, r.epoch);
+    assert!(PgMembers::compute(&after, pg).recovering.is_empty());
+
+    // Reweight and in.
+    let r: OsdOpReply = mgr.post_ok("/v1/osds/osd.1/reweight", &OsdReweight { weight: 2.5 });
+    assert!(r.changed);
+    assert_eq!(mgr.map().osds[&ids[1]].weight, 2.5);
+    let r: OsdOpReply = mgr.post_ok("/v1/osds/3/in", &());
+    assert!(r.changed);
+
+    // Failure reports: 4xx for nonsense, down once two distinct OSDs report.
+    let fail = |reporter: OsdId, failed: OsdId| OsdFailureReport {
+        reporter,
+        uuid: format!("u{}", reporter.0),
+        failed,
+        epoch: mgr.map().epoch,
+    };
+    assert_err(mgr.post("/v1/osd/failure", &fail(ids[0], ids[0])), 400, "itself");
+    assert_err(mgr.post("/v1/osd/failure", &fail(ids[0], OsdId(77))), 404, "osd.77");
+    let mut wrong = fail(ids[0], ids[3]);
+    wrong.uuid = "u1".into();
+    assert_err(mgr.post("/v1/osd/failure", &wrong), 404, "boot again");
+    // rm is refused while the OSD is up.
+    assert_err(mgr.delete("/v1/osds/3"), 409, "is up");
+    let r: OsdFailureReply = mgr.post_ok("/v1/osd/failure", &fail(ids[0], ids[3]));
+    assert!(!r.down);
+    let r: OsdFailureReply = mgr.post_ok("/v1/osd/failure", &fail(ids[1], ids[3]));
+    assert!(r.down);
+    assert!(!mgr.map().osds[&ids[3]].up);
+
+    // Now it can be removed: gone from the map and every complete set.
+    let r: OsdOpReply = ok(mgr.delete("/v1/osds/osd.3"));
+    assert!(r.changed && r.lost_pgs.is_empty(), "{r:?}");
+    let map = mgr.map();
+    assert!(!map.osds.contains_key(&ids[3]));
+    assert!(map.pg_complete.values().all(|c| !c.contains(&ids[3])));
+    assert_err(mgr.delete("/v1/osds/3"), 404, "osd.3");
+    // Its old uuid registers as a new OSD.
+    let r: OsdBootReply = mgr.post_ok("/v1/osd/boot", &boot("u3", 6930, "h3"));
+    assert_eq!(r.id, OsdId(4));
+
+    // A removed volume leaves a tombstone in the map.
+    let v: VolumeInfo = mgr.get_ok("/v1/volumes/v");
+    let _ = mgr.delete("/v1/volumes/v");
+    assert!(mgr.map().deleted_volumes.contains(&v.id));
+
+    // A boot from a new process of an up OSD: a new incarnation.
+    let before = mgr.map().osds[&ids[0]].up_from;
+    let mut again = boot("u0", 6900, "h0");
+    again.incarnation = 99;
+    let r: OsdBootReply = mgr.post_ok("/v1/osd/boot", &again);
+    assert_eq!(mgr.map().osds[&ids[0]].up_from, r.epoch);
+    assert!(r.epoch > before);
+    let r2: OsdBootReply = mgr.post_ok("/v1/osd/boot", &again);
+    assert_eq!(r2.epoch, r.epoch, "a retried boot changes nothing");
+}
+
+/// `down_out_interval_ms`: an OSD down that long is marked out by itself, and its
+/// placement groups keep track of their complete copies.
+#[test]
+fn down_osd_goes_out_after_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = Mgr::start(&write_config(
+        dir.path(),
+        "pool:\n  pg_count: 64\nheartbeat_grace_ms: 600\nfailure_check_interval_ms: 50\n\
+         down_out_interval_ms: 1500\n",
+    ));
+    let ids = boot_osds(&mgr, 4);
+    let _: VolumeInfo = mgr.post_ok("/v1/volumes", &create("v", 1 << 30));
+    let start = Instant::now();
+    let mut down_at = None;
+    let out_at = loop {
+        assert!(start.elapsed() < Duration::from_secs(20), "never marked out");
+        for (i, id) in ids.iter().take(3).enumerate() {
+            let _: HeartbeatReply =
+                mgr.post_ok("/v1/osd/heartbeat", &heartbeat(*id, &format!("u{i}")));
+        }
+        let map = mgr.map();
+        let osd = &map.osds[&ids[3]];
+        if !osd.up && down_at.is_none() {
+            assert!(osd.r#in, "out before the interval");
+            down_at = Some(Instant::now());
+        }
+        if !osd.r#in {
+            break Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let down_at = down_at.expect("out without being seen down first");
+    let waited = out_at - down_at;
+    assert!(
+        waited >= Duration::from_millis(1200) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
+    let map = mgr.map();
+    assert!(!map.pg_complete.is_empty(), "out forgot where the data is");
+    for (pg, complete) in &map.pg_complete {
+        assert!(!complete.contains(&ids[3]), "{pg}: {complete:?}");
+    }
 }

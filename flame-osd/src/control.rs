@@ -101,6 +101,9 @@ pub struct Control {
     cfg: Arc<OsdConfig>,
     identity: Identity,
     metrics_addr: SocketAddr,
+    /// Random per process start (`OsdBoot::incarnation`): tells the manager that a
+    /// boot comes from a new process even when the old one was never marked down.
+    incarnation: u64,
 }
 
 impl Control {
@@ -116,6 +119,7 @@ impl Control {
             cfg,
             identity,
             metrics_addr,
+            incarnation: rand::random(),
         }
     }
 
@@ -131,6 +135,7 @@ impl Control {
             weight: self.cfg.weight,
             metrics_addr: Some(self.metrics_addr),
             fsid: self.identity.fsid.clone(),
+            incarnation: self.incarnation,
         };
         let mut delay = Duration::from_millis(100);
         let reply: OsdBootReply = loop {
