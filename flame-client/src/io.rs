@@ -592,10 +592,11 @@ pub(crate) async fn flush_volume_objects(
 }
 
 impl Cluster {
-    /// Deletes every object of volume `id` on every OSD of the map (all shards, in
-    /// parallel). Refuses — before sending anything — if any OSD is down, and fails
-    /// if one goes down meanwhile: a volume's objects must never be silently left
-    /// behind. Must run on a reactor thread.
+    /// Deletes every object of volume `id` on every OSD of the map that is up (all
+    /// shards, in parallel), and fails if one goes down meanwhile. OSDs that are
+    /// down are skipped: once the volume is removed from the map, the map's
+    /// tombstone of its id (`ClusterMap::deleted_volumes`) makes each of them
+    /// delete its copies when it is back. Must run on a reactor thread.
     pub async fn delete_volume_objects(&self, id: VolumeId) -> Result<(), ClientError> {
         delete_volume_objects(self, id).await
     }
@@ -609,13 +610,10 @@ pub(crate) async fn delete_volume_objects(
     let started = Instant::now();
     let deadline = started + cluster.config().io_timeout();
     let map = cluster.map();
-    // Check first, so a down OSD stops the deletion before anything is removed.
-    if let Some(down) = map.osds.values().find(|o| !o.up) {
-        return Err(ClientError::OsdDown(down.id));
-    }
     let targets: Vec<(OsdId, u16)> = map
         .osds
         .values()
+        .filter(|o| o.up)
         .flat_map(|o| (0..o.shards.max(1)).map(move |s| (o.id, s)))
         .collect();
     let res = try_join_bounded(targets, SHARD_CALLS_WINDOW, |(osd, shard)| {

@@ -8,8 +8,10 @@
 
 use crate::error::ClientError;
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
+use flame_common::ids::OsdId;
 use flame_common::mgr_api::{
-    ApiError, ClusterStatus, OsdStatus, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
+    ApiError, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus, TrimDone, VolumeCreate,
+    VolumeResize, VolumeTrim,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -158,6 +160,35 @@ impl MgrClient {
     pub fn remove_volume(&self, name: &str) -> Result<VolumeInfo, ClientError> {
         check_name(name)?;
         let url = self.url(&format!("/v1/volumes/{name}"));
+        let resp = self
+            .agent
+            .delete(&url)
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build()
+            .call();
+        self.finish(&url, resp)
+    }
+
+    /// Takes an OSD out of placement (`out == true`) or puts it back in. Its
+    /// placement groups move and are recovered; the old copies serve meanwhile.
+    pub fn osd_set_in(&self, id: OsdId, r#in: bool) -> Result<OsdOpReply, ClientError> {
+        let what = if r#in { "in" } else { "out" };
+        self.post(&format!("/v1/osds/{}/{what}", id.0), &())
+    }
+
+    /// Sets an OSD's placement weight (`0..=100`).
+    pub fn osd_reweight(&self, id: OsdId, weight: f64) -> Result<OsdOpReply, ClientError> {
+        self.post(
+            &format!("/v1/osds/{}/reweight", id.0),
+            &OsdReweight { weight },
+        )
+    }
+
+    /// Removes a down OSD from the cluster. The reply lists the placement groups
+    /// whose last complete copy it held (their data is lost).
+    pub fn osd_rm(&self, id: OsdId) -> Result<OsdOpReply, ClientError> {
+        let url = self.url(&format!("/v1/osds/{}", id.0));
         let resp = self
             .agent
             .delete(&url)

@@ -16,10 +16,14 @@
 //! 3. It reports the range done; the manager clears the pending trim (if no further
 //!    shrink widened it meanwhile) and growth is allowed again.
 //!
-//! A crash, a down OSD or a timeout anywhere leaves the trim pending: the volume
-//! cannot grow, health says so, and running the resize again (any size, including
-//! the current one) completes the trim first. [`resize_volume`] always does that
-//! before growing.
+//! A down OSD does not stop the trim: like any write, each discard is applied by the
+//! placement group's complete copies that are up (at least `pool.min_size`) and its
+//! recovering members, and a member that was down is recovered — which brings it the
+//! discards it missed — before it serves again. A crash, or a timeout (a placement
+//! group below `min_size` waits until enough copies are back), leaves the trim
+//! pending: the volume cannot grow, health says so, and running the resize again
+//! (any size, including the current one) completes the trim first.
+//! [`resize_volume`] always does that before growing.
 //!
 //! Limits: the trim costs one request per object (4 MiB by default) of the removed
 //! range, existing or not (thin volumes have no list of their objects). A client
@@ -59,7 +63,8 @@ pub enum ResizeError {
     #[error(
         "volume {name} now has {size} bytes, but removing its old bytes {from}..{to} from \
          every OSD failed: {source}. The shrink stands and the volume cannot grow until the \
-         trim completes: run the same resize again once every OSD is up"
+         trim completes: run the same resize again (once `flame-admin status` shows no \
+         placement group waiting)"
     )]
     TrimIncomplete {
         /// Volume name.
@@ -175,18 +180,15 @@ fn complete_trim(
 }
 
 /// Makes `range` of volume `volume` read as zeroes on every copy, stably: discards
-/// every piece (the primary applies each on all replicas before answering), then
-/// flushes. Fails fast if an OSD is down (the discards to its placement groups
-/// would only wait for it). Must run on a reactor thread.
+/// every piece (the primary applies each on every member of the placement group's
+/// write set before answering; members that are down get it through recovery), then
+/// flushes. Must run on a reactor thread.
 pub(crate) async fn trim_range(
     cluster: &Cluster,
     volume: VolumeId,
     range: TrimRange,
 ) -> Result<(), ClientError> {
     let map = cluster.map();
-    if let Some(down) = map.osds.values().find(|o| o.r#in && !o.up) {
-        return Err(ClientError::OsdDown(down.id));
-    }
     let object_size = map.pool.object_size;
     let piece_bytes = u64::from(object_size.min(IO_BYTES_MAX));
     let mut at = range.from;

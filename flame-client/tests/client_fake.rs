@@ -492,7 +492,7 @@ fn flush_of_a_small_volume_skips_shards_without_its_pgs() {
 }
 
 #[test]
-fn delete_volume_objects_everywhere_or_refuse() {
+fn delete_volume_objects_on_every_osd_that_is_up() {
     let fake = FakeCluster::start(3, 2, small_pool(1), MIB);
     let cluster = connect(&fake);
     let c = cluster.clone();
@@ -511,17 +511,18 @@ fn delete_volume_objects_everywhere_or_refuse() {
         assert_eq!((d.get(&0), d.get(&1)), (Some(&1), Some(&1)), "{}", o.id);
         assert!(o.state.objects.lock().unwrap().is_empty());
     }
-    // With an OSD down nothing is deleted anywhere.
+    // With an OSD down the others delete, and the down one is not contacted (it
+    // deletes its copies from the map's tombstone when it is back).
     fake.update_map(|m| m.osds.get_mut(&OsdId(1)).unwrap().up = false);
     let c = cluster.clone();
-    let e = run(async move {
+    run(async move {
         c.refresh_map_now().await;
-        c.delete_volume_objects(VolumeId(7)).await.unwrap_err()
+        c.delete_volume_objects(VolumeId(7)).await.unwrap();
     });
-    assert!(matches!(e, ClientError::OsdDown(OsdId(1))), "{e:?}");
     for o in &fake.osds {
         let d = o.state.deletes.lock().unwrap().clone();
-        assert_eq!(d.values().sum::<u32>(), 2, "{}", o.id);
+        let want = if o.id == OsdId(1) { 2 } else { 4 };
+        assert_eq!(d.values().sum::<u32>(), want, "{}", o.id);
     }
 }
 
@@ -727,18 +728,22 @@ fn admin_commands_against_the_fake_cluster() {
     );
     assert!(b["ops"].as_u64().unwrap() > 0, "{b}");
 
-    // Removal refused while an OSD is down, then done when it is back.
+    // Removal with an OSD down: deleted on the OSDs that are up, the down one
+    // is not contacted (the map's tombstone makes it delete its copies when it is
+    // back), and the output says so.
     fake.update_map(|m| m.osds.get_mut(&OsdId(0)).unwrap().up = false);
-    let e = admin(&fake, &["volume", "rm", "vol"]).unwrap_err();
-    assert!(e.contains("osd.0 is down"), "{e}");
-    assert!(fake.map.lock().unwrap().volumes.contains_key("vol"));
-    fake.update_map(|m| m.osds.get_mut(&OsdId(0)).unwrap().up = true);
     let out = admin(&fake, &["volume", "rm", "vol"]).unwrap();
     assert!(out.contains("removed volume vol"), "{out}");
+    assert!(out.contains("osd.0 (down) will delete theirs"), "{out}");
     assert!(!fake.map.lock().unwrap().volumes.contains_key("vol"));
     for o in &fake.osds {
-        assert_eq!(o.state.deletes.lock().unwrap().values().sum::<u32>(), 2);
-        assert!(o.state.objects.lock().unwrap().keys().all(|(v, _)| *v != 7));
+        let deletes = o.state.deletes.lock().unwrap().values().sum::<u32>();
+        if o.id == OsdId(0) {
+            assert_eq!(deletes, 0, "a down OSD was contacted");
+        } else {
+            assert_eq!(deletes, 2);
+            assert!(o.state.objects.lock().unwrap().keys().all(|(v, _)| *v != 7));
+        }
     }
 }
 

@@ -1052,8 +1052,7 @@ impl ClusterState {
                 "volume {name} was shrunk to {} bytes, but the old bytes up to {} have not \
                  been removed from every OSD yet; growing it now would show them where \
                  zeroes are promised. Finish the trim first (`flame-admin volume resize \
-                 {name} --size {} --allow-shrink` completes it; it needs every OSD \
-                 holding the volume up), then grow.",
+                 {name} --size {} --allow-shrink` completes it), then grow.",
                 t.from, t.to, t.from
             )));
         }

@@ -104,6 +104,8 @@ pub struct Control {
     /// Random per process start (`OsdBoot::incarnation`): tells the manager that a
     /// boot comes from a new process even when the old one was never marked down.
     incarnation: u64,
+    /// Finds objects of removed volumes in every new map's tombstones.
+    tombstones: crate::tombstones::Scanner,
 }
 
 impl Control {
@@ -120,6 +122,7 @@ impl Control {
             identity,
             metrics_addr,
             incarnation: rand::random(),
+            tombstones: crate::tombstones::Scanner::default(),
         }
     }
 
@@ -260,6 +263,7 @@ impl Control {
                 tracing::warn!("cannot start the disk-usage thread ({e}); reporting 0 bytes used");
             }
         }
+        self.tombstones.on_map(&self.cfg.data_dir, &map.load());
         let mut last_heartbeat = Instant::now();
         loop {
             std::thread::sleep(MAP_CHECK_INTERVAL);
@@ -270,6 +274,7 @@ impl Control {
                 match self.fetch_map() {
                     Ok(m) => {
                         tracing::info!(epoch = %m.epoch, "new map (asked for by a peer)");
+                        self.tombstones.on_map(&self.cfg.data_dir, &m);
                         let reached = m.epoch.0;
                         map.store(Arc::new(m));
                         // Stop asking if the manager has nothing newer — unless a shard
@@ -303,6 +308,7 @@ impl Control {
                         match self.fetch_map() {
                             Ok(m) => {
                                 tracing::info!(epoch = %m.epoch, "new map");
+                                self.tombstones.on_map(&self.cfg.data_dir, &m);
                                 map.store(Arc::new(m));
                             }
                             Err(e) => tracing::warn!("map fetch failed: {e}"),
@@ -318,7 +324,10 @@ impl Control {
                             tracing::error!(old = %id, new = %new_id, "the manager gave this OSD a new id; exiting to restart under it");
                             std::process::exit(1);
                         }
-                        Ok((_, m)) => map.store(Arc::new(m)),
+                        Ok((_, m)) => {
+                            self.tombstones.on_map(&self.cfg.data_dir, &m);
+                            map.store(Arc::new(m));
+                        }
                         Err(e) => {
                             tracing::error!("{e}");
                             std::process::exit(1);

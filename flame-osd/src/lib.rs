@@ -22,3 +22,4 @@ pub mod replication;
 pub mod shard;
 pub mod shard_thread;
 pub mod store;
+pub mod tombstones;

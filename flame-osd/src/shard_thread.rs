@@ -108,6 +108,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
         }
     })
     .detach();
+    reactor::spawn(crate::tombstones::run(shard.clone())).detach();
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,

@@ -83,6 +83,59 @@ pub enum Command {
 pub enum OsdCommand {
     /// List OSDs.
     Ls,
+    /// Take an OSD out of placement: its placement groups move to other OSDs and
+    /// are recovered there; its copies serve until the new ones are complete.
+    Out {
+        /// OSD id (`3` or `osd.3`).
+        #[arg(value_parser = osd_id_arg)]
+        id: OsdId,
+    },
+    /// Put an OSD back into placement (it gets its share of placement groups,
+    /// recovered onto it).
+    In {
+        /// OSD id (`3` or `osd.3`).
+        #[arg(value_parser = osd_id_arg)]
+        id: OsdId,
+    },
+    /// Remove a down OSD from the cluster for good (refused while it is up).
+    /// Placement groups whose only complete copy it held lose their data: the
+    /// command says which.
+    Rm {
+        /// OSD id (`3` or `osd.3`).
+        #[arg(value_parser = osd_id_arg)]
+        id: OsdId,
+    },
+    /// Set an OSD's placement weight: its share of placement groups relative to
+    /// the others (0 moves all of them away). Data moves and is recovered.
+    Reweight {
+        /// OSD id (`3` or `osd.3`).
+        #[arg(value_parser = osd_id_arg)]
+        id: OsdId,
+        /// New weight, 0 to 100.
+        #[arg(value_parser = weight_arg)]
+        weight: f64,
+    },
+}
+
+/// An OSD id: `3` or `osd.3`.
+fn osd_id_arg(s: &str) -> std::result::Result<OsdId, String> {
+    let digits = s.strip_prefix("osd.").unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("`{s}` is not an OSD id (expected e.g. 3 or osd.3)"));
+    }
+    digits
+        .parse::<u32>()
+        .map(OsdId)
+        .map_err(|_| format!("`{s}` is not an OSD id (too large)"))
+}
+
+/// An OSD weight: a finite number in `0..=OSD_WEIGHT_MAX`.
+fn weight_arg(s: &str) -> std::result::Result<f64, String> {
+    let max = flame_common::mgr_api::OSD_WEIGHT_MAX;
+    match s.parse::<f64>() {
+        Ok(w) if w.is_finite() && (0.0..=max).contains(&w) => Ok(w),
+        _ => Err(format!("`{s}` is not a weight from 0 to {max}")),
+    }
 }
 
 /// `flame-admin volume ...`
@@ -117,7 +170,8 @@ pub enum VolumeCommand {
         #[arg(long)]
         allow_shrink: bool,
     },
-    /// Remove a volume and delete its objects on every OSD.
+    /// Remove a volume and delete its objects on every OSD (those down delete theirs
+    /// when they are back).
     Rm {
         /// Volume name.
         name: String,
@@ -268,6 +322,7 @@ pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
     let text = match &cli.command {
         Command::Status => status(&mgr, cli.json)?,
         Command::Osd(OsdCommand::Ls) => osd_ls(&mgr, cli.json)?,
+        Command::Osd(cmd) => osd_op(&mgr, cmd, cli.json)?,
         Command::Volume(v) => volume(cli, &mgr, v)?,
         Command::Locate { volume, offset } => locate(&mgr, volume, *offset, cli.json)?,
         Command::Bench(b) => run_bench(cli, b)?,
@@ -424,6 +479,53 @@ fn osd_ls(mgr: &MgrClient, as_json: bool) -> Result<String> {
     Ok(text)
 }
 
+/// `osd out|in|rm|reweight`: one manager call, then what it did.
+fn osd_op(mgr: &MgrClient, cmd: &OsdCommand, as_json: bool) -> Result<String> {
+    let (reply, done) = match cmd {
+        OsdCommand::Ls => return osd_ls(mgr, as_json),
+        OsdCommand::Out { id } => (mgr.osd_set_in(*id, false)?, format!("{id} is out")),
+        OsdCommand::In { id } => (mgr.osd_set_in(*id, true)?, format!("{id} is in")),
+        OsdCommand::Rm { id } => (mgr.osd_rm(*id)?, format!("{id} removed")),
+        OsdCommand::Reweight { id, weight } => (
+            mgr.osd_reweight(*id, *weight)?,
+            format!("{id} has weight {weight}"),
+        ),
+    };
+    if as_json {
+        return json(&reply);
+    }
+    let mut text = if reply.changed {
+        format!("{done} (map epoch {})\n", reply.epoch.0)
+    } else {
+        format!("{done} already; nothing changed (map epoch {})\n", reply.epoch.0)
+    };
+    if !reply.lost_pgs.is_empty() {
+        let shown: Vec<String> = reply
+            .lost_pgs
+            .iter()
+            .take(LOST_PGS_SHOWN_MAX)
+            .map(ToString::to_string)
+            .collect();
+        let more = reply.lost_pgs.len().saturating_sub(LOST_PGS_SHOWN_MAX);
+        text.push_str(&format!(
+            "WARNING: DATA LOST: {} held the only complete copy of {} placement groups; \
+             their data is gone and they start again empty: {}{}\n",
+            reply.osd,
+            reply.lost_pgs.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    Ok(text)
+}
+
+/// Lost placement groups named in `osd rm`'s warning (the rest are counted).
+const LOST_PGS_SHOWN_MAX: usize = 32;
+
 /// A volume as flame-admin shows it.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct VolumeView {
@@ -533,21 +635,22 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
     }
 }
 
-/// Deletes the volume's objects on every OSD through the data path, then removes
-/// the volume from the map. In that order: once the map forgets the volume, nothing
-/// knows the id its objects are named by, so they could never be found again.
+/// Deletes the volume's objects on every OSD that is up through the data path, then
+/// removes the volume from the map, which keeps a tombstone of its id: OSDs that
+/// were down delete their copies when they are back (or never come back: `osd rm`).
+/// Deleting first means a failure part-way leaves the volume in the map, and
+/// running `volume rm` again finishes it.
 fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
     let v = mgr.volume(name)?;
     let fail = |e: ClientError| AdminError(format!("cannot remove volume `{name}`: {e}"));
     let cluster = Cluster::connect(ClientConfig::new(cli.mgr.clone())).map_err(fail)?;
-    if let Some(down) = cluster.map().osds.values().find(|o| !o.up) {
-        return Err(AdminError(format!(
-            "cannot remove volume `{name}`: {} is down, and its copies of the volume's \
-             objects would be left behind. Bring it back up (or remove it from the \
-             cluster) and try again.",
-            down.id
-        )));
-    }
+    let down: Vec<String> = cluster
+        .map()
+        .osds
+        .values()
+        .filter(|o| !o.up)
+        .map(|o| o.id.to_string())
+        .collect();
     let mut reactor = Reactor::new(ReactorConfig::default())
         .map_err(|e| AdminError(format!("starting the I/O reactor: {e}")))?;
     let c = cluster.clone();
@@ -561,8 +664,16 @@ fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
     if cli.json {
         return json(&view);
     }
+    let where_ = if down.is_empty() {
+        "every OSD".to_string()
+    } else {
+        format!(
+            "every OSD that is up; {} (down) will delete theirs when they are back",
+            down.join(", ")
+        )
+    };
     Ok(format!(
-        "removed volume {name} ({}, {}); its objects were deleted on every OSD\n",
+        "removed volume {name} ({}, {}); its objects were deleted on {where_}\n",
         view.id,
         format_size(view.size)
     ))
@@ -828,6 +939,41 @@ mod tests {
             parse(&["volume", "ls"]).unwrap().command,
             Command::Volume(VolumeCommand::Ls)
         ));
+    }
+
+    #[test]
+    fn osd_commands_parse_ids_and_weights() {
+        match parse(&["osd", "out", "osd.3"]).unwrap().command {
+            Command::Osd(OsdCommand::Out { id }) => assert_eq!(id, OsdId(3)),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["osd", "in", "3"]).unwrap().command {
+            Command::Osd(OsdCommand::In { id }) => assert_eq!(id, OsdId(3)),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["osd", "rm", "12", "--json"]).unwrap().command {
+            Command::Osd(OsdCommand::Rm { id }) => assert_eq!(id, OsdId(12)),
+            other => panic!("{other:?}"),
+        }
+        match parse(&["osd", "reweight", "osd.1", "0.5"]).unwrap().command {
+            Command::Osd(OsdCommand::Reweight { id, weight }) => {
+                assert_eq!((id, weight), (OsdId(1), 0.5));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["osd", "out", "x"][..],
+            &["osd", "out", "osd."],
+            &["osd", "out", "-1"],
+            &["osd", "out", "99999999999"],
+            &["osd", "reweight", "1", "101"],
+            &["osd", "reweight", "1", "-1"],
+            &["osd", "reweight", "1", "nan"],
+            &["osd", "reweight", "1", "inf"],
+            &["osd", "reweight", "1"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
