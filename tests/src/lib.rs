@@ -72,6 +72,9 @@ pub struct ClusterOptions {
     pub osds_one_by_one: bool,
     /// Extra lines appended to every OSD's YAML configuration.
     pub osd_extra_yaml: String,
+    /// Extra lines appended to the manager's YAML configuration (e.g.
+    /// `down_out_interval_ms: 3000`).
+    pub mgr_extra_yaml: String,
 }
 
 impl Default for ClusterOptions {
@@ -85,6 +88,7 @@ impl Default for ClusterOptions {
             osd_heartbeat_interval_ms: 500,
             osds_one_by_one: false,
             osd_extra_yaml: String::new(),
+            mgr_extra_yaml: String::new(),
         }
     }
 }
@@ -332,10 +336,11 @@ impl TestCluster {
              data_dir: \"{}\"\n\
              heartbeat_grace_ms: {}\n\
              failure_check_interval_ms: 500\n\
-             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n",
+             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n{}",
             root.join("mgr").display(),
             opts.heartbeat_grace_ms,
             opts.pg_count,
+            opts.mgr_extra_yaml,
         );
         let mgr = Daemon::new(
             "mgr",
