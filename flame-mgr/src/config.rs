@@ -53,6 +53,12 @@ pub struct MgrConfig {
     /// /v1/osd/failure`) within the heartbeat grace before it is marked down ahead
     /// of its grace. With fewer other up OSDs than this, all of them must.
     pub min_down_reporters: u32,
+    /// Failure reports mark an OSD down only once the manager has not heard from it
+    /// for this long. Must be at least the OSDs' `lease_ms` plus their
+    /// `heartbeat_interval_ms`, so the reported OSD has stopped serving (its lease
+    /// ran out) before its placement groups get a new primary. 0 lets reports act
+    /// at once (only sound if the OSDs run no lease).
+    pub failure_report_min_silence_ms: u64,
     /// How often the manager looks for OSDs past their grace.
     pub failure_check_interval_ms: u64,
     /// Pool settings, used only when the cluster is created: they are fixed after
@@ -70,6 +76,7 @@ impl Default for MgrConfig {
             failure_check_interval_ms: 1000,
             down_out_interval_ms: 600_000,
             min_down_reporters: crate::state::MIN_DOWN_REPORTERS_DEFAULT,
+            failure_report_min_silence_ms: 5000,
             pool: PoolConfig::default(),
         }
     }
@@ -120,6 +127,12 @@ impl Validate for MgrConfig {
                 format!("must be 0 (never) or at most {DOWN_OUT_INTERVAL_MS_MAX}"),
             ));
         }
+        if self.failure_report_min_silence_ms > HEARTBEAT_GRACE_MS_MAX {
+            return Err((
+                "failure_report_min_silence_ms".into(),
+                format!("must be at most {HEARTBEAT_GRACE_MS_MAX}"),
+            ));
+        }
         if self.min_down_reporters == 0 || self.min_down_reporters > MIN_DOWN_REPORTERS_MAX {
             return Err((
                 "min_down_reporters".into(),
@@ -145,6 +158,7 @@ mod tests {
         assert_eq!(c.failure_check_interval_ms, 1000);
         assert_eq!(c.down_out_interval_ms, 600_000, "Ceph's 10 minutes");
         assert_eq!(c.min_down_reporters, 2);
+        assert_eq!(c.failure_report_min_silence_ms, 5000, "lease 4000 + interval 1000");
         assert_eq!(c.pool, PoolConfig::default());
     }
 

@@ -44,7 +44,8 @@ pub async fn run(shared: Arc<Shared>, t: Timing) {
             Ok((down, out, epoch)) => {
                 for id in down {
                     warn!(
-                        "{id} marked down: no heartbeat for more than {} ms (map {epoch})",
+                        "{id} marked down: no heartbeat for more than {} ms, or reported \
+                         unreachable by its peers (map {epoch})",
                         t.grace.as_millis()
                     );
                 }

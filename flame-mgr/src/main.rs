@@ -156,6 +156,7 @@ async fn serve(
     let mut cluster_state = ClusterState::new(persisted, Instant::now());
     cluster_state.min_down_reporters = config.min_down_reporters;
     cluster_state.heartbeat_grace = Duration::from_millis(config.heartbeat_grace_ms);
+    cluster_state.report_min_silence = Duration::from_millis(config.failure_report_min_silence_ms);
     let shared = shared::Shared::new(store, cluster_state, metrics);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -229,6 +229,10 @@ impl OsdRuntime {
 pub const MIN_DOWN_REPORTERS_DEFAULT: u32 = 2;
 /// Default of [`ClusterState::heartbeat_grace`] (`MgrConfig::heartbeat_grace_ms`).
 pub const HEARTBEAT_GRACE_DEFAULT: Duration = Duration::from_millis(6000);
+/// Default of [`ClusterState::report_min_silence`]
+/// (`MgrConfig::failure_report_min_silence_ms`): the OSDs' default `lease_ms` (4000)
+/// plus their default `heartbeat_interval_ms` (1000).
+pub const REPORT_MIN_SILENCE_DEFAULT: Duration = Duration::from_millis(5000);
 
 /// The manager's whole in-memory state: the persisted part plus heartbeat data.
 #[derive(Clone, Debug)]
@@ -245,6 +249,10 @@ pub struct ClusterState {
     pub min_down_reporters: u32,
     /// `MgrConfig::heartbeat_grace_ms`: also how long a failure report counts.
     pub heartbeat_grace: Duration,
+    /// `MgrConfig::failure_report_min_silence_ms`: failure reports mark an OSD down
+    /// only once the manager has not heard from it for this long, i.e. once its
+    /// lease has run out (see [`Self::failure_report`]).
+    pub report_min_silence: Duration,
 }
 
 impl ClusterState {
@@ -278,6 +286,7 @@ impl ClusterState {
             failure_reports: BTreeMap::new(),
             min_down_reporters: MIN_DOWN_REPORTERS_DEFAULT,
             heartbeat_grace: HEARTBEAT_GRACE_DEFAULT,
+            report_min_silence: REPORT_MIN_SILENCE_DEFAULT,
         }
     }
 
@@ -565,6 +574,15 @@ impl ClusterState {
             .map(|osd| osd.id)
             .collect();
         self.expire_failure_reports(now);
+        let mut down = down;
+        // Reported OSDs whose silence has grown long enough since the last report.
+        let reported: Vec<OsdId> = self
+            .failure_reports
+            .keys()
+            .copied()
+            .filter(|id| !down.contains(id) && self.reported_down(*id, now))
+            .collect();
+        down.extend(reported);
         if !down.is_empty() {
             self.mark_down(&down, now);
         }
@@ -614,15 +632,44 @@ impl ClusterState {
         self.failure_reports.retain(|_, r| !r.is_empty());
     }
 
+    /// Whether the unexpired failure reports about `id` (an up OSD) suffice to mark
+    /// it down at `now`: enough distinct up reporters, and silence towards the
+    /// manager for at least [`Self::report_min_silence`].
+    fn reported_down(&self, id: OsdId, now: Instant) -> bool {
+        let map = &self.persisted.map;
+        let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
+        if !up(&id) {
+            return false;
+        }
+        let reporters = self
+            .failure_reports
+            .get(&id)
+            .map_or(0, |reps| reps.keys().filter(|r| up(r)).count());
+        let others_up = map.osds.values().filter(|o| o.up && o.id != id).count();
+        let needed = (self.min_down_reporters as usize).min(others_up).max(1);
+        let silent = self.runtime.get(&id).is_none_or(|rt| {
+            now.saturating_duration_since(rt.last_heartbeat) >= self.report_min_silence
+        });
+        reporters >= needed && silent
+    }
+
     /// Records that `r.reporter` cannot reach `r.failed` (`POST /v1/osd/failure`)
     /// and returns whether `r.failed` is down now.
     ///
     /// The failed OSD is marked down (one epoch) once distinct **up** OSDs have
     /// reported it within the heartbeat grace — [`Self::min_down_reporters`] of
     /// them, or every other up OSD when there are fewer — so one OSD with a broken
-    /// link cannot take a healthy one out of service. A report made under a map
-    /// older than the failed OSD's current incarnation (`up_from`) is about an
-    /// earlier process and is ignored.
+    /// link cannot take a healthy one out of service, **and** the manager has not
+    /// heard from it for [`Self::report_min_silence`] (checked again by every
+    /// [`Self::check_failures`] while the reports last). The silence is what keeps
+    /// fencing sound: an OSD serves only while its last acknowledged heartbeat is
+    /// younger than its lease (`lease_ms`, counted from when it was sent), so once
+    /// the manager has heard nothing for longer than the lease, the OSD has stopped
+    /// serving and its placement groups may get a new primary. An OSD that still
+    /// heartbeats — only its peer links are broken — is never marked down by
+    /// reports (it would keep serving under its valid lease, and flap). A report
+    /// made under a map older than the failed OSD's current incarnation (`up_from`)
+    /// is about an earlier process and is ignored.
     ///
     /// Refused: a reporter whose uuid is not bound to its id (404), an unknown
     /// failed id (404), an OSD reporting itself (400).
@@ -666,28 +713,18 @@ impl ClusterState {
             .entry(r.failed)
             .or_default()
             .insert(r.reporter, now);
-        let map = &self.persisted.map;
-        let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
-        let reporters = self
-            .failure_reports
-            .get(&r.failed)
-            .map_or(0, |reps| reps.keys().filter(|id| up(id)).count());
-        let others_up = map
-            .osds
-            .values()
-            .filter(|o| o.up && o.id != r.failed)
-            .count();
-        let needed = (self.min_down_reporters as usize).min(others_up).max(1);
-        if reporters < needed {
-            info!(
-                "{} reports {} unreachable ({reporters} of {needed} reporters needed)",
+        if !self.reported_down(r.failed, now) {
+            debug!(
+                "{} reports {} unreachable (not enough reporters or silence yet)",
                 r.reporter, r.failed
             );
             return Ok(false);
         }
         warn!(
-            "{} marked down: {reporters} OSDs report it unreachable",
-            r.failed
+            "{} marked down: other OSDs report it unreachable and it has been silent \
+             for {} ms",
+            r.failed,
+            self.report_min_silence.as_millis()
         );
         self.mark_down(&[r.failed], now);
         self.bump_epoch();
@@ -1967,6 +2004,25 @@ mod tests {
         r.epoch = Epoch(s.epoch().0 - 1);
         assert!(!s.failure_report(&r, late).unwrap());
         assert!(s.failure_reports.get(&OsdId(0)).is_none());
+        // An OSD that still heartbeats keeps its lease: reports alone never take it
+        // down (it would keep serving, and flap) ...
+        s.heartbeat(&hb(OsdId(2), "u2"), late).unwrap();
+        assert!(!s.failure_report(&rep(1, 2, &s), late).unwrap());
+        assert!(!s.failure_report(&rep(3, 2, &s), late).unwrap());
+        assert!(s.map().osds[&OsdId(2)].up);
+        let e = s.epoch();
+        let long = Duration::from_secs(600);
+        assert_eq!(s.check_failures(late + Duration::from_secs(4), long, Duration::ZERO).0, vec![]);
+        // ... until it has been silent for the lease bound: then the next check
+        // marks it down on the reports still standing.
+        s.heartbeat(&hb(OsdId(0), "u0"), late + Duration::from_secs(5)).unwrap();
+        s.heartbeat(&hb(OsdId(1), "u1"), late + Duration::from_secs(5)).unwrap();
+        s.heartbeat(&hb(OsdId(3), "u3"), late + Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            s.check_failures(late + Duration::from_secs(5), long, Duration::ZERO).0,
+            vec![OsdId(2)]
+        );
+        assert!(s.epoch() > e);
     }
 
     #[test]
@@ -1980,7 +2036,9 @@ mod tests {
             failed: OsdId(0),
             epoch: s.epoch(),
         };
-        assert!(s.failure_report(&r, now).unwrap(), "the only other OSD suffices");
+        let later = now + Duration::from_secs(6);
+        s.heartbeat(&hb(OsdId(1), "u1"), later).unwrap();
+        assert!(s.failure_report(&r, later).unwrap(), "the only other OSD suffices");
     }
 
     #[test]

@@ -658,7 +658,7 @@ fn osd_commands_recovery_and_failure_reports() {
     let dir = tempfile::tempdir().unwrap();
     let mgr = Mgr::start(&write_config(
         dir.path(),
-        "pool:\n  pg_count: 64\nheartbeat_grace_ms: 60000\n",
+        "pool:\n  pg_count: 64\nheartbeat_grace_ms: 60000\nfailure_report_min_silence_ms: 300\n",
     ));
     let ids = boot_osds(&mgr, 4);
     let _: VolumeInfo = mgr.post_ok("/v1/volumes", &create("v", 1 << 30));
@@ -732,6 +732,8 @@ fn osd_commands_recovery_and_failure_reports() {
     assert_err(mgr.delete("/v1/osds/3"), 409, "is up");
     let r: OsdFailureReply = mgr.post_ok("/v1/osd/failure", &fail(ids[0], ids[3]));
     assert!(!r.down);
+    // osd.3 last heartbeated before the commands above (well over 300 ms ago).
+    std::thread::sleep(Duration::from_millis(400));
     let r: OsdFailureReply = mgr.post_ok("/v1/osd/failure", &fail(ids[1], ids[3]));
     assert!(r.down);
     assert!(!mgr.map().osds[&ids[3]].up);
