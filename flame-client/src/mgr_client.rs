@@ -7,8 +7,8 @@
 //! the user unchanged, because it is the manager that knows what was wrong.
 
 use crate::error::ClientError;
-use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
 use flame_common::ids::OsdId;
+use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
 use flame_common::mgr_api::{
     ApiError, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus, TrimDone, VolumeCreate,
     VolumeResize, VolumeTrim,

@@ -405,7 +405,11 @@ async fn osd_rm(
             "{id} removed by an operator (map {epoch}); it held the last complete copy of \
              {} placement groups, whose data is LOST: {:?}",
             lost_pgs.len(),
-            lost_pgs.iter().take(32).map(ToString::to_string).collect::<Vec<_>>()
+            lost_pgs
+                .iter()
+                .take(32)
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
         );
     }
     Ok(ok_json(&OsdOpReply {

@@ -158,7 +158,10 @@ mod tests {
         assert_eq!(c.failure_check_interval_ms, 1000);
         assert_eq!(c.down_out_interval_ms, 600_000, "Ceph's 10 minutes");
         assert_eq!(c.min_down_reporters, 2);
-        assert_eq!(c.failure_report_min_silence_ms, 5000, "lease 4000 + interval 1000");
+        assert_eq!(
+            c.failure_report_min_silence_ms, 5000,
+            "lease 4000 + interval 1000"
+        );
         assert_eq!(c.pool, PoolConfig::default());
     }
 
@@ -188,7 +191,10 @@ mod tests {
             ("fsid: \"a b\"\n", "fsid"),
             ("min_down_reporters: 0\n", "min_down_reporters"),
             ("down_out_interval_ms: 9999999999\n", "down_out_interval_ms"),
-            ("new_osds_in_with_volumes: true\n", "new_osds_in_with_volumes"),
+            (
+                "new_osds_in_with_volumes: true\n",
+                "new_osds_in_with_volumes",
+            ),
             ("pool:\n  min_size: 4\n", "pool.min_size"),
             ("pool:\n  sise: 4\n", "sise"),
             ("listen: nowhere\n", "listen"),

@@ -17,8 +17,8 @@ use flame_common::map::{
 };
 use flame_common::mgr_api::{
     ClusterStatus, OSD_WEIGHT_MAX, OsdBoot, OsdFailureReport, OsdHeartbeat, OsdStatus,
-    PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport, TrimDone, TrimRange, VolumeCreate,
-    VolumeResize, VolumeTrim,
+    PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport, TrimDone, TrimRange, VolumeCreate, VolumeResize,
+    VolumeTrim,
 };
 use flame_common::placement::{PgMembers, pg_osds};
 use serde::{Deserialize, Serialize};
@@ -430,9 +430,7 @@ impl ClusterState {
             } else {
                 self.persisted.map.osds.insert(id, info);
             }
-            self.persisted
-                .osd_incarnations
-                .insert(id, req.incarnation);
+            self.persisted.osd_incarnations.insert(id, req.incarnation);
             self.bump_epoch();
         }
         let rt = self
@@ -607,8 +605,7 @@ impl ClusterState {
         if interval.is_zero() {
             return Vec::new();
         }
-        self
-            .persisted
+        self.persisted
             .map
             .osds
             .values()
@@ -1779,8 +1776,11 @@ mod tests {
         let now = Instant::now();
         let mut s = state();
         for i in 0..4u16 {
-            s.boot(&boot_req(&format!("u{i}"), 6900 + 10 * i, &format!("h{i}")), now)
-                .unwrap();
+            s.boot(
+                &boot_req(&format!("u{i}"), 6900 + 10 * i, &format!("h{i}")),
+                now,
+            )
+            .unwrap();
         }
         assert!(s.map().pg_complete.is_empty(), "bring-up moves no data");
         // A down OSD still counts as missing writes: a volume created now is
@@ -1881,11 +1881,7 @@ mod tests {
         let mut r = report(primary, e, vec![(pg, d)]);
         r.uuid = "u-wrong".into();
         assert!(matches!(s.pg_recovered(&r), Err(StateError::NotFound(_))));
-        let r = report(
-            primary,
-            e,
-            vec![(pg, d); PG_RECOVERED_ENTRIES_MAX + 1],
-        );
+        let r = report(primary, e, vec![(pg, d); PG_RECOVERED_ENTRIES_MAX + 1]);
         assert!(matches!(s.pg_recovered(&r), Err(StateError::Invalid(_))));
         let r = report(primary, Epoch(e.0 + 1), vec![(pg, d)]);
         assert!(matches!(s.pg_recovered(&r), Err(StateError::Invalid(_))));
@@ -1895,7 +1891,11 @@ mod tests {
             report(not_primary, e, vec![(pg, d)]),
             report(primary, e, vec![(PgId(64), d)]),
             report(primary, e, vec![(pg, not_primary)]),
-            report(primary, Epoch(s.map().osds[&d].up_from.0 - 1), vec![(pg, d)]),
+            report(
+                primary,
+                Epoch(s.map().osds[&d].up_from.0 - 1),
+                vec![(pg, d)],
+            ),
         ] {
             assert_eq!(s.pg_recovered(&r).unwrap(), 0, "{r:?}");
         }
@@ -1931,11 +1931,7 @@ mod tests {
         // OSDs missed writes (recorded by hand).
         let pg = PgId(7);
         let placed = pg_osds(s.map(), pg);
-        let gone = OsdId(
-            (0..5)
-                .find(|i| !placed.contains(&OsdId(*i)))
-                .unwrap(),
-        );
+        let gone = OsdId((0..5).find(|i| !placed.contains(&OsdId(*i))).unwrap());
         s.persisted
             .map
             .pg_complete
@@ -1950,7 +1946,10 @@ mod tests {
         );
         let r = report(placed[0], s.epoch(), vec![(pg, placed[1])]);
         assert_eq!(s.pg_recovered(&r).unwrap(), 1);
-        assert!(!s.map().pg_complete.contains_key(&pg), "exactly the placed set");
+        assert!(
+            !s.map().pg_complete.contains_key(&pg),
+            "exactly the placed set"
+        );
     }
 
     #[test]
@@ -1966,12 +1965,21 @@ mod tests {
         };
         // 4xx: self, unknown, bad uuid.
         let r = rep(1, 1, &s);
-        assert!(matches!(s.failure_report(&r, t0), Err(StateError::Invalid(_))));
+        assert!(matches!(
+            s.failure_report(&r, t0),
+            Err(StateError::Invalid(_))
+        ));
         let r = rep(1, 9, &s);
-        assert!(matches!(s.failure_report(&r, t0), Err(StateError::NotFound(_))));
+        assert!(matches!(
+            s.failure_report(&r, t0),
+            Err(StateError::NotFound(_))
+        ));
         let mut r = rep(1, 0, &s);
         r.uuid = "u2".into();
-        assert!(matches!(s.failure_report(&r, t0), Err(StateError::NotFound(_))));
+        assert!(matches!(
+            s.failure_report(&r, t0),
+            Err(StateError::NotFound(_))
+        ));
         let e = s.epoch();
         // One reporter, twice: not enough.
         assert!(!s.failure_report(&rep(1, 0, &s), t0).unwrap());
@@ -2003,7 +2011,7 @@ mod tests {
         let mut r = rep(1, 0, &s);
         r.epoch = Epoch(s.epoch().0 - 1);
         assert!(!s.failure_report(&r, late).unwrap());
-        assert!(s.failure_reports.get(&OsdId(0)).is_none());
+        assert!(!s.failure_reports.contains_key(&OsdId(0)));
         // An OSD that still heartbeats keeps its lease: reports alone never take it
         // down (it would keep serving, and flap) ...
         s.heartbeat(&hb(OsdId(2), "u2"), late).unwrap();
@@ -2012,14 +2020,22 @@ mod tests {
         assert!(s.map().osds[&OsdId(2)].up);
         let e = s.epoch();
         let long = Duration::from_secs(600);
-        assert_eq!(s.check_failures(late + Duration::from_secs(4), long, Duration::ZERO).0, vec![]);
+        assert_eq!(
+            s.check_failures(late + Duration::from_secs(4), long, Duration::ZERO)
+                .0,
+            vec![]
+        );
         // ... until it has been silent for the lease bound: then the next check
         // marks it down on the reports still standing.
-        s.heartbeat(&hb(OsdId(0), "u0"), late + Duration::from_secs(5)).unwrap();
-        s.heartbeat(&hb(OsdId(1), "u1"), late + Duration::from_secs(5)).unwrap();
-        s.heartbeat(&hb(OsdId(3), "u3"), late + Duration::from_secs(5)).unwrap();
+        s.heartbeat(&hb(OsdId(0), "u0"), late + Duration::from_secs(5))
+            .unwrap();
+        s.heartbeat(&hb(OsdId(1), "u1"), late + Duration::from_secs(5))
+            .unwrap();
+        s.heartbeat(&hb(OsdId(3), "u3"), late + Duration::from_secs(5))
+            .unwrap();
         assert_eq!(
-            s.check_failures(late + Duration::from_secs(5), long, Duration::ZERO).0,
+            s.check_failures(late + Duration::from_secs(5), long, Duration::ZERO)
+                .0,
             vec![OsdId(2)]
         );
         assert!(s.epoch() > e);
@@ -2038,7 +2054,10 @@ mod tests {
         };
         let later = now + Duration::from_secs(6);
         s.heartbeat(&hb(OsdId(1), "u1"), later).unwrap();
-        assert!(s.failure_report(&r, later).unwrap(), "the only other OSD suffices");
+        assert!(
+            s.failure_report(&r, later).unwrap(),
+            "the only other OSD suffices"
+        );
     }
 
     #[test]
@@ -2059,10 +2078,14 @@ mod tests {
         );
         assert_eq!(s.epoch(), Epoch(e.0 + 1));
         for i in 0..3u32 {
-            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), t1 + out_after).unwrap();
+            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), t1 + out_after)
+                .unwrap();
         }
         let almost = t1 + out_after - Duration::from_millis(1);
-        assert_eq!(s.check_failures(almost, grace * 100, out_after), (vec![], vec![]));
+        assert_eq!(
+            s.check_failures(almost, grace * 100, out_after),
+            (vec![], vec![])
+        );
         // Zero disables.
         assert_eq!(
             s.check_failures(t1 + out_after * 5, grace * 100, Duration::ZERO),
@@ -2447,9 +2470,9 @@ mod tests {
             .insert(PgId(pg as u32), vec![OsdId(0)]);
         let st = s.status(&placed);
         assert!(
-            st.health_detail.iter().any(|d| d.starts_with(
-                "1 of 64 placement groups have fewer than pool.min_size"
-            )),
+            st.health_detail
+                .iter()
+                .any(|d| d.starts_with("1 of 64 placement groups have fewer than pool.min_size")),
             "{:?}",
             st.health_detail
         );

@@ -211,10 +211,7 @@ fn create(name: &str, size: u64) -> VolumeCreate {
 #[test]
 fn volume_routes_status_and_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let mgr = Mgr::start(&write_config(
-        dir.path(),
-        "pool:\n  pg_count: 64\n",
-    ));
+    let mgr = Mgr::start(&write_config(dir.path(), "pool:\n  pg_count: 64\n"));
 
     let st: ClusterStatus = mgr.get_ok("/v1/status");
     assert_eq!(st.health, "HEALTH_ERR", "no OSDs yet");
@@ -643,8 +640,10 @@ fn boot_osds(mgr: &Mgr, n: u16) -> Vec<OsdId> {
     (0..n)
         .map(|i| {
             let uuid = format!("u{i}");
-            let r: OsdBootReply =
-                mgr.post_ok("/v1/osd/boot", &boot(&uuid, 6900 + 10 * i, &format!("h{i}")));
+            let r: OsdBootReply = mgr.post_ok(
+                "/v1/osd/boot",
+                &boot(&uuid, 6900 + 10 * i, &format!("h{i}")),
+            );
             let _: HeartbeatReply = mgr.post_ok("/v1/osd/heartbeat", &heartbeat(r.id, &uuid));
             r.id
         })
@@ -702,8 +701,7 @@ fn osd_commands_recovery_and_failure_reports() {
     let other = roles.acting[1];
     let r: PgRecoveredReply = mgr.post_ok("/v1/pg/recovered", &report(other, vec![(pg, member)]));
     assert_eq!((r.epoch, r.recorded), (map.epoch, 0));
-    let r: PgRecoveredReply =
-        mgr.post_ok("/v1/pg/recovered", &report(primary, vec![(pg, member)]));
+    let r: PgRecoveredReply = mgr.post_ok("/v1/pg/recovered", &report(primary, vec![(pg, member)]));
     assert_eq!((r.epoch, r.recorded), (Epoch(map.epoch.0 + 1), 1));
     let after = mgr.map();
     assert_eq!(after.epoch, r.epoch);
@@ -723,8 +721,16 @@ fn osd_commands_recovery_and_failure_reports() {
         failed,
         epoch: mgr.map().epoch,
     };
-    assert_err(mgr.post("/v1/osd/failure", &fail(ids[0], ids[0])), 400, "itself");
-    assert_err(mgr.post("/v1/osd/failure", &fail(ids[0], OsdId(77))), 404, "osd.77");
+    assert_err(
+        mgr.post("/v1/osd/failure", &fail(ids[0], ids[0])),
+        400,
+        "itself",
+    );
+    assert_err(
+        mgr.post("/v1/osd/failure", &fail(ids[0], OsdId(77))),
+        404,
+        "osd.77",
+    );
     let mut wrong = fail(ids[0], ids[3]);
     wrong.uuid = "u1".into();
     assert_err(mgr.post("/v1/osd/failure", &wrong), 404, "boot again");
@@ -780,7 +786,10 @@ fn down_osd_goes_out_after_the_interval() {
     let start = Instant::now();
     let mut down_at = None;
     let out_at = loop {
-        assert!(start.elapsed() < Duration::from_secs(20), "never marked out");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never marked out"
+        );
         for (i, id) in ids.iter().take(3).enumerate() {
             let _: HeartbeatReply =
                 mgr.post_ok("/v1/osd/heartbeat", &heartbeat(*id, &format!("u{i}")));

@@ -53,11 +53,7 @@ impl Scanner {
             return;
         }
         let held = volumes_on_disk(data_dir);
-        let found: BTreeSet<VolumeId> = map
-            .deleted_volumes
-            .intersection(&held)
-            .copied()
-            .collect();
+        let found: BTreeSet<VolumeId> = map.deleted_volumes.intersection(&held).copied().collect();
         if !found.is_empty() {
             tracing::info!(
                 epoch = %map.epoch,
@@ -130,7 +126,9 @@ pub async fn run(shard: Rc<Shard>) {
                     tracing::info!(shard = id, %volume, objects = n, "deleted the objects of a removed volume");
                     done.insert(volume);
                 }
-                Err(e) => tracing::warn!(shard = id, %volume, "deleting a removed volume failed: {e}; will retry"),
+                Err(e) => {
+                    tracing::warn!(shard = id, %volume, "deleting a removed volume failed: {e}; will retry")
+                }
             }
         }
     }

@@ -44,7 +44,10 @@ fn health_says_what_a_down_osd_does_to_io() {
         .collect();
     let holding = sets.iter().filter(|s| s.contains(&dead)).count();
     assert_eq!(st.health, "HEALTH_WARN", "{st:?}");
-    assert!(st.health_detail.contains(&format!("{dead} is down")), "{st:?}");
+    assert!(
+        st.health_detail.contains(&format!("{dead} is down")),
+        "{st:?}"
+    );
     let line = st
         .health_detail
         .iter()
@@ -76,7 +79,9 @@ fn health_says_what_a_down_osd_does_to_io() {
         })
         .collect();
     let as_primary = objects.iter().find(|(_, s)| s[0] == dead);
-    let as_replica = objects.iter().find(|(_, s)| s.contains(&dead) && s[0] != dead);
+    let as_replica = objects
+        .iter()
+        .find(|(_, s)| s.contains(&dead) && s[0] != dead);
     for (index, _) in [as_primary, as_replica].into_iter().flatten() {
         let at = index * OBJECT;
         let started = Instant::now();

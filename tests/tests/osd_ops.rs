@@ -78,14 +78,15 @@ fn osd_out_in_reweight_and_rm_from_the_cli() {
     // Clear errors: unknown id, rm of an up OSD, a bad weight (usage error).
     let out = cluster.admin(&["osd", "out", "osd.99"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(output_text(&out).contains("no osd.99"), "{}", output_text(&out));
+    assert!(
+        output_text(&out).contains("no osd.99"),
+        "{}",
+        output_text(&out)
+    );
     let out = cluster.admin(&["osd", "rm", &name, "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(
-        err["error"].as_str().unwrap().contains("is up"),
-        "{err}"
-    );
+    assert!(err["error"].as_str().unwrap().contains("is up"), "{err}");
     let out = cluster.admin(&["osd", "reweight", &num, "1000"]);
     assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
 
@@ -94,7 +95,10 @@ fn osd_out_in_reweight_and_rm_from_the_cli() {
     wait_for("osd marked down", &cluster, || !cluster.map().osds[&id].up);
     let r = cluster.admin_json(&["osd", "rm", &name]);
     assert_eq!(r["changed"], true, "{r}");
-    assert!(r.get("lost_pgs").is_none(), "nothing lost with 3 copies: {r}");
+    assert!(
+        r.get("lost_pgs").is_none(),
+        "nothing lost with 3 copies: {r}"
+    );
     let map = cluster.map();
     assert!(!map.osds.contains_key(&id));
     assert!(map.pg_complete.values().all(|c| !c.contains(&id)));
@@ -114,14 +118,26 @@ fn a_volume_removed_while_an_osd_is_down_is_deleted_there_when_it_is_back() {
     let keep = cluster.create_volume("kept", 8 << 20);
     for v in ["doomed", "kept"] {
         cluster.admin_ok(&[
-            "bench", v, "--rw", "write", "--bs", "64k", "--iodepth", "4", "--runtime",
-            "300ms", "--force-overwrite",
+            "bench",
+            v,
+            "--rw",
+            "write",
+            "--bs",
+            "64k",
+            "--iodepth",
+            "4",
+            "--runtime",
+            "300ms",
+            "--force-overwrite",
         ]);
     }
     let held: Vec<usize> = (0..3)
         .map(|i| objects_of(&cluster.osd_data_dir(i), vol.id))
         .collect();
-    assert!(held.iter().all(|&n| n > 0), "every OSD holds some: {held:?}");
+    assert!(
+        held.iter().all(|&n| n > 0),
+        "every OSD holds some: {held:?}"
+    );
     let kept_before = objects_of(&cluster.osd_data_dir(2), keep.id);
     assert!(kept_before > 0);
 
@@ -144,9 +160,11 @@ fn a_volume_removed_while_an_osd_is_down_is_deleted_there_when_it_is_back() {
     );
 
     cluster.restart_osd(2);
-    wait_for("the restarted OSD deleting the removed volume", &cluster, || {
-        objects_of(&cluster.osd_data_dir(2), vol.id) == 0
-    });
+    wait_for(
+        "the restarted OSD deleting the removed volume",
+        &cluster,
+        || objects_of(&cluster.osd_data_dir(2), vol.id) == 0,
+    );
     assert_eq!(
         objects_of(&cluster.osd_data_dir(2), keep.id),
         kept_before,

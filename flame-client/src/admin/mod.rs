@@ -497,7 +497,10 @@ fn osd_op(mgr: &MgrClient, cmd: &OsdCommand, as_json: bool) -> Result<String> {
     let mut text = if reply.changed {
         format!("{done} (map epoch {})\n", reply.epoch.0)
     } else {
-        format!("{done} already; nothing changed (map epoch {})\n", reply.epoch.0)
+        format!(
+            "{done} already; nothing changed (map epoch {})\n",
+            reply.epoch.0
+        )
     };
     if !reply.lost_pgs.is_empty() {
         let shown: Vec<String> = reply
