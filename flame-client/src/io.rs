@@ -144,6 +144,7 @@ fn target_for(cluster: &Cluster, map: &ClusterMap, osd: &OsdInfo, shard: u16) ->
         },
         addr: osd.shard_addr(shard),
         transport: cfg.transport,
+        source: cfg.bind_addr,
         timeout: cfg.connect_timeout(),
         epoch: map.epoch,
         shards: osd.shards,
@@ -392,8 +393,11 @@ async fn piece_try(
 /// What a shard call does when its OSD is down in the map.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum WhenDown {
-    /// Wait (retry) until it is up again or the deadline passes.
-    Wait,
+    /// Done: nothing to do there now. A FLUSH never waits on a down OSD: its
+    /// acknowledged writes are on the other members of the write set too (flushed
+    /// by the same FLUSH), and an OSD syncs its whole store before serving again
+    /// after a restart.
+    Skip,
     /// Fail at once with [`ClientError::OsdDown`].
     Refuse,
 }
@@ -421,13 +425,10 @@ async fn shard_call(
             return Ok(());
         }
         let t = if !info.up {
-            if when_down == WhenDown::Refuse {
-                return Err(ClientError::OsdDown(osd));
-            }
-            Transient {
-                reason: RetryReason::OsdDown,
-                message: format!("{osd} is down"),
-            }
+            return match when_down {
+                WhenDown::Refuse => Err(ClientError::OsdDown(osd)),
+                WhenDown::Skip => Ok(()),
+            };
         } else {
             let target = target_for(cluster, &map, info, shard);
             let (id, epoch) = (RequestId(0), map.epoch);
@@ -580,7 +581,7 @@ pub(crate) async fn flush_volume_objects(
                 shard,
                 OpCode::Flush,
                 volume,
-                WhenDown::Wait,
+                WhenDown::Skip,
                 deadline,
             )
         },

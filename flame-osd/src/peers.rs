@@ -16,6 +16,9 @@ use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use crate::liveness::Liveness;
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One connection to a peer shard.
@@ -28,6 +31,8 @@ pub struct Peer {
 /// Peer connections of one shard.
 pub struct Peers {
     transport: TransportKind,
+    /// Local address peer connections leave from (the OSD's own).
+    source: Option<IpAddr>,
     connect_timeout: Duration,
     call_timeout: Duration,
     conns: RefCell<HashMap<(OsdId, u16), Rc<Peer>>>,
@@ -41,18 +46,25 @@ pub struct Peers {
     /// resent on a new connection can never be overtaken by its stale original.
     session: u64,
     generation: Cell<u64>,
+    /// Where unreachable peers are noted (the control thread reports them) and
+    /// newer epochs seen in replies are asked for.
+    liveness: Arc<Liveness>,
 }
 
 impl Peers {
     /// No connections yet; they open on first use.
     pub fn new(
         transport: TransportKind,
+        source: Option<IpAddr>,
         connect_timeout: Duration,
         call_timeout: Duration,
         metrics: Rc<ShardMetrics>,
+        liveness: Arc<Liveness>,
     ) -> Peers {
         Peers {
             transport,
+            source,
+            liveness,
             connect_timeout,
             call_timeout,
             conns: RefCell::new(HashMap::new()),
@@ -119,9 +131,10 @@ impl Peers {
             Some(m) => Ok(m),
             None => {
                 // Timed out or the connection died: drop the connection so the next
-                // call starts afresh.
+                // call starts afresh, and tell the manager (it may be down).
                 tracing::warn!(osd = %osd.id, shard, "replica did not answer; closing connection");
                 self.drop_peer(osd.id, shard, &peer);
+                self.liveness.peer_failed(osd.id);
                 Err(status::EAGAIN)
             }
         }
@@ -171,10 +184,13 @@ impl Peers {
         epoch: Epoch,
     ) -> Result<Rc<Peer>, ()> {
         let addr = osd.shard_addr(shard);
-        let conn = match Conn::connect(self.transport, addr, self.connect_timeout).await {
+        let conn = match Conn::connect_from(self.transport, addr, self.source, self.connect_timeout)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(osd = %osd.id, %addr, "peer connect failed: {e}");
+                self.liveness.peer_failed(osd.id);
                 return Err(());
             }
         };
@@ -203,6 +219,12 @@ impl Peers {
         .await;
         match hello {
             Some(Message::HelloReply { status: 0, .. }) => {}
+            None => {
+                tracing::warn!(osd = %osd.id, %addr, "peer did not answer hello");
+                self.liveness.peer_failed(osd.id);
+                conn.close();
+                return Err(());
+            }
             other => {
                 tracing::warn!(osd = %osd.id, %addr, "peer refused hello: {other:?}");
                 conn.close();

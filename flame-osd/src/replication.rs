@@ -7,6 +7,7 @@ use crate::shard::Shard;
 use flame_common::protocol::{Message, flags, status};
 use flame_common::reactor;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 impl Shard {
     /// Primary path: order against overlapping writes, forward to the replicas and
@@ -46,18 +47,30 @@ impl Shard {
                 reactor::spawn(async move {
                     // Checked above: every replica is in this view's map.
                     let Some(osd) = view.map.osds.get(&id) else {
-                        return status::EAGAIN;
+                        return (status::EAGAIN, None);
                     };
-                    peers
-                        .call(osd, osd.shard_of(target.pg), view.map.epoch, fwd)
+                    match peers
+                        .call_reply(osd, osd.shard_of(target.pg), view.map.epoch, fwd)
                         .await
+                    {
+                        Ok(Message::Reply { status, epoch, .. }) => (status, Some(epoch)),
+                        Ok(_) => (status::EIO, None),
+                        Err(st) => (st, None),
+                    }
                 })
             })
             .collect();
         let local = self.apply_local(msg).await;
         let mut result = local;
         for c in calls {
-            let st = c.await;
+            let (st, replica_epoch) = c.await;
+            if let Some(e) = replica_epoch
+                && e > view.map.epoch
+            {
+                // The replica has a newer map (it refuses forwards from older
+                // epochs): fetch it, so the client's retry meets current roles.
+                self.wanted_epoch.fetch_max(e.0, Ordering::Relaxed);
+            }
             if result == status::OK && st != status::OK {
                 // A replica's ESTALE means maps disagree: the client refreshes and
                 // retries, as for EAGAIN.

@@ -41,6 +41,8 @@ pub struct Shard {
     pub(crate) store: ObjectStore,
     pub(crate) gate: Rc<WriteGate>,
     pub(crate) peers: Rc<Peers>,
+    /// The lease and the shards' progress (shared with the control thread).
+    pub(crate) liveness: Arc<crate::liveness::Liveness>,
     pub(crate) metrics: Rc<ShardMetrics>,
     pub(crate) max_connections: u32,
     pub(crate) max_inflight: u32,
