@@ -72,7 +72,10 @@ impl MgrClient {
 
     /// Like [`MgrClient::new`], with connections leaving from local address
     /// `source` when given (the client's `bind_addr`).
-    pub fn new_from(addr: &str, source: Option<std::net::IpAddr>) -> Result<MgrClient, ClientError> {
+    pub fn new_from(
+        addr: &str,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<MgrClient, ClientError> {
         let base = base_url(addr)?;
         let config = ureq::Agent::config_builder()
             // Error statuses carry an ApiError body we want to show.

@@ -119,7 +119,8 @@ impl Transport for BoundTransport {
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, Error> {
         let timeout = timeout.for_read();
-        self.stream.set_read_timeout(timeout.not_zero().map(|d| *d))?;
+        self.stream
+            .set_read_timeout(timeout.not_zero().map(|d| *d))?;
         let input = self.buffers.input_append_buf();
         // Bounded: each round is one read; EINTR is the only reason to go again.
         let mut n = Err(io::Error::from(io::ErrorKind::Interrupted));

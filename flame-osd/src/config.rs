@@ -265,7 +265,10 @@ mod tests {
             parse_str("listen: 0.0.0.0:6900\nadvertise: 10.0.0.5:6900\n", "t").unwrap();
         assert_eq!(c.advertised().to_string(), "10.0.0.5:6900");
         let d = OsdConfig::default();
-        assert!(d.lease_ms + d.heartbeat_interval_ms < 6000, "below the manager's default grace");
+        assert!(
+            d.lease_ms + d.heartbeat_interval_ms < 6000,
+            "below the manager's default grace"
+        );
         let e = parse_str::<OsdConfig>("lease_ms: 1500\n", "t").unwrap_err();
         assert!(e.to_string().contains("lease_ms"), "{e}");
     }

@@ -147,8 +147,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let liveness = Arc::new(crate::liveness::Liveness::new(shards));
-    let mut control =
-        control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
+    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
     let map = Arc::new(ArcSwap::from_pointee(map));

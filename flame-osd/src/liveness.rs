@@ -135,7 +135,10 @@ mod tests {
     #[test]
     fn lease_starts_invalid_and_only_grows() {
         let l = Liveness::new(2);
-        assert!(!l.lease_valid(), "no lease before the first acknowledged heartbeat");
+        assert!(
+            !l.lease_valid(),
+            "no lease before the first acknowledged heartbeat"
+        );
         l.renew(l.now_ms(), 60_000);
         assert!(l.lease_valid());
         // An older acknowledgement never shortens the lease.

@@ -6,6 +6,7 @@
 //! request id; a connection failure fails every request waiting on it, and the
 //! primary answers its client with EAGAIN so the client retries.
 
+use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::map::OsdInfo;
@@ -15,9 +16,8 @@ use flame_common::transport::{Conn, TransportKind};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::Rc;
-use crate::liveness::Liveness;
 use std::net::IpAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 

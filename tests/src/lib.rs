@@ -1141,7 +1141,9 @@ impl DaemonIps {
         assert!(osds <= 200, "per-daemon addresses for at most 200 OSDs");
         DaemonIps {
             mgr: Ipv4Addr::new(127, 0, 0, 10),
-            osds: (0..osds).map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8)).collect(),
+            osds: (0..osds)
+                .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
+                .collect(),
             client: Ipv4Addr::new(127, 0, 0, 9),
         }
     }
@@ -1171,10 +1173,8 @@ pub fn free_ports_on(ip: Ipv4Addr, count: u16) -> u16 {
             continue;
         }
         // Hold every listener until all are bound, then release them together.
-        let bound: Result<Vec<TcpListener>, _> = range
-            .clone()
-            .map(|p| TcpListener::bind((ip, p)))
-            .collect();
+        let bound: Result<Vec<TcpListener>, _> =
+            range.clone().map(|p| TcpListener::bind((ip, p))).collect();
         if bound.is_ok() {
             taken.extend(range);
             return base;

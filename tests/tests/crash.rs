@@ -134,7 +134,14 @@ fn io_continues_while_the_manager_is_down() {
     paused
         .args(["-f", "raw"])
         .arg(cluster.nbd_uri("nomgr"))
-        .args(["-c", "read -P 0x31 0 1M", "-c", "write -P 0x33 0 1M", "-c", "flush"]);
+        .args([
+            "-c",
+            "read -P 0x31 0 1M",
+            "-c",
+            "write -P 0x33 0 1M",
+            "-c",
+            "flush",
+        ]);
     let io = std::thread::spawn(move || run_bounded(&mut paused, TOOL_TIMEOUT));
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert!(

@@ -157,9 +157,12 @@ impl WriteLoop {
     }
 
     fn wait_progress(&self, cluster: &TestCluster, writes: u64) {
-        wait_for(cluster, Duration::from_secs(30), "write loop progress", || {
-            self.progress() >= writes
-        });
+        wait_for(
+            cluster,
+            Duration::from_secs(30),
+            "write loop progress",
+            || self.progress() >= writes,
+        );
     }
 
     fn finish(mut self, cluster: &TestCluster, timeout: Duration) -> LoopResult {
@@ -214,7 +217,10 @@ fn assert_clean(cluster: &TestCluster, what: &str, r: &LoopResult) {
         r.errors,
         cluster.log_tails()
     );
-    assert_eq!(r.bad_blocks, 0, "{what}: blocks differ from their last acknowledged write");
+    assert_eq!(
+        r.bad_blocks, 0,
+        "{what}: blocks differ from their last acknowledged write"
+    );
     assert!(r.writes > 50, "{what}: too few writes: {r:?}");
     assert!(
         r.max_latency < PAUSE_MAX,
@@ -316,7 +322,13 @@ impl Drop for Partition {
 }
 
 /// What an OSD answers a client that still has `map`, from address `source`.
-fn old_map_answers(map: &ClusterMap, osd: OsdId, shard: u16, target: IoTarget, source: IpAddr) -> (i32, i32) {
+fn old_map_answers(
+    map: &ClusterMap,
+    osd: OsdId,
+    shard: u16,
+    target: IoTarget,
+    source: IpAddr,
+) -> (i32, i32) {
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
     let map = map.clone();
     reactor
@@ -391,7 +403,11 @@ fn a_partitioned_primary_is_replaced_and_acknowledges_nothing_after_its_lease() 
     let k = process_of(&cluster, &old_map, victim);
     let ip = cluster.osd_ip(k);
     let mut others = vec![cluster.mgr_ip(), cluster.client_ip()];
-    others.extend((0..cluster.osd_count()).filter(|&i| i != k).map(|i| cluster.osd_ip(i)));
+    others.extend(
+        (0..cluster.osd_count())
+            .filter(|&i| i != k)
+            .map(|i| cluster.osd_ip(i)),
+    );
 
     let w = WriteLoop::start(&cluster, "part", 1, 16);
     w.wait_progress(&cluster, 100);
@@ -407,10 +423,19 @@ fn a_partitioned_primary_is_replaced_and_acknowledges_nothing_after_its_lease() 
     // directly by a client that also has the old map, from an address the
     // partition does not block, it must not serve: its lease ran out before the
     // manager could mark it down.
-    let pg = object_pg(ObjectId { volume: vol.id, index: 1 }, old_map.pool.pg_count);
+    let pg = object_pg(
+        ObjectId {
+            volume: vol.id,
+            index: 1,
+        },
+        old_map.pool.pg_count,
+    );
     let target = IoTarget {
         pg,
-        object: ObjectId { volume: vol.id, index: 1 },
+        object: ObjectId {
+            volume: vol.id,
+            index: 1,
+        },
         offset: 0,
         length: 4096,
     };
@@ -448,7 +473,10 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
     let vol = cluster.create_volume("fence", 16 * MIB);
     let map = cluster.map();
     assert!(map.epoch.0 >= 2, "creating a volume moved the epoch");
-    let object = ObjectId { volume: vol.id, index: 0 };
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
     let pg = object_pg(object, map.pool.pg_count);
     let replica = PgMembers::compute(&map, pg).acting[1];
     let shard = map.osds[&replica].shard_of(pg);
@@ -478,7 +506,11 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
             let mut answers = Vec::new();
             let epochs = std::iter::repeat_n(map.epoch, 50).chain([Epoch(map.epoch.0 - 1)]);
             for (i, epoch) in epochs.enumerate() {
-                if epoch == map.epoch && answers.last().is_some_and(|a: &(i32, Epoch)| a.0 == status::OK) {
+                if epoch == map.epoch
+                    && answers
+                        .last()
+                        .is_some_and(|a: &(i32, Epoch)| a.0 == status::OK)
+                {
                     continue;
                 }
                 flame_common::reactor::sleep(Duration::from_millis(20)).await;
@@ -508,7 +540,11 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
     let map = cluster.map();
     let n = answers.len();
     assert!(n >= 2, "{answers:?}");
-    assert_eq!(answers[n - 2].0, status::OK, "a forward from the current epoch is applied: {answers:?}");
+    assert_eq!(
+        answers[n - 2].0,
+        status::OK,
+        "a forward from the current epoch is applied: {answers:?}"
+    );
     assert_eq!(
         answers[n - 1],
         (status::ESTALE, map.epoch),
@@ -545,7 +581,10 @@ fn a_hung_shard_stops_the_heartbeats_and_its_osd_is_marked_down() {
     }
     println!("hung shard: OSD marked down after {:?}", started.elapsed());
     std::fs::remove_file(&hook).unwrap();
-    wait_for(&cluster, Duration::from_secs(20), "OSD up once the shard runs again", || {
-        osd_up(&cluster, id)
-    });
+    wait_for(
+        &cluster,
+        Duration::from_secs(20),
+        "OSD up once the shard runs again",
+        || osd_up(&cluster, id),
+    );
 }

@@ -424,14 +424,12 @@ pub fn new_socket(addr: SocketAddr, source: Option<IpAddr>) -> io::Result<OwnedF
         None,
     )?;
     if let Some(ip) = source {
-        socket
-            .bind(&SocketAddr::new(ip, 0).into())
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot bind the outgoing connection to {ip}: {e}"),
-                )
-            })?;
+        socket.bind(&SocketAddr::new(ip, 0).into()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot bind the outgoing connection to {ip}: {e}"),
+            )
+        })?;
     }
     Ok(OwnedFd::from(socket))
 }
