@@ -91,7 +91,7 @@ impl Default for ClusterOptions {
             osd_heartbeat_interval_ms: 500,
             osds_one_by_one: false,
             osd_extra_yaml: String::new(),
-            per_daemon_addrs: false,
+            per_daemon_addrs: true,
         }
     }
 }
@@ -356,6 +356,16 @@ impl TestCluster {
 
         let mut osds = Vec::new();
         let mut osd_addrs = Vec::new();
+        // The OSD's lease must outlive two heartbeat intervals: a test that slows
+        // heartbeats down (to keep an OSD's map stale) gets a lease to match,
+        // unless it sets one itself.
+        let lease_yaml = if opts.osd_extra_yaml.contains("lease_ms:")
+            || opts.osd_heartbeat_interval_ms * 2 <= 4000
+        {
+            String::new()
+        } else {
+            format!("lease_ms: {}\n", opts.osd_heartbeat_interval_ms * 2)
+        };
         for i in 0..opts.osds {
             let ip = ips.osds[i];
             let addrs = OsdAddrs {
@@ -372,12 +382,13 @@ impl TestCluster {
                  shards: {}\n\
                  poll_mode: interrupt\n\
                  heartbeat_interval_ms: {}\n\
-                 {}\n",
+                 {}{}\n",
                 addrs.data,
                 addrs.metrics,
                 root.join(format!("osd.{i}")).display(),
                 opts.shards,
                 opts.osd_heartbeat_interval_ms,
+                lease_yaml,
                 opts.osd_extra_yaml,
             );
             let name = format!("osd.{i}");
