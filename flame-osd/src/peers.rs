@@ -100,6 +100,21 @@ impl Peers {
         epoch: Epoch,
         msg: Message,
     ) -> Result<Message, i32> {
+        self.call_reply_until(osd, shard, epoch, msg, std::future::pending())
+            .await
+    }
+
+    /// Like [`Peers::call_reply`], but gives up with EAGAIN as soon as `give_up`
+    /// completes (the replica left the write set in a newer map: a black-holed
+    /// peer must not hold the client's write for the whole `replica_timeout_ms`).
+    pub async fn call_reply_until(
+        self: &Rc<Self>,
+        osd: &OsdInfo,
+        shard: u16,
+        epoch: Epoch,
+        msg: Message,
+        give_up: impl std::future::Future<Output = ()>,
+    ) -> Result<Message, i32> {
         let peer = match self.get(osd, shard, epoch).await {
             Ok(p) => p,
             Err(()) => return Err(status::EAGAIN),
@@ -116,12 +131,22 @@ impl Peers {
                 return Err(status::EAGAIN);
             }
             let timeout = self.call_timeout;
-            let wait = async { rx.await.ok() };
+            let wait = async { Some(rx.await.ok()) };
             let expire = async {
                 reactor::sleep(timeout).await;
+                Some(None)
+            };
+            let abandon = async {
+                give_up.await;
                 None
             };
-            let r = futures_lite::future::or(wait, expire).await;
+            let r = futures_lite::future::or(futures_lite::future::or(wait, expire), abandon).await;
+            let Some(r) = r else {
+                // Abandoned: the connection stays (the peer may be fine, only no
+                // longer needed); its late reply finds no waiter and is dropped.
+                peer.pending.borrow_mut().remove(&id);
+                return Err(status::EAGAIN);
+            };
             if r.is_none() {
                 peer.pending.borrow_mut().remove(&id);
             }

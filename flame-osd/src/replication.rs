@@ -44,13 +44,16 @@ impl Shard {
                 let peers = self.peers.clone();
                 let fwd = with_replica_flag(&msg);
                 let view = view.clone();
+                let me = self.clone();
                 reactor::spawn(async move {
                     // Checked above: every replica is in this view's map.
                     let Some(osd) = view.map.osds.get(&id) else {
                         return (status::EAGAIN, None);
                     };
+                    let epoch = view.map.epoch;
+                    let gone = me.left_write_set(target.pg, id, epoch);
                     match peers
-                        .call_reply(osd, osd.shard_of(target.pg), view.map.epoch, fwd)
+                        .call_reply_until(osd, osd.shard_of(target.pg), epoch, fwd, gone)
                         .await
                     {
                         Ok(Message::Reply { status, epoch, .. }) => (status, Some(epoch)),

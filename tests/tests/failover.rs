@@ -394,12 +394,35 @@ fn old_map_answers(
 
 #[test]
 fn a_partitioned_primary_is_replaced_and_acknowledges_nothing_after_its_lease() {
-    let cluster = TestCluster::start_with(options(true, true));
+    partition_under_writes(true, options(true, true));
+}
+
+/// A replica cut off without a connection reset: the primary stops waiting for it
+/// once the map drops it from the write set, long before `replica_timeout_ms`
+/// (left at its 10 s default here).
+#[test]
+fn a_partitioned_replica_holds_writes_no_longer_than_the_grace() {
+    partition_under_writes(
+        false,
+        ClusterOptions {
+            osd_extra_yaml: "lease_ms: 2000\nconnect_timeout_ms: 1000\n".into(),
+            ..options(true, true)
+        },
+    );
+}
+
+fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
+    let what = if isolate_primary { "primary" } else { "replica" };
+    let cluster = TestCluster::start_with(opts);
     let vol = cluster.create_volume("part", 16 * MIB);
     cluster.wait_nbd_export("part");
     let old_map = cluster.map();
     let members = roles(&old_map, vol.id, 1);
-    let victim = members.primary().unwrap();
+    let victim = if isolate_primary {
+        members.primary().unwrap()
+    } else {
+        members.acting[1]
+    };
     let k = process_of(&cluster, &old_map, victim);
     let ip = cluster.osd_ip(k);
     let mut others = vec![cluster.mgr_ip(), cluster.client_ip()];
@@ -418,7 +441,7 @@ fn a_partitioned_primary_is_replaced_and_acknowledges_nothing_after_its_lease() 
         "isolated OSD marked down",
         || !osd_up(&cluster, victim),
     );
-    println!("isolated {victim} ({ip}) marked down after {down:?}");
+    println!("isolated {what} {victim} ({ip}) marked down after {down:?}");
     // The isolated OSD still believes the old map (where it is primary). Asked
     // directly by a client that also has the old map, from an address the
     // partition does not block, it must not serve: its lease ran out before the
@@ -451,12 +474,12 @@ fn a_partitioned_primary_is_replaced_and_acknowledges_nothing_after_its_lease() 
     for (op, st) in [("read", read), ("write", write)] {
         assert!(
             st == status::EAGAIN || st == status::ESTALE,
-            "the isolated old primary answered a {op} with status {st}, not EAGAIN/ESTALE\n{}",
+            "the isolated old {what} answered a {op} with status {st}, not EAGAIN/ESTALE\n{}",
             cluster.log_tails()
         );
     }
     let r = w.finish(&cluster, Duration::from_secs(60));
-    assert_clean(&cluster, "partition of the primary", &r);
+    assert_clean(&cluster, &format!("partition of the {what}"), &r);
     drop(partition);
     let back = wait_for(
         &cluster,
