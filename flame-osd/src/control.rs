@@ -381,7 +381,9 @@ impl Control {
     ) {
         reported.retain(|_, at| at.elapsed() < FAILURE_REPORT_INTERVAL);
         for failed in self.liveness.take_failed_peers() {
-            if failed == id || reported.contains_key(&failed) {
+            // Already down in this OSD's map: the manager knows.
+            let up = map.load().osds.get(&failed).is_some_and(|o| o.up);
+            if failed == id || !up || reported.contains_key(&failed) {
                 continue;
             }
             reported.insert(failed, Instant::now());
