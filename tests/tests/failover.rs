@@ -412,7 +412,11 @@ fn a_partitioned_replica_holds_writes_no_longer_than_the_grace() {
 }
 
 fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
-    let what = if isolate_primary { "primary" } else { "replica" };
+    let what = if isolate_primary {
+        "primary"
+    } else {
+        "replica"
+    };
     let cluster = TestCluster::start_with(opts);
     let vol = cluster.create_volume("part", 16 * MIB);
     cluster.wait_nbd_export("part");
