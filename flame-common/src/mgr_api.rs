@@ -290,7 +290,9 @@ impl RecoverySummary {
     /// Fraction of the current recovery done, `recovered / (recovered +
     /// remaining)`, in `[0, 1]`; `None` when nothing was or is to be recovered.
     pub fn progress(&self) -> Option<f64> {
-        let all = self.objects_recovered.saturating_add(self.objects_to_recover);
+        let all = self
+            .objects_recovered
+            .saturating_add(self.objects_to_recover);
         (all > 0).then(|| self.objects_recovered as f64 / all as f64)
     }
 }

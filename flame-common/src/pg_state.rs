@@ -27,7 +27,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The state of one placement group: which of the flags in the module table hold.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub struct PgState {
     /// At least `min_size` complete copies are up: I/O is served.
     pub active: bool,
@@ -192,8 +194,7 @@ mod tests {
         // One member down and recorded as having missed writes (the manager's rule):
         // served by the two others.
         m.osds.get_mut(&placed[1]).unwrap().up = false;
-        m.pg_complete
-            .insert(PgId(0), vec![placed[0], placed[2]]);
+        m.pg_complete.insert(PgId(0), vec![placed[0], placed[2]]);
         assert_eq!(state(&m, 0), "active+degraded");
         // Back up: it receives writes while the primary recovers it.
         m.osds.get_mut(&placed[1]).unwrap().up = true;
@@ -226,10 +227,7 @@ mod tests {
         assert!(!s.degraded, "three complete copies are up");
         // The old home down: still remapped (its record is kept), now degraded.
         m.osds.get_mut(&OsdId(3)).unwrap().up = false;
-        assert_eq!(
-            state(&m, pg.0),
-            "active+recovering+remapped+degraded"
-        );
+        assert_eq!(state(&m, pg.0), "active+recovering+remapped+degraded");
     }
 
     #[test]
@@ -263,7 +261,9 @@ mod tests {
             for pg in 0..m.pool.pg_count {
                 if next(2) == 0 {
                     let k = next(ids.len() as u64 + 1) as usize;
-                    let c: Vec<OsdId> = (0..k).map(|_| ids[next(ids.len() as u64) as usize]).collect();
+                    let c: Vec<OsdId> = (0..k)
+                        .map(|_| ids[next(ids.len() as u64) as usize])
+                        .collect();
                     let mut c2 = Vec::new();
                     for id in c {
                         if !c2.contains(&id) {
@@ -304,7 +304,10 @@ mod tests {
     #[test]
     fn filters() {
         assert!(state_matches("active+recovering+degraded", "degraded"));
-        assert!(state_matches("active+recovering+degraded", "active+degraded"));
+        assert!(state_matches(
+            "active+recovering+degraded",
+            "active+degraded"
+        ));
         assert!(!state_matches("active+clean", "degraded"));
         assert!(!state_matches("inactive+degraded", "active"));
         assert!(validate_state_filter("active+degraded").is_ok());

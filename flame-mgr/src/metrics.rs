@@ -6,9 +6,7 @@
 
 use crate::state::ClusterState;
 use flame_common::placement::PgTable;
-use prometheus::{
-    Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-};
+use prometheus::{Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use std::time::Instant;
 
 /// Every metric the manager exports, registered in the default registry.

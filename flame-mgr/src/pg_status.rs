@@ -145,7 +145,10 @@ pub fn pg_health(table: &PgTable, map: &ClusterMap) -> (Vec<String>, Vec<String>
             examples(&incomplete, &|m| if m.down_complete.is_empty() {
                 "no OSD holds it".to_string()
             } else {
-                format!("complete copies on {}, all down", osd_list(&m.down_complete))
+                format!(
+                    "complete copies on {}, all down",
+                    osd_list(&m.down_complete)
+                )
             })
         ));
     }
@@ -423,7 +426,12 @@ mod tests {
         // A recovery of 100 objects at 10 objects (40 MiB) per second on osd.0.
         for sec in 1..=6u64 {
             let at = t0 + Duration::from_secs(sec);
-            t.record(OsdId(0), Some(&progress(100 - 10 * sec, 500 + 10 * sec)), &m, at);
+            t.record(
+                OsdId(0),
+                Some(&progress(100 - 10 * sec, 500 + 10 * sec)),
+                &m,
+                at,
+            );
             t.record(OsdId(1), Some(&progress(0, 0)), &m, at);
         }
         let now = t0 + Duration::from_secs(6);
@@ -506,7 +514,10 @@ mod tests {
         let table = PgTable::new(&m);
         let all = pg_statuses(&table, &m);
         assert_eq!(all.len(), 16);
-        assert!(all.iter().all(|p| p.state == "active+clean" && p.acting == p.placed));
+        assert!(
+            all.iter()
+                .all(|p| p.state == "active+clean" && p.acting == p.placed)
+        );
         assert_eq!(pg_status(&table, &m, PgId(16)), None);
         let (errors, warnings, waits) = pg_health(&table, &m);
         assert!(errors.is_empty() && warnings.is_empty());
@@ -528,7 +539,10 @@ mod tests {
             "{errors:?}"
         );
         // Examples are bounded.
-        assert!(errors[0].matches("pg.").count() <= DETAIL_PGS_MAX, "{errors:?}");
+        assert!(
+            errors[0].matches("pg.").count() <= DETAIL_PGS_MAX,
+            "{errors:?}"
+        );
         let e = pg_status(&table, &m, PgId(0)).unwrap();
         assert_eq!(e.primary, e.acting.first().copied());
         assert_eq!(e.epoch, m.epoch);

@@ -921,7 +921,11 @@ fn io_health(map: &ClusterMap, pgs: &PgTable) -> (Health, Vec<String>) {
         .map(|o| o.id)
         .collect();
     detail_osds(&mut detail, &down, "down");
-    detail_osds(&mut detail, &out, "out (placement gives it no placement groups)");
+    detail_osds(
+        &mut detail,
+        &out,
+        "out (placement gives it no placement groups)",
+    );
     if !out.is_empty() || !down.is_empty() {
         level = level.max(Health::Warn);
     }
@@ -1479,7 +1483,11 @@ mod tests {
         assert!(both > 0);
         let st = s.status(&table, t2);
         assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
-        assert_eq!(st.pg_summary.inactive as usize, both, "{:?}", st.pgs_by_state);
+        assert_eq!(
+            st.pg_summary.inactive as usize, both,
+            "{:?}",
+            st.pgs_by_state
+        );
         let line = st
             .health_detail
             .iter()
@@ -1527,7 +1535,11 @@ mod tests {
             .filter(|(_, m)| m.placed.contains(&OsdId(1)) || m.placed.contains(&OsdId(2)))
             .count();
         assert_eq!(st.pg_summary.inactive, 0, "{:?}", st.pgs_by_state);
-        assert_eq!(st.pg_summary.recovering as usize, either, "{:?}", st.pgs_by_state);
+        assert_eq!(
+            st.pg_summary.recovering as usize, either,
+            "{:?}",
+            st.pgs_by_state
+        );
         assert_eq!(
             st.pgs_by_state
                 .get("active+recovering+degraded")
