@@ -722,4 +722,26 @@ fn pgs_routes_and_recovery_progress() {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("{text}"));
     assert!(rate > 0.0, "{text}");
+    // Every manager metric the Grafana dashboard queries exists.
+    let dashboard = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/flame-dashboard.json"),
+    )
+    .unwrap();
+    let mut rest = dashboard.as_str();
+    let mut checked = 0;
+    while let Some(at) = rest.find("flame_mgr_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        // Histograms are queried by their _bucket series.
+        let base = name.strip_suffix("_bucket").unwrap_or(&name);
+        assert!(
+            text.contains(&format!("# TYPE {base} ")),
+            "the dashboard queries {name}, which the manager does not export"
+        );
+        checked += 1;
+        rest = &rest[at + name.len()..];
+    }
+    assert!(checked > 10, "{checked}");
 }
