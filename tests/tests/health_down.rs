@@ -300,6 +300,19 @@ fn health_and_pg_states_say_what_down_osds_do_to_io() {
         );
     }
     assert_ne!(st.health, "HEALTH_ERR", "{st:?}");
+    // The metric follows: a state no group is in any more is not exported with
+    // its old count, and the counts add up to the pool's groups.
+    let (_, metrics) = http_get(cluster.mgr_addr(), "/metrics").unwrap();
+    assert_eq!(
+        sample(&metrics, "flame_mgr_pgs", "{state=\"inactive+degraded\"}"),
+        None,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "flame_mgr_pgs", "{"),
+        Some(64.0),
+        "{metrics}"
+    );
 }
 
 fn which(tool: &str) -> Result<std::path::PathBuf, ()> {
