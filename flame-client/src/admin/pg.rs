@@ -162,12 +162,20 @@ pub fn query_osd(addr: SocketAddr, pg: PgId) -> std::result::Result<OsdPgLog, St
         .limit(OSD_ANSWER_BYTES_MAX)
         .read_to_vec()
         .map_err(|e| format!("reading the answer: {e}"))?;
-    if status == 404 {
-        return Err("HTTP 404: this OSD does not serve placement-group details".into());
-    }
     if !(200..300).contains(&status) {
-        let text: String = String::from_utf8_lossy(&bytes).chars().take(200).collect();
-        return Err(format!("HTTP {status}: {}", text.trim()));
+        // The OSD's reason when it gives one as `{"error": ...}`.
+        let reason = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("error")?.as_str().map(str::to_string));
+        let text = match reason {
+            Some(r) => r,
+            None if status == 404 => {
+                "this OSD serves no details for this placement group".to_string()
+            }
+            None => String::from_utf8_lossy(&bytes).trim().to_string(),
+        };
+        let text: String = text.chars().take(200).collect();
+        return Err(format!("HTTP {status}: {text}"));
     }
     let log: OsdPgLog =
         serde_json::from_slice(&bytes).map_err(|e| format!("unexpected answer: {e}"))?;
@@ -181,7 +189,15 @@ pub fn query_osd(addr: SocketAddr, pg: PgId) -> std::result::Result<OsdPgLog, St
 pub fn log_line(log: &std::result::Result<OsdPgLog, String>) -> String {
     match log {
         Ok(l) => match (l.log_first_seq, l.log_last_seq) {
-            (Some(a), Some(b)) => format!("seq {a}..={b} ({} writes)", b.saturating_sub(a) + 1),
+            (Some(a), Some(b)) if b < a => format!("empty (next write gets seq {})", b + 1),
+            (Some(a), Some(b)) => {
+                let entries = l
+                    .other
+                    .get("log_entries")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or((b - a).saturating_add(1));
+                format!("seq {a}..={b} ({entries} entries)")
+            }
             (None, None) => "empty (no write logged since the OSD started)".into(),
             (a, b) => format!(
                 "first {}, last {}",
@@ -318,7 +334,14 @@ mod tests {
         .unwrap();
         assert_eq!(log.other.get("entries"), Some(&serde_json::json!(5)));
         let t = pg_info_text(&s, &Ok(log));
-        assert!(t.contains("log bounds     seq 5..=9 (5 writes)"), "{t}");
+        assert!(t.contains("log bounds     seq 5..=9 (5 entries)"), "{t}");
+        let empty: OsdPgLog =
+            serde_json::from_str(r#"{"pg": 1, "log_first_seq": 1, "log_last_seq": 0}"#).unwrap();
+        let t = pg_info_text(&s, &Ok(empty));
+        assert!(
+            t.contains("log bounds     empty (next write gets seq 1)"),
+            "{t}"
+        );
         let t = pg_info_text(&st(2, "inactive+degraded"), &Err("x".into()));
         assert!(t.contains("I/O to this group waits"), "{t}");
     }
@@ -338,7 +361,10 @@ mod tests {
         let t = std::thread::spawn(move || {
             for (i, req) in server.incoming_requests().enumerate() {
                 let r = match i {
-                    0 => tiny_http::Response::from_string("not found").with_status_code(404),
+                    0 => {
+                        tiny_http::Response::from_string(r#"{"error":"no placement group 4 here"}"#)
+                            .with_status_code(404)
+                    }
                     _ => tiny_http::Response::from_string(
                         r#"{"pg": 4, "log_first_seq": 1, "log_last_seq": 2}"#,
                     ),
@@ -350,7 +376,7 @@ mod tests {
             }
         });
         let e = query_osd(addr, PgId(4)).unwrap_err();
-        assert!(e.contains("404"), "{e}");
+        assert_eq!(e, "HTTP 404: no placement group 4 here");
         let log = query_osd(addr, PgId(4)).unwrap();
         assert_eq!((log.log_first_seq, log.log_last_seq), (Some(1), Some(2)));
         t.join().unwrap();
