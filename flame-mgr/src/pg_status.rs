@@ -72,13 +72,30 @@ fn osd_list(ids: &[OsdId]) -> String {
         .join(", ")
 }
 
-/// Health lines about placement groups: `(errors, warnings)`, each one line per
-/// kind of problem with the count and a few example groups, saying what happens
-/// to I/O. Also returns, per group, whether its I/O waits (for the per-volume
-/// detail). Errors: groups whose I/O waits (inactive, incomplete). Warnings:
-/// groups with less redundancy than wanted or data still moving (degraded,
-/// recovering, remapped), whose I/O continues.
-pub fn pg_health(table: &PgTable, map: &ClusterMap) -> (Vec<String>, Vec<String>, Vec<bool>) {
+/// Health lines about placement groups, one per kind of problem with the count,
+/// saying what happens to I/O:
+///
+/// * `errors`: groups whose I/O waits (inactive: below `min_size`; incomplete: no
+///   complete copy up);
+/// * `warnings`: groups with less redundancy than asked for or data still moving
+///   (degraded, recovering, remapped), whose I/O goes on;
+/// * `examples`: one line per kind naming a few groups and the OSDs involved
+///   (`degraded placement groups: pg.3 (acting osd.0, osd.2), ...`), kept apart so
+///   the count lines stay short and stable;
+/// * per group, whether its I/O waits (for the per-volume detail).
+pub struct PgHealth {
+    /// Lines that make health ERR.
+    pub errors: Vec<String>,
+    /// Lines that make health WARN.
+    pub warnings: Vec<String>,
+    /// Example groups per kind.
+    pub examples: Vec<String>,
+    /// Per group number: its I/O waits.
+    pub io_waits: Vec<bool>,
+}
+
+/// Computes [`PgHealth`] for every group of `table`.
+pub fn pg_health(table: &PgTable, map: &ClusterMap) -> PgHealth {
     let pool = &map.pool;
     let total = table.pg_count();
     let mut inactive = Vec::new();
@@ -86,10 +103,10 @@ pub fn pg_health(table: &PgTable, map: &ClusterMap) -> (Vec<String>, Vec<String>
     let mut degraded = Vec::new();
     let mut recovering = Vec::new();
     let mut remapped = Vec::new();
-    let mut waits = Vec::with_capacity(total as usize);
+    let mut io_waits = Vec::with_capacity(total as usize);
     for (pg, m) in table.iter() {
         let s = PgState::of(m, pool);
-        waits.push(s.io_waits());
+        io_waits.push(s.io_waits());
         if s.incomplete {
             incomplete.push((pg, m));
         } else if !s.active {
@@ -104,89 +121,108 @@ pub fn pg_health(table: &PgTable, map: &ClusterMap) -> (Vec<String>, Vec<String>
             remapped.push((pg, m));
         }
     }
-    let examples = |list: &[(PgId, &PgMembers)], show: &dyn Fn(&PgMembers) -> String| {
-        let mut parts: Vec<String> = list
-            .iter()
-            .take(DETAIL_PGS_MAX)
-            .map(|(pg, m)| format!("{pg} ({})", show(m)))
-            .collect();
-        if list.len() > DETAIL_PGS_MAX {
-            parts.push(format!("and {} more", list.len() - DETAIL_PGS_MAX));
-        }
-        parts.join(", ")
-    };
-    let groups = |n: usize| {
-        if n == 1 {
-            format!("1 of {total} placement groups is")
+    let mut examples = Vec::new();
+    let mut example =
+        |kind: &str, list: &[(PgId, &PgMembers)], show: &dyn Fn(&PgMembers) -> String| {
+            if list.is_empty() {
+                return;
+            }
+            let mut parts: Vec<String> = list
+                .iter()
+                .take(DETAIL_PGS_MAX)
+                .map(|(pg, m)| format!("{pg} ({})", show(m)))
+                .collect();
+            if list.len() > DETAIL_PGS_MAX {
+                parts.push(format!("and {} more", list.len() - DETAIL_PGS_MAX));
+            }
+            examples.push(format!("{kind} placement groups: {}", parts.join(", ")));
+        };
+    example("inactive", &inactive, &|m| {
+        format!(
+            "acting {}; waiting for {}",
+            osd_list(&m.acting),
+            osd_list(&m.down_complete)
+        )
+    });
+    example("incomplete", &incomplete, &|m| {
+        if m.down_complete.is_empty() {
+            "no OSD holds it".to_string()
         } else {
-            format!("{n} of {total} placement groups are")
+            format!(
+                "complete copies on {}, all down",
+                osd_list(&m.down_complete)
+            )
+        }
+    });
+    example("degraded", &degraded, &|m| {
+        format!("acting {}", osd_list(&m.acting))
+    });
+    example("recovering", &recovering, &|m| {
+        format!(
+            "{} from {}",
+            osd_list(&m.recovering),
+            m.primary().map_or_else(|| "?".into(), |p| p.to_string())
+        )
+    });
+    example("remapped", &remapped, &|m| {
+        format!(
+            "placed {}; acting {}",
+            osd_list(&m.placed),
+            osd_list(&m.acting)
+        )
+    });
+    let groups = |n: usize, verb_one: &str, verb_many: &str| {
+        if n == 1 {
+            format!("1 of {total} placement groups {verb_one}")
+        } else {
+            format!("{n} of {total} placement groups {verb_many}")
         }
     };
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
     if !inactive.is_empty() {
         errors.push(format!(
-            "{} inactive: fewer than min_size {} complete copies are up, so I/O to them \
-             waits (no error, no stale data) until enough copies are back: {}",
-            groups(inactive.len()),
+            "{} fewer than pool.min_size {} complete copies up: I/O to them waits (no \
+             error, no stale data) until enough copies are back up (inactive)",
+            groups(inactive.len(), "has", "have"),
             pool.min_size,
-            examples(&inactive, &|m| format!(
-                "acting {}; waiting for {}",
-                osd_list(&m.acting),
-                osd_list(&m.down_complete)
-            ))
         ));
     }
     if !incomplete.is_empty() {
         errors.push(format!(
-            "{} incomplete: no complete copy is up, so I/O to them waits until one is \
-             back: {}",
-            groups(incomplete.len()),
-            examples(&incomplete, &|m| if m.down_complete.is_empty() {
-                "no OSD holds it".to_string()
-            } else {
-                format!(
-                    "complete copies on {}, all down",
-                    osd_list(&m.down_complete)
-                )
-            })
+            "{} no complete copy up: I/O to them waits until one is back (incomplete)",
+            groups(incomplete.len(), "has", "have"),
         ));
     }
     if !degraded.is_empty() {
         warnings.push(format!(
-            "{} degraded: fewer than {} complete copies are up; I/O continues on the \
-             copies that are: {}",
-            groups(degraded.len()),
+            "{} degraded (fewer than pool.size {} complete copies up): I/O goes on with \
+             the copies that are up",
+            groups(degraded.len(), "is", "are"),
             pool.size,
-            examples(&degraded, &|m| format!("acting {}", osd_list(&m.acting)))
         ));
     }
     if !recovering.is_empty() {
         warnings.push(format!(
             "{} recovering: their primary copies what the recovering members missed \
-             (they already receive every new write); I/O continues: {}",
-            groups(recovering.len()),
-            examples(&recovering, &|m| format!(
-                "{} from {}",
-                osd_list(&m.recovering),
-                m.primary().map_or_else(|| "?".into(), |p| p.to_string())
-            ))
+             (they already get every new write); I/O goes on",
+            groups(recovering.len(), "is", "are"),
         ));
     }
     if !remapped.is_empty() {
         warnings.push(format!(
             "{} remapped: complete copies are on OSDs placement no longer chooses \
-             (misplaced data); they keep serving until the new members are complete, then \
-             are removed: {}",
-            groups(remapped.len()),
-            examples(&remapped, &|m| format!(
-                "placed {}; acting {}",
-                osd_list(&m.placed),
-                osd_list(&m.acting)
-            ))
+             (misplaced data); they serve until the new members are complete, then are \
+             removed; I/O goes on",
+            groups(remapped.len(), "is", "are"),
         ));
     }
-    (errors, warnings, waits)
+    PgHealth {
+        errors,
+        warnings,
+        examples,
+        io_waits,
+    }
 }
 
 /// Most rate samples kept (one per [`SAMPLE_SPACING`] at most): bounds memory and
@@ -519,9 +555,9 @@ mod tests {
                 .all(|p| p.state == "active+clean" && p.acting == p.placed)
         );
         assert_eq!(pg_status(&table, &m, PgId(16)), None);
-        let (errors, warnings, waits) = pg_health(&table, &m);
-        assert!(errors.is_empty() && warnings.is_empty());
-        assert!(waits.iter().all(|w| !w));
+        let h = pg_health(&table, &m);
+        assert!(h.errors.is_empty() && h.warnings.is_empty() && h.examples.is_empty());
+        assert!(h.io_waits.iter().all(|w| !w));
         // Two OSDs down, nothing recorded: groups with both lose min_size.
         m.osds.get_mut(&OsdId(0)).unwrap().up = false;
         m.osds.get_mut(&OsdId(1)).unwrap().up = false;
@@ -529,20 +565,25 @@ mod tests {
         let (by_state, sum) = summarize(&table, &m);
         assert_eq!(sum.total, 16);
         assert_eq!(by_state.values().sum::<u32>(), 16);
-        let (errors, _warnings, waits) = pg_health(&table, &m);
-        let inactive = waits.iter().filter(|w| **w).count();
+        let h = pg_health(&table, &m);
+        let inactive = h.io_waits.iter().filter(|w| **w).count();
         assert_eq!(inactive as u32, sum.inactive);
         assert!(inactive > 0);
         assert!(
-            errors[0].contains(&format!("{inactive} of 16 placement groups"))
-                && errors[0].contains("waiting for osd.0, osd.1"),
-            "{errors:?}"
+            h.errors[0].starts_with(&format!(
+                "{inactive} of 16 placement groups have fewer than pool.min_size 2"
+            )),
+            "{:?}",
+            h.errors
         );
+        let ex = h
+            .examples
+            .iter()
+            .find(|e| e.starts_with("inactive placement groups: pg."))
+            .unwrap_or_else(|| panic!("{:?}", h.examples));
+        assert!(ex.contains("waiting for osd.0, osd.1"), "{ex}");
         // Examples are bounded.
-        assert!(
-            errors[0].matches("pg.").count() <= DETAIL_PGS_MAX,
-            "{errors:?}"
-        );
+        assert!(ex.matches("pg.").count() <= DETAIL_PGS_MAX, "{ex}");
         let e = pg_status(&table, &m, PgId(0)).unwrap();
         assert_eq!(e.primary, e.acting.first().copied());
         assert_eq!(e.epoch, m.epoch);

@@ -921,40 +921,46 @@ fn io_health(map: &ClusterMap, pgs: &PgTable) -> (Health, Vec<String>) {
         .map(|o| o.id)
         .collect();
     detail_osds(&mut detail, &down, "down");
-    detail_osds(
-        &mut detail,
-        &out,
-        "out (placement gives it no placement groups)",
-    );
+    detail_osds(&mut detail, &out, "out (placement puts no data on it)");
     if !out.is_empty() || !down.is_empty() {
         level = level.max(Health::Warn);
     }
     let n_in = map.osds.values().filter(|o| o.r#in).count();
-    if n_in < map.pool.size as usize {
+    let (size, min_size) = (map.pool.size as usize, map.pool.min_size as usize);
+    // The level comes from the placement-group states below: groups whose old
+    // homes are still complete can serve even with few OSDs in.
+    if n_in < min_size {
         level = level.max(Health::Warn);
         detail.push(format!(
-            "only {n_in} OSDs are in, fewer than pool.size {}: placement groups cannot \
-             have {} copies (with fewer than min_size {} they cannot serve I/O at all)",
-            map.pool.size, map.pool.size, map.pool.min_size
+            "only {n_in} OSDs are in, fewer than pool.min_size {min_size}: placement \
+             groups can only serve from complete copies on OSDs that are out"
+        ));
+    } else if n_in < size {
+        level = level.max(Health::Warn);
+        detail.push(format!(
+            "only {n_in} OSDs are in, fewer than pool.size {size}: placement groups keep \
+             fewer copies than asked for"
         ));
     }
-    let (errors, warnings, io_waits) = crate::pg_status::pg_health(pgs, map);
-    if !errors.is_empty() {
+    let h = crate::pg_status::pg_health(pgs, map);
+    if !h.errors.is_empty() {
         level = Health::Err;
     }
-    if !warnings.is_empty() {
+    if !h.warnings.is_empty() {
         level = level.max(Health::Warn);
     }
-    let blocked = !errors.is_empty();
-    detail.extend(errors);
+    let blocked = !h.errors.is_empty();
+    detail.extend(h.errors);
     if blocked {
-        detail_blocked_volumes(&mut detail, map, &io_waits);
+        detail_blocked_volumes(&mut detail, map, &h.io_waits);
     }
-    detail.extend(warnings);
+    detail.extend(h.warnings);
+    detail.extend(h.examples);
     (level, detail)
 }
 
-/// Appends, per volume with objects in a placement group whose I/O waits, how many
+/// Appends, per volume with objects in a placement group whose I/O waits (the
+/// groups of the error lines just before), how many
 /// (bounded scan, see [`HEALTH_SCAN_OBJECTS_PER_VOLUME`]).
 fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, io_waits: &[bool]) {
     let object_size = u64::from(map.pool.object_size.max(1));
@@ -988,7 +994,7 @@ fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, io_waits: 
                 format!("of its {objects} objects")
             };
             lines.push(format!(
-                "volume {}: {hit} {of} are in placement groups whose I/O waits",
+                "volume {}: {hit} {of} are in those placement groups",
                 vol.name
             ));
         }
@@ -1370,10 +1376,10 @@ mod tests {
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
         assert!(
-            detail
-                .iter()
-                .any(|d| d.starts_with("64 of 64 placement groups are inactive")
-                    && d.contains("I/O to them waits")),
+            detail.iter().any(|d| d.starts_with(
+                "64 of 64 placement groups have fewer than pool.min_size 2 complete \
+                     copies up: I/O to them waits"
+            )),
             "{detail:?}"
         );
         s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
@@ -1395,13 +1401,11 @@ mod tests {
         let st = st_of(&s);
         assert_eq!(st.pgs_by_state.get("active+clean"), Some(&64));
         assert_eq!(st.pg_summary.clean, 64);
-        // Out (but up) OSD: placement gives it nothing; with only 2 in, degraded.
+        // Out (but up) OSD: placement puts nothing there; with only 2 in, degraded.
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = false;
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
-        assert!(
-            detail.contains(&"osd.2 is out (placement gives it no placement groups)".to_string())
-        );
+        assert!(detail.contains(&"osd.2 is out (placement puts no data on it)".to_string()));
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = true;
         s.boot(&boot_req("d", 6930, "h4"), now).unwrap();
         s.persisted.map.osds.get_mut(&OsdId(3)).unwrap().r#in = false;
@@ -1465,8 +1469,10 @@ mod tests {
             .find(|d| d.contains("degraded"))
             .unwrap_or_else(|| panic!("{:?}", st.health_detail));
         assert!(
-            line.starts_with(&format!("{holding} of 64 placement groups are degraded"))
-                && line.contains("I/O continues"),
+            line == &format!(
+                "{holding} of 64 placement groups are degraded (fewer than pool.size 3 \
+                 complete copies up): I/O goes on with the copies that are up"
+            ),
             "{line}"
         );
         assert!(st.health_detail.contains(&"osd.1 is down".to_string()));
@@ -1494,10 +1500,19 @@ mod tests {
             .find(|d| d.contains("inactive"))
             .unwrap_or_else(|| panic!("{:?}", st.health_detail));
         assert!(
-            line.starts_with(&format!("{both} of 64 placement groups are inactive"))
-                && line.contains("I/O to them waits (no error, no stale data)")
-                && line.contains("waiting for osd.2"),
+            line.starts_with(&format!(
+                "{both} of 64 placement groups have fewer than pool.min_size 2 complete \
+                 copies up: I/O to them waits (no error, no stale data)"
+            )),
             "{line}"
+        );
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.starts_with("inactive placement groups: pg.")
+                    && d.contains("waiting for osd.2")),
+            "{:?}",
+            st.health_detail
         );
         // Which volumes: vol-x has 16 objects of 4 MiB.
         let want = (0..16)
@@ -1515,8 +1530,7 @@ mod tests {
         if want > 0 {
             assert!(
                 st.health_detail.contains(&format!(
-                    "volume vol-x: {want} of its 16 objects are in placement groups whose \
-                     I/O waits"
+                    "volume vol-x: {want} of its 16 objects are in those placement groups"
                 )),
                 "{:?}",
                 st.health_detail
@@ -1553,7 +1567,8 @@ mod tests {
         assert!(
             st.health_detail
                 .iter()
-                .any(|d| d.contains("recovering") && d.contains("osd.1 from osd.")),
+                .any(|d| d.starts_with("recovering placement groups: pg.")
+                    && d.contains("osd.1 from osd.")),
             "{:?}",
             st.health_detail
         );
