@@ -84,6 +84,23 @@ fn health_and_pg_states_say_what_down_osds_do_to_io() {
         "{out}"
     );
 
+    // With --json: one status object per line.
+    let out = cluster.admin_ok(&[
+        "status",
+        "--watch",
+        "--interval-ms",
+        "100",
+        "--count",
+        "2",
+        "--json",
+    ]);
+    let lines: Vec<ClusterStatus> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines.iter().all(|s| s.pg_summary.clean == 64), "{out}");
+
     // ---- One OSD down: its groups go on with two complete copies.
     cluster.kill_osd(1);
     let (dead, map) = wait_down(&cluster, 1);
