@@ -272,7 +272,10 @@ pub fn render(mode: WatchMode, status: &std::result::Result<ClusterStatus, Strin
         (WatchMode::Lines, Err(e)) => format!("{} error: {e}\n", utc_time(now)),
         (WatchMode::Json, Ok(s)) => match serde_json::to_string(s) {
             Ok(j) => format!("{j}\n"),
-            Err(e) => format!("{{\"error\": \"encoding JSON: {e}\"}}\n"),
+            Err(e) => {
+                let body = serde_json::json!({ "error": format!("encoding JSON: {e}") });
+                format!("{body}\n")
+            }
         },
         (WatchMode::Json, Err(e)) => {
             let body = serde_json::json!({ "error": e });
