@@ -326,6 +326,8 @@ impl Control {
                 epoch: map.load().epoch,
                 used_bytes: usage.0.load(Ordering::Relaxed),
                 capacity_bytes: usage.1.load(Ordering::Relaxed),
+                // Filled in by the recovery engine; until then nothing to report.
+                recovery: None,
             };
             // The lease counts from when the heartbeat was sent: the manager's
             // grace counts from when it arrived, which is later.
