@@ -356,15 +356,18 @@ impl TestCluster {
 
         let mut osds = Vec::new();
         let mut osd_addrs = Vec::new();
-        // The OSD's lease must outlive two heartbeat intervals: a test that slows
-        // heartbeats down (to keep an OSD's map stale) gets a lease to match,
-        // unless it sets one itself.
-        let lease_yaml = if opts.osd_extra_yaml.contains("lease_ms:")
-            || opts.osd_heartbeat_interval_ms * 2 <= 4000
-        {
+        // The OSDs' lease follows the rule lease_ms + heartbeat_interval_ms <
+        // heartbeat_grace_ms (docs/guarantees.md) for the grace the test chose,
+        // while outliving two heartbeat intervals (the OSD requires it: a test
+        // that slows heartbeats down to keep a map stale gets a lease to match).
+        // A test that sets lease_ms itself keeps it.
+        let interval = opts.osd_heartbeat_interval_ms;
+        let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
+            .clamp(2 * interval, 4000.max(2 * interval));
+        let lease_yaml = if opts.osd_extra_yaml.contains("lease_ms:") {
             String::new()
         } else {
-            format!("lease_ms: {}\n", opts.osd_heartbeat_interval_ms * 2)
+            format!("lease_ms: {lease_ms}\n")
         };
         for i in 0..opts.osds {
             let ip = ips.osds[i];
