@@ -13,6 +13,7 @@ pub mod connection;
 pub mod control;
 pub mod daemon;
 pub mod execute;
+pub mod failpoints;
 pub mod metrics;
 pub mod ordering;
 pub mod peers;

@@ -135,6 +135,7 @@ impl Fs {
 
     /// Makes a directory's entries stable (`fsync` of the directory).
     pub async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        crate::failpoints::check("store_sync")?;
         match self {
             Fs::Real { .. } => {
                 let fd = match reactor::open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0).await {
@@ -394,6 +395,7 @@ impl File {
 
     /// `fdatasync`: everything written to this file is stable when this returns.
     pub async fn datasync(&self) -> io::Result<()> {
+        crate::failpoints::check("store_sync")?;
         match self {
             File::Real { buffered, .. } => {
                 crate::metrics::sync_done(crate::metrics::SyncKind::Fdatasync);

@@ -273,6 +273,7 @@ impl Journal {
             journal: self,
             batch: Some(batch),
         };
+        crate::failpoints::check("journal_write")?;
         file.write(offset, bytes, Some(SyncKind::Journal)).await?;
         requeue.batch = None;
         self.commits.set(self.commits.get() + 1);
@@ -303,6 +304,7 @@ impl Journal {
             self.generation.set(generation);
             self.entries.borrow_mut().clear();
             self.tail.set(JOURNAL_HEADER_LEN);
+            crate::failpoints::check("journal_write")?;
             file.write(0, encode_header(generation), Some(SyncKind::Journal))
                 .await?;
             Ok(())
