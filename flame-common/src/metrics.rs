@@ -26,7 +26,8 @@ pub fn render() -> String {
 /// Extra routes of a daemon's metrics server: given the method, the URL and the
 /// body (bounded by [`EXTRA_BODY_MAX`]), `Some((status, text))` answers the request,
 /// `None` leaves it to the default (404). The OSD's failpoint control uses it.
-pub type ExtraRoutes = std::sync::Arc<dyn Fn(&str, &str, &str) -> Option<(u16, String)> + Send + Sync>;
+pub type ExtraRoutes =
+    std::sync::Arc<dyn Fn(&str, &str, &str) -> Option<(u16, String)> + Send + Sync>;
 
 /// Bytes of a request body the metrics server reads at most (routes take short
 /// text, such as a failpoint action).

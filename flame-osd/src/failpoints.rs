@@ -182,9 +182,15 @@ mod tests {
     #[test]
     fn return_arguments_map_to_errnos() {
         assert_eq!(error_for("x", None).raw_os_error(), Some(libc::EIO));
-        assert_eq!(error_for("x", Some("ENOSPC")).raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(
+            error_for("x", Some("ENOSPC")).raw_os_error(),
+            Some(libc::ENOSPC)
+        );
         assert_eq!(error_for("x", Some("28")).raw_os_error(), Some(28));
-        assert_eq!(error_for("x", Some("bogus")).raw_os_error(), Some(libc::EIO));
+        assert_eq!(
+            error_for("x", Some("bogus")).raw_os_error(),
+            Some(libc::EIO)
+        );
     }
 
     #[test]
@@ -201,7 +207,12 @@ mod tests {
         assert!(l.1.contains("peer_send=1*return(EIO)"), "{l:?}");
         assert!(check("peer_send").is_err());
         assert!(check("peer_send").is_ok(), "1* fires once");
-        assert_eq!(route("PUT", "/failpoints/peer_send", "nonsense(").unwrap().0, 400);
+        assert_eq!(
+            route("PUT", "/failpoints/peer_send", "nonsense(")
+                .unwrap()
+                .0,
+            400
+        );
         assert_eq!(route("DELETE", "/failpoints/peer_send", "").unwrap().0, 200);
         assert_eq!(route("GET", "/other", ""), None);
     }

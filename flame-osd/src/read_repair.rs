@@ -172,9 +172,13 @@ impl Shard {
             .repair_range(target.pg, target.object, first, good.as_slice())
             .await
         {
-            Ok(()) => tracing::warn!(object = %target.object, blocks = end - first, "rewrote blocks the disk failed to read, from another copy"),
+            Ok(()) => {
+                tracing::warn!(object = %target.object, blocks = end - first, "rewrote blocks the disk failed to read, from another copy")
+            }
             // The data is still right: serve it; the next read tries again.
-            Err(e) => tracing::error!(object = %target.object, "rewriting blocks the disk failed to read failed: {e}"),
+            Err(e) => {
+                tracing::error!(object = %target.object, "rewriting blocks the disk failed to read failed: {e}")
+            }
         }
         crate::metrics::read_errors(true);
         let start = (target.offset - lo) as usize;

@@ -1,0 +1,213 @@
+//! Bad disks and failed sends, injected with the OSDs' failpoints (flame-osd built
+//! with `--features flame-osd/failpoints`; docs/guarantees.md, "Storage errors"):
+//!
+//! * a read the primary's disk fails (EIO) is served from another copy, the
+//!   primary's blocks are rewritten from it, and `flame_osd_read_errors_total`
+//!   counts it; only when every copy fails does the read fail;
+//! * a data write the disk fails (EIO) stops that OSD with exit status 74 instead
+//!   of leaving a copy that diverged; it is marked down and the client's writes go
+//!   on with the other copies;
+//! * a forwarded write whose send to a replica fails is answered EAGAIN and resent
+//!   by the client: the client sees no error and the copies agree.
+
+use flame_common::ids::ObjectId;
+use flame_tests::{ClusterOptions, OBJECT_DATA_OFFSET, TOOL_TIMEOUT, TestCluster, output_text};
+use flame_tests::{require_tool, run_bounded};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// Byte `at` (a data offset within the object) of OSD process `i`'s copy of object
+/// 0 of `vol`; with `set`, overwrites it first (behind the OSD's back).
+fn object_byte(
+    cluster: &TestCluster,
+    i: usize,
+    vol: flame_common::ids::VolumeId,
+    at: usize,
+    set: Option<u8>,
+) -> u8 {
+    use std::os::unix::fs::FileExt;
+    let path = cluster.object_path(i, vol, 0);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let pos = (OBJECT_DATA_OFFSET + at) as u64;
+    if let Some(v) = set {
+        f.write_all_at(&[v], pos).unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, pos).unwrap();
+    b[0]
+}
+
+/// Sum over shards of the metric lines starting with `prefix` on OSD process `i`.
+fn metric_sum(cluster: &TestCluster, i: usize, prefix: &str) -> f64 {
+    let (_, body) = flame_tests::http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
+    body.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    let vol = cluster.create_volume("eio", 16 * MIB);
+    cluster.wait_nbd_export("eio");
+    cluster.qemu_io("eio", &["write -P 0x77 0 16384", "flush"]);
+    let osds = cluster.object_osds(ObjectId {
+        volume: vol.id,
+        index: 0,
+    });
+    let primary = osds[0];
+    // The primary's copy differs on disk (behind its back), and every read of its
+    // disk fails: only a copy from a replica can give the right bytes, and only a
+    // rewrite from it restores the byte.
+    let at = 4096 + 10;
+    assert_eq!(object_byte(&cluster, primary, vol.id, at, Some(0x78)), 0x78);
+    let repaired = "flame_osd_read_errors_total{result=\"repaired\"}";
+    let before = cluster.osd_metric(primary, repaired);
+    let checksum_before = cluster.osd_metric(
+        primary,
+        "flame_osd_checksum_errors_total{result=\"repaired\"}",
+    );
+    cluster.set_failpoint(primary, "store_read", "return(EIO)");
+    cluster.qemu_io("eio", &["read -P 0x77 0 16384"]);
+    assert!(
+        cluster.osd_metric(primary, repaired) > before,
+        "osd process {primary} did not count the failed read as repaired\n{}",
+        cluster.log_tails()
+    );
+    assert_eq!(
+        cluster.osd_metric(
+            primary,
+            "flame_osd_checksum_errors_total{result=\"repaired\"}"
+        ),
+        checksum_before,
+        "the read went through the checksum path, not the I/O error path"
+    );
+    cluster.clear_failpoint(primary, "store_read");
+    assert_eq!(
+        object_byte(&cluster, primary, vol.id, at, None),
+        0x77,
+        "the primary's copy was not rewritten from another copy"
+    );
+    // The primary's own copy now serves (and verifies).
+    cluster.qemu_io("eio", &["read -P 0x77 0 16384"]);
+
+    // Every copy fails: the read fails with EIO (never made-up data), counted.
+    let unrepaired = "flame_osd_read_errors_total{result=\"unrepaired\"}";
+    let before = cluster.osd_metric(primary, unrepaired);
+    for &i in &osds {
+        cluster.set_failpoint(i, "store_read", "return(EIO)");
+    }
+    let out = run_bounded(
+        Command::new(require_tool("qemu-io"))
+            .args(["-f", "raw", "-r"])
+            .arg(cluster.nbd_uri("eio"))
+            .args(["-c", "read -P 0x77 0 4096"]),
+        TOOL_TIMEOUT,
+    );
+    let text = output_text(&out);
+    assert!(
+        text.contains("Input/output error"),
+        "a read no copy can serve must fail with EIO: {text}"
+    );
+    assert!(cluster.osd_metric(primary, unrepaired) > before);
+    for &i in &osds {
+        cluster.clear_failpoint(i, "store_read");
+    }
+    cluster.qemu_io("eio", &["read -P 0x77 0 16384"]);
+}
+
+#[test]
+fn a_write_error_stops_the_osd_and_the_others_go_on() {
+    let mut cluster = TestCluster::start_with(ClusterOptions {
+        heartbeat_grace_ms: 3000,
+        ..ClusterOptions::with_nbd()
+    });
+    let vol = cluster.create_volume("weio", 32 * MIB);
+    cluster.wait_nbd_export("weio");
+    cluster.qemu_io("weio", &["write -P 0x11 0 32M", "flush"]);
+    // The failing OSD is a replica of object 0, so the first write below reaches it
+    // through a primary that stays up.
+    let osds = cluster.object_osds(ObjectId {
+        volume: vol.id,
+        index: 0,
+    });
+    let bad = osds[1];
+    cluster.set_failpoint(bad, "store_write", "return(EIO)");
+    let started = Instant::now();
+    // Every object gets a write; each one the bad OSD holds fails there.
+    cluster.qemu_io(
+        "weio",
+        &[
+            "write -P 0x22 0 8M",
+            "write -P 0x22 8M 8M",
+            "write -P 0x22 16M 8M",
+            "write -P 0x22 24M 8M",
+            "flush",
+            "read -P 0x22 0 32M",
+        ],
+    );
+    let status = cluster.osd_exit_status(bad);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(74),
+        "osd process {bad} must stop with status 74 on a failed write (got {status:?})\n{}",
+        cluster.log_tails()
+    );
+    eprintln!(
+        "writes completed across the OSD's exit in {:?}",
+        started.elapsed()
+    );
+    // The two remaining copies agree byte for byte on object 0 (the writes went on
+    // without the stopped OSD).
+    let others: Vec<usize> = (0..cluster.osd_count()).filter(|&i| i != bad).collect();
+    let a = cluster
+        .object_data(others[0], vol.id, 0)
+        .unwrap_or_default();
+    let b = cluster
+        .object_data(others[1], vol.id, 0)
+        .unwrap_or_default();
+    assert_eq!(a.len(), b.len());
+    assert!(a == b, "the copies that stayed up differ");
+    assert!(a.iter().take(4 * MIB as usize).all(|&x| x == 0x22));
+}
+
+#[test]
+fn a_failed_send_to_a_replica_is_retried_and_the_client_sees_no_error() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    let vol = cluster.create_volume("psend", 16 * MIB);
+    cluster.wait_nbd_export("psend");
+    cluster.qemu_io("psend", &["write -P 0x01 0 64k"]);
+    let osds = cluster.object_osds(ObjectId {
+        volume: vol.id,
+        index: 0,
+    });
+    let primary = osds[0];
+    let errors_before = metric_sum(&cluster, primary, "flame_osd_errors_total{op=\"write\"");
+    // The primary's next two forwards fail to send (its connection to that
+    // replica is dropped each time); the client resends.
+    cluster.set_failpoint(primary, "peer_send", "2*return(EPIPE)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    cluster.qemu_io("psend", &["write -P 0x5c 0 64k", "read -P 0x5c 0 64k"]);
+    assert!(Instant::now() < deadline);
+    let errors = metric_sum(&cluster, primary, "flame_osd_errors_total{op=\"write\"");
+    assert!(
+        errors >= errors_before + 1.0,
+        "the failpoint did not fail a forward (write errors {errors_before} -> {errors})"
+    );
+    cluster.clear_failpoint(primary, "peer_send");
+    for &i in &osds {
+        let data = cluster.object_data(i, vol.id, 0).unwrap_or_default();
+        assert!(
+            data.len() >= 65536 && data[..65536].iter().all(|&b| b == 0x5c),
+            "osd process {i}'s copy of the retried write differs"
+        );
+    }
+}
