@@ -189,6 +189,27 @@ pub struct ClusterState {
     runtime: BTreeMap<OsdId, OsdRuntime>,
     /// `MgrConfig::new_osds_in_with_volumes`.
     pub new_osds_in_with_volumes: bool,
+    /// `MgrConfig::nearfull_ratio` and `full_ratio`.
+    pub full_ratios: FullRatios,
+}
+
+/// The used fractions of an OSD's file system at which it is nearfull (a warning)
+/// and full (writes to its placement groups fail with ENOSPC).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FullRatios {
+    /// `MgrConfig::nearfull_ratio`.
+    pub nearfull: f64,
+    /// `MgrConfig::full_ratio`.
+    pub full: f64,
+}
+
+impl Default for FullRatios {
+    fn default() -> Self {
+        FullRatios {
+            nearfull: 0.85,
+            full: 0.95,
+        }
+    }
 }
 
 impl ClusterState {
@@ -217,6 +238,7 @@ impl ClusterState {
             persisted,
             runtime,
             new_osds_in_with_volumes: false,
+            full_ratios: FullRatios::default(),
         }
     }
 
@@ -439,11 +461,58 @@ impl ClusterState {
         rt.used_bytes = hb.used_bytes;
         rt.capacity_bytes = hb.capacity_bytes;
         rt.usage_reported = true;
+        let fullness_changed = self.update_fullness(hb);
         if came_up {
             info!("{} heartbeat: marked up", hb.id);
+        }
+        if came_up || fullness_changed {
             self.bump_epoch();
         }
         Ok(())
+    }
+
+    /// Records whether the reporting OSD is full or nearfull (in the map, so every
+    /// primary refuses writes to a full OSD's groups from the same epoch on).
+    /// Whether that changed. An OSD that reports no capacity (statvfs failed) is
+    /// judged neither.
+    fn update_fullness(&mut self, hb: &OsdHeartbeat) -> bool {
+        let ratio = if hb.capacity_bytes == 0 {
+            0.0
+        } else {
+            hb.used_bytes as f64 / hb.capacity_bytes as f64
+        };
+        let full = ratio >= self.full_ratios.full;
+        let nearfull = !full && ratio >= self.full_ratios.nearfull;
+        let map = &mut self.persisted.map;
+        let was = (
+            map.full_osds.contains(&hb.id),
+            map.nearfull_osds.contains(&hb.id),
+        );
+        if was == (full, nearfull) {
+            return false;
+        }
+        for (set, now) in [
+            (&mut map.full_osds, full),
+            (&mut map.nearfull_osds, nearfull),
+        ] {
+            if now {
+                set.insert(hb.id);
+            } else {
+                set.remove(&hb.id);
+            }
+        }
+        let pct = ratio * 100.0;
+        if full {
+            warn!(
+                "{} is full ({pct:.1}% used): writes to its placement groups fail with ENOSPC",
+                hb.id
+            );
+        } else if nearfull {
+            warn!("{} is nearfull ({pct:.1}% used)", hb.id);
+        } else {
+            info!("{} has space again ({pct:.1}% used)", hb.id);
+        }
+        true
     }
 
     /// Marks down every up OSD not heard from for longer than `grace`, in one epoch,
@@ -873,6 +942,7 @@ pub fn health(
     pending_trims: &BTreeMap<VolumeId, TrimRange>,
 ) -> (Health, Vec<String>) {
     let (level, mut detail) = io_health(map, acting);
+    let level = level.max(space_health(map, &mut detail));
     if pending_trims.is_empty() {
         return (level, detail);
     }
@@ -886,6 +956,32 @@ pub fn health(
         ));
     }
     (level.max(Health::Warn), detail)
+}
+
+/// Full OSDs (ERR: writes to their placement groups fail with ENOSPC) and nearfull
+/// ones (WARN), as the map records them from the OSDs' heartbeats.
+fn space_health(map: &ClusterMap, detail: &mut Vec<String>) -> Health {
+    let mut level = Health::Ok;
+    if !map.full_osds.is_empty() {
+        level = Health::Err;
+        let ids: Vec<String> = map.full_osds.iter().map(ToString::to_string).collect();
+        detail.push(format!(
+            "{} full (file system used at or above full_ratio): writes to their placement \
+             groups fail with ENOSPC until space is freed (discards and write-zeroes still \
+             work); free space or add OSDs",
+            ids.join(", ")
+        ));
+    }
+    if !map.nearfull_osds.is_empty() {
+        level = level.max(Health::Warn);
+        let ids: Vec<String> = map.nearfull_osds.iter().map(ToString::to_string).collect();
+        detail.push(format!(
+            "{} nearfull (file system used at or above nearfull_ratio): writes fail with \
+             ENOSPC once full_ratio is reached",
+            ids.join(", ")
+        ));
+    }
+    level
 }
 
 /// The OSD and placement-group part of [`health`].
@@ -1045,7 +1141,49 @@ mod tests {
             epoch: Epoch(0),
             used_bytes: 10,
             capacity_bytes: 100,
+            object_bytes: 5,
         }
+    }
+
+    #[test]
+    fn full_and_nearfull_osds_are_in_the_map_and_in_health() {
+        let mut s = state();
+        let now = Instant::now();
+        for (u, port, host) in [("a", 6900, "h1"), ("b", 6910, "h2"), ("c", 6920, "h3")] {
+            s.boot(&boot_req(u, port, host), now).unwrap();
+        }
+        let a = s.map().osds.keys().next().copied().unwrap();
+        let uuid = "a";
+        let report = |s: &mut ClusterState, used: u64| {
+            let mut h = hb(a, uuid);
+            h.used_bytes = used;
+            h.capacity_bytes = 1000;
+            s.heartbeat(&h, now).unwrap();
+        };
+        report(&mut s, 500);
+        let e0 = s.epoch();
+        assert!(s.map().full_osds.is_empty() && s.map().nearfull_osds.is_empty());
+        report(&mut s, 860);
+        assert!(s.map().nearfull_osds.contains(&a));
+        assert!(s.epoch() > e0, "a fullness change is a new epoch");
+        let st = s.status(&acting_sets(s.map()));
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
+        assert!(st.health_detail.iter().any(|d| d.contains("nearfull")));
+        let e1 = s.epoch();
+        report(&mut s, 870);
+        assert_eq!(s.epoch(), e1, "no change, no epoch");
+        report(&mut s, 950);
+        assert!(s.map().full_osds.contains(&a) && !s.map().nearfull_osds.contains(&a));
+        let st = s.status(&acting_sets(s.map()));
+        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.contains("full") && d.contains("ENOSPC"))
+        );
+        report(&mut s, 100);
+        assert!(s.map().full_osds.is_empty() && s.map().nearfull_osds.is_empty());
+        assert_eq!(s.status(&acting_sets(s.map())).health, "HEALTH_OK");
     }
 
     fn create(s: &mut ClusterState, name: &str, size: u64) -> Result<VolumeInfo, StateError> {

@@ -194,6 +194,7 @@ fn heartbeat(id: OsdId, uuid: &str) -> OsdHeartbeat {
         epoch: Epoch(0),
         used_bytes: 1000,
         capacity_bytes: 1 << 30,
+        object_bytes: 500,
     }
 }
 

@@ -9,7 +9,9 @@
 //! data write, zeroing and discard included), `store_sync` (an `fdatasync` of an
 //! object or a directory `fsync`), `store_meta_write` (an object's header and
 //! checksums, written at FLUSH), `journal_write` (an intent-journal write),
-//! `peer_send` (a request the primary forwards, before it is sent).
+//! `peer_send` (a request the primary forwards, before it is sent), and
+//! `disk_usage`, whose `return(F)` makes the heartbeat report the fraction `F`
+//! (0..=1) of the file system used ([`forced_usage`]: tests of nearfull/full).
 //!
 //! Actions are the `fail` crate's strings (<https://docs.rs/fail>): `return(EIO)`,
 //! `1*return(ENOSPC)`, `10%return(EIO)`, `off`. The convention for errors: the
@@ -27,13 +29,14 @@
 use std::io;
 
 /// Every failpoint the OSD has.
-pub const POINTS: [&str; 6] = [
+pub const POINTS: [&str; 7] = [
     "store_read",
     "store_write",
     "store_sync",
     "store_meta_write",
     "journal_write",
     "peer_send",
+    "disk_usage",
 ];
 
 /// The error an action's `return(ARG)` stands for: an errno name or number; none
@@ -76,6 +79,25 @@ pub fn check(name: &'static str) -> io::Result<()> {
         arg.as_deref()
     )));
     Ok(())
+}
+
+/// The used fraction the `disk_usage` failpoint forces (`return(0.97)`), if set.
+#[cfg(feature = "failpoints")]
+pub fn forced_usage() -> Option<f64> {
+    let forced = (|| {
+        fail::fail_point!("disk_usage", |arg: Option<String>| arg
+            .and_then(|a| a.trim().parse::<f64>().ok())
+            .filter(|f| (0.0..=1.0).contains(f)));
+        None
+    })();
+    forced
+}
+
+/// Failpoints are not compiled in: the real usage.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn forced_usage() -> Option<f64> {
+    None
 }
 
 /// Failpoints are not compiled in: never fails.

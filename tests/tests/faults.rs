@@ -211,3 +211,126 @@ fn a_failed_send_to_a_replica_is_retried_and_the_client_sees_no_error() {
         );
     }
 }
+
+/// Runs qemu-io on `volume` with `commands`; returns (success, output).
+fn qemu_io_try(cluster: &TestCluster, volume: &str, commands: &[&str]) -> (bool, String) {
+    let mut cmd = Command::new(require_tool("qemu-io"));
+    cmd.arg("-f").arg("raw").arg(cluster.nbd_uri(volume));
+    for c in commands {
+        cmd.arg("-c").arg(c);
+    }
+    let out = run_bounded(&mut cmd, TOOL_TIMEOUT);
+    let text = output_text(&out);
+    let ok = out.status.success() && !text.contains("failed") && !text.contains("error");
+    (ok, text)
+}
+
+/// Waits (bounded) until `flame-admin status` says `health` and mentions `word`.
+fn wait_health(cluster: &TestCluster, health: &str, word: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = output_text(&cluster.admin(&["status"]));
+        if text.contains(health) && text.contains(word) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never showed {health} with '{word}':\n{text}\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_full_osd_fails_writes_with_enospc_until_space_is_freed() {
+    let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    cluster.create_volume("full", 16 * MIB);
+    cluster.wait_nbd_export("full");
+    cluster.qemu_io("full", &["write -P 0x11 0 128k", "flush"]);
+    // With three OSDs and three copies, every write set has OSD process 0.
+    cluster.set_failpoint(0, "disk_usage", "return(0.97)");
+    wait_health(&cluster, "HEALTH_ERR", "full");
+    // Every OSD gets the map within a heartbeat or two; until then a write may
+    // still pass, so wait (bounded) for the first refusal.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let (ok, text) = qemu_io_try(&cluster, "full", &["write -P 0x22 0 64k"]);
+        if !ok {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "writes never failed on a full OSD"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(
+        text.contains("No space left on device"),
+        "a write to a full OSD must fail with ENOSPC: {text}"
+    );
+    // The refused write changed nothing; reads and discards (which free space) work.
+    cluster.qemu_io(
+        "full",
+        &[
+            "read -P 0x11 64k 64k",
+            "discard 64k 64k",
+            "read -P 0 64k 64k",
+        ],
+    );
+    let (ok, text) = qemu_io_try(&cluster, "full", &["write -P 0x33 0 4k"]);
+    assert!(!ok && text.contains("No space left on device"), "{text}");
+    cluster.qemu_io("full", &["read -P 0x11 4k 60k"]);
+
+    // Space freed down to nearfull: a warning, and writes work again.
+    cluster.set_failpoint(0, "disk_usage", "return(0.90)");
+    wait_health(&cluster, "HEALTH_WARN", "nearfull");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (ok, text) = qemu_io_try(&cluster, "full", &["write -P 0x44 0 64k"]);
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "writes never resumed: {text}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    cluster.qemu_io("full", &["read -P 0x44 0 64k", "read -P 0 64k 64k"]);
+    cluster.clear_failpoint(0, "disk_usage");
+    wait_health(&cluster, "HEALTH_OK", "");
+}
+
+#[test]
+fn enospc_from_the_disk_reaches_the_client_and_the_osd_stays_up() {
+    let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    let vol = cluster.create_volume("enospc", 16 * MIB);
+    cluster.wait_nbd_export("enospc");
+    cluster.qemu_io("enospc", &["write -P 0x11 0 64k", "flush"]);
+    let osds = cluster.object_osds(ObjectId {
+        volume: vol.id,
+        index: 0,
+    });
+    let replica = osds[2];
+    cluster.set_failpoint(replica, "store_write", "return(ENOSPC)");
+    let (ok, text) = qemu_io_try(&cluster, "enospc", &["write -P 0x22 0 64k"]);
+    assert!(
+        !ok && text.contains("No space left on device"),
+        "a disk's ENOSPC must reach the client as ENOSPC, not EIO: {text}"
+    );
+    assert!(
+        cluster.osd_exit_status(replica).is_none(),
+        "a full disk must not stop the OSD"
+    );
+    cluster.clear_failpoint(replica, "store_write");
+    cluster.qemu_io(
+        "enospc",
+        &["write -P 0x33 0 64k", "flush", "read -P 0x33 0 64k"],
+    );
+    for &i in &osds {
+        let data = cluster.object_data(i, vol.id, 0).unwrap_or_default();
+        assert!(
+            data.len() >= 65536 && data[..65536].iter().all(|&b| b == 0x33),
+            "osd process {i}'s copy differs after the rewrite"
+        );
+    }
+    cluster.assert_all_running();
+}
