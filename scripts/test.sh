@@ -84,6 +84,8 @@ cargo fmt --all -- --check
 
 section "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# The failpoints code is compiled only with its feature: lint it too.
+cargo clippy -p flame-osd --all-targets --features failpoints -- -D warnings
 
 section "cargo build --workspace --bins --features flame-osd/failpoints"
 # The integration tests (tests/) start these binaries, so they are built first —
