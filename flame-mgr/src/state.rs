@@ -962,9 +962,18 @@ pub fn health(
 /// ones (WARN), as the map records them from the OSDs' heartbeats.
 fn space_health(map: &ClusterMap, detail: &mut Vec<String>) -> Health {
     let mut level = Health::Ok;
-    if !map.full_osds.is_empty() {
+    // Only OSDs still in the map (one removed while full leaves no warning).
+    let listed = |set: &std::collections::BTreeSet<OsdId>| -> Vec<String> {
+        set.iter()
+            .filter(|id| map.osds.contains_key(id))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let full = listed(&map.full_osds);
+    let nearfull = listed(&map.nearfull_osds);
+    if !full.is_empty() {
         level = Health::Err;
-        let ids: Vec<String> = map.full_osds.iter().map(ToString::to_string).collect();
+        let ids = full;
         detail.push(format!(
             "{} full (file system used at or above full_ratio): writes to their placement \
              groups fail with ENOSPC until space is freed (discards and write-zeroes still \
@@ -972,9 +981,9 @@ fn space_health(map: &ClusterMap, detail: &mut Vec<String>) -> Health {
             ids.join(", ")
         ));
     }
-    if !map.nearfull_osds.is_empty() {
+    if !nearfull.is_empty() {
         level = level.max(Health::Warn);
-        let ids: Vec<String> = map.nearfull_osds.iter().map(ToString::to_string).collect();
+        let ids = nearfull;
         detail.push(format!(
             "{} nearfull (file system used at or above nearfull_ratio): writes fail with \
              ENOSPC once full_ratio is reached",

@@ -7,6 +7,8 @@
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager.
+//! [`failpoints`] injects disk and network faults in test builds (feature
+//! `failpoints`).
 
 pub mod config;
 pub mod connection;
