@@ -401,3 +401,86 @@ fn a_failed_sync_metadata_or_journal_write_stops_the_osd_and_io_goes_on() {
         );
     }
 }
+
+/// Unmounts (lazily) a tmpfs a test mounted, also when the test fails.
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Restarts OSD process `i` with its data directory on a tmpfs of `size`
+/// (its files copied over): a disk that really fills up.
+fn move_onto_tmpfs(cluster: &mut TestCluster, i: usize, size: &str) -> Tmpfs {
+    cluster.kill_osd(i);
+    let dir = cluster.osd_data_dir(i);
+    let saved = dir.with_extension("saved");
+    std::fs::rename(&dir, &saved).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    flame_tests::run_ok(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size}"))
+            .arg("tmpfs")
+            .arg(&dir),
+        Duration::from_secs(10),
+    );
+    let guard = Tmpfs(dir.clone());
+    flame_tests::run_ok(
+        Command::new("cp").arg("-a").arg(saved.join(".")).arg(&dir),
+        Duration::from_secs(10),
+    );
+    cluster.restart_osd(i);
+    guard
+}
+
+/// A disk that really fills (a 64 MiB tmpfs under one OSD): writes fail with
+/// ENOSPC ("No space left on device" in qemu-io) — from the manager's full_ratio
+/// or from the disk itself, whichever comes first — no OSD stops, what was written
+/// before reads back intact, and once space is freed (a discard) writes succeed
+/// again.
+#[test]
+fn a_disk_that_fills_up_fails_writes_with_enospc_and_recovers_when_freed() {
+    let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
+    cluster.create_volume("tiny", 128 * MIB);
+    cluster.wait_nbd_export("tiny");
+    cluster.qemu_io("tiny", &["write -P 0x11 0 1M", "flush"]);
+    let _tmpfs = move_onto_tmpfs(&mut cluster, 0, "64m");
+    cluster.qemu_io("tiny", &["read -P 0x11 0 1M"]);
+    let mut refused = None;
+    for k in 1..32u64 {
+        let w = format!("write -P 0x22 {} 4M", k * 4 * MIB);
+        let (ok, text) = qemu_io_try(&cluster, "tiny", &[&w, "flush"]);
+        if !ok {
+            refused = Some((k, text));
+            break;
+        }
+    }
+    let (k, text) = refused.expect("128 MiB of writes fit on a 64 MiB disk");
+    assert!(
+        text.contains("No space left on device"),
+        "a full disk must fail writes with ENOSPC (write {k}): {text}\n{}",
+        cluster.log_tails()
+    );
+    cluster.assert_all_running();
+    // Nothing written before is damaged.
+    cluster.qemu_io("tiny", &["read -P 0x11 0 1M", "read -P 0x22 4M 4M"]);
+    // Free the space: discard everything but the first object.
+    cluster.qemu_io("tiny", &["discard 4M 124M", "flush"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, text) = qemu_io_try(&cluster, "tiny", &["write -P 0x33 4M 4M", "flush"]);
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "writes never resumed after freeing space: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    cluster.qemu_io("tiny", &["read -P 0x33 4M 4M", "read -P 0x11 0 1M"]);
+    cluster.assert_all_running();
+}
