@@ -436,11 +436,12 @@ fn move_onto_tmpfs(cluster: &mut TestCluster, i: usize, size: &str) -> Tmpfs {
     guard
 }
 
-/// A disk that really fills (a 64 MiB tmpfs under one OSD): writes fail with
-/// ENOSPC ("No space left on device" in qemu-io) — from the manager's full_ratio
-/// or from the disk itself, whichever comes first — no OSD stops, what was written
-/// before reads back intact, and once space is freed (a discard) writes succeed
-/// again.
+/// A disk that really fills (a 64 MiB tmpfs under one OSD, whose reported usage
+/// is held at 0 so the manager's full_ratio never steps in): writes fail with
+/// ENOSPC from the disk itself ("No space left on device" in qemu-io), no OSD
+/// stops (the space of object metadata and of the intent journal is reserved, so
+/// a FLUSH never meets ENOSPC), what was written before reads back intact, and
+/// once space is freed (a discard) writes succeed again.
 #[test]
 fn a_disk_that_fills_up_fails_writes_with_enospc_and_recovers_when_freed() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
@@ -448,6 +449,7 @@ fn a_disk_that_fills_up_fails_writes_with_enospc_and_recovers_when_freed() {
     cluster.wait_nbd_export("tiny");
     cluster.qemu_io("tiny", &["write -P 0x11 0 1M", "flush"]);
     let _tmpfs = move_onto_tmpfs(&mut cluster, 0, "64m");
+    cluster.set_failpoint(0, "disk_usage", "return(0.0)");
     cluster.qemu_io("tiny", &["read -P 0x11 0 1M"]);
     let mut refused = None;
     for k in 1..32u64 {

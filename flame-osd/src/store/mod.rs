@@ -495,6 +495,13 @@ impl ObjectStore {
         if self.checksums && !created {
             load_meta(&state).await?;
         }
+        if self.checksums && create {
+            // The header and the first block of checksums (every checksum of a
+            // 4 MiB object) are written at FLUSH, when ENOSPC would stop the OSD:
+            // reserve their space now, where it fails the write with ENOSPC instead
+            // (also for a file an earlier, failed attempt created).
+            state.file.allocate(0, (HEADER_LEN + BLOCK) as u64).await?;
+        }
         // Another task may have opened it while this one waited: use theirs, whose
         // checksums may already be newer than the disk's.
         if let Some(s) = self.cached(object) {
