@@ -7,10 +7,10 @@
 //! the user unchanged, because it is the manager that knows what was wrong.
 
 use crate::error::ClientError;
-use flame_common::ids::OsdId;
+use flame_common::ids::{OsdId, PgId};
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
 use flame_common::mgr_api::{
-    ApiError, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus, TrimDone, VolumeCreate,
+    ApiError, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus, PgStatus, TrimDone, VolumeCreate,
     VolumeResize, VolumeTrim,
 };
 use serde::Serialize;
@@ -69,13 +69,22 @@ pub fn base_url(addr: &str) -> Result<String, ClientError> {
 impl MgrClient {
     /// A client of the manager at `addr` (`host:port` or `http://host:port`).
     pub fn new(addr: &str) -> Result<MgrClient, ClientError> {
+        Self::new_from(addr, None)
+    }
+
+    /// Like [`MgrClient::new`], with connections leaving from local address
+    /// `source` when given (the client's `bind_addr`).
+    pub fn new_from(
+        addr: &str,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<MgrClient, ClientError> {
         let base = base_url(addr)?;
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let config = ureq::Agent::config_builder()
             // Error statuses carry an ApiError body we want to show.
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(3)))
-            .build()
-            .into();
+            .build();
+        let agent = flame_common::http::agent(config, source);
         Ok(MgrClient { base, agent })
     }
 
@@ -105,6 +114,16 @@ impl MgrClient {
     /// Every OSD with its usage.
     pub fn osds(&self) -> Result<Vec<OsdStatus>, ClientError> {
         self.get("/v1/osds", CALL_TIMEOUT)
+    }
+
+    /// Every placement group's state and roles.
+    pub fn pgs(&self) -> Result<Vec<PgStatus>, ClientError> {
+        self.get("/v1/pgs", CALL_TIMEOUT)
+    }
+
+    /// One placement group's state and roles.
+    pub fn pg(&self, pg: PgId) -> Result<PgStatus, ClientError> {
+        self.get(&format!("/v1/pgs/{}", pg.0), CALL_TIMEOUT)
     }
 
     /// Every volume.

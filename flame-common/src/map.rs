@@ -159,6 +159,17 @@ pub struct ClusterMap {
     /// reused, so a tombstone can never name a live volume.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub deleted_volumes: BTreeSet<VolumeId>,
+    /// OSDs whose file system is at least the manager's `full_ratio` used. A
+    /// primary refuses a write (ENOSPC) when any OSD that must apply it is here, so
+    /// no disk runs out of space half-way through a replicated write; discards and
+    /// write-zeroes still pass (they free space). In the map so that every primary
+    /// sees the same set at the same epoch.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub full_osds: BTreeSet<OsdId>,
+    /// OSDs at least `nearfull_ratio` used (and not full): a warning in status only,
+    /// I/O is unchanged.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub nearfull_osds: BTreeSet<OsdId>,
 }
 
 /// Most tombstones [`ClusterMap::deleted_volumes`] keeps (the newest ids): bounds the
@@ -177,6 +188,8 @@ impl ClusterMap {
             volumes: BTreeMap::new(),
             pg_complete: BTreeMap::new(),
             deleted_volumes: BTreeSet::new(),
+            full_osds: BTreeSet::new(),
+            nearfull_osds: BTreeSet::new(),
         }
     }
 

@@ -64,6 +64,14 @@ pub struct MgrConfig {
     /// Pool settings, used only when the cluster is created: they are fixed after
     /// that (changing them would move every object).
     pub pool: PoolConfig,
+    /// An OSD whose file system is at least this fraction used is *nearfull*:
+    /// `flame-admin status` warns (HEALTH_WARN); I/O is unchanged.
+    pub nearfull_ratio: f64,
+    /// An OSD whose file system is at least this fraction used is *full*: writes
+    /// to its placement groups fail with ENOSPC (HEALTH_ERR) until space is freed
+    /// (discards and write-zeroes still pass). Leaves room for what is in flight
+    /// and for the OSD's own metadata.
+    pub full_ratio: f64,
 }
 
 impl Default for MgrConfig {
@@ -78,6 +86,8 @@ impl Default for MgrConfig {
             min_down_reporters: crate::state::MIN_DOWN_REPORTERS_DEFAULT,
             failure_report_min_silence_ms: 5000,
             pool: PoolConfig::default(),
+            nearfull_ratio: 0.85,
+            full_ratio: 0.95,
         }
     }
 }
@@ -139,6 +149,18 @@ impl Validate for MgrConfig {
                 format!("must be 1..={MIN_DOWN_REPORTERS_MAX}"),
             ));
         }
+        if !(self.nearfull_ratio > 0.0 && self.nearfull_ratio <= 1.0) {
+            return Err(("nearfull_ratio".into(), "must be in (0, 1]".into()));
+        }
+        if !(self.full_ratio > 0.0 && self.full_ratio <= 1.0) {
+            return Err(("full_ratio".into(), "must be in (0, 1]".into()));
+        }
+        if self.nearfull_ratio > self.full_ratio {
+            return Err((
+                "nearfull_ratio".into(),
+                format!("must not exceed full_ratio ({})", self.full_ratio),
+            ));
+        }
         self.pool.validate()
     }
 }
@@ -163,6 +185,8 @@ mod tests {
             "lease 4000 + interval 1000"
         );
         assert_eq!(c.pool, PoolConfig::default());
+        assert_eq!(c.nearfull_ratio, 0.85);
+        assert_eq!(c.full_ratio, 0.95);
     }
 
     #[test]
@@ -198,6 +222,8 @@ mod tests {
             ("pool:\n  min_size: 4\n", "pool.min_size"),
             ("pool:\n  sise: 4\n", "sise"),
             ("listen: nowhere\n", "listen"),
+            ("full_ratio: 1.5\n", "full_ratio"),
+            ("nearfull_ratio: 0.99\n", "nearfull_ratio"),
         ] {
             let e = parse_str::<MgrConfig>(yaml, "t").unwrap_err().to_string();
             assert!(e.contains(key), "{yaml:?} → {e}");

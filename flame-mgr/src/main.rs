@@ -13,6 +13,7 @@ mod api;
 mod config;
 mod failure;
 mod metrics;
+mod pg_status;
 mod shared;
 mod state;
 mod store;
@@ -157,6 +158,10 @@ async fn serve(
     cluster_state.min_down_reporters = config.min_down_reporters;
     cluster_state.heartbeat_grace = Duration::from_millis(config.heartbeat_grace_ms);
     cluster_state.report_min_silence = Duration::from_millis(config.failure_report_min_silence_ms);
+    cluster_state.full_ratios = state::FullRatios {
+        nearfull: config.nearfull_ratio,
+        full: config.full_ratio,
+    };
     let shared = shared::Shared::new(store, cluster_state, metrics);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

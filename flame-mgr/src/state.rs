@@ -20,7 +20,7 @@ use flame_common::mgr_api::{
     PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport, TrimDone, TrimRange, VolumeCreate, VolumeResize,
     VolumeTrim,
 };
-use flame_common::placement::{PgMembers, pg_osds};
+use flame_common::placement::{PgMembers, PgTable, pg_osds};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -253,6 +253,29 @@ pub struct ClusterState {
     /// only once the manager has not heard from it for this long, i.e. once its
     /// lease has run out (see [`Self::failure_report`]).
     pub report_min_silence: Duration,
+    /// Recovery figures from heartbeats (progress, rate, ETA); runtime only.
+    pub recovery: crate::pg_status::RecoveryTracker,
+    /// `MgrConfig::nearfull_ratio` and `full_ratio`.
+    pub full_ratios: FullRatios,
+}
+
+/// The used fractions of an OSD's file system at which it is nearfull (a warning)
+/// and full (writes to its placement groups fail with ENOSPC).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FullRatios {
+    /// `MgrConfig::nearfull_ratio`.
+    pub nearfull: f64,
+    /// `MgrConfig::full_ratio`.
+    pub full: f64,
+}
+
+impl Default for FullRatios {
+    fn default() -> Self {
+        FullRatios {
+            nearfull: 0.85,
+            full: 0.95,
+        }
+    }
 }
 
 impl ClusterState {
@@ -287,6 +310,8 @@ impl ClusterState {
             min_down_reporters: MIN_DOWN_REPORTERS_DEFAULT,
             heartbeat_grace: HEARTBEAT_GRACE_DEFAULT,
             report_min_silence: REPORT_MIN_SILENCE_DEFAULT,
+            recovery: crate::pg_status::RecoveryTracker::new(),
+            full_ratios: FullRatios::default(),
         }
     }
 
@@ -512,13 +537,62 @@ impl ClusterState {
         rt.capacity_bytes = hb.capacity_bytes;
         rt.usage_reported = true;
         rt.down_since = None;
+        let fullness_changed = self.update_fullness(hb);
         if came_up {
             info!("{} heartbeat: marked up", hb.id);
             // Reports about its previous outage must not take it down again.
             self.failure_reports.remove(&hb.id);
+        }
+        if came_up || fullness_changed {
             self.bump_epoch();
         }
+        let map = &self.persisted.map;
+        self.recovery.record(hb.id, hb.recovery.as_ref(), map, now);
         Ok(())
+    }
+
+    /// Records whether the reporting OSD is full or nearfull (in the map, so every
+    /// primary refuses writes to a full OSD's groups from the same epoch on).
+    /// Whether that changed. An OSD that reports no capacity (statvfs failed) is
+    /// judged neither.
+    fn update_fullness(&mut self, hb: &OsdHeartbeat) -> bool {
+        let ratio = if hb.capacity_bytes == 0 {
+            0.0
+        } else {
+            hb.used_bytes as f64 / hb.capacity_bytes as f64
+        };
+        let full = ratio >= self.full_ratios.full;
+        let nearfull = !full && ratio >= self.full_ratios.nearfull;
+        let map = &mut self.persisted.map;
+        let was = (
+            map.full_osds.contains(&hb.id),
+            map.nearfull_osds.contains(&hb.id),
+        );
+        if was == (full, nearfull) {
+            return false;
+        }
+        for (set, now) in [
+            (&mut map.full_osds, full),
+            (&mut map.nearfull_osds, nearfull),
+        ] {
+            if now {
+                set.insert(hb.id);
+            } else {
+                set.remove(&hb.id);
+            }
+        }
+        let pct = ratio * 100.0;
+        if full {
+            warn!(
+                "{} is full ({pct:.1}% used): writes to its placement groups fail with ENOSPC",
+                hb.id
+            );
+        } else if nearfull {
+            warn!("{} is nearfull ({pct:.1}% used)", hb.id);
+        } else {
+            info!("{} has space again ({pct:.1}% used)", hb.id);
+        }
+        true
     }
 
     /// Marks `ids` (up OSDs) down at `now`: each misses the writes from now on
@@ -1177,10 +1251,12 @@ impl ClusterState {
         Ok(vol)
     }
 
-    /// `GET /v1/status`. `acting` is [`acting_sets`] of the current map.
-    pub fn status(&self, acting: &[Vec<OsdId>]) -> ClusterStatus {
+    /// `GET /v1/status`. `pgs` is the [`PgTable`] of the current map; `now`
+    /// dates the recovery rate.
+    pub fn status(&self, pgs: &PgTable, now: Instant) -> ClusterStatus {
         let map = &self.persisted.map;
-        let (health, health_detail) = health(map, acting, &self.persisted.pending_trims);
+        let (health, health_detail) = health(map, pgs, &self.persisted.pending_trims);
+        let (pgs_by_state, pg_summary) = crate::pg_status::summarize(pgs, map);
         ClusterStatus {
             fsid: map.fsid.clone(),
             health: health.as_str().to_string(),
@@ -1209,15 +1285,27 @@ impl ClusterState {
                     .filter(|id| !self.runtime.get(id).is_some_and(|r| r.usage_reported))
                     .count(),
             ),
+            pgs_by_state,
+            pg_summary,
+            recovery: self.recovery.summary(map, now),
         }
     }
 
-    /// `GET /v1/osds`. `acting` is [`acting_sets`] of the current map.
-    pub fn osd_statuses(&self, acting: &[Vec<OsdId>], now: Instant) -> Vec<OsdStatus> {
+    /// `GET /v1/osds`. `table` is the [`PgTable`] of the current map.
+    pub fn osd_statuses(&self, table: &PgTable, now: Instant) -> Vec<OsdStatus> {
         let mut pgs: BTreeMap<OsdId, u32> = BTreeMap::new();
-        for set in acting {
-            for id in set {
-                *pgs.entry(*id).or_default() += 1;
+        // Members: placed, or holding a complete copy (up or down).
+        let mut members: Vec<OsdId> = Vec::new();
+        for (_, m) in table.iter() {
+            members.clear();
+            for &id in m.placed.iter().chain(&m.acting).chain(&m.down_complete) {
+                if !members.contains(&id) {
+                    members.push(id);
+                }
+            }
+            for &id in &members {
+                debug_assert!(m.is_member(id));
+                *pgs.entry(id).or_default() += 1;
             }
         }
         self.persisted
@@ -1300,8 +1388,6 @@ fn validate_volume_size(size: u64) -> Result<(), StateError> {
     Ok(())
 }
 
-/// The acting set of every placement group of `map`, indexed by PG number. Costs
-/// `pg_count × osds` hash draws, so callers cache it per epoch.
 /// The OSDs holding complete copies of `pg`: the manager's record, or the placed
 /// OSDs when there is none.
 pub fn complete_copies(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
@@ -1309,12 +1395,6 @@ pub fn complete_copies(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
         Some(c) => c.clone(),
         None => pg_osds(map, pg),
     }
-}
-
-pub fn acting_sets(map: &ClusterMap) -> Vec<Vec<OsdId>> {
-    (0..map.pool.pg_count)
-        .map(|pg| pg_osds(map, PgId(pg)))
-        .collect()
 }
 
 /// Cluster health levels, ordered by severity.
@@ -1361,25 +1441,26 @@ const HEALTH_SCAN_OBJECTS_PER_VOLUME: u64 = 1 << 16;
 const HEALTH_SCAN_OBJECTS_TOTAL: u64 = 1 << 20;
 
 /// Computes health and the reasons for it, saying what happens to I/O — which is
-/// what an operator needs to know — rather than naming states.
+/// what an operator needs to know — as well as naming the placement-group states
+/// (see `flame_common::pg_state`).
 ///
-/// What the data path does (see `flame_common::placement::PgMembers`): a placement
-/// group serves reads and writes while at least `pool.min_size` of its complete
-/// copies are up; a write is acknowledged once every complete copy that is up and
-/// every recovering member has applied it. With fewer complete copies up, I/O to
-/// the group waits (EAGAIN, the client retries: no error, no stale data) until
-/// enough are back.
+/// What the data path does (see `PgMembers`): a group serves reads and writes
+/// while at least `pool.min_size` complete copies are up (a write is acknowledged
+/// once every acting and recovering member applied it); with fewer, I/O to it
+/// waits — the OSDs answer EAGAIN and the client retries — until enough copies are
+/// back.
 ///
-/// ERR: no OSDs, fewer OSDs in than `pool.min_size`, or some placement group below
-/// `min_size` (its I/O waits). WARN: an OSD is down or out, a group is degraded
-/// (fewer than `pool.size` complete copies up) or recovering/moving, or a shrunk
+/// ERR: no OSDs, or some placement group is inactive or incomplete (its I/O
+/// waits). WARN: an OSD is down or out, some group is degraded, recovering or
+/// remapped (I/O continues, redundancy is reduced or data is moving), or a shrunk
 /// volume's old bytes are not yet trimmed.
 pub fn health(
     map: &ClusterMap,
-    acting: &[Vec<OsdId>],
+    pgs: &PgTable,
     pending_trims: &BTreeMap<VolumeId, TrimRange>,
 ) -> (Health, Vec<String>) {
-    let (level, mut detail) = io_health(map, acting);
+    let (level, mut detail) = io_health(map, pgs);
+    let level = level.max(space_health(map, &mut detail));
     if pending_trims.is_empty() {
         return (level, detail);
     }
@@ -1395,8 +1476,43 @@ pub fn health(
     (level.max(Health::Warn), detail)
 }
 
+/// Full OSDs (ERR: writes to their placement groups fail with ENOSPC) and nearfull
+/// ones (WARN), as the map records them from the OSDs' heartbeats.
+fn space_health(map: &ClusterMap, detail: &mut Vec<String>) -> Health {
+    let mut level = Health::Ok;
+    // Only OSDs still in the map (one removed while full leaves no warning).
+    let listed = |set: &std::collections::BTreeSet<OsdId>| -> Vec<String> {
+        set.iter()
+            .filter(|id| map.osds.contains_key(id))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let full = listed(&map.full_osds);
+    let nearfull = listed(&map.nearfull_osds);
+    if !full.is_empty() {
+        level = Health::Err;
+        let ids = full;
+        detail.push(format!(
+            "{} full (file system used at or above full_ratio): writes to their placement \
+             groups fail with ENOSPC until space is freed (discards and write-zeroes still \
+             work); free space or add OSDs",
+            ids.join(", ")
+        ));
+    }
+    if !nearfull.is_empty() {
+        level = level.max(Health::Warn);
+        let ids = nearfull;
+        detail.push(format!(
+            "{} nearfull (file system used at or above nearfull_ratio): writes fail with \
+             ENOSPC once full_ratio is reached",
+            ids.join(", ")
+        ));
+    }
+    level
+}
+
 /// The OSD and placement-group part of [`health`].
-fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
+fn io_health(map: &ClusterMap, pgs: &PgTable) -> (Health, Vec<String>) {
     let mut level = Health::Ok;
     let mut detail = Vec::new();
     if map.osds.is_empty() {
@@ -1422,11 +1538,13 @@ fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
     }
     let n_in = map.osds.values().filter(|o| o.r#in).count();
     let (size, min_size) = (map.pool.size as usize, map.pool.min_size as usize);
+    // The level comes from the placement-group states below: groups whose old
+    // homes are still complete can serve even with few OSDs in.
     if n_in < min_size {
-        level = Health::Err;
+        level = level.max(Health::Warn);
         detail.push(format!(
-            "only {n_in} OSDs are in, fewer than pool.min_size {min_size}: I/O waits \
-             until enough OSDs are in"
+            "only {n_in} OSDs are in, fewer than pool.min_size {min_size}: placement \
+             groups can only serve from complete copies on OSDs that are out"
         ));
     } else if n_in < size {
         level = level.max(Health::Warn);
@@ -1435,57 +1553,27 @@ fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
              fewer copies than asked for"
         ));
     }
-    let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
-    // Placement groups whose I/O waits (fewer than min_size complete copies up),
-    // degraded ones (I/O goes on with fewer than size) and moving ones.
-    let mut waits = vec![false; acting.len()];
-    let (mut n_wait, mut n_degraded, mut n_moving) = (0usize, 0usize, 0usize);
-    for (pg, placed) in acting.iter().enumerate() {
-        let complete: &[OsdId] = map
-            .pg_complete
-            .get(&PgId(pg as u32))
-            .map_or(placed.as_slice(), Vec::as_slice);
-        let complete_up = complete.iter().filter(|id| up(id)).count();
-        if complete_up == 0 || complete_up < min_size {
-            waits[pg] = true;
-            n_wait += 1;
-        } else if complete_up < size {
-            n_degraded += 1;
-        }
-        if complete != placed.as_slice() {
-            n_moving += 1;
-        }
-    }
-    let total = acting.len();
-    if n_wait > 0 {
+    let h = crate::pg_status::pg_health(pgs, map);
+    if !h.errors.is_empty() {
         level = Health::Err;
-        detail.push(format!(
-            "{n_wait} of {total} placement groups have fewer than pool.min_size \
-             {min_size} complete copies up: I/O to them waits (no error) until enough \
-             copies are back up"
-        ));
-        detail_blocked_volumes(&mut detail, map, &waits);
     }
-    if n_degraded > 0 {
+    if !h.warnings.is_empty() {
         level = level.max(Health::Warn);
-        detail.push(format!(
-            "{n_degraded} of {total} placement groups are degraded (fewer than \
-             pool.size {size} complete copies up): I/O goes on with the copies that are up"
-        ));
     }
-    if n_moving > 0 {
-        level = level.max(Health::Warn);
-        detail.push(format!(
-            "{n_moving} of {total} placement groups are recovering or moving: some \
-             placed OSDs do not hold a complete copy yet"
-        ));
+    let blocked = !h.errors.is_empty();
+    detail.extend(h.errors);
+    if blocked {
+        detail_blocked_volumes(&mut detail, map, &h.io_waits);
     }
+    detail.extend(h.warnings);
+    detail.extend(h.examples);
     (level, detail)
 }
 
-/// Appends, per volume with objects in a placement group whose I/O waits, how many
+/// Appends, per volume with objects in a placement group whose I/O waits (the
+/// groups of the error lines just before), how many
 /// (bounded scan, see [`HEALTH_SCAN_OBJECTS_PER_VOLUME`]).
-fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wait: &[bool]) {
+fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, io_waits: &[bool]) {
     let object_size = u64::from(map.pool.object_size.max(1));
     let mut budget = HEALTH_SCAN_OBJECTS_TOTAL;
     let mut lines = Vec::new();
@@ -1507,7 +1595,7 @@ fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wai
                     },
                     map.pool.pg_count,
                 );
-                writes_wait.get(pg.0 as usize).copied().unwrap_or(false)
+                io_waits.get(pg.0 as usize).copied().unwrap_or(false)
             })
             .count();
         if hit > 0 {
@@ -1571,7 +1659,53 @@ mod tests {
             epoch: Epoch(0),
             used_bytes: 10,
             capacity_bytes: 100,
+            recovery: None,
+            object_bytes: 5,
         }
+    }
+
+    #[test]
+    fn full_and_nearfull_osds_are_in_the_map_and_in_health() {
+        let mut s = state();
+        let now = Instant::now();
+        for (u, port, host) in [("a", 6900, "h1"), ("b", 6910, "h2"), ("c", 6920, "h3")] {
+            s.boot(&boot_req(u, port, host), now).unwrap();
+        }
+        let a = s.map().osds.keys().next().copied().unwrap();
+        let uuid = "a";
+        let report = |s: &mut ClusterState, used: u64| {
+            let mut h = hb(a, uuid);
+            h.used_bytes = used;
+            h.capacity_bytes = 1000;
+            s.heartbeat(&h, now).unwrap();
+        };
+        report(&mut s, 500);
+        let e0 = s.epoch();
+        assert!(s.map().full_osds.is_empty() && s.map().nearfull_osds.is_empty());
+        report(&mut s, 860);
+        assert!(s.map().nearfull_osds.contains(&a));
+        assert!(s.epoch() > e0, "a fullness change is a new epoch");
+        let st = s.status(&PgTable::new(s.map()), Instant::now());
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
+        assert!(st.health_detail.iter().any(|d| d.contains("nearfull")));
+        let e1 = s.epoch();
+        report(&mut s, 870);
+        assert_eq!(s.epoch(), e1, "no change, no epoch");
+        report(&mut s, 950);
+        assert!(s.map().full_osds.contains(&a) && !s.map().nearfull_osds.contains(&a));
+        let st = s.status(&PgTable::new(s.map()), Instant::now());
+        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.contains("full") && d.contains("ENOSPC"))
+        );
+        report(&mut s, 100);
+        assert!(s.map().full_osds.is_empty() && s.map().nearfull_osds.is_empty());
+        assert_eq!(
+            s.status(&PgTable::new(s.map()), Instant::now()).health,
+            "HEALTH_OK"
+        );
     }
 
     fn create(s: &mut ClusterState, name: &str, size: u64) -> Result<VolumeInfo, StateError> {
@@ -2263,7 +2397,7 @@ mod tests {
         s.heartbeat(&hb(a, "u-a"), t0 + grace * 10).unwrap();
         assert!(s.map().osds[&a].up);
         assert_eq!(s.epoch(), Epoch(e.0 + 2));
-        let st = s.osd_statuses(&acting_sets(s.map()), t0 + grace * 10);
+        let st = s.osd_statuses(&PgTable::new(s.map()), t0 + grace * 10);
         assert_eq!(st[0].used_bytes, 10);
         assert_eq!(st[0].capacity_bytes, 100);
         assert_eq!(st[0].last_heartbeat_ms_ago, Some(0));
@@ -2279,7 +2413,7 @@ mod tests {
         let mut s = ClusterState::new(s.persisted.clone(), t1);
         let grace = Duration::from_secs(6);
         assert!(s.mark_down_silent(t1 + grace, grace).is_empty());
-        let st = s.osd_statuses(&[], t1);
+        let st = s.osd_statuses(&PgTable::new(s.map()), t1);
         assert_eq!(st[0].last_heartbeat_ms_ago, None);
         assert_eq!(s.mark_down_silent(t1 + grace * 2, grace), vec![OsdId(0)]);
     }
@@ -2357,33 +2491,41 @@ mod tests {
         let mut s = state();
         let now = Instant::now();
         let h = |s: &ClusterState| {
-            let st = s.status(&acting_sets(s.map()));
+            let st = st_of(s);
             (st.health, st.health_detail)
         };
         assert_eq!(h(&s).0, "HEALTH_ERR", "no OSDs at all");
         s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
-        // One OSD, min_size 2: I/O waits.
+        // One OSD: one copy, below min_size 2: every group's I/O waits.
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
         assert!(
-            detail
-                .iter()
-                .any(|d| d.contains("fewer than pool.min_size") && d.contains("I/O waits")),
+            detail.iter().any(|d| d.starts_with(
+                "64 of 64 placement groups have fewer than pool.min_size 2 complete \
+                     copies up: I/O to them waits"
+            )),
             "{detail:?}"
         );
         s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
-        // Two of three copies: I/O goes on, degraded.
+        // Two of three copies: min_size is met, I/O is served, redundancy is low.
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
         assert!(
+            detail.iter().any(|d| d.contains("fewer than pool.size")),
+            "{detail:?}"
+        );
+        assert!(
             detail
                 .iter()
-                .any(|d| d.contains("64 of 64 placement groups are degraded")),
+                .any(|d| d.starts_with("64 of 64 placement groups are degraded")),
             "{detail:?}"
         );
         s.boot(&boot_req("c", 6920, "h3"), now).unwrap();
         assert_eq!(h(&s), ("HEALTH_OK".to_string(), vec![]));
-        // Out (but up) OSD: placement puts no data on it.
+        let st = st_of(&s);
+        assert_eq!(st.pgs_by_state.get("active+clean"), Some(&64));
+        assert_eq!(st.pg_summary.clean, 64);
+        // Out (but up) OSD: placement puts nothing there; with only 2 in, degraded.
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = false;
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
@@ -2395,44 +2537,104 @@ mod tests {
         assert_eq!(lvl, "HEALTH_WARN", "out with enough in: {detail:?}");
     }
 
-    /// Health says what happens to I/O when OSDs are down, with the true counts:
-    /// with one of three copies down I/O goes on (degraded); below min_size it
-    /// waits, and health names the volumes concerned.
+    /// The status of `s` now, with its placement table.
+    fn st_of(s: &ClusterState) -> ClusterStatus {
+        s.status(&PgTable::new(s.map()), Instant::now())
+    }
+
+    /// Health says what happens to I/O as OSDs go down, with the true counts from
+    /// the placement-group states: one OSD down (its groups carry on without it,
+    /// the manager's rule) is a warning, I/O continues; a second one down puts the
+    /// groups that had both below min_size: an error, I/O to them waits, and the
+    /// volumes with objects there are named. Back up, the first OSD's groups
+    /// recover.
     #[test]
-    fn health_says_what_happens_when_an_osd_is_down() {
+    fn health_says_what_happens_when_osds_go_down() {
         let mut s = state();
-        let now = Instant::now();
-        for (i, u) in ["a", "b", "c", "d"].iter().enumerate() {
-            s.boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), now)
+        let t0 = Instant::now();
+        let uuids = ["a", "b", "c", "d"];
+        for (i, u) in uuids.iter().enumerate() {
+            let id = s
+                .boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), t0)
                 .unwrap();
+            s.heartbeat(&hb(id, u), t0).unwrap();
         }
         create(&mut s, "vol-x", 64 << 20).unwrap();
-        s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
-        let placed = acting_sets(s.map());
-        let holding = placed.iter().filter(|set| set.contains(&OsdId(1))).count();
+        let grace = Duration::from_secs(5);
+        let beat_all_but = |s: &mut ClusterState, silent: &[u32], at: Instant| {
+            for (i, u) in uuids.iter().enumerate() {
+                if !silent.contains(&(i as u32)) {
+                    s.heartbeat(&hb(OsdId(i as u32), u), at).unwrap();
+                }
+            }
+        };
+        let t1 = t0 + grace * 2;
+        beat_all_but(&mut s, &[1], t1);
+        assert_eq!(s.mark_down_silent(t1, grace), vec![OsdId(1)]);
+        let table = PgTable::new(s.map());
+        let holding = table
+            .iter()
+            .filter(|(_, m)| m.placed.contains(&OsdId(1)))
+            .count();
         assert!(holding > 0);
-        let st = s.status(&placed);
+        let st = s.status(&table, t1);
         assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
+        assert_eq!(st.pg_summary.degraded as usize, holding);
+        assert_eq!(st.pg_summary.inactive, 0);
+        assert_eq!(
+            st.pgs_by_state.get("active+degraded").copied().unwrap_or(0) as usize,
+            holding,
+            "{:?}",
+            st.pgs_by_state
+        );
+        let line = st
+            .health_detail
+            .iter()
+            .find(|d| d.contains("degraded"))
+            .unwrap_or_else(|| panic!("{:?}", st.health_detail));
         assert!(
-            st.health_detail.contains(&format!(
+            line == &format!(
                 "{holding} of 64 placement groups are degraded (fewer than pool.size 3 \
                  complete copies up): I/O goes on with the copies that are up"
-            )),
-            "{:?}",
-            st.health_detail
+            ),
+            "{line}"
         );
-        // A second OSD down: groups holding both wait.
-        s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().up = false;
-        let both = |set: &Vec<OsdId>| set.contains(&OsdId(1)) && set.contains(&OsdId(2));
-        let waiting = placed.iter().filter(|set| both(set)).count();
-        assert!(waiting > 0);
-        let st = s.status(&placed);
+        assert!(st.health_detail.contains(&"osd.1 is down".to_string()));
+
+        // A second OSD down: groups that had both are left with one complete copy.
+        let t2 = t1 + grace * 2;
+        beat_all_but(&mut s, &[1, 2], t2);
+        assert_eq!(s.mark_down_silent(t2, grace), vec![OsdId(2)]);
+        let table = PgTable::new(s.map());
+        let both = table
+            .iter()
+            .filter(|(_, m)| m.placed.contains(&OsdId(1)) && m.placed.contains(&OsdId(2)))
+            .count();
+        assert!(both > 0);
+        let st = s.status(&table, t2);
         assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        assert_eq!(
+            st.pg_summary.inactive as usize, both,
+            "{:?}",
+            st.pgs_by_state
+        );
+        let line = st
+            .health_detail
+            .iter()
+            .find(|d| d.contains("inactive"))
+            .unwrap_or_else(|| panic!("{:?}", st.health_detail));
         assert!(
-            st.health_detail.iter().any(|d| d.starts_with(&format!(
-                "{waiting} of 64 placement groups have fewer than pool.min_size 2 complete \
-                 copies up: I/O to them waits"
-            ))),
+            line.starts_with(&format!(
+                "{both} of 64 placement groups have fewer than pool.min_size 2 complete \
+                 copies up: I/O to them waits (no error, no stale data)"
+            )),
+            "{line}"
+        );
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.starts_with("inactive placement groups: pg.")
+                    && d.contains("waiting for osd.2")),
             "{:?}",
             st.health_detail
         );
@@ -2446,7 +2648,7 @@ mod tests {
                     },
                     64,
                 );
-                both(&placed[pg.0 as usize])
+                !table.pg(pg).active
             })
             .count();
         if want > 0 {
@@ -2458,28 +2660,39 @@ mod tests {
                 st.health_detail
             );
         }
-        // Complete copies count, not placement: a group whose record says only
-        // osd.0 is complete waits although two placed OSDs are up.
-        s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().up = true;
-        let pg = (0..64)
-            .find(|&pg| placed[pg].contains(&OsdId(0)) && !placed[pg].contains(&OsdId(1)))
-            .unwrap();
-        s.persisted
-            .map
-            .pg_complete
-            .insert(PgId(pg as u32), vec![OsdId(0)]);
-        let st = s.status(&placed);
-        assert!(
-            st.health_detail
-                .iter()
-                .any(|d| d.starts_with("1 of 64 placement groups have fewer than pool.min_size")),
+
+        // Both back. osd.2 stayed complete where its group waited for it (no write
+        // could be acknowledged without it) and serves there at once; everywhere
+        // else each of them missed writes and is recovered.
+        let t3 = t2 + grace;
+        beat_all_but(&mut s, &[], t3);
+        let table = PgTable::new(s.map());
+        let st = s.status(&table, t3);
+        let either = table
+            .iter()
+            .filter(|(_, m)| m.placed.contains(&OsdId(1)) || m.placed.contains(&OsdId(2)))
+            .count();
+        assert_eq!(st.pg_summary.inactive, 0, "{:?}", st.pgs_by_state);
+        assert_eq!(
+            st.pg_summary.recovering as usize, either,
             "{:?}",
-            st.health_detail
+            st.pgs_by_state
         );
+        assert_eq!(
+            st.pgs_by_state
+                .get("active+recovering+degraded")
+                .copied()
+                .unwrap_or(0) as usize,
+            st.pg_summary.degraded as usize,
+            "{:?}",
+            st.pgs_by_state
+        );
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
         assert!(
             st.health_detail
                 .iter()
-                .any(|d| d.starts_with("1 of 64 placement groups are recovering or moving")),
+                .any(|d| d.starts_with("recovering placement groups: pg.")
+                    && d.contains("osd.1 from osd.")),
             "{:?}",
             st.health_detail
         );
@@ -2516,7 +2729,7 @@ mod tests {
         };
         assert_eq!(s.volume_trim("v").unwrap().pending, Some(want));
         // Health says so.
-        let st = s.status(&[]);
+        let st = st_of(&s);
         assert!(
             st.health_detail
                 .iter()
@@ -2580,8 +2793,8 @@ mod tests {
         }
         create(&mut s, "x", 4096).unwrap();
         create(&mut s, "y", 8192).unwrap();
-        let acting = acting_sets(s.map());
-        let st = s.status(&acting);
+        let acting = PgTable::new(s.map());
+        let st = s.status(&acting, now);
         assert_eq!(st.provisioned_bytes, 4096 + 8192);
         assert_eq!(st.used_bytes, 40);
         assert_eq!(st.capacity_bytes, 400);
@@ -2600,23 +2813,23 @@ mod tests {
         let now = Instant::now();
         let a = s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
         let b = s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
-        let st = s.status(&[]);
+        let st = st_of(&s);
         assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
         assert!(
-            s.osd_statuses(&[], now)
+            s.osd_statuses(&PgTable::new(s.map()), now)
                 .iter()
                 .all(|o| o.awaiting_first_report)
         );
         s.heartbeat(&hb(a, "a"), now).unwrap();
-        assert_eq!(s.status(&[]).osds_awaiting_first_report, 1);
-        let osds = s.osd_statuses(&[], now);
+        assert_eq!(st_of(&s).osds_awaiting_first_report, 1);
+        let osds = s.osd_statuses(&PgTable::new(s.map()), now);
         assert!(!osds[0].awaiting_first_report && osds[1].awaiting_first_report);
         s.heartbeat(&hb(b, "b"), now).unwrap();
-        assert_eq!(s.status(&[]).osds_awaiting_first_report, 0);
+        assert_eq!(st_of(&s).osds_awaiting_first_report, 0);
         // A manager restart forgets every report: all are waiting again, though the
         // map still says up.
         let s = ClusterState::new(s.persisted.clone(), now);
-        let st = s.status(&[]);
+        let st = st_of(&s);
         assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
         assert_eq!(st.used_bytes, 0);
     }

@@ -5,10 +5,13 @@
 //! which shards read without locking.
 
 use crate::config::OsdConfig;
+use crate::liveness::Liveness;
 use arc_swap::ArcSwap;
 use flame_common::ids::OsdId;
 use flame_common::map::ClusterMap;
-use flame_common::mgr_api::{HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat};
+use flame_common::mgr_api::{
+    HeartbeatReply, OsdBoot, OsdBootReply, OsdFailureReport, OsdHeartbeat,
+};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,9 @@ const USAGE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How often the control thread checks whether a shard asked for a newer map.
 const MAP_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// At most one report of one unreachable peer per this interval.
+const FAILURE_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Largest map accepted from the manager.
 const MAP_BYTES_MAX: u64 = 64 << 20;
@@ -106,15 +112,22 @@ pub struct Control {
     incarnation: u64,
     /// Finds objects of removed volumes in every new map's tombstones.
     tombstones: crate::tombstones::Scanner,
+    liveness: Arc<Liveness>,
 }
 
 impl Control {
-    /// A control plane for this OSD.
-    pub fn new(cfg: Arc<OsdConfig>, identity: Identity, metrics_addr: SocketAddr) -> Control {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+    /// A control plane for this OSD. Its HTTP calls leave from the OSD's own
+    /// address ([`OsdConfig::source_ip`]).
+    pub fn new(
+        cfg: Arc<OsdConfig>,
+        identity: Identity,
+        metrics_addr: SocketAddr,
+        liveness: Arc<Liveness>,
+    ) -> Control {
+        let config = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(5)))
-            .build()
-            .into();
+            .build();
+        let agent = flame_common::http::agent(config, Some(cfg.source_ip()));
         Control {
             base: format!("http://{}", cfg.mgr),
             agent,
@@ -123,6 +136,7 @@ impl Control {
             metrics_addr,
             incarnation: rand::random(),
             tombstones: crate::tombstones::Scanner::default(),
+            liveness,
         }
     }
 
@@ -141,9 +155,10 @@ impl Control {
             incarnation: self.incarnation,
         };
         let mut delay = Duration::from_millis(100);
-        let reply: OsdBootReply = loop {
+        let (reply, sent_ms): (OsdBootReply, u64) = loop {
+            let sent_ms = self.liveness.now_ms();
             match self.post("/v1/osd/boot", &body) {
-                Ok(r) => break r,
+                Ok(r) => break (r, sent_ms),
                 // 4xx: the manager refused this OSD (another cluster's data
                 // directory, an address held by another live OSD, an invalid
                 // setting). Retrying cannot help: say why and stop with status 2,
@@ -178,6 +193,10 @@ impl Control {
             self.identity.save(&self.cfg.data_dir)?;
         }
         let map = self.fetch_map()?;
+        // The manager marked this OSD up when it answered the boot: that counts as
+        // an acknowledged heartbeat, and the map fetched after it is at least as
+        // new as the one that made this OSD up.
+        self.liveness.renew(sent_ms, self.cfg.lease_ms);
         Ok((reply.id, map))
     }
 
@@ -245,17 +264,15 @@ impl Control {
         // Counting object bytes walks the data directory, which can take seconds
         // with millions of objects: do it on its own thread so heartbeats are never
         // late because of it.
-        let usage = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let object_bytes = Arc::new(AtomicU64::new(0));
         {
-            let usage = usage.clone();
+            let object_bytes = object_bytes.clone();
             let dir = self.cfg.data_dir.clone();
             let spawned = std::thread::Builder::new()
                 .name("disk-usage".into())
                 .spawn(move || {
                     loop {
-                        let (used, capacity) = disk_usage(&dir);
-                        usage.0.store(used, Ordering::Relaxed);
-                        usage.1.store(capacity, Ordering::Relaxed);
+                        object_bytes.store(object_bytes_on_disk(&dir), Ordering::Relaxed);
                         std::thread::sleep(USAGE_INTERVAL);
                     }
                 });
@@ -265,6 +282,7 @@ impl Control {
         }
         self.tombstones.on_map(&self.cfg.data_dir, &map.load());
         let mut last_heartbeat = Instant::now();
+        let mut reported = std::collections::HashMap::new();
         loop {
             std::thread::sleep(MAP_CHECK_INTERVAL);
             let wanted = wanted_epoch.load(Ordering::Relaxed);
@@ -291,17 +309,41 @@ impl Control {
                     Err(e) => tracing::warn!("map fetch failed: {e}"),
                 }
             }
+            self.report_failed_peers(id, &map, &mut reported);
+            #[cfg(feature = "failpoints")]
+            self.apply_test_stall();
             if last_heartbeat.elapsed() < interval {
                 continue;
             }
             last_heartbeat = Instant::now();
+            // A hung shard cannot serve its placement groups: stop vouching for
+            // this OSD so the manager marks it down after its grace (and the
+            // lease runs out here, so nothing is acknowledged meanwhile).
+            let stalled = self.liveness.stalled_shards(self.cfg.shard_stall_ms);
+            if !stalled.is_empty() {
+                tracing::error!(
+                    ?stalled,
+                    stall_ms = self.cfg.shard_stall_ms,
+                    "shard threads made no progress; not heartbeating"
+                );
+                continue;
+            }
+            // The file system's figures are one statvfs: fresh in every heartbeat,
+            // so the manager sees a filling disk within a heartbeat interval.
+            let (used_bytes, capacity_bytes) = fs_usage(&self.cfg.data_dir);
             let hb = OsdHeartbeat {
                 id,
                 uuid: self.identity.uuid.clone(),
                 epoch: map.load().epoch,
-                used_bytes: usage.0.load(Ordering::Relaxed),
-                capacity_bytes: usage.1.load(Ordering::Relaxed),
+                used_bytes,
+                capacity_bytes,
+                object_bytes: object_bytes.load(Ordering::Relaxed),
+                // Filled in by the recovery engine; until then nothing to report.
+                recovery: None,
             };
+            // The lease counts from when the heartbeat was sent: the manager's
+            // grace counts from when it arrived, which is later.
+            let sent_ms = self.liveness.now_ms();
             match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
                 Ok(reply) => {
                     if reply.epoch > map.load().epoch {
@@ -313,6 +355,12 @@ impl Control {
                             }
                             Err(e) => tracing::warn!("map fetch failed: {e}"),
                         }
+                    }
+                    // Renewed only once this OSD's map is as new as the manager's:
+                    // an OSD coming back from a partition must not serve under the
+                    // old map (where it may still be primary) with a fresh lease.
+                    if map.load().epoch >= reply.epoch {
+                        self.liveness.renew(sent_ms, self.cfg.lease_ms);
                     }
                 }
                 Err(e) if e.contains("404") => {
@@ -338,10 +386,54 @@ impl Control {
             }
         }
     }
+
+    /// Tells the manager about peers the shards could not reach, at most once per
+    /// peer per [`FAILURE_REPORT_INTERVAL`]. `reported` remembers when each was last
+    /// reported (pruned as entries age out, so it holds at most the peers reported
+    /// within one interval).
+    fn report_failed_peers(
+        &self,
+        id: OsdId,
+        map: &ArcSwap<ClusterMap>,
+        reported: &mut std::collections::HashMap<OsdId, Instant>,
+    ) {
+        reported.retain(|_, at| at.elapsed() < FAILURE_REPORT_INTERVAL);
+        for failed in self.liveness.take_failed_peers() {
+            // Already down in this OSD's map: the manager knows.
+            let up = map.load().osds.get(&failed).is_some_and(|o| o.up);
+            if failed == id || !up || reported.contains_key(&failed) {
+                continue;
+            }
+            reported.insert(failed, Instant::now());
+            let report = OsdFailureReport {
+                reporter: id,
+                uuid: self.identity.uuid.clone(),
+                failed,
+                epoch: map.load().epoch,
+            };
+            tracing::info!(peer = %failed, "reporting an unreachable peer to the manager");
+            if let Err(e) = self.post::<_, serde_json::Value>("/v1/osd/failure", &report) {
+                tracing::warn!(peer = %failed, "failure report not accepted: {e}");
+            }
+        }
+    }
+
+    /// Test hook (`failpoints` builds): while `data_dir/failpoint-shard-stall`
+    /// exists and names a shard number, that shard's thread hangs.
+    #[cfg(feature = "failpoints")]
+    fn apply_test_stall(&self) {
+        let path = self.cfg.data_dir.join("failpoint-shard-stall");
+        let wanted = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok());
+        for shard in 0..self.cfg.shard_count() {
+            self.liveness.set_stalled(shard, wanted == Some(shard));
+        }
+    }
 }
 
-/// (bytes used by object files, bytes of the file system).
-fn disk_usage(data_dir: &Path) -> (u64, u64) {
+/// Bytes used by object files.
+fn object_bytes_on_disk(data_dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut used = 0u64;
     let objects = data_dir.join("pgs");
@@ -356,17 +448,37 @@ fn disk_usage(data_dir: &Path) -> (u64, u64) {
             }
         }
     }
-    let capacity = statvfs_bytes(data_dir).unwrap_or(0);
-    (used, capacity)
+    used
 }
 
-fn statvfs_bytes(path: &Path) -> Option<u64> {
+/// (bytes used, bytes usable) of the file system holding `data_dir`, as df
+/// computes Use%: used = blocks - free, usable = used + available to
+/// unprivileged users. (0, 0) if statvfs fails (the manager then judges nothing).
+/// The `disk_usage` failpoint (`return(0.97)`) reports that fraction used instead.
+fn fs_usage(data_dir: &Path) -> (u64, u64) {
+    let (used, usable) = statvfs_usage(data_dir).unwrap_or((0, 0));
+    match crate::failpoints::forced_usage() {
+        Some(fraction) if usable > 0 => ((usable as f64 * fraction) as u64, usable),
+        _ => (used, usable),
+    }
+}
+
+fn statvfs_usage(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs writes into the zeroed struct we pass.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_blocks * st.f_frsize)
+    if rc != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize;
+    let used = st
+        .f_blocks
+        .saturating_sub(st.f_bfree)
+        .saturating_mul(frsize);
+    let usable = used.saturating_add(st.f_bavail.saturating_mul(frsize));
+    Some((used, usable))
 }
 
 #[cfg(test)]

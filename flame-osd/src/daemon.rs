@@ -143,10 +143,13 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
         listeners.push(l);
     }
-    let metrics_addr = flame_common::metrics::serve(cfg.metrics_listen)
-        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+    crate::failpoints::setup_from_env().map_err(|message| StartError { message, status: 2 })?;
+    let metrics_addr =
+        flame_common::metrics::serve_with(cfg.metrics_listen, crate::failpoints::http_routes())
+            .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
-    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
+    let liveness = Arc::new(crate::liveness::Liveness::new(shards));
+    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
     let map = Arc::new(ArcSwap::from_pointee(map));
@@ -161,6 +164,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             wanted_epoch: wanted_epoch.clone(),
             config: cfg.clone(),
             direct_io,
+            liveness: liveness.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }
