@@ -323,7 +323,7 @@ fn volume_routes_status_and_metrics() {
     // recovering, until a primary reports it recovered (no OSD process runs here
     // to do so). Until then I/O waits, as health says.
     assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
-    for needle in ["recovering or moving", "I/O to them waits"] {
+    for needle in ["I/O to them waits", "inactive placement groups"] {
         assert!(
             st.health_detail.iter().any(|d| d.contains(needle)),
             "{:?}",
