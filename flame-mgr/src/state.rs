@@ -325,9 +325,40 @@ impl ClusterState {
         self.persisted.map.epoch
     }
 
+    /// Every new epoch first restores the invariant of [`Self::drop_down_copies_of_active_groups`].
     fn bump_epoch(&mut self) {
+        self.drop_down_copies_of_active_groups();
         let e = &mut self.persisted.map.epoch;
         *e = Epoch(e.0.saturating_add(1));
+    }
+
+    /// Invariant of every map: a complete copy that is down belongs to a group that
+    /// is **inactive** (fewer than `min_size` complete copies up). An active group
+    /// takes writes, and a down copy misses them, so it is dropped from the group's
+    /// complete copies (it is recovered when it is back).
+    ///
+    /// [`Self::record_missed_writes`] keeps a down copy where the group cannot go
+    /// on without it. But the group can become active again through *another*
+    /// copy's return (two of three down, one back): without this rule the copy
+    /// still down would stay "complete" while missing every write from then on, and
+    /// serve stale data when it returned. Run on every epoch bump, so no map ever
+    /// published breaks it.
+    fn drop_down_copies_of_active_groups(&mut self) {
+        let map = &self.persisted.map;
+        let min_size = map.pool.min_size as usize;
+        let up = |id: &OsdId| map.osds.get(id).is_some_and(|o| o.up);
+        let mut changes = Vec::new();
+        for pg in (0..map.pool.pg_count).map(PgId) {
+            let complete = complete_copies(map, pg);
+            let up_count = complete.iter().filter(|id| up(id)).count();
+            if up_count >= min_size.max(1) && up_count < complete.len() {
+                let kept: Vec<OsdId> = complete.iter().copied().filter(|id| up(id)).collect();
+                changes.push((pg, kept));
+            }
+        }
+        for (pg, complete) in changes {
+            self.set_complete(pg, complete);
+        }
     }
 
     /// Whether `id` was never handed out, so an OSD asking for it may have it.
@@ -2548,6 +2579,42 @@ mod tests {
     /// groups that had both below min_size: an error, I/O to them waits, and the
     /// volumes with objects there are named. Back up, the first OSD's groups
     /// recover.
+    /// Two of three copies go down in one check, then one comes back: the group
+    /// is active again and takes writes, so the copy still down must no longer
+    /// count as complete — else it would serve stale data when it returns.
+    #[test]
+    fn a_copy_still_down_stops_being_complete_when_its_group_resumes() {
+        let mut s = state();
+        let t0 = Instant::now();
+        let uuids = ["a", "b", "c"];
+        for (i, u) in uuids.iter().enumerate() {
+            let id = s
+                .boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), t0)
+                .unwrap();
+            s.heartbeat(&hb(id, u), t0).unwrap();
+        }
+        create(&mut s, "v", 64 << 20).unwrap();
+        let grace = Duration::from_secs(5);
+        let t1 = t0 + grace * 2;
+        s.heartbeat(&hb(OsdId(0), "a"), t1).unwrap();
+        assert_eq!(s.mark_down_silent(t1, grace), vec![OsdId(1), OsdId(2)]);
+        let table = PgTable::new(s.map());
+        for (pg, m) in table.iter() {
+            assert!(!m.active, "{pg} active with one copy up");
+        }
+        // osd.1 comes back: every group is active with osd.0 and osd.1.
+        s.heartbeat(&hb(OsdId(1), "b"), t1).unwrap();
+        let table = PgTable::new(s.map());
+        for (pg, m) in table.iter() {
+            assert!(m.active, "{pg} inactive: {m:?}");
+            assert!(
+                !complete_copies(s.map(), pg).contains(&OsdId(2)),
+                "{pg}: osd.2 is down and misses writes, yet counts as complete"
+            );
+        }
+        s.persisted.check().unwrap();
+    }
+
     #[test]
     fn health_says_what_happens_when_osds_go_down() {
         let mut s = state();
