@@ -17,6 +17,7 @@
 //! into (`target/<profile>/`), so `cargo build --workspace --bins` must run before
 //! `cargo test` (scripts/test.sh does).
 
+pub mod failover;
 pub mod oracle;
 
 use flame_common::ids::VolumeId;
@@ -74,6 +75,10 @@ pub struct ClusterOptions {
     pub osds_one_by_one: bool,
     /// Extra lines appended to every OSD's YAML configuration.
     pub osd_extra_yaml: String,
+    /// The manager's `down_out_interval_ms` (`None`: the manager's default).
+    pub down_out_interval_ms: Option<u64>,
+    /// Extra top-level lines appended to the manager's YAML configuration.
+    pub mgr_extra_yaml: String,
 }
 
 impl Default for ClusterOptions {
@@ -87,6 +92,8 @@ impl Default for ClusterOptions {
             osd_heartbeat_interval_ms: 500,
             osds_one_by_one: false,
             osd_extra_yaml: String::new(),
+            down_out_interval_ms: None,
+            mgr_extra_yaml: String::new(),
         }
     }
 }
@@ -96,6 +103,20 @@ impl ClusterOptions {
     pub fn with_nbd() -> Self {
         ClusterOptions {
             nbd: true,
+            ..ClusterOptions::default()
+        }
+    }
+
+    /// A cluster of `osds` OSDs for failure tests: failures detected within about
+    /// 2 s (short grace, frequent heartbeats) and few placement groups, so recovery
+    /// and the checks over every group stay quick on a small machine. Down OSDs stay
+    /// `in` unless a test sets `down_out_interval_ms`.
+    pub fn failover(osds: usize) -> Self {
+        ClusterOptions {
+            osds,
+            heartbeat_grace_ms: 2000,
+            osd_heartbeat_interval_ms: 250,
+            pg_count: 32,
             ..ClusterOptions::default()
         }
     }
@@ -334,10 +355,15 @@ impl TestCluster {
              data_dir: \"{}\"\n\
              heartbeat_grace_ms: {}\n\
              failure_check_interval_ms: 500\n\
-             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n",
+             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n\
+             {}{}\n",
             root.join("mgr").display(),
             opts.heartbeat_grace_ms,
             opts.pg_count,
+            opts.down_out_interval_ms
+                .map(|ms| format!("down_out_interval_ms: {ms}\n"))
+                .unwrap_or_default(),
+            opts.mgr_extra_yaml,
         );
         let mgr = Daemon::new(
             "mgr",
@@ -350,39 +376,8 @@ impl TestCluster {
         let mut osds = Vec::new();
         let mut osd_addrs = Vec::new();
         for i in 0..opts.osds {
-            let addrs = OsdAddrs {
-                data: loopback(free_ports(opts.shards)),
-                metrics: loopback(free_ports(1)),
-            };
-            let yaml = format!(
-                "# flame-osd config written by the test harness\n\
-                 mgr: \"{mgr_addr}\"\n\
-                 listen: \"{}\"\n\
-                 metrics_listen: \"{}\"\n\
-                 data_dir: \"{}\"\n\
-                 host: \"test-host-{i}\"\n\
-                 shards: {}\n\
-                 poll_mode: interrupt\n\
-                 heartbeat_interval_ms: {}\n\
-                 {}\n",
-                addrs.data,
-                addrs.metrics,
-                root.join(format!("osd.{i}")).display(),
-                opts.shards,
-                opts.osd_heartbeat_interval_ms,
-                opts.osd_extra_yaml,
-            );
-            let name = format!("osd.{i}");
-            osds.push(Daemon::new(
-                &name,
-                binary(&bin_dir, "flame-osd"),
-                write_config(&root, &format!("{name}.yaml"), &yaml),
-                root.join(format!("{name}.log")),
-                (0..opts.shards)
-                    .map(|s| loopback(addrs.data.port() + s))
-                    .chain([addrs.metrics])
-                    .collect(),
-            ));
+            let (daemon, addrs) = osd_daemon(&root, &bin_dir, mgr_addr, &opts, i);
+            osds.push(daemon);
             osd_addrs.push(addrs);
         }
 
@@ -1057,6 +1052,52 @@ pub fn bin_dir() -> PathBuf {
         dir.pop();
     }
     dir
+}
+
+/// The daemon of OSD process `i` (not started) and its addresses: its YAML
+/// configuration written into the cluster directory `root`.
+fn osd_daemon(
+    root: &Path,
+    bin_dir: &Path,
+    mgr_addr: SocketAddr,
+    opts: &ClusterOptions,
+    i: usize,
+) -> (Daemon, OsdAddrs) {
+    let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let addrs = OsdAddrs {
+        data: loopback(free_ports(opts.shards)),
+        metrics: loopback(free_ports(1)),
+    };
+    let yaml = format!(
+        "# flame-osd config written by the test harness\n\
+         mgr: \"{mgr_addr}\"\n\
+         listen: \"{}\"\n\
+         metrics_listen: \"{}\"\n\
+         data_dir: \"{}\"\n\
+         host: \"test-host-{i}\"\n\
+         shards: {}\n\
+         poll_mode: interrupt\n\
+         heartbeat_interval_ms: {}\n\
+         {}\n",
+        addrs.data,
+        addrs.metrics,
+        root.join(format!("osd.{i}")).display(),
+        opts.shards,
+        opts.osd_heartbeat_interval_ms,
+        opts.osd_extra_yaml,
+    );
+    let name = format!("osd.{i}");
+    let daemon = Daemon::new(
+        &name,
+        binary(bin_dir, "flame-osd"),
+        write_config(root, &format!("{name}.yaml"), &yaml),
+        root.join(format!("{name}.log")),
+        (0..opts.shards)
+            .map(|s| loopback(addrs.data.port() + s))
+            .chain([addrs.metrics])
+            .collect(),
+    );
+    (daemon, addrs)
 }
 
 fn binary(bin_dir: &Path, name: &str) -> PathBuf {
