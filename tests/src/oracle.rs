@@ -352,6 +352,8 @@ pub struct Progress {
     pub slow_ops: Mutex<Vec<SlowOp>>,
     /// The first error messages (bounded list).
     pub error_samples: Mutex<Vec<String>>,
+    /// When the workload started: the origin of every `_us` time here.
+    pub started: std::sync::OnceLock<Instant>,
 }
 
 impl Progress {
@@ -616,7 +618,7 @@ pub async fn run_workload(
     progress: Arc<Progress>,
     stop: Arc<AtomicBool>,
 ) -> (WorkloadReport, OracleState) {
-    let t0 = Instant::now();
+    let t0 = *progress.started.get_or_init(Instant::now);
     let total = state.block_count();
     let range = cfg.blocks.clone().unwrap_or(0..total);
     assert!(
@@ -763,10 +765,15 @@ impl Workload {
             + self.progress.reads_verified.load(Ordering::Relaxed)
     }
 
-    /// Time since the workload was started (the origin of [`SlowOp`] times, to
-    /// within the thread's start-up).
+    /// Time since the workload was started.
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// Microseconds on the workload's clock (the origin of [`SlowOp`] times and
+    /// `last_ack_us`); 0 before its first operation.
+    pub fn now_us(&self) -> u64 {
+        self.progress.started.get().map_or(0, |t0| us_since(*t0))
     }
 
     /// Waits until `n` more operations were acknowledged than now, up to `timeout`;
