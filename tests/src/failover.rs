@@ -153,7 +153,7 @@ impl TestCluster {
     }
 
     /// Starts one more OSD process (a new, empty data directory, its own host name)
-    /// and waits until it is up; returns its harness index.
+    /// and waits until it is up and `in`; returns its harness index.
     pub fn add_osd(&mut self) -> usize {
         let i = self.osds.len();
         let (daemon, addrs) = osd_daemon(&self.root, &self.bin_dir, self.mgr_addr, &self.opts, i);
@@ -162,6 +162,13 @@ impl TestCluster {
         let since = Instant::now();
         self.osds[i].start();
         self.wait_osd_ready(i, since);
+        let id = self.osd_id(i);
+        self.wait_map(&format!("new osd.{i} ({id}) in"), STARTUP_TIMEOUT, |m| {
+            m.osds
+                .get(&id)
+                .filter(|o| !o.r#in)
+                .map(|_| "joined out".to_string())
+        });
         i
     }
 
@@ -236,7 +243,9 @@ impl TestCluster {
                     continue;
                 };
                 let path = self.object_path(i, volume, index);
-                if !members.is_member(id) && path.exists() {
+                // A down OSD cannot delete anything; its leftovers are not strays.
+                let up = map.osds.get(&id).is_some_and(|o| o.up);
+                if up && !members.is_member(id) && path.exists() {
                     report.strays.push(format!(
                         "{object} (pg {}) on {id}, not a member {members:?}",
                         pg.0

@@ -121,7 +121,7 @@ fn chaos() {
                 } else {
                     let id = cluster.osd_id(victim);
                     eprintln!("chaos {:?}: out osd.{victim} ({id})", t0.elapsed());
-                    cluster.admin_ok(&["osd", "out", &id.0.to_string()]);
+                    cluster.admin_ok(&["osd", "out", &id.to_string()]);
                     outs += 1;
                     failure = Some(Failure::Out(victim));
                 }
@@ -133,7 +133,7 @@ fn chaos() {
             Some(Failure::Out(i)) => {
                 let id = cluster.osd_id(i);
                 eprintln!("chaos {:?}: in osd.{i} ({id})", t0.elapsed());
-                cluster.admin_ok(&["osd", "in", &id.0.to_string()]);
+                cluster.admin_ok(&["osd", "in", &id.to_string()]);
             }
         }
     }
@@ -141,7 +141,7 @@ fn chaos() {
         Some(Failure::Killed(i)) => cluster.restart_osd(i),
         Some(Failure::Out(i)) => {
             let id = cluster.osd_id(i);
-            cluster.admin_ok(&["osd", "in", &id.0.to_string()]);
+            cluster.admin_ok(&["osd", "in", &id.to_string()]);
         }
         None => {}
     }

@@ -147,7 +147,7 @@ fn recovery_throughput() {
         cluster.kill_osd(victim);
         cluster.wait_osd_down(victim, Duration::from_secs(30));
         let (a1, t1) = (acks(&w), Instant::now());
-        cluster.admin_ok(&["osd", "out", &id.0.to_string()]);
+        cluster.admin_ok(&["osd", "out", &id.to_string()]);
         cluster.wait_clean(Duration::from_secs(600));
         let took = t1.elapsed().as_secs_f64();
         iops_during.push((acks(&w) - a1) as f64 / took);
