@@ -81,14 +81,12 @@ impl TestCluster {
     }
 
     /// Polls the manager's map until `problem(map)` returns `None`, up to `timeout`;
-    /// returns how long it took. Panics with the last problem and the logs on
-    /// timeout.
-    pub fn wait_map(
+    /// returns how long it took, or the last problem on timeout.
+    pub fn try_wait_map(
         &self,
-        what: &str,
         timeout: Duration,
         mut problem: impl FnMut(&ClusterMap) -> Option<String>,
-    ) -> Duration {
+    ) -> Result<Duration, String> {
         let t0 = Instant::now();
         loop {
             let got = self.api_get("/v1/map").and_then(|(code, body)| {
@@ -100,19 +98,32 @@ impl TestCluster {
             });
             let last = match got {
                 Ok(map) => match problem(&map) {
-                    None => return t0.elapsed(),
+                    None => return Ok(t0.elapsed()),
                     Some(p) => format!("epoch {}: {p}", map.epoch.0),
                 },
                 Err(e) => e,
             };
             if t0.elapsed() > timeout {
-                panic!(
-                    "{what}: not reached within {timeout:?}: {last}\n{}",
-                    self.log_tails()
-                );
+                return Err(last);
             }
             std::thread::sleep(POLL);
         }
+    }
+
+    /// [`Self::try_wait_map`], panicking with the last problem and the logs on
+    /// timeout.
+    pub fn wait_map(
+        &self,
+        what: &str,
+        timeout: Duration,
+        problem: impl FnMut(&ClusterMap) -> Option<String>,
+    ) -> Duration {
+        self.try_wait_map(timeout, problem).unwrap_or_else(|last| {
+            panic!(
+                "{what}: not reached within {timeout:?}: {last}\n{}",
+                self.log_tails()
+            )
+        })
     }
 
     /// Waits until the map shows OSD process `i` down; returns how long it took.
@@ -141,7 +152,17 @@ impl TestCluster {
     /// complete copies up, where placement puts them, nothing recovering. Returns
     /// how long it took.
     pub fn wait_clean(&self, timeout: Duration) -> Duration {
-        self.wait_map("all placement groups clean", timeout, |m| {
+        self.try_wait_clean(timeout).unwrap_or_else(|last| {
+            panic!(
+                "all placement groups clean: not reached within {timeout:?}: {last}\n{}",
+                self.log_tails()
+            )
+        })
+    }
+
+    /// [`Self::wait_clean`] without the panic: the last problem on timeout.
+    pub fn try_wait_clean(&self, timeout: Duration) -> Result<Duration, String> {
+        self.try_wait_map(timeout, |m| {
             let bad = unclean_pgs(m);
             let (pg, members) = bad.first()?;
             Some(format!(
