@@ -315,6 +315,8 @@ impl Default for WorkloadConfig {
 /// workload started.
 #[derive(Clone, Copy, Debug)]
 pub struct SlowOp {
+    /// "read", "write" or "flush".
+    pub kind: &'static str,
     /// When it was sent.
     pub start_us: u64,
     /// When it completed (successfully or not).
@@ -373,13 +375,17 @@ impl Progress {
     }
 
     /// Records a completed operation that ran `[start_us, end_us]`.
-    fn note_done(&self, start_us: u64, end_us: u64, ok: bool) {
+    fn note_done(&self, kind: &'static str, start_us: u64, end_us: u64, ok: bool) {
         self.op_latency_us_max
             .fetch_max(end_us.saturating_sub(start_us), Ordering::Relaxed);
         if end_us.saturating_sub(start_us) >= SLOW_OP.as_micros() as u64 {
             let mut s = self.slow_ops.lock().unwrap_or_else(|e| e.into_inner());
             if s.len() < SLOW_OPS_MAX {
-                s.push(SlowOp { start_us, end_us });
+                s.push(SlowOp {
+                    kind,
+                    start_us,
+                    end_us,
+                });
             }
         }
         if ok {
@@ -551,8 +557,10 @@ async fn writer(sh: Rc<Shared>, range: Range<u64>, w: usize) {
         let start_us = us_since(t0);
         progress.in_flight.fetch_add(1, Ordering::Relaxed);
         let ok;
+        let kind;
         if cfg.flush_every > 0 && writes_since_flush >= cfg.flush_every {
             writes_since_flush = 0;
+            kind = "flush";
             match vol.flush().await {
                 Ok(()) => {
                     ok = true;
@@ -565,6 +573,7 @@ async fn writer(sh: Rc<Shared>, range: Range<u64>, w: usize) {
                 }
             }
         } else if want_read || range.is_empty() {
+            kind = "read";
             let blocks = pick(&mut rng, &read_range);
             let lower = state.borrow().lower_bounds(blocks.clone());
             let len = ((blocks.end - blocks.start) * BLOCK_U64) as usize;
@@ -586,6 +595,7 @@ async fn writer(sh: Rc<Shared>, range: Range<u64>, w: usize) {
                 }
             }
         } else {
+            kind = "write";
             let blocks = pick(&mut rng, &range);
             let (data, counters) = state.borrow_mut().issue_write(blocks.clone());
             progress.writes_issued.fetch_add(1, Ordering::Relaxed);
@@ -604,7 +614,7 @@ async fn writer(sh: Rc<Shared>, range: Range<u64>, w: usize) {
             }
         }
         progress.in_flight.fetch_sub(1, Ordering::Relaxed);
-        progress.note_done(start_us, us_since(t0), ok);
+        progress.note_done(kind, start_us, us_since(t0), ok);
     }
 }
 
@@ -651,7 +661,7 @@ pub async fn run_workload(
         t.await;
     }
     // A stall that lasted until the end counts too.
-    progress.note_done(us_since(t0), us_since(t0), true);
+    progress.note_done("end", us_since(t0), us_since(t0), true);
     let elapsed = t0.elapsed();
     let state = sh.state.borrow().clone();
     let verified = verify_blocks(&vol, &state, 0..total, &progress).await;

@@ -115,6 +115,14 @@ fn failover_times() {
             .max()
             .unwrap_or(kill_us);
         resume.push((resumed_us - kill_us) as f64 / 1e6);
+        if let Some(slowest) = report.slow_ops.iter().max_by_key(|o| o.end_us - o.start_us) {
+            eprintln!(
+                "round {round}: slowest operation: {} of {} ms, from {} ms after the kill",
+                slowest.kind,
+                (slowest.end_us - slowest.start_us) / 1000,
+                (slowest.start_us as i64 - kill_us as i64) / 1000
+            );
+        }
         op_max.push(report.op_latency_max.as_secs_f64());
         gap_max.push(report.longest_pause.as_secs_f64());
         eprintln!("round {round}: {report}");
