@@ -123,8 +123,9 @@ fn kill9_one_of_three_osds_under_load() {
     assert_report(&cluster, &report, &state);
     assert!(
         report.op_latency_max <= PAUSE_MAX,
-        "a client operation stalled {:?} (> {PAUSE_MAX:?}): {report}",
-        report.op_latency_max
+        "a client operation stalled {:?} (> {PAUSE_MAX:?}): {report}\nslowest: {:?}",
+        report.op_latency_max,
+        report.slow_ops.iter().max_by_key(|o| o.end_us - o.start_us)
     );
     settle_and_compare(&cluster, "k1", &state);
 }
