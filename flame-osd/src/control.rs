@@ -291,6 +291,8 @@ impl Control {
                 epoch: map.load().epoch,
                 used_bytes: usage.0.load(Ordering::Relaxed),
                 capacity_bytes: usage.1.load(Ordering::Relaxed),
+                // Filled in by the recovery engine; until then nothing to report.
+                recovery: None,
             };
             match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
                 Ok(reply) => {
