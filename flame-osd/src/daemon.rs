@@ -143,8 +143,10 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
         listeners.push(l);
     }
-    let metrics_addr = flame_common::metrics::serve(cfg.metrics_listen)
-        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+    crate::failpoints::setup_from_env().map_err(|message| StartError { message, status: 2 })?;
+    let metrics_addr =
+        flame_common::metrics::serve_with(cfg.metrics_listen, crate::failpoints::http_routes())
+            .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
     let (osd_id, map) = control.boot()?;

@@ -7,12 +7,15 @@
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager.
+//! [`failpoints`] injects disk and network faults in test builds (feature
+//! `failpoints`).
 
 pub mod config;
 pub mod connection;
 pub mod control;
 pub mod daemon;
 pub mod execute;
+pub mod failpoints;
 pub mod metrics;
 pub mod ordering;
 pub mod peers;

@@ -28,6 +28,18 @@ impl Shard {
         if !members.active || members.primary() != Some(self.osd) {
             return status::EAGAIN;
         }
+        // A write to a group with a full member fails before any copy takes it
+        // (ENOSPC, final for the client): a disk that runs out half-way through a
+        // replicated write would leave the copies disagreeing. Discards and
+        // write-zeroes pass: they free space.
+        if matches!(msg, Message::Write { .. })
+            && let Some(full) = members
+                .write_set()
+                .find(|id| view.map.full_osds.contains(id))
+        {
+            tracing::debug!(osd = %full, pg = %target.pg, "write refused: a member's disk is full");
+            return status::ENOSPC;
+        }
         // Every member that is up and takes writes — the other acting members and
         // those being recovered — applies the write before it is acknowledged.
         let replicas: Vec<_> = members.write_set().skip(1).collect();

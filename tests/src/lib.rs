@@ -18,6 +18,7 @@
 //! `cargo test` (scripts/test.sh does).
 
 pub mod failover;
+pub mod faults;
 pub mod oracle;
 
 use flame_common::ids::VolumeId;
