@@ -148,7 +148,8 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         flame_common::metrics::serve_with(cfg.metrics_listen, crate::failpoints::http_routes())
             .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
-    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
+    let liveness = Arc::new(crate::liveness::Liveness::new(shards));
+    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
     let map = Arc::new(ArcSwap::from_pointee(map));
@@ -163,6 +164,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             wanted_epoch: wanted_epoch.clone(),
             config: cfg.clone(),
             direct_io,
+            liveness: liveness.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }

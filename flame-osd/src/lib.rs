@@ -6,7 +6,8 @@
 //! checks; primary reads heal bad blocks in [`read_repair`]) → [`replication`] (the primary forwards to the replicas through
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
-//! [`shard`] is what one thread owns; [`control`] talks to the manager.
+//! [`shard`] is what one thread owns; [`control`] talks to the manager;
+//! [`liveness`] is the lease and the health state the two share.
 //! [`failpoints`] injects disk and network faults in test builds (feature
 //! `failpoints`).
 
@@ -16,6 +17,7 @@ pub mod control;
 pub mod daemon;
 pub mod execute;
 pub mod failpoints;
+pub mod liveness;
 pub mod metrics;
 pub mod ordering;
 pub mod peers;
