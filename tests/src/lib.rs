@@ -17,7 +17,9 @@
 //! into (`target/<profile>/`), so `cargo build --workspace --bins` must run before
 //! `cargo test` (scripts/test.sh does).
 
+pub mod failover;
 pub mod faults;
+pub mod oracle;
 
 use flame_common::ids::VolumeId;
 use flame_common::map::{ClusterMap, VolumeInfo};
@@ -74,8 +76,9 @@ pub struct ClusterOptions {
     pub osds_one_by_one: bool,
     /// Extra lines appended to every OSD's YAML configuration.
     pub osd_extra_yaml: String,
-    /// Extra lines appended to the manager's YAML configuration (e.g.
-    /// `down_out_interval_ms: 3000`).
+    /// The manager's `down_out_interval_ms` (`None`: the manager's default).
+    pub down_out_interval_ms: Option<u64>,
+    /// Extra top-level lines appended to the manager's YAML configuration.
     pub mgr_extra_yaml: String,
     /// Give every daemon its own loopback address: the manager 127.0.0.10, OSD `i`
     /// 127.0.0.(11+i), flame-nbd 127.0.0.9 (also [`TestCluster::client_ip`]).
@@ -96,6 +99,7 @@ impl Default for ClusterOptions {
             osd_heartbeat_interval_ms: 500,
             osds_one_by_one: false,
             osd_extra_yaml: String::new(),
+            down_out_interval_ms: None,
             mgr_extra_yaml: String::new(),
             per_daemon_addrs: true,
         }
@@ -107,6 +111,20 @@ impl ClusterOptions {
     pub fn with_nbd() -> Self {
         ClusterOptions {
             nbd: true,
+            ..ClusterOptions::default()
+        }
+    }
+
+    /// A cluster of `osds` OSDs for failure tests: failures detected within about
+    /// 2 s (short grace, frequent heartbeats) and few placement groups, so recovery
+    /// and the checks over every group stay quick on a small machine. Down OSDs stay
+    /// `in` unless a test sets `down_out_interval_ms`.
+    pub fn failover(osds: usize) -> Self {
+        ClusterOptions {
+            osds,
+            heartbeat_grace_ms: 2000,
+            osd_heartbeat_interval_ms: 250,
+            pg_count: 32,
             ..ClusterOptions::default()
         }
     }
@@ -347,10 +365,14 @@ impl TestCluster {
              data_dir: \"{}\"\n\
              heartbeat_grace_ms: {}\n\
              failure_check_interval_ms: 500\n\
-             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n{}",
+             pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n\
+             {}{}\n",
             root.join("mgr").display(),
             opts.heartbeat_grace_ms,
             opts.pg_count,
+            opts.down_out_interval_ms
+                .map(|ms| format!("down_out_interval_ms: {ms}\n"))
+                .unwrap_or_default(),
             opts.mgr_extra_yaml,
         );
         let mgr = Daemon::new(
@@ -363,55 +385,9 @@ impl TestCluster {
 
         let mut osds = Vec::new();
         let mut osd_addrs = Vec::new();
-        // The OSDs' lease follows the rule lease_ms + heartbeat_interval_ms <
-        // heartbeat_grace_ms (docs/guarantees.md) for the grace the test chose,
-        // while outliving two heartbeat intervals (the OSD requires it: a test
-        // that slows heartbeats down to keep a map stale gets a lease to match).
-        // A test that sets lease_ms itself keeps it.
-        let interval = opts.osd_heartbeat_interval_ms;
-        let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
-            .clamp(2 * interval, 4000.max(2 * interval));
-        let lease_yaml = if opts.osd_extra_yaml.contains("lease_ms:") {
-            String::new()
-        } else {
-            format!("lease_ms: {lease_ms}\n")
-        };
         for i in 0..opts.osds {
-            let ip = ips.osds[i];
-            let addrs = OsdAddrs {
-                data: on(ip, free_ports_on(ip, opts.shards)),
-                metrics: on(ip, free_ports_on(ip, 1)),
-            };
-            let yaml = format!(
-                "# flame-osd config written by the test harness\n\
-                 mgr: \"{mgr_addr}\"\n\
-                 listen: \"{}\"\n\
-                 metrics_listen: \"{}\"\n\
-                 data_dir: \"{}\"\n\
-                 host: \"test-host-{i}\"\n\
-                 shards: {}\n\
-                 poll_mode: interrupt\n\
-                 heartbeat_interval_ms: {}\n\
-                 {}{}\n",
-                addrs.data,
-                addrs.metrics,
-                root.join(format!("osd.{i}")).display(),
-                opts.shards,
-                opts.osd_heartbeat_interval_ms,
-                lease_yaml,
-                opts.osd_extra_yaml,
-            );
-            let name = format!("osd.{i}");
-            osds.push(Daemon::new(
-                &name,
-                binary(&bin_dir, "flame-osd"),
-                write_config(&root, &format!("{name}.yaml"), &yaml),
-                root.join(format!("{name}.log")),
-                (0..opts.shards)
-                    .map(|s| on(ip, addrs.data.port() + s))
-                    .chain([addrs.metrics])
-                    .collect(),
-            ));
+            let (daemon, addrs) = osd_daemon(&root, &bin_dir, mgr_addr, &opts, i, ips.osds[i]);
+            osds.push(daemon);
             osd_addrs.push(addrs);
         }
 
@@ -1109,6 +1085,70 @@ pub fn bin_dir() -> PathBuf {
         dir.pop();
     }
     dir
+}
+
+/// The OSDs' `lease_ms` line: the rule lease_ms + heartbeat_interval_ms <
+/// heartbeat_grace_ms (docs/guarantees.md) for the grace the test chose, while
+/// outliving two heartbeat intervals (the OSD requires it: a test that slows
+/// heartbeats down to keep a map stale gets a lease to match). A test that sets
+/// lease_ms itself keeps it (empty line).
+fn lease_yaml(opts: &ClusterOptions) -> String {
+    let interval = opts.osd_heartbeat_interval_ms;
+    let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
+        .clamp(2 * interval, 4000.max(2 * interval));
+    if opts.osd_extra_yaml.contains("lease_ms:") {
+        String::new()
+    } else {
+        format!("lease_ms: {lease_ms}\n")
+    }
+}
+
+/// The daemon of OSD process `i` (not started) listening on `ip`, and its
+/// addresses: its YAML configuration written into the cluster directory `root`.
+fn osd_daemon(
+    root: &Path,
+    bin_dir: &Path,
+    mgr_addr: SocketAddr,
+    opts: &ClusterOptions,
+    i: usize,
+    ip: Ipv4Addr,
+) -> (Daemon, OsdAddrs) {
+    let on = |ip: Ipv4Addr, port: u16| SocketAddr::from((ip, port));
+    let addrs = OsdAddrs {
+        data: on(ip, free_ports_on(ip, opts.shards)),
+        metrics: on(ip, free_ports_on(ip, 1)),
+    };
+    let yaml = format!(
+        "# flame-osd config written by the test harness\n\
+         mgr: \"{mgr_addr}\"\n\
+         listen: \"{}\"\n\
+         metrics_listen: \"{}\"\n\
+         data_dir: \"{}\"\n\
+         host: \"test-host-{i}\"\n\
+         shards: {}\n\
+         poll_mode: interrupt\n\
+         heartbeat_interval_ms: {}\n\
+         {}{}\n",
+        addrs.data,
+        addrs.metrics,
+        root.join(format!("osd.{i}")).display(),
+        opts.shards,
+        opts.osd_heartbeat_interval_ms,
+        lease_yaml(opts),
+        opts.osd_extra_yaml,
+    );
+    let name = format!("osd.{i}");
+    let daemon = Daemon::new(
+        &name,
+        binary(bin_dir, "flame-osd"),
+        write_config(root, &format!("{name}.yaml"), &yaml),
+        root.join(format!("{name}.log")),
+        (0..opts.shards)
+            .map(|s| on(ip, addrs.data.port() + s))
+            .chain([addrs.metrics])
+            .collect(),
+    );
+    (daemon, addrs)
 }
 
 fn binary(bin_dir: &Path, name: &str) -> PathBuf {
