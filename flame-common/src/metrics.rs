@@ -27,6 +27,16 @@ pub fn render() -> String {
 /// address (useful with port 0). Any other path gets 404. The server is off the data
 /// path: a slow scraper only delays other scrapes.
 pub fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    serve_with(addr, std::sync::Arc::new(|_: &str| None))
+}
+
+/// A daemon's own HTTP API served next to `/metrics`: given the request's URL,
+/// `Some((status, JSON body))` answers it, `None` leaves it to the 404.
+pub type ApiHandler = std::sync::Arc<dyn Fn(&str) -> Option<(u16, String)> + Send + Sync>;
+
+/// Like [`serve`], and answers other `GET` paths with `api` (the OSD serves its
+/// placement groups' status this way).
+pub fn serve_with(addr: SocketAddr, api: ApiHandler) -> std::io::Result<SocketAddr> {
     let server = tiny_http::Server::http(addr).map_err(std::io::Error::other)?;
     let bound = server
         .server_addr()
@@ -44,6 +54,17 @@ pub fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
                         )
                         .ok();
                         let mut r = tiny_http::Response::from_string(render());
+                        if let Some(h) = header {
+                            r = r.with_header(h);
+                        }
+                        r
+                    } else if let Some((code, body)) = api(request.url()) {
+                        let header = tiny_http::Header::from_bytes(
+                            &b"Content-Type"[..],
+                            &b"application/json"[..],
+                        )
+                        .ok();
+                        let mut r = tiny_http::Response::from_string(body).with_status_code(code);
                         if let Some(h) = header {
                             r = r.with_header(h);
                         }

@@ -143,8 +143,13 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
         listeners.push(l);
     }
-    let metrics_addr = flame_common::metrics::serve(cfg.metrics_listen)
-        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+    let recovery = Arc::new(crate::recovery::RecoveryShared::default());
+    let api = recovery.clone();
+    let metrics_addr = flame_common::metrics::serve_with(
+        cfg.metrics_listen,
+        Arc::new(move |url: &str| api.http(url)),
+    )
+    .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
     let (osd_id, map) = control.boot()?;
@@ -161,8 +166,9 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             wanted_epoch: wanted_epoch.clone(),
             config: cfg.clone(),
             direct_io,
+            recovery: recovery.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }
-    control.run(osd_id, map, wanted_epoch)
+    control.run(osd_id, map, wanted_epoch, recovery)
 }

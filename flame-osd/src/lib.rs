@@ -7,6 +7,9 @@
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager.
+//! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
+//! date (from the log or by backfill) and removes stray copies; [`scrub`] compares
+//! and repairs the copies of a group.
 
 pub mod config;
 pub mod connection;
@@ -17,8 +20,11 @@ pub mod metrics;
 pub mod ordering;
 pub mod peers;
 pub mod pg;
+pub mod pg_log;
 pub mod read_repair;
+pub mod recovery;
 pub mod replication;
+pub mod scrub;
 pub mod shard;
 pub mod shard_thread;
 pub mod store;

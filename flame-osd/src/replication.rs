@@ -3,7 +3,9 @@
 //! copy has applied it. Replicas apply forwarded writes in `execute`.
 
 use crate::pg::MapView;
+use crate::pg_log::{EntryKind, LogEntry, WriteSetRoles};
 use crate::shard::Shard;
+use flame_common::ids::PgSeq;
 use flame_common::protocol::{Message, flags, status};
 use flame_common::reactor;
 use std::rc::Rc;
@@ -11,11 +13,11 @@ use std::rc::Rc;
 impl Shard {
     /// Primary path: order against overlapping writes, forward to the replicas and
     /// apply locally in parallel, answer once every copy has applied.
-    pub(crate) async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, msg: Message) -> i32 {
-        let target = match &msg {
-            Message::Write { target, .. }
-            | Message::WriteZeroes { target, .. }
-            | Message::Discard { target, .. } => target.clone(),
+    pub(crate) async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, mut msg: Message) -> i32 {
+        let (target, kind) = match &msg {
+            Message::Write { target, .. } => (target.clone(), EntryKind::Write),
+            Message::WriteZeroes { target, .. } => (target.clone(), EntryKind::Zero),
+            Message::Discard { target, .. } => (target.clone(), EntryKind::Discard),
             _ => return status::EINVAL,
         };
         // Register before the first await: admission order is arrival order.
@@ -27,6 +29,16 @@ impl Shard {
         // been entered under a view that has since been replaced).
         if !members.active || members.primary() != Some(self.osd) {
             return status::EAGAIN;
+        }
+        // The group's next sequence number, also before the first await: the log's
+        // order is the admission order. Replicas record it with the entry.
+        let seq = self.pg_logs.borrow_mut().get_mut(target.pg).next_seq();
+        let request = msg.id();
+        if let Message::Write { seq: s, .. }
+        | Message::WriteZeroes { seq: s, .. }
+        | Message::Discard { seq: s, .. } = &mut msg
+        {
+            *s = PgSeq(seq);
         }
         // Every member that is up and takes writes — the other acting members and
         // those being recovered — applies the write before it is acknowledged.
@@ -56,8 +68,15 @@ impl Shard {
             .collect();
         let local = self.apply_local(msg).await;
         let mut result = local;
-        for c in calls {
+        let mut applied = Vec::with_capacity(replicas.len() + 1);
+        if local == status::OK {
+            applied.push(self.osd);
+        }
+        for (c, &id) in calls.into_iter().zip(&replicas) {
             let st = c.await;
+            if st == status::OK {
+                applied.push(id);
+            }
             if result == status::OK && st != status::OK {
                 // A replica's ESTALE means maps disagree: the client refreshes and
                 // retries, as for EAGAIN.
@@ -68,6 +87,21 @@ impl Shard {
                 };
             }
         }
+        self.pg_logs.borrow_mut().get_mut(target.pg).record_primary(
+            LogEntry {
+                seq,
+                request,
+                object: target.object,
+                offset: target.offset,
+                length: target.length,
+                kind,
+                applied,
+            },
+            &WriteSetRoles {
+                acting: &members.acting,
+                recovering: &members.recovering,
+            },
+        );
         result
     }
 }
@@ -89,7 +123,7 @@ fn with_replica_flag(msg: &Message) -> Message {
 mod tests {
     use super::*;
     use flame_common::buffer::PayloadBuf;
-    use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
+    use flame_common::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
     use flame_common::protocol::IoTarget;
 
     #[test]

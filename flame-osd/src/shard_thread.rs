@@ -37,6 +37,8 @@ pub struct ShardSetup {
     pub config: Arc<OsdConfig>,
     /// Whether `O_DIRECT` works in the data directory.
     pub direct_io: bool,
+    /// Shared with the control thread and the HTTP API (recovery reports, status).
+    pub recovery: Arc<crate::recovery::RecoveryShared>,
 }
 
 /// Starts a shard thread. It runs until the process exits.
@@ -87,6 +89,14 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
                 byte_waiters: RefCell::new(Vec::new()),
                 sessions: RefCell::new(std::collections::HashMap::new()),
+                pg_logs: RefCell::new(crate::pg_log::PgLogs::new(cfg.pg_log_entries_max as usize)),
+                recovery: crate::recovery::RecoveryState::default(),
+                recovery_shared: setup.recovery,
+                recovery_max_active: cfg.recovery_max_active.max(1),
+                recovery_bytes_per_sec: cfg.recovery_bytes_per_sec,
+                scrub_interval: Duration::from_secs(cfg.scrub_interval_s),
+                scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
+                stray_delete_delay: Duration::from_millis(cfg.stray_delete_delay_ms),
             });
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
@@ -108,6 +118,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
         }
     })
     .detach();
+    reactor::spawn(crate::recovery::recovery_loop(shard.clone())).detach();
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,
