@@ -7,6 +7,7 @@
 //! JSON with `--json`, so scripts never parse the human format.
 
 pub mod format;
+pub mod scrub;
 pub mod size;
 
 use crate::bench::{self, BenchConfig, BenchReport, Pattern};
@@ -76,6 +77,25 @@ pub enum Command {
     },
     /// Benchmark a volume through the client library.
     Bench(BenchArgs),
+    /// Compare every copy of placement groups block by block and repair copies
+    /// that differ from the agreeing majority: `scrub` (all), `scrub VOLUME`,
+    /// `scrub pg ID`. `--dry-run` only compares.
+    Scrub(scrub::ScrubArgs),
+    /// Placement-group commands.
+    #[command(subcommand)]
+    Pg(PgCommand),
+}
+
+/// `flame-admin pg ...`
+#[derive(Subcommand, Debug)]
+pub enum PgCommand {
+    /// Whether all acting copies of placement groups are identical (`pg compare`,
+    /// `pg compare VOLUME`, `pg compare pg ID`); exit status 1 if any differ.
+    Compare {
+        /// Nothing: every group; `VOLUME`; or `pg ID`.
+        #[arg(num_args = 0..=2)]
+        what: Vec<String>,
+    },
 }
 
 /// `flame-admin osd ...`
@@ -271,6 +291,15 @@ pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
         Command::Volume(v) => volume(cli, &mgr, v)?,
         Command::Locate { volume, offset } => locate(&mgr, volume, *offset, cli.json)?,
         Command::Bench(b) => run_bench(cli, b)?,
+        Command::Scrub(a) => scrub::run(cli, &mgr, a)?,
+        Command::Pg(PgCommand::Compare { what }) => scrub::run(
+            cli,
+            &mgr,
+            &scrub::ScrubArgs {
+                what: what.clone(),
+                dry_run: true,
+            },
+        )?,
     };
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
