@@ -1001,6 +1001,9 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
 }
 
 #[cfg(test)]
+mod gate_test;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -20,6 +20,7 @@ const OBJECT_BYTES: u64 = 4 * MIB;
 
 fn options(extra: &str) -> ClusterOptions {
     ClusterOptions {
+        nbd: true,
         pg_count: 16,
         heartbeat_grace_ms: 2000,
         osd_heartbeat_interval_ms: 200,
@@ -34,7 +35,13 @@ fn start_writes(cluster: &TestCluster, volume: &str, runtime: &str, seed: u64) -
     Command::new(cluster.bin("flame-admin"))
         .args(["--mgr", &cluster.mgr_addr().to_string(), "bench", volume])
         .args(["--rw", "randwrite", "--bs", "4k", "--iodepth", "4"])
-        .args(["--runtime", runtime, "--force-overwrite"])
+        .args([
+            "--runtime",
+            runtime,
+            "--force-overwrite",
+            "--size-limit",
+            "16M",
+        ])
         .args(["--seed", &seed.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -156,12 +163,17 @@ fn pg_compare_ok(cluster: &TestCluster, volume: &str) -> (bool, String) {
 /// without it, it restarts while writes go on, and its copies must end identical.
 fn kill_write_restart(cluster: &mut TestCluster, volume: &str) -> VolumeId {
     let vol = cluster.create_volume(volume, VOLUME_BYTES);
+    cluster.wait_nbd_export(volume);
+    // Data past the random writes' 16 MiB, zeroed and discarded while OSD 2 is down:
+    // its copy must lose those bytes too (holes are copied as holes).
+    cluster.qemu_io(volume, &["write -P 0xab 24M 2M"]);
     let writes = start_writes(cluster, volume, "9s", 7);
     std::thread::sleep(Duration::from_secs(1));
     cluster.kill_osd(2);
     wait_down(cluster, 2);
     // Writes the killed OSD misses.
-    std::thread::sleep(Duration::from_secs(2));
+    cluster.qemu_io(volume, &["write -z 24M 512k", "discard 25M 512k"]);
+    std::thread::sleep(Duration::from_secs(1));
     cluster.restart_osd(2);
     finish_writes(cluster, writes);
     wait_copies_identical(cluster, vol.id, Duration::from_secs(30));
