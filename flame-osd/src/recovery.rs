@@ -55,6 +55,8 @@ const STRAY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// A member reported recovered but still recovering in the map after this long is
 /// reported again (the report or the manager may have been lost).
 const REPORT_RETRY: Duration = Duration::from_secs(3);
+/// How long a group whose recovery or peering failed waits before the next try.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Largest piece of an object copied in one message.
 const COPY_CHUNK_BYTES: u32 = 1 << 20;
 /// Block size of the store's checksums.
@@ -191,6 +193,10 @@ pub struct RecoveryState {
     peered: RefCell<HashSet<PgId>>,
     reported: RefCell<HashMap<(PgId, OsdId), Reported>>,
     stray_since: RefCell<HashMap<PgId, Instant>>,
+    /// Groups whose last job failed (a member unreachable, a map moving) are tried
+    /// again only after this instant, so a down peer costs one attempt per
+    /// [`RETRY_DELAY`], not one per poll.
+    retry_after: RefCell<HashMap<PgId, Instant>>,
     recovered_per_pg: RefCell<HashMap<PgId, u64>>,
     remaining_per_pg: RefCell<HashMap<PgId, u64>>,
     /// Objects in flight and the tasks waiting for a slot.
@@ -779,6 +785,16 @@ impl Shard {
             if self.view().map.epoch != view.map.epoch {
                 return;
             }
+            if self
+                .recovery
+                .retry_after
+                .borrow()
+                .get(&pg)
+                .is_some_and(|t| *t > Instant::now())
+            {
+                continue;
+            }
+            let mut failed = false;
             if !self.recovery.peered.borrow().contains(&pg) {
                 let mut all_ok = true;
                 for &member in members.acting.iter().skip(1) {
@@ -793,13 +809,15 @@ impl Shard {
                             }
                         }
                         Err(e) => {
-                            tracing::info!(%pg, %member, ?e, "peering comparison did not finish; will retry");
+                            tracing::debug!(%pg, %member, ?e, "peering comparison did not finish; will retry");
                             all_ok = false;
                         }
                     }
                 }
                 if all_ok {
                     self.recovery.peered.borrow_mut().insert(pg);
+                } else {
+                    failed = true;
                 }
             }
             for &member in &members.recovering {
@@ -844,9 +862,18 @@ impl Shard {
                         tracing::info!(%pg, %member, "recovery abandoned: roles changed");
                     }
                     Err(JobError::Failed(st)) => {
-                        tracing::warn!(%pg, %member, st, "recovery failed; will retry");
+                        tracing::info!(%pg, %member, st, "recovery did not finish; will retry");
+                        failed = true;
                     }
                 }
+            }
+            if failed {
+                self.recovery
+                    .retry_after
+                    .borrow_mut()
+                    .insert(pg, Instant::now() + RETRY_DELAY);
+            } else {
+                self.recovery.retry_after.borrow_mut().remove(&pg);
             }
         }
     }
@@ -871,6 +898,7 @@ impl Shard {
                     .retain(|(p, _), _| *p != pg);
             }
         }
+        self.recovery.retry_after.borrow_mut().clear();
         // Reported members that are no longer recovering are done.
         self.recovery
             .reported
