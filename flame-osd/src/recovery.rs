@@ -69,6 +69,10 @@ const LIST_PAGES_MAX: usize = 1024;
 /// member still recovering is reported again).
 const REPORTS_QUEUED_MAX: usize = 65_536;
 
+/// One object of a job: the byte ranges to copy (log-based), or `None` to compare
+/// every block (backfill, peering).
+type ObjectWork = (ObjectId, Option<Vec<(u32, u32)>>);
+
 /// What every shard shares with the control thread and the HTTP server.
 #[derive(Default)]
 pub struct RecoveryShared {
@@ -86,6 +90,25 @@ pub struct RecoveryShared {
     pub scrub_errors: AtomicU64,
     /// Objects scrubs repaired since start.
     pub scrub_repaired: AtomicU64,
+    /// When a scrub of a group last finished, seconds since the Unix epoch.
+    pub last_scrub_unix: AtomicU64,
+}
+
+/// This OSD's recovery and scrub figures, for the heartbeat's `RecoveryProgress`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgressFigures {
+    /// Objects recovery still has to do (current jobs).
+    pub objects_to_recover: u64,
+    /// Objects brought up to date on members since start.
+    pub objects_recovered_total: u64,
+    /// Bytes copied since start.
+    pub bytes_recovered_total: u64,
+    /// Objects scrubs found inconsistent since start.
+    pub scrub_errors_total: u64,
+    /// Objects scrubs repaired since start.
+    pub scrub_repaired_total: u64,
+    /// When a scrub last finished (seconds since the Unix epoch; 0 = never).
+    pub last_scrub_unix: u64,
 }
 
 /// One placement group as this OSD sees it (`GET /v1/pgs/{id}`).
@@ -135,6 +158,18 @@ impl RecoveryShared {
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
             .unwrap_or_default()
+    }
+
+    /// The figures the heartbeat reports.
+    pub fn progress(&self) -> ProgressFigures {
+        ProgressFigures {
+            objects_to_recover: self.objects_remaining(),
+            objects_recovered_total: self.objects_recovered.load(Ordering::Relaxed),
+            bytes_recovered_total: self.bytes_recovered.load(Ordering::Relaxed),
+            scrub_errors_total: self.scrub_errors.load(Ordering::Relaxed),
+            scrub_repaired_total: self.scrub_repaired.load(Ordering::Relaxed),
+            last_scrub_unix: self.last_scrub_unix.load(Ordering::Relaxed),
+        }
     }
 
     /// Objects recovery still has to do on this OSD.
@@ -625,7 +660,7 @@ impl Shard {
         pg: PgId,
         member: OsdId,
         up_from: Epoch,
-        objects: Vec<(ObjectId, Option<Vec<(u32, u32)>>)>,
+        objects: Vec<ObjectWork>,
         kind: &'static str,
     ) -> Result<u64, JobError> {
         let mut changed = 0u64;

@@ -317,6 +317,12 @@ impl Shard {
             .last_scrub
             .borrow_mut()
             .insert(pg, Instant::now());
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.recovery_shared
+            .last_scrub_unix
+            .store(unix, Ordering::Relaxed);
         tracing::info!(%pg, dry_run, ?counts, "scrubbed");
         Ok(counts)
     }

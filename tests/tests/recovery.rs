@@ -193,6 +193,22 @@ fn a_restarted_osd_catches_up_from_the_log_and_copies_end_identical() {
     );
     let (ok, text) = pg_compare_ok(&cluster, "logrec");
     assert!(ok, "pg compare: {text}");
+    // Each OSD serves its groups' log bounds.
+    let (code, body) = http_get(cluster.osd_metrics_addr(0), "/v1/pgs").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let pgs: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let pgs = pgs.as_array().expect("a list of groups");
+    assert!(
+        pgs.iter()
+            .any(|p| p["role"] == "primary" && p["log_last_seq"].as_u64() > Some(0)),
+        "no primary group with a log: {body}"
+    );
+    let one = pgs[0]["pg"].as_u64().unwrap();
+    let (code, body) = http_get(cluster.osd_metrics_addr(0), &format!("/v1/pgs/{one}")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("log_first_seq"), "{body}");
+    let (code, _) = http_get(cluster.osd_metrics_addr(0), "/v1/pgs/x").unwrap();
+    assert_eq!(code, 400);
 }
 
 #[test]
