@@ -76,6 +76,9 @@ pub struct PgLog {
     /// Members this primary tracks: `None` = applied every entry since tracked;
     /// `Some(s)` = first entry not applied.
     tracked: HashMap<OsdId, Option<u64>>,
+    /// Sequence numbers assigned and not yet recorded (writes in flight). Bounded
+    /// by the writes a shard has in flight.
+    inflight: std::collections::BTreeSet<u64>,
 }
 
 impl PgLog {
@@ -90,7 +93,20 @@ impl PgLog {
     /// The next sequence number (primary, at admission).
     pub fn next_seq(&mut self) -> u64 {
         self.last_seq += 1;
+        self.inflight.insert(self.last_seq);
         self.last_seq
+    }
+
+    /// Whether a write numbered `seq` or lower is still in flight (numbered, not
+    /// yet recorded). Recovery waits for those before reporting a member: they may
+    /// have been admitted under a map in which the member was not in the write set.
+    pub fn inflight_through(&self, seq: u64) -> bool {
+        self.inflight.first().is_some_and(|s| *s <= seq)
+    }
+
+    /// A numbered write that will not be recorded (it failed before it was sent).
+    pub fn abandon(&mut self, seq: u64) {
+        self.inflight.remove(&seq);
     }
 
     /// Oldest retained entry's seq (`last_seq + 1` when empty).
@@ -130,6 +146,7 @@ impl PgLog {
     /// that applied it, `roles` the write set it was sent to.
     pub fn record_primary(&mut self, entry: LogEntry, roles: &WriteSetRoles<'_>) {
         let seq = entry.seq;
+        self.inflight.remove(&seq);
         let applied = |id: &OsdId| entry.applied.contains(id);
         for id in roles.acting {
             // A complete member that this log does not track yet had every earlier
@@ -175,7 +192,7 @@ impl PgLog {
     /// seq above `after`: `Some(ranges)` (possibly empty) when this log can tell,
     /// `None` when it cannot (not tracked, or the log no longer reaches back to the
     /// member's first miss) — then the member must be backfilled.
-    pub fn missed_by(&self, member: OsdId, after: u64) -> Option<Vec<(ObjectId, u32, u32)>> {
+    pub fn missed_by(&self, member: OsdId, after: u64) -> Option<Vec<(u64, ObjectId, u32, u32)>> {
         let Some(first_missed) = *self.tracked.get(&member)? else {
             return Some(Vec::new());
         };
@@ -186,7 +203,7 @@ impl PgLog {
             self.entries
                 .range(first_missed.max(after + 1)..)
                 .filter(|(_, e)| !e.applied.contains(&member))
-                .map(|(_, e)| (e.object, e.offset, e.length))
+                .map(|(s, e)| (*s, e.object, e.offset, e.length))
                 .collect(),
         )
     }
@@ -299,7 +316,7 @@ mod tests {
         let s = log.next_seq();
         log.record_primary(entry(s, 9, &[1, 2, 3]), &back);
         let missed = log.missed_by(OsdId(3), 0).unwrap();
-        let objects: Vec<u64> = missed.iter().map(|(o, _, _)| o.index).collect();
+        let objects: Vec<u64> = missed.iter().map(|(_, o, _, _)| o.index).collect();
         assert_eq!(objects, vec![1, 2]);
         log.recovered(OsdId(3), log.last_seq());
         assert_eq!(log.missed_by(OsdId(3), 0), Some(vec![]));
@@ -347,6 +364,24 @@ mod tests {
         log.record_primary(entry(s, 0, &[1, 2, 3]), &roles);
         assert!(!log.tracks(OsdId(3)));
         assert_eq!(log.missed_by(OsdId(3), 0), None);
+    }
+
+    #[test]
+    fn writes_in_flight_are_known_until_recorded() {
+        let mut log = PgLog::new(10);
+        let a = log.next_seq();
+        let b = log.next_seq();
+        assert!(log.inflight_through(a));
+        log.record_primary(
+            entry(b, 0, &[1]),
+            &WriteSetRoles {
+                acting: &A[..1],
+                recovering: &[],
+            },
+        );
+        assert!(log.inflight_through(b), "a is still in flight");
+        log.abandon(a);
+        assert!(!log.inflight_through(b));
     }
 
     #[test]

@@ -63,6 +63,8 @@ const COPY_CHUNK_BYTES: u32 = 1 << 20;
 const BLOCK: u32 = 4096;
 /// Times a job re-reads the log for entries the member missed while it ran.
 const LOG_ROUNDS_MAX: u32 = 8;
+/// How long a job waits for the writes admitted before it to complete.
+const INFLIGHT_WAIT_MAX: Duration = Duration::from_secs(30);
 /// Most pages of one placement group's object listing (× [`PG_LIST_MAX`]).
 const LIST_PAGES_MAX: usize = 1024;
 /// Reports queued for the control thread at most (older ones are dropped; a
@@ -752,41 +754,61 @@ impl Shard {
             .get(&member)
             .map(|o| o.up_from)
             .ok_or(JobError::Abandoned)?;
-        let mut through = 0u64;
+        // Writes numbered up to here may have been admitted under a map without the
+        // member in the write set; all later ones have it (see `inflight_through`).
+        let admitted = self.pg_logs.borrow().get(pg).map_or(0, |l| l.last_seq());
+        let deadline = Instant::now() + INFLIGHT_WAIT_MAX;
+        let mut copied: HashSet<u64> = HashSet::new();
         let mut volumes = BTreeSet::new();
         let mut kind = "log";
-        for round in 0..LOG_ROUNDS_MAX {
-            let (missed, last) = {
+        let mut rounds = 0u32;
+        // Bounded: at most LOG_ROUNDS_MAX copying rounds, and waiting rounds end at
+        // the deadline.
+        loop {
+            let (missed, inflight) = {
                 let logs = self.pg_logs.borrow();
                 match logs.get(pg) {
-                    Some(log) => (log.missed_by(member, through), log.last_seq()),
-                    None => (None, 0),
+                    Some(log) => (log.missed_by(member, 0), log.inflight_through(admitted)),
+                    None => (None, false),
                 }
             };
             let Some(missed) = missed else {
-                if round > 0 {
+                if rounds > 0 {
                     // The log stopped reaching back while the job ran.
                     return Err(JobError::Failed(status::EAGAIN));
                 }
                 kind = "backfill";
                 break;
             };
-            if missed.is_empty() && round > 0 {
-                break;
+            let missed: Vec<_> = missed
+                .into_iter()
+                .filter(|(seq, ..)| !copied.contains(seq))
+                .collect();
+            if missed.is_empty() {
+                if !inflight {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(JobError::Failed(status::EAGAIN));
+                }
+                reactor::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            rounds += 1;
+            if rounds > LOG_ROUNDS_MAX {
+                return Err(JobError::Failed(status::EAGAIN));
             }
             let mut per_object: BTreeMap<ObjectId, Vec<(u32, u32)>> = BTreeMap::new();
-            for (object, off, len) in missed {
+            for (seq, object, off, len) in missed {
+                copied.insert(seq);
                 per_object.entry(object).or_default().push((off, len));
             }
             volumes.extend(per_object.keys().map(|o| o.volume));
             let objects = per_object.into_iter().map(|(o, r)| (o, Some(r))).collect();
             self.for_each_object(view, pg, member, up_from, objects, "log")
                 .await?;
-            through = last;
-            if round + 1 == LOG_ROUNDS_MAX {
-                return Err(JobError::Failed(status::EAGAIN));
-            }
         }
+        let mut through = admitted;
         if kind == "backfill" {
             // Entries recorded from now on are covered by the member getting every
             // write; the ones before by comparing everything.
@@ -955,8 +977,9 @@ impl Shard {
             }
         };
         let now = Instant::now();
+        let present: HashSet<PgId> = dirs.iter().copied().collect();
         let mut stray = self.recovery.stray_since.borrow_mut().clone();
-        stray.retain(|pg, _| dirs.contains(pg));
+        stray.retain(|pg, _| present.contains(pg));
         for pg in dirs {
             if !self.owns(view, pg) || pg.0 >= view.table.pg_count() {
                 continue;
