@@ -7,9 +7,10 @@
 //! the user unchanged, because it is the manager that knows what was wrong.
 
 use crate::error::ClientError;
+use flame_common::ids::PgId;
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
 use flame_common::mgr_api::{
-    ApiError, ClusterStatus, OsdStatus, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
+    ApiError, ClusterStatus, OsdStatus, PgStatus, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -103,6 +104,16 @@ impl MgrClient {
     /// Every OSD with its usage.
     pub fn osds(&self) -> Result<Vec<OsdStatus>, ClientError> {
         self.get("/v1/osds", CALL_TIMEOUT)
+    }
+
+    /// Every placement group's state and roles.
+    pub fn pgs(&self) -> Result<Vec<PgStatus>, ClientError> {
+        self.get("/v1/pgs", CALL_TIMEOUT)
+    }
+
+    /// One placement group's state and roles.
+    pub fn pg(&self, pg: PgId) -> Result<PgStatus, ClientError> {
+        self.get(&format!("/v1/pgs/{}", pg.0), CALL_TIMEOUT)
     }
 
     /// Every volume.

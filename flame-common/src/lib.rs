@@ -3,7 +3,8 @@
 //! Everything two Flame processes must agree on lives here, so that the OSD, the
 //! manager and the client cannot drift apart: the identifiers ([`ids`]), the wire
 //! protocol ([`protocol`]), the cluster map and the placement function ([`map`],
-//! [`placement`]), the manager's JSON API types ([`mgr_api`]), configuration loading
+//! [`placement`]) with the placement-group states operators see ([`pg_state`]), the
+//! manager's JSON API types ([`mgr_api`]), configuration loading
 //! ([`config`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
 //! the verbs-shaped [`transport`] layer, the zero-copy payload [`buffer`]s every
 //! write and read travels in, and the [`metrics`] endpoint.
@@ -15,6 +16,7 @@ pub mod logging;
 pub mod map;
 pub mod metrics;
 pub mod mgr_api;
+pub mod pg_state;
 pub mod placement;
 pub mod protocol;
 pub mod reactor;

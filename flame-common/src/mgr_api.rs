@@ -19,6 +19,8 @@
 //! | GET | `/v1/volumes/{name}/trim` | → [`VolumeTrim`] (the shrink whose trim is pending, if any) |
 //! | POST | `/v1/volumes/{name}/trim` | [`TrimDone`] → [`VolumeTrim`] |
 //! | DELETE | `/v1/volumes/{name}` | → `VolumeInfo` (the removed volume) |
+//! | GET | `/v1/pgs` | → `Vec<`[`PgStatus`]`>` (every placement group, by number) |
+//! | GET | `/v1/pgs/{id}` | → [`PgStatus`]; 404 past the pool's last group |
 //! | GET | `/metrics` | → Prometheus text |
 
 use crate::ids::{Epoch, OsdId};
@@ -84,6 +86,35 @@ pub struct OsdHeartbeat {
     pub used_bytes: u64,
     /// Bytes of its file system.
     pub capacity_bytes: u64,
+    /// Recovery and scrub figures of this OSD (as primary of its groups); `None`
+    /// from an OSD that does not report them (older OSDs: the field is absent).
+    #[serde(default)]
+    pub recovery: Option<RecoveryProgress>,
+}
+
+/// What an OSD reports about recovery and scrub in every heartbeat, so the manager
+/// can show progress, a rate and an ETA (`flame-admin status`, metrics) without
+/// asking the OSDs. The `_total` figures are counters since the OSD process
+/// started: the manager takes differences between heartbeats and treats a
+/// decrease as a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecoveryProgress {
+    /// Objects this OSD currently knows it still has to copy to recovering members
+    /// of the groups it is primary of (0 when it has nothing to do, or has not
+    /// worked out the amount yet).
+    pub objects_to_recover: u64,
+    /// Objects copied to recovering members since the OSD started.
+    pub objects_recovered_total: u64,
+    /// Bytes copied to recovering members since the OSD started.
+    pub bytes_recovered_total: u64,
+    /// Mismatches or unreadable blocks scrub found since the OSD started.
+    pub scrub_errors_total: u64,
+    /// Of those, how many were repaired from the agreeing copies.
+    pub scrub_repaired_total: u64,
+    /// When this OSD last finished a scrub pass, seconds since the Unix epoch (0:
+    /// never since it started).
+    pub last_scrub_unix: u64,
 }
 
 /// Answer to a heartbeat: the current epoch, so the OSD knows when to fetch the map.
@@ -145,7 +176,9 @@ pub struct OsdStatus {
     /// Milliseconds since the last heartbeat (None: never heard from since the
     /// manager started).
     pub last_heartbeat_ms_ago: Option<u64>,
-    /// Placement groups whose acting set includes this OSD.
+    /// Placement groups this OSD is a member of: placed there, or holding a
+    /// complete copy (see `PgMembers::is_member`; a down OSD still counts for the
+    /// groups that wait for it or will recover it).
     pub pgs: u32,
     /// No heartbeat since the manager started: `used_bytes`/`capacity_bytes` are
     /// placeholders (0) and `up` is only what the map last recorded. Right after an
@@ -156,7 +189,7 @@ pub struct OsdStatus {
 }
 
 /// `flame-admin status`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ClusterStatus {
     /// Cluster id.
     pub fsid: String,
@@ -187,6 +220,106 @@ pub struct ClusterStatus {
     /// leave them out, and their `up` is only the last recorded state.
     #[serde(default)]
     pub osds_awaiting_first_report: u32,
+    /// Placement groups by state string (`active+clean`: 120, ...), computed from
+    /// the map: see [`crate::pg_state`]. (Absent from older managers: empty.)
+    #[serde(default)]
+    pub pgs_by_state: std::collections::BTreeMap<String, u32>,
+    /// Placement groups per flag (a group counts under each flag it has).
+    #[serde(default)]
+    pub pg_summary: PgSummary,
+    /// Recovery progress, rate and ETA, and scrub figures, from the OSDs'
+    /// heartbeats.
+    #[serde(default)]
+    pub recovery: RecoverySummary,
+}
+
+/// Placement-group counts per state flag (see [`crate::pg_state::PgState`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PgSummary {
+    /// Placement groups in the pool.
+    pub total: u32,
+    /// Serving I/O (at least `min_size` complete copies up).
+    pub active: u32,
+    /// `size` complete copies where placement puts them.
+    pub clean: u32,
+    /// Fewer than `size` complete copies up.
+    pub degraded: u32,
+    /// With members being recovered.
+    pub recovering: u32,
+    /// With complete copies on OSDs placement no longer chooses (misplaced).
+    pub remapped: u32,
+    /// Not serving: I/O to them waits.
+    pub inactive: u32,
+    /// No complete copy up.
+    pub incomplete: u32,
+}
+
+/// Cluster-wide recovery and scrub figures in [`ClusterStatus`], summed over the
+/// up OSDs' latest [`RecoveryProgress`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecoverySummary {
+    /// OSDs whose last heartbeat carried recovery figures.
+    pub osds_reporting: u32,
+    /// Objects the primaries still know they have to copy.
+    pub objects_to_recover: u64,
+    /// Objects copied since the current recovery began (when the count to recover
+    /// last rose from zero, or the manager started): the progress bar shows this
+    /// against `objects_to_recover`.
+    pub objects_recovered: u64,
+    /// Bytes copied since the current recovery began.
+    pub bytes_recovered: u64,
+    /// Objects copied per second over the last [`RECOVERY_RATE_WINDOW_S`].
+    pub objects_per_second: f64,
+    /// Bytes copied per second over the last [`RECOVERY_RATE_WINDOW_S`].
+    pub bytes_per_second: f64,
+    /// `objects_to_recover / objects_per_second`, rounded up; `None` when nothing
+    /// is left or nothing moved during the window (no estimate possible).
+    pub eta_seconds: Option<u64>,
+    /// Scrub errors found (sum of the OSDs' counters since they started).
+    pub scrub_errors: u64,
+    /// Scrub errors repaired.
+    pub scrub_repaired: u64,
+    /// The oldest "last scrub finished" among the reporting OSDs that have
+    /// scrubbed, seconds since the Unix epoch.
+    pub oldest_scrub_unix: Option<u64>,
+}
+
+impl RecoverySummary {
+    /// Fraction of the current recovery done, `recovered / (recovered +
+    /// remaining)`, in `[0, 1]`; `None` when nothing was or is to be recovered.
+    pub fn progress(&self) -> Option<f64> {
+        let all = self
+            .objects_recovered
+            .saturating_add(self.objects_to_recover);
+        (all > 0).then(|| self.objects_recovered as f64 / all as f64)
+    }
+}
+
+/// The window over which the manager computes recovery rates.
+pub const RECOVERY_RATE_WINDOW_S: u64 = 30;
+
+/// One placement group in `GET /v1/pgs`: its state and roles in the current map
+/// (see [`crate::placement::PgMembers`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgStatus {
+    /// The group.
+    pub pg: crate::ids::PgId,
+    /// State string, e.g. `active+recovering+degraded` ([`crate::pg_state`]).
+    pub state: String,
+    /// Map epoch the roles were computed from.
+    pub epoch: Epoch,
+    /// Placement's choice, in placement order.
+    pub placed: Vec<OsdId>,
+    /// Complete copies that are up, primary first.
+    pub acting: Vec<OsdId>,
+    /// The primary (`acting[0]`), if any complete copy is up.
+    pub primary: Option<OsdId>,
+    /// Placed members that are up but not complete: being recovered.
+    pub recovering: Vec<OsdId>,
+    /// Complete copies on OSDs that are down (an inactive group waits for them).
+    pub down_complete: Vec<OsdId>,
 }
 
 /// Creates a volume.

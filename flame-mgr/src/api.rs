@@ -147,6 +147,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/v1/volumes/{name}/trim",
             get(get_volume_trim).post(volume_trim_done),
         )
+        .route("/v1/pgs", get(get_pgs))
+        .route("/v1/pgs/{id}", get(get_pg))
         .route("/metrics", get(get_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -229,13 +231,44 @@ async fn get_map(
 }
 
 async fn get_status(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
-    let (state, acting) = shared.snapshot().await?;
-    Ok(ok_json(&state.status(&acting)))
+    let (state, pgs) = shared.snapshot().await?;
+    Ok(ok_json(&state.status(&pgs, Instant::now())))
+}
+
+async fn get_pgs(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
+    let (state, pgs) = shared.snapshot().await?;
+    Ok(ok_json(&crate::pg_status::pg_statuses(&pgs, state.map())))
+}
+
+async fn get_pg(
+    State(shared): State<Arc<Shared>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let text = path_name(id)?;
+    // `12` or `pg.12`, as flame-admin prints them.
+    let digits = text.strip_prefix("pg.").unwrap_or(&text);
+    let pg = digits.parse::<u32>().map_err(|_| {
+        let shown: String = text.chars().take(32).collect();
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            format!("`{shown}` is not a placement group number"),
+        )
+    })?;
+    let (state, pgs) = shared.snapshot().await?;
+    let entry = crate::pg_status::pg_status(&pgs, state.map(), flame_common::ids::PgId(pg))
+        .ok_or_else(|| {
+            StateError::NotFound(format!(
+                "no placement group {pg}: the pool has {} (0..={})",
+                pgs.pg_count(),
+                pgs.pg_count().saturating_sub(1)
+            ))
+        })?;
+    Ok(ok_json(&entry))
 }
 
 async fn get_osds(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
-    let (state, acting) = shared.snapshot().await?;
-    Ok(ok_json(&state.osd_statuses(&acting, Instant::now())))
+    let (state, pgs) = shared.snapshot().await?;
+    Ok(ok_json(&state.osd_statuses(&pgs, Instant::now())))
 }
 
 async fn osd_boot(

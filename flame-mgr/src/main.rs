@@ -13,6 +13,7 @@ mod api;
 mod config;
 mod failure;
 mod metrics;
+mod pg_status;
 mod shared;
 mod state;
 mod store;

@@ -5,7 +5,9 @@
 //! only the request counters and latencies are updated as requests happen.
 
 use crate::state::ClusterState;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use flame_common::placement::PgTable;
+use prometheus::{Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use std::time::Instant;
 
 /// Every metric the manager exports, registered in the default registry.
 pub struct Metrics {
@@ -14,6 +16,13 @@ pub struct Metrics {
     volumes: IntGauge,
     provisioned_bytes: IntGauge,
     used_bytes: IntGauge,
+    pgs: IntGaugeVec,
+    pgs_degraded: IntGauge,
+    pgs_inactive: IntGauge,
+    objects_to_recover: IntGauge,
+    recovery_bytes_per_second: Gauge,
+    recovery_objects_per_second: Gauge,
+    scrub_errors: IntGauge,
     /// `flame_mgr_api_requests_total{route,status}`.
     pub api_requests: IntCounterVec,
     /// `flame_mgr_api_latency_seconds{route}`.
@@ -36,7 +45,10 @@ impl Metrics {
                 "Current cluster map epoch.",
             )?)?,
             osds: register(IntGaugeVec::new(
-                Opts::new("flame_mgr_osds", "OSDs in the map: state=total, up or in."),
+                Opts::new(
+                    "flame_mgr_osds",
+                    "OSDs in the map: state=total, up, down, in or out.",
+                ),
                 &["state"],
             )?)?,
             volumes: register(IntGauge::new("flame_mgr_volumes", "Volumes in the map.")?)?,
@@ -47,6 +59,38 @@ impl Metrics {
             used_bytes: register(IntGauge::new(
                 "flame_mgr_used_bytes",
                 "Sum of object bytes last reported by OSDs (all copies).",
+            )?)?,
+            pgs: register(IntGaugeVec::new(
+                Opts::new(
+                    "flame_mgr_pgs",
+                    "Placement groups by state string (active+clean, \
+                     active+recovering+degraded, inactive+degraded, ...), from the map.",
+                ),
+                &["state"],
+            )?)?,
+            pgs_degraded: register(IntGauge::new(
+                "flame_mgr_pgs_degraded",
+                "Placement groups with fewer than pool.size complete copies up.",
+            )?)?,
+            pgs_inactive: register(IntGauge::new(
+                "flame_mgr_pgs_inactive",
+                "Placement groups with fewer than pool.min_size complete copies up: I/O waits.",
+            )?)?,
+            objects_to_recover: register(IntGauge::new(
+                "flame_mgr_objects_to_recover",
+                "Objects the up OSDs last reported they still have to recover.",
+            )?)?,
+            recovery_bytes_per_second: register(Gauge::new(
+                "flame_mgr_recovery_bytes_per_second",
+                "Bytes recovered per second, cluster-wide, over the last 30 s of heartbeats.",
+            )?)?,
+            recovery_objects_per_second: register(Gauge::new(
+                "flame_mgr_recovery_objects_per_second",
+                "Objects recovered per second, cluster-wide, over the last 30 s of heartbeats.",
+            )?)?,
+            scrub_errors: register(IntGauge::new(
+                "flame_mgr_scrub_errors",
+                "Scrub errors the up OSDs found since they started (sum of their counters).",
             )?)?,
             api_requests: register(IntCounterVec::new(
                 Opts::new(
@@ -66,8 +110,9 @@ impl Metrics {
         })
     }
 
-    /// Sets the map gauges from `state`; called right before rendering.
-    pub fn refresh(&self, state: &ClusterState) {
+    /// Sets the map gauges from `state` and its placement table `pgs`; called
+    /// right before rendering.
+    pub fn refresh(&self, state: &ClusterState, pgs: &PgTable, now: Instant) {
         let map = state.map();
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -79,12 +124,37 @@ impl Metrics {
             .with_label_values(&["up"])
             .set(count(map.osds.values().filter(|o| o.up).count()));
         self.osds
+            .with_label_values(&["down"])
+            .set(count(map.osds.values().filter(|o| !o.up).count()));
+        self.osds
             .with_label_values(&["in"])
             .set(count(map.osds.values().filter(|o| o.r#in).count()));
+        self.osds
+            .with_label_values(&["out"])
+            .set(count(map.osds.values().filter(|o| !o.r#in).count()));
         self.volumes.set(count(map.volumes.len()));
         // The status computation holds the one definition of these sums.
-        let st = state.status(&[]);
+        let st = state.status(pgs, now);
         self.provisioned_bytes.set(clamp(st.provisioned_bytes));
         self.used_bytes.set(clamp(st.used_bytes));
+        // A state no group is in any more must not keep its last count: start
+        // from nothing. `active+clean` is always exported, so a dashboard has a
+        // series even when every group is elsewhere.
+        self.pgs.reset();
+        self.pgs.with_label_values(&["active+clean"]).set(0);
+        for (state_name, n) in &st.pgs_by_state {
+            self.pgs
+                .with_label_values(&[state_name.as_str()])
+                .set(i64::from(*n));
+        }
+        self.pgs_degraded.set(i64::from(st.pg_summary.degraded));
+        self.pgs_inactive.set(i64::from(st.pg_summary.inactive));
+        self.objects_to_recover
+            .set(clamp(st.recovery.objects_to_recover));
+        self.recovery_bytes_per_second
+            .set(st.recovery.bytes_per_second);
+        self.recovery_objects_per_second
+            .set(st.recovery.objects_per_second);
+        self.scrub_errors.set(clamp(st.recovery.scrub_errors));
     }
 }

@@ -14,10 +14,11 @@
 //! that has started always finishes and is installed, so memory never falls behind
 //! the disk.
 
-use crate::state::{ClusterState, StateError, acting_sets};
+use crate::state::{ClusterState, StateError};
 use crate::store::{Store, StoreError};
-use flame_common::ids::{Epoch, OsdId};
+use flame_common::ids::Epoch;
 use flame_common::map::ClusterMap;
+use flame_common::placement::PgTable;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{Mutex, watch};
@@ -36,8 +37,8 @@ pub enum MgrError {
     Internal(String),
 }
 
-/// Placement groups' acting sets, by PG number.
-pub type ActingSets = Arc<Vec<Vec<OsdId>>>;
+/// Every placement group's roles in one map (placed, acting, recovering...).
+pub type ActingSets = Arc<PgTable>;
 
 /// Everything the HTTP handlers and the failure detector share.
 pub struct Shared {
@@ -47,8 +48,8 @@ pub struct Shared {
     /// The latest durable map; GET /v1/map reads it without taking the state lock,
     /// and long-polls wait on it.
     map_tx: watch::Sender<Arc<ClusterMap>>,
-    /// Acting sets of one epoch: computing them costs `pg_count × osds` hashes, and
-    /// they only change with the map.
+    /// Placement-group roles of one epoch: computing them costs `pg_count × osds`
+    /// hashes, and they only change with the map.
     acting_cache: parking_lot::Mutex<Option<(Epoch, ActingSets)>>,
     /// Prometheus metrics.
     pub metrics: crate::metrics::Metrics,
@@ -113,7 +114,7 @@ impl Shared {
         rx.borrow().clone()
     }
 
-    /// A consistent copy of the state with the acting sets of its map.
+    /// A consistent copy of the state with the placement-group roles of its map.
     pub async fn snapshot(&self) -> Result<(ClusterState, ActingSets), MgrError> {
         let snap = self.state.lock().await.clone();
         let acting = self.acting_sets(snap.map()).await?;
@@ -128,7 +129,7 @@ impl Shared {
         }
         let m = map.clone();
         let sets = Arc::new(
-            tokio::task::spawn_blocking(move || acting_sets(&m))
+            tokio::task::spawn_blocking(move || PgTable::new(&m))
                 .await
                 .map_err(|e| MgrError::Internal(format!("placement task failed: {e}")))?,
         );
@@ -138,9 +139,10 @@ impl Shared {
 
     /// Refreshes the map gauges and renders every metric.
     pub async fn render_metrics(&self) -> String {
-        {
-            let state = self.state.lock().await;
-            self.metrics.refresh(&state);
+        match self.snapshot().await {
+            Ok((state, pgs)) => self.metrics.refresh(&state, &pgs, Instant::now()),
+            // The gauges keep their last values; the scrape still answers.
+            Err(e) => tracing::error!("metrics: cannot compute placement: {e}"),
         }
         flame_common::metrics::render()
     }

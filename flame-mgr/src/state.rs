@@ -18,7 +18,7 @@ use flame_common::mgr_api::{
     ClusterStatus, OsdBoot, OsdHeartbeat, OsdStatus, TrimDone, TrimRange, VolumeCreate,
     VolumeResize, VolumeTrim,
 };
-use flame_common::placement::pg_osds;
+use flame_common::placement::{PgTable, pg_osds};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -189,6 +189,8 @@ pub struct ClusterState {
     runtime: BTreeMap<OsdId, OsdRuntime>,
     /// `MgrConfig::new_osds_in_with_volumes`.
     pub new_osds_in_with_volumes: bool,
+    /// Recovery figures from heartbeats (progress, rate, ETA); runtime only.
+    pub recovery: crate::pg_status::RecoveryTracker,
 }
 
 impl ClusterState {
@@ -217,6 +219,7 @@ impl ClusterState {
             persisted,
             runtime,
             new_osds_in_with_volumes: false,
+            recovery: crate::pg_status::RecoveryTracker::new(),
         }
     }
 
@@ -443,6 +446,8 @@ impl ClusterState {
             info!("{} heartbeat: marked up", hb.id);
             self.bump_epoch();
         }
+        let map = &self.persisted.map;
+        self.recovery.record(hb.id, hb.recovery.as_ref(), map, now);
         Ok(())
     }
 
@@ -671,10 +676,12 @@ impl ClusterState {
         Ok(vol)
     }
 
-    /// `GET /v1/status`. `acting` is [`acting_sets`] of the current map.
-    pub fn status(&self, acting: &[Vec<OsdId>]) -> ClusterStatus {
+    /// `GET /v1/status`. `pgs` is the [`PgTable`] of the current map; `now`
+    /// dates the recovery rate.
+    pub fn status(&self, pgs: &PgTable, now: Instant) -> ClusterStatus {
         let map = &self.persisted.map;
-        let (health, health_detail) = health(map, acting, &self.persisted.pending_trims);
+        let (health, health_detail) = health(map, pgs, &self.persisted.pending_trims);
+        let (pgs_by_state, pg_summary) = crate::pg_status::summarize(pgs, map);
         ClusterStatus {
             fsid: map.fsid.clone(),
             health: health.as_str().to_string(),
@@ -703,15 +710,27 @@ impl ClusterState {
                     .filter(|id| !self.runtime.get(id).is_some_and(|r| r.usage_reported))
                     .count(),
             ),
+            pgs_by_state,
+            pg_summary,
+            recovery: self.recovery.summary(map, now),
         }
     }
 
-    /// `GET /v1/osds`. `acting` is [`acting_sets`] of the current map.
-    pub fn osd_statuses(&self, acting: &[Vec<OsdId>], now: Instant) -> Vec<OsdStatus> {
+    /// `GET /v1/osds`. `table` is the [`PgTable`] of the current map.
+    pub fn osd_statuses(&self, table: &PgTable, now: Instant) -> Vec<OsdStatus> {
         let mut pgs: BTreeMap<OsdId, u32> = BTreeMap::new();
-        for set in acting {
-            for id in set {
-                *pgs.entry(*id).or_default() += 1;
+        // Members: placed, or holding a complete copy (up or down).
+        let mut members: Vec<OsdId> = Vec::new();
+        for (_, m) in table.iter() {
+            members.clear();
+            for &id in m.placed.iter().chain(&m.acting).chain(&m.down_complete) {
+                if !members.contains(&id) {
+                    members.push(id);
+                }
+            }
+            for &id in &members {
+                debug_assert!(m.is_member(id));
+                *pgs.entry(id).or_default() += 1;
             }
         }
         self.persisted
@@ -794,8 +813,6 @@ fn validate_volume_size(size: u64) -> Result<(), StateError> {
     Ok(())
 }
 
-/// The acting set of every placement group of `map`, indexed by PG number. Costs
-/// `pg_count × osds` hash draws, so callers cache it per epoch.
 /// The OSDs holding complete copies of `pg`: the manager's record, or the placed
 /// OSDs when there is none.
 pub fn complete_copies(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
@@ -803,12 +820,6 @@ pub fn complete_copies(map: &ClusterMap, pg: PgId) -> Vec<OsdId> {
         Some(c) => c.clone(),
         None => pg_osds(map, pg),
     }
-}
-
-pub fn acting_sets(map: &ClusterMap) -> Vec<Vec<OsdId>> {
-    (0..map.pool.pg_count)
-        .map(|pg| pg_osds(map, PgId(pg)))
-        .collect()
 }
 
 /// Cluster health levels, ordered by severity.
@@ -855,24 +866,25 @@ const HEALTH_SCAN_OBJECTS_PER_VOLUME: u64 = 1 << 16;
 const HEALTH_SCAN_OBJECTS_TOTAL: u64 = 1 << 20;
 
 /// Computes health and the reasons for it, saying what happens to I/O — which is
-/// what an operator needs to know — rather than naming states.
+/// what an operator needs to know — as well as naming the placement-group states
+/// (see `flame_common::pg_state`).
 ///
-/// What the data path does today (no recovery yet): a write (also write-zeroes,
-/// discard) goes to the primary, which applies it only if **every** OSD of the
-/// placement group's acting set is up and the set is full (`pool.size` OSDs);
-/// otherwise it answers EAGAIN and the client retries until the OSD is back or its
-/// I/O timeout passes. A read goes to the primary only, so it waits only if the
-/// primary is down. A FLUSH waits for every OSD that is down but in.
+/// What the data path does (see `PgMembers`): a group serves reads and writes
+/// while at least `pool.min_size` complete copies are up (a write is acknowledged
+/// once every acting and recovering member applied it); with fewer, I/O to it
+/// waits — the OSDs answer EAGAIN and the client retries — until enough copies are
+/// back.
 ///
-/// ERR: no OSDs, fewer OSDs in than `pool.size` (no write can complete), or some
-/// placement group has a down OSD (writes to it wait). WARN: an OSD is out, or a
-/// shrunk volume's old bytes are not yet trimmed.
+/// ERR: no OSDs, or some placement group is inactive or incomplete (its I/O
+/// waits). WARN: an OSD is down or out, some group is degraded, recovering or
+/// remapped (I/O continues, redundancy is reduced or data is moving), or a shrunk
+/// volume's old bytes are not yet trimmed.
 pub fn health(
     map: &ClusterMap,
-    acting: &[Vec<OsdId>],
+    pgs: &PgTable,
     pending_trims: &BTreeMap<VolumeId, TrimRange>,
 ) -> (Health, Vec<String>) {
-    let (level, mut detail) = io_health(map, acting);
+    let (level, mut detail) = io_health(map, pgs);
     if pending_trims.is_empty() {
         return (level, detail);
     }
@@ -889,7 +901,7 @@ pub fn health(
 }
 
 /// The OSD and placement-group part of [`health`].
-fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
+fn io_health(map: &ClusterMap, pgs: &PgTable) -> (Health, Vec<String>) {
     let mut level = Health::Ok;
     let mut detail = Vec::new();
     if map.osds.is_empty() {
@@ -909,58 +921,48 @@ fn io_health(map: &ClusterMap, acting: &[Vec<OsdId>]) -> (Health, Vec<String>) {
         .map(|o| o.id)
         .collect();
     detail_osds(&mut detail, &down, "down");
-    detail_osds(&mut detail, &out, "out (it holds no placement groups)");
+    detail_osds(&mut detail, &out, "out (placement puts no data on it)");
     if !out.is_empty() || !down.is_empty() {
         level = level.max(Health::Warn);
     }
     let n_in = map.osds.values().filter(|o| o.r#in).count();
-    if n_in < map.pool.size as usize {
-        level = Health::Err;
+    let (size, min_size) = (map.pool.size as usize, map.pool.min_size as usize);
+    // The level comes from the placement-group states below: groups whose old
+    // homes are still complete can serve even with few OSDs in.
+    if n_in < min_size {
+        level = level.max(Health::Warn);
         detail.push(format!(
-            "only {n_in} OSDs are in, fewer than pool.size {}: every write needs all {} \
-             copies, so writes wait until enough OSDs are in",
-            map.pool.size, map.pool.size
+            "only {n_in} OSDs are in, fewer than pool.min_size {min_size}: placement \
+             groups can only serve from complete copies on OSDs that are out"
+        ));
+    } else if n_in < size {
+        level = level.max(Health::Warn);
+        detail.push(format!(
+            "only {n_in} OSDs are in, fewer than pool.size {size}: placement groups keep \
+             fewer copies than asked for"
         ));
     }
-    let is_down = |id: &OsdId| map.osds.get(id).is_none_or(|o| !o.up);
-    // Placement groups whose writes wait (a down OSD in a full acting set) and,
-    // among them, those whose reads wait too (the primary is down).
-    let mut writes_wait = vec![false; acting.len()];
-    let mut n_writes = 0usize;
-    let mut n_reads = 0usize;
-    if n_in >= map.pool.size as usize {
-        for (pg, set) in acting.iter().enumerate() {
-            if set.iter().any(is_down) {
-                writes_wait[pg] = true;
-                n_writes += 1;
-                if set.first().is_some_and(is_down) {
-                    n_reads += 1;
-                }
-            }
-        }
-    }
-    if n_writes > 0 {
+    let h = crate::pg_status::pg_health(pgs, map);
+    if !h.errors.is_empty() {
         level = Health::Err;
-        let who = if down.len() == 1 {
-            format!("{}", down[0])
-        } else {
-            format!("{} OSDs", down.len())
-        };
-        detail.push(format!(
-            "{n_writes} of {} placement groups have a down OSD ({who}): writes to them wait \
-             until it is back up (a client gives up after its I/O timeout), and so does \
-             every FLUSH; reads wait in the {n_reads} of them whose primary is down, the \
-             others' reads are served",
-            acting.len()
-        ));
-        detail_blocked_volumes(&mut detail, map, &writes_wait);
     }
+    if !h.warnings.is_empty() {
+        level = level.max(Health::Warn);
+    }
+    let blocked = !h.errors.is_empty();
+    detail.extend(h.errors);
+    if blocked {
+        detail_blocked_volumes(&mut detail, map, &h.io_waits);
+    }
+    detail.extend(h.warnings);
+    detail.extend(h.examples);
     (level, detail)
 }
 
-/// Appends, per volume with objects in a write-blocked placement group, how many
+/// Appends, per volume with objects in a placement group whose I/O waits (the
+/// groups of the error lines just before), how many
 /// (bounded scan, see [`HEALTH_SCAN_OBJECTS_PER_VOLUME`]).
-fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wait: &[bool]) {
+fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, io_waits: &[bool]) {
     let object_size = u64::from(map.pool.object_size.max(1));
     let mut budget = HEALTH_SCAN_OBJECTS_TOTAL;
     let mut lines = Vec::new();
@@ -982,7 +984,7 @@ fn detail_blocked_volumes(detail: &mut Vec<String>, map: &ClusterMap, writes_wai
                     },
                     map.pool.pg_count,
                 );
-                writes_wait.get(pg.0 as usize).copied().unwrap_or(false)
+                io_waits.get(pg.0 as usize).copied().unwrap_or(false)
             })
             .count();
         if hit > 0 {
@@ -1045,6 +1047,7 @@ mod tests {
             epoch: Epoch(0),
             used_bytes: 10,
             capacity_bytes: 100,
+            recovery: None,
         }
     }
 
@@ -1270,7 +1273,7 @@ mod tests {
         s.heartbeat(&hb(a, "u-a"), t0 + grace * 10).unwrap();
         assert!(s.map().osds[&a].up);
         assert_eq!(s.epoch(), Epoch(e.0 + 2));
-        let st = s.osd_statuses(&acting_sets(s.map()), t0 + grace * 10);
+        let st = s.osd_statuses(&PgTable::new(s.map()), t0 + grace * 10);
         assert_eq!(st[0].used_bytes, 10);
         assert_eq!(st[0].capacity_bytes, 100);
         assert_eq!(st[0].last_heartbeat_ms_ago, Some(0));
@@ -1286,7 +1289,7 @@ mod tests {
         let mut s = ClusterState::new(s.persisted.clone(), t1);
         let grace = Duration::from_secs(6);
         assert!(s.mark_down_silent(t1 + grace, grace).is_empty());
-        let st = s.osd_statuses(&[], t1);
+        let st = s.osd_statuses(&PgTable::new(s.map()), t1);
         assert_eq!(st[0].last_heartbeat_ms_ago, None);
         assert_eq!(s.mark_down_silent(t1 + grace * 2, grace), vec![OsdId(0)]);
     }
@@ -1364,28 +1367,45 @@ mod tests {
         let mut s = state();
         let now = Instant::now();
         let h = |s: &ClusterState| {
-            let st = s.status(&acting_sets(s.map()));
+            let st = st_of(s);
             (st.health, st.health_detail)
         };
         assert_eq!(h(&s).0, "HEALTH_ERR", "no OSDs at all");
         s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
-        s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
-        // Two of three copies possible: the primary answers EAGAIN to every write.
+        // One OSD: one copy, below min_size 2: every group's I/O waits.
         let (lvl, detail) = h(&s);
         assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
         assert!(
+            detail.iter().any(|d| d.starts_with(
+                "64 of 64 placement groups have fewer than pool.min_size 2 complete \
+                     copies up: I/O to them waits"
+            )),
+            "{detail:?}"
+        );
+        s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
+        // Two of three copies: min_size is met, I/O is served, redundancy is low.
+        let (lvl, detail) = h(&s);
+        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
+        assert!(
+            detail.iter().any(|d| d.contains("fewer than pool.size")),
+            "{detail:?}"
+        );
+        assert!(
             detail
                 .iter()
-                .any(|d| d.contains("fewer than pool.size") && d.contains("writes wait")),
+                .any(|d| d.starts_with("64 of 64 placement groups are degraded")),
             "{detail:?}"
         );
         s.boot(&boot_req("c", 6920, "h3"), now).unwrap();
         assert_eq!(h(&s), ("HEALTH_OK".to_string(), vec![]));
-        // Out (but up) OSD: it holds nothing; with only 2 in, writes wait.
+        let st = st_of(&s);
+        assert_eq!(st.pgs_by_state.get("active+clean"), Some(&64));
+        assert_eq!(st.pg_summary.clean, 64);
+        // Out (but up) OSD: placement puts nothing there; with only 2 in, degraded.
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = false;
         let (lvl, detail) = h(&s);
-        assert_eq!(lvl, "HEALTH_ERR", "{detail:?}");
-        assert!(detail.contains(&"osd.2 is out (it holds no placement groups)".to_string()));
+        assert_eq!(lvl, "HEALTH_WARN", "{detail:?}");
+        assert!(detail.contains(&"osd.2 is out (placement puts no data on it)".to_string()));
         s.persisted.map.osds.get_mut(&OsdId(2)).unwrap().r#in = true;
         s.boot(&boot_req("d", 6930, "h4"), now).unwrap();
         s.persisted.map.osds.get_mut(&OsdId(3)).unwrap().r#in = false;
@@ -1393,44 +1413,107 @@ mod tests {
         assert_eq!(lvl, "HEALTH_WARN", "out with enough in: {detail:?}");
     }
 
-    /// Health says what happens to I/O when an OSD is down, with the true counts:
-    /// every PG holding the OSD has its writes wait (the primary refuses writes
-    /// with a down replica, and a down primary takes nothing); reads wait only
-    /// where the OSD is the primary (reads go to the primary alone).
+    /// The status of `s` now, with its placement table.
+    fn st_of(s: &ClusterState) -> ClusterStatus {
+        s.status(&PgTable::new(s.map()), Instant::now())
+    }
+
+    /// Health says what happens to I/O as OSDs go down, with the true counts from
+    /// the placement-group states: one OSD down (its groups carry on without it,
+    /// the manager's rule) is a warning, I/O continues; a second one down puts the
+    /// groups that had both below min_size: an error, I/O to them waits, and the
+    /// volumes with objects there are named. Back up, the first OSD's groups
+    /// recover.
     #[test]
-    fn health_says_what_happens_when_an_osd_is_down() {
+    fn health_says_what_happens_when_osds_go_down() {
         let mut s = state();
-        let now = Instant::now();
-        for (i, u) in ["a", "b", "c", "d"].iter().enumerate() {
-            s.boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), now)
+        let t0 = Instant::now();
+        let uuids = ["a", "b", "c", "d"];
+        for (i, u) in uuids.iter().enumerate() {
+            let id = s
+                .boot(&boot_req(u, 6900 + 10 * i as u16, &format!("h{i}")), t0)
                 .unwrap();
+            s.heartbeat(&hb(id, u), t0).unwrap();
         }
         create(&mut s, "vol-x", 64 << 20).unwrap();
-        s.persisted.map.osds.get_mut(&OsdId(1)).unwrap().up = false;
-        let acting = acting_sets(s.map());
-        let holding = acting.iter().filter(|set| set.contains(&OsdId(1))).count();
-        let primary = acting.iter().filter(|set| set[0] == OsdId(1)).count();
-        assert!(holding > primary && primary > 0, "{holding} {primary}");
-        let st = s.status(&acting);
-        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        let grace = Duration::from_secs(5);
+        let beat_all_but = |s: &mut ClusterState, silent: &[u32], at: Instant| {
+            for (i, u) in uuids.iter().enumerate() {
+                if !silent.contains(&(i as u32)) {
+                    s.heartbeat(&hb(OsdId(i as u32), u), at).unwrap();
+                }
+            }
+        };
+        let t1 = t0 + grace * 2;
+        beat_all_but(&mut s, &[1], t1);
+        assert_eq!(s.mark_down_silent(t1, grace), vec![OsdId(1)]);
+        let table = PgTable::new(s.map());
+        let holding = table
+            .iter()
+            .filter(|(_, m)| m.placed.contains(&OsdId(1)))
+            .count();
+        assert!(holding > 0);
+        let st = s.status(&table, t1);
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
+        assert_eq!(st.pg_summary.degraded as usize, holding);
+        assert_eq!(st.pg_summary.inactive, 0);
+        assert_eq!(
+            st.pgs_by_state.get("active+degraded").copied().unwrap_or(0) as usize,
+            holding,
+            "{:?}",
+            st.pgs_by_state
+        );
         let line = st
             .health_detail
             .iter()
-            .find(|d| d.contains("writes to them wait"))
+            .find(|d| d.contains("degraded"))
+            .unwrap_or_else(|| panic!("{:?}", st.health_detail));
+        assert!(
+            line == &format!(
+                "{holding} of 64 placement groups are degraded (fewer than pool.size 3 \
+                 complete copies up): I/O goes on with the copies that are up"
+            ),
+            "{line}"
+        );
+        assert!(st.health_detail.contains(&"osd.1 is down".to_string()));
+
+        // A second OSD down: groups that had both are left with one complete copy.
+        let t2 = t1 + grace * 2;
+        beat_all_but(&mut s, &[1, 2], t2);
+        assert_eq!(s.mark_down_silent(t2, grace), vec![OsdId(2)]);
+        let table = PgTable::new(s.map());
+        let both = table
+            .iter()
+            .filter(|(_, m)| m.placed.contains(&OsdId(1)) && m.placed.contains(&OsdId(2)))
+            .count();
+        assert!(both > 0);
+        let st = s.status(&table, t2);
+        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        assert_eq!(
+            st.pg_summary.inactive as usize, both,
+            "{:?}",
+            st.pgs_by_state
+        );
+        let line = st
+            .health_detail
+            .iter()
+            .find(|d| d.contains("inactive"))
             .unwrap_or_else(|| panic!("{:?}", st.health_detail));
         assert!(
             line.starts_with(&format!(
-                "{holding} of 64 placement groups have a down OSD (osd.1)"
+                "{both} of 64 placement groups have fewer than pool.min_size 2 complete \
+                 copies up: I/O to them waits (no error, no stale data)"
             )),
             "{line}"
         );
         assert!(
-            line.contains(&format!(
-                "reads wait in the {primary} of them whose primary is down"
-            )),
-            "{line}"
+            st.health_detail
+                .iter()
+                .any(|d| d.starts_with("inactive placement groups: pg.")
+                    && d.contains("waiting for osd.2")),
+            "{:?}",
+            st.health_detail
         );
-        assert!(!line.contains("fewer copies"), "{line}");
         // Which volumes: vol-x has 16 objects of 4 MiB.
         let want = (0..16)
             .filter(|&index| {
@@ -1441,14 +1524,51 @@ mod tests {
                     },
                     64,
                 );
-                acting[pg.0 as usize].contains(&OsdId(1))
+                !table.pg(pg).active
             })
             .count();
-        assert!(want > 0);
+        if want > 0 {
+            assert!(
+                st.health_detail.contains(&format!(
+                    "volume vol-x: {want} of its 16 objects are in those placement groups"
+                )),
+                "{:?}",
+                st.health_detail
+            );
+        }
+
+        // Both back. osd.2 stayed complete where its group waited for it (no write
+        // could be acknowledged without it) and serves there at once; everywhere
+        // else each of them missed writes and is recovered.
+        let t3 = t2 + grace;
+        beat_all_but(&mut s, &[], t3);
+        let table = PgTable::new(s.map());
+        let st = s.status(&table, t3);
+        let either = table
+            .iter()
+            .filter(|(_, m)| m.placed.contains(&OsdId(1)) || m.placed.contains(&OsdId(2)))
+            .count();
+        assert_eq!(st.pg_summary.inactive, 0, "{:?}", st.pgs_by_state);
+        assert_eq!(
+            st.pg_summary.recovering as usize, either,
+            "{:?}",
+            st.pgs_by_state
+        );
+        assert_eq!(
+            st.pgs_by_state
+                .get("active+recovering+degraded")
+                .copied()
+                .unwrap_or(0) as usize,
+            st.pg_summary.degraded as usize,
+            "{:?}",
+            st.pgs_by_state
+        );
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
         assert!(
-            st.health_detail.contains(&format!(
-                "volume vol-x: {want} of its 16 objects are in those placement groups"
-            )),
+            st.health_detail
+                .iter()
+                .any(|d| d.starts_with("recovering placement groups: pg.")
+                    && d.contains("osd.1 from osd.")),
             "{:?}",
             st.health_detail
         );
@@ -1485,7 +1605,7 @@ mod tests {
         };
         assert_eq!(s.volume_trim("v").unwrap().pending, Some(want));
         // Health says so.
-        let st = s.status(&[]);
+        let st = st_of(&s);
         assert!(
             st.health_detail
                 .iter()
@@ -1549,8 +1669,8 @@ mod tests {
         }
         create(&mut s, "x", 4096).unwrap();
         create(&mut s, "y", 8192).unwrap();
-        let acting = acting_sets(s.map());
-        let st = s.status(&acting);
+        let acting = PgTable::new(s.map());
+        let st = s.status(&acting, now);
         assert_eq!(st.provisioned_bytes, 4096 + 8192);
         assert_eq!(st.used_bytes, 40);
         assert_eq!(st.capacity_bytes, 400);
@@ -1569,23 +1689,23 @@ mod tests {
         let now = Instant::now();
         let a = s.boot(&boot_req("a", 6900, "h1"), now).unwrap();
         let b = s.boot(&boot_req("b", 6910, "h2"), now).unwrap();
-        let st = s.status(&[]);
+        let st = st_of(&s);
         assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
         assert!(
-            s.osd_statuses(&[], now)
+            s.osd_statuses(&PgTable::new(s.map()), now)
                 .iter()
                 .all(|o| o.awaiting_first_report)
         );
         s.heartbeat(&hb(a, "a"), now).unwrap();
-        assert_eq!(s.status(&[]).osds_awaiting_first_report, 1);
-        let osds = s.osd_statuses(&[], now);
+        assert_eq!(st_of(&s).osds_awaiting_first_report, 1);
+        let osds = s.osd_statuses(&PgTable::new(s.map()), now);
         assert!(!osds[0].awaiting_first_report && osds[1].awaiting_first_report);
         s.heartbeat(&hb(b, "b"), now).unwrap();
-        assert_eq!(s.status(&[]).osds_awaiting_first_report, 0);
+        assert_eq!(st_of(&s).osds_awaiting_first_report, 0);
         // A manager restart forgets every report: all are waiting again, though the
         // map still says up.
         let s = ClusterState::new(s.persisted.clone(), now);
-        let st = s.status(&[]);
+        let st = st_of(&s);
         assert_eq!((st.osds_up, st.osds_awaiting_first_report), (2, 2));
         assert_eq!(st.used_bytes, 0);
     }

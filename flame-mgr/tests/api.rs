@@ -194,6 +194,7 @@ fn heartbeat(id: OsdId, uuid: &str) -> OsdHeartbeat {
         epoch: Epoch(0),
         used_bytes: 1000,
         capacity_bytes: 1 << 30,
+        recovery: None,
     }
 }
 
@@ -621,4 +622,126 @@ fn refuses_to_start_on_bad_state_or_shared_dir() {
     // Bad config values name the key.
     let bad = write_config(dir.path(), "heartbeat_grace_ms: 0\n");
     assert_fails_to_start(&bad, "heartbeat_grace_ms");
+}
+
+/// `GET /v1/pgs` and `/v1/pgs/{id}` give each group's state and roles; heartbeats
+/// carrying recovery figures show up in the status as totals, a rate and an ETA,
+/// and in the metrics.
+#[test]
+fn pgs_routes_and_recovery_progress() {
+    use flame_common::mgr_api::{PgStatus, RecoveryProgress};
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = Mgr::start(&write_config(dir.path(), "pool:\n  pg_count: 32\n"));
+    let uuids = ["r0", "r1", "r2"];
+    for (i, u) in uuids.iter().enumerate() {
+        let r: OsdBootReply = mgr.post_ok(
+            "/v1/osd/boot",
+            &boot(u, 6900 + 10 * i as u16, &format!("h{i}")),
+        );
+        assert_eq!(r.id, OsdId(i as u32));
+    }
+    let pgs: Vec<PgStatus> = mgr.get_ok("/v1/pgs");
+    assert_eq!(pgs.len(), 32);
+    for (i, p) in pgs.iter().enumerate() {
+        assert_eq!(p.pg.0 as usize, i);
+        assert_eq!(p.state, "active+clean", "{p:?}");
+        assert_eq!(p.acting.len(), 3);
+        assert_eq!(p.primary, Some(p.acting[0]));
+    }
+    let one: PgStatus = mgr.get_ok("/v1/pgs/7");
+    assert_eq!(one, pgs[7]);
+    let same: PgStatus = mgr.get_ok("/v1/pgs/pg.7");
+    assert_eq!(same, pgs[7]);
+    assert_err(mgr.get("/v1/pgs/32"), 404, "the pool has 32");
+    assert_err(
+        mgr.get("/v1/pgs/seven"),
+        400,
+        "not a placement group number",
+    );
+
+    // osd.0 recovers 10 objects (40 MiB) per heartbeat, ~4 heartbeats a few
+    // hundred ms apart; the others report nothing to do.
+    let beat = |id: u32, left: u64, done: u64| {
+        let mut hb = heartbeat(OsdId(id), uuids[id as usize]);
+        hb.recovery = Some(RecoveryProgress {
+            objects_to_recover: left,
+            objects_recovered_total: done,
+            bytes_recovered_total: done * (4 << 20),
+            scrub_errors_total: u64::from(id),
+            ..Default::default()
+        });
+        let _: HeartbeatReply = mgr.post_ok("/v1/osd/heartbeat", &hb);
+    };
+    let started = Instant::now();
+    for step in 0..5u64 {
+        beat(0, 100 - 10 * step, 10 * step);
+        beat(1, 0, 0);
+        beat(2, 0, 0);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let st: ClusterStatus = mgr.get_ok("/v1/status");
+    let r = &st.recovery;
+    assert_eq!(r.osds_reporting, 3);
+    assert_eq!(r.objects_to_recover, 60);
+    assert_eq!(r.objects_recovered, 40);
+    assert_eq!(r.bytes_recovered, 40 * (4 << 20));
+    assert_eq!(r.scrub_errors, 3);
+    // 40 objects in a bit less than `elapsed` seconds (the last sleep is after
+    // the last heartbeat).
+    assert!(
+        r.objects_per_second > 40.0 / elapsed && r.objects_per_second < 40.0 / 1.0,
+        "{r:?} over {elapsed} s"
+    );
+    assert!(
+        (r.bytes_per_second - r.objects_per_second * f64::from(4u32 << 20)).abs() < 1.0,
+        "{r:?}"
+    );
+    let eta = r
+        .eta_seconds
+        .expect("an ETA while objects are left and moving");
+    assert_eq!(eta, (60.0 / r.objects_per_second).ceil() as u64);
+    assert_eq!(st.pgs_by_state.get("active+clean"), Some(&32));
+    assert_eq!(st.pg_summary.total, 32);
+
+    let mut resp = agent().get(mgr.url("/metrics")).call().unwrap();
+    let text = resp.body_mut().read_to_string().unwrap();
+    for needle in [
+        "flame_mgr_objects_to_recover 60",
+        "flame_mgr_pgs{state=\"active+clean\"} 32",
+        "flame_mgr_pgs_degraded 0",
+        "flame_mgr_osds{state=\"down\"} 0",
+        "flame_mgr_osds{state=\"out\"} 0",
+        "flame_mgr_scrub_errors 3",
+    ] {
+        assert!(text.contains(needle), "metrics lack {needle}:\n{text}");
+    }
+    let rate = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flame_mgr_recovery_bytes_per_second "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(rate > 0.0, "{text}");
+    // Every manager metric the Grafana dashboard queries exists.
+    let dashboard = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/flame-dashboard.json"),
+    )
+    .unwrap();
+    let mut rest = dashboard.as_str();
+    let mut checked = 0;
+    while let Some(at) = rest.find("flame_mgr_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        // Histograms are queried by their _bucket series.
+        let base = name.strip_suffix("_bucket").unwrap_or(&name);
+        assert!(
+            text.contains(&format!("# TYPE {base} ")),
+            "the dashboard queries {name}, which the manager does not export"
+        );
+        checked += 1;
+        rest = &rest[at + name.len()..];
+    }
+    assert!(checked > 10, "{checked}");
 }

@@ -293,6 +293,17 @@ impl Control {
                 epoch: map.load().epoch,
                 used_bytes: usage.0.load(Ordering::Relaxed),
                 capacity_bytes: usage.1.load(Ordering::Relaxed),
+                recovery: Some({
+                    let p = recovery.progress();
+                    flame_common::mgr_api::RecoveryProgress {
+                        objects_to_recover: p.objects_to_recover,
+                        objects_recovered_total: p.objects_recovered_total,
+                        bytes_recovered_total: p.bytes_recovered_total,
+                        scrub_errors_total: p.scrub_errors_total,
+                        scrub_repaired_total: p.scrub_repaired_total,
+                        last_scrub_unix: p.last_scrub_unix,
+                    }
+                }),
             };
             match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
                 Ok(reply) => {

@@ -52,3 +52,56 @@ fn systemd_units_document_installed_files() {
         }
     }
 }
+
+/// The Grafana dashboard is valid JSON that Grafana can lay out: unique panel ids,
+/// panels inside the 24-column grid and not overlapping, every query naming a
+/// Flame metric. (Which manager metrics exist is checked against a running
+/// manager in flame-mgr's API test.)
+#[test]
+fn grafana_dashboard_is_valid() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(repo.join("deploy/grafana/flame-dashboard.json")).unwrap();
+    let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard is not JSON");
+    let panels = d["panels"].as_array().expect("panels");
+    let mut ids = std::collections::BTreeSet::new();
+    let mut cells = std::collections::BTreeMap::new();
+    for p in panels {
+        let id = p["id"].as_u64().expect("panel id");
+        assert!(ids.insert(id), "duplicate panel id {id}");
+        let g = &p["gridPos"];
+        let (x, y, w, h) = (
+            g["x"].as_u64().unwrap(),
+            g["y"].as_u64().unwrap(),
+            g["w"].as_u64().unwrap(),
+            g["h"].as_u64().unwrap(),
+        );
+        assert!(x + w <= 24 && w > 0 && h > 0, "panel {id} outside the grid");
+        for cx in x..x + w {
+            for cy in y..y + h {
+                if let Some(other) = cells.insert((cx, cy), id) {
+                    panic!("panels {other} and {id} overlap at ({cx}, {cy})");
+                }
+            }
+        }
+        if p["type"] != "row" {
+            let targets = p["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "panel {id} has no query");
+            for t in targets {
+                let expr = t["expr"].as_str().unwrap();
+                assert!(expr.contains("flame_"), "panel {id}: {expr}");
+            }
+        }
+    }
+    // The failure-handling panels are there.
+    for title in [
+        "PGs by state",
+        "Recovery rate",
+        "Objects to recover",
+        "OSDs up / down / in / out",
+    ] {
+        assert!(
+            panels.iter().any(|p| p["title"] == title),
+            "no panel titled {title}"
+        );
+    }
+}

@@ -7,8 +7,10 @@
 //! JSON with `--json`, so scripts never parse the human format.
 
 pub mod format;
+pub mod pg;
 pub mod scrub;
 pub mod size;
+pub mod watch;
 
 use crate::bench::{self, BenchConfig, BenchReport, Pattern};
 use crate::{ClientConfig, ClientError, Cluster, MgrClient};
@@ -59,14 +61,18 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Cluster health, map epoch, OSDs, volumes and capacity.
-    Status,
+    /// Cluster health, map epoch, OSDs, volumes, capacity, placement-group states
+    /// and recovery progress (`--watch` to follow it).
+    Status(StatusArgs),
     /// OSD commands.
     #[command(subcommand)]
     Osd(OsdCommand),
     /// Volume commands.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Placement-group commands: states, roles, log bounds.
+    #[command(subcommand)]
+    Pg(PgCommand),
     /// Which object, placement group and OSDs hold a byte of a volume.
     Locate {
         /// Volume name.
@@ -81,14 +87,47 @@ pub enum Command {
     /// that differ from the agreeing majority: `scrub` (all), `scrub VOLUME`,
     /// `scrub pg ID`. `--dry-run` only compares.
     Scrub(scrub::ScrubArgs),
-    /// Placement-group commands.
-    #[command(subcommand)]
-    Pg(PgCommand),
+}
+
+/// `flame-admin status ...`
+#[derive(clap::Args, Debug, Default)]
+pub struct StatusArgs {
+    /// Redraw the status every interval: on a terminal the screen is cleared and a
+    /// recovery progress bar drawn; otherwise one line per interval (with --json,
+    /// one JSON object per line).
+    #[arg(long)]
+    pub watch: bool,
+    /// Milliseconds between redraws with --watch.
+    #[arg(
+        long,
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u64)
+            .range(watch::WATCH_INTERVAL_MS_MIN..=watch::WATCH_INTERVAL_MS_MAX)
+    )]
+    pub interval_ms: u64,
+    /// With --watch: stop after this many redraws (default: until interrupted).
+    #[arg(long, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
 }
 
 /// `flame-admin pg ...`
 #[derive(Subcommand, Debug)]
 pub enum PgCommand {
+    /// List placement groups with their state, primary, acting set, recovering
+    /// members, placement and down complete copies.
+    Ls {
+        /// Only groups with these state flags: one of active, inactive, clean,
+        /// recovering, remapped, degraded, incomplete, or several joined by +
+        /// (active+degraded).
+        #[arg(long, value_parser = state_filter_arg)]
+        state: Option<String>,
+    },
+    /// One placement group, with the log bounds its primary reports.
+    Info {
+        /// Placement group number (12 or pg.12).
+        #[arg(value_parser = pg::parse_pg)]
+        id: PgId,
+    },
     /// Whether all acting copies of placement groups are identical (`pg compare`,
     /// `pg compare VOLUME`, `pg compare pg ID`); exit status 1 if any differ.
     Compare {
@@ -96,6 +135,11 @@ pub enum PgCommand {
         #[arg(num_args = 0..=2)]
         what: Vec<String>,
     },
+}
+
+fn state_filter_arg(s: &str) -> std::result::Result<String, String> {
+    flame_common::pg_state::validate_state_filter(s)?;
+    Ok(s.to_string())
 }
 
 /// `flame-admin osd ...`
@@ -286,7 +330,24 @@ fn first_error_line(rendered: &str, fallback: &str) -> String {
 pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
     let mgr = MgrClient::new(&cli.mgr)?;
     let text = match &cli.command {
-        Command::Status => status(&mgr, cli.json)?,
+        Command::Status(args) if args.watch => {
+            let mode = if cli.json {
+                watch::WatchMode::Json
+            } else if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                watch::WatchMode::Terminal
+            } else {
+                watch::WatchMode::Lines
+            };
+            let opts = watch::WatchOptions {
+                interval: Duration::from_millis(args.interval_ms),
+                count: args.count,
+                mode,
+            };
+            return watch::watch(&mgr, opts, out);
+        }
+        Command::Status(_) => status(&mgr, cli.json)?,
+        Command::Pg(PgCommand::Ls { state }) => pg::pg_ls(&mgr, state.as_deref(), cli.json)?,
+        Command::Pg(PgCommand::Info { id }) => pg::pg_info(&mgr, *id, cli.json)?,
         Command::Osd(OsdCommand::Ls) => osd_ls(&mgr, cli.json)?,
         Command::Volume(v) => volume(cli, &mgr, v)?,
         Command::Locate { volume, offset } => locate(&mgr, volume, *offset, cli.json)?,
@@ -317,37 +378,7 @@ fn status(mgr: &MgrClient, as_json: bool) -> Result<String> {
     if as_json {
         return json(&s);
     }
-    // Detail lines go under the health value: keys are padded to "volumes" + 2.
-    let indent = " ".repeat("volumes".len() + 2);
-    let mut health = s.health.clone();
-    for d in &s.health_detail {
-        health.push_str(&format!("\n{indent}- {d}"));
-    }
-    Ok(fields(&[
-        ("cluster", s.fsid.clone()),
-        ("health", health),
-        ("map", format!("epoch {}", s.epoch.0)),
-        ("osds", osds_line(&s)),
-        (
-            "volumes",
-            format!(
-                "{} ({} provisioned)",
-                s.volumes,
-                format_size(s.provisioned_bytes)
-            ),
-        ),
-        ("usage", usage_line(&s)),
-        (
-            "pool",
-            format!(
-                "size {}, min_size {}, {} PGs, {} objects",
-                s.pool.size,
-                s.pool.min_size,
-                s.pool.pg_count,
-                format_size(u64::from(s.pool.object_size))
-            ),
-        ),
-    ]))
+    Ok(watch::status_text(&s))
 }
 
 /// The `osds` line of `status`. OSDs not heard from since the manager started are
@@ -811,7 +842,10 @@ mod tests {
     #[test]
     fn cli_parses_every_command() {
         let c = parse(&["status"]).unwrap();
-        assert!(matches!(c.command, Command::Status));
+        assert!(matches!(
+            c.command,
+            Command::Status(StatusArgs { watch: false, .. })
+        ));
         assert!(!c.json);
         let c = parse(&["--json", "osd", "ls"]).unwrap();
         assert!(c.json);
@@ -857,6 +891,44 @@ mod tests {
             parse(&["volume", "ls"]).unwrap().command,
             Command::Volume(VolumeCommand::Ls)
         ));
+    }
+
+    #[test]
+    fn status_watch_and_pg_commands_parse() {
+        let Command::Status(a) =
+            parse(&["status", "--watch", "--interval-ms", "200", "--count", "3"])
+                .unwrap()
+                .command
+        else {
+            panic!()
+        };
+        assert!(a.watch);
+        assert_eq!((a.interval_ms, a.count), (200, Some(3)));
+        let Command::Status(a) = parse(&["status"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!((a.interval_ms, a.count), (1000, None));
+        assert!(parse(&["status", "--watch", "--interval-ms", "5"]).is_err());
+        assert!(parse(&["status", "--watch", "--count", "0"]).is_err());
+        assert!(
+            parse(&["status", "--count", "2"]).is_err(),
+            "--count needs --watch"
+        );
+        match parse(&["pg", "ls", "--state", "active+degraded"])
+            .unwrap()
+            .command
+        {
+            Command::Pg(PgCommand::Ls { state }) => {
+                assert_eq!(state.as_deref(), Some("active+degraded"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["pg", "ls", "--state", "peering"]).is_err());
+        match parse(&["pg", "info", "pg.7"]).unwrap().command {
+            Command::Pg(PgCommand::Info { id }) => assert_eq!(id, PgId(7)),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["pg", "info", "seven"]).is_err());
     }
 
     #[test]
@@ -929,17 +1001,12 @@ mod tests {
         let mut s = ClusterStatus {
             fsid: "f".into(),
             health: "HEALTH_OK".into(),
-            health_detail: vec![],
             epoch: Epoch(1),
             osds: 3,
             osds_up: 3,
             osds_in: 3,
-            volumes: 0,
-            provisioned_bytes: 0,
-            used_bytes: 0,
-            capacity_bytes: 0,
-            pool: PoolConfig::default(),
             osds_awaiting_first_report: 3,
+            ..Default::default()
         };
         assert_eq!(
             usage_line(&s),

@@ -253,6 +253,7 @@ fn serve(mut req: tiny_http::Request, map: &SharedMap, gets: &AtomicU32) {
                 capacity_bytes: 1 << 40,
                 pool: m.pool.clone(),
                 osds_awaiting_first_report: 0,
+                ..Default::default()
             };
             ok(serde_json::to_value(s).unwrap())
         }

@@ -1,0 +1,591 @@
+//! What the manager shows about placement groups and recovery: each group's state
+//! (`GET /v1/pgs`), counts by state (status, metrics, health), and recovery
+//! progress, rate and ETA from the OSDs' heartbeats.
+//!
+//! Pure logic like [`crate::state`]: the PG part is a function of the map (through
+//! [`PgTable`], cached per epoch by [`crate::shared::Shared`]); the recovery part
+//! is a [`RecoveryTracker`] fed by heartbeats with the time passed in, so both are
+//! unit-tested without a server or a clock.
+
+use flame_common::ids::{OsdId, PgId};
+use flame_common::map::ClusterMap;
+use flame_common::mgr_api::{
+    PgStatus, PgSummary, RECOVERY_RATE_WINDOW_S, RecoveryProgress, RecoverySummary,
+};
+use flame_common::pg_state::PgState;
+use flame_common::placement::{PgMembers, PgTable};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// The `GET /v1/pgs/{id}` entry of `pg`, `None` past the pool's last group.
+pub fn pg_status(table: &PgTable, map: &ClusterMap, pg: PgId) -> Option<PgStatus> {
+    (pg.0 < table.pg_count()).then(|| entry(map, pg, table.pg(pg)))
+}
+
+/// Every group's entry, by number (`GET /v1/pgs`).
+pub fn pg_statuses(table: &PgTable, map: &ClusterMap) -> Vec<PgStatus> {
+    table.iter().map(|(pg, m)| entry(map, pg, m)).collect()
+}
+
+fn entry(map: &ClusterMap, pg: PgId, m: &PgMembers) -> PgStatus {
+    PgStatus {
+        pg,
+        state: PgState::of(m, &map.pool).to_string(),
+        epoch: map.epoch,
+        placed: m.placed.clone(),
+        acting: m.acting.clone(),
+        primary: m.primary(),
+        recovering: m.recovering.clone(),
+        down_complete: m.down_complete.clone(),
+    }
+}
+
+/// Counts of groups by state string and by flag.
+pub fn summarize(table: &PgTable, map: &ClusterMap) -> (BTreeMap<String, u32>, PgSummary) {
+    let mut by_state: BTreeMap<String, u32> = BTreeMap::new();
+    let mut sum = PgSummary::default();
+    for (_, m) in table.iter() {
+        let s = PgState::of(m, &map.pool);
+        *by_state.entry(s.to_string()).or_default() += 1;
+        sum.total += 1;
+        sum.active += u32::from(s.active);
+        sum.clean += u32::from(s.clean);
+        sum.degraded += u32::from(s.degraded);
+        sum.recovering += u32::from(s.recovering);
+        sum.remapped += u32::from(s.remapped);
+        sum.inactive += u32::from(!s.active);
+        sum.incomplete += u32::from(s.incomplete);
+    }
+    (by_state, sum)
+}
+
+/// Example groups named per kind in a health line; the count says how many more.
+const DETAIL_PGS_MAX: usize = 5;
+
+fn osd_list(ids: &[OsdId]) -> String {
+    if ids.is_empty() {
+        return "none".into();
+    }
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Health lines about placement groups, one per kind of problem with the count,
+/// saying what happens to I/O:
+///
+/// * `errors`: groups whose I/O waits (inactive: below `min_size`; incomplete: no
+///   complete copy up);
+/// * `warnings`: groups with less redundancy than asked for or data still moving
+///   (degraded, recovering, remapped), whose I/O goes on;
+/// * `examples`: one line per kind naming a few groups and the OSDs involved
+///   (`degraded placement groups: pg.3 (acting osd.0, osd.2), ...`), kept apart so
+///   the count lines stay short and stable;
+/// * per group, whether its I/O waits (for the per-volume detail).
+pub struct PgHealth {
+    /// Lines that make health ERR.
+    pub errors: Vec<String>,
+    /// Lines that make health WARN.
+    pub warnings: Vec<String>,
+    /// Example groups per kind.
+    pub examples: Vec<String>,
+    /// Per group number: its I/O waits.
+    pub io_waits: Vec<bool>,
+}
+
+/// Computes [`PgHealth`] for every group of `table`.
+pub fn pg_health(table: &PgTable, map: &ClusterMap) -> PgHealth {
+    let pool = &map.pool;
+    let total = table.pg_count();
+    let mut inactive = Vec::new();
+    let mut incomplete = Vec::new();
+    let mut degraded = Vec::new();
+    let mut recovering = Vec::new();
+    let mut remapped = Vec::new();
+    let mut io_waits = Vec::with_capacity(total as usize);
+    for (pg, m) in table.iter() {
+        let s = PgState::of(m, pool);
+        io_waits.push(s.io_waits());
+        if s.incomplete {
+            incomplete.push((pg, m));
+        } else if !s.active {
+            inactive.push((pg, m));
+        } else if s.degraded {
+            degraded.push((pg, m));
+        }
+        if s.active && s.recovering {
+            recovering.push((pg, m));
+        }
+        if s.active && s.remapped {
+            remapped.push((pg, m));
+        }
+    }
+    let mut examples = Vec::new();
+    let mut example =
+        |kind: &str, list: &[(PgId, &PgMembers)], show: &dyn Fn(&PgMembers) -> String| {
+            if list.is_empty() {
+                return;
+            }
+            let mut parts: Vec<String> = list
+                .iter()
+                .take(DETAIL_PGS_MAX)
+                .map(|(pg, m)| format!("{pg} ({})", show(m)))
+                .collect();
+            if list.len() > DETAIL_PGS_MAX {
+                parts.push(format!("and {} more", list.len() - DETAIL_PGS_MAX));
+            }
+            examples.push(format!("{kind} placement groups: {}", parts.join(", ")));
+        };
+    example("inactive", &inactive, &|m| {
+        format!(
+            "acting {}; waiting for {}",
+            osd_list(&m.acting),
+            osd_list(&m.down_complete)
+        )
+    });
+    example("incomplete", &incomplete, &|m| {
+        if m.down_complete.is_empty() {
+            "no OSD holds it".to_string()
+        } else {
+            format!(
+                "complete copies on {}, all down",
+                osd_list(&m.down_complete)
+            )
+        }
+    });
+    example("degraded", &degraded, &|m| {
+        format!("acting {}", osd_list(&m.acting))
+    });
+    example("recovering", &recovering, &|m| {
+        format!(
+            "{} from {}",
+            osd_list(&m.recovering),
+            m.primary().map_or_else(|| "?".into(), |p| p.to_string())
+        )
+    });
+    example("remapped", &remapped, &|m| {
+        format!(
+            "placed {}; acting {}",
+            osd_list(&m.placed),
+            osd_list(&m.acting)
+        )
+    });
+    let groups = |n: usize, verb_one: &str, verb_many: &str| {
+        if n == 1 {
+            format!("1 of {total} placement groups {verb_one}")
+        } else {
+            format!("{n} of {total} placement groups {verb_many}")
+        }
+    };
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    if !inactive.is_empty() {
+        errors.push(format!(
+            "{} fewer than pool.min_size {} complete copies up: I/O to them waits (no \
+             error, no stale data) until enough copies are back up (inactive)",
+            groups(inactive.len(), "has", "have"),
+            pool.min_size,
+        ));
+    }
+    if !incomplete.is_empty() {
+        errors.push(format!(
+            "{} no complete copy up: I/O to them waits until one is back (incomplete)",
+            groups(incomplete.len(), "has", "have"),
+        ));
+    }
+    if !degraded.is_empty() {
+        warnings.push(format!(
+            "{} degraded (fewer than pool.size {} complete copies up): I/O goes on with \
+             the copies that are up",
+            groups(degraded.len(), "is", "are"),
+            pool.size,
+        ));
+    }
+    if !recovering.is_empty() {
+        warnings.push(format!(
+            "{} recovering: their primary copies what the recovering members missed \
+             (they already get every new write); I/O goes on",
+            groups(recovering.len(), "is", "are"),
+        ));
+    }
+    if !remapped.is_empty() {
+        warnings.push(format!(
+            "{} remapped: complete copies are on OSDs placement no longer chooses \
+             (misplaced data); they serve until the new members are complete, then are \
+             removed; I/O goes on",
+            groups(remapped.len(), "is", "are"),
+        ));
+    }
+    PgHealth {
+        errors,
+        warnings,
+        examples,
+        io_waits,
+    }
+}
+
+/// Most rate samples kept (one per [`SAMPLE_SPACING`] at most): bounds memory and
+/// the cost of cloning the state on every commit.
+const SAMPLES_MAX: usize = 64;
+/// Least time between two rate samples.
+const SAMPLE_SPACING: Duration = Duration::from_secs(1);
+
+/// One point of the cluster's cumulative recovery counters.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    at: Instant,
+    objects: u64,
+    bytes: u64,
+}
+
+/// The latest report of one OSD.
+#[derive(Clone, Debug)]
+struct OsdReport {
+    progress: RecoveryProgress,
+}
+
+/// Recovery figures from heartbeats: the latest report per OSD, and cumulative
+/// cluster counters sampled over time for the rate.
+///
+/// OSD counters restart at 0 when the OSD restarts; the tracker adds up each
+/// OSD's *increases* between heartbeats (a decrease counts as a restart: the new
+/// value is what it did since), so the cluster counters only ever grow and the
+/// rate never goes negative. The first report of an OSD after the manager starts
+/// adds nothing (what it did before is not part of any rate the manager saw).
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryTracker {
+    osds: BTreeMap<OsdId, OsdReport>,
+    /// Objects and bytes recovered cluster-wide since the manager started.
+    objects: u64,
+    bytes: u64,
+    /// `objects`/`bytes` when the current recovery began.
+    episode_objects: u64,
+    episode_bytes: u64,
+    /// Whether nothing was left to recover at the last report.
+    idle: bool,
+    samples: VecDeque<Sample>,
+    last_report: Option<Instant>,
+}
+
+impl RecoveryTracker {
+    /// A tracker with no reports.
+    pub fn new() -> RecoveryTracker {
+        RecoveryTracker {
+            idle: true,
+            ..Default::default()
+        }
+    }
+
+    /// Records OSD `id`'s heartbeat figures (`None`: it reports none) at `now`.
+    /// `map` is the current map: only up OSDs count toward what is left, and OSDs
+    /// no longer in it are forgotten.
+    pub fn record(
+        &mut self,
+        id: OsdId,
+        progress: Option<&RecoveryProgress>,
+        map: &ClusterMap,
+        now: Instant,
+    ) {
+        self.osds.retain(|o, _| map.osds.contains_key(o));
+        match progress {
+            None => {
+                self.osds.remove(&id);
+            }
+            Some(p) => {
+                let before = (self.objects, self.bytes);
+                if let Some(prev) = self.osds.get(&id) {
+                    let grew = |new: u64, old: u64| if new >= old { new - old } else { new };
+                    self.objects = self.objects.saturating_add(grew(
+                        p.objects_recovered_total,
+                        prev.progress.objects_recovered_total,
+                    ));
+                    self.bytes = self.bytes.saturating_add(grew(
+                        p.bytes_recovered_total,
+                        prev.progress.bytes_recovered_total,
+                    ));
+                }
+                self.osds.insert(
+                    id,
+                    OsdReport {
+                        progress: p.clone(),
+                    },
+                );
+                let left = self.remaining(map);
+                if self.idle && left > 0 {
+                    // A recovery begins: progress counts from the report that
+                    // showed work left (including what that report recovered).
+                    (self.episode_objects, self.episode_bytes) = before;
+                }
+                self.idle = left == 0;
+            }
+        }
+        self.last_report = Some(now);
+        let due = self
+            .samples
+            .back()
+            .is_none_or(|s| now.saturating_duration_since(s.at) >= SAMPLE_SPACING);
+        let sample = Sample {
+            at: now,
+            objects: self.objects,
+            bytes: self.bytes,
+        };
+        match self.samples.back_mut() {
+            // Several OSDs report in one instant (a test's clock, or a burst):
+            // the sample holds all of them.
+            Some(last) if last.at == now => *last = sample,
+            _ if due => self.samples.push_back(sample),
+            _ => {}
+        }
+        let window = Duration::from_secs(RECOVERY_RATE_WINDOW_S);
+        while self.samples.len() > SAMPLES_MAX
+            || self.samples.len() > 1
+                && self
+                    .samples
+                    .get(1)
+                    .is_some_and(|s| now.saturating_duration_since(s.at) > window)
+        {
+            self.samples.pop_front();
+        }
+        debug_assert!(self.samples.len() <= SAMPLES_MAX);
+    }
+
+    /// Objects the up OSDs still report to recover.
+    fn remaining(&self, map: &ClusterMap) -> u64 {
+        self.osds
+            .iter()
+            .filter(|(id, _)| map.osds.get(id).is_some_and(|o| o.up))
+            .fold(0u64, |a, (_, r)| {
+                a.saturating_add(r.progress.objects_to_recover)
+            })
+    }
+
+    /// Cluster figures at `now` over the up OSDs of `map`.
+    pub fn summary(&self, map: &ClusterMap, now: Instant) -> RecoverySummary {
+        let mut s = RecoverySummary::default();
+        for (id, r) in &self.osds {
+            if !map.osds.get(id).is_some_and(|o| o.up) {
+                continue;
+            }
+            let p = &r.progress;
+            s.osds_reporting += 1;
+            s.objects_to_recover = s.objects_to_recover.saturating_add(p.objects_to_recover);
+            s.scrub_errors = s.scrub_errors.saturating_add(p.scrub_errors_total);
+            s.scrub_repaired = s.scrub_repaired.saturating_add(p.scrub_repaired_total);
+            if p.last_scrub_unix > 0 {
+                s.oldest_scrub_unix = Some(
+                    s.oldest_scrub_unix
+                        .map_or(p.last_scrub_unix, |o| o.min(p.last_scrub_unix)),
+                );
+            }
+        }
+        s.objects_recovered = self.objects.saturating_sub(self.episode_objects);
+        s.bytes_recovered = self.bytes.saturating_sub(self.episode_bytes);
+        let window = Duration::from_secs(RECOVERY_RATE_WINDOW_S);
+        if let Some(last) = self.last_report
+            && now.saturating_duration_since(last) <= window
+            && let Some(first) = self
+                .samples
+                .iter()
+                .find(|x| now.saturating_duration_since(x.at) <= window)
+        {
+            let dt = last.saturating_duration_since(first.at).as_secs_f64();
+            if dt >= SAMPLE_SPACING.as_secs_f64() {
+                s.objects_per_second = self.objects.saturating_sub(first.objects) as f64 / dt;
+                s.bytes_per_second = self.bytes.saturating_sub(first.bytes) as f64 / dt;
+            }
+        }
+        if s.objects_to_recover > 0 && s.objects_per_second > 0.0 {
+            let eta = (s.objects_to_recover as f64 / s.objects_per_second).ceil();
+            // `as` saturates: an absurd estimate shows as a huge number, never wraps.
+            s.eta_seconds = Some(eta as u64);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::ids::Epoch;
+    use flame_common::map::{OsdInfo, PoolConfig};
+
+    fn map(n: u32) -> ClusterMap {
+        let mut m = ClusterMap::new(
+            "f".into(),
+            PoolConfig {
+                pg_count: 16,
+                ..Default::default()
+            },
+        );
+        for i in 0..n {
+            m.osds.insert(
+                OsdId(i),
+                OsdInfo {
+                    id: OsdId(i),
+                    addr: format!("127.0.0.1:{}", 7000 + 10 * i).parse().unwrap(),
+                    shards: 1,
+                    host: format!("h{i}"),
+                    weight: 1.0,
+                    up: true,
+                    up_from: Epoch(1),
+                    r#in: true,
+                    metrics_addr: None,
+                },
+            );
+        }
+        m
+    }
+
+    fn progress(left: u64, done: u64) -> RecoveryProgress {
+        RecoveryProgress {
+            objects_to_recover: left,
+            objects_recovered_total: done,
+            bytes_recovered_total: done * (4 << 20),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rate_eta_and_progress_from_heartbeats() {
+        let m = map(3);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        // osd.0 had recovered 500 objects in an earlier recovery before the
+        // manager started: none of that is "current" progress or rate.
+        t.record(OsdId(0), Some(&progress(0, 500)), &m, t0);
+        t.record(OsdId(1), Some(&progress(0, 0)), &m, t0);
+        let s = t.summary(&m, t0);
+        assert_eq!((s.objects_to_recover, s.objects_recovered), (0, 0));
+        assert_eq!(s.progress(), None);
+        assert_eq!(s.eta_seconds, None);
+        // A recovery of 100 objects at 10 objects (40 MiB) per second on osd.0.
+        for sec in 1..=6u64 {
+            let at = t0 + Duration::from_secs(sec);
+            t.record(
+                OsdId(0),
+                Some(&progress(100 - 10 * sec, 500 + 10 * sec)),
+                &m,
+                at,
+            );
+            t.record(OsdId(1), Some(&progress(0, 0)), &m, at);
+        }
+        let now = t0 + Duration::from_secs(6);
+        let s = t.summary(&m, now);
+        assert_eq!(s.objects_to_recover, 40);
+        assert_eq!(s.osds_reporting, 2);
+        // Progress counts from the first report that showed work (which had
+        // already recovered 10).
+        assert_eq!(s.objects_recovered, 60);
+        assert_eq!(s.bytes_recovered, 60 * (4 << 20));
+        assert!((s.objects_per_second - 10.0).abs() < 1e-9, "{s:?}");
+        assert!((s.bytes_per_second - 40.0 * 1048576.0).abs() < 1.0, "{s:?}");
+        assert_eq!(s.eta_seconds, Some(4));
+        assert!((s.progress().unwrap() - 0.6).abs() < 1e-9);
+        // osd.0 restarts: its counter starts again at 0 and counts up to 5. That
+        // adds 5, never a negative jump.
+        let at = now + Duration::from_secs(1);
+        t.record(OsdId(0), Some(&progress(35, 5)), &m, at);
+        assert_eq!(t.summary(&m, at).objects_recovered, 65);
+        // Nothing reported for longer than the window: no rate, no estimate.
+        let late = at + Duration::from_secs(RECOVERY_RATE_WINDOW_S + 1);
+        let s = t.summary(&m, late);
+        assert_eq!(s.objects_per_second, 0.0);
+        assert_eq!(s.eta_seconds, None);
+        assert_eq!(s.objects_to_recover, 35);
+    }
+
+    #[test]
+    fn down_and_silent_osds_do_not_count() {
+        let mut m = map(3);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        t.record(OsdId(0), Some(&progress(7, 0)), &m, t0);
+        t.record(OsdId(1), Some(&progress(5, 0)), &m, t0);
+        assert_eq!(t.summary(&m, t0).objects_to_recover, 12);
+        // A down OSD's last report is stale: its groups have another primary.
+        m.osds.get_mut(&OsdId(1)).unwrap().up = false;
+        assert_eq!(t.summary(&m, t0).objects_to_recover, 7);
+        // An OSD that stops sending figures is forgotten.
+        t.record(OsdId(0), None, &m, t0);
+        let s = t.summary(&m, t0);
+        assert_eq!((s.objects_to_recover, s.osds_reporting), (0, 0));
+        // An OSD removed from the map is forgotten at the next report.
+        m.osds.get_mut(&OsdId(1)).unwrap().up = true;
+        m.osds.remove(&OsdId(1));
+        t.record(OsdId(2), Some(&progress(0, 0)), &m, t0);
+        assert_eq!(t.osds.len(), 1);
+    }
+
+    #[test]
+    fn scrub_figures_and_bounded_samples() {
+        let m = map(2);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        for sec in 0..1000u64 {
+            let at = t0 + Duration::from_millis(sec * 700);
+            for id in 0..2 {
+                let p = RecoveryProgress {
+                    scrub_errors_total: 3,
+                    scrub_repaired_total: 2,
+                    last_scrub_unix: 1000 + u64::from(id),
+                    ..progress(0, sec)
+                };
+                t.record(OsdId(id), Some(&p), &m, at);
+            }
+            assert!(t.samples.len() <= SAMPLES_MAX);
+        }
+        let s = t.summary(&m, t0 + Duration::from_millis(999 * 700));
+        assert_eq!((s.scrub_errors, s.scrub_repaired), (6, 4));
+        assert_eq!(s.oldest_scrub_unix, Some(1000));
+        // 2 objects per 0.7 s.
+        assert!((s.objects_per_second - 2.0 / 0.7).abs() < 0.01, "{s:?}");
+        // The window keeps about 30 s of 1 s-spaced samples, never more.
+        assert!(t.samples.len() <= 32, "{}", t.samples.len());
+    }
+
+    #[test]
+    fn pg_entries_and_health_lines() {
+        let mut m = map(4);
+        let table = PgTable::new(&m);
+        let all = pg_statuses(&table, &m);
+        assert_eq!(all.len(), 16);
+        assert!(
+            all.iter()
+                .all(|p| p.state == "active+clean" && p.acting == p.placed)
+        );
+        assert_eq!(pg_status(&table, &m, PgId(16)), None);
+        let h = pg_health(&table, &m);
+        assert!(h.errors.is_empty() && h.warnings.is_empty() && h.examples.is_empty());
+        assert!(h.io_waits.iter().all(|w| !w));
+        // Two OSDs down, nothing recorded: groups with both lose min_size.
+        m.osds.get_mut(&OsdId(0)).unwrap().up = false;
+        m.osds.get_mut(&OsdId(1)).unwrap().up = false;
+        let table = PgTable::new(&m);
+        let (by_state, sum) = summarize(&table, &m);
+        assert_eq!(sum.total, 16);
+        assert_eq!(by_state.values().sum::<u32>(), 16);
+        let h = pg_health(&table, &m);
+        let inactive = h.io_waits.iter().filter(|w| **w).count();
+        assert_eq!(inactive as u32, sum.inactive);
+        assert!(inactive > 0);
+        assert!(
+            h.errors[0].starts_with(&format!(
+                "{inactive} of 16 placement groups have fewer than pool.min_size 2"
+            )),
+            "{:?}",
+            h.errors
+        );
+        let ex = h
+            .examples
+            .iter()
+            .find(|e| e.starts_with("inactive placement groups: pg."))
+            .unwrap_or_else(|| panic!("{:?}", h.examples));
+        assert!(ex.contains("waiting for osd.0, osd.1"), "{ex}");
+        // Examples are bounded.
+        assert!(ex.matches("pg.").count() <= DETAIL_PGS_MAX, "{ex}");
+        let e = pg_status(&table, &m, PgId(0)).unwrap();
+        assert_eq!(e.primary, e.acting.first().copied());
+        assert_eq!(e.epoch, m.epoch);
+    }
+}
