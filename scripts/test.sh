@@ -4,8 +4,9 @@
 #
 #   1. installs the test tools with apt-get, only those missing
 #   2. cargo fmt --check, clippy -D warnings
-#   3. cargo build --workspace --bins, cargo test --workspace (unit + integration
-#      tests; the integration tests start the real binaries, see tests/)
+#   3. cargo build --workspace --bins --features flame-osd/failpoints, cargo test
+#      --workspace (unit + integration tests; the integration tests start the real
+#      binaries, see tests/; the OSD is built with its failpoints for them)
 #   4. cargo test -p flame-common --features rdma rdma (RDMA must compile everywhere;
 #      its device discovery must answer cleanly without hardware)
 #   5. smoke test of deploy/dev-cluster.sh: up, flame-admin status, qemu-io through
@@ -83,13 +84,20 @@ cargo fmt --all -- --check
 
 section "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# The failpoints code is compiled only with its feature: lint it too.
+cargo clippy -p flame-osd --all-targets --features failpoints -- -D warnings
 
-section "cargo build --workspace --bins"
-# The integration tests (tests/) start these binaries, so they are built first.
-cargo build --workspace --bins
+section "cargo build --workspace --bins --features flame-osd/failpoints"
+# The integration tests (tests/) start these binaries, so they are built first —
+# flame-osd with its failpoints (injected disk and network faults, controlled over
+# its metrics HTTP server; tests/tests/faults.rs). Release builds have none.
+cargo build --workspace --bins --features flame-osd/failpoints
 
 section "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
+
+section "cargo test -p flame-osd --features failpoints failpoints"
+cargo test -p flame-osd --features failpoints failpoints
 
 section "cargo test -p flame-common --features rdma rdma"
 cargo test -p flame-common --features rdma rdma

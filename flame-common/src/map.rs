@@ -6,7 +6,7 @@
 
 use crate::ids::{Epoch, OsdId, PgId, VolumeId};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 /// Replication and layout settings. Fixed when the cluster is created: changing
@@ -152,6 +152,17 @@ pub struct ClusterMap {
     /// see [`crate::placement::PgMembers`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pg_complete: BTreeMap<PgId, Vec<OsdId>>,
+    /// OSDs whose file system is at least the manager's `full_ratio` used. A
+    /// primary refuses a write (ENOSPC) when any OSD that must apply it is here, so
+    /// no disk runs out of space half-way through a replicated write; discards and
+    /// write-zeroes still pass (they free space). In the map so that every primary
+    /// sees the same set at the same epoch.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub full_osds: BTreeSet<OsdId>,
+    /// OSDs at least `nearfull_ratio` used (and not full): a warning in status only,
+    /// I/O is unchanged.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub nearfull_osds: BTreeSet<OsdId>,
 }
 
 impl ClusterMap {
@@ -164,6 +175,8 @@ impl ClusterMap {
             osds: BTreeMap::new(),
             volumes: BTreeMap::new(),
             pg_complete: BTreeMap::new(),
+            full_osds: BTreeSet::new(),
+            nearfull_osds: BTreeSet::new(),
         }
     }
 

@@ -23,20 +23,25 @@ pub fn render() -> String {
     String::from_utf8(buf).unwrap_or_default()
 }
 
+/// Extra routes of a daemon's metrics server: given the method, the URL and the
+/// body (bounded by [`EXTRA_BODY_MAX`]), `Some((status, text))` answers the request,
+/// `None` leaves it to the default (404). The OSD's failpoint control uses it.
+pub type ExtraRoutes =
+    std::sync::Arc<dyn Fn(&str, &str, &str) -> Option<(u16, String)> + Send + Sync>;
+
+/// Bytes of a request body the metrics server reads at most (routes take short
+/// text, such as a failpoint action).
+pub const EXTRA_BODY_MAX: u64 = 4096;
+
 /// Serves `GET /metrics` on `addr` from a background thread. Returns the bound
 /// address (useful with port 0). Any other path gets 404. The server is off the data
 /// path: a slow scraper only delays other scrapes.
 pub fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    serve_with(addr, std::sync::Arc::new(|_: &str| None))
+    serve_with(addr, None)
 }
 
-/// A daemon's own HTTP API served next to `/metrics`: given the request's URL,
-/// `Some((status, JSON body))` answers it, `None` leaves it to the 404.
-pub type ApiHandler = std::sync::Arc<dyn Fn(&str) -> Option<(u16, String)> + Send + Sync>;
-
-/// Like [`serve`], and answers other `GET` paths with `api` (the OSD serves its
-/// placement groups' status this way).
-pub fn serve_with(addr: SocketAddr, api: ApiHandler) -> std::io::Result<SocketAddr> {
+/// Like [`serve`], with `extra` routes tried for every request but `/metrics`.
+pub fn serve_with(addr: SocketAddr, extra: Option<ExtraRoutes>) -> std::io::Result<SocketAddr> {
     let server = tiny_http::Server::http(addr).map_err(std::io::Error::other)?;
     let bound = server
         .server_addr()
@@ -45,7 +50,7 @@ pub fn serve_with(addr: SocketAddr, api: ApiHandler) -> std::io::Result<SocketAd
     std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || {
-            for request in server.incoming_requests() {
+            for mut request in server.incoming_requests() {
                 let response =
                     if request.url() == "/metrics" || request.url().starts_with("/metrics?") {
                         let header = tiny_http::Header::from_bytes(
@@ -58,17 +63,19 @@ pub fn serve_with(addr: SocketAddr, api: ApiHandler) -> std::io::Result<SocketAd
                             r = r.with_header(h);
                         }
                         r
-                    } else if let Some((code, body)) = api(request.url()) {
-                        let header = tiny_http::Header::from_bytes(
-                            &b"Content-Type"[..],
-                            &b"application/json"[..],
-                        )
-                        .ok();
-                        let mut r = tiny_http::Response::from_string(body).with_status_code(code);
-                        if let Some(h) = header {
-                            r = r.with_header(h);
+                    } else if let Some((status, text)) = extra.as_ref().and_then(|route| {
+                        use std::io::Read;
+                        let mut body = String::new();
+                        let read = request
+                            .as_reader()
+                            .take(EXTRA_BODY_MAX)
+                            .read_to_string(&mut body);
+                        if read.is_err() {
+                            return Some((400, "request body is not UTF-8 text\n".to_string()));
                         }
-                        r
+                        route(request.method().as_str(), request.url(), &body)
+                    }) {
+                        tiny_http::Response::from_string(text).with_status_code(status)
                     } else {
                         tiny_http::Response::from_string("not found; try /metrics\n")
                             .with_status_code(404)

@@ -82,10 +82,16 @@ pub struct OsdHeartbeat {
     pub uuid: String,
     /// Map epoch the OSD has.
     pub epoch: Epoch,
-    /// Bytes its objects occupy on disk.
+    /// Bytes used on its data directory's file system (`statvfs`: blocks minus
+    /// free blocks), whoever uses them: what decides whether it is (near)full.
     pub used_bytes: u64,
-    /// Bytes of its file system.
+    /// Bytes of that file system usable by the OSD (`statvfs`: used plus
+    /// available), so `used_bytes / capacity_bytes` is df's Use%.
     pub capacity_bytes: u64,
+    /// Bytes its object files occupy (recounted every few seconds; absent from
+    /// OSDs older than this field).
+    #[serde(default)]
+    pub object_bytes: u64,
     /// Recovery and scrub figures of this OSD (as primary of its groups); `None`
     /// from an OSD that does not report them (older OSDs: the field is absent).
     #[serde(default)]
@@ -169,9 +175,10 @@ pub struct OsdStatus {
     /// Map entry.
     #[serde(flatten)]
     pub info: crate::map::OsdInfo,
-    /// Last reported object bytes.
+    /// Last reported bytes used on the OSD's file system (see
+    /// [`OsdHeartbeat::used_bytes`]).
     pub used_bytes: u64,
-    /// Last reported file-system bytes.
+    /// Last reported usable bytes of that file system.
     pub capacity_bytes: u64,
     /// Milliseconds since the last heartbeat (None: never heard from since the
     /// manager started).

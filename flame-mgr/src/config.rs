@@ -46,6 +46,14 @@ pub struct MgrConfig {
     /// placement groups it takes over would read back as zeroes. Turn it on only
     /// for a cluster whose volumes hold no data yet.
     pub new_osds_in_with_volumes: bool,
+    /// An OSD whose file system is at least this fraction used is *nearfull*:
+    /// `flame-admin status` warns (HEALTH_WARN); I/O is unchanged.
+    pub nearfull_ratio: f64,
+    /// An OSD whose file system is at least this fraction used is *full*: writes
+    /// to its placement groups fail with ENOSPC (HEALTH_ERR) until space is freed
+    /// (discards and write-zeroes still pass). Leaves room for what is in flight
+    /// and for the OSD's own metadata.
+    pub full_ratio: f64,
 }
 
 impl Default for MgrConfig {
@@ -58,6 +66,8 @@ impl Default for MgrConfig {
             failure_check_interval_ms: 1000,
             pool: PoolConfig::default(),
             new_osds_in_with_volumes: false,
+            nearfull_ratio: 0.85,
+            full_ratio: 0.95,
         }
     }
 }
@@ -101,6 +111,18 @@ impl Validate for MgrConfig {
                 ),
             ));
         }
+        if !(self.nearfull_ratio > 0.0 && self.nearfull_ratio <= 1.0) {
+            return Err(("nearfull_ratio".into(), "must be in (0, 1]".into()));
+        }
+        if !(self.full_ratio > 0.0 && self.full_ratio <= 1.0) {
+            return Err(("full_ratio".into(), "must be in (0, 1]".into()));
+        }
+        if self.nearfull_ratio > self.full_ratio {
+            return Err((
+                "nearfull_ratio".into(),
+                format!("must not exceed full_ratio ({})", self.full_ratio),
+            ));
+        }
         self.pool.validate()
     }
 }
@@ -119,6 +141,8 @@ mod tests {
         assert_eq!(c.heartbeat_grace_ms, 6000);
         assert_eq!(c.failure_check_interval_ms, 1000);
         assert_eq!(c.pool, PoolConfig::default());
+        assert_eq!(c.nearfull_ratio, 0.85);
+        assert_eq!(c.full_ratio, 0.95);
     }
 
     #[test]
@@ -146,6 +170,8 @@ mod tests {
             ("pool:\n  min_size: 4\n", "pool.min_size"),
             ("pool:\n  sise: 4\n", "sise"),
             ("listen: nowhere\n", "listen"),
+            ("full_ratio: 1.5\n", "full_ratio"),
+            ("nearfull_ratio: 0.99\n", "nearfull_ratio"),
         ] {
             let e = parse_str::<MgrConfig>(yaml, "t").unwrap_err().to_string();
             assert!(e.contains(key), "{yaml:?} → {e}");

@@ -156,6 +156,10 @@ async fn serve(
     // to find the restarted manager.
     let mut cluster_state = ClusterState::new(persisted, Instant::now());
     cluster_state.new_osds_in_with_volumes = config.new_osds_in_with_volumes;
+    cluster_state.full_ratios = state::FullRatios {
+        nearfull: config.nearfull_ratio,
+        full: config.full_ratio,
+    };
     let shared = shared::Shared::new(store, cluster_state, metrics);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

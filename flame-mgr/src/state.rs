@@ -191,6 +191,27 @@ pub struct ClusterState {
     pub new_osds_in_with_volumes: bool,
     /// Recovery figures from heartbeats (progress, rate, ETA); runtime only.
     pub recovery: crate::pg_status::RecoveryTracker,
+    /// `MgrConfig::nearfull_ratio` and `full_ratio`.
+    pub full_ratios: FullRatios,
+}
+
+/// The used fractions of an OSD's file system at which it is nearfull (a warning)
+/// and full (writes to its placement groups fail with ENOSPC).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FullRatios {
+    /// `MgrConfig::nearfull_ratio`.
+    pub nearfull: f64,
+    /// `MgrConfig::full_ratio`.
+    pub full: f64,
+}
+
+impl Default for FullRatios {
+    fn default() -> Self {
+        FullRatios {
+            nearfull: 0.85,
+            full: 0.95,
+        }
+    }
 }
 
 impl ClusterState {
@@ -220,6 +241,7 @@ impl ClusterState {
             runtime,
             new_osds_in_with_volumes: false,
             recovery: crate::pg_status::RecoveryTracker::new(),
+            full_ratios: FullRatios::default(),
         }
     }
 
@@ -442,13 +464,60 @@ impl ClusterState {
         rt.used_bytes = hb.used_bytes;
         rt.capacity_bytes = hb.capacity_bytes;
         rt.usage_reported = true;
+        let fullness_changed = self.update_fullness(hb);
         if came_up {
             info!("{} heartbeat: marked up", hb.id);
+        }
+        if came_up || fullness_changed {
             self.bump_epoch();
         }
         let map = &self.persisted.map;
         self.recovery.record(hb.id, hb.recovery.as_ref(), map, now);
         Ok(())
+    }
+
+    /// Records whether the reporting OSD is full or nearfull (in the map, so every
+    /// primary refuses writes to a full OSD's groups from the same epoch on).
+    /// Whether that changed. An OSD that reports no capacity (statvfs failed) is
+    /// judged neither.
+    fn update_fullness(&mut self, hb: &OsdHeartbeat) -> bool {
+        let ratio = if hb.capacity_bytes == 0 {
+            0.0
+        } else {
+            hb.used_bytes as f64 / hb.capacity_bytes as f64
+        };
+        let full = ratio >= self.full_ratios.full;
+        let nearfull = !full && ratio >= self.full_ratios.nearfull;
+        let map = &mut self.persisted.map;
+        let was = (
+            map.full_osds.contains(&hb.id),
+            map.nearfull_osds.contains(&hb.id),
+        );
+        if was == (full, nearfull) {
+            return false;
+        }
+        for (set, now) in [
+            (&mut map.full_osds, full),
+            (&mut map.nearfull_osds, nearfull),
+        ] {
+            if now {
+                set.insert(hb.id);
+            } else {
+                set.remove(&hb.id);
+            }
+        }
+        let pct = ratio * 100.0;
+        if full {
+            warn!(
+                "{} is full ({pct:.1}% used): writes to its placement groups fail with ENOSPC",
+                hb.id
+            );
+        } else if nearfull {
+            warn!("{} is nearfull ({pct:.1}% used)", hb.id);
+        } else {
+            info!("{} has space again ({pct:.1}% used)", hb.id);
+        }
+        true
     }
 
     /// Marks down every up OSD not heard from for longer than `grace`, in one epoch,
@@ -885,6 +954,7 @@ pub fn health(
     pending_trims: &BTreeMap<VolumeId, TrimRange>,
 ) -> (Health, Vec<String>) {
     let (level, mut detail) = io_health(map, pgs);
+    let level = level.max(space_health(map, &mut detail));
     if pending_trims.is_empty() {
         return (level, detail);
     }
@@ -898,6 +968,41 @@ pub fn health(
         ));
     }
     (level.max(Health::Warn), detail)
+}
+
+/// Full OSDs (ERR: writes to their placement groups fail with ENOSPC) and nearfull
+/// ones (WARN), as the map records them from the OSDs' heartbeats.
+fn space_health(map: &ClusterMap, detail: &mut Vec<String>) -> Health {
+    let mut level = Health::Ok;
+    // Only OSDs still in the map (one removed while full leaves no warning).
+    let listed = |set: &std::collections::BTreeSet<OsdId>| -> Vec<String> {
+        set.iter()
+            .filter(|id| map.osds.contains_key(id))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let full = listed(&map.full_osds);
+    let nearfull = listed(&map.nearfull_osds);
+    if !full.is_empty() {
+        level = Health::Err;
+        let ids = full;
+        detail.push(format!(
+            "{} full (file system used at or above full_ratio): writes to their placement \
+             groups fail with ENOSPC until space is freed (discards and write-zeroes still \
+             work); free space or add OSDs",
+            ids.join(", ")
+        ));
+    }
+    if !nearfull.is_empty() {
+        level = level.max(Health::Warn);
+        let ids = nearfull;
+        detail.push(format!(
+            "{} nearfull (file system used at or above nearfull_ratio): writes fail with \
+             ENOSPC once full_ratio is reached",
+            ids.join(", ")
+        ));
+    }
+    level
 }
 
 /// The OSD and placement-group part of [`health`].
@@ -1048,7 +1153,52 @@ mod tests {
             used_bytes: 10,
             capacity_bytes: 100,
             recovery: None,
+            object_bytes: 5,
         }
+    }
+
+    #[test]
+    fn full_and_nearfull_osds_are_in_the_map_and_in_health() {
+        let mut s = state();
+        let now = Instant::now();
+        for (u, port, host) in [("a", 6900, "h1"), ("b", 6910, "h2"), ("c", 6920, "h3")] {
+            s.boot(&boot_req(u, port, host), now).unwrap();
+        }
+        let a = s.map().osds.keys().next().copied().unwrap();
+        let uuid = "a";
+        let report = |s: &mut ClusterState, used: u64| {
+            let mut h = hb(a, uuid);
+            h.used_bytes = used;
+            h.capacity_bytes = 1000;
+            s.heartbeat(&h, now).unwrap();
+        };
+        report(&mut s, 500);
+        let e0 = s.epoch();
+        assert!(s.map().full_osds.is_empty() && s.map().nearfull_osds.is_empty());
+        report(&mut s, 860);
+        assert!(s.map().nearfull_osds.contains(&a));
+        assert!(s.epoch() > e0, "a fullness change is a new epoch");
+        let st = s.status(&PgTable::new(s.map()), Instant::now());
+        assert_eq!(st.health, "HEALTH_WARN", "{:?}", st.health_detail);
+        assert!(st.health_detail.iter().any(|d| d.contains("nearfull")));
+        let e1 = s.epoch();
+        report(&mut s, 870);
+        assert_eq!(s.epoch(), e1, "no change, no epoch");
+        report(&mut s, 950);
+        assert!(s.map().full_osds.contains(&a) && !s.map().nearfull_osds.contains(&a));
+        let st = s.status(&PgTable::new(s.map()), Instant::now());
+        assert_eq!(st.health, "HEALTH_ERR", "{:?}", st.health_detail);
+        assert!(
+            st.health_detail
+                .iter()
+                .any(|d| d.contains("full") && d.contains("ENOSPC"))
+        );
+        report(&mut s, 100);
+        assert!(s.map().full_osds.is_empty() && s.map().nearfull_osds.is_empty());
+        assert_eq!(
+            s.status(&PgTable::new(s.map()), Instant::now()).health,
+            "HEALTH_OK"
+        );
     }
 
     fn create(s: &mut ClusterState, name: &str, size: u64) -> Result<VolumeInfo, StateError> {

@@ -195,6 +195,7 @@ fn heartbeat(id: OsdId, uuid: &str) -> OsdHeartbeat {
         used_bytes: 1000,
         capacity_bytes: 1 << 30,
         recovery: None,
+        object_bytes: 500,
     }
 }
 

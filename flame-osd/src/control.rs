@@ -238,17 +238,15 @@ impl Control {
         // Counting object bytes walks the data directory, which can take seconds
         // with millions of objects: do it on its own thread so heartbeats are never
         // late because of it.
-        let usage = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let object_bytes = Arc::new(AtomicU64::new(0));
         {
-            let usage = usage.clone();
+            let object_bytes = object_bytes.clone();
             let dir = self.cfg.data_dir.clone();
             let spawned = std::thread::Builder::new()
                 .name("disk-usage".into())
                 .spawn(move || {
                     loop {
-                        let (used, capacity) = disk_usage(&dir);
-                        usage.0.store(used, Ordering::Relaxed);
-                        usage.1.store(capacity, Ordering::Relaxed);
+                        object_bytes.store(object_bytes_on_disk(&dir), Ordering::Relaxed);
                         std::thread::sleep(USAGE_INTERVAL);
                     }
                 });
@@ -287,12 +285,16 @@ impl Control {
                 continue;
             }
             last_heartbeat = Instant::now();
+            // The file system's figures are one statvfs: fresh in every heartbeat,
+            // so the manager sees a filling disk within a heartbeat interval.
+            let (used_bytes, capacity_bytes) = fs_usage(&self.cfg.data_dir);
             let hb = OsdHeartbeat {
                 id,
                 uuid: self.identity.uuid.clone(),
                 epoch: map.load().epoch,
-                used_bytes: usage.0.load(Ordering::Relaxed),
-                capacity_bytes: usage.1.load(Ordering::Relaxed),
+                used_bytes,
+                capacity_bytes,
+                object_bytes: object_bytes.load(Ordering::Relaxed),
                 recovery: Some({
                     let p = recovery.progress();
                     flame_common::mgr_api::RecoveryProgress {
@@ -383,8 +385,8 @@ impl Control {
     }
 }
 
-/// (bytes used by object files, bytes of the file system).
-fn disk_usage(data_dir: &Path) -> (u64, u64) {
+/// Bytes used by object files.
+fn object_bytes_on_disk(data_dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut used = 0u64;
     let objects = data_dir.join("pgs");
@@ -399,17 +401,37 @@ fn disk_usage(data_dir: &Path) -> (u64, u64) {
             }
         }
     }
-    let capacity = statvfs_bytes(data_dir).unwrap_or(0);
-    (used, capacity)
+    used
 }
 
-fn statvfs_bytes(path: &Path) -> Option<u64> {
+/// (bytes used, bytes usable) of the file system holding `data_dir`, as df
+/// computes Use%: used = blocks - free, usable = used + available to
+/// unprivileged users. (0, 0) if statvfs fails (the manager then judges nothing).
+/// The `disk_usage` failpoint (`return(0.97)`) reports that fraction used instead.
+fn fs_usage(data_dir: &Path) -> (u64, u64) {
+    let (used, usable) = statvfs_usage(data_dir).unwrap_or((0, 0));
+    match crate::failpoints::forced_usage() {
+        Some(fraction) if usable > 0 => ((usable as f64 * fraction) as u64, usable),
+        _ => (used, usable),
+    }
+}
+
+fn statvfs_usage(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs writes into the zeroed struct we pass.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_blocks * st.f_frsize)
+    if rc != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize;
+    let used = st
+        .f_blocks
+        .saturating_sub(st.f_bfree)
+        .saturating_mul(frsize);
+    let usable = used.saturating_add(st.f_bavail.saturating_mul(frsize));
+    Some((used, usable))
 }
 
 #[cfg(test)]

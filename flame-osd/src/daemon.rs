@@ -143,13 +143,22 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             .map_err(|e| format!("cannot listen on {addr} (shard {i}): {e}"))?;
         listeners.push(l);
     }
+    crate::failpoints::setup_from_env().map_err(|message| StartError { message, status: 2 })?;
     let recovery = Arc::new(crate::recovery::RecoveryShared::default());
     let api = recovery.clone();
-    let metrics_addr = flame_common::metrics::serve_with(
-        cfg.metrics_listen,
-        Arc::new(move |url: &str| api.http(url)),
-    )
-    .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+    let failpoint_routes = crate::failpoints::http_routes();
+    // GET /v1/pgs[/{id}] (placement-group status), then the failpoint control.
+    let routes: flame_common::metrics::ExtraRoutes =
+        Arc::new(move |method: &str, url: &str, body: &str| {
+            if method == "GET"
+                && let Some(answer) = api.http(url)
+            {
+                return Some(answer);
+            }
+            failpoint_routes.as_ref().and_then(|f| f(method, url, body))
+        });
+    let metrics_addr = flame_common::metrics::serve_with(cfg.metrics_listen, Some(routes))
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
     let (osd_id, map) = control.boot()?;

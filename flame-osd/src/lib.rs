@@ -10,12 +10,15 @@
 //! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
 //! date (from the log or by backfill) and removes stray copies; [`scrub`] compares
 //! and repairs the copies of a group.
+//! [`failpoints`] injects disk and network faults in test builds (feature
+//! `failpoints`).
 
 pub mod config;
 pub mod connection;
 pub mod control;
 pub mod daemon;
 pub mod execute;
+pub mod failpoints;
 pub mod metrics;
 pub mod ordering;
 pub mod peers;

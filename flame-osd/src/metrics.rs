@@ -143,6 +143,9 @@ impl ShardMetrics {
             CHECKSUM_ERRORS.with_label_values(&[result]);
         }
         LazyLock::force(&SYNCS);
+        for result in ["repaired", "unrepaired"] {
+            READ_ERRORS.with_label_values(&[result]);
+        }
         let s = shard.to_string();
         let role = |r: &str| {
             DATA_OPS.map(|op| OpCounters {
@@ -178,6 +181,22 @@ static CHECKSUM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub fn checksum_errors(repaired: bool, blocks: u64) {
     let result = if repaired { "repaired" } else { "unrepaired" };
     CHECKSUM_ERRORS.with_label_values(&[result]).inc_by(blocks);
+}
+
+static READ_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_read_errors_total",
+        "Primary reads that failed with an I/O error from the disk: repaired (served from another copy and rewritten here) or unrepaired (the read failed)",
+        &["result"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Counts a primary read the disk failed: served from another copy and rewritten
+/// here (`repaired`), or failed (`unrepaired`).
+pub fn read_errors(repaired: bool) {
+    let result = if repaired { "repaired" } else { "unrepaired" };
+    READ_ERRORS.with_label_values(&[result]).inc();
 }
 
 /// Kinds of operation that make data stable.

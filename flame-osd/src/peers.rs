@@ -99,6 +99,15 @@ impl Peers {
             msg.set_id(RequestId(id));
             let (tx, rx) = oneshot::channel();
             peer.pending.borrow_mut().insert(id, tx);
+            if let Err(e) = crate::failpoints::check("peer_send") {
+                // As a failed send on a real socket: the connection is gone, and
+                // every request waiting on it fails (the primary answers EAGAIN and
+                // the client resends).
+                tracing::warn!(osd = %osd.id, shard, "peer send failed: {e}");
+                peer.pending.borrow_mut().remove(&id);
+                self.drop_peer(osd.id, shard, &peer);
+                return Err(status::EAGAIN);
+            }
             if peer.conn.send_owned(msg).is_err() {
                 peer.pending.borrow_mut().remove(&id);
                 return Err(status::EAGAIN);

@@ -38,6 +38,10 @@ impl Shard {
         let blocks = match first {
             Ok(data) => return (status::OK, data),
             Err(StoreError::Checksum { blocks, .. }) => blocks,
+            Err(StoreError::Io(e)) if e.kind() != std::io::ErrorKind::InvalidInput => {
+                tracing::error!(object = %target.object, "read failed: {e}; reading another copy");
+                return self.read_from_copy(view, target).await;
+            }
             Err(e) => {
                 tracing::error!(object = %target.object, "read failed: {e}");
                 return (status::EIO, PayloadBuf::empty());
@@ -87,6 +91,101 @@ impl Shard {
                 (status::EIO, PayloadBuf::empty())
             }
         }
+    }
+
+    /// The primary's disk failed a read (an I/O error, not a mismatch): serves the
+    /// whole blocks under `target` from the first replica that has them (the
+    /// replica verifies its copy), rewrites them over the primary's copy (the device
+    /// remaps a bad sector on a write) and counts it in
+    /// `flame_osd_read_errors_total`. Holds the write gate over the blocks, as a
+    /// checksum repair does. EIO only when no copy can be read.
+    async fn read_from_copy(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        target: &IoTarget,
+    ) -> (i32, PayloadBuf) {
+        let block_bytes = BLOCK as u32;
+        let first = target.offset / block_bytes;
+        let end = (target.offset + target.length).div_ceil(block_bytes);
+        let (lo, hi) = (first * block_bytes, end * block_bytes);
+        let (_guard, earlier) = self.gate.enter(target.object, lo, hi);
+        for e in earlier {
+            e.wait().await;
+        }
+        let span = IoTarget {
+            pg: target.pg,
+            object: target.object,
+            offset: lo,
+            length: hi - lo,
+        };
+        let epoch = view.map.epoch;
+        let replicas: Vec<OsdId> = view
+            .table
+            .pg(target.pg)
+            .acting
+            .iter()
+            .skip(1)
+            .copied()
+            .collect();
+        let mut good = None;
+        for id in replicas {
+            let Some(osd) = view.map.osds.get(&id) else {
+                continue;
+            };
+            let read = Message::Read {
+                id: RequestId(0),
+                epoch,
+                target: span.clone(),
+                flags: flags::REPLICA,
+                remote: None,
+            };
+            match self
+                .peers
+                .call_reply(osd, osd.shard_of(target.pg), epoch, read)
+                .await
+            {
+                Ok(Message::Reply {
+                    status: status::OK,
+                    data,
+                    ..
+                }) if data.len() == span.length as usize => {
+                    good = Some(data);
+                    break;
+                }
+                other => {
+                    let st = match other {
+                        Ok(Message::Reply { status, .. }) => status,
+                        Ok(_) => status::EIO,
+                        Err(st) => st,
+                    };
+                    tracing::warn!(object = %target.object, replica = %id, status = st, "replica could not provide the range");
+                }
+            }
+        }
+        let Some(good) = good else {
+            crate::metrics::read_errors(false);
+            tracing::error!(object = %target.object, "no other copy could be read; read fails");
+            return (status::EIO, PayloadBuf::empty());
+        };
+        match self
+            .store
+            .repair_range(target.pg, target.object, first, good.as_slice())
+            .await
+        {
+            Ok(()) => {
+                tracing::warn!(object = %target.object, blocks = end - first, "rewrote blocks the disk failed to read, from another copy")
+            }
+            // The data is still right: serve it; the next read tries again.
+            Err(e) => {
+                tracing::error!(object = %target.object, "rewriting blocks the disk failed to read failed: {e}")
+            }
+        }
+        crate::metrics::read_errors(true);
+        let start = (target.offset - lo) as usize;
+        (
+            status::OK,
+            good.slice(start..start + target.length as usize),
+        )
     }
 
     /// Fetches `block` from the first replica whose copy verifies, writes it over the

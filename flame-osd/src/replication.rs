@@ -30,6 +30,18 @@ impl Shard {
         if !members.active || members.primary() != Some(self.osd) {
             return status::EAGAIN;
         }
+        // A write to a group with a full member fails before any copy takes it
+        // (ENOSPC, final for the client): a disk that runs out half-way through a
+        // replicated write would leave the copies disagreeing. Discards and
+        // write-zeroes pass: they free space.
+        if matches!(msg, Message::Write { .. })
+            && let Some(full) = members
+                .write_set()
+                .find(|id| view.map.full_osds.contains(id))
+        {
+            tracing::debug!(osd = %full, pg = %target.pg, "write refused: a member's disk is full");
+            return status::ENOSPC;
+        }
         // The group's next sequence number, also before the first await: the log's
         // order is the admission order. Replicas record it with the entry.
         let seq = self.pg_logs.borrow_mut().get_mut(target.pg).next_seq();

@@ -17,6 +17,8 @@
 //! into (`target/<profile>/`), so `cargo build --workspace --bins` must run before
 //! `cargo test` (scripts/test.sh does).
 
+pub mod faults;
+
 use flame_common::ids::VolumeId;
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::mgr_api::{ClusterStatus, OsdStatus, VolumeCreate};

@@ -135,6 +135,7 @@ impl Fs {
 
     /// Makes a directory's entries stable (`fsync` of the directory).
     pub async fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        crate::failpoints::check("store_sync")?;
         match self {
             Fs::Real { .. } => {
                 let fd = match reactor::open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0).await {
@@ -392,8 +393,35 @@ impl File {
         }
     }
 
+    /// Allocates disk space for `[offset, offset+len)` without changing the file's
+    /// size (`fallocate` with `FALLOC_FL_KEEP_SIZE`), so later writes there cannot
+    /// fail with ENOSPC: the store reserves the space of an object's metadata and of
+    /// its intent journal up front, because those writes come when a full disk can
+    /// no longer be reported to a client (a FLUSH, a journal entry) and their
+    /// failure stops the OSD. A file system without `fallocate` gets nothing
+    /// reserved (and no error).
+    pub async fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        match self {
+            File::Real { buffered, .. } => {
+                match reactor::fallocate(
+                    buffered.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    offset,
+                    len,
+                )
+                .await
+                {
+                    Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+                    other => other,
+                }
+            }
+            File::Sim(sim, _) => sim.tick(),
+        }
+    }
+
     /// `fdatasync`: everything written to this file is stable when this returns.
     pub async fn datasync(&self) -> io::Result<()> {
+        crate::failpoints::check("store_sync")?;
         match self {
             File::Real { buffered, .. } => {
                 crate::metrics::sync_done(crate::metrics::SyncKind::Fdatasync);

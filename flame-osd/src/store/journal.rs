@@ -32,6 +32,10 @@ pub const ENTRY_LEN: usize = 32;
 pub const JOURNAL_ENTRIES_SOFT_MAX: usize = 65_536;
 /// Entries written by one group commit at most.
 const BATCH_MAX: usize = 1024;
+/// Bytes of journal file allocated up front: the header, the soft bound of
+/// entries and a few batches beyond it (writes in flight when the bound is hit).
+const JOURNAL_RESERVE_BYTES: u64 =
+    JOURNAL_HEADER_LEN + ((JOURNAL_ENTRIES_SOFT_MAX + 4 * BATCH_MAX) * ENTRY_LEN) as u64;
 /// Bytes read at once when replaying a journal.
 const REPLAY_CHUNK: usize = 1 << 20;
 
@@ -239,6 +243,10 @@ impl Journal {
             // A journal whose name a power cut can take away protects nothing.
             self.fs.sync_dir(dir).await?;
         }
+        // Entries are appended while writes run; their space is reserved once, so a
+        // full disk fails data writes (ENOSPC to the client) rather than a journal
+        // write (which stops the OSD). Up to the soft bound plus a batch in flight.
+        file.allocate(0, JOURNAL_RESERVE_BYTES).await?;
         let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
         let generation = decode_header(&head).unwrap_or(0).wrapping_add(1);
         file.write(0, encode_header(generation), Some(SyncKind::Journal))
@@ -273,6 +281,7 @@ impl Journal {
             journal: self,
             batch: Some(batch),
         };
+        crate::failpoints::check("journal_write")?;
         file.write(offset, bytes, Some(SyncKind::Journal)).await?;
         requeue.batch = None;
         self.commits.set(self.commits.get() + 1);
@@ -303,6 +312,7 @@ impl Journal {
             self.generation.set(generation);
             self.entries.borrow_mut().clear();
             self.tail.set(JOURNAL_HEADER_LEN);
+            crate::failpoints::check("journal_write")?;
             file.write(0, encode_header(generation), Some(SyncKind::Journal))
                 .await?;
             Ok(())

@@ -496,6 +496,13 @@ impl ObjectStore {
         if self.checksums && !created {
             load_meta(&state).await?;
         }
+        if self.checksums && create {
+            // The header and the first block of checksums (every checksum of a
+            // 4 MiB object) are written at FLUSH, when ENOSPC would stop the OSD:
+            // reserve their space now, where it fails the write with ENOSPC instead
+            // (also for a file an earlier, failed attempt created).
+            state.file.allocate(0, (HEADER_LEN + BLOCK) as u64).await?;
+        }
         // Another task may have opened it while this one waited: use theirs, whose
         // checksums may already be newer than the disk's.
         if let Some(s) = self.cached(object) {
@@ -532,6 +539,7 @@ impl ObjectStore {
         if len == 0 {
             return Ok(PayloadBuf::empty());
         }
+        crate::failpoints::check("store_read")?;
         if !self.checksums {
             return Ok(state
                 .file
@@ -588,6 +596,25 @@ impl ObjectStore {
             .await?
             .ok_or_else(|| io::Error::other("object file vanished while creating it"))?;
         let _guard = self.begin_write(&state).await?;
+        let res = self.write_data(&state, offset, data, fua).await;
+        self.check_write(object, res)?;
+        if fua {
+            // The data is stable; only a newly created name may still need its dir.
+            self.sync_dirs().await?;
+        }
+        Ok(())
+    }
+
+    /// The data part of [`ObjectStore::write`] (its I/O errors are judged by
+    /// [`ObjectStore::check_write`]).
+    async fn write_data(
+        &self,
+        state: &Rc<ObjectState>,
+        offset: u32,
+        data: PayloadBuf,
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        crate::failpoints::check("store_write")?;
         let offset = u64::from(offset);
         if !self.checksums {
             state
@@ -606,13 +633,28 @@ impl ObjectStore {
                 state.set_sum(first + i, s);
             }
         } else {
-            self.write_partial(&state, offset, &data, fua).await?;
-        }
-        if fua {
-            // The data is stable; only a newly created name may still need its dir.
-            self.sync_dirs().await?;
+            self.write_partial(state, offset, &data, fua).await?;
         }
         Ok(())
+    }
+
+    /// Judges a failed data write. A full file system (`ENOSPC`, `EDQUOT`) is
+    /// reported to the caller (the client sees ENOSPC; nothing was acknowledged, and
+    /// the copies that did take the write hold bytes no reader was promised). Any
+    /// other I/O error stops the OSD like a failed sync (exit status 74): the disk
+    /// may hold part of the write while the other copies hold all of it, and an OSD
+    /// that carried on would serve a copy that silently diverged. Stopping gets it
+    /// marked down, and the other copies carry on.
+    fn check_write(&self, object: ObjectId, res: Result<(), StoreError>) -> Result<(), StoreError> {
+        match res {
+            Err(StoreError::Io(e))
+                if !matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+                    && e.kind() != io::ErrorKind::InvalidInput =>
+            {
+                Err(self.sync_failed(&format!("write to object {object}"), e))
+            }
+            other => other,
+        }
     }
 
     /// A write that does not cover whole blocks: the blocks it touches are read,
@@ -767,37 +809,43 @@ impl ObjectStore {
             return Ok(()); // no file: already zero
         };
         let _guard = self.begin_write(&state).await?;
-        let (start, end) = (u64::from(offset), u64::from(offset) + u64::from(len));
-        if !self.checksums {
-            state
-                .file
-                .punch(DATA_OFFSET + start, u64::from(len))
-                .await?;
-        } else {
-            let b = BLOCK as u64;
-            let inner_start = start.div_ceil(b) * b;
-            let inner_end = (end / b) * b;
-            let head_end = inner_start.min(end);
-            if start < head_end {
-                let zeroes = vec![0; (head_end - start) as usize];
-                self.write_partial(&state, start, &zeroes, false).await?;
-            }
-            if inner_start < inner_end {
+        let res = async {
+            crate::failpoints::check("store_write")?;
+            let (start, end) = (u64::from(offset), u64::from(offset) + u64::from(len));
+            if !self.checksums {
                 state
                     .file
-                    .punch(DATA_OFFSET + inner_start, inner_end - inner_start)
+                    .punch(DATA_OFFSET + start, u64::from(len))
                     .await?;
-                for blk in inner_start / b..inner_end / b {
-                    state.set_sum(blk as usize, 0);
+            } else {
+                let b = BLOCK as u64;
+                let inner_start = start.div_ceil(b) * b;
+                let inner_end = (end / b) * b;
+                let head_end = inner_start.min(end);
+                if start < head_end {
+                    let zeroes = vec![0; (head_end - start) as usize];
+                    self.write_partial(&state, start, &zeroes, false).await?;
+                }
+                if inner_start < inner_end {
+                    state
+                        .file
+                        .punch(DATA_OFFSET + inner_start, inner_end - inner_start)
+                        .await?;
+                    for blk in inner_start / b..inner_end / b {
+                        state.set_sum(blk as usize, 0);
+                    }
+                }
+                let tail_start = inner_end.max(head_end);
+                if tail_start < end {
+                    let zeroes = vec![0; (end - tail_start) as usize];
+                    self.write_partial(&state, tail_start, &zeroes, false)
+                        .await?;
                 }
             }
-            let tail_start = inner_end.max(head_end);
-            if tail_start < end {
-                let zeroes = vec![0; (end - tail_start) as usize];
-                self.write_partial(&state, tail_start, &zeroes, false)
-                    .await?;
-            }
+            Ok::<(), StoreError>(())
         }
+        .await;
+        self.check_write(object, res)?;
         if fua && let Err(e) = state.file.datasync().await {
             return Err(self.sync_failed(&format!("fdatasync of object {object}"), e));
         }
@@ -830,6 +878,7 @@ impl ObjectStore {
                     *generation,
                     reactor::spawn(async move {
                         if let Some(m) = meta {
+                            crate::failpoints::check("store_meta_write")?;
                             state.file.write(0, m, None).await?;
                         }
                         state.file.datasync().await
@@ -880,8 +929,32 @@ impl ObjectStore {
         block: u32,
         good: &[u8],
     ) -> Result<(), StoreError> {
-        if good.len() != BLOCK || block as usize >= BLOCKS_MAX {
+        if good.len() != BLOCK {
             return Err(invalid("repair needs one whole block inside an object"));
+        }
+        self.repair_range(pg, object, block, good).await?;
+        crate::metrics::checksum_errors(true, 1);
+        tracing::warn!(%object, block, "repaired a block from another copy");
+        Ok(())
+    }
+
+    /// Replaces whole blocks `first..` of an object with `good` (a multiple of 4096
+    /// bytes that verified on another copy), stably (FUA), with their checksums.
+    /// For reads that failed with an I/O error: rewriting the range lets the device
+    /// remap a bad sector. Counting is the caller's.
+    pub async fn repair_range(
+        &self,
+        pg: PgId,
+        object: ObjectId,
+        first: u32,
+        good: &[u8],
+    ) -> Result<(), StoreError> {
+        let blocks = good.len() / BLOCK;
+        if good.is_empty()
+            || !good.len().is_multiple_of(BLOCK)
+            || first as usize + blocks > BLOCKS_MAX
+        {
+            return Err(invalid("repair needs whole blocks inside an object"));
         }
         let state = self
             .state(pg, object, true)
@@ -889,14 +962,14 @@ impl ObjectStore {
             .ok_or_else(|| io::Error::other("object file vanished while creating it"))?;
         let _guard = self.begin_write(&state).await?;
         let _lock = state.lock_rmw().await;
-        let offset = DATA_OFFSET + u64::from(block) * BLOCK as u64;
+        let offset = DATA_OFFSET + u64::from(first) * BLOCK as u64;
         state
             .file
-            .write(offset, good.to_vec(), Some(SyncKind::Fua))
+            .write(offset, PayloadBuf::copy_from(good), Some(SyncKind::Fua))
             .await?;
-        state.set_sum(block as usize, meta::block_sum(good));
-        crate::metrics::checksum_errors(true, 1);
-        tracing::warn!(%object, block, "repaired a block from another copy");
+        for (i, b) in good.chunks(BLOCK).enumerate() {
+            state.set_sum(first as usize + i, meta::block_sum(b));
+        }
         Ok(())
     }
 
