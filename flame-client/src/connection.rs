@@ -49,6 +49,8 @@ pub(crate) struct Target {
     pub key: ConnKey,
     pub addr: SocketAddr,
     pub transport: TransportKind,
+    /// Local address the connection leaves from (`bind_addr`), if set.
+    pub source: Option<std::net::IpAddr>,
     pub timeout: Duration,
     /// Our map epoch, sent in the Hello.
     pub epoch: Epoch,
@@ -464,7 +466,7 @@ async fn connect_task(target: Target) {
 }
 
 async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
-    let conn = Conn::connect(target.transport, target.addr, target.timeout)
+    let conn = Conn::connect_from(target.transport, target.addr, target.source, target.timeout)
         .await
         .map_err(|e| ConnError::lost(format!("connecting to {}: {e}", target.addr)))?;
     let c = Rc::new(OsdConn {

@@ -144,6 +144,7 @@ fn target_for(cluster: &Cluster, map: &ClusterMap, osd: &OsdInfo, shard: u16) ->
         },
         addr: osd.shard_addr(shard),
         transport: cfg.transport,
+        source: cfg.bind_addr,
         timeout: cfg.connect_timeout(),
         epoch: map.epoch,
         shards: osd.shards,
@@ -273,7 +274,13 @@ pub(crate) async fn piece_io(
     let mut last: Option<String> = None;
     loop {
         let map = cluster.map();
+        let pg = placement::object_pg(object, map.pool.pg_count);
+        let asked = primary_of(cluster, &map, pg);
         let attempt = piece_try(cluster, &map, object, piece, &op);
+        // A request to a primary that died or was cut off may never be answered
+        // (its packets vanish): once a newer map names another primary, or marks
+        // this one down, the try is abandoned and resent there.
+        let attempt = futures_lite::future::or(attempt, primary_moved(cluster, &map, pg, asked));
         let t = match bounded(deadline, attempt).await {
             None => {
                 let why = last.unwrap_or_else(|| "no answer from the OSD in time".into());
@@ -285,6 +292,37 @@ pub(crate) async fn piece_io(
         };
         last = Some(t.message.clone());
         back_off(cluster, &mut backoff, op_name, t).await?;
+    }
+}
+
+/// How often an in-flight try checks whether its primary moved.
+const PRIMARY_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Completes (with a retry) once the client's map is newer than `map` and `pg`'s
+/// primary in it is no longer `asked`, or `asked` is down in it; pends otherwise.
+async fn primary_moved<T>(
+    cluster: &Cluster,
+    map: &ClusterMap,
+    pg: PgId,
+    asked: Option<OsdId>,
+) -> Try<T> {
+    loop {
+        reactor::sleep(PRIMARY_CHECK_INTERVAL).await;
+        let now = cluster.map();
+        if now.epoch <= map.epoch {
+            continue;
+        }
+        let primary = primary_of(cluster, &now, pg);
+        let down = asked.is_some_and(|id| now.osds.get(&id).is_none_or(|o| !o.up));
+        if primary != asked || down {
+            return Try::Retry(Transient {
+                reason: RetryReason::Stale,
+                message: format!(
+                    "map {} moved the primary of {pg} away from {asked:?}; resending",
+                    now.epoch
+                ),
+            });
+        }
     }
 }
 
@@ -392,8 +430,11 @@ async fn piece_try(
 /// What a shard call does when its OSD is down in the map.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum WhenDown {
-    /// Wait (retry) until it is up again or the deadline passes.
-    Wait,
+    /// Done: nothing to do there now. A FLUSH never waits on a down OSD: its
+    /// acknowledged writes are on the other members of the write set too (flushed
+    /// by the same FLUSH), and an OSD syncs its whole store before serving again
+    /// after a restart.
+    Skip,
     /// Fail at once with [`ClientError::OsdDown`].
     Refuse,
 }
@@ -421,13 +462,10 @@ async fn shard_call(
             return Ok(());
         }
         let t = if !info.up {
-            if when_down == WhenDown::Refuse {
-                return Err(ClientError::OsdDown(osd));
-            }
-            Transient {
-                reason: RetryReason::OsdDown,
-                message: format!("{osd} is down"),
-            }
+            return match when_down {
+                WhenDown::Refuse => Err(ClientError::OsdDown(osd)),
+                WhenDown::Skip => Ok(()),
+            };
         } else {
             let target = target_for(cluster, &map, info, shard);
             let (id, epoch) = (RequestId(0), map.epoch);
@@ -463,6 +501,20 @@ async fn shard_call(
                     Err(t) => Try::Retry(t),
                 }
             };
+            // An OSD that dies with the request in flight may never answer: once
+            // the map marks it down, the call ends as if it had been down at once.
+            let went_down = async {
+                loop {
+                    reactor::sleep(PRIMARY_CHECK_INTERVAL).await;
+                    if cluster.with_map(|m| m.osds.get(&osd).is_none_or(|o| !o.up)) {
+                        return match when_down {
+                            WhenDown::Skip => Try::Done(()),
+                            WhenDown::Refuse => Try::Fail(ClientError::OsdDown(osd)),
+                        };
+                    }
+                }
+            };
+            let attempt = futures_lite::future::or(attempt, went_down);
             match bounded(deadline, attempt).await {
                 None => {
                     let why = last
@@ -580,7 +632,7 @@ pub(crate) async fn flush_volume_objects(
                 shard,
                 OpCode::Flush,
                 volume,
-                WhenDown::Wait,
+                WhenDown::Skip,
                 deadline,
             )
         },

@@ -68,13 +68,22 @@ pub fn base_url(addr: &str) -> Result<String, ClientError> {
 impl MgrClient {
     /// A client of the manager at `addr` (`host:port` or `http://host:port`).
     pub fn new(addr: &str) -> Result<MgrClient, ClientError> {
+        Self::new_from(addr, None)
+    }
+
+    /// Like [`MgrClient::new`], with connections leaving from local address
+    /// `source` when given (the client's `bind_addr`).
+    pub fn new_from(
+        addr: &str,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<MgrClient, ClientError> {
         let base = base_url(addr)?;
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let config = ureq::Agent::config_builder()
             // Error statuses carry an ApiError body we want to show.
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(3)))
-            .build()
-            .into();
+            .build();
+        let agent = flame_common::http::agent(config, source);
         Ok(MgrClient { base, agent })
     }
 

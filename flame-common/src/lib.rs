@@ -11,6 +11,7 @@
 
 pub mod buffer;
 pub mod config;
+pub mod http;
 pub mod ids;
 pub mod logging;
 pub mod map;

@@ -55,6 +55,16 @@ pub struct OsdConfig {
     pub checksums: bool,
     /// Heartbeat period.
     pub heartbeat_interval_ms: u64,
+    /// How long after sending its last manager-acknowledged heartbeat this OSD may
+    /// serve and acknowledge I/O; past it, every read and write is answered EAGAIN.
+    /// Must satisfy `lease_ms + heartbeat_interval_ms < heartbeat_grace_ms` of the
+    /// manager, so a cut-off OSD stops acknowledging before the manager can mark it
+    /// down and choose a successor (docs/guarantees.md, "Fencing").
+    pub lease_ms: u64,
+    /// A shard thread whose loop has not run for this long is hung: the OSD stops
+    /// heartbeating, so the manager marks it down instead of letting its placement
+    /// groups wait on a shard that never answers.
+    pub shard_stall_ms: u64,
     /// Connections one shard accepts before refusing more.
     pub max_connections_per_shard: u32,
     /// Requests one connection may have in flight; further requests wait unread in
@@ -107,6 +117,8 @@ impl Default for OsdConfig {
             direct_io: DirectIo::Auto,
             checksums: true,
             heartbeat_interval_ms: 1000,
+            lease_ms: 4000,
+            shard_stall_ms: 2000,
             max_connections_per_shard: 1024,
             max_inflight_per_connection: 256,
             max_inflight_bytes_per_shard: 128 << 20,
@@ -122,6 +134,9 @@ impl Default for OsdConfig {
         }
     }
 }
+
+/// How often each shard thread records that its loop runs (see `shard_stall_ms`).
+pub const PROGRESS_INTERVAL_MS: u64 = 100;
 
 /// Most shard threads: more than cores only adds context switches.
 pub const SHARDS_MAX: u16 = 256;
@@ -139,6 +154,18 @@ impl OsdConfig {
     /// The data address published in the map.
     pub fn advertised(&self) -> SocketAddr {
         self.advertise.unwrap_or(self.listen)
+    }
+
+    /// The address this OSD's outgoing connections (to peers and to the manager)
+    /// leave from: `listen`'s IP, or `advertise`'s when `listen` is a wildcard. On
+    /// a multi-homed host this keeps traffic on the network the OSD is published
+    /// on, and a firewall rule on the OSD's address covers both directions.
+    pub fn source_ip(&self) -> std::net::IpAddr {
+        if self.listen.ip().is_unspecified() {
+            self.advertised().ip()
+        } else {
+            self.listen.ip()
+        }
     }
 
     /// Host name for placement.
@@ -189,6 +216,18 @@ impl Validate for OsdConfig {
         }
         if !(10..=60_000).contains(&self.heartbeat_interval_ms) {
             return bad("heartbeat_interval_ms", "must be 10..=60000");
+        }
+        // The lease must outlive the gap between two heartbeats (with room for one
+        // late reply), or the OSD would stop serving between heartbeats.
+        if self.lease_ms < 2 * self.heartbeat_interval_ms || self.lease_ms > 600_000 {
+            return bad(
+                "lease_ms",
+                "must be at least twice heartbeat_interval_ms and at most 600000 \
+                 (and lease_ms + heartbeat_interval_ms below the manager's heartbeat_grace_ms)",
+            );
+        }
+        if !(PROGRESS_INTERVAL_MS * 4..=600_000).contains(&self.shard_stall_ms) {
+            return bad("shard_stall_ms", "must be 400..=600000");
         }
         if !(1..=65_536).contains(&self.max_connections_per_shard) {
             return bad("max_connections_per_shard", "must be 1..=65536");
@@ -261,5 +300,12 @@ mod tests {
         let c: OsdConfig =
             parse_str("listen: 0.0.0.0:6900\nadvertise: 10.0.0.5:6900\n", "t").unwrap();
         assert_eq!(c.advertised().to_string(), "10.0.0.5:6900");
+        let d = OsdConfig::default();
+        assert!(
+            d.lease_ms + d.heartbeat_interval_ms < 6000,
+            "below the manager's default grace"
+        );
+        let e = parse_str::<OsdConfig>("lease_ms: 1500\n", "t").unwrap_err();
+        assert!(e.to_string().contains("lease_ms"), "{e}");
     }
 }

@@ -5,10 +5,13 @@
 //! which shards read without locking.
 
 use crate::config::OsdConfig;
+use crate::liveness::Liveness;
 use arc_swap::ArcSwap;
 use flame_common::ids::OsdId;
 use flame_common::map::ClusterMap;
-use flame_common::mgr_api::{HeartbeatReply, OsdBoot, OsdBootReply, OsdHeartbeat};
+use flame_common::mgr_api::{
+    HeartbeatReply, OsdBoot, OsdBootReply, OsdFailureReport, OsdHeartbeat,
+};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,9 @@ const USAGE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How often the control thread checks whether a shard asked for a newer map.
 const MAP_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// At most one report of one unreachable peer per this interval.
+const FAILURE_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Largest map accepted from the manager.
 const MAP_BYTES_MAX: u64 = 64 << 20;
@@ -101,21 +107,29 @@ pub struct Control {
     cfg: Arc<OsdConfig>,
     identity: Identity,
     metrics_addr: SocketAddr,
+    liveness: Arc<Liveness>,
 }
 
 impl Control {
-    /// A control plane for this OSD.
-    pub fn new(cfg: Arc<OsdConfig>, identity: Identity, metrics_addr: SocketAddr) -> Control {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+    /// A control plane for this OSD. Its HTTP calls leave from the OSD's own
+    /// address ([`OsdConfig::source_ip`]).
+    pub fn new(
+        cfg: Arc<OsdConfig>,
+        identity: Identity,
+        metrics_addr: SocketAddr,
+        liveness: Arc<Liveness>,
+    ) -> Control {
+        let config = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(5)))
-            .build()
-            .into();
+            .build();
+        let agent = flame_common::http::agent(config, Some(cfg.source_ip()));
         Control {
             base: format!("http://{}", cfg.mgr),
             agent,
             cfg,
             identity,
             metrics_addr,
+            liveness,
         }
     }
 
@@ -133,9 +147,10 @@ impl Control {
             fsid: self.identity.fsid.clone(),
         };
         let mut delay = Duration::from_millis(100);
-        let reply: OsdBootReply = loop {
+        let (reply, sent_ms): (OsdBootReply, u64) = loop {
+            let sent_ms = self.liveness.now_ms();
             match self.post("/v1/osd/boot", &body) {
-                Ok(r) => break r,
+                Ok(r) => break (r, sent_ms),
                 // 4xx: the manager refused this OSD (another cluster's data
                 // directory, an address held by another live OSD, an invalid
                 // setting). Retrying cannot help: say why and stop with status 2,
@@ -170,6 +185,10 @@ impl Control {
             self.identity.save(&self.cfg.data_dir)?;
         }
         let map = self.fetch_map()?;
+        // The manager marked this OSD up when it answered the boot: that counts as
+        // an acknowledged heartbeat, and the map fetched after it is at least as
+        // new as the one that made this OSD up.
+        self.liveness.renew(sent_ms, self.cfg.lease_ms);
         Ok((reply.id, map))
     }
 
@@ -255,6 +274,7 @@ impl Control {
             }
         }
         let mut last_heartbeat = Instant::now();
+        let mut reported = std::collections::HashMap::new();
         loop {
             std::thread::sleep(MAP_CHECK_INTERVAL);
             let wanted = wanted_epoch.load(Ordering::Relaxed);
@@ -281,10 +301,25 @@ impl Control {
                 }
             }
             self.send_recovery_reports(id, &recovery, &wanted_epoch);
+            self.report_failed_peers(id, &map, &mut reported);
+            #[cfg(feature = "failpoints")]
+            self.apply_test_stall();
             if last_heartbeat.elapsed() < interval {
                 continue;
             }
             last_heartbeat = Instant::now();
+            // A hung shard cannot serve its placement groups: stop vouching for
+            // this OSD so the manager marks it down after its grace (and the
+            // lease runs out here, so nothing is acknowledged meanwhile).
+            let stalled = self.liveness.stalled_shards(self.cfg.shard_stall_ms);
+            if !stalled.is_empty() {
+                tracing::error!(
+                    ?stalled,
+                    stall_ms = self.cfg.shard_stall_ms,
+                    "shard threads made no progress; not heartbeating"
+                );
+                continue;
+            }
             // The file system's figures are one statvfs: fresh in every heartbeat,
             // so the manager sees a filling disk within a heartbeat interval.
             let (used_bytes, capacity_bytes) = fs_usage(&self.cfg.data_dir);
@@ -307,6 +342,9 @@ impl Control {
                     }
                 }),
             };
+            // The lease counts from when the heartbeat was sent: the manager's
+            // grace counts from when it arrived, which is later.
+            let sent_ms = self.liveness.now_ms();
             match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
                 Ok(reply) => {
                     if reply.epoch > map.load().epoch {
@@ -317,6 +355,12 @@ impl Control {
                             }
                             Err(e) => tracing::warn!("map fetch failed: {e}"),
                         }
+                    }
+                    // Renewed only once this OSD's map is as new as the manager's:
+                    // an OSD coming back from a partition must not serve under the
+                    // old map (where it may still be primary) with a fresh lease.
+                    if map.load().epoch >= reply.epoch {
+                        self.liveness.renew(sent_ms, self.cfg.lease_ms);
                     }
                 }
                 Err(e) if e.contains("404") => {
@@ -337,6 +381,50 @@ impl Control {
                 }
                 Err(e) => tracing::warn!("heartbeat failed: {e}"),
             }
+        }
+    }
+
+    /// Tells the manager about peers the shards could not reach, at most once per
+    /// peer per [`FAILURE_REPORT_INTERVAL`]. `reported` remembers when each was last
+    /// reported (pruned as entries age out, so it holds at most the peers reported
+    /// within one interval).
+    fn report_failed_peers(
+        &self,
+        id: OsdId,
+        map: &ArcSwap<ClusterMap>,
+        reported: &mut std::collections::HashMap<OsdId, Instant>,
+    ) {
+        reported.retain(|_, at| at.elapsed() < FAILURE_REPORT_INTERVAL);
+        for failed in self.liveness.take_failed_peers() {
+            // Already down in this OSD's map: the manager knows.
+            let up = map.load().osds.get(&failed).is_some_and(|o| o.up);
+            if failed == id || !up || reported.contains_key(&failed) {
+                continue;
+            }
+            reported.insert(failed, Instant::now());
+            let report = OsdFailureReport {
+                reporter: id,
+                uuid: self.identity.uuid.clone(),
+                failed,
+                epoch: map.load().epoch,
+            };
+            tracing::info!(peer = %failed, "reporting an unreachable peer to the manager");
+            if let Err(e) = self.post::<_, serde_json::Value>("/v1/osd/failure", &report) {
+                tracing::warn!(peer = %failed, "failure report not accepted: {e}");
+            }
+        }
+    }
+
+    /// Test hook (`failpoints` builds): while `data_dir/failpoint-shard-stall`
+    /// exists and names a shard number, that shard's thread hangs.
+    #[cfg(feature = "failpoints")]
+    fn apply_test_stall(&self) {
+        let path = self.cfg.data_dir.join("failpoint-shard-stall");
+        let wanted = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok());
+        for shard in 0..self.cfg.shard_count() {
+            self.liveness.set_stalled(shard, wanted == Some(shard));
         }
     }
 }

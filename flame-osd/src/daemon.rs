@@ -160,7 +160,8 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let metrics_addr = flame_common::metrics::serve_with(cfg.metrics_listen, Some(routes))
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
-    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr);
+    let liveness = Arc::new(crate::liveness::Liveness::new(shards));
+    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
     let map = Arc::new(ArcSwap::from_pointee(map));
@@ -176,6 +177,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             config: cfg.clone(),
             direct_io,
             recovery: recovery.clone(),
+            liveness: liveness.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }

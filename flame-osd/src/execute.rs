@@ -8,7 +8,7 @@ use crate::shard::Shard;
 use flame_common::buffer::PayloadBuf;
 use flame_common::ids::PgId;
 use flame_common::placement::object_pg;
-use flame_common::protocol::{self, Message, flags, status};
+use flame_common::protocol::{self, Message, OpCode, flags, status};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -29,6 +29,23 @@ pub(crate) fn is_forwarded(msg: &Message) -> bool {
     }
 }
 
+/// Reads and writes of data: what the lease gates (flush, delete and ping are not
+/// acknowledgements of data a successor could have superseded).
+fn is_io(op: OpCode) -> bool {
+    matches!(
+        op,
+        OpCode::Read | OpCode::Write | OpCode::WriteZeroes | OpCode::Discard
+    )
+}
+
+/// Whether the request changes data.
+fn is_write(msg: &Message) -> bool {
+    matches!(
+        msg,
+        Message::Write { .. } | Message::WriteZeroes { .. } | Message::Discard { .. }
+    )
+}
+
 impl Shard {
     /// Runs one request and builds its reply.
     pub async fn execute(self: &Rc<Self>, msg: Message) -> Message {
@@ -46,7 +63,21 @@ impl Shard {
         // epoch in its reply.
         let view = self.view();
         let epoch = view.map.epoch;
-        let (st, data) = self.apply(view, msg, is_replica).await;
+        let leased = is_io(op);
+        let (mut st, mut data) = if leased && !self.liveness.lease_valid() {
+            // No manager-acknowledged heartbeat within the lease: the manager may
+            // already have marked this OSD down and given its roles to others.
+            (status::EAGAIN, PayloadBuf::empty())
+        } else {
+            self.apply(view, msg, is_replica).await
+        };
+        if leased && st == status::OK && !self.liveness.lease_valid() {
+            // The lease ran out while the request ran: its result may already be
+            // superseded (a read) or not be the only copy that counts (a write),
+            // so it is not acknowledged; the client retries under the new map.
+            st = status::EAGAIN;
+            data = PayloadBuf::empty();
+        }
         if let Some(i) = ShardMetrics::op_index(op) {
             let c = &self.metrics.by_op[usize::from(is_replica)][i];
             c.ops.inc();
@@ -73,6 +104,13 @@ impl Shard {
     ) -> (i32, PayloadBuf) {
         let map = &view.map;
         let sender_epoch = msg.epoch();
+        if replica && sender_epoch < map.epoch && is_write(&msg) {
+            // A write forwarded under an older map: its sender may no longer be
+            // the group's primary (a cut-off old primary must not add a write
+            // behind its successor's back). Refuse; the reply's epoch tells the
+            // primary to fetch the newer map, and the client retries under it.
+            return (status::ESTALE, PayloadBuf::empty());
+        }
         if sender_epoch > map.epoch {
             // The sender knows a newer map: fetch it now, and do not act on the old
             // one meanwhile (placement may have moved; two OSDs must never both

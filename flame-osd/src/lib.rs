@@ -6,7 +6,8 @@
 //! checks; primary reads heal bad blocks in [`read_repair`]) → [`replication`] (the primary forwards to the replicas through
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
-//! [`shard`] is what one thread owns; [`control`] talks to the manager.
+//! [`shard`] is what one thread owns; [`control`] talks to the manager;
+//! [`liveness`] is the lease and the health state the two share.
 //! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
 //! date (from the log or by backfill) and removes stray copies; [`scrub`] compares
 //! and repairs the copies of a group.
@@ -19,6 +20,7 @@ pub mod control;
 pub mod daemon;
 pub mod execute;
 pub mod failpoints;
+pub mod liveness;
 pub mod metrics;
 pub mod ordering;
 pub mod peers;

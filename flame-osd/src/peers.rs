@@ -6,6 +6,7 @@
 //! request id; a connection failure fails every request waiting on it, and the
 //! primary answers its client with EAGAIN so the client retries.
 
+use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::map::OsdInfo;
@@ -15,7 +16,9 @@ use flame_common::transport::{Conn, TransportKind};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One connection to a peer shard.
@@ -28,6 +31,8 @@ pub struct Peer {
 /// Peer connections of one shard.
 pub struct Peers {
     transport: TransportKind,
+    /// Local address peer connections leave from (the OSD's own).
+    source: Option<IpAddr>,
     connect_timeout: Duration,
     call_timeout: Duration,
     conns: RefCell<HashMap<(OsdId, u16), Rc<Peer>>>,
@@ -41,18 +46,25 @@ pub struct Peers {
     /// resent on a new connection can never be overtaken by its stale original.
     session: u64,
     generation: Cell<u64>,
+    /// Where unreachable peers are noted (the control thread reports them) and
+    /// newer epochs seen in replies are asked for.
+    liveness: Arc<Liveness>,
 }
 
 impl Peers {
     /// No connections yet; they open on first use.
     pub fn new(
         transport: TransportKind,
+        source: Option<IpAddr>,
         connect_timeout: Duration,
         call_timeout: Duration,
         metrics: Rc<ShardMetrics>,
+        liveness: Arc<Liveness>,
     ) -> Peers {
         Peers {
             transport,
+            source,
+            liveness,
             connect_timeout,
             call_timeout,
             conns: RefCell::new(HashMap::new()),
@@ -88,6 +100,21 @@ impl Peers {
         epoch: Epoch,
         msg: Message,
     ) -> Result<Message, i32> {
+        self.call_reply_until(osd, shard, epoch, msg, std::future::pending())
+            .await
+    }
+
+    /// Like [`Peers::call_reply`], but gives up with EAGAIN as soon as `give_up`
+    /// completes (the replica left the write set in a newer map: a black-holed
+    /// peer must not hold the client's write for the whole `replica_timeout_ms`).
+    pub async fn call_reply_until(
+        self: &Rc<Self>,
+        osd: &OsdInfo,
+        shard: u16,
+        epoch: Epoch,
+        msg: Message,
+        give_up: impl std::future::Future<Output = ()>,
+    ) -> Result<Message, i32> {
         let peer = match self.get(osd, shard, epoch).await {
             Ok(p) => p,
             Err(()) => return Err(status::EAGAIN),
@@ -113,12 +140,22 @@ impl Peers {
                 return Err(status::EAGAIN);
             }
             let timeout = self.call_timeout;
-            let wait = async { rx.await.ok() };
+            let wait = async { Some(rx.await.ok()) };
             let expire = async {
                 reactor::sleep(timeout).await;
+                Some(None)
+            };
+            let abandon = async {
+                give_up.await;
                 None
             };
-            let r = futures_lite::future::or(wait, expire).await;
+            let r = futures_lite::future::or(futures_lite::future::or(wait, expire), abandon).await;
+            let Some(r) = r else {
+                // Abandoned: the connection stays (the peer may be fine, only no
+                // longer needed); its late reply finds no waiter and is dropped.
+                peer.pending.borrow_mut().remove(&id);
+                return Err(status::EAGAIN);
+            };
             if r.is_none() {
                 peer.pending.borrow_mut().remove(&id);
             }
@@ -128,9 +165,10 @@ impl Peers {
             Some(m) => Ok(m),
             None => {
                 // Timed out or the connection died: drop the connection so the next
-                // call starts afresh.
+                // call starts afresh, and tell the manager (it may be down).
                 tracing::warn!(osd = %osd.id, shard, "replica did not answer; closing connection");
                 self.drop_peer(osd.id, shard, &peer);
+                self.liveness.peer_failed(osd.id);
                 Err(status::EAGAIN)
             }
         }
@@ -180,10 +218,13 @@ impl Peers {
         epoch: Epoch,
     ) -> Result<Rc<Peer>, ()> {
         let addr = osd.shard_addr(shard);
-        let conn = match Conn::connect(self.transport, addr, self.connect_timeout).await {
+        let conn = match Conn::connect_from(self.transport, addr, self.source, self.connect_timeout)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(osd = %osd.id, %addr, "peer connect failed: {e}");
+                self.liveness.peer_failed(osd.id);
                 return Err(());
             }
         };
@@ -212,6 +253,12 @@ impl Peers {
         .await;
         match hello {
             Some(Message::HelloReply { status: 0, .. }) => {}
+            None => {
+                tracing::warn!(osd = %osd.id, %addr, "peer did not answer hello");
+                self.liveness.peer_failed(osd.id);
+                conn.close();
+                return Err(());
+            }
             other => {
                 tracing::warn!(osd = %osd.id, %addr, "peer refused hello: {other:?}");
                 conn.close();

@@ -9,6 +9,7 @@ use flame_common::ids::PgSeq;
 use flame_common::protocol::{Message, flags, status};
 use flame_common::reactor;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 impl Shard {
     /// Primary path: order against overlapping writes, forward to the replicas and
@@ -67,14 +68,22 @@ impl Shard {
                 let peers = self.peers.clone();
                 let fwd = with_replica_flag(&msg);
                 let view = view.clone();
+                let me = self.clone();
                 reactor::spawn(async move {
                     // Checked above: every replica is in this view's map.
                     let Some(osd) = view.map.osds.get(&id) else {
-                        return status::EAGAIN;
+                        return (status::EAGAIN, None);
                     };
-                    peers
-                        .call(osd, osd.shard_of(target.pg), view.map.epoch, fwd)
+                    let epoch = view.map.epoch;
+                    let gone = me.left_write_set(target.pg, id, epoch);
+                    match peers
+                        .call_reply_until(osd, osd.shard_of(target.pg), epoch, fwd, gone)
                         .await
+                    {
+                        Ok(Message::Reply { status, epoch, .. }) => (status, Some(epoch)),
+                        Ok(_) => (status::EIO, None),
+                        Err(st) => (st, None),
+                    }
                 })
             })
             .collect();
@@ -85,7 +94,14 @@ impl Shard {
             applied.push(self.osd);
         }
         for (c, &id) in calls.into_iter().zip(&replicas) {
-            let st = c.await;
+            let (st, replica_epoch) = c.await;
+            if let Some(e) = replica_epoch
+                && e > view.map.epoch
+            {
+                // The replica has a newer map (it refuses forwards from older
+                // epochs): fetch it, so the client's retry meets current roles.
+                self.wanted_epoch.fetch_max(e.0, Ordering::Relaxed);
+            }
             if st == status::OK {
                 applied.push(id);
             }

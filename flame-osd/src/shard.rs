@@ -21,12 +21,15 @@ use crate::pg_log::PgLogs;
 use crate::recovery::{RecoveryShared, RecoveryState};
 use crate::store::ObjectStore;
 use arc_swap::ArcSwap;
-use flame_common::ids::{Epoch, OsdId};
+use flame_common::ids::{Epoch, OsdId, PgId};
 use flame_common::map::ClusterMap;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+
+/// How often a forward in flight checks whether its replica left the write set.
+const REPLICA_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Everything one shard thread owns.
 pub struct Shard {
@@ -43,6 +46,8 @@ pub struct Shard {
     pub(crate) store: ObjectStore,
     pub(crate) gate: Rc<WriteGate>,
     pub(crate) peers: Rc<Peers>,
+    /// The lease and the shards' progress (shared with the control thread).
+    pub(crate) liveness: Arc<crate::liveness::Liveness>,
     pub(crate) metrics: Rc<ShardMetrics>,
     pub(crate) max_connections: u32,
     pub(crate) max_inflight: u32,
@@ -106,6 +111,21 @@ impl Shard {
         let fresh = Rc::new(MapView::new(&source));
         *self.view.borrow_mut() = fresh.clone();
         fresh
+    }
+
+    /// Completes once a newer map than epoch `since` no longer has `osd` in the
+    /// write set of `pg`: the primary stops waiting for that replica (a peer cut
+    /// off without a reset would otherwise hold the write for the whole
+    /// `replica_timeout_ms`) and the client retries under the new map. Checks
+    /// every [`REPLICA_CHECK_INTERVAL`].
+    pub(crate) async fn left_write_set(&self, pg: PgId, osd: OsdId, since: Epoch) {
+        loop {
+            flame_common::reactor::sleep(REPLICA_CHECK_INTERVAL).await;
+            let view = self.view();
+            if view.map.epoch > since && !view.table.pg(pg).write_set().any(|m| m == osd) {
+                return;
+            }
+        }
     }
 
     pub(crate) fn epoch(&self) -> Epoch {

@@ -3,7 +3,8 @@
 //! listener forever, handing each connection to [`crate::connection`] on the same
 //! thread.
 
-use crate::config::OsdConfig;
+use crate::config::{OsdConfig, PROGRESS_INTERVAL_MS};
+use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
 use crate::ordering::WriteGate;
 use crate::peers::Peers;
@@ -39,6 +40,8 @@ pub struct ShardSetup {
     pub direct_io: bool,
     /// Shared with the control thread and the HTTP API (recovery reports, status).
     pub recovery: Arc<crate::recovery::RecoveryShared>,
+    /// Lease, shard progress and unreachable peers, shared with the control thread.
+    pub liveness: Arc<Liveness>,
 }
 
 /// Starts a shard thread. It runs until the process exits.
@@ -77,10 +80,13 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 gate: Rc::new(WriteGate::default()),
                 peers: Rc::new(Peers::new(
                     cfg.transport,
+                    Some(cfg.source_ip()),
                     Duration::from_millis(cfg.connect_timeout_ms),
                     Duration::from_millis(cfg.replica_timeout_ms),
                     metrics.clone(),
+                    setup.liveness.clone(),
                 )),
+                liveness: setup.liveness,
                 metrics,
                 max_connections: cfg.max_connections_per_shard,
                 max_inflight: cfg.max_inflight_per_connection,
@@ -110,6 +116,20 @@ const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
 
 async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
     let id = shard.id;
+    // The heartbeat's evidence that this thread's loop runs: if a task blocks the
+    // thread (a stuck disk call, a livelock), this stops and the control thread
+    // stops heartbeating (`shard_stall_ms`).
+    let liveness = shard.liveness.clone();
+    liveness.progress(id);
+    reactor::spawn(async move {
+        loop {
+            reactor::sleep(Duration::from_millis(PROGRESS_INTERVAL_MS)).await;
+            #[cfg(feature = "failpoints")]
+            liveness.hang_while_stalled(id);
+            liveness.progress(id);
+        }
+    })
+    .detach();
     reactor::spawn(async move {
         let mut m = crate::metrics::ReactorMetrics::new(id);
         loop {

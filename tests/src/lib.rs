@@ -27,7 +27,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -74,6 +74,12 @@ pub struct ClusterOptions {
     pub osds_one_by_one: bool,
     /// Extra lines appended to every OSD's YAML configuration.
     pub osd_extra_yaml: String,
+    /// Give every daemon its own loopback address: the manager 127.0.0.10, OSD `i`
+    /// 127.0.0.(11+i), flame-nbd 127.0.0.9 (also [`TestCluster::client_ip`]).
+    /// Daemons' outgoing connections leave from their own address, so iptables
+    /// rules between two addresses cut exactly one link (the partition tests).
+    /// Otherwise everything is on 127.0.0.1.
+    pub per_daemon_addrs: bool,
 }
 
 impl Default for ClusterOptions {
@@ -87,6 +93,7 @@ impl Default for ClusterOptions {
             osd_heartbeat_interval_ms: 500,
             osds_one_by_one: false,
             osd_extra_yaml: String::new(),
+            per_daemon_addrs: true,
         }
     }
 }
@@ -291,6 +298,7 @@ struct OsdAddrs {
 
 /// A running Flame cluster on loopback: one manager, N OSDs, optionally flame-nbd.
 pub struct TestCluster {
+    ips: DaemonIps,
     // Daemons are declared (and so dropped) before the directory they write into.
     mgr: Daemon,
     osds: Vec<Daemon>,
@@ -325,9 +333,10 @@ impl TestCluster {
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
         let root = dir.path().to_path_buf();
-        let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let ips = DaemonIps::new(opts.per_daemon_addrs, opts.osds);
+        let on = |ip: Ipv4Addr, port: u16| SocketAddr::from((ip, port));
 
-        let mgr_addr = loopback(free_ports(1));
+        let mgr_addr = on(ips.mgr, free_ports_on(ips.mgr, 1));
         let mgr_yaml = format!(
             "# flame-mgr config written by the test harness\n\
              listen: \"{mgr_addr}\"\n\
@@ -349,10 +358,24 @@ impl TestCluster {
 
         let mut osds = Vec::new();
         let mut osd_addrs = Vec::new();
+        // The OSDs' lease follows the rule lease_ms + heartbeat_interval_ms <
+        // heartbeat_grace_ms (docs/guarantees.md) for the grace the test chose,
+        // while outliving two heartbeat intervals (the OSD requires it: a test
+        // that slows heartbeats down to keep a map stale gets a lease to match).
+        // A test that sets lease_ms itself keeps it.
+        let interval = opts.osd_heartbeat_interval_ms;
+        let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
+            .clamp(2 * interval, 4000.max(2 * interval));
+        let lease_yaml = if opts.osd_extra_yaml.contains("lease_ms:") {
+            String::new()
+        } else {
+            format!("lease_ms: {lease_ms}\n")
+        };
         for i in 0..opts.osds {
+            let ip = ips.osds[i];
             let addrs = OsdAddrs {
-                data: loopback(free_ports(opts.shards)),
-                metrics: loopback(free_ports(1)),
+                data: on(ip, free_ports_on(ip, opts.shards)),
+                metrics: on(ip, free_ports_on(ip, 1)),
             };
             let yaml = format!(
                 "# flame-osd config written by the test harness\n\
@@ -364,12 +387,13 @@ impl TestCluster {
                  shards: {}\n\
                  poll_mode: interrupt\n\
                  heartbeat_interval_ms: {}\n\
-                 {}\n",
+                 {}{}\n",
                 addrs.data,
                 addrs.metrics,
                 root.join(format!("osd.{i}")).display(),
                 opts.shards,
                 opts.osd_heartbeat_interval_ms,
+                lease_yaml,
                 opts.osd_extra_yaml,
             );
             let name = format!("osd.{i}");
@@ -379,7 +403,7 @@ impl TestCluster {
                 write_config(&root, &format!("{name}.yaml"), &yaml),
                 root.join(format!("{name}.log")),
                 (0..opts.shards)
-                    .map(|s| loopback(addrs.data.port() + s))
+                    .map(|s| on(ip, addrs.data.port() + s))
                     .chain([addrs.metrics])
                     .collect(),
             ));
@@ -388,15 +412,21 @@ impl TestCluster {
 
         let (mut nbd, mut nbd_addr, mut nbd_metrics_addr) = (None, None, None);
         if opts.nbd {
-            let listen = loopback(free_ports(1));
-            let metrics = loopback(free_ports(1));
+            let listen = on(ips.client, free_ports_on(ips.client, 1));
+            let metrics = on(ips.client, free_ports_on(ips.client, 1));
+            let bind = if opts.per_daemon_addrs {
+                format!("bind_addr: \"{}\"\n", ips.client)
+            } else {
+                String::new()
+            };
             let yaml = format!(
                 "# flame-nbd config written by the test harness\n\
                  mgr: \"{mgr_addr}\"\n\
                  listen: \"{listen}\"\n\
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
-                 poll_mode: interrupt\n"
+                 poll_mode: interrupt\n\
+                 {bind}"
             );
             nbd = Some(Daemon::new(
                 "nbd",
@@ -410,6 +440,7 @@ impl TestCluster {
         }
 
         let mut cluster = TestCluster {
+            ips,
             mgr,
             osds,
             nbd,
@@ -454,6 +485,22 @@ impl TestCluster {
     /// `http://<mgr><path>`.
     pub fn mgr_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.mgr_addr)
+    }
+
+    /// The manager's IP address.
+    pub fn mgr_ip(&self) -> Ipv4Addr {
+        self.ips.mgr
+    }
+
+    /// OSD process `i`'s IP address (every shard, metrics, outgoing connections).
+    pub fn osd_ip(&self, i: usize) -> Ipv4Addr {
+        self.ips.osds[i]
+    }
+
+    /// The address flame-nbd and test clients use (127.0.0.9 with
+    /// [`ClusterOptions::per_daemon_addrs`], else 127.0.0.1).
+    pub fn client_ip(&self) -> Ipv4Addr {
+        self.ips.client
     }
 
     /// Number of OSD processes.
@@ -1089,10 +1136,44 @@ const PORT_MIN: u16 = 20_000;
 /// One past the highest port handed out.
 const PORT_END: u16 = 32_000;
 
+/// The loopback addresses of a cluster's daemons.
+#[derive(Clone, Debug)]
+struct DaemonIps {
+    mgr: Ipv4Addr,
+    osds: Vec<Ipv4Addr>,
+    client: Ipv4Addr,
+}
+
+impl DaemonIps {
+    fn new(per_daemon: bool, osds: usize) -> DaemonIps {
+        if !per_daemon {
+            let lo = Ipv4Addr::LOCALHOST;
+            return DaemonIps {
+                mgr: lo,
+                osds: vec![lo; osds],
+                client: lo,
+            };
+        }
+        assert!(osds <= 200, "per-daemon addresses for at most 200 OSDs");
+        DaemonIps {
+            mgr: Ipv4Addr::new(127, 0, 0, 10),
+            osds: (0..osds)
+                .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
+                .collect(),
+            client: Ipv4Addr::new(127, 0, 0, 9),
+        }
+    }
+}
+
 /// Finds `count` consecutive free loopback ports and returns the first. Each
 /// candidate range is probed by binding every port in it; ranges already handed out
 /// by this process are skipped.
 pub fn free_ports(count: u16) -> u16 {
+    free_ports_on(Ipv4Addr::LOCALHOST, count)
+}
+
+/// [`free_ports`] on loopback address `ip`.
+pub fn free_ports_on(ip: Ipv4Addr, count: u16) -> u16 {
     assert!(count > 0 && count < 100, "free_ports({count})");
     let seed = PORT_SEED.fetch_add(1, Ordering::Relaxed)
         ^ u64::from(std::process::id()) << 32
@@ -1108,10 +1189,8 @@ pub fn free_ports(count: u16) -> u16 {
             continue;
         }
         // Hold every listener until all are bound, then release them together.
-        let bound: Result<Vec<TcpListener>, _> = range
-            .clone()
-            .map(|p| TcpListener::bind(("127.0.0.1", p)))
-            .collect();
+        let bound: Result<Vec<TcpListener>, _> =
+            range.clone().map(|p| TcpListener::bind((ip, p))).collect();
         if bound.is_ok() {
             taken.extend(range);
             return base;

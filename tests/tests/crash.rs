@@ -113,8 +113,10 @@ print("OK")
     assert_same_bytes("unflushed acknowledged writes after kill -9", &got, &want);
 }
 
-/// The manager is not on the data path: I/O keeps working while it is down, and
-/// after it returns.
+/// The manager is not on the data path: I/O keeps working while it is down, for as
+/// long as the OSDs' leases last (`lease_ms`, docs/guarantees.md). A longer outage
+/// pauses I/O — the OSDs cannot tell it from being cut off and replaced — and
+/// the paused I/O completes, without an error, once the manager is back.
 #[test]
 fn io_continues_while_the_manager_is_down() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
@@ -126,8 +128,35 @@ fn io_continues_while_the_manager_is_down() {
         "nomgr",
         &["read -P 0x31 0 1M", "write -P 0x32 4194304 1M", "flush"],
     );
+    // Past the default lease (4 s): the OSDs stop serving; I/O waits.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let mut paused = Command::new(require_tool("qemu-io"));
+    paused
+        .args(["-f", "raw"])
+        .arg(cluster.nbd_uri("nomgr"))
+        .args([
+            "-c",
+            "read -P 0x31 0 1M",
+            "-c",
+            "write -P 0x33 0 1M",
+            "-c",
+            "flush",
+        ]);
+    let io = std::thread::spawn(move || run_bounded(&mut paused, TOOL_TIMEOUT));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        !io.is_finished(),
+        "I/O completed with the manager down for longer than the OSDs' lease"
+    );
     cluster.restart_mgr();
-    cluster.qemu_io("nomgr", &["read -P 0x31 0 1M", "read -P 0x32 4194304 1M"]);
+    let out = io.join().unwrap();
+    let text = output_text(&out);
+    assert!(
+        out.status.success() && !text.contains("failed"),
+        "I/O paused by the manager's absence must complete once it is back: {text}\n{}",
+        cluster.log_tails()
+    );
+    cluster.qemu_io("nomgr", &["read -P 0x33 0 1M", "read -P 0x32 4194304 1M"]);
 }
 
 /// flame-nbd (the client library inside it) reconnects to OSDs that were killed and

@@ -580,7 +580,7 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
             size,
             allow_shrink,
         } => {
-            let config = ClientConfig::new(cli.mgr.clone());
+            let config = admin_client_config(&cli.mgr);
             let v = crate::resize::resize_volume(&config, name, *size, *allow_shrink)
                 .map_err(|e| AdminError(format!("cannot resize volume `{name}`: {e}")))?;
             let view = VolumeView::new(&v, object_size()?);
@@ -599,7 +599,7 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
 fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
     let v = mgr.volume(name)?;
     let fail = |e: ClientError| AdminError(format!("cannot remove volume `{name}`: {e}"));
-    let cluster = Cluster::connect(ClientConfig::new(cli.mgr.clone())).map_err(fail)?;
+    let cluster = Cluster::connect(admin_client_config(&cli.mgr)).map_err(fail)?;
     if let Some(down) = cluster.map().osds.values().find(|o| !o.up) {
         return Err(AdminError(format!(
             "cannot remove volume `{name}`: {} is down, and its copies of the volume's \
@@ -761,7 +761,7 @@ fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<S
 }
 
 fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
-    let cluster = Cluster::connect(ClientConfig::new(cli.mgr.clone()))?;
+    let cluster = Cluster::connect(admin_client_config(&cli.mgr))?;
     let cfg = BenchConfig {
         pattern: b.rw,
         block_bytes: b.bs,
@@ -827,6 +827,19 @@ pub fn bench_text(r: &BenchReport) -> String {
             ),
         ),
     ])
+}
+
+/// How long an admin command's data-path request may take before the command
+/// fails: an operator at a terminal wants an answer, unlike a block device.
+const ADMIN_IO_TIMEOUT_MS: u64 = 30_000;
+
+/// The client settings of admin commands: the library's defaults, but giving up
+/// after [`ADMIN_IO_TIMEOUT_MS`] (the library's default is to never give up).
+fn admin_client_config(mgr: &str) -> ClientConfig {
+    ClientConfig {
+        io_timeout_ms: ADMIN_IO_TIMEOUT_MS,
+        ..ClientConfig::new(mgr)
+    }
 }
 
 #[cfg(test)]

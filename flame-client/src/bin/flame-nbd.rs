@@ -132,6 +132,7 @@ fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
         transport: config.transport,
         io_timeout_ms: config.io_timeout_ms,
         connect_timeout_ms: config.connect_timeout_ms,
+        bind_addr: config.bind_addr,
         ..ClientConfig::default()
     };
     let deadline = Instant::now() + MGR_CONNECT_PATIENCE;

@@ -8,7 +8,7 @@
 //! transport: tcp                 # transport to the OSDs
 //! poll_mode: interrupt           # interrupt | busy | adaptive
 //! max_connections: 256           # NBD connections over all threads
-//! io_timeout_ms: 30000           # bound on one backend operation
+//! io_timeout_ms: 0               # bound on one backend operation (0 = never)
 //! handshake_timeout_ms: 10000    # a client must finish negotiation within this
 //! connect_timeout_ms: 2000       # connecting to the manager / OSDs
 //! ```
@@ -39,9 +39,13 @@ pub struct NbdConfig {
     /// accept.
     pub max_connections: usize,
     /// Longest one backend operation may take (retries included) before the request
-    /// fails with EIO. Enforced by the Flame client library (its `io_timeout_ms`),
-    /// which bounds every volume operation.
+    /// fails with EIO; 0 (the default) = never: I/O waits through failovers and
+    /// outages, as a kernel block device on Ceph does. Enforced by the Flame client
+    /// library (its `io_timeout_ms`).
     pub io_timeout_ms: u64,
+    /// Local address connections to the manager and the OSDs leave from (`None`:
+    /// the routing table chooses).
+    pub bind_addr: Option<std::net::IpAddr>,
     /// Longest a client may take from connect to the end of negotiation.
     pub handshake_timeout_ms: u64,
     /// Timeout for connecting to the manager and OSDs.
@@ -58,7 +62,8 @@ impl Default for NbdConfig {
             transport: TransportKind::Tcp,
             poll_mode: PollMode::Interrupt,
             max_connections: 256,
-            io_timeout_ms: 30_000,
+            io_timeout_ms: 0,
+            bind_addr: None,
             handshake_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
         }
@@ -88,8 +93,13 @@ impl Validate for NbdConfig {
         if self.max_connections == 0 || self.max_connections > 1 << 20 {
             return bad("max_connections", "must be between 1 and 1048576");
         }
+        if self.io_timeout_ms > 3_600_000 {
+            return bad(
+                "io_timeout_ms",
+                "must be 0 (never give up) or between 1 and 3600000 ms",
+            );
+        }
         for (k, v) in [
-            ("io_timeout_ms", self.io_timeout_ms),
             ("handshake_timeout_ms", self.handshake_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
         ] {

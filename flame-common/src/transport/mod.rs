@@ -127,8 +127,21 @@ impl Conn {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Conn, TransportError> {
+        Self::connect_from(kind, addr, None, timeout).await
+    }
+
+    /// Like [`Conn::connect`], leaving from local address `source` when given (a
+    /// daemon's own advertised address, or a client's `bind_addr`).
+    pub async fn connect_from(
+        kind: TransportKind,
+        addr: SocketAddr,
+        source: Option<std::net::IpAddr>,
+        timeout: Duration,
+    ) -> Result<Conn, TransportError> {
         match kind {
-            TransportKind::Tcp => Ok(Conn::Tcp(tcp::TcpConn::connect(addr, timeout).await?)),
+            TransportKind::Tcp => Ok(Conn::Tcp(
+                tcp::TcpConn::connect_from(addr, source, timeout).await?,
+            )),
         }
     }
 }

@@ -21,8 +21,8 @@ use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, ProtocolEr
 use crate::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -102,18 +102,18 @@ impl TcpConn {
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Rc<TcpConn>, TransportError> {
-        let domain = if addr.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        // SAFETY: plain socket(2) call.
-        let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error().into());
-        }
-        // SAFETY: fd is a fresh socket we own.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        Self::connect_from(addr, None, timeout).await
+    }
+
+    /// Connects to `addr` from local address `source` (any port) when given, so the
+    /// connection leaves from the caller's own (advertised) address rather than
+    /// whichever the routing table picks.
+    pub async fn connect_from(
+        addr: SocketAddr,
+        source: Option<IpAddr>,
+        timeout: Duration,
+    ) -> Result<Rc<TcpConn>, TransportError> {
+        let owned = new_socket(addr, source)?;
         let raw = owned.as_raw_fd();
         let connect = async {
             reactor::connect(raw, addr)
@@ -413,6 +413,25 @@ impl TcpListener {
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
     }
+}
+
+/// A fresh TCP socket for a connection to `addr`, bound to `source` (port 0)
+/// when given.
+pub fn new_socket(addr: SocketAddr, source: Option<IpAddr>) -> io::Result<OwnedFd> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM.cloexec(),
+        None,
+    )?;
+    if let Some(ip) = source {
+        socket.bind(&SocketAddr::new(ip, 0).into()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot bind the outgoing connection to {ip}: {e}"),
+            )
+        })?;
+    }
+    Ok(OwnedFd::from(socket))
 }
 
 #[cfg(test)]

@@ -123,6 +123,7 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         },
     );
     let metrics = Rc::new(ShardMetrics::new(0));
+    let liveness = Arc::new(crate::liveness::Liveness::new(1));
     Rc::new(Shard {
         id: 0,
         osd: OsdId(1),
@@ -141,10 +142,13 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         gate: Rc::new(WriteGate::default()),
         peers: Rc::new(Peers::new(
             TransportKind::Tcp,
+            None,
             Duration::from_secs(2),
             Duration::from_secs(5),
             metrics.clone(),
+            liveness.clone(),
         )),
+        liveness,
         metrics,
         max_connections: 16,
         max_inflight: 16,
