@@ -664,8 +664,8 @@ impl Shard {
         up_from: Epoch,
         objects: Vec<ObjectWork>,
         kind: &'static str,
-    ) -> Result<u64, JobError> {
-        let mut changed = 0u64;
+    ) -> Result<BTreeSet<VolumeId>, JobError> {
+        let mut changed = BTreeSet::new();
         let total = objects.len() as u64;
         let width = self.recovery_max_active.max(1) as usize;
         for (done, batch) in objects.chunks(width).enumerate() {
@@ -687,10 +687,10 @@ impl Shard {
                     })
                 })
                 .collect();
-            for t in tasks {
+            for (t, (object, _)) in tasks.into_iter().zip(batch) {
                 match t.await {
                     Ok(true) => {
-                        changed += 1;
+                        changed.insert(object.volume);
                         crate::metrics::recovery_object(kind);
                         self.recovery_shared
                             .objects_recovered
@@ -733,11 +733,10 @@ impl Shard {
             .await
             .map_err(JobError::Failed)?;
         let all: BTreeSet<ObjectId> = mine.into_iter().chain(theirs).collect();
-        let volumes = all.iter().map(|o| o.volume).collect();
         let objects = all.into_iter().map(|o| (o, None)).collect();
+        // Only the volumes whose objects changed need a flush on the member.
         self.for_each_object(view, pg, member, up_from, objects, kind)
-            .await?;
-        Ok(volumes)
+            .await
     }
 
     /// Catches `member` up on `pg`, from the log when it can tell what the member
