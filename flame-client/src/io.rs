@@ -732,3 +732,5 @@ mod tests {
         assert_eq!(volume_pgs(v, u64::MAX, &p).len(), 128);
     }
 }
+
+mod scrub;

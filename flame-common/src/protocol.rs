@@ -147,6 +147,18 @@ pub enum OpCode {
     DeleteVolume = 7,
     /// Liveness probe; also carries the epoch.
     Ping = 8,
+    /// List the objects of one placement group held by the receiving shard
+    /// (recovery's backfill and scrub).
+    PgList = 9,
+    /// The per-block checksums of one object as its data on disk is now (recovery,
+    /// scrub, `flame-admin pg compare`).
+    ObjectSums = 10,
+    /// Remove one object's copy (replica-flagged: recovery removing an object the
+    /// primary does not have).
+    RemoveObject = 11,
+    /// Compare (and repair) every acting copy of one placement group (sent to its
+    /// primary by `flame-admin scrub` and `flame-admin pg compare`).
+    Scrub = 12,
 }
 
 impl OpCode {
@@ -161,6 +173,10 @@ impl OpCode {
             6 => OpCode::Flush,
             7 => OpCode::DeleteVolume,
             8 => OpCode::Ping,
+            9 => OpCode::PgList,
+            10 => OpCode::ObjectSums,
+            11 => OpCode::RemoveObject,
+            12 => OpCode::Scrub,
             _ => return None,
         })
     }
@@ -176,6 +192,10 @@ impl OpCode {
             OpCode::Flush => "flush",
             OpCode::DeleteVolume => "delete_volume",
             OpCode::Ping => "ping",
+            OpCode::PgList => "pg_list",
+            OpCode::ObjectSums => "object_sums",
+            OpCode::RemoveObject => "remove_object",
+            OpCode::Scrub => "scrub",
         }
     }
 }
@@ -619,6 +639,60 @@ pub enum Message {
         /// Sender's epoch.
         epoch: Epoch,
     },
+    /// List the objects of placement group `pg` held by the receiving shard, in
+    /// ascending (volume, index) order, starting at `start` (inclusive), at most
+    /// `max` of them ([`PG_LIST_MAX`]). The reply's payload is
+    /// [`encode_object_list`]; fewer than `max` entries means the listing is done.
+    /// Header: `pg`, `volume`/`object` = `start`, `length` = `max`.
+    PgList {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The placement group.
+        pg: PgId,
+        /// First object to list (inclusive).
+        start: ObjectId,
+        /// Most entries in the reply (1..=[`PG_LIST_MAX`]).
+        max: u32,
+    },
+    /// The checksums of every block of one object as its data on disk is now: the
+    /// receiver reads the whole object and checksums each block. Reply payload:
+    /// [`encode_block_sums`]. `target.offset` and `target.length` are 0.
+    ObjectSums {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The object (offset and length 0).
+        target: IoTarget,
+    },
+    /// Remove the receiver's copy of one object. Only from a primary (the
+    /// [`flags::REPLICA`] bit, only on peer connections).
+    RemoveObject {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The object (offset and length 0).
+        target: IoTarget,
+        /// Flag bits ([`flags::REPLICA`]).
+        flags: u16,
+    },
+    /// Compare every acting copy of `pg` object by object, block by block, and
+    /// (unless `dry_run`) repair copies that differ from the agreeing majority.
+    /// Sent to the group's primary. Reply payload: [`ScrubCounts::encode`].
+    /// Header: `pg`, `offset` = 1 for a dry run.
+    Scrub {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The placement group.
+        pg: PgId,
+        /// Only compare, change nothing.
+        dry_run: bool,
+    },
     /// Answer to any request but HELLO.
     Reply {
         /// Which request kind this answers (never `Hello`: see
@@ -674,6 +748,10 @@ impl Message {
             | Message::Flush { id, .. }
             | Message::DeleteVolume { id, .. }
             | Message::Ping { id, .. }
+            | Message::PgList { id, .. }
+            | Message::ObjectSums { id, .. }
+            | Message::RemoveObject { id, .. }
+            | Message::Scrub { id, .. }
             | Message::Reply { id, .. } => *id,
         }
     }
@@ -691,6 +769,10 @@ impl Message {
             | Message::Flush { id, .. }
             | Message::DeleteVolume { id, .. }
             | Message::Ping { id, .. }
+            | Message::PgList { id, .. }
+            | Message::ObjectSums { id, .. }
+            | Message::RemoveObject { id, .. }
+            | Message::Scrub { id, .. }
             | Message::Reply { id, .. } => *id = new,
         }
     }
@@ -707,6 +789,10 @@ impl Message {
             | Message::Flush { epoch, .. }
             | Message::DeleteVolume { epoch, .. }
             | Message::Ping { epoch, .. }
+            | Message::PgList { epoch, .. }
+            | Message::ObjectSums { epoch, .. }
+            | Message::RemoveObject { epoch, .. }
+            | Message::Scrub { epoch, .. }
             | Message::Reply { epoch, .. } => *epoch,
         }
     }
@@ -807,6 +893,38 @@ impl Message {
                 ..base(OpCode::DeleteVolume as u8, *id, *epoch)
             },
             Message::Ping { id, epoch } => base(OpCode::Ping as u8, *id, *epoch),
+            Message::PgList {
+                id,
+                epoch,
+                pg,
+                start,
+                max,
+            } => Header {
+                pg: pg.0,
+                volume: start.volume.0,
+                object: start.index,
+                length: *max,
+                ..base(OpCode::PgList as u8, *id, *epoch)
+            },
+            Message::ObjectSums { id, epoch, target } => {
+                io(OpCode::ObjectSums, *id, *epoch, target, 0)
+            }
+            Message::RemoveObject {
+                id,
+                epoch,
+                target,
+                flags,
+            } => io(OpCode::RemoveObject, *id, *epoch, target, *flags),
+            Message::Scrub {
+                id,
+                epoch,
+                pg,
+                dry_run,
+            } => Header {
+                pg: pg.0,
+                offset: u32::from(*dry_run),
+                ..base(OpCode::Scrub as u8, *id, *epoch)
+            },
             Message::Reply {
                 op,
                 id,
@@ -1085,6 +1203,46 @@ impl Message {
                 volume: VolumeId(h.volume),
             },
             OpCode::Ping => Message::Ping { id, epoch },
+            OpCode::PgList => {
+                if h.length == 0 || h.length > PG_LIST_MAX {
+                    return Err(ProtocolError::TooLong {
+                        what: "object listing",
+                        len: u64::from(h.length),
+                        max: u64::from(PG_LIST_MAX),
+                    });
+                }
+                Message::PgList {
+                    id,
+                    epoch,
+                    pg: PgId(h.pg),
+                    start: ObjectId {
+                        volume: VolumeId(h.volume),
+                        index: h.object,
+                    },
+                    max: h.length,
+                }
+            }
+            OpCode::ObjectSums => Message::ObjectSums {
+                id,
+                epoch,
+                target: target()?,
+            },
+            OpCode::RemoveObject => Message::RemoveObject {
+                id,
+                epoch,
+                target: target()?,
+                flags,
+            },
+            OpCode::Scrub => Message::Scrub {
+                id,
+                epoch,
+                pg: PgId(h.pg),
+                dry_run: match h.offset {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ProtocolError::Inconsistent("scrub mode is not 0 or 1")),
+                },
+            },
         })
     }
 
@@ -1121,8 +1279,151 @@ impl Message {
             Message::Flush { .. } => OpCode::Flush,
             Message::DeleteVolume { .. } => OpCode::DeleteVolume,
             Message::Ping { .. } => OpCode::Ping,
+            Message::PgList { .. } => OpCode::PgList,
+            Message::ObjectSums { .. } => OpCode::ObjectSums,
+            Message::RemoveObject { .. } => OpCode::RemoveObject,
+            Message::Scrub { .. } => OpCode::Scrub,
             Message::Reply { op, .. } => *op,
         }
+    }
+}
+
+/// Most objects one [`Message::PgList`] reply lists (16 bytes each: 1 MiB).
+pub const PG_LIST_MAX: u32 = 65_536;
+
+/// A [`Message::PgList`] reply's payload: 16 bytes per object, volume id then
+/// object index (little-endian u64s).
+pub fn encode_object_list(objects: &[ObjectId]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(objects.len() * 16);
+    for o in objects {
+        b.extend_from_slice(&o.volume.0.to_le_bytes());
+        b.extend_from_slice(&o.index.to_le_bytes());
+    }
+    b
+}
+
+/// Decodes [`encode_object_list`]; `None` if the length is not a multiple of 16.
+pub fn decode_object_list(b: &[u8]) -> Option<Vec<ObjectId>> {
+    if !b.len().is_multiple_of(16) {
+        return None;
+    }
+    Some(
+        b.chunks(16)
+            .map(|c| ObjectId {
+                volume: VolumeId(u64_at(c, 0)),
+                index: u64_at(c, 8),
+            })
+            .collect(),
+    )
+}
+
+/// One block of an object as a copy holds it: the checksum of its data now, in
+/// the store's form (crc32c of the block XOR crc32c of a zero block, so 0 = all
+/// zeroes or a hole), and whether that data fails the copy's own stored checksum
+/// (a corrupt block: its data must not be used, whatever its value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BlockSum {
+    /// Checksum of the block's data (0: all zeroes).
+    pub sum: u32,
+    /// The data does not match the checksum the copy recorded when it was written.
+    pub bad: bool,
+}
+
+/// Most blocks of one object (64 MiB of 4 KiB blocks).
+pub const OBJECT_BLOCKS_MAX: usize = 16_384;
+
+/// A [`Message::ObjectSums`] reply's payload: 8 bytes per block from block 0 (u32
+/// sum, u32 flags with bit 0 = bad), trailing all-zero good blocks left out (so an
+/// absent object is an empty payload).
+pub fn encode_block_sums(sums: &[BlockSum]) -> Vec<u8> {
+    let mut end = sums.len();
+    while end > 0 && sums[end - 1] == BlockSum::default() {
+        end -= 1;
+    }
+    let mut b = Vec::with_capacity(end * 8);
+    for s in &sums[..end] {
+        b.extend_from_slice(&s.sum.to_le_bytes());
+        b.extend_from_slice(&u32::from(s.bad).to_le_bytes());
+    }
+    b
+}
+
+/// Decodes [`encode_block_sums`]; `None` for a malformed payload.
+pub fn decode_block_sums(b: &[u8]) -> Option<Vec<BlockSum>> {
+    if !b.len().is_multiple_of(8) || b.len() / 8 > OBJECT_BLOCKS_MAX {
+        return None;
+    }
+    b.chunks(8)
+        .map(|c| match u32_at(c, 4) {
+            0 => Some(BlockSum {
+                sum: u32_at(c, 0),
+                bad: false,
+            }),
+            1 => Some(BlockSum {
+                sum: u32_at(c, 0),
+                bad: true,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a [`Message::Scrub`] found in one placement group (its reply payload:
+/// five little-endian u64s in field order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubCounts {
+    /// Objects compared across the acting copies.
+    pub objects_checked: u64,
+    /// Objects whose copies did not all agree (or had a block failing its checksum).
+    pub inconsistent: u64,
+    /// Objects whose disagreeing copies were rewritten.
+    pub repaired: u64,
+    /// Objects where two copies disagreed with no majority: the primary's copy won.
+    pub primary_won: u64,
+    /// Objects that could not be compared or repaired (a copy unreachable, a read
+    /// failing, or no copy of a block verifying).
+    pub errors: u64,
+}
+
+/// Size of an encoded [`ScrubCounts`].
+pub const SCRUB_COUNTS_LEN: usize = 40;
+
+impl ScrubCounts {
+    /// The reply payload.
+    pub fn encode(&self) -> Vec<u8> {
+        [
+            self.objects_checked,
+            self.inconsistent,
+            self.repaired,
+            self.primary_won,
+            self.errors,
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+    }
+
+    /// Decodes a reply payload; `None` if it is not [`SCRUB_COUNTS_LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Option<ScrubCounts> {
+        if b.len() != SCRUB_COUNTS_LEN {
+            return None;
+        }
+        Some(ScrubCounts {
+            objects_checked: u64_at(b, 0),
+            inconsistent: u64_at(b, 8),
+            repaired: u64_at(b, 16),
+            primary_won: u64_at(b, 24),
+            errors: u64_at(b, 32),
+        })
+    }
+
+    /// Adds another group's counts.
+    pub fn add(&mut self, o: &ScrubCounts) {
+        self.objects_checked += o.objects_checked;
+        self.inconsistent += o.inconsistent;
+        self.repaired += o.repaired;
+        self.primary_won += o.primary_won;
+        self.errors += o.errors;
     }
 }
 
@@ -1247,6 +1548,41 @@ mod tests {
                 volume: VolumeId(3),
             },
             Message::Ping { id, epoch },
+            Message::PgList {
+                id,
+                epoch,
+                pg: PgId(9),
+                start: ObjectId {
+                    volume: VolumeId(3),
+                    index: 5,
+                },
+                max: 100,
+            },
+            Message::ObjectSums {
+                id,
+                epoch,
+                target: IoTarget {
+                    offset: 0,
+                    length: 0,
+                    ..target()
+                },
+            },
+            Message::RemoveObject {
+                id,
+                epoch,
+                target: IoTarget {
+                    offset: 0,
+                    length: 0,
+                    ..target()
+                },
+                flags: flags::REPLICA,
+            },
+            Message::Scrub {
+                id,
+                epoch,
+                pg: PgId(4),
+                dry_run: true,
+            },
             Message::Reply {
                 op: OpCode::Read,
                 id,
@@ -1255,6 +1591,43 @@ mod tests {
                 data: PayloadBuf::copy_from(&[1, 2, 3]),
             },
         ]
+    }
+
+    #[test]
+    fn recovery_payloads_roundtrip() {
+        let objs = vec![
+            ObjectId {
+                volume: VolumeId(1),
+                index: 2,
+            },
+            ObjectId {
+                volume: VolumeId(u64::MAX),
+                index: 0,
+            },
+        ];
+        assert_eq!(
+            decode_object_list(&encode_object_list(&objs)).unwrap(),
+            objs
+        );
+        assert!(decode_object_list(&[0; 15]).is_none());
+        let sums = vec![
+            BlockSum { sum: 7, bad: false },
+            BlockSum { sum: 0, bad: true },
+            BlockSum::default(),
+        ];
+        let b = encode_block_sums(&sums);
+        assert_eq!(b.len(), 16, "trailing zero blocks are left out");
+        assert_eq!(decode_block_sums(&b).unwrap(), sums[..2].to_vec());
+        assert!(decode_block_sums(&[0, 0, 0, 0, 2, 0, 0, 0]).is_none());
+        let c = ScrubCounts {
+            objects_checked: 1,
+            inconsistent: 2,
+            repaired: 3,
+            primary_won: 4,
+            errors: 5,
+        };
+        assert_eq!(ScrubCounts::decode(&c.encode()), Some(c));
+        assert!(ScrubCounts::decode(&[0; 8]).is_none());
     }
 
     #[test]

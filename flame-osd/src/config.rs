@@ -81,6 +81,24 @@ pub struct OsdConfig {
     /// How long a replica may take to apply a forwarded write before the primary
     /// fails the client's write with EAGAIN (the client retries).
     pub replica_timeout_ms: u64,
+    /// Entries kept in each placement group's log (memory: about 64 bytes each).
+    /// A member that missed more writes than this is backfilled (every object of
+    /// the group compared) instead of caught up from the log.
+    pub pg_log_entries_max: u32,
+    /// Objects one shard recovers at once (each holds the object's write gate
+    /// while it is copied, so client writes to it wait).
+    pub recovery_max_active: u32,
+    /// Bytes per second one shard copies for recovery (0 = unlimited), so client
+    /// I/O keeps flowing while a member is recovered.
+    pub recovery_bytes_per_sec: u64,
+    /// Seconds between background scrubs of each placement group this OSD is the
+    /// primary of (0 = no background scrub; `flame-admin scrub` still works).
+    pub scrub_interval_s: u64,
+    /// Bytes per second one shard reads for background scrubs (0 = unlimited).
+    pub scrub_bytes_per_sec: u64,
+    /// How long a copy of a placement group this OSD is no longer a member of is
+    /// kept before it is deleted (the group must also be active meanwhile).
+    pub stray_delete_delay_ms: u64,
 }
 
 impl Default for OsdConfig {
@@ -107,6 +125,12 @@ impl Default for OsdConfig {
             open_files_per_shard_max: 1024,
             connect_timeout_ms: 2000,
             replica_timeout_ms: 10_000,
+            pg_log_entries_max: 2048,
+            recovery_max_active: 2,
+            recovery_bytes_per_sec: 0,
+            scrub_interval_s: 86_400,
+            scrub_bytes_per_sec: 64 << 20,
+            stray_delete_delay_ms: 5_000,
         }
     }
 }
@@ -229,6 +253,18 @@ impl Validate for OsdConfig {
         }
         if !(1..=600_000).contains(&self.replica_timeout_ms) {
             return bad("replica_timeout_ms", "must be 1..=600000");
+        }
+        if !(1..=1_000_000).contains(&self.pg_log_entries_max) {
+            return bad("pg_log_entries_max", "must be 1..=1000000");
+        }
+        if !(1..=64).contains(&self.recovery_max_active) {
+            return bad("recovery_max_active", "must be 1..=64");
+        }
+        if self.scrub_interval_s > 365 * 86_400 {
+            return bad("scrub_interval_s", "must be 0..=31536000");
+        }
+        if self.stray_delete_delay_ms > 86_400_000 {
+            return bad("stray_delete_delay_ms", "must be 0..=86400000");
         }
         Ok(())
     }

@@ -259,6 +259,7 @@ impl Control {
         id: OsdId,
         map: Arc<ArcSwap<ClusterMap>>,
         wanted_epoch: Arc<AtomicU64>,
+        recovery: Arc<crate::recovery::RecoveryShared>,
     ) -> ! {
         let interval = Duration::from_millis(self.cfg.heartbeat_interval_ms);
         // Counting object bytes walks the data directory, which can take seconds
@@ -309,6 +310,7 @@ impl Control {
                     Err(e) => tracing::warn!("map fetch failed: {e}"),
                 }
             }
+            self.send_recovery_reports(id, &recovery, &wanted_epoch);
             self.report_failed_peers(id, &map, &mut reported);
             #[cfg(feature = "failpoints")]
             self.apply_test_stall();
@@ -338,8 +340,17 @@ impl Control {
                 used_bytes,
                 capacity_bytes,
                 object_bytes: object_bytes.load(Ordering::Relaxed),
-                // Filled in by the recovery engine; until then nothing to report.
-                recovery: None,
+                recovery: Some({
+                    let p = recovery.progress();
+                    flame_common::mgr_api::RecoveryProgress {
+                        objects_to_recover: p.objects_to_recover,
+                        objects_recovered_total: p.objects_recovered_total,
+                        bytes_recovered_total: p.bytes_recovered_total,
+                        scrub_errors_total: p.scrub_errors_total,
+                        scrub_repaired_total: p.scrub_repaired_total,
+                        last_scrub_unix: p.last_scrub_unix,
+                    }
+                }),
             };
             // The lease counts from when the heartbeat was sent: the manager's
             // grace counts from when it arrived, which is later.
@@ -428,6 +439,50 @@ impl Control {
             .and_then(|s| s.trim().parse::<u16>().ok());
         for shard in 0..self.cfg.shard_count() {
             self.liveness.set_stalled(shard, wanted == Some(shard));
+        }
+    }
+}
+
+impl Control {
+    /// Sends the members the shards recovered (`POST /v1/pg/recovered`), one
+    /// report per map epoch, each bounded by `PG_RECOVERED_ENTRIES_MAX`. A failed
+    /// post is not retried here: the shard reports a member again while the map
+    /// still shows it recovering.
+    fn send_recovery_reports(
+        &self,
+        id: OsdId,
+        recovery: &crate::recovery::RecoveryShared,
+        wanted_epoch: &AtomicU64,
+    ) {
+        use flame_common::mgr_api::{PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport};
+        let reports = recovery.take_reports();
+        if reports.is_empty() {
+            return;
+        }
+        let mut by_epoch: std::collections::BTreeMap<_, Vec<_>> = Default::default();
+        for (epoch, pg, member) in reports {
+            by_epoch.entry(epoch).or_default().push((pg, member));
+        }
+        for (epoch, entries) in by_epoch {
+            for chunk in entries.chunks(PG_RECOVERED_ENTRIES_MAX) {
+                let body = PgRecoveredReport {
+                    reporter: id,
+                    uuid: self.identity.uuid.clone(),
+                    epoch,
+                    recovered: chunk.to_vec(),
+                };
+                match self.post::<_, serde_json::Value>("/v1/pg/recovered", &body) {
+                    Ok(reply) => {
+                        tracing::info!(%epoch, entries = chunk.len(), "reported recovered members");
+                        // The manager's new map makes the members complete: fetch it
+                        // now rather than at the next heartbeat.
+                        if let Some(e) = reply.get("epoch").and_then(serde_json::Value::as_u64) {
+                            wanted_epoch.fetch_max(e, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => tracing::warn!(%epoch, "recovery report failed: {e}"),
+                }
+            }
         }
     }
 }

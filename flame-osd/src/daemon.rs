@@ -144,9 +144,21 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         listeners.push(l);
     }
     crate::failpoints::setup_from_env().map_err(|message| StartError { message, status: 2 })?;
-    let metrics_addr =
-        flame_common::metrics::serve_with(cfg.metrics_listen, crate::failpoints::http_routes())
-            .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
+    let recovery = Arc::new(crate::recovery::RecoveryShared::default());
+    let api = recovery.clone();
+    let failpoint_routes = crate::failpoints::http_routes();
+    // GET /v1/pgs[/{id}] (placement-group status), then the failpoint control.
+    let routes: flame_common::metrics::ExtraRoutes =
+        Arc::new(move |method: &str, url: &str, body: &str| {
+            if method == "GET"
+                && let Some(answer) = api.http(url)
+            {
+                return Some(answer);
+            }
+            failpoint_routes.as_ref().and_then(|f| f(method, url, body))
+        });
+    let metrics_addr = flame_common::metrics::serve_with(cfg.metrics_listen, Some(routes))
+        .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let liveness = Arc::new(crate::liveness::Liveness::new(shards));
     let mut control = control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
@@ -164,9 +176,10 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             wanted_epoch: wanted_epoch.clone(),
             config: cfg.clone(),
             direct_io,
+            recovery: recovery.clone(),
             liveness: liveness.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }
-    control.run(osd_id, map, wanted_epoch)
+    control.run(osd_id, map, wanted_epoch, recovery)
 }

@@ -3,9 +3,12 @@
 
 use crate::metrics::ShardMetrics;
 use crate::pg::MapView;
+use crate::pg_log::{EntryKind, LogEntry};
 use crate::shard::Shard;
 use flame_common::buffer::PayloadBuf;
-use flame_common::protocol::{Message, OpCode, flags, status};
+use flame_common::ids::PgId;
+use flame_common::placement::object_pg;
+use flame_common::protocol::{self, Message, OpCode, flags, status};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -20,6 +23,7 @@ pub(crate) fn is_forwarded(msg: &Message) -> bool {
         | Message::WriteZeroes { flags: f, .. }
         | Message::Discard { flags: f, .. }
         | Message::Flush { flags: f, .. }
+        | Message::RemoveObject { flags: f, .. }
         | Message::Read { flags: f, .. } => f & flags::REPLICA != 0,
         _ => false,
     }
@@ -171,7 +175,15 @@ impl Shard {
                     for e in earlier {
                         e.wait().await;
                     }
-                    return (self.apply_local(msg).await, PayloadBuf::empty());
+                    let logged = self.replica_log_entry(&msg);
+                    let pg = target.pg;
+                    let st = self.apply_local(msg).await;
+                    if st == status::OK
+                        && let Some(entry) = logged
+                    {
+                        self.pg_logs.borrow_mut().get_mut(pg).record_replica(entry);
+                    }
+                    return (st, PayloadBuf::empty());
                 }
                 (self.replicate(&view, msg).await, PayloadBuf::empty())
             }
@@ -199,10 +211,104 @@ impl Shard {
                 }
             }
             Message::Ping { .. } => (status::OK, PayloadBuf::empty()),
+            Message::PgList { pg, start, max, .. } => {
+                if !self.holds(&view, *pg) {
+                    return (status::ESTALE, PayloadBuf::empty());
+                }
+                match self.store.list_pg(*pg).await {
+                    Ok(all) => {
+                        let page: Vec<_> = all
+                            .into_iter()
+                            .filter(|o| o >= start)
+                            .take(*max as usize)
+                            .collect();
+                        (
+                            status::OK,
+                            PayloadBuf::copy_from(&protocol::encode_object_list(&page)),
+                        )
+                    }
+                    Err(e) => {
+                        tracing::error!(%pg, "listing failed: {e}");
+                        (status::EIO, PayloadBuf::empty())
+                    }
+                }
+            }
+            Message::ObjectSums { target, .. } => {
+                if !self.holds(&view, target.pg)
+                    || object_pg(target.object, map.pool.pg_count) != target.pg
+                {
+                    return (status::ESTALE, PayloadBuf::empty());
+                }
+                match self.store.block_sums(target.pg, target.object).await {
+                    Ok(sums) => (
+                        status::OK,
+                        PayloadBuf::copy_from(&protocol::encode_block_sums(&sums)),
+                    ),
+                    Err(e) => {
+                        tracing::error!(object = %target.object, "checksumming failed: {e}");
+                        (status::EIO, PayloadBuf::empty())
+                    }
+                }
+            }
+            Message::RemoveObject { target, .. } => {
+                if !replica {
+                    return (status::EINVAL, PayloadBuf::empty());
+                }
+                if let Err(st) = view.check(self.osd, self.id, target, true) {
+                    return (st, PayloadBuf::empty());
+                }
+                match self.store.remove_object(target.pg, target.object).await {
+                    Ok(_) => (status::OK, PayloadBuf::empty()),
+                    Err(e) => {
+                        tracing::error!(object = %target.object, "remove failed: {e}");
+                        (status::EIO, PayloadBuf::empty())
+                    }
+                }
+            }
+            Message::Scrub { pg, dry_run, .. } => {
+                let members = view.table.pg(*pg);
+                if !self.holds(&view, *pg) || members.primary() != Some(self.osd) {
+                    return (status::ESTALE, PayloadBuf::empty());
+                }
+                match self.scrub_pg(&view, *pg, *dry_run).await {
+                    Ok(counts) => (status::OK, PayloadBuf::copy_from(&counts.encode())),
+                    Err(st) => (st, PayloadBuf::empty()),
+                }
+            }
             Message::Hello { .. } | Message::HelloReply { .. } | Message::Reply { .. } => {
                 (status::EINVAL, PayloadBuf::empty())
             }
         }
+    }
+
+    /// Whether this shard is the one of this OSD that holds `pg` in `view`.
+    fn holds(&self, view: &MapView, pg: PgId) -> bool {
+        pg.0 < view.map.pool.pg_count
+            && view
+                .map
+                .osds
+                .get(&self.osd)
+                .is_some_and(|me| me.shard_of(pg) == self.id)
+    }
+
+    /// The log entry a replica records for a forwarded write (`None` without a
+    /// sequence number: recovery and repair copies are not logged).
+    fn replica_log_entry(&self, msg: &Message) -> Option<LogEntry> {
+        let (target, seq, kind) = match msg {
+            Message::Write { target, seq, .. } => (target, seq, EntryKind::Write),
+            Message::WriteZeroes { target, seq, .. } => (target, seq, EntryKind::Zero),
+            Message::Discard { target, seq, .. } => (target, seq, EntryKind::Discard),
+            _ => return None,
+        };
+        (seq.0 > 0).then(|| LogEntry {
+            seq: seq.0,
+            request: msg.id(),
+            object: target.object,
+            offset: target.offset,
+            length: target.length,
+            kind,
+            applied: Vec::new(),
+        })
     }
 
     /// Applies a write-like request to the local store.

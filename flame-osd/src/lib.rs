@@ -8,6 +8,9 @@
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager;
 //! [`liveness`] is the lease and the health state the two share.
+//! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
+//! date (from the log or by backfill) and removes stray copies; [`scrub`] compares
+//! and repairs the copies of a group.
 //! [`failpoints`] injects disk and network faults in test builds (feature
 //! `failpoints`).
 
@@ -22,8 +25,11 @@ pub mod metrics;
 pub mod ordering;
 pub mod peers;
 pub mod pg;
+pub mod pg_log;
 pub mod read_repair;
+pub mod recovery;
 pub mod replication;
+pub mod scrub;
 pub mod shard;
 pub mod shard_thread;
 pub mod store;

@@ -226,3 +226,102 @@ static SYNCS: LazyLock<[IntCounter; 4]> = LazyLock::new(|| {
 pub fn sync_done(kind: SyncKind) {
     SYNCS[kind as usize].inc();
 }
+
+static RECOVERY_OBJECTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_recovery_objects_total",
+        "Objects the primary brought up to date on a member: kind log (the group's log said what it missed), backfill (compared object by object), peering (a new primary comparing the other copies)",
+        &["kind"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static RECOVERY_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_osd_recovery_bytes_total",
+        "Bytes copied to members by recovery and scrub repair"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static RECOVERY_REMAINING: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "flame_osd_recovery_objects_remaining",
+        "Objects (log ranges or objects to compare) recovery still has to do, by shard",
+        &["shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static RECOVERY_MEMBERS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_recovery_members_total",
+        "Members recovered in one placement group, by how: log or backfill",
+        &["kind"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static SCRUB_ERRORS: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_osd_scrub_errors_total",
+        "Objects a scrub found inconsistent across copies (or with a block failing its checksum)"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static SCRUB_REPAIRED: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!("flame_osd_scrub_repaired_total", "Objects a scrub repaired")
+        .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static STRAYS_REMOVED: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_osd_stray_pgs_removed_total",
+        "Copies of placement groups this OSD is no longer a member of, deleted"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Recovery and scrub metrics, registered at start so they read 0 before anything
+/// happened (tests and dashboards can tell "nothing yet" from "not exported").
+pub fn register_recovery_metrics(shard: u16) {
+    for kind in ["log", "backfill", "peering"] {
+        RECOVERY_OBJECTS.with_label_values(&[kind]);
+    }
+    for kind in ["log", "backfill"] {
+        RECOVERY_MEMBERS.with_label_values(&[kind]);
+    }
+    LazyLock::force(&RECOVERY_BYTES);
+    RECOVERY_REMAINING.with_label_values(&[&shard.to_string()]);
+    LazyLock::force(&SCRUB_ERRORS);
+    LazyLock::force(&SCRUB_REPAIRED);
+    LazyLock::force(&STRAYS_REMOVED);
+}
+
+/// An object brought up to date on a member (`kind`: log, backfill, peering).
+pub fn recovery_object(kind: &str) {
+    RECOVERY_OBJECTS.with_label_values(&[kind]).inc();
+}
+
+/// A member recovered in one group (`kind`: log or backfill).
+pub fn recovery_member(kind: &str) {
+    RECOVERY_MEMBERS.with_label_values(&[kind]).inc();
+}
+
+/// Bytes copied by recovery or repair.
+pub fn recovery_bytes(bytes: u64) {
+    RECOVERY_BYTES.inc_by(bytes);
+}
+
+/// Sets a shard's remaining recovery work.
+pub fn recovery_remaining(shard: u16, objects: u64) {
+    RECOVERY_REMAINING
+        .with_label_values(&[&shard.to_string()])
+        .set(objects as i64);
+}
+
+/// Counts a scrub's inconsistent and repaired objects.
+pub fn scrub_result(inconsistent: u64, repaired: u64) {
+    SCRUB_ERRORS.inc_by(inconsistent);
+    SCRUB_REPAIRED.inc_by(repaired);
+}
+
+/// Counts a stray placement-group copy deleted.
+pub fn stray_removed() {
+    STRAYS_REMOVED.inc();
+}

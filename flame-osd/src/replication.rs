@@ -3,7 +3,9 @@
 //! copy has applied it. Replicas apply forwarded writes in `execute`.
 
 use crate::pg::MapView;
+use crate::pg_log::{EntryKind, LogEntry, WriteSetRoles};
 use crate::shard::Shard;
+use flame_common::ids::PgSeq;
 use flame_common::protocol::{Message, flags, status};
 use flame_common::reactor;
 use std::rc::Rc;
@@ -12,11 +14,11 @@ use std::sync::atomic::Ordering;
 impl Shard {
     /// Primary path: order against overlapping writes, forward to the replicas and
     /// apply locally in parallel, answer once every copy has applied.
-    pub(crate) async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, msg: Message) -> i32 {
-        let target = match &msg {
-            Message::Write { target, .. }
-            | Message::WriteZeroes { target, .. }
-            | Message::Discard { target, .. } => target.clone(),
+    pub(crate) async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, mut msg: Message) -> i32 {
+        let (target, kind) = match &msg {
+            Message::Write { target, .. } => (target.clone(), EntryKind::Write),
+            Message::WriteZeroes { target, .. } => (target.clone(), EntryKind::Zero),
+            Message::Discard { target, .. } => (target.clone(), EntryKind::Discard),
             _ => return status::EINVAL,
         };
         // Register before the first await: admission order is arrival order.
@@ -40,6 +42,16 @@ impl Shard {
         {
             tracing::debug!(osd = %full, pg = %target.pg, "write refused: a member's disk is full");
             return status::ENOSPC;
+        }
+        // The group's next sequence number, also before the first await: the log's
+        // order is the admission order. Replicas record it with the entry.
+        let seq = self.pg_logs.borrow_mut().get_mut(target.pg).next_seq();
+        let request = msg.id();
+        if let Message::Write { seq: s, .. }
+        | Message::WriteZeroes { seq: s, .. }
+        | Message::Discard { seq: s, .. } = &mut msg
+        {
+            *s = PgSeq(seq);
         }
         // Every member that is up and takes writes — the other acting members and
         // those being recovered — applies the write before it is acknowledged.
@@ -77,7 +89,11 @@ impl Shard {
             .collect();
         let local = self.apply_local(msg).await;
         let mut result = local;
-        for c in calls {
+        let mut applied = Vec::with_capacity(replicas.len() + 1);
+        if local == status::OK {
+            applied.push(self.osd);
+        }
+        for (c, &id) in calls.into_iter().zip(&replicas) {
             let (st, replica_epoch) = c.await;
             if let Some(e) = replica_epoch
                 && e > view.map.epoch
@@ -85,6 +101,9 @@ impl Shard {
                 // The replica has a newer map (it refuses forwards from older
                 // epochs): fetch it, so the client's retry meets current roles.
                 self.wanted_epoch.fetch_max(e.0, Ordering::Relaxed);
+            }
+            if st == status::OK {
+                applied.push(id);
             }
             if result == status::OK && st != status::OK {
                 // A replica's ESTALE means maps disagree: the client refreshes and
@@ -96,6 +115,21 @@ impl Shard {
                 };
             }
         }
+        self.pg_logs.borrow_mut().get_mut(target.pg).record_primary(
+            LogEntry {
+                seq,
+                request,
+                object: target.object,
+                offset: target.offset,
+                length: target.length,
+                kind,
+                applied,
+            },
+            &WriteSetRoles {
+                acting: &members.acting,
+                recovering: &members.recovering,
+            },
+        );
         result
     }
 }
@@ -117,7 +151,7 @@ fn with_replica_flag(msg: &Message) -> Message {
 mod tests {
     use super::*;
     use flame_common::buffer::PayloadBuf;
-    use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
+    use flame_common::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
     use flame_common::protocol::IoTarget;
 
     #[test]

@@ -17,6 +17,8 @@ use crate::metrics::ShardMetrics;
 use crate::ordering::WriteGate;
 use crate::peers::Peers;
 use crate::pg::MapView;
+use crate::pg_log::PgLogs;
+use crate::recovery::{RecoveryShared, RecoveryState};
 use crate::store::ObjectStore;
 use arc_swap::ArcSwap;
 use flame_common::ids::{Epoch, OsdId, PgId};
@@ -57,6 +59,22 @@ pub struct Shard {
     pub(crate) byte_waiters: RefCell<Vec<std::task::Waker>>,
     /// Newest connection generation of each session (see `Message::Hello`).
     pub(crate) sessions: RefCell<std::collections::HashMap<u64, Rc<Cell<u64>>>>,
+    /// The log of each placement group this shard has written ([`crate::pg_log`]).
+    pub(crate) pg_logs: RefCell<PgLogs>,
+    /// Recovery's per-shard state ([`crate::recovery`]).
+    pub(crate) recovery: RecoveryState,
+    /// What recovery shares with the control thread and the HTTP API.
+    pub(crate) recovery_shared: Arc<RecoveryShared>,
+    /// `recovery_max_active` (at least 1).
+    pub(crate) recovery_max_active: u32,
+    /// `recovery_bytes_per_sec` (0 = unlimited).
+    pub(crate) recovery_bytes_per_sec: u64,
+    /// `scrub_interval_s` (zero = no background scrub).
+    pub(crate) scrub_interval: std::time::Duration,
+    /// `scrub_bytes_per_sec` (0 = unlimited).
+    pub(crate) scrub_bytes_per_sec: u64,
+    /// `stray_delete_delay_ms`.
+    pub(crate) stray_delete_delay: std::time::Duration,
 }
 
 impl Shard {

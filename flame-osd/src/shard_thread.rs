@@ -38,6 +38,8 @@ pub struct ShardSetup {
     pub config: Arc<OsdConfig>,
     /// Whether `O_DIRECT` works in the data directory.
     pub direct_io: bool,
+    /// Shared with the control thread and the HTTP API (recovery reports, status).
+    pub recovery: Arc<crate::recovery::RecoveryShared>,
     /// Lease, shard progress and unreachable peers, shared with the control thread.
     pub liveness: Arc<Liveness>,
 }
@@ -93,6 +95,14 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
                 byte_waiters: RefCell::new(Vec::new()),
                 sessions: RefCell::new(std::collections::HashMap::new()),
+                pg_logs: RefCell::new(crate::pg_log::PgLogs::new(cfg.pg_log_entries_max as usize)),
+                recovery: crate::recovery::RecoveryState::default(),
+                recovery_shared: setup.recovery,
+                recovery_max_active: cfg.recovery_max_active.max(1),
+                recovery_bytes_per_sec: cfg.recovery_bytes_per_sec,
+                scrub_interval: Duration::from_secs(cfg.scrub_interval_s),
+                scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
+                stray_delete_delay: Duration::from_millis(cfg.stray_delete_delay_ms),
             });
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
@@ -129,6 +139,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
     })
     .detach();
     reactor::spawn(crate::tombstones::run(shard.clone())).detach();
+    reactor::spawn(crate::recovery::recovery_loop(shard.clone())).detach();
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,

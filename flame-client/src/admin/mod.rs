@@ -8,6 +8,7 @@
 
 pub mod format;
 pub mod pg;
+pub mod scrub;
 pub mod size;
 pub mod watch;
 
@@ -82,6 +83,10 @@ pub enum Command {
     },
     /// Benchmark a volume through the client library.
     Bench(BenchArgs),
+    /// Compare every copy of placement groups block by block and repair copies
+    /// that differ from the agreeing majority: `scrub` (all), `scrub VOLUME`,
+    /// `scrub pg ID`. `--dry-run` only compares.
+    Scrub(scrub::ScrubArgs),
 }
 
 /// `flame-admin status ...`
@@ -122,6 +127,13 @@ pub enum PgCommand {
         /// Placement group number (12 or pg.12).
         #[arg(value_parser = pg::parse_pg)]
         id: PgId,
+    },
+    /// Whether all acting copies of placement groups are identical (`pg compare`,
+    /// `pg compare VOLUME`, `pg compare pg ID`); exit status 1 if any differ.
+    Compare {
+        /// Nothing: every group; `VOLUME`; or `pg ID`.
+        #[arg(num_args = 0..=2)]
+        what: Vec<String>,
     },
 }
 
@@ -395,6 +407,15 @@ pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
         Command::Volume(v) => volume(cli, &mgr, v)?,
         Command::Locate { volume, offset } => locate(&mgr, volume, *offset, cli.json)?,
         Command::Bench(b) => run_bench(cli, b)?,
+        Command::Scrub(a) => scrub::run(cli, &mgr, a)?,
+        Command::Pg(PgCommand::Compare { what }) => scrub::run(
+            cli,
+            &mgr,
+            &scrub::ScrubArgs {
+                what: what.clone(),
+                dry_run: true,
+            },
+        )?,
     };
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())

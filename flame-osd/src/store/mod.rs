@@ -23,6 +23,7 @@ pub mod fs;
 pub mod journal;
 pub mod layout;
 pub mod meta;
+mod pg_ops;
 pub mod wait_list;
 
 use crate::config::DirectIo;

@@ -1,0 +1,393 @@
+//! The per-placement-group log: the recent writes of each group in the order of
+//! their placement-group sequence number ([`PgSeq`]).
+//!
+//! The primary gives every write, zeroing and discard the next sequence number of
+//! its group when it admits it (in arrival order, before its first await, like the
+//! write gate) and records, when it completes, which members of the write set
+//! applied it. Replicas record the entries they apply (seq > 0), so a replica that
+//! becomes primary numbers above every seq it has seen.
+//!
+//! What the log is for: a member that was complete, went away (down, or failed a
+//! write) and came back can be caught up with only what it missed — the objects and
+//! byte ranges of the entries it did not apply — instead of comparing every object
+//! of the group (backfill). That is only sound when this primary saw every write
+//! since the member's first miss: the primary tracks a member from an entry it
+//! recorded while the member was acting (complete), and the log must still hold
+//! every entry from the member's first miss on. The recovery task resets the
+//! tracking whenever this shard stops being, or newly becomes, the group's primary.
+//!
+//! Bounded: at most `pg_log_entries_max` entries per group (the oldest go first),
+//! and a member's tracking is one integer. In memory only: a restarted OSD starts
+//! with empty logs (its recovering members are backfilled).
+
+use flame_common::ids::{ObjectId, OsdId, PgId, RequestId};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// What an entry did to its byte range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// Wrote data.
+    Write,
+    /// Zeroed the range (WRITE_ZEROES).
+    Zero,
+    /// Discarded the range (reads back as zeroes).
+    Discard,
+}
+
+/// One logged write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Its sequence number in the group.
+    pub seq: u64,
+    /// The client request that produced it (its id on the client's connection).
+    pub request: RequestId,
+    /// The object written.
+    pub object: ObjectId,
+    /// Byte range within the object.
+    pub offset: u32,
+    /// Bytes.
+    pub length: u32,
+    /// What it did.
+    pub kind: EntryKind,
+    /// Write-set members that applied it (primary's entries; empty on a replica,
+    /// which knows only that it applied it itself).
+    pub applied: Vec<OsdId>,
+}
+
+/// The roles of the members a write was sent to, as the primary's view had them.
+pub struct WriteSetRoles<'a> {
+    /// Complete members (primary first).
+    pub acting: &'a [OsdId],
+    /// Members being recovered.
+    pub recovering: &'a [OsdId],
+}
+
+/// The log of one placement group on one shard.
+#[derive(Debug, Default)]
+pub struct PgLog {
+    entries: BTreeMap<u64, LogEntry>,
+    max: usize,
+    /// Highest sequence number assigned or seen.
+    last_seq: u64,
+    /// Highest sequence number dropped from the log (0: none).
+    trimmed_through: u64,
+    /// Members this primary tracks: `None` = applied every entry since tracked;
+    /// `Some(s)` = first entry not applied.
+    tracked: HashMap<OsdId, Option<u64>>,
+    /// Sequence numbers assigned and not yet recorded (writes in flight). Bounded
+    /// by the writes a shard has in flight.
+    inflight: std::collections::BTreeSet<u64>,
+}
+
+impl PgLog {
+    /// An empty log keeping at most `max` entries (at least 1).
+    pub fn new(max: usize) -> PgLog {
+        PgLog {
+            max: max.max(1),
+            ..PgLog::default()
+        }
+    }
+
+    /// The next sequence number (primary, at admission).
+    pub fn next_seq(&mut self) -> u64 {
+        self.last_seq += 1;
+        self.inflight.insert(self.last_seq);
+        self.last_seq
+    }
+
+    /// Whether a write numbered `seq` or lower is still in flight (numbered, not
+    /// yet recorded). Recovery waits for those before reporting a member: they may
+    /// have been admitted under a map in which the member was not in the write set.
+    pub fn inflight_through(&self, seq: u64) -> bool {
+        self.inflight.first().is_some_and(|s| *s <= seq)
+    }
+
+    /// A numbered write that will not be recorded (it failed before it was sent).
+    pub fn abandon(&mut self, seq: u64) {
+        self.inflight.remove(&seq);
+    }
+
+    /// Oldest retained entry's seq (`last_seq + 1` when empty).
+    pub fn first_seq(&self) -> u64 {
+        self.entries
+            .first_key_value()
+            .map_or(self.last_seq + 1, |(s, _)| *s)
+    }
+
+    /// Highest sequence number assigned or seen.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Entries retained.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is retained.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn insert(&mut self, entry: LogEntry) {
+        self.last_seq = self.last_seq.max(entry.seq);
+        self.entries.insert(entry.seq, entry);
+        // Bounded: one insert, at most one removal beyond the bound per call.
+        while self.entries.len() > self.max {
+            if let Some((s, _)) = self.entries.pop_first() {
+                self.trimmed_through = self.trimmed_through.max(s);
+            }
+        }
+    }
+
+    /// Records a completed write on the primary: `entry.applied` holds the members
+    /// that applied it, `roles` the write set it was sent to.
+    pub fn record_primary(&mut self, entry: LogEntry, roles: &WriteSetRoles<'_>) {
+        let seq = entry.seq;
+        self.inflight.remove(&seq);
+        let applied = |id: &OsdId| entry.applied.contains(id);
+        for id in roles.acting {
+            // A complete member that this log does not track yet had every earlier
+            // write (that is what complete means): track it from here.
+            let missed = (!applied(id)).then_some(seq);
+            let t = self.tracked.entry(*id).or_insert(missed);
+            if t.is_none() {
+                *t = missed;
+            }
+        }
+        for id in roles.recovering {
+            // Tracked only if it was complete under this primary before; a member
+            // that never was is backfilled, whatever it applies now.
+            if let Some(t) = self.tracked.get_mut(id)
+                && t.is_none()
+                && !applied(id)
+            {
+                *t = Some(seq);
+            }
+        }
+        for (id, t) in self.tracked.iter_mut() {
+            let in_set = roles.acting.contains(id) || roles.recovering.contains(id);
+            if !in_set && t.is_none() {
+                *t = Some(seq);
+            }
+        }
+        self.insert(entry);
+    }
+
+    /// Records an entry a replica applied (seq > 0).
+    pub fn record_replica(&mut self, entry: LogEntry) {
+        debug_assert!(entry.seq > 0);
+        self.insert(entry);
+    }
+
+    /// Forgets which members applied what: this shard's primary interval ended or
+    /// began. Entries stay (their bounds are still reported), the numbering too.
+    pub fn reset_tracking(&mut self) {
+        self.tracked.clear();
+    }
+
+    /// What `member` missed, as (object, offset, length) ranges of entries with
+    /// seq above `after`: `Some(ranges)` (possibly empty) when this log can tell,
+    /// `None` when it cannot (not tracked, or the log no longer reaches back to the
+    /// member's first miss) — then the member must be backfilled.
+    pub fn missed_by(&self, member: OsdId, after: u64) -> Option<Vec<(u64, ObjectId, u32, u32)>> {
+        let Some(first_missed) = *self.tracked.get(&member)? else {
+            return Some(Vec::new());
+        };
+        if first_missed <= self.trimmed_through {
+            return None;
+        }
+        Some(
+            self.entries
+                .range(first_missed.max(after + 1)..)
+                .filter(|(_, e)| !e.applied.contains(&member))
+                .map(|(s, e)| (*s, e.object, e.offset, e.length))
+                .collect(),
+        )
+    }
+
+    /// Whether `member` is tracked and missed nothing.
+    pub fn tracks(&self, member: OsdId) -> bool {
+        self.tracked.contains_key(&member)
+    }
+
+    /// `member` was caught up through `through`: it counts as having applied every
+    /// entry up to there (later misses are tracked again).
+    pub fn recovered(&mut self, member: OsdId, through: u64) {
+        let still_missing = self
+            .entries
+            .range(through + 1..)
+            .find(|(_, e)| !e.applied.contains(&member))
+            .map(|(s, _)| *s);
+        self.tracked.insert(member, still_missing);
+    }
+}
+
+/// The logs of every placement group a shard has seen writes for.
+pub struct PgLogs {
+    logs: HashMap<PgId, PgLog>,
+    max: usize,
+}
+
+impl PgLogs {
+    /// No logs yet; each keeps at most `max` entries.
+    pub fn new(max: usize) -> PgLogs {
+        PgLogs {
+            logs: HashMap::new(),
+            max,
+        }
+    }
+
+    /// The log of `pg`, created empty.
+    pub fn get_mut(&mut self, pg: PgId) -> &mut PgLog {
+        let max = self.max;
+        self.logs.entry(pg).or_insert_with(|| PgLog::new(max))
+    }
+
+    /// The log of `pg`, if any, to change it.
+    pub fn existing_mut(&mut self, pg: PgId) -> Option<&mut PgLog> {
+        self.logs.get_mut(&pg)
+    }
+
+    /// The log of `pg`, if any.
+    pub fn get(&self, pg: PgId) -> Option<&PgLog> {
+        self.logs.get(&pg)
+    }
+
+    /// Drops the log of a group this shard no longer holds.
+    pub fn remove(&mut self, pg: PgId) {
+        self.logs.remove(&pg);
+    }
+
+    /// Every log.
+    pub fn iter(&self) -> impl Iterator<Item = (&PgId, &PgLog)> {
+        self.logs.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::ids::VolumeId;
+
+    fn entry(seq: u64, index: u64, applied: &[u32]) -> LogEntry {
+        LogEntry {
+            seq,
+            request: RequestId(seq),
+            object: ObjectId {
+                volume: VolumeId(1),
+                index,
+            },
+            offset: 0,
+            length: 4096,
+            kind: EntryKind::Write,
+            applied: applied.iter().map(|&i| OsdId(i)).collect(),
+        }
+    }
+
+    const A: [OsdId; 3] = [OsdId(1), OsdId(2), OsdId(3)];
+
+    #[test]
+    fn a_member_that_went_away_misses_exactly_the_entries_it_did_not_apply() {
+        let mut log = PgLog::new(100);
+        let all = WriteSetRoles {
+            acting: &A,
+            recovering: &[],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+        assert_eq!(log.missed_by(OsdId(3), 0), Some(vec![]));
+        // OSD 3 goes down: two writes without it.
+        let two = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &[],
+        };
+        for i in 1..=2 {
+            let s = log.next_seq();
+            log.record_primary(entry(s, i, &[1, 2]), &two);
+        }
+        // Back as recovering: it applies new writes.
+        let back = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &A[2..],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 9, &[1, 2, 3]), &back);
+        let missed = log.missed_by(OsdId(3), 0).unwrap();
+        let objects: Vec<u64> = missed.iter().map(|(_, o, _, _)| o.index).collect();
+        assert_eq!(objects, vec![1, 2]);
+        log.recovered(OsdId(3), log.last_seq());
+        assert_eq!(log.missed_by(OsdId(3), 0), Some(vec![]));
+        // Untracked members (never complete under this primary) need backfill.
+        assert_eq!(log.missed_by(OsdId(7), 0), None);
+        log.reset_tracking();
+        assert_eq!(log.missed_by(OsdId(3), 0), None);
+    }
+
+    #[test]
+    fn a_log_that_no_longer_reaches_back_says_so() {
+        let mut log = PgLog::new(4);
+        let all = WriteSetRoles {
+            acting: &A,
+            recovering: &[],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+        let two = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &[],
+        };
+        for i in 1..=3 {
+            let s = log.next_seq();
+            log.record_primary(entry(s, i, &[1, 2]), &two);
+        }
+        assert_eq!(log.missed_by(OsdId(3), 0).map(|m| m.len()), Some(3));
+        for i in 4..=5 {
+            let s = log.next_seq();
+            log.record_primary(entry(s, i, &[1, 2]), &two);
+        }
+        assert_eq!(log.len(), 4);
+        assert_eq!(log.first_seq(), 3);
+        assert_eq!(log.missed_by(OsdId(3), 0), None, "entry 2 was trimmed");
+    }
+
+    #[test]
+    fn a_recovering_member_that_was_never_complete_is_not_tracked() {
+        let mut log = PgLog::new(10);
+        let roles = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &A[2..],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &roles);
+        assert!(!log.tracks(OsdId(3)));
+        assert_eq!(log.missed_by(OsdId(3), 0), None);
+    }
+
+    #[test]
+    fn writes_in_flight_are_known_until_recorded() {
+        let mut log = PgLog::new(10);
+        let a = log.next_seq();
+        let b = log.next_seq();
+        assert!(log.inflight_through(a));
+        log.record_primary(
+            entry(b, 0, &[1]),
+            &WriteSetRoles {
+                acting: &A[..1],
+                recovering: &[],
+            },
+        );
+        assert!(log.inflight_through(b), "a is still in flight");
+        log.abandon(a);
+        assert!(!log.inflight_through(b));
+    }
+
+    #[test]
+    fn replicas_keep_numbering_above_what_they_saw() {
+        let mut log = PgLog::new(10);
+        log.record_replica(entry(41, 0, &[]));
+        assert_eq!(log.next_seq(), 42);
+    }
+}

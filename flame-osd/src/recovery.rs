@@ -1,0 +1,1140 @@
+//! Recovery: the primary of each placement group brings every member up to date.
+//!
+//! One task per shard ([`recovery_loop`]) watches the map. For every group whose
+//! primary is this shard:
+//!
+//! * **New interval** (this shard just became the primary, or the OSD started): the
+//!   other acting copies are compared with this one object by object, block by
+//!   block ("peering"), and made equal to it — writes of a dead primary that never
+//!   were acknowledged may have reached some copies only.
+//! * **Recovering members** (placed, up, not complete): caught up from the group's
+//!   log ([`crate::pg_log`]) when it shows what the member missed — only those
+//!   objects and byte ranges are copied — else backfilled: the objects of both
+//!   copies are listed ([`Message::PgList`]), each object's per-block checksums
+//!   compared ([`Message::ObjectSums`]), differing blocks copied (replica-flagged
+//!   WRITE, or DISCARD where this copy reads zeroes, so holes stay holes), and
+//!   objects the member has and this copy has not removed
+//!   ([`Message::RemoveObject`]). Then the member's shard flushes the volumes
+//!   touched, and the member is reported recovered to the manager
+//!   (`PgRecoveredReport`, batched by the control thread).
+//!
+//! Every object is copied while holding this shard's write gate over the whole
+//! object: a client write to it waits, and a copy can never overwrite a newer
+//! client write (the member gets every client write too, being in the write set).
+//! A job checks before every object that the roles it was planned under still hold
+//! (this shard primary, the member still in the write set and not restarted) and is
+//! abandoned otherwise; the next map plans afresh.
+//!
+//! Throttled: at most `recovery_max_active` objects in flight per shard and
+//! `recovery_bytes_per_sec` bytes copied per second. Copies of groups this OSD is no
+//! longer a member of are deleted once the group is active, after
+//! `stray_delete_delay_ms`.
+
+use crate::pg::MapView;
+use crate::shard::Shard;
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
+use flame_common::placement::PgMembers;
+use flame_common::protocol::{
+    BlockSum, IoTarget, Message, PG_LIST_MAX, decode_block_sums, decode_object_list, flags, status,
+};
+use flame_common::reactor;
+use serde::Serialize;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How often the recovery task looks at the map when idle.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often per-group status is published for `GET /v1/pgs`.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(500);
+/// How often stray copies are looked for.
+const STRAY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// A member reported recovered but still recovering in the map after this long is
+/// reported again (the report or the manager may have been lost).
+const REPORT_RETRY: Duration = Duration::from_secs(3);
+/// How long a group whose recovery or peering failed waits before the next try.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Largest piece of an object copied in one message.
+const COPY_CHUNK_BYTES: u32 = 1 << 20;
+/// Block size of the store's checksums.
+const BLOCK: u32 = 4096;
+/// Times a job re-reads the log for entries the member missed while it ran.
+const LOG_ROUNDS_MAX: u32 = 8;
+/// How long a job waits for the writes admitted before it to complete.
+const INFLIGHT_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Most pages of one placement group's object listing (× [`PG_LIST_MAX`]).
+const LIST_PAGES_MAX: usize = 1024;
+/// Reports queued for the control thread at most (older ones are dropped; a
+/// member still recovering is reported again).
+const REPORTS_QUEUED_MAX: usize = 65_536;
+
+/// One object of a job: the byte ranges to copy (log-based), or `None` to compare
+/// every block (backfill, peering).
+type ObjectWork = (ObjectId, Option<Vec<(u32, u32)>>);
+
+/// What every shard shares with the control thread and the HTTP server.
+#[derive(Default)]
+pub struct RecoveryShared {
+    /// (epoch, group, member) recovered, for the control thread to report.
+    reports: Mutex<Vec<(Epoch, PgId, OsdId)>>,
+    /// Per-group status, published by the shard that holds the group.
+    pgs: Mutex<BTreeMap<PgId, PgStatus>>,
+    /// Objects recovery still has to do, per shard (summed for the heartbeat).
+    remaining: Mutex<HashMap<u16, u64>>,
+    /// Objects copied or compared-and-fixed since start.
+    pub objects_recovered: AtomicU64,
+    /// Bytes copied since start.
+    pub bytes_recovered: AtomicU64,
+    /// Objects scrubs found inconsistent since start.
+    pub scrub_errors: AtomicU64,
+    /// Objects scrubs repaired since start.
+    pub scrub_repaired: AtomicU64,
+    /// When a scrub of a group last finished, seconds since the Unix epoch.
+    pub last_scrub_unix: AtomicU64,
+}
+
+/// This OSD's recovery and scrub figures, for the heartbeat's `RecoveryProgress`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgressFigures {
+    /// Objects recovery still has to do (current jobs).
+    pub objects_to_recover: u64,
+    /// Objects brought up to date on members since start.
+    pub objects_recovered_total: u64,
+    /// Bytes copied since start.
+    pub bytes_recovered_total: u64,
+    /// Objects scrubs found inconsistent since start.
+    pub scrub_errors_total: u64,
+    /// Objects scrubs repaired since start.
+    pub scrub_repaired_total: u64,
+    /// When a scrub last finished (seconds since the Unix epoch; 0 = never).
+    pub last_scrub_unix: u64,
+}
+
+/// One placement group as this OSD sees it (`GET /v1/pgs/{id}`).
+#[derive(Clone, Debug, Serialize)]
+pub struct PgStatus {
+    /// Group number.
+    pub pg: u32,
+    /// The shard holding it here.
+    pub shard: u16,
+    /// Map epoch this was computed under.
+    pub epoch: u64,
+    /// primary, replica, recovering (this copy is being recovered), stray (not a
+    /// member: deleted soon), none.
+    pub role: &'static str,
+    /// Acting set, primary first.
+    pub acting: Vec<u32>,
+    /// Members being recovered.
+    pub recovering: Vec<u32>,
+    /// Whether the group serves I/O.
+    pub active: bool,
+    /// Oldest sequence number in this shard's log of the group.
+    pub log_first_seq: u64,
+    /// Newest sequence number assigned or seen.
+    pub log_last_seq: u64,
+    /// Entries in the log.
+    pub log_entries: usize,
+    /// Objects this shard brought up to date on other members, since start.
+    pub objects_recovered_total: u64,
+    /// Objects still to do for this group's current recovery job.
+    pub objects_remaining: u64,
+}
+
+impl RecoveryShared {
+    /// Queues a member as recovered (the control thread sends it).
+    pub fn push_report(&self, epoch: Epoch, pg: PgId, member: OsdId) {
+        if let Ok(mut r) = self.reports.lock() {
+            if r.len() >= REPORTS_QUEUED_MAX {
+                r.remove(0);
+            }
+            r.push((epoch, pg, member));
+        }
+    }
+
+    /// Takes every queued report.
+    pub fn take_reports(&self) -> Vec<(Epoch, PgId, OsdId)> {
+        self.reports
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
+    }
+
+    /// The figures the heartbeat reports.
+    pub fn progress(&self) -> ProgressFigures {
+        ProgressFigures {
+            objects_to_recover: self.objects_remaining(),
+            objects_recovered_total: self.objects_recovered.load(Ordering::Relaxed),
+            bytes_recovered_total: self.bytes_recovered.load(Ordering::Relaxed),
+            scrub_errors_total: self.scrub_errors.load(Ordering::Relaxed),
+            scrub_repaired_total: self.scrub_repaired.load(Ordering::Relaxed),
+            last_scrub_unix: self.last_scrub_unix.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Objects recovery still has to do on this OSD.
+    pub fn objects_remaining(&self) -> u64 {
+        self.remaining.lock().map(|m| m.values().sum()).unwrap_or(0)
+    }
+
+    fn publish(&self, shard: u16, statuses: Vec<PgStatus>, remaining: u64) {
+        if let Ok(mut pgs) = self.pgs.lock() {
+            pgs.retain(|_, s| s.shard != shard);
+            for s in statuses {
+                pgs.insert(PgId(s.pg), s);
+            }
+        }
+        if let Ok(mut r) = self.remaining.lock() {
+            r.insert(shard, remaining);
+        }
+    }
+
+    /// The HTTP API served next to `/metrics`: `GET /v1/pgs` (every group this OSD
+    /// holds or has a role in) and `GET /v1/pgs/{id}`. `None`: not this API's path.
+    pub fn http(&self, url: &str) -> Option<(u16, String)> {
+        let path = url.split('?').next().unwrap_or(url);
+        let rest = path.strip_prefix("/v1/pgs")?;
+        let pgs = self.pgs.lock().ok()?;
+        if rest.is_empty() || rest == "/" {
+            let all: Vec<&PgStatus> = pgs.values().collect();
+            return Some((200, serde_json::to_string(&all).unwrap_or_default()));
+        }
+        let id = rest.strip_prefix('/')?;
+        match id.parse::<u32>() {
+            Ok(n) => match pgs.get(&PgId(n)) {
+                Some(s) => Some((200, serde_json::to_string(s).unwrap_or_default())),
+                None => Some((
+                    404,
+                    format!("{{\"error\":\"no placement group {n} here\"}}"),
+                )),
+            },
+            Err(_) => Some((400, "{\"error\":\"bad placement group id\"}".into())),
+        }
+    }
+}
+
+/// A member reported recovered: not planned again while the map still shows it
+/// recovering, unless it restarted or the report looks lost.
+struct Reported {
+    up_from: Epoch,
+    at: Instant,
+}
+
+/// What recovery keeps per shard.
+#[derive(Default)]
+pub struct RecoveryState {
+    last_epoch: Cell<Option<Epoch>>,
+    /// Groups whose other acting copies were compared in this primary interval.
+    peered: RefCell<HashSet<PgId>>,
+    reported: RefCell<HashMap<(PgId, OsdId), Reported>>,
+    stray_since: RefCell<HashMap<PgId, Instant>>,
+    /// Groups whose last job failed (a member unreachable, a map moving) are tried
+    /// again only after this instant, so a down peer costs one attempt per
+    /// [`RETRY_DELAY`], not one per poll.
+    retry_after: RefCell<HashMap<PgId, Instant>>,
+    recovered_per_pg: RefCell<HashMap<PgId, u64>>,
+    remaining_per_pg: RefCell<HashMap<PgId, u64>>,
+    /// Objects in flight and the tasks waiting for a slot.
+    active: Cell<u32>,
+    slot_waiters: RefCell<Vec<std::task::Waker>>,
+    /// Byte throttles: the earliest time the next copy may start.
+    copy_next: Cell<Option<Instant>>,
+    pub(crate) scrub_throttle: Cell<Option<Instant>>,
+    pub(crate) last_scrub: RefCell<HashMap<PgId, Instant>>,
+    /// When background scrubbing started counting (the first pass).
+    pub(crate) started: std::cell::OnceCell<Instant>,
+}
+
+/// Why a job stopped early.
+#[derive(Debug)]
+pub(crate) enum JobError {
+    /// The roles it was planned under changed.
+    Abandoned,
+    /// A member or the local store failed (status).
+    Failed(i32),
+}
+
+/// Holds one of the shard's `recovery_max_active` slots.
+struct Slot(Rc<Shard>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let r = &self.0.recovery;
+        r.active.set(r.active.get() - 1);
+        for w in r.slot_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+}
+
+/// Sleeps as needed so that `bytes` more keep the rate under `bytes_per_sec`.
+pub(crate) async fn throttle(next: &Cell<Option<Instant>>, bytes: u64, bytes_per_sec: u64) {
+    if bytes_per_sec == 0 {
+        return;
+    }
+    let now = Instant::now();
+    let start = next.get().filter(|t| *t > now).unwrap_or(now);
+    let cost = Duration::from_secs_f64(bytes as f64 / bytes_per_sec as f64);
+    next.set(Some(start + cost));
+    if start > now {
+        reactor::sleep(start - now).await;
+    }
+}
+
+/// Blocks `[first, first+count)` where `local` and `remote` differ (a block bad on
+/// the remote differs whatever its value), as byte ranges, coalesced.
+pub(crate) fn differing_ranges(local: &[BlockSum], remote: &[BlockSum]) -> Vec<(u32, u32)> {
+    let n = local.len().max(remote.len());
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for b in 0..n {
+        let l = local.get(b).copied().unwrap_or_default();
+        let r = remote.get(b).copied().unwrap_or_default();
+        if r.bad || r.sum != l.sum {
+            let off = b as u32 * BLOCK;
+            match out.last_mut() {
+                Some((o, len)) if *o + *len == off => *len += BLOCK,
+                _ => out.push((off, BLOCK)),
+            }
+        }
+    }
+    out
+}
+
+/// Merges byte ranges of one object, widened to whole blocks and clamped to
+/// `object_size`.
+fn merge_ranges(mut ranges: Vec<(u32, u32)>, object_size: u32) -> Vec<(u32, u32)> {
+    ranges.sort();
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for (off, len) in ranges {
+        let start = off / BLOCK * BLOCK;
+        let end = (u64::from(off) + u64::from(len))
+            .div_ceil(u64::from(BLOCK))
+            .saturating_mul(u64::from(BLOCK))
+            .min(u64::from(object_size)) as u32;
+        if end <= start {
+            continue;
+        }
+        match out.last_mut() {
+            Some((o, l)) if *o + *l >= start => *l = (*l).max(end - *o),
+            _ => out.push((start, end - start)),
+        }
+    }
+    out
+}
+
+impl Shard {
+    fn owns(&self, view: &MapView, pg: PgId) -> bool {
+        view.map
+            .osds
+            .get(&self.osd)
+            .is_some_and(|me| me.shard_of(pg) == self.id)
+    }
+
+    /// Whether this shard is still the primary of `pg` with `member` in its write
+    /// set (and not restarted since `up_from`), under the current map.
+    fn job_valid(&self, pg: PgId, member: OsdId, up_from: Epoch) -> bool {
+        let view = self.view();
+        let m = view.table.pg(pg);
+        m.primary() == Some(self.osd)
+            && m.write_set().any(|id| id == member)
+            && view
+                .map
+                .osds
+                .get(&member)
+                .is_some_and(|o| o.up_from == up_from)
+    }
+
+    async fn take_slot(self: &Rc<Self>) -> Slot {
+        let r = &self.recovery;
+        std::future::poll_fn(|cx| {
+            if r.active.get() < self.recovery_max_active {
+                std::task::Poll::Ready(())
+            } else {
+                r.slot_waiters.borrow_mut().push(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        r.active.set(r.active.get() + 1);
+        Slot(self.clone())
+    }
+
+    /// Sends a request to `member`'s shard for `pg` and returns its reply.
+    pub(crate) async fn ask(
+        self: &Rc<Self>,
+        view: &MapView,
+        member: OsdId,
+        pg: PgId,
+        msg: Message,
+    ) -> Result<Message, i32> {
+        let Some(osd) = view.map.osds.get(&member) else {
+            return Err(status::ESTALE);
+        };
+        match self
+            .peers
+            .call_reply(osd, osd.shard_of(pg), view.map.epoch, msg)
+            .await?
+        {
+            m @ Message::Reply { status: 0, .. } => Ok(m),
+            Message::Reply { status: st, .. } => Err(st),
+            _ => Err(status::EIO),
+        }
+    }
+
+    /// Every object of `pg` on `member` (this OSD: the local store).
+    pub(crate) async fn list_objects(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        member: OsdId,
+    ) -> Result<Vec<ObjectId>, i32> {
+        if member == self.osd {
+            return self.store.list_pg(pg).await.map_err(|e| {
+                tracing::error!(%pg, "cannot list the placement group: {e}");
+                status::EIO
+            });
+        }
+        let mut out = Vec::new();
+        let mut start = ObjectId {
+            volume: VolumeId(0),
+            index: 0,
+        };
+        for _ in 0..LIST_PAGES_MAX {
+            let reply = self
+                .ask(
+                    view,
+                    member,
+                    pg,
+                    Message::PgList {
+                        id: RequestId(0),
+                        epoch: view.map.epoch,
+                        pg,
+                        start,
+                        max: PG_LIST_MAX,
+                    },
+                )
+                .await?;
+            let Message::Reply { data, .. } = reply else {
+                return Err(status::EIO);
+            };
+            let page = decode_object_list(&data).ok_or(status::EIO)?;
+            let done = page.len() < PG_LIST_MAX as usize;
+            let Some(last) = page.last().copied() else {
+                break;
+            };
+            out.extend(page);
+            if done {
+                break;
+            }
+            start = match last.index.checked_add(1) {
+                Some(i) => ObjectId {
+                    volume: last.volume,
+                    index: i,
+                },
+                None => match last.volume.0.checked_add(1) {
+                    Some(v) => ObjectId {
+                        volume: VolumeId(v),
+                        index: 0,
+                    },
+                    None => break,
+                },
+            };
+        }
+        Ok(out)
+    }
+
+    /// The block checksums of an object on `member` (this OSD: the local store).
+    pub(crate) async fn object_sums(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+    ) -> Result<Vec<BlockSum>, i32> {
+        if member == self.osd {
+            return self.store.block_sums(pg, object).await.map_err(|e| {
+                tracing::error!(%object, "cannot checksum the object: {e}");
+                status::EIO
+            });
+        }
+        let target = IoTarget {
+            pg,
+            object,
+            offset: 0,
+            length: 0,
+        };
+        let reply = self
+            .ask(
+                view,
+                member,
+                pg,
+                Message::ObjectSums {
+                    id: RequestId(0),
+                    epoch: view.map.epoch,
+                    target,
+                },
+            )
+            .await?;
+        let Message::Reply { data, .. } = reply else {
+            return Err(status::EIO);
+        };
+        decode_block_sums(&data).ok_or(status::EIO)
+    }
+
+    /// Copies `[offset, offset+len)` of an object from this copy to `member`: runs
+    /// of all-zero blocks as DISCARD (holes stay holes), the rest as WRITE, both
+    /// replica-flagged. Returns the bytes sent. The caller holds the object's gate.
+    pub(crate) async fn copy_range(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        offset: u32,
+        len: u32,
+    ) -> Result<u64, i32> {
+        let mut sent = 0u64;
+        let end = offset + len;
+        let mut at = offset;
+        // Bounded: `at` advances by at least one block per round.
+        while at < end {
+            let n = COPY_CHUNK_BYTES.min(end - at);
+            throttle(
+                &self.recovery.copy_next,
+                u64::from(n),
+                self.recovery_bytes_per_sec,
+            )
+            .await;
+            let data = self.store.read(pg, object, at, n).await.map_err(|e| {
+                tracing::error!(%object, "recovery cannot read this copy: {e}");
+                status::EIO
+            })?;
+            // Split into runs of zero and non-zero blocks.
+            let mut run_start = 0usize;
+            let blocks: Vec<bool> = data
+                .chunks(BLOCK as usize)
+                .map(|b| b.iter().all(|&x| x == 0))
+                .collect();
+            let mut i = 0;
+            while i < blocks.len() {
+                let zero = blocks[i];
+                let mut j = i;
+                while j < blocks.len() && blocks[j] == zero {
+                    j += 1;
+                }
+                let lo = (i * BLOCK as usize).min(data.len());
+                let hi = (j * BLOCK as usize).min(data.len());
+                let target = IoTarget {
+                    pg,
+                    object,
+                    offset: at + lo as u32,
+                    length: (hi - lo) as u32,
+                };
+                let msg = if zero {
+                    Message::Discard {
+                        id: RequestId(0),
+                        epoch: view.map.epoch,
+                        target,
+                        flags: flags::REPLICA,
+                        seq: PgSeq(0),
+                    }
+                } else {
+                    sent += (hi - lo) as u64;
+                    Message::Write {
+                        id: RequestId(0),
+                        epoch: view.map.epoch,
+                        target,
+                        flags: flags::REPLICA,
+                        seq: PgSeq(0),
+                        remote: None,
+                        data: data.slice(lo..hi),
+                    }
+                };
+                self.ask(view, member, pg, msg).await?;
+                run_start = hi;
+                i = j;
+            }
+            debug_assert_eq!(run_start, data.len());
+            at += n;
+        }
+        crate::metrics::recovery_bytes(sent);
+        self.recovery_shared
+            .bytes_recovered
+            .fetch_add(sent, Ordering::Relaxed);
+        Ok(sent)
+    }
+
+    /// Brings one object of `member` up to date with this copy, holding the
+    /// object's write gate throughout. `ranges`: only these (log-based); `None`:
+    /// compare every block (backfill, peering). Returns whether anything changed.
+    pub(crate) async fn sync_object(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        ranges: Option<Vec<(u32, u32)>>,
+    ) -> Result<bool, i32> {
+        let object_size = view.map.pool.object_size;
+        let _slot = self.take_slot().await;
+        let (_guard, earlier) = self.gate.enter(object, 0, object_size);
+        for e in earlier {
+            e.wait().await;
+        }
+        if let Some(ranges) = ranges {
+            for (off, len) in merge_ranges(ranges, object_size) {
+                self.copy_range(view, pg, object, member, off, len).await?;
+            }
+            return Ok(true);
+        }
+        let local = self.object_sums(view, pg, object, self.osd).await?;
+        if local.iter().any(|b| b.bad) {
+            // This copy is the source and is corrupt there: a read repairs it (or
+            // scrub does); copying it now would spread the damage.
+            tracing::error!(%object, "this copy has blocks failing their checksums; not copying it");
+            return Err(status::EIO);
+        }
+        let remote = self.object_sums(view, pg, object, member).await?;
+        if local.is_empty() {
+            if remote.is_empty() {
+                return Ok(false);
+            }
+            let target = IoTarget {
+                pg,
+                object,
+                offset: 0,
+                length: 0,
+            };
+            self.ask(
+                view,
+                member,
+                pg,
+                Message::RemoveObject {
+                    id: RequestId(0),
+                    epoch: view.map.epoch,
+                    target,
+                    flags: flags::REPLICA,
+                },
+            )
+            .await?;
+            return Ok(true);
+        }
+        let diff = differing_ranges(&local, &remote);
+        for &(off, len) in &diff {
+            self.copy_range(view, pg, object, member, off, len).await?;
+        }
+        Ok(!diff.is_empty())
+    }
+
+    /// Makes `member`'s copies of the volumes' objects stable (a replica-flagged
+    /// FLUSH per volume) before it is reported complete.
+    async fn flush_member(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        member: OsdId,
+        volumes: &BTreeSet<VolumeId>,
+    ) -> Result<(), i32> {
+        for &volume in volumes {
+            self.ask(
+                view,
+                member,
+                pg,
+                Message::Flush {
+                    id: RequestId(0),
+                    epoch: view.map.epoch,
+                    flags: flags::REPLICA,
+                    volume,
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `work` on every object of `objects` with up to `recovery_max_active`
+    /// at once, checking before each that the job is still valid.
+    async fn for_each_object(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        member: OsdId,
+        up_from: Epoch,
+        objects: Vec<ObjectWork>,
+        kind: &'static str,
+    ) -> Result<BTreeSet<VolumeId>, JobError> {
+        let mut changed = BTreeSet::new();
+        let total = objects.len() as u64;
+        let width = self.recovery_max_active.max(1) as usize;
+        for (done, batch) in objects.chunks(width).enumerate() {
+            if !self.job_valid(pg, member, up_from) {
+                return Err(JobError::Abandoned);
+            }
+            self.recovery
+                .remaining_per_pg
+                .borrow_mut()
+                .insert(pg, total.saturating_sub((done * width) as u64));
+            let tasks: Vec<_> = batch
+                .iter()
+                .cloned()
+                .map(|(object, ranges)| {
+                    let me = self.clone();
+                    let view = view.clone();
+                    reactor::spawn(async move {
+                        me.sync_object(&view, pg, object, member, ranges).await
+                    })
+                })
+                .collect();
+            for (t, (object, _)) in tasks.into_iter().zip(batch) {
+                match t.await {
+                    Ok(true) => {
+                        changed.insert(object.volume);
+                        crate::metrics::recovery_object(kind);
+                        self.recovery_shared
+                            .objects_recovered
+                            .fetch_add(1, Ordering::Relaxed);
+                        *self
+                            .recovery
+                            .recovered_per_pg
+                            .borrow_mut()
+                            .entry(pg)
+                            .or_default() += 1;
+                    }
+                    Ok(false) => {}
+                    Err(st) => {
+                        self.recovery.remaining_per_pg.borrow_mut().remove(&pg);
+                        return Err(JobError::Failed(st));
+                    }
+                }
+            }
+        }
+        self.recovery.remaining_per_pg.borrow_mut().remove(&pg);
+        Ok(changed)
+    }
+
+    /// Backfill (and peering): makes every object of `member`'s copy of `pg`
+    /// equal to this one.
+    async fn backfill(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        member: OsdId,
+        up_from: Epoch,
+        kind: &'static str,
+    ) -> Result<BTreeSet<VolumeId>, JobError> {
+        let mine = self
+            .list_objects(view, pg, self.osd)
+            .await
+            .map_err(JobError::Failed)?;
+        let theirs = self
+            .list_objects(view, pg, member)
+            .await
+            .map_err(JobError::Failed)?;
+        let all: BTreeSet<ObjectId> = mine.into_iter().chain(theirs).collect();
+        let objects = all.into_iter().map(|o| (o, None)).collect();
+        // Only the volumes whose objects changed need a flush on the member.
+        self.for_each_object(view, pg, member, up_from, objects, kind)
+            .await
+    }
+
+    /// Catches `member` up on `pg`, from the log when it can tell what the member
+    /// missed, else by backfill; then flushes it and queues its report.
+    async fn recover_member(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        member: OsdId,
+    ) -> Result<&'static str, JobError> {
+        let up_from = view
+            .map
+            .osds
+            .get(&member)
+            .map(|o| o.up_from)
+            .ok_or(JobError::Abandoned)?;
+        // Writes numbered up to here may have been admitted under a map without the
+        // member in the write set; all later ones have it (see `inflight_through`).
+        let admitted = self.pg_logs.borrow().get(pg).map_or(0, |l| l.last_seq());
+        let deadline = Instant::now() + INFLIGHT_WAIT_MAX;
+        let mut copied: HashSet<u64> = HashSet::new();
+        let mut volumes = BTreeSet::new();
+        let mut kind = "log";
+        let mut rounds = 0u32;
+        // Bounded: at most LOG_ROUNDS_MAX copying rounds, and waiting rounds end at
+        // the deadline.
+        loop {
+            let (missed, inflight) = {
+                let logs = self.pg_logs.borrow();
+                match logs.get(pg) {
+                    Some(log) => (log.missed_by(member, 0), log.inflight_through(admitted)),
+                    None => (None, false),
+                }
+            };
+            let Some(missed) = missed else {
+                if rounds > 0 {
+                    // The log stopped reaching back while the job ran.
+                    return Err(JobError::Failed(status::EAGAIN));
+                }
+                kind = "backfill";
+                break;
+            };
+            let missed: Vec<_> = missed
+                .into_iter()
+                .filter(|(seq, ..)| !copied.contains(seq))
+                .collect();
+            if missed.is_empty() {
+                if !inflight {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(JobError::Failed(status::EAGAIN));
+                }
+                reactor::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            rounds += 1;
+            if rounds > LOG_ROUNDS_MAX {
+                return Err(JobError::Failed(status::EAGAIN));
+            }
+            let mut per_object: BTreeMap<ObjectId, Vec<(u32, u32)>> = BTreeMap::new();
+            for (seq, object, off, len) in missed {
+                copied.insert(seq);
+                per_object.entry(object).or_default().push((off, len));
+            }
+            volumes.extend(per_object.keys().map(|o| o.volume));
+            let objects = per_object.into_iter().map(|(o, r)| (o, Some(r))).collect();
+            self.for_each_object(view, pg, member, up_from, objects, "log")
+                .await?;
+        }
+        let mut through = admitted;
+        if kind == "backfill" {
+            // Entries recorded from now on are covered by the member getting every
+            // write; the ones before by comparing everything.
+            through = self.pg_logs.borrow().get(pg).map_or(0, |l| l.last_seq());
+            volumes = self.backfill(view, pg, member, up_from, "backfill").await?;
+        }
+        self.flush_member(view, pg, member, &volumes)
+            .await
+            .map_err(JobError::Failed)?;
+        if !self.job_valid(pg, member, up_from) {
+            return Err(JobError::Abandoned);
+        }
+        self.pg_logs
+            .borrow_mut()
+            .get_mut(pg)
+            .recovered(member, through);
+        crate::metrics::recovery_member(kind);
+        Ok(kind)
+    }
+
+    /// One pass over the groups this shard is the primary of.
+    async fn recovery_pass(self: &Rc<Self>, view: &Rc<MapView>) {
+        let pgs: Vec<(PgId, PgMembers)> = view
+            .table
+            .iter()
+            .filter(|(pg, m)| m.primary() == Some(self.osd) && self.owns(view, *pg))
+            .map(|(pg, m)| (pg, m.clone()))
+            .collect();
+        for (pg, members) in pgs {
+            // A newer map arrived: re-plan with it.
+            if self.view().map.epoch != view.map.epoch {
+                return;
+            }
+            if self
+                .recovery
+                .retry_after
+                .borrow()
+                .get(&pg)
+                .is_some_and(|t| *t > Instant::now())
+            {
+                continue;
+            }
+            let mut failed = false;
+            if !self.recovery.peered.borrow().contains(&pg) {
+                let mut all_ok = true;
+                for &member in members.acting.iter().skip(1) {
+                    let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
+                        continue;
+                    };
+                    match self.backfill(view, pg, member, up_from, "peering").await {
+                        Ok(volumes) => {
+                            if let Err(st) = self.flush_member(view, pg, member, &volumes).await {
+                                tracing::warn!(%pg, %member, st, "peering: flush failed");
+                                all_ok = false;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(%pg, %member, ?e, "peering comparison did not finish; will retry");
+                            all_ok = false;
+                        }
+                    }
+                }
+                if all_ok {
+                    self.recovery.peered.borrow_mut().insert(pg);
+                } else {
+                    failed = true;
+                }
+            }
+            for &member in &members.recovering {
+                let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
+                    continue;
+                };
+                let key = (pg, member);
+                let retry = match self.recovery.reported.borrow().get(&key) {
+                    Some(r) if r.up_from == up_from => {
+                        if r.at.elapsed() < REPORT_RETRY {
+                            continue;
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if retry {
+                    // Still recovering in the map long after the report: send it again.
+                    self.recovery_shared.push_report(view.map.epoch, pg, member);
+                    self.recovery.reported.borrow_mut().insert(
+                        key,
+                        Reported {
+                            up_from,
+                            at: Instant::now(),
+                        },
+                    );
+                    continue;
+                }
+                match self.recover_member(view, pg, member).await {
+                    Ok(kind) => {
+                        tracing::info!(%pg, %member, kind, "member recovered");
+                        self.recovery_shared.push_report(view.map.epoch, pg, member);
+                        self.recovery.reported.borrow_mut().insert(
+                            key,
+                            Reported {
+                                up_from,
+                                at: Instant::now(),
+                            },
+                        );
+                    }
+                    Err(JobError::Abandoned) => {
+                        tracing::info!(%pg, %member, "recovery abandoned: roles changed");
+                    }
+                    Err(JobError::Failed(st)) => {
+                        tracing::info!(%pg, %member, st, "recovery did not finish; will retry");
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                self.recovery
+                    .retry_after
+                    .borrow_mut()
+                    .insert(pg, Instant::now() + RETRY_DELAY);
+            } else {
+                self.recovery.retry_after.borrow_mut().remove(&pg);
+            }
+        }
+    }
+
+    /// A new map: groups whose primary changed start a new interval here.
+    fn on_new_map(&self, prev: Option<&MapView>, view: &MapView) {
+        let mut logs = self.pg_logs.borrow_mut();
+        for (pg, m) in view.table.iter() {
+            if !self.owns(view, pg) {
+                continue;
+            }
+            let now_primary = m.primary() == Some(self.osd);
+            let was_primary = prev.is_some_and(|p| p.table.pg(pg).primary() == Some(self.osd));
+            if now_primary != was_primary {
+                if let Some(log) = logs.existing_mut(pg) {
+                    log.reset_tracking();
+                }
+                self.recovery.peered.borrow_mut().remove(&pg);
+                self.recovery
+                    .reported
+                    .borrow_mut()
+                    .retain(|(p, _), _| *p != pg);
+            }
+        }
+        self.recovery.retry_after.borrow_mut().clear();
+        // Reported members that are no longer recovering are done.
+        self.recovery
+            .reported
+            .borrow_mut()
+            .retain(|(pg, member), _| view.table.pg(*pg).recovering.contains(member));
+    }
+
+    /// Deletes copies of groups this OSD is no longer a member of, once the group
+    /// is active and the copy has been stray for `stray_delete_delay_ms`.
+    async fn remove_strays(self: &Rc<Self>, view: &MapView) {
+        if !view.map.osds.contains_key(&self.osd) {
+            return;
+        }
+        let dirs = match self.store.list_pg_dirs().await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("cannot list placement groups: {e}");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let present: HashSet<PgId> = dirs.iter().copied().collect();
+        let mut stray = self.recovery.stray_since.borrow_mut().clone();
+        stray.retain(|pg, _| present.contains(pg));
+        for pg in dirs {
+            if !self.owns(view, pg) || pg.0 >= view.table.pg_count() {
+                continue;
+            }
+            let m = view.table.pg(pg);
+            if m.is_member(self.osd) || !m.active {
+                stray.remove(&pg);
+                continue;
+            }
+            let since = *stray.entry(pg).or_insert(now);
+            if now.duration_since(since) < self.stray_delete_delay {
+                continue;
+            }
+            // Checked again against the newest map just before deleting.
+            let fresh = self.view();
+            let fm = fresh.table.pg(pg);
+            if fm.is_member(self.osd) || !fm.active {
+                stray.remove(&pg);
+                continue;
+            }
+            match self.store.delete_pg(pg).await {
+                Ok(n) => {
+                    tracing::info!(%pg, objects = n, "deleted the copy of a placement group this OSD is no longer a member of");
+                    crate::metrics::stray_removed();
+                    self.pg_logs.borrow_mut().remove(pg);
+                    stray.remove(&pg);
+                }
+                Err(e) => tracing::warn!(%pg, "cannot delete a stray copy: {e}"),
+            }
+        }
+        *self.recovery.stray_since.borrow_mut() = stray;
+    }
+
+    fn publish_status(&self, view: &MapView) {
+        let logs = self.pg_logs.borrow();
+        let recovered = self.recovery.recovered_per_pg.borrow();
+        let remaining = self.recovery.remaining_per_pg.borrow();
+        let stray = self.recovery.stray_since.borrow();
+        let mut out = Vec::new();
+        for (pg, m) in view.table.iter() {
+            if !self.owns(view, pg) {
+                continue;
+            }
+            let log = logs.get(pg);
+            let role = if m.primary() == Some(self.osd) {
+                "primary"
+            } else if m.recovering.contains(&self.osd) {
+                "recovering"
+            } else if m.acting.contains(&self.osd) {
+                "replica"
+            } else if stray.contains_key(&pg) {
+                "stray"
+            } else {
+                "none"
+            };
+            if role == "none" && log.is_none() {
+                continue;
+            }
+            out.push(PgStatus {
+                pg: pg.0,
+                shard: self.id,
+                epoch: view.map.epoch.0,
+                role,
+                acting: m.acting.iter().map(|o| o.0).collect(),
+                recovering: m.recovering.iter().map(|o| o.0).collect(),
+                active: m.active,
+                log_first_seq: log.map_or(1, |l| l.first_seq()),
+                log_last_seq: log.map_or(0, |l| l.last_seq()),
+                log_entries: log.map_or(0, |l| l.len()),
+                objects_recovered_total: recovered.get(&pg).copied().unwrap_or(0),
+                objects_remaining: remaining.get(&pg).copied().unwrap_or(0),
+            });
+        }
+        let total_remaining: u64 = remaining.values().sum();
+        crate::metrics::recovery_remaining(self.id, total_remaining);
+        self.recovery_shared.publish(self.id, out, total_remaining);
+    }
+}
+
+/// The shard's recovery task: runs for the life of the shard.
+pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
+    crate::metrics::register_recovery_metrics(shard.id);
+    let mut prev: Option<Rc<MapView>> = None;
+    let mut last_publish: Option<Instant> = None;
+    let mut last_stray: Option<Instant> = None;
+    loop {
+        let view = shard.view();
+        if shard.recovery.last_epoch.get() != Some(view.map.epoch) {
+            shard.on_new_map(prev.as_deref(), &view);
+            shard.recovery.last_epoch.set(Some(view.map.epoch));
+            prev = Some(view.clone());
+        }
+        shard.recovery_pass(&view).await;
+        if last_stray.is_none_or(|t| t.elapsed() >= STRAY_CHECK_INTERVAL) {
+            shard.remove_strays(&view).await;
+            last_stray = Some(Instant::now());
+        }
+        shard.background_scrub(&view).await;
+        if last_publish.is_none_or(|t| t.elapsed() >= PUBLISH_INTERVAL) {
+            shard.publish_status(&shard.view());
+            last_publish = Some(Instant::now());
+        }
+        reactor::sleep(POLL_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod gate_test;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(sum: u32) -> BlockSum {
+        BlockSum { sum, bad: false }
+    }
+
+    #[test]
+    fn differing_blocks_are_coalesced_into_ranges() {
+        let local = vec![b(1), b(2), b(3), b(0), b(5)];
+        let mut remote = vec![b(1), b(9), b(9), b(0)];
+        assert_eq!(
+            differing_ranges(&local, &remote),
+            vec![(4096, 8192), (16384, 4096)]
+        );
+        remote[0].bad = true;
+        assert_eq!(differing_ranges(&local, &remote)[0], (0, 12288));
+        // The member has blocks beyond this copy's end: they must become zero.
+        assert_eq!(differing_ranges(&[], &[b(0), b(7)]), vec![(4096, 4096)]);
+        assert!(differing_ranges(&local, &local).is_empty());
+    }
+
+    #[test]
+    fn log_ranges_are_widened_to_blocks_and_merged() {
+        assert_eq!(
+            merge_ranges(vec![(5000, 10), (0, 100), (4096, 4096)], 1 << 20),
+            vec![(0, 8192)]
+        );
+        assert_eq!(
+            merge_ranges(vec![(8192, 1), (65536 - 1, 100)], 65536),
+            vec![(8192, 4096), (61440, 4096)]
+        );
+    }
+
+    #[test]
+    fn the_byte_throttle_spaces_copies_out() {
+        let mut r = reactor::Reactor::new(Default::default()).unwrap();
+        let started = Instant::now();
+        r.block_on(async {
+            let next = Cell::new(None);
+            for _ in 0..3 {
+                throttle(&next, 1 << 20, 20 << 20).await;
+            }
+        })
+        .unwrap();
+        // 3 MiB at 20 MiB/s: the third waits for the first two (~100 ms).
+        assert!(started.elapsed() >= Duration::from_millis(90));
+    }
+}

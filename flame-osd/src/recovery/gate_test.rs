@@ -1,0 +1,240 @@
+//! A client write to an object being recovered waits for the object's copy: a
+//! scripted member (a TCP peer in this test) answers the recovery copy slowly and
+//! records when each message arrives; the client write must not reach it before
+//! the copy was answered.
+
+use crate::metrics::ShardMetrics;
+use crate::ordering::WriteGate;
+use crate::peers::Peers;
+use crate::pg::MapView;
+use crate::shard::Shard;
+use crate::store::{ObjectStore, StoreOptions};
+use arc_swap::ArcSwap;
+use flame_common::buffer::PayloadBuf;
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
+use flame_common::map::{ClusterMap, OsdInfo, PoolConfig, VolumeInfo};
+use flame_common::protocol::{HEADER_LEN, Header, IoTarget, Message, VERSIONS, status};
+use flame_common::reactor::{self, Reactor};
+use flame_common::transport::TransportKind;
+use std::cell::{Cell, RefCell};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// What the scripted member saw: (seq of a WRITE/DISCARD, received at, answered at).
+type Seen = Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>>;
+
+fn read_msg(s: &mut TcpStream) -> Option<Message> {
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb).ok()?;
+    let h = Header::decode(&hb).ok()?;
+    let mut p = vec![0u8; h.payload_len as usize];
+    s.read_exact(&mut p).ok()?;
+    Message::from_parts(&h, PayloadBuf::copy_from(&p)).ok()
+}
+
+/// A member that answers writes after `delay`, each on its own thread.
+fn scripted_member(delay: Duration) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let s2 = seen.clone();
+    std::thread::spawn(move || {
+        let Ok((mut conn, _)) = listener.accept() else {
+            return;
+        };
+        let out = Arc::new(Mutex::new(conn.try_clone().unwrap()));
+        while let Some(msg) = read_msg(&mut conn) {
+            let reply = match &msg {
+                Message::Hello { id, .. } => Message::HelloReply {
+                    id: *id,
+                    epoch: Epoch(5),
+                    status: 0,
+                    versions: VERSIONS,
+                    shard: 0,
+                    shards: 1,
+                },
+                m => m.reply(Epoch(5), status::OK),
+            };
+            let seq = match &msg {
+                Message::Write { seq, .. } | Message::Discard { seq, .. } => Some(seq.0),
+                _ => None,
+            };
+            let Some(seq) = seq else {
+                let _ = out.lock().unwrap().write_all(&reply.encode());
+                continue;
+            };
+            let i = {
+                let mut v = s2.lock().unwrap();
+                v.push((seq, Instant::now(), None));
+                v.len() - 1
+            };
+            let (out, s3) = (out.clone(), s2.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                s3.lock().unwrap()[i].2 = Some(Instant::now());
+                let _ = out.lock().unwrap().write_all(&reply.encode());
+            });
+        }
+    });
+    (addr, seen)
+}
+
+fn osd(id: u32, addr: SocketAddr) -> OsdInfo {
+    OsdInfo {
+        id: OsdId(id),
+        addr,
+        shards: 1,
+        host: format!("h{id}"),
+        weight: 1.0,
+        up: true,
+        up_from: Epoch(1),
+        r#in: true,
+        metrics_addr: None,
+    }
+}
+
+fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
+    crate::store::layout::open_data_dir(dir, "gate-test", true).unwrap();
+    let mut map = ClusterMap::new(
+        "t".into(),
+        PoolConfig {
+            size: 2,
+            min_size: 1,
+            pg_count: 1,
+            object_size: 1 << 20,
+        },
+    );
+    map.epoch = Epoch(5);
+    map.osds
+        .insert(OsdId(1), osd(1, "127.0.0.1:1".parse().unwrap()));
+    map.osds.insert(OsdId(2), osd(2, member));
+    // OSD 1 holds the only complete copy; OSD 2 is being recovered.
+    map.pg_complete.insert(PgId(0), vec![OsdId(1)]);
+    map.volumes.insert(
+        "v".into(),
+        VolumeInfo {
+            id: VolumeId(1),
+            name: "v".into(),
+            size: 1 << 30,
+            created_unix: 0,
+        },
+    );
+    let metrics = Rc::new(ShardMetrics::new(0));
+    let liveness = Arc::new(crate::liveness::Liveness::new(1));
+    Rc::new(Shard {
+        id: 0,
+        osd: OsdId(1),
+        view: RefCell::new(Rc::new(MapView::new(&map))),
+        map_source: Arc::new(ArcSwap::from_pointee(map)),
+        wanted_epoch: Arc::default(),
+        store: ObjectStore::new(
+            dir,
+            0,
+            StoreOptions {
+                direct_io: false,
+                open_max: 64,
+                checksums: true,
+            },
+        ),
+        gate: Rc::new(WriteGate::default()),
+        peers: Rc::new(Peers::new(
+            TransportKind::Tcp,
+            None,
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            metrics.clone(),
+            liveness.clone(),
+        )),
+        liveness,
+        metrics,
+        max_connections: 16,
+        max_inflight: 16,
+        connections: Cell::new(0),
+        inflight_bytes: Cell::new(0),
+        inflight_bytes_max: 16 << 20,
+        byte_waiters: RefCell::new(Vec::new()),
+        sessions: RefCell::default(),
+        pg_logs: RefCell::new(crate::pg_log::PgLogs::new(16)),
+        recovery: Default::default(),
+        recovery_shared: Arc::default(),
+        recovery_max_active: 2,
+        recovery_bytes_per_sec: 0,
+        scrub_interval: Duration::ZERO,
+        scrub_bytes_per_sec: 0,
+        stray_delete_delay: Duration::from_secs(5),
+    })
+}
+
+#[test]
+fn a_client_write_to_an_object_under_recovery_waits_for_its_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (member, seen) = scripted_member(Duration::from_millis(300));
+    let shard = shard(dir.path(), member);
+    let object = ObjectId {
+        volume: VolumeId(1),
+        index: 0,
+    };
+    let target = move |offset| IoTarget {
+        pg: PgId(0),
+        object,
+        offset,
+        length: 4096,
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut r = Reactor::new(Default::default()).unwrap();
+    r.block_on(async move {
+        // Data the member lacks.
+        shard
+            .store
+            .write(
+                PgId(0),
+                object,
+                0,
+                PayloadBuf::copy_from(&[7u8; 8192]),
+                false,
+            )
+            .await
+            .unwrap();
+        let view = shard.view();
+        let (s, v) = (shard.clone(), view.clone());
+        let copy = reactor::spawn(async move {
+            s.sync_object(&v, PgId(0), object, OsdId(2), Some(vec![(0, 8192)]))
+                .await
+        });
+        reactor::sleep(Duration::from_millis(50)).await;
+        // A client write to another byte range of the same object.
+        let write = Message::Write {
+            id: RequestId(9),
+            epoch: Epoch(5),
+            target: target(65536),
+            flags: 0,
+            seq: PgSeq(0),
+            remote: None,
+            data: PayloadBuf::copy_from(&[1u8; 4096]),
+        };
+        let st = shard.replicate(&view, write).await;
+        tx.send((copy.await, st)).unwrap();
+    })
+    .unwrap();
+    let (copied, st) = rx.recv().unwrap();
+    assert_eq!(copied, Ok(true));
+    assert_eq!(st, status::OK);
+    let seen = seen.lock().unwrap().clone();
+    let copy_answered = seen
+        .iter()
+        .filter(|(seq, _, _)| *seq == 0)
+        .filter_map(|(_, _, answered)| *answered)
+        .max()
+        .expect("the member got no recovery copy");
+    let (_, client_arrived, _) = seen
+        .iter()
+        .find(|(seq, _, _)| *seq > 0)
+        .expect("the member got no client write");
+    assert!(
+        *client_arrived >= copy_answered,
+        "the client write reached the member before its recovery copy finished: {seen:?}"
+    );
+}

@@ -1,0 +1,410 @@
+//! Scrub: the primary of a placement group compares every acting copy of each of
+//! its objects, block by block, by the checksum of the data each copy holds now
+//! ([`Message::ObjectSums`] reads the whole object and also says which blocks fail
+//! the copy's own stored checksum — bit rot that a comparison of stored checksum
+//! tables alone would miss).
+//!
+//! Per block, the copies that verify vote with their checksum. The value a strict
+//! majority of the acting copies holds wins; without one (two copies disagreeing),
+//! the primary's copy wins if it verifies — counted as `primary_won` and logged,
+//! since nothing proves it right — else any copy that verifies. Copies that differ
+//! from the winner (or fail verification) are rewritten from a copy holding it
+//! (replica-flagged WRITE, or DISCARD for an all-zero block), unless it is a dry
+//! run (`flame-admin pg compare`, `flame-admin scrub --dry-run`). The whole object
+//! is compared and repaired under the primary's write gate, so no client write
+//! runs meanwhile.
+//!
+//! Background scrubs visit each group this shard is the primary of every
+//! `scrub_interval_s`, reading at most `scrub_bytes_per_sec`.
+
+use crate::pg::MapView;
+use crate::recovery::throttle;
+use crate::shard::Shard;
+use flame_common::ids::{ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
+use flame_common::protocol::{BlockSum, IoTarget, Message, ScrubCounts, flags, status};
+use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Block size of the store's checksums.
+const BLOCK: u32 = 4096;
+
+/// The outcome of one block's vote.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Vote {
+    /// The winning checksum (`None`: no copy verifies).
+    pub winner: Option<u32>,
+    /// No strict majority: the primary's copy (index 0) won.
+    pub primary_won: bool,
+    /// Copies (by index) that must be rewritten.
+    pub wrong: Vec<usize>,
+}
+
+/// Votes on one block held by `copies` (index 0 = the primary).
+pub(crate) fn vote(copies: &[BlockSum]) -> Vote {
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for c in copies.iter().filter(|c| !c.bad) {
+        *counts.entry(c.sum).or_default() += 1;
+    }
+    let best = counts.values().copied().max().unwrap_or(0);
+    let primary = copies.first().filter(|c| !c.bad).map(|c| c.sum);
+    let (winner, primary_won) = if best * 2 > copies.len() {
+        (
+            counts.iter().find(|(_, n)| **n == best).map(|(s, _)| *s),
+            false,
+        )
+    } else if let Some(p) = primary {
+        // Tie or scattered values: the primary's verified copy.
+        let agreed = copies.iter().all(|c| !c.bad && c.sum == p);
+        (Some(p), !agreed)
+    } else {
+        // No majority and the primary's block is bad: the smallest checksum held by
+        // the most copies (deterministic).
+        let w = counts
+            .iter()
+            .filter(|(_, n)| **n == best)
+            .map(|(s, _)| *s)
+            .min();
+        (w, false)
+    };
+    let wrong = copies
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.bad || Some(c.sum) != winner)
+        .map(|(i, _)| i)
+        .collect();
+    Vote {
+        winner,
+        primary_won,
+        wrong,
+    }
+}
+
+impl Shard {
+    /// Reads one block from `member` (this OSD: the local store, verified).
+    async fn read_block(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        block: u32,
+    ) -> Result<flame_common::buffer::PayloadBuf, i32> {
+        let offset = block * BLOCK;
+        if member == self.osd {
+            return self
+                .store
+                .read(pg, object, offset, BLOCK)
+                .await
+                .map_err(|_| status::EIO);
+        }
+        let reply = self
+            .ask(
+                view,
+                member,
+                pg,
+                Message::Read {
+                    id: RequestId(0),
+                    epoch: view.map.epoch,
+                    target: IoTarget {
+                        pg,
+                        object,
+                        offset,
+                        length: BLOCK,
+                    },
+                    flags: flags::REPLICA,
+                    remote: None,
+                },
+            )
+            .await?;
+        match reply {
+            Message::Reply { data, .. } if data.len() == BLOCK as usize => Ok(data),
+            _ => Err(status::EIO),
+        }
+    }
+
+    /// Writes one block (`data`, or zeroes as a hole when `None`) to `member`.
+    async fn write_block(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        block: u32,
+        data: Option<flame_common::buffer::PayloadBuf>,
+    ) -> Result<(), i32> {
+        let offset = block * BLOCK;
+        if member == self.osd {
+            let r = match data {
+                Some(d) => self.store.write(pg, object, offset, d, false).await,
+                None => self.store.zero(pg, object, offset, BLOCK, false).await,
+            };
+            return r.map_err(|e| {
+                tracing::error!(%object, block, "scrub repair of this copy failed: {e}");
+                status::EIO
+            });
+        }
+        let target = IoTarget {
+            pg,
+            object,
+            offset,
+            length: BLOCK,
+        };
+        let msg = match data {
+            Some(d) => Message::Write {
+                id: RequestId(0),
+                epoch: view.map.epoch,
+                target,
+                flags: flags::REPLICA,
+                seq: PgSeq(0),
+                remote: None,
+                data: d,
+            },
+            None => Message::Discard {
+                id: RequestId(0),
+                epoch: view.map.epoch,
+                target,
+                flags: flags::REPLICA,
+                seq: PgSeq(0),
+            },
+        };
+        self.ask(view, member, pg, msg).await.map(|_| ())
+    }
+
+    /// Compares (and unless `dry_run` repairs) one object across `members`
+    /// (index 0 = this primary). Returns (inconsistent, repaired, primary_won),
+    /// or an error status when a copy could not be read or written.
+    async fn scrub_object(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        members: &[OsdId],
+        dry_run: bool,
+    ) -> Result<(bool, bool, bool), i32> {
+        let (_guard, earlier) = self.gate.enter(object, 0, view.map.pool.object_size);
+        for e in earlier {
+            e.wait().await;
+        }
+        let mut sums = Vec::with_capacity(members.len());
+        for &m in members {
+            let s = self.object_sums(view, pg, object, m).await?;
+            throttle(
+                &self.recovery.scrub_throttle,
+                (s.len() as u64).max(1) * u64::from(BLOCK),
+                self.scrub_bytes_per_sec,
+            )
+            .await;
+            sums.push(s);
+        }
+        let blocks = sums.iter().map(Vec::len).max().unwrap_or(0);
+        let mut inconsistent = false;
+        let mut primary_won = false;
+        let mut fixes: Vec<(u32, Option<u32>, Vec<usize>)> = Vec::new();
+        for b in 0..blocks {
+            let copies: Vec<BlockSum> = sums
+                .iter()
+                .map(|s| s.get(b).copied().unwrap_or_default())
+                .collect();
+            let v = vote(&copies);
+            if v.wrong.is_empty() {
+                continue;
+            }
+            inconsistent = true;
+            primary_won |= v.primary_won;
+            let Some(winner) = v.winner else {
+                tracing::error!(%object, block = b, "scrub: no copy of this block verifies");
+                return Err(status::EIO);
+            };
+            fixes.push((b as u32, Some(winner), v.wrong));
+        }
+        if primary_won {
+            tracing::warn!(%object, "scrub: copies disagree with no majority; the primary's copy wins");
+        }
+        if dry_run || fixes.is_empty() {
+            return Ok((inconsistent, false, primary_won));
+        }
+        for (block, winner, wrong) in fixes {
+            let winner = winner.unwrap_or(0);
+            let data = if winner == 0 {
+                None
+            } else {
+                // A source: a copy holding the winner that verifies.
+                let src = (0..members.len())
+                    .find(|i| {
+                        sums[*i]
+                            .get(block as usize)
+                            .is_some_and(|c| !c.bad && c.sum == winner)
+                    })
+                    .ok_or(status::EIO)?;
+                Some(
+                    self.read_block(view, pg, object, members[src], block)
+                        .await?,
+                )
+            };
+            for i in wrong {
+                self.write_block(view, pg, object, members[i], block, data.clone())
+                    .await?;
+                crate::metrics::recovery_bytes(u64::from(BLOCK));
+            }
+        }
+        Ok((inconsistent, true, primary_won))
+    }
+
+    /// Scrubs placement group `pg`, of which this shard must be the primary.
+    pub(crate) async fn scrub_pg(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        dry_run: bool,
+    ) -> Result<ScrubCounts, i32> {
+        let members = view.table.pg(pg).acting.clone();
+        if members.first() != Some(&self.osd) {
+            return Err(status::ESTALE);
+        }
+        let mut objects = BTreeSet::new();
+        for &m in &members {
+            objects.extend(self.list_objects(view, pg, m).await?);
+        }
+        let mut counts = ScrubCounts::default();
+        let mut volumes: BTreeSet<VolumeId> = BTreeSet::new();
+        for object in objects {
+            counts.objects_checked += 1;
+            match self.scrub_object(view, pg, object, &members, dry_run).await {
+                Ok((inconsistent, repaired, primary_won)) => {
+                    counts.inconsistent += u64::from(inconsistent);
+                    counts.repaired += u64::from(repaired);
+                    counts.primary_won += u64::from(primary_won);
+                    if repaired {
+                        volumes.insert(object.volume);
+                    }
+                }
+                Err(st) => {
+                    tracing::warn!(%object, st, "scrub could not check or repair an object");
+                    counts.errors += 1;
+                }
+            }
+        }
+        // Repairs are made stable on every copy.
+        for volume in volumes {
+            if let Err(e) = self.store.flush(Some(volume)).await {
+                tracing::error!(%volume, "flush after scrub repair failed: {e}");
+            }
+            for &m in members.iter().skip(1) {
+                let msg = Message::Flush {
+                    id: RequestId(0),
+                    epoch: view.map.epoch,
+                    flags: flags::REPLICA,
+                    volume,
+                };
+                if let Err(st) = self.ask(view, m, pg, msg).await {
+                    tracing::warn!(%m, st, "flush after scrub repair failed");
+                }
+            }
+        }
+        if !dry_run {
+            crate::metrics::scrub_result(counts.inconsistent, counts.repaired);
+            let shared = &self.recovery_shared;
+            shared
+                .scrub_errors
+                .fetch_add(counts.inconsistent, Ordering::Relaxed);
+            shared
+                .scrub_repaired
+                .fetch_add(counts.repaired, Ordering::Relaxed);
+        }
+        self.recovery
+            .last_scrub
+            .borrow_mut()
+            .insert(pg, Instant::now());
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.recovery_shared
+            .last_scrub_unix
+            .store(unix, Ordering::Relaxed);
+        tracing::info!(%pg, dry_run, ?counts, "scrubbed");
+        Ok(counts)
+    }
+
+    /// Scrubs, one at a time, the groups this shard is the primary of whose last
+    /// scrub is older than `scrub_interval_s` (none when it is 0).
+    pub(crate) async fn background_scrub(self: &Rc<Self>, view: &Rc<MapView>) {
+        if self.scrub_interval.is_zero() {
+            return;
+        }
+        let started = *self.recovery.started.get_or_init(Instant::now);
+        let due = view
+            .table
+            .iter()
+            .filter(|(_, m)| m.primary() == Some(self.osd) && m.active)
+            .map(|(pg, _)| pg)
+            .filter(|pg| {
+                view.map
+                    .osds
+                    .get(&self.osd)
+                    .is_some_and(|me| me.shard_of(*pg) == self.id)
+            })
+            .find(|pg| {
+                let last = self.recovery.last_scrub.borrow().get(pg).copied();
+                // Groups never scrubbed wait one interval from the start.
+                last.unwrap_or(started).elapsed() >= self.scrub_interval
+            });
+        if let Some(pg) = due
+            && let Err(st) = self.scrub_pg(view, pg, false).await
+        {
+            tracing::warn!(%pg, st, "background scrub failed");
+            self.recovery.last_scrub.borrow_mut().insert(
+                pg,
+                Instant::now() - self.scrub_interval
+                    + Duration::from_secs(60).min(self.scrub_interval),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(sum: u32) -> BlockSum {
+        BlockSum { sum, bad: false }
+    }
+
+    #[test]
+    fn the_majority_wins_and_the_minority_is_rewritten() {
+        let v = vote(&[b(1), b(2), b(1)]);
+        assert_eq!(v.winner, Some(1));
+        assert_eq!(v.wrong, vec![1]);
+        assert!(!v.primary_won);
+        // The primary in the minority loses too.
+        let v = vote(&[b(2), b(1), b(1)]);
+        assert_eq!((v.winner, v.wrong), (Some(1), vec![0]));
+    }
+
+    #[test]
+    fn a_bad_block_does_not_vote_and_is_rewritten() {
+        let bad = BlockSum { sum: 1, bad: true };
+        let v = vote(&[b(1), bad, b(1)]);
+        assert_eq!((v.winner, v.wrong), (Some(1), vec![1]));
+        // Two copies, one bad: the good one wins without a "majority" question.
+        let v = vote(&[bad, b(1)]);
+        assert_eq!((v.winner, v.wrong.clone()), (Some(1), vec![0]));
+    }
+
+    #[test]
+    fn two_copies_disagreeing_the_primary_wins_and_says_so() {
+        let v = vote(&[b(3), b(4)]);
+        assert_eq!(v.winner, Some(3));
+        assert!(v.primary_won);
+        assert_eq!(v.wrong, vec![1]);
+        let v = vote(&[b(3), b(3)]);
+        assert!(v.wrong.is_empty() && !v.primary_won);
+    }
+
+    #[test]
+    fn no_copy_verifies_means_no_winner() {
+        let bad = BlockSum { sum: 1, bad: true };
+        assert_eq!(vote(&[bad, bad]).winner, None);
+    }
+}
