@@ -57,7 +57,7 @@ echo "chaos: ${seconds} s, seed ${seed}"
 cargo build "${profile[@]}" --workspace --bins
 export FLAME_CHAOS_SECONDS=$seconds FLAME_CHAOS_SEED=$seed
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
-if ! cargo test "${profile[@]}" -p flame-tests --test chaos -- --nocapture; then
+if ! cargo test "${profile[@]}" -p flame-tests --test chaos -- --include-ignored --nocapture; then
     echo "CHAOS FAILED: seed ${seed} (replay: scripts/chaos.sh --seconds ${seconds} --seed ${seed})" >&2
     exit 1
 fi
