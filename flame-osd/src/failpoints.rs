@@ -9,7 +9,7 @@
 //! data write, zeroing and discard included), `store_sync` (an `fdatasync` of an
 //! object or a directory `fsync`), `store_meta_write` (an object's header and
 //! checksums, written at FLUSH), `journal_write` (an intent-journal write),
-//! `peer_send` (a request the primary forwards, before it is sent), and
+//! `peer_send` (a write the primary forwards or recovery copies, before it is sent), and
 //! `disk_usage`, whose `return(F)` makes the heartbeat report the fraction `F`
 //! (0..=1) of the file system used ([`forced_usage`]: tests of nearfull/full).
 //!

@@ -126,7 +126,15 @@ impl Peers {
             msg.set_id(RequestId(id));
             let (tx, rx) = oneshot::channel();
             peer.pending.borrow_mut().insert(id, tx);
-            if let Err(e) = crate::failpoints::check("peer_send") {
+            // Only writes (a primary's forwards and recovery's copies): the
+            // listing and checksum traffic of recovery and scrub, which a primary
+            // also starts at boot, would otherwise use up a counted failpoint
+            // before the write a test aims it at.
+            let is_write = matches!(
+                msg,
+                Message::Write { .. } | Message::WriteZeroes { .. } | Message::Discard { .. }
+            );
+            if is_write && let Err(e) = crate::failpoints::check("peer_send") {
                 // As a failed send on a real socket: the connection is gone, and
                 // every request waiting on it fails (the primary answers EAGAIN and
                 // the client resends).

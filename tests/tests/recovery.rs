@@ -193,16 +193,25 @@ fn a_restarted_osd_catches_up_from_the_log_and_copies_end_identical() {
     );
     let (ok, text) = pg_compare_ok(&cluster, "logrec");
     assert!(ok, "pg compare: {text}");
-    // Each OSD serves its groups' log bounds.
-    let (code, body) = http_get(cluster.osd_metrics_addr(0), "/v1/pgs").unwrap();
-    assert_eq!(code, 200, "{body}");
-    let pgs: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // Each OSD serves its groups' log bounds, and some primary of a written group
+    // has log entries (which OSD that is depends on placement).
+    let mut bodies = Vec::new();
+    for i in 0..cluster.osd_count() {
+        let (code, body) = http_get(cluster.osd_metrics_addr(i), "/v1/pgs").unwrap();
+        assert_eq!(code, 200, "{body}");
+        bodies.push(body);
+    }
+    let logged = bodies.iter().any(|body| {
+        let pgs: serde_json::Value = serde_json::from_str(body).unwrap();
+        pgs.as_array()
+            .expect("a list of groups")
+            .iter()
+            .any(|p| p["role"] == "primary" && p["log_last_seq"].as_u64() > Some(0))
+    });
+    assert!(logged, "no primary group with a log: {bodies:?}");
+    let body = &bodies[0];
+    let pgs: serde_json::Value = serde_json::from_str(body).unwrap();
     let pgs = pgs.as_array().expect("a list of groups");
-    assert!(
-        pgs.iter()
-            .any(|p| p["role"] == "primary" && p["log_last_seq"].as_u64() > Some(0)),
-        "no primary group with a log: {body}"
-    );
     let one = pgs[0]["pg"].as_u64().unwrap();
     let (code, body) = http_get(cluster.osd_metrics_addr(0), &format!("/v1/pgs/{one}")).unwrap();
     assert_eq!(code, 200, "{body}");
