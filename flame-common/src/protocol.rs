@@ -1317,13 +1317,14 @@ pub fn decode_object_list(b: &[u8]) -> Option<Vec<ObjectId>> {
     )
 }
 
-/// One block of an object as a copy holds it: the checksum of its data now, in
-/// the store's form (crc32c of the block XOR crc32c of a zero block, so 0 = all
-/// zeroes or a hole), and whether that data fails the copy's own stored checksum
+/// One block of an object as a copy holds it: a fingerprint of its data now (a
+/// non-linear 32-bit hash, 0 = all zeroes or a hole; not the stored crc32c, which
+/// is the same for every block that ends with its own crc32c), and whether that data fails the copy's own stored checksum
 /// (a corrupt block: its data must not be used, whatever its value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BlockSum {
-    /// Checksum of the block's data (0: all zeroes).
+    /// Fingerprint of the block's data (0: all zeroes), equal on two copies when
+    /// their data is.
     pub sum: u32,
     /// The data does not match the checksum the copy recorded when it was written.
     pub bad: bool,

@@ -35,6 +35,39 @@ pub fn block_sum(block: &[u8]) -> u32 {
     crc32c::crc32c(block) ^ *ZERO_BLOCK_CRC
 }
 
+/// The fingerprint copies of a block are compared by (recovery's backfill and
+/// peering, scrub's vote: `BlockSum::sum` on the wire), 0 iff the block is all
+/// zeroes.
+///
+/// Not the stored crc32c: a CRC is linear, so every block that ends with the
+/// crc32c of the bytes before it (a format that checksums its own blocks — the
+/// test oracle's blocks, and many on-disk formats) has the same crc32c, the CRC
+/// residue, whatever its content. Two copies holding different such blocks would
+/// compare equal and recovery would leave the stale one in place. This is a
+/// non-linear hash (multiply-xorshift over 64-bit words, then a murmur3
+/// finaliser), so no data layout makes different blocks agree short of a genuine
+/// 32-bit collision. Every OSD must compute the same function: an OSD running an
+/// older build compares as different everywhere (more copying, never less).
+pub fn compare_sum(block: &[u8]) -> u32 {
+    debug_assert_eq!(block.len(), BLOCK);
+    if block.iter().all(|&b| b == 0) {
+        return 0;
+    }
+    let mut h: u64 = 0x243F_6A88_85A3_08D3;
+    for w in block.chunks_exact(8) {
+        let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ w).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^= h >> 33;
+    // 0 is reserved for all-zero blocks.
+    ((h ^ (h >> 32)) as u32).max(1)
+}
+
 /// Decoded object header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -154,6 +187,8 @@ mod tests {
         assert_eq!(*ZERO_BLOCK_CRC, 0x98F9_4189, "{:#x}", *ZERO_BLOCK_CRC);
         assert_eq!(block_sum(&[0u8; BLOCK]), 0);
         assert_ne!(block_sum(&[1u8; BLOCK]), 0);
+        assert_eq!(compare_sum(&[0u8; BLOCK]), 0);
+        assert_ne!(compare_sum(&[1u8; BLOCK]), 0);
         let o = ObjectId {
             volume: VolumeId(3),
             index: 9,
@@ -177,6 +212,27 @@ mod tests {
         assert_eq!(DATA_OFFSET % BLOCK as u64, 0);
         // docs/on-disk-format.md and tests/src/lib.rs (OBJECT_DATA_OFFSET) say so.
         assert_eq!(DATA_OFFSET, 69_632);
+    }
+
+    /// A block ending with the crc32c of its other bytes, `fill` elsewhere.
+    fn self_checksummed(fill: u8) -> Vec<u8> {
+        let mut b = vec![fill; BLOCK];
+        let crc = crc32c::crc32c(&b[..BLOCK - 4]);
+        b[BLOCK - 4..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn blocks_carrying_their_own_crc_compare_different() {
+        let (a, b) = (self_checksummed(1), self_checksummed(2));
+        assert_ne!(a, b);
+        // The CRC residue: the stored checksum cannot tell them apart...
+        assert_eq!(block_sum(&a), block_sum(&b));
+        // ...the comparison fingerprint must.
+        assert_ne!(compare_sum(&a), compare_sum(&b));
+        let mut c = a.clone();
+        c[100] ^= 1;
+        assert_ne!(compare_sum(&a), compare_sum(&c));
     }
 }
 

@@ -30,8 +30,8 @@ impl ObjectStore {
             .collect())
     }
 
-    /// Every block of an object as its data is on disk now: the checksum of the
-    /// data (store form: 0 = all zeroes) and whether it fails the checksum the store
+    /// Every block of an object as its data is on disk now: the fingerprint of the
+    /// data ([`meta::compare_sum`]: 0 = all zeroes) and whether it fails the checksum the store
     /// recorded for it. Reads the whole object. An absent object has no blocks;
     /// trailing all-zero good blocks are left out, so an object that reads as zeroes
     /// everywhere compares equal to an absent one.
@@ -60,9 +60,15 @@ impl ObjectStore {
                 .read(DATA_OFFSET + (b * BLOCK) as u64, n * BLOCK)
                 .await?;
             for (i, block) in data.chunks(BLOCK).enumerate() {
-                let sum = meta::block_sum(block);
-                let bad = self.checksums && (state.meta_bad.get() || sum != state.sum(b + i));
-                out.push(BlockSum { sum, bad });
+                // Verified against the stored crc32c; compared by a non-linear
+                // fingerprint (see `meta::compare_sum`: the crc32c of a block that
+                // ends with its own crc32c is the same for every such block).
+                let bad = self.checksums
+                    && (state.meta_bad.get() || meta::block_sum(block) != state.sum(b + i));
+                out.push(BlockSum {
+                    sum: meta::compare_sum(block),
+                    bad,
+                });
             }
             b += n;
             // A 64 MiB object is 64 reads: let the shard's other tasks run between.
