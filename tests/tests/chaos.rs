@@ -56,7 +56,6 @@ enum Failure {
 }
 
 #[test]
-#[ignore = "KNOWN BUG (issue 6 left open): after an OSD returns and is recovered, reads can miss writes acknowledged during its outage (stale blocks seen by this test; see docs/failover.md, Known bug). Run with --ignored."]
 fn chaos() {
     let seconds = env_u64("FLAME_CHAOS_SECONDS").unwrap_or(60);
     assert!(

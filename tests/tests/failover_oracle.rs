@@ -99,7 +99,6 @@ fn settle_and_compare(cluster: &TestCluster, volume: &str, state: &OracleState) 
 /// beyond grace + 3 s, every block checks; restarted, it catches up and the three
 /// copies end identical.
 #[test]
-#[ignore = "KNOWN BUG (issue 6 left open): after an OSD returns and is recovered, reads can miss writes acknowledged during its outage (stale blocks seen by this test; see docs/failover.md, Known bug). Run with --ignored."]
 fn kill9_one_of_three_osds_under_load() {
     let mut cluster = TestCluster::start_with(ClusterOptions::failover(3));
     let size = 32 * MIB;
@@ -186,7 +185,6 @@ fn osd_out_recovers_three_copies_on_the_rest() {
 /// Two of three copies down: I/O to those groups waits (no error, no stale data);
 /// with one back it completes and verifies.
 #[test]
-#[ignore = "KNOWN BUG (issue 6 left open): after an OSD returns and is recovered, reads can miss writes acknowledged during its outage (stale blocks seen by this test; see docs/failover.md, Known bug). Run with --ignored."]
 fn two_of_three_down_waits_then_resumes() {
     let mut cluster = TestCluster::start_with(ClusterOptions::failover(3));
     let size = 16 * MIB;
@@ -335,7 +333,6 @@ fn fourth_osd_rebalances_a_filled_cluster() {
 /// may pause once the OSDs' leases run out), and after its restart the workload
 /// carries on and an OSD failure is handled again.
 #[test]
-#[ignore = "KNOWN BUG (issue 6 left open): after an OSD returns and is recovered, reads can miss writes acknowledged during its outage (stale blocks seen by this test; see docs/failover.md, Known bug). Run with --ignored."]
 fn manager_kill9_under_load() {
     let mut cluster = TestCluster::start_with(ClusterOptions::failover(3));
     let size = 16 * MIB;
