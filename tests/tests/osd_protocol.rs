@@ -85,9 +85,11 @@ async fn call(conn: &Conn, msg: Message) -> Message {
 /// Like `call`, but retries while the OSD answers ESTALE (or, with `also_eagain`,
 /// EAGAIN), as a client does: an OSD fetches a newer map as soon as it sees a
 /// request carrying one, but the first request may find it (or a replica, which the
-/// primary reports as EAGAIN) a heartbeat behind.
+/// primary reports as EAGAIN) a heartbeat behind. After an OSD returns, recovery
+/// reports move the map every few milliseconds and a replica refuses forwards from
+/// an older epoch, so on a loaded two-core machine this can take seconds: 30 s.
 async fn call_retry(conn: &Conn, msg: Message, also_eagain: bool) -> Message {
-    for _ in 0..100 {
+    for _ in 0..600 {
         let reply = call(conn, msg.clone()).await;
         let st = status_of(&reply);
         if st != status::ESTALE && !(also_eagain && st == status::EAGAIN) {
@@ -95,7 +97,7 @@ async fn call_retry(conn: &Conn, msg: Message, also_eagain: bool) -> Message {
         }
         flame_common::reactor::sleep(Duration::from_millis(50)).await;
     }
-    panic!("OSD kept asking for a retry for 5 s");
+    panic!("OSD kept asking for a retry for 30 s");
 }
 
 fn status_of(m: &Message) -> i32 {
