@@ -24,6 +24,25 @@ use std::rc::Rc;
 const REPAIR_BLOCKS_MAX: usize = 64;
 
 impl Shard {
+    /// Asks one replica for `target`'s bytes from its own copy (a REPLICA-flagged
+    /// read: the replica verifies its checksums and answers EIO for a bad block).
+    async fn read_replica(
+        &self,
+        osd: &flame_common::map::OsdInfo,
+        target: IoTarget,
+        epoch: flame_common::ids::Epoch,
+    ) -> Result<Message, i32> {
+        let shard = osd.shard_of(target.pg);
+        let read = Message::Read {
+            id: RequestId(0),
+            epoch,
+            target,
+            flags: flags::REPLICA,
+            remote: None,
+        };
+        self.peers.call_reply(osd, shard, epoch, read).await
+    }
+
     /// Reads `target` on the primary, repairing bad blocks from the replicas.
     /// Returns the status and the data.
     pub(crate) async fn read_repairing(
@@ -132,18 +151,7 @@ impl Shard {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
             };
-            let read = Message::Read {
-                id: RequestId(0),
-                epoch,
-                target: span.clone(),
-                flags: flags::REPLICA,
-                remote: None,
-            };
-            match self
-                .peers
-                .call_reply(osd, osd.shard_of(target.pg), epoch, read)
-                .await
-            {
+            match self.read_replica(osd, span.clone(), epoch).await {
                 Ok(Message::Reply {
                     status: status::OK,
                     data,
@@ -211,18 +219,7 @@ impl Shard {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
             };
-            let read = Message::Read {
-                id: RequestId(0),
-                epoch,
-                target: block_target.clone(),
-                flags: flags::REPLICA,
-                remote: None,
-            };
-            match self
-                .peers
-                .call_reply(osd, osd.shard_of(target.pg), epoch, read)
-                .await
-            {
+            match self.read_replica(osd, block_target.clone(), epoch).await {
                 Ok(Message::Reply {
                     status: status::OK,
                     data,
