@@ -178,15 +178,7 @@ impl MgrClient {
     /// gone from the map nothing knows its id any more.
     pub fn remove_volume(&self, name: &str) -> Result<VolumeInfo, ClientError> {
         check_name(name)?;
-        let url = self.url(&format!("/v1/volumes/{name}"));
-        let resp = self
-            .agent
-            .delete(&url)
-            .config()
-            .timeout_global(Some(CALL_TIMEOUT))
-            .build()
-            .call();
-        self.finish(&url, resp)
+        self.delete(&format!("/v1/volumes/{name}"))
     }
 
     /// Takes an OSD out of placement (`out == true`) or puts it back in. Its
@@ -207,7 +199,12 @@ impl MgrClient {
     /// Removes a down OSD from the cluster. The reply lists the placement groups
     /// whose last complete copy it held (their data is lost).
     pub fn osd_rm(&self, id: OsdId) -> Result<OsdOpReply, ClientError> {
-        let url = self.url(&format!("/v1/osds/{}", id.0));
+        self.delete(&format!("/v1/osds/{}", id.0))
+    }
+
+    /// `DELETE path`, with the call timeout, decoding the JSON reply.
+    fn delete<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
+        let url = self.url(path);
         let resp = self
             .agent
             .delete(&url)
