@@ -568,3 +568,4 @@ macro_rules! conformance {
 }
 
 conformance!(tcp, TransportKind::Tcp);
+conformance!(shm, TransportKind::Shm);

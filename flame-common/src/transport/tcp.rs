@@ -108,6 +108,12 @@ impl GrantOwner for GrantTable {
 }
 
 impl TcpConn {
+    /// Wraps an accepted or connected stream (blocking mode; every operation goes
+    /// through the ring).
+    pub fn from_stream(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
+        TcpConn::new(stream)
+    }
+
     fn new(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
         stream.set_nodelay(true)?;
         // A peer that reset right after connecting has no address any more; that is
