@@ -86,6 +86,23 @@ pub struct ClusterOptions {
     /// rules between two addresses cut exactly one link (the partition tests).
     /// Otherwise everything is on 127.0.0.1.
     pub per_daemon_addrs: bool,
+    /// The `transport` of every OSD and of flame-nbd (`tcp` or `shm`). Default: the
+    /// environment's `FLAME_TEST_TRANSPORT`, else `tcp`, so the whole suite can be
+    /// run over shared memory (`FLAME_TEST_TRANSPORT=shm cargo test -p
+    /// flame-tests`). Tests that cut links with iptables need `tcp`: shared memory
+    /// does not cross the firewall.
+    pub transport: String,
+}
+
+/// The transport the test clusters use unless a test says otherwise
+/// (`FLAME_TEST_TRANSPORT`: `tcp` or `shm`; default `tcp`).
+pub fn test_transport() -> String {
+    match std::env::var("FLAME_TEST_TRANSPORT") {
+        Ok(t) if t == "tcp" || t == "shm" => t,
+        Ok(t) if t.is_empty() => "tcp".to_string(),
+        Ok(t) => panic!("FLAME_TEST_TRANSPORT={t}: expected tcp or shm"),
+        Err(_) => "tcp".to_string(),
+    }
 }
 
 impl Default for ClusterOptions {
@@ -102,6 +119,7 @@ impl Default for ClusterOptions {
             down_out_interval_ms: None,
             mgr_extra_yaml: String::new(),
             per_daemon_addrs: true,
+            transport: test_transport(),
         }
     }
 }
@@ -407,7 +425,9 @@ impl TestCluster {
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
                  poll_mode: interrupt\n\
-                 {bind}"
+                 transport: {transport}\n\
+                 {bind}",
+                transport = opts.transport,
             );
             nbd = Some(Daemon::new(
                 "nbd",
@@ -620,6 +640,11 @@ impl TestCluster {
     /// Whether OSD process `i` is running.
     pub fn osd_running(&mut self, i: usize) -> bool {
         self.osds[i].is_running()
+    }
+
+    /// Pid of flame-nbd, if it runs.
+    pub fn nbd_pid(&self) -> Option<u32> {
+        self.nbd.as_ref().and_then(Daemon::pid)
     }
 
     /// Pid of OSD process `i`, if started.
@@ -1127,12 +1152,14 @@ fn osd_daemon(
          host: \"test-host-{i}\"\n\
          shards: {}\n\
          poll_mode: interrupt\n\
+         transport: {}\n\
          heartbeat_interval_ms: {}\n\
          {}{}\n",
         addrs.data,
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
         opts.shards,
+        opts.transport,
         opts.osd_heartbeat_interval_ms,
         lease_yaml(opts),
         opts.osd_extra_yaml,

@@ -272,6 +272,19 @@ pub struct BenchArgs {
     /// formatted volume but not data written only elsewhere.
     #[arg(long)]
     pub force_overwrite: bool,
+    /// Transport to the OSDs: `tcp`, or `shm` (shared memory to OSDs on this host
+    /// that listen with `transport: shm`; tcp to the others).
+    #[arg(long, value_parser = transport_arg, default_value = "tcp")]
+    pub transport: flame_common::transport::TransportKind,
+}
+
+fn transport_arg(s: &str) -> std::result::Result<flame_common::transport::TransportKind, String> {
+    use flame_common::transport::TransportKind;
+    match s {
+        "tcp" => Ok(TransportKind::Tcp),
+        "shm" => Ok(TransportKind::Shm),
+        _ => Err(format!("unknown transport `{s}`: expected tcp or shm")),
+    }
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -875,7 +888,10 @@ fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<S
 }
 
 fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
-    let cluster = Cluster::connect(admin_client_config(&cli.mgr))?;
+    let cluster = Cluster::connect(ClientConfig {
+        transport: b.transport,
+        ..admin_client_config(&cli.mgr)
+    })?;
     let cfg = BenchConfig {
         pattern: b.rw,
         block_bytes: b.bs,

@@ -338,6 +338,8 @@ pub struct ShmConn {
     /// The Unix socket closed: the peer is gone (messages already in the ring are
     /// still delivered).
     peer_gone: Cell<bool>,
+    /// Data doorbells this side rang (system calls a sleeping peer cost us).
+    doorbells: Cell<u64>,
 }
 
 /// Bound on bytes waiting for room in the peer's ring.
@@ -557,6 +559,7 @@ impl ShmConn {
             closed: Cell::new(false),
             closing: Cell::new(false),
             peer_gone: Cell::new(false),
+            doorbells: Cell::new(0),
         });
         reactor::spawn(watch_peer(Rc::downgrade(&conn))).detach();
         reactor::spawn(writer(conn.clone())).detach();
@@ -694,6 +697,7 @@ impl ShmConn {
         // in `wait_data`.
         fence(Ordering::SeqCst);
         if m.u32_at(CTL_DATA_WAIT).swap(0, Ordering::SeqCst) != 0 {
+            self.doorbells.set(self.doorbells.get() + 1);
             ring_doorbell(self.remote.data_efd.as_raw_fd());
         }
         Ok(true)
@@ -858,6 +862,12 @@ impl ShmConn {
     /// See [`super::Conn::is_closed`].
     pub fn is_closed(&self) -> bool {
         self.closed.get() || self.peer_gone.get()
+    }
+
+    /// Data doorbells this side rang so far: one per time the peer went to sleep
+    /// and was woken by a message, none while it was busy.
+    pub fn doorbells_rung(&self) -> u64 {
+        self.doorbells.get()
     }
 
     /// The TCP address the connection was made for (logs).
@@ -1184,5 +1194,60 @@ impl ShmListener {
             let u = reactor::poll_readable(self.unix.as_raw_fd());
             let _ = futures_lite::future::or(t, u).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{Epoch, RequestId};
+    use crate::reactor::{Reactor, ReactorConfig, spawn};
+
+    /// A receiver that is not asleep costs the sender no system call; one that is
+    /// asleep costs exactly one per wake-up, however many messages follow.
+    #[test]
+    fn doorbells_only_for_a_sleeping_receiver() {
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr();
+            let acc = spawn(async move { l.accept().await.unwrap() });
+            let c = ShmConn::connect(addr).await.unwrap().unwrap();
+            let super::super::Conn::Shm(s) = acc.await else {
+                panic!("accepted over tcp")
+            };
+            let ping = |i| Message::Ping {
+                id: RequestId(i),
+                epoch: Epoch(1),
+            };
+            // Nobody receives on `s` yet: no doorbell for 100 messages.
+            for i in 0..100 {
+                c.send(&ping(i)).unwrap();
+            }
+            assert_eq!(c.doorbells_rung(), 0);
+            for i in 0..100 {
+                assert_eq!(s.recv().await.unwrap().id(), RequestId(i));
+            }
+            // Now `s` sleeps in recv: the next message rings once, the ones sent
+            // before it wakes up ring nothing more.
+            let rx = {
+                let s = s.clone();
+                spawn(async move {
+                    let mut n = 0;
+                    for _ in 0..50 {
+                        s.recv().await.unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            };
+            crate::reactor::sleep(Duration::from_millis(20)).await;
+            for i in 0..50 {
+                c.send(&ping(i)).unwrap();
+            }
+            assert_eq!(c.doorbells_rung(), 1);
+            assert_eq!(rx.await, 50);
+        })
+        .unwrap();
     }
 }
