@@ -500,6 +500,49 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
     })
 }
 
+/// Connects to the abstract Unix socket `name` without blocking: `None` when it
+/// does not exist, refuses, or its backlog is full (a stopped listener must not
+/// stall the caller's reactor thread; the caller then uses TCP, with its timeout).
+fn connect_abstract(name: &str) -> Option<UnixStream> {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = name.as_bytes();
+    if bytes.len() + 1 > sa.sun_path.len() {
+        return None;
+    }
+    // sun_path[0] = 0 marks an abstract name.
+    for (i, &b) in bytes.iter().enumerate() {
+        sa.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sa is a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    Some(UnixStream::from(owned))
+}
+
 /// The user id of the process at the other end of a Unix socket.
 fn peer_uid(sock: &UnixStream) -> io::Result<u32> {
     // SAFETY: ucred is plain data.
@@ -571,14 +614,9 @@ impl ShmConn {
     /// daemon): the caller falls back to TCP.
     pub async fn connect(addr: SocketAddr) -> Result<Option<Rc<ShmConn>>, TransportError> {
         let mut sock = None;
-        for name in [
-            socket_name(addr),
-            socket_name(SocketAddr::new([0, 0, 0, 0].into(), addr.port())),
-        ] {
-            let Ok(a) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()) else {
-                continue;
-            };
-            if let Ok(s) = UnixStream::connect_addr(&a) {
+        let any = SocketAddr::new([0, 0, 0, 0].into(), addr.port());
+        for name in [socket_name(addr), socket_name(any)] {
+            if let Some(s) = connect_abstract(&name) {
                 sock = Some(s);
                 break;
             }
