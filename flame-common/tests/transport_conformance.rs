@@ -359,6 +359,24 @@ pub fn unknown_key_refused(kind: TransportKind) {
         },
         true,
     );
+    // Differing only in the high bits (a table indexed by the low bits must still
+    // compare the whole key).
+    refused(
+        kind,
+        |r| RemoteBuf {
+            key: r.key ^ 0x8000_0000,
+            ..r
+        },
+        false,
+    );
+    refused(
+        kind,
+        |r| RemoteBuf {
+            key: r.key ^ 0x0100_0000,
+            ..r
+        },
+        true,
+    );
 }
 
 pub fn out_of_bounds_refused(kind: TransportKind) {
