@@ -8,7 +8,8 @@ replication uses the cluster's transport), in temp directories on their own port
 `flame-admin --json bench <volume> --transport <t>` against each cluster in turn
 (the order alternates every round), then prints medians and the shm/tcp ratio.
 
-Usage (release binaries built: cargo build --release --bins):
+Usage (release binaries built: cargo build --release --bins; FLAME_PROFILE=debug
+uses target/debug instead, as deploy/dev-cluster.sh does):
     bench/transport.py --runtime 5 --repeat 3
 """
 import argparse
@@ -40,7 +41,8 @@ def dev(dirname, port_base, transport, *args):
 
 
 def bench(port_base, transport, rw, bs, qd, runtime):
-    admin = os.path.join(REPO, "target/release/flame-admin")
+    profile = os.environ.get("FLAME_PROFILE", "release")
+    admin = os.path.join(REPO, "target", profile, "flame-admin")
     out = subprocess.run(
         [admin, "--mgr", f"127.0.0.1:{port_base}", "--json", "bench", "demo",
          "--rw", rw, "--bs", bs, "--iodepth", str(qd), "--runtime", f"{runtime}s",

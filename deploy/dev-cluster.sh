@@ -23,9 +23,10 @@
 #   FLAME_DEV_TIMEOUT    seconds `up` waits for the OSDs (default 30)
 #   FLAME_DEV_PORT_BASE  same as --port-base
 #   FLAME_DEV_TRANSPORT  transport between flame-nbd and the OSDs and between OSDs:
-#                        shm (default; shared memory, all daemons are on one host)
-#                        or tcp. Written into the configs when the cluster
-#                        directory is created.
+#                        tcp (default) or shm (shared memory: all daemons are on
+#                        one host; not the default until a benchmark on a quiet
+#                        machine shows it wins, see docs/benchmarks.md). Written
+#                        into the configs when the cluster directory is created.
 #   RUST_LOG             daemon log filter (default info)
 #
 # `up` after `down` restarts the same cluster with its data: configs and data
@@ -41,7 +42,7 @@ TIMEOUT_S="${FLAME_DEV_TIMEOUT:-30}"
 BUILD=1
 STARTED_ANY=0 # whether `up` started a daemon (for the hint on failure)
 PORT_BASE="${FLAME_DEV_PORT_BASE:-}"
-TRANSPORT="${FLAME_DEV_TRANSPORT:-shm}"
+TRANSPORT="${FLAME_DEV_TRANSPORT:-tcp}"
 PORT_BASE_MIN=1024
 PORT_BASE_MAX=65000 # N+39 must be a port
 
@@ -249,7 +250,7 @@ data_dir: ./osd.$n
 host: dev-host-$n                   # each OSD plays its own host (failure domain)
 shards: $SHARDS
 poll_mode: interrupt
-transport: $TRANSPORT               # shm: shared memory between daemons on this host
+transport: $TRANSPORT               # FLAME_DEV_TRANSPORT: tcp or shm (same-host shared memory)
 direct_io: auto"
     done
     write_config nbd "$header
