@@ -374,6 +374,7 @@ async fn piece_try(
             target: io,
             flags: fua_flag(*fua),
             seq: PgSeq(0),
+            op: flame_common::ids::OpId::NONE,
             remote: None,
             data: data.clone(),
         },
@@ -383,6 +384,7 @@ async fn piece_try(
             target: io,
             flags: fua_flag(*fua),
             seq: PgSeq(0),
+            op: flame_common::ids::OpId::NONE,
         },
         PieceOp::Discard => Message::Discard {
             id,
@@ -390,6 +392,7 @@ async fn piece_try(
             target: io,
             flags: 0,
             seq: PgSeq(0),
+            op: flame_common::ids::OpId::NONE,
         },
     };
     let result = exchange(&target, &mut msg).await;

@@ -266,6 +266,7 @@ impl Shard {
                 target: block_target.clone(),
                 flags: flags::REPLICA | flags::FUA,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: good.clone(),
             };

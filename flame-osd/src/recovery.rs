@@ -539,6 +539,7 @@ impl Shard {
                         target,
                         flags: flags::REPLICA,
                         seq: PgSeq(0),
+                        op: flame_common::ids::OpId::NONE,
                     }
                 } else {
                     sent += (hi - lo) as u64;
@@ -548,6 +549,7 @@ impl Shard {
                         target,
                         flags: flags::REPLICA,
                         seq: PgSeq(0),
+                        op: flame_common::ids::OpId::NONE,
                         remote: None,
                         data: data.slice(lo..hi),
                     }

@@ -171,6 +171,7 @@ mod tests {
             },
             flags: flags::FUA,
             seq: PgSeq(0),
+            op: flame_common::ids::OpId::NONE,
             remote: None,
             data: data.clone(),
         };

@@ -158,6 +158,7 @@ impl Shard {
                 target,
                 flags: flags::REPLICA,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: d,
             },
@@ -167,6 +168,7 @@ impl Shard {
                 target,
                 flags: flags::REPLICA,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
             },
         };
         self.ask(view, member, pg, msg).await.map(|_| ())

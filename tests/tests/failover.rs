@@ -383,6 +383,7 @@ fn old_map_answers(
                 target: target.clone(),
                 flags: 0,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: flame_common::buffer::PayloadBuf::copy_from(&vec![0xeeu8; 4096]),
             })
@@ -552,6 +553,7 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
                     },
                     flags: flags::REPLICA,
                     seq: PgSeq(0),
+                    op: flame_common::ids::OpId::NONE,
                     remote: None,
                     data: flame_common::buffer::PayloadBuf::copy_from(&[7u8; 4096]),
                 })
