@@ -220,6 +220,12 @@ pub mod status {
     /// HELLO refused: the peers have no protocol version in common. The reply's
     /// body names the replier's versions.
     pub const EPROTONOSUPPORT: i32 = -libc::EPROTONOSUPPORT;
+    /// A write refused because a newer operation of the same client session
+    /// ([`crate::ids::OpId`]) to overlapping bytes was already applied: applying
+    /// it now would put older bytes over newer ones (it is a write the client gave
+    /// up on, or one overtaken by a later one). Nothing was applied. A client that
+    /// still wants it re-issues it under a new op sequence number (`ECANCELED`).
+    pub const SUPERSEDED: i32 = -libc::ECANCELED;
 }
 
 /// Why bytes could not be decoded. Always ends the connection: after a bad header the
