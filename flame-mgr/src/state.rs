@@ -257,6 +257,9 @@ pub struct ClusterState {
     pub recovery: crate::pg_status::RecoveryTracker,
     /// `MgrConfig::nearfull_ratio` and `full_ratio`.
     pub full_ratios: FullRatios,
+    /// The roles of every placement group in the current map, to find the groups
+    /// whose interval a new epoch starts ([`ClusterMap::record_intervals`]).
+    pg_roles: Vec<flame_common::placement::PgRoles>,
 }
 
 /// The used fractions of an OSD's file system at which it is nearfull (a warning)
@@ -303,7 +306,16 @@ impl ClusterState {
                 )
             })
             .collect();
+        // The persisted map is the last one published: its roles are what the next
+        // epoch is compared with (none for a map without interval history, which
+        // then starts it).
+        let pg_roles = if persisted.map.pg_intervals_from.is_some() {
+            flame_common::placement::pg_roles(&persisted.map)
+        } else {
+            Vec::new()
+        };
         ClusterState {
+            pg_roles,
             persisted,
             runtime,
             failure_reports: BTreeMap::new(),
@@ -330,6 +342,9 @@ impl ClusterState {
         self.drop_down_copies_of_active_groups();
         let e = &mut self.persisted.map.epoch;
         *e = Epoch(e.0.saturating_add(1));
+        // Replicas fence forwarded writes by interval, not by epoch: record which
+        // groups' roles this epoch changes.
+        self.pg_roles = self.persisted.map.record_intervals(&self.pg_roles);
     }
 
     /// Invariant of every map: a complete copy that is down belongs to a group that

@@ -136,6 +136,11 @@ impl Shard {
     ) -> Result<(), i32> {
         let offset = block * BLOCK;
         if member == self.osd {
+            // Another copy's bytes replace this copy's: the log no longer proves
+            // which ops this copy holds there.
+            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(pg) {
+                log.forget_proof(object, offset, BLOCK);
+            }
             let r = match data {
                 Some(d) => self.store.write(pg, object, offset, d, false).await,
                 None => self.store.zero(pg, object, offset, BLOCK, false).await,
