@@ -96,7 +96,7 @@ impl Shard {
             OpCheck::Duplicate(applied_seq) => {
                 self.pg_logs.borrow_mut().get_mut(target.pg).abandon(seq);
                 return self
-                    .answer_retry(view, &members, &target, applied_seq, fua)
+                    .answer_retry(view, members, &target, applied_seq, fua)
                     .await;
             }
         }
