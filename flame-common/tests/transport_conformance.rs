@@ -55,6 +55,7 @@ fn write_msg(i: u64, data: PayloadBuf) -> Message {
         },
         flags: 0,
         seq: PgSeq(0),
+        op: flame_common::ids::OpId::NONE,
         remote: None,
         data,
     }
