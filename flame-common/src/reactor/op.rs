@@ -103,6 +103,16 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Waits until `fd` is readable (a one-shot io_uring poll; cancelled if the future
+/// is dropped). For descriptors whose readiness a library call consumes rather than
+/// a read into a buffer: an RDMA completion channel, drained by
+/// `ibv_get_cq_event`.
+pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
+    let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
+    let (res, ()) = Op::submit_cancellable(sqe, ()).await;
+    result(res).map(|_| ())
+}
+
 /// Connects a socket (created non-connected by the caller) to `addr`.
 pub async fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
     let (storage, len) = sockaddr_of(addr);

@@ -9,8 +9,10 @@
 //! owning thread's [`crate::reactor`]; a connection is never touched by another
 //! thread.
 //!
-//! Today there is one implementation, [`tcp`]. The OSD and the client only see
-//! [`Conn`] and [`Listener`]; adding a transport means adding a variant here.
+//! Implementations: [`tcp`], and `rdma` with the cargo feature of that name (an RDMA
+//! device is needed at run time; [`check_available`] says why not). The OSD and
+//! the client only see [`Conn`] and [`Listener`]; adding a transport means adding a
+//! variant here.
 
 #[cfg(feature = "rdma")]
 pub mod rdma;
@@ -29,7 +31,28 @@ pub enum TransportKind {
     /// TCP sockets through io_uring.
     #[default]
     Tcp,
+    /// RDMA reliable connections (cargo feature `rdma`; needs an RDMA device or
+    /// Soft-RoCE). Accepted in every build's configuration so that a build without
+    /// the feature can say so instead of rejecting the word.
+    Rdma,
 }
+
+/// Why `kind` cannot be used by this process, or `Ok` when it can: a daemon calls
+/// this before anything else so that `transport: rdma` without a device (or in a
+/// build without RDMA support) stops it with one clear message.
+pub fn check_available(kind: TransportKind) -> Result<(), String> {
+    match kind {
+        TransportKind::Tcp => Ok(()),
+        #[cfg(feature = "rdma")]
+        TransportKind::Rdma => rdma::device::device().map(|_| ()),
+        #[cfg(not(feature = "rdma"))]
+        TransportKind::Rdma => Err(NO_RDMA_BUILD.to_string()),
+    }
+}
+
+/// What a build without the `rdma` feature says when asked for RDMA.
+#[cfg(not(feature = "rdma"))]
+const NO_RDMA_BUILD: &str = "transport rdma: this build has no RDMA support (rebuild with                              `--features rdma`, e.g. `cargo build --release --features                              flame-common/rdma`)";
 
 /// Why a connection failed. Every variant ends the connection.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +72,9 @@ pub enum TransportError {
     /// The send queue is over its bound: the peer is not reading.
     #[error("send queue over {0} bytes: peer is not reading")]
     Backlog(usize),
+    /// The transport cannot be used here (no RDMA device, or a build without it).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A connection of any transport.
@@ -56,6 +82,9 @@ pub enum TransportError {
 pub enum Conn {
     /// TCP.
     Tcp(Rc<tcp::TcpConn>),
+    /// RDMA.
+    #[cfg(feature = "rdma")]
+    Rdma(Rc<rdma::RdmaConn>),
 }
 
 impl Conn {
@@ -65,6 +94,8 @@ impl Conn {
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send(msg),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send(msg),
         }
     }
 
@@ -73,6 +104,8 @@ impl Conn {
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_owned(msg),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send_owned(msg),
         }
     }
 
@@ -81,6 +114,8 @@ impl Conn {
     pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_raw(bytes),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send_raw(bytes),
         }
     }
 
@@ -88,6 +123,8 @@ impl Conn {
     pub async fn recv(&self) -> Result<Message, TransportError> {
         match self {
             Conn::Tcp(c) => c.recv().await,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.recv().await,
         }
     }
 
@@ -96,6 +133,8 @@ impl Conn {
     pub fn close(&self) {
         match self {
             Conn::Tcp(c) => c.close(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.close(),
         }
     }
 
@@ -104,6 +143,8 @@ impl Conn {
     pub fn close_after_send(&self) {
         match self {
             Conn::Tcp(c) => c.close_after_send(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.close_after_send(),
         }
     }
 
@@ -111,6 +152,8 @@ impl Conn {
     pub fn is_closed(&self) -> bool {
         match self {
             Conn::Tcp(c) => c.is_closed(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.is_closed(),
         }
     }
 
@@ -118,6 +161,8 @@ impl Conn {
     pub fn peer(&self) -> SocketAddr {
         match self {
             Conn::Tcp(c) => c.peer(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.peer(),
         }
     }
 
@@ -142,6 +187,15 @@ impl Conn {
             TransportKind::Tcp => Ok(Conn::Tcp(
                 tcp::TcpConn::connect_from(addr, source, timeout).await?,
             )),
+            #[cfg(feature = "rdma")]
+            TransportKind::Rdma => Ok(Conn::Rdma(
+                rdma::RdmaConn::connect_from(addr, source, timeout).await?,
+            )),
+            #[cfg(not(feature = "rdma"))]
+            TransportKind::Rdma => {
+                let _ = (addr, source, timeout);
+                Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string()))
+            }
         }
     }
 }
@@ -150,6 +204,9 @@ impl Conn {
 pub enum Listener {
     /// TCP.
     Tcp(tcp::TcpListener),
+    /// RDMA (a TCP listener for the bootstrap exchange).
+    #[cfg(feature = "rdma")]
+    Rdma(rdma::RdmaListener),
 }
 
 impl Listener {
@@ -159,6 +216,13 @@ impl Listener {
             TransportKind::Tcp => Ok(Listener::Tcp(bind_retrying(|| {
                 tcp::TcpListener::bind(addr)
             })?)),
+            #[cfg(feature = "rdma")]
+            TransportKind::Rdma => Ok(Listener::Rdma(rdma::RdmaListener::bind(addr)?)),
+            #[cfg(not(feature = "rdma"))]
+            TransportKind::Rdma => {
+                let _ = addr;
+                Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string()))
+            }
         }
     }
 
@@ -166,6 +230,8 @@ impl Listener {
     pub async fn accept(&self) -> Result<Conn, TransportError> {
         match self {
             Listener::Tcp(l) => Ok(Conn::Tcp(l.accept().await?)),
+            #[cfg(feature = "rdma")]
+            Listener::Rdma(l) => Ok(Conn::Rdma(l.accept().await?)),
         }
     }
 
@@ -173,6 +239,8 @@ impl Listener {
     pub fn local_addr(&self) -> SocketAddr {
         match self {
             Listener::Tcp(l) => l.local_addr(),
+            #[cfg(feature = "rdma")]
+            Listener::Rdma(l) => l.local_addr(),
         }
     }
 }
