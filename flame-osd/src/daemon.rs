@@ -110,6 +110,11 @@ pub fn run(config: Option<&Path>) -> Result<(), StartError> {
 /// Runs the OSD with an already loaded configuration (the binary loads it itself,
 /// so a bad config gets its own report and exit status 2).
 pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
+    // First, before anything is created: `transport: rdma` on a machine without an
+    // RDMA device (or in a build without RDMA) is a configuration the operator must
+    // fix, said in one line naming what is missing.
+    flame_common::transport::check_available(cfg.transport)
+        .map_err(|message| StartError { message, status: 2 })?;
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(&cfg.data_dir)

@@ -431,15 +431,34 @@ async fn drive(t: Weak<ThreadCq>) {
 
 /// Memory the NIC may touch for an in-flight one-sided operation. Field order:
 /// the registration goes before the memory.
+/// `None` registrations: the buffer is inside a registered pool region.
 enum OneSidedKeep {
     Read {
-        _mr: MemoryRegion<'static>,
+        _mr: Option<MemoryRegion<'static>>,
         buf: PayloadBufMut,
     },
     Write {
-        _mr: MemoryRegion<'static>,
+        _mr: Option<MemoryRegion<'static>>,
         _buf: PayloadBuf,
     },
+}
+
+/// The local key for `len` bytes at `addr`: a registered pool region's, or a
+/// registration made for this operation (returned, to be kept with the buffer).
+fn local_key(
+    dev: &'static Device,
+    addr: u64,
+    len: usize,
+    what: &str,
+) -> Result<(u32, Option<MemoryRegion<'static>>), TransportError> {
+    if let Some(lkey) = super::device::local_lkey(addr as *const u8, len) {
+        return Ok((lkey, None));
+    }
+    // SAFETY: callers keep the buffer alive (parked with the returned region)
+    // until the operation completes.
+    let mr = unsafe { dev.pd.reg_mr(addr as usize, len, AccessFlags::LocalWrite) }
+        .map_err(|e| err(format!("registering a {what}: {e}")))?;
+    Ok((mr.lkey(), Some(mr)))
 }
 
 /// A one-sided work request: READ (`read`) or WRITE of `len` bytes at local `addr`
@@ -1382,15 +1401,9 @@ impl RdmaConn {
             return Err(self.closed_error());
         }
         let s = data.as_slice();
-        // SAFETY: a clone of `data` is kept (parked) with the region until the
-        // WRITE completes.
-        let mr = unsafe {
-            self.dev
-                .pd
-                .reg_mr(s.as_ptr() as usize, s.len(), AccessFlags::LocalWrite)
-        }
-        .map_err(|e| err(format!("registering a WRITE source: {e}")))?;
-        let lkey = mr.lkey();
+        // A clone of `data` is kept (parked) with the registration until the WRITE
+        // completes.
+        let (lkey, mr) = local_key(self.dev, s.as_ptr() as u64, s.len(), "WRITE source")?;
         let keep = OneSidedKeep::Write {
             _mr: mr,
             _buf: data.clone(),

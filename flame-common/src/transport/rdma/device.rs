@@ -264,6 +264,87 @@ pub fn open(settings: &RdmaSettings) -> Result<Device, String> {
     })
 }
 
+/// A memory region registered once for local access (a registered pool region):
+/// one-sided operations on buffers inside it use its key instead of registering
+/// the buffer for the operation.
+#[derive(Clone, Copy, Debug)]
+struct LocalRegion {
+    base: usize,
+    len: usize,
+    lkey: u32,
+}
+
+/// Registered local regions, sorted by base. Readers (the data path) load a
+/// snapshot without locking; registrations (rare: once per pool region) are
+/// serialised by [`LOCAL_REGIONS_WRITE`].
+static LOCAL_REGIONS: OnceLock<arc_swap::ArcSwap<Vec<LocalRegion>>> = OnceLock::new();
+static LOCAL_REGIONS_WRITE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+fn local_regions() -> &'static arc_swap::ArcSwap<Vec<LocalRegion>> {
+    LOCAL_REGIONS.get_or_init(|| arc_swap::ArcSwap::from_pointee(Vec::new()))
+}
+
+/// Registers `len` bytes at `base` (a registered memory pool region, see
+/// `crate::buffer`) with the device for local access, once; returns its local
+/// key. The registration is never undone: pool regions live as long as the
+/// process.
+///
+/// # Safety
+/// `base..base + len` must be mapped memory that stays mapped for the life of the
+/// process.
+pub unsafe fn register_local_region(base: *const u8, len: usize) -> Result<u32, String> {
+    let dev = device()?;
+    let _w = LOCAL_REGIONS_WRITE.lock();
+    let current = local_regions().load_full();
+    if let Some(r) = current
+        .iter()
+        .find(|r| r.base == base as usize && r.len == len)
+    {
+        return Ok(r.lkey);
+    }
+    // SAFETY: the caller guarantees the memory stays mapped; the region is never
+    // deregistered (forgotten below), which is sound for such memory.
+    let mr = unsafe {
+        dev.pd.reg_mr(
+            base as usize,
+            len,
+            sideway::ibverbs::AccessFlags::LocalWrite,
+        )
+    }
+    .map_err(|e| {
+        format!(
+            "cannot register a {len}-byte pool region with {}: {e}",
+            dev.name
+        )
+    })?;
+    let lkey = mr.lkey();
+    std::mem::forget(mr);
+    let mut next: Vec<LocalRegion> = current.as_ref().clone();
+    next.push(LocalRegion {
+        base: base as usize,
+        len,
+        lkey,
+    });
+    next.sort_by_key(|r| r.base);
+    local_regions().store(std::sync::Arc::new(next));
+    Ok(lkey)
+}
+
+/// The local key of a registered region that wholly contains `len` bytes at
+/// `ptr`, if any.
+pub fn local_lkey(ptr: *const u8, len: usize) -> Option<u32> {
+    lookup(&local_regions().load(), ptr as usize, len)
+}
+
+/// The region of `regions` (sorted by base, not overlapping) that wholly contains
+/// `p..p + len`.
+fn lookup(regions: &[LocalRegion], p: usize, len: usize) -> Option<u32> {
+    let i = regions.partition_point(|r| r.base <= p);
+    let r = regions.get(i.checked_sub(1)?)?;
+    let end = p.checked_add(len)?;
+    (end <= r.base + r.len).then_some(r.lkey)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,6 +425,21 @@ mod tests {
             e.contains("no RDMA device found") || e.contains("libibverbs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rdma_local_region_lookup_needs_the_whole_buffer_inside_one_region() {
+        let r = |base, len, lkey| LocalRegion { base, len, lkey };
+        let regions = [r(4096, 8192, 1), r(65536, 4096, 2)];
+        assert_eq!(lookup(&regions, 4096, 8192), Some(1), "exactly the region");
+        assert_eq!(lookup(&regions, 8192, 4096), Some(1), "its tail");
+        assert_eq!(lookup(&regions, 8192, 4097), None, "one byte beyond");
+        assert_eq!(lookup(&regions, 0, 10), None, "before the first");
+        assert_eq!(lookup(&regions, 20_000, 10), None, "between regions");
+        assert_eq!(lookup(&regions, 65536 + 100, 100), Some(2));
+        assert_eq!(lookup(&regions, 12_000, 60_000), None, "spanning two");
+        assert_eq!(lookup(&regions, usize::MAX - 1, 10), None, "overflow");
+        assert_eq!(lookup(&[], 4096, 1), None);
     }
 
     #[test]
