@@ -49,6 +49,11 @@ fn check_refusal(bin: &str, out: &std::process::Output) {
         "{bin}: the refusal must name what is missing: want {want:?}, got {:?}",
         lines[0]
     );
+    assert!(
+        !lines[0].contains("  "),
+        "{bin}: the line is mangled (runs of spaces): {:?}",
+        lines[0]
+    );
 }
 
 #[test]

@@ -52,7 +52,8 @@ pub fn check_available(kind: TransportKind) -> Result<(), String> {
 
 /// What a build without the `rdma` feature says when asked for RDMA.
 #[cfg(not(feature = "rdma"))]
-const NO_RDMA_BUILD: &str = "transport rdma: this build has no RDMA support (rebuild with                              `--features rdma`, e.g. `cargo build --release --features                              flame-common/rdma`)";
+const NO_RDMA_BUILD: &str = "transport rdma: this build has no RDMA support (rebuild with \
+                             `--features flame-osd/rdma,flame-client/rdma`)";
 
 /// Why a connection failed. Every variant ends the connection.
 #[derive(Debug, thiserror::Error)]
