@@ -103,16 +103,6 @@ pub async fn accept(listener: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Waits until `fd` is readable (a one-shot io_uring poll; cancelled if the future
-/// is dropped). For descriptors whose readiness a library call consumes rather than
-/// a read into a buffer: an RDMA completion channel, drained by
-/// `ibv_get_cq_event`.
-pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
-    let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
-    let (res, ()) = Op::submit_cancellable(sqe, ()).await;
-    result(res).map(|_| ())
-}
-
 /// Connects a socket (created non-connected by the caller) to `addr`.
 pub async fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
     let (storage, len) = sockaddr_of(addr);
@@ -379,4 +369,16 @@ pub async fn file_size(fd: RawFd) -> io::Result<u64> {
     let (res, (_empty, buf)) = Op::submit(sqe, (empty, buf)).await;
     result(res)?;
     Ok(buf.stx_size)
+}
+
+/// Waits until `fd` is readable (or has hung up / failed: `POLLIN | POLLHUP |
+/// POLLERR`), returning the ready events. Cancelled when dropped, and it consumes
+/// nothing, so racing it against another wait loses no data: the shared-memory
+/// transport waits this way for a listener's connections, for descriptors passed
+/// with `SCM_RIGHTS` (which a plain `recv` would discard) and for a peer's Unix
+/// socket to close.
+pub async fn poll_readable(fd: RawFd) -> io::Result<u32> {
+    let sqe = opcode::PollAdd::new(types::Fd(fd), (libc::POLLIN | libc::POLLRDHUP) as u32).build();
+    let (res, ()) = Op::submit_cancellable(sqe, ()).await;
+    result(res).map(|e| e as u32)
 }

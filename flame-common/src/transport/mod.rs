@@ -9,15 +9,21 @@
 //! owning thread's [`crate::reactor`]; a connection is never touched by another
 //! thread.
 //!
-//! Implementations: [`tcp`], and `rdma` with the cargo feature of that name (an RDMA
-//! device is needed at run time; [`check_available`] says why not). The OSD and
-//! the client only see [`Conn`] and [`Listener`]; adding a transport means adding a
-//! variant here.
+//! Implementations: [`tcp`], [`shm`], and `rdma` with the cargo feature of that
+//! name (an RDMA device is needed at run time; [`check_available`] says why not).
+//! The OSD and the client only see [`Conn`] and [`Listener`]; adding a transport
+//! means adding a variant here.
 
+pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod shm;
 pub mod tcp;
 
+pub use crate::protocol::RemoteBuf;
+pub use grant::{Grant, Refusal, WriteGrant};
+
+use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{Message, ProtocolError};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -31,6 +37,9 @@ pub enum TransportKind {
     /// TCP sockets through io_uring.
     #[default]
     Tcp,
+    /// Shared memory with peers on the same host (memfd rings and regions, handshake
+    /// over a Unix socket); TCP for a peer that cannot be reached that way.
+    Shm,
     /// RDMA reliable connections (cargo feature `rdma`; needs an RDMA device or
     /// Soft-RoCE). Accepted in every build's configuration so that a build without
     /// the feature can say so instead of rejecting the word.
@@ -42,7 +51,7 @@ pub enum TransportKind {
 /// build without RDMA support) stops it with one clear message.
 pub fn check_available(kind: TransportKind) -> Result<(), String> {
     match kind {
-        TransportKind::Tcp => Ok(()),
+        TransportKind::Tcp | TransportKind::Shm => Ok(()),
         #[cfg(feature = "rdma")]
         TransportKind::Rdma => rdma::device::device().map(|_| ()),
         #[cfg(not(feature = "rdma"))]
@@ -54,6 +63,17 @@ pub fn check_available(kind: TransportKind) -> Result<(), String> {
 #[cfg(not(feature = "rdma"))]
 const NO_RDMA_BUILD: &str = "transport rdma: this build has no RDMA support (rebuild with \
                              `--features flame-osd/rdma,flame-client/rdma`)";
+
+impl TransportKind {
+    /// The configuration spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+            TransportKind::Rdma => "rdma",
+        }
+    }
+}
 
 /// Why a connection failed. Every variant ends the connection.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +93,14 @@ pub enum TransportError {
     /// The send queue is over its bound: the peer is not reading.
     #[error("send queue over {0} bytes: peer is not reading")]
     Backlog(usize),
+    /// A one-sided access was refused (by the grantor, or by this side's check of
+    /// the grantor's table); the connection is closed.
+    #[error("one-sided access refused: {0}")]
+    Refused(&'static str),
+    /// A grant could not be made (too large, or too many live); the connection
+    /// stays up.
+    #[error("grant refused: {0}")]
+    Grant(String),
     /// The transport cannot be used here (no RDMA device, or a build without it).
     #[error("{0}")]
     Unavailable(String),
@@ -83,6 +111,8 @@ pub enum TransportError {
 pub enum Conn {
     /// TCP.
     Tcp(Rc<tcp::TcpConn>),
+    /// Shared memory (same host).
+    Shm(Rc<shm::ShmConn>),
     /// RDMA.
     #[cfg(feature = "rdma")]
     Rdma(Rc<rdma::RdmaConn>),
@@ -95,6 +125,7 @@ impl Conn {
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send(msg),
+            Conn::Shm(c) => c.send(msg),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.send(msg),
         }
@@ -105,6 +136,7 @@ impl Conn {
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_owned(msg),
+            Conn::Shm(c) => c.send(&msg),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.send_owned(msg),
         }
@@ -115,6 +147,7 @@ impl Conn {
     pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_raw(bytes),
+            Conn::Shm(c) => c.send_raw(bytes),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.send_raw(bytes),
         }
@@ -124,6 +157,7 @@ impl Conn {
     pub async fn recv(&self) -> Result<Message, TransportError> {
         match self {
             Conn::Tcp(c) => c.recv().await,
+            Conn::Shm(c) => c.recv().await,
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.recv().await,
         }
@@ -134,6 +168,7 @@ impl Conn {
     pub fn close(&self) {
         match self {
             Conn::Tcp(c) => c.close(),
+            Conn::Shm(c) => c.close(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.close(),
         }
@@ -144,6 +179,7 @@ impl Conn {
     pub fn close_after_send(&self) {
         match self {
             Conn::Tcp(c) => c.close_after_send(),
+            Conn::Shm(c) => c.close_after_send(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.close_after_send(),
         }
@@ -153,6 +189,7 @@ impl Conn {
     pub fn is_closed(&self) -> bool {
         match self {
             Conn::Tcp(c) => c.is_closed(),
+            Conn::Shm(c) => c.is_closed(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.is_closed(),
         }
@@ -162,8 +199,86 @@ impl Conn {
     pub fn peer(&self) -> SocketAddr {
         match self {
             Conn::Tcp(c) => c.peer(),
+            Conn::Shm(c) => c.peer(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.peer(),
+        }
+    }
+
+    /// Whether one-sided READ/WRITE are done by the initiator without the peer's CPU
+    /// (shm, rdma), or emulated by the peer's connection thread (tcp: a request
+    /// frame and a reply, served while the peer's task receives on the connection).
+    pub fn one_sided_native(&self) -> bool {
+        match self {
+            Conn::Tcp(_) => false,
+            Conn::Shm(_) => true,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(_) => true,
+        }
+    }
+
+    /// The transport this connection actually uses (a `shm` connect falls back to
+    /// tcp when the peer is not reachable through shared memory).
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Conn::Tcp(_) => TransportKind::Tcp,
+            Conn::Shm(_) => TransportKind::Shm,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(_) => TransportKind::Rdma,
+        }
+    }
+
+    /// Lets the peer READ `buf` (1..=[`crate::protocol::PAYLOAD_BYTES_MAX`] bytes)
+    /// until the returned grant is dropped; send [`Grant::remote`] to it. A client
+    /// write in convert mode: the OSD pulls the payload.
+    pub fn grant_read(&self, buf: &PayloadBuf) -> Result<Grant, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.grant_read(buf),
+            Conn::Shm(c) => c.grant_read(buf),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.grant_read(buf),
+        }
+    }
+
+    /// Lets the peer WRITE into `buf` until [`WriteGrant::finish`] takes it back
+    /// with the bytes written. A client read in convert mode: the OSD pushes the
+    /// data.
+    pub fn grant_write(&self, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.grant_write(buf),
+            Conn::Shm(c) => c.grant_write(buf),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.grant_write(buf),
+        }
+    }
+
+    /// One-sided READ of `remote.len` bytes at `remote.addr` of a buffer the peer
+    /// granted (the whole grant, or a part of it under the same key) into fresh
+    /// local memory. A refusal closes the connection.
+    pub async fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.read_remote(remote).await,
+            Conn::Shm(c) => c.read_remote(remote),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.read_remote(remote).await,
+        }
+    }
+
+    /// One-sided WRITE of `data` at `offset` into the peer's granted buffer
+    /// `remote` (`offset + data.len() <= remote.len`). A refusal closes the
+    /// connection.
+    pub async fn write_remote(
+        &self,
+        remote: RemoteBuf,
+        offset: u32,
+        data: &PayloadBuf,
+    ) -> Result<(), TransportError> {
+        let addr = remote_range(remote, offset, data.len())?;
+        match self {
+            Conn::Tcp(c) => c.write_remote(remote.key, addr, data).await,
+            Conn::Shm(c) => c.write_remote(remote.key, addr, data),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.write_remote(remote.key, addr, data).await,
         }
     }
 
@@ -184,27 +299,48 @@ impl Conn {
         source: Option<std::net::IpAddr>,
         timeout: Duration,
     ) -> Result<Conn, TransportError> {
-        match kind {
-            TransportKind::Tcp => Ok(Conn::Tcp(
-                tcp::TcpConn::connect_from(addr, source, timeout).await?,
-            )),
+        if kind == TransportKind::Rdma {
             #[cfg(feature = "rdma")]
-            TransportKind::Rdma => Ok(Conn::Rdma(
+            return Ok(Conn::Rdma(
                 rdma::RdmaConn::connect_from(addr, source, timeout).await?,
-            )),
+            ));
             #[cfg(not(feature = "rdma"))]
-            TransportKind::Rdma => {
-                let _ = (addr, source, timeout);
-                Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string()))
-            }
+            return Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string()));
         }
+        if kind == TransportKind::Shm
+            && let Some(c) = shm::ShmConn::connect(addr).await?
+        {
+            return Ok(Conn::Shm(c));
+        }
+        // tcp, or shm to a peer not reachable through shared memory.
+        Ok(Conn::Tcp(
+            tcp::TcpConn::connect_from(addr, source, timeout).await?,
+        ))
     }
+}
+
+/// The peer address a WRITE of `len` bytes at `offset` of `remote` goes to, after
+/// checking it stays inside `remote` (a caller bug, reported without closing).
+fn remote_range(remote: RemoteBuf, offset: u32, len: usize) -> Result<u64, TransportError> {
+    let end = u64::from(offset) + len as u64;
+    if len == 0 || end > u64::from(remote.len) {
+        return Err(TransportError::Grant(format!(
+            "write of {len} bytes at offset {offset} does not fit a {}-byte remote buffer",
+            remote.len
+        )));
+    }
+    remote
+        .addr
+        .checked_add(u64::from(offset))
+        .ok_or_else(|| TransportError::Grant("remote address overflows".into()))
 }
 
 /// A listening endpoint.
 pub enum Listener {
     /// TCP.
     Tcp(tcp::TcpListener),
+    /// TCP plus the shm Unix socket of the same address.
+    Shm(shm::ShmListener),
     /// RDMA (a TCP listener for the bootstrap exchange).
     #[cfg(feature = "rdma")]
     Rdma(rdma::RdmaListener),
@@ -217,13 +353,13 @@ impl Listener {
             TransportKind::Tcp => Ok(Listener::Tcp(bind_retrying(|| {
                 tcp::TcpListener::bind(addr)
             })?)),
+            TransportKind::Shm => Ok(Listener::Shm(bind_retrying(|| {
+                shm::ShmListener::bind(addr)
+            })?)),
             #[cfg(feature = "rdma")]
             TransportKind::Rdma => Ok(Listener::Rdma(rdma::RdmaListener::bind(addr)?)),
             #[cfg(not(feature = "rdma"))]
-            TransportKind::Rdma => {
-                let _ = addr;
-                Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string()))
-            }
+            TransportKind::Rdma => Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string())),
         }
     }
 
@@ -231,6 +367,7 @@ impl Listener {
     pub async fn accept(&self) -> Result<Conn, TransportError> {
         match self {
             Listener::Tcp(l) => Ok(Conn::Tcp(l.accept().await?)),
+            Listener::Shm(l) => l.accept().await,
             #[cfg(feature = "rdma")]
             Listener::Rdma(l) => Ok(Conn::Rdma(l.accept().await?)),
         }
@@ -240,6 +377,7 @@ impl Listener {
     pub fn local_addr(&self) -> SocketAddr {
         match self {
             Listener::Tcp(l) => l.local_addr(),
+            Listener::Shm(l) => l.local_addr(),
             #[cfg(feature = "rdma")]
             Listener::Rdma(l) => l.local_addr(),
         }

@@ -17,5 +17,5 @@ pub mod conn;
 pub mod device;
 pub mod wire;
 
-pub use conn::{RdmaConn, RdmaGrant, RdmaListener, RdmaWriteGrant, ThreadCq};
+pub use conn::{RdmaConn, RdmaListener, ThreadCq};
 pub use device::{RdmaDevice, RdmaSettings, devices};

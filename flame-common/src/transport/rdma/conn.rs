@@ -54,6 +54,9 @@ use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{Message, PAYLOAD_BYTES_MAX, ProtocolError, RemoteBuf};
 use crate::reactor;
 use crate::transport::TransportError;
+use crate::transport::grant::{
+    GRANTS_PER_CONN_MAX, Grant, GrantOwner, Refusal, WriteGrant, check_grant_len,
+};
 use rdma_mummy_sys::{
     ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
     ibv_wc_status,
@@ -85,7 +88,7 @@ pub const SEND_SLOTS: u32 = 32;
 /// One-sided operations a connection may have in flight; more wait.
 pub const ONE_SIDED_MAX: u32 = 16;
 /// Completion-queue entries of each thread's queue (capped by the device).
-pub const THREAD_CQ_ENTRIES: u32 = 8192;
+pub const THREAD_CQ_ENTRIES: u32 = 32768;
 /// Completion-queue entries a connection can have outstanding at once: every
 /// posted receive, send and one-sided operation.
 const CQE_PER_CONN: u32 = RECV_SLOTS as u32 + SEND_SLOTS + ONE_SIDED_MAX;
@@ -529,6 +532,10 @@ pub struct RdmaConn {
     closed: Cell<bool>,
     closing: Cell<bool>,
     failure: RefCell<Option<String>>,
+    /// Live grants by key (rkey). After `qp` in the field order is irrelevant
+    /// here: a grant is reachable only through a queue pair, and the queue pair is
+    /// destroyed first.
+    grants: RefCell<HashMap<u32, GrantEntry>>,
 }
 
 impl Drop for RdmaConn {
@@ -662,6 +669,7 @@ impl RdmaConn {
             closed: Cell::new(false),
             closing: Cell::new(false),
             failure: RefCell::new(None),
+            grants: RefCell::new(HashMap::new()),
         });
         thread.conns.borrow_mut().insert(id, Rc::downgrade(&conn));
         let conn = Self::bring_up(conn, initiator).await?;
@@ -1182,64 +1190,84 @@ impl RdmaConn {
         true
     }
 
-    /// Registers `buf` for remote READ by peers until the grant is dropped. The
-    /// registration covers exactly `buf`, so the NIC refuses any access outside it.
-    pub fn grant_read(&self, buf: &PayloadBuf) -> Result<RdmaGrant, TransportError> {
-        if self.closed.get() {
-            return Err(self.closed_error());
-        }
-        if buf.is_empty() || buf.len() > PAYLOAD_BYTES_MAX as usize {
-            return Err(err(format!("cannot grant a {}-byte buffer", buf.len())));
-        }
+    /// Registers `buf` for remote READ by the peer until the grant is dropped.
+    /// The registration covers exactly `buf`, so the NIC refuses any access
+    /// outside it; its key is the registration's rkey (chosen by the NIC).
+    pub fn grant_read(self: &Rc<Self>, buf: &PayloadBuf) -> Result<Grant, TransportError> {
+        let len = self.check_grant(buf.len())?;
         let s = buf.as_slice();
-        // SAFETY: the grant keeps a reference to `buf`'s memory until the region is
-        // deregistered (field order in RdmaGrant).
+        // SAFETY: the grant table keeps a reference to `buf`'s memory until the
+        // region is deregistered (field order in GrantEntry).
         let mr = unsafe {
             self.dev
                 .pd
                 .reg_mr(s.as_ptr() as usize, s.len(), AccessFlags::RemoteRead)
         }
-        .map_err(|e| err(format!("registering a granted buffer: {e}")))?;
+        .map_err(|e| TransportError::Grant(format!("registering a granted buffer: {e}")))?;
         let remote = RemoteBuf {
             addr: s.as_ptr() as u64,
-            len: s.len() as u32,
+            len,
             key: mr.rkey(),
         };
-        Ok(RdmaGrant {
-            _mr: mr,
-            _buf: buf.clone(),
-            remote,
-        })
+        self.add_grant(remote, mr, GrantedMem::Read { _buf: buf.clone() })?;
+        Ok(Grant::new(remote, self.clone()))
     }
 
-    /// Registers `buf` for remote WRITE by peers until [`RdmaWriteGrant::finish`].
-    pub fn grant_write(&self, mut buf: PayloadBufMut) -> Result<RdmaWriteGrant, TransportError> {
-        if self.closed.get() {
-            return Err(self.closed_error());
-        }
-        if buf.is_empty() || buf.len() > PAYLOAD_BYTES_MAX as usize {
-            return Err(err(format!("cannot grant a {}-byte buffer", buf.len())));
-        }
-        let s = buf.as_mut_slice();
-        // SAFETY: the grant owns `buf` until the region is deregistered.
+    /// Registers `buf` for remote WRITE by the peer until
+    /// [`WriteGrant::finish`]; the peer's NIC writes into `buf` in place.
+    pub fn grant_write(self: &Rc<Self>, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
+        let len = self.check_grant(buf.len())?;
+        let buf = Rc::new(RefCell::new(buf));
+        let (addr, bytes) = {
+            let mut b = buf.borrow_mut();
+            let s = b.as_mut_slice();
+            (s.as_mut_ptr() as u64, s.len())
+        };
+        // SAFETY: the grant table keeps the buffer (shared with the WriteGrant)
+        // until the region is deregistered; its heap memory does not move.
         let mr = unsafe {
             self.dev.pd.reg_mr(
-                s.as_mut_ptr() as usize,
-                s.len(),
+                addr as usize,
+                bytes,
                 AccessFlags::LocalWrite | AccessFlags::RemoteWrite,
             )
         }
-        .map_err(|e| err(format!("registering a granted buffer: {e}")))?;
+        .map_err(|e| TransportError::Grant(format!("registering a granted buffer: {e}")))?;
         let remote = RemoteBuf {
-            addr: s.as_mut_ptr() as u64,
-            len: s.len() as u32,
+            addr,
+            len,
             key: mr.rkey(),
         };
-        Ok(RdmaWriteGrant {
-            mr: Some(mr),
-            buf,
-            remote,
-        })
+        self.add_grant(remote, mr, GrantedMem::Write { _buf: buf.clone() })?;
+        Ok(WriteGrant::new(remote, self.clone(), buf))
+    }
+
+    fn check_grant(&self, len: usize) -> Result<u32, TransportError> {
+        if self.closed.get() {
+            return Err(self.closed_error());
+        }
+        let len = check_grant_len(len)?;
+        if self.grants.borrow().len() >= GRANTS_PER_CONN_MAX {
+            return Err(TransportError::Grant(format!(
+                "{GRANTS_PER_CONN_MAX} grants are live on this connection: release some first"
+            )));
+        }
+        Ok(len)
+    }
+
+    fn add_grant(
+        &self,
+        remote: RemoteBuf,
+        mr: MemoryRegion<'static>,
+        mem: GrantedMem,
+    ) -> Result<(), TransportError> {
+        let mut grants = self.grants.borrow_mut();
+        if grants.contains_key(&remote.key) {
+            // The NIC gave a live key twice: impossible, refuse rather than mix up.
+            return Err(TransportError::Grant("RDMA key already in use".into()));
+        }
+        grants.insert(remote.key, GrantEntry { _mr: mr, _mem: mem });
+        Ok(())
     }
 
     /// Waits for a one-sided operation slot (at most [`ONE_SIDED_MAX`] in flight).
@@ -1334,8 +1362,17 @@ impl RdmaConn {
         if let Some(w) = self.state.borrow_mut().op_waiters.pop_front() {
             w.wake();
         }
-        if c.status != ibv_wc_status::IBV_WC_SUCCESS {
-            return Err(self.closed_error());
+        match c.status {
+            ibv_wc_status::IBV_WC_SUCCESS => {}
+            // The peer's NIC refused: unknown or revoked key, access kind not
+            // granted, or outside the registration.
+            ibv_wc_status::IBV_WC_REM_ACCESS_ERR | ibv_wc_status::IBV_WC_REM_INV_REQ_ERR => {
+                return Err(TransportError::Refused(
+                    "refused by the peer's RDMA device (unknown or revoked key, access not \
+                     granted, or outside the grant)",
+                ));
+            }
+            _ => return Err(self.closed_error()),
         }
         op.keep
             .ok_or_else(|| err("one-sided operation lost its memory"))
@@ -1348,19 +1385,13 @@ impl RdmaConn {
         }
         if remote.len == 0 || remote.len > PAYLOAD_BYTES_MAX {
             self.fail(format!("one-sided READ of {} bytes refused", remote.len));
-            return Err(self.closed_error());
+            return Err(TransportError::Refused(Refusal::OutOfBounds.as_str()));
         }
         let mut buf = PayloadBufMut::for_overwrite(remote.len as usize);
         let s = buf.as_mut_slice();
         let (addr, len) = (s.as_mut_ptr() as u64, s.len());
-        // SAFETY: `buf` is kept (parked) with the region until the READ completes.
-        let mr = unsafe {
-            self.dev
-                .pd
-                .reg_mr(addr as usize, len, AccessFlags::LocalWrite)
-        }
-        .map_err(|e| err(format!("registering a READ target: {e}")))?;
-        let lkey = mr.lkey();
+        // `buf` is kept (parked) with the registration until the READ completes.
+        let (lkey, mr) = local_key(self.dev, addr, len, "READ target")?;
         let keep = OneSidedKeep::Read { _mr: mr, buf };
         let wr = OneSidedWr {
             read: true,
@@ -1379,26 +1410,21 @@ impl RdmaConn {
         }
     }
 
-    /// One-sided WRITE of `data` into the peer's granted buffer at `offset`. An
-    /// access beyond the grant is refused here and closes the connection (the NIC
-    /// would refuse it too, failing both queue pairs).
+    /// One-sided WRITE of `data` at the peer's address `addr` under grant `key`
+    /// ([`crate::transport::Conn::write_remote`] has checked the range against the
+    /// descriptor; the NIC checks it against the registration).
     pub async fn write_remote(
         &self,
-        remote: RemoteBuf,
-        offset: u32,
+        key: u32,
+        addr: u64,
         data: &PayloadBuf,
     ) -> Result<(), TransportError> {
         if self.closed.get() {
             return Err(self.closed_error());
         }
-        let end = u64::from(offset) + data.len() as u64;
-        if data.is_empty() || end > u64::from(remote.len) {
-            self.fail(format!(
-                "one-sided WRITE of {} bytes at offset {offset} exceeds the {}-byte grant",
-                data.len(),
-                remote.len
-            ));
-            return Err(self.closed_error());
+        if data.is_empty() || data.len() > PAYLOAD_BYTES_MAX as usize {
+            self.fail(format!("one-sided WRITE of {} bytes refused", data.len()));
+            return Err(TransportError::Refused(Refusal::OutOfBounds.as_str()));
         }
         let s = data.as_slice();
         // A clone of `data` is kept (parked) with the registration until the WRITE
@@ -1413,8 +1439,8 @@ impl RdmaConn {
             addr: s.as_ptr() as u64,
             len: s.len() as u32,
             lkey,
-            remote_addr: remote.addr + u64::from(offset),
-            rkey: remote.key,
+            remote_addr: addr,
+            rkey: key,
         };
         self.one_sided(wr, keep).await.map(|_| ())
     }
@@ -1467,40 +1493,26 @@ async fn lifeline(conn: Weak<RdmaConn>) {
     }
 }
 
-/// A buffer peers may READ; dropping it deregisters the buffer (revoking access)
-/// before the buffer reference is released.
-pub struct RdmaGrant {
+/// Memory a grant lets the peer reach.
+/// (Held only to keep the memory alive while registered.)
+enum GrantedMem {
+    Read { _buf: PayloadBuf },
+    Write { _buf: Rc<RefCell<PayloadBufMut>> },
+}
+
+/// A live grant: the registration (declared first: deregistered before the
+/// memory reference is released) and the memory.
+struct GrantEntry {
     _mr: MemoryRegion<'static>,
-    _buf: PayloadBuf,
-    remote: RemoteBuf,
+    _mem: GrantedMem,
 }
 
-impl RdmaGrant {
-    /// The descriptor to send to the peer.
-    pub fn remote(&self) -> RemoteBuf {
-        self.remote
-    }
-}
-
-/// A buffer peers may WRITE until [`RdmaWriteGrant::finish`] (or drop).
-pub struct RdmaWriteGrant {
-    mr: Option<MemoryRegion<'static>>,
-    buf: PayloadBufMut,
-    remote: RemoteBuf,
-}
-
-impl RdmaWriteGrant {
-    /// The descriptor to send to the peer.
-    pub fn remote(&self) -> RemoteBuf {
-        self.remote
-    }
-
-    /// Revokes the peer's access (deregisters) and returns the buffer with what
-    /// the peer wrote.
-    pub fn finish(self) -> PayloadBufMut {
-        let RdmaWriteGrant { mr, buf, .. } = self;
-        drop(mr);
-        buf
+impl GrantOwner for RdmaConn {
+    /// Deregisters the grant: from here on the NIC refuses the peer's accesses
+    /// under its key. A write grant's bytes are already in place (the peer's NIC
+    /// wrote into the buffer itself), so there is nothing to copy into `into`.
+    fn revoke(&self, key: u32, _into: Option<&mut PayloadBufMut>) {
+        self.grants.borrow_mut().remove(&key);
     }
 }
 

@@ -16,7 +16,7 @@
 use rdma_mummy_sys::{ibv_port_attr, ibv_query_port};
 use sideway::ibverbs::address::Gid;
 use sideway::ibverbs::completion::CompletionQueue;
-use sideway::ibverbs::device::{DeviceInfo, DeviceList};
+use sideway::ibverbs::device::{DeviceInfo, DeviceList, GetDeviceListErrorKind};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use std::sync::OnceLock;
@@ -148,6 +148,19 @@ pub fn mtu_code(m: Mtu) -> u8 {
     }
 }
 
+/// The RDMA devices the kernel lists (`/sys/class/infiniband`), sorted.
+pub fn kernel_devices() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// Why no device can be used, as one message naming the device and how to get one.
 fn no_device(settings: &RdmaSettings, present: &[String]) -> String {
     let hint = "an RDMA NIC, or Soft-RoCE on an Ethernet interface: \
@@ -169,11 +182,28 @@ fn no_device(settings: &RdmaSettings, present: &[String]) -> String {
 
 /// Opens the device named by `settings` and allocates the protection domain.
 pub fn open(settings: &RdmaSettings) -> Result<Device, String> {
-    let list = DeviceList::new().map_err(|e| {
-        format!(
-            "transport rdma: cannot list RDMA devices ({e}): is libibverbs (rdma-core) installed?"
-        )
-    })?;
+    let list = match DeviceList::new() {
+        Ok(l) => l,
+        Err(e) => {
+            let cause = match &e.0 {
+                GetDeviceListErrorKind::Ibverbs(io) => io.to_string(),
+                _ => e.to_string(),
+            };
+            // libibverbs answers "no device list" both when it is missing and when
+            // the kernel has no RDMA device; the kernel's own list tells which.
+            if kernel_devices().is_empty() {
+                return Err(format!(
+                    "{} (libibverbs: {cause})",
+                    no_device(settings, &[])
+                ));
+            }
+            return Err(format!(
+                "transport rdma: cannot list RDMA devices ({cause}) although the kernel has \
+                 {}: is libibverbs (rdma-core) installed?",
+                kernel_devices().join(", ")
+            ));
+        }
+    };
     let names: Vec<String> = list.iter().map(|d| d.name()).collect();
     let dev = match &settings.device {
         Some(want) => list.iter().find(|d| &d.name() == want),
@@ -349,18 +379,6 @@ fn lookup(regions: &[LocalRegion], p: usize, len: usize) -> Option<u32> {
 mod tests {
     use super::*;
 
-    fn kernel_devices() -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    }
-
     #[test]
     fn rdma_discovery_matches_the_kernels_device_list() {
         // The kernel lists RDMA devices in /sys/class/infiniband (absent or empty on
@@ -397,13 +415,14 @@ mod tests {
             Err(e) => e,
         };
         assert!(e.starts_with("transport rdma: "), "{e}");
-        // Either the verbs library is missing, or the device is named.
         assert!(
-            e.contains("\"flame_no_such_dev9\"") || e.contains("libibverbs"),
-            "{e}"
+            e.contains("\"flame_no_such_dev9\""),
+            "the device is named: {e}"
         );
-        if kernel_devices().is_empty() && !e.contains("libibverbs") {
-            assert!(e.contains("no RDMA device"), "{e}");
+        if kernel_devices().is_empty() {
+            assert!(e.contains("this machine has no RDMA device"), "{e}");
+        } else {
+            assert!(e.contains("devices present: "), "{e}");
         }
     }
 
@@ -421,10 +440,7 @@ mod tests {
             Ok(_) => panic!("opened a device on a machine without RDMA devices"),
             Err(e) => e,
         };
-        assert!(
-            e.contains("no RDMA device found") || e.contains("libibverbs"),
-            "{e}"
-        );
+        assert!(e.starts_with("transport rdma: no RDMA device found"), "{e}");
     }
 
     #[test]
