@@ -228,6 +228,8 @@ pub struct ThreadCq {
     capacity_cqe: u32,
     /// Whether the queue is armed (an event will come on the channel).
     armed: Cell<bool>,
+    /// The reactor whose driver task serves this queue ([`reactor::current_id`]).
+    reactor: Option<u64>,
 }
 
 thread_local! {
@@ -237,7 +239,13 @@ thread_local! {
 impl ThreadCq {
     /// The current thread's queue, created (with its driver task) on first use.
     fn current(dev: &'static Device) -> Result<Rc<ThreadCq>, String> {
-        if let Some(t) = THREAD_CQ.with(|c| c.borrow().clone()) {
+        let reactor = reactor::current_id();
+        // A queue made under an earlier reactor of this thread has no driver any
+        // more (its task died with that reactor): make a new one. The old one lives
+        // on as long as its connections do.
+        if let Some(t) = THREAD_CQ.with(|c| c.borrow().clone())
+            && t.reactor == reactor
+        {
             return Ok(t);
         }
         let channel = dev
@@ -269,6 +277,7 @@ impl ThreadCq {
             // Half the entries: completions of destroyed queue pairs may linger.
             capacity_cqe: entries / 2,
             armed: Cell::new(false),
+            reactor,
         });
         THREAD_CQ.with(|c| *c.borrow_mut() = Some(t.clone()));
         reactor::spawn(drive(Rc::downgrade(&t))).detach();
@@ -720,6 +729,10 @@ impl RdmaConn {
             Ok(remote)
         })
         .await?;
+        // Before the queue pair can receive: the peer may send as soon as it has
+        // read our ready byte, before we have read its one.
+        conn.peer_recv_slots.set(remote.recv_slots);
+        conn.state.borrow_mut().credits = Credits::new(remote.recv_slots, RECV_SLOTS);
         if remote.slot_bytes < SLOT_BYTES {
             return Err(err(format!(
                 "peer's {}-byte receive slots are smaller than this build's {SLOT_BYTES}",
@@ -770,8 +783,6 @@ impl RdmaConn {
             Ok(())
         })
         .await?;
-        conn.peer_recv_slots.set(remote.recv_slots);
-        conn.state.borrow_mut().credits = Credits::new(remote.recv_slots, RECV_SLOTS);
         Ok(conn)
     }
 
