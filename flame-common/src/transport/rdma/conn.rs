@@ -280,6 +280,12 @@ impl ThreadCq {
             reactor,
         });
         THREAD_CQ.with(|c| *c.borrow_mut() = Some(t.clone()));
+        // The reactor polls the queue in its loop under the thread's poll mode
+        // (every pass; every spin in busy/adaptive) and arms it before sleeping.
+        // No doorbell: the completion channel is not an eventfd (reading it would
+        // skip the driver's event bookkeeping), so the driver task below sleeps on
+        // it and consumes its events through ibv_get_cq_event.
+        reactor::add_poll_source(t.clone());
         reactor::spawn(drive(Rc::downgrade(&t))).detach();
         Ok(t)
     }
@@ -411,6 +417,16 @@ impl ThreadCq {
 
     fn channel_fd(&self) -> RawFd {
         self.channel.as_raw_fd()
+    }
+}
+
+impl reactor::PollSource for ThreadCq {
+    fn poll(&self) -> bool {
+        ThreadCq::poll(self)
+    }
+
+    fn arm(&self) -> bool {
+        ThreadCq::arm(self)
     }
 }
 
