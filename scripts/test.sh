@@ -7,8 +7,11 @@
 #   3. cargo build --workspace --bins --features flame-osd/failpoints, cargo test
 #      --workspace (unit + integration tests; the integration tests start the real
 #      binaries, see tests/; the OSD is built with its failpoints for them)
-#   4. cargo test -p flame-common --features rdma rdma (RDMA must compile everywhere;
-#      its device discovery must answer cleanly without hardware)
+#   4. RDMA (feature `rdma`; must compile and lint everywhere): clippy with the
+#      feature, cargo test -p flame-common --features rdma rdma (the transport's pure
+#      parts and device discovery, which must answer cleanly without hardware), then
+#      flame-osd and flame-nbd rebuilt with the feature must refuse `transport: rdma`
+#      on a machine without a device, naming it (tests/tests/rdma_unavailable.rs)
 #   5. smoke test of deploy/dev-cluster.sh: up, flame-admin status, qemu-io through
 #      flame-nbd, down, up again (same data), down — in a temporary directory with
 #      its own port base (ports 16800..16839 by default), so it runs beside a
@@ -104,8 +107,15 @@ FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints
 
-section "cargo test -p flame-common --features rdma rdma"
+section "rdma: clippy, unit tests, daemons refuse without a device"
+# The transport's code is compiled only with its feature: lint it too.
+cargo clippy -p flame-common -p flame-osd -p flame-client --all-targets --features \
+    flame-common/rdma,flame-osd/rdma,flame-client/rdma -- -D warnings
 cargo test -p flame-common --features rdma rdma
+# Last, because it replaces the debug binaries the tests above used (the OSD's
+# failpoints build) with RDMA-enabled ones.
+cargo build -p flame-osd -p flame-client --bins --features flame-osd/rdma,flame-client/rdma
+FLAME_TEST_RDMA_BUILD=1 cargo test -p flame-tests --test rdma_unavailable
 
 # ------------------------------------------------------------------------------
 if [[ "${FLAME_TEST_SKIP_SMOKE:-0}" == 1 ]]; then

@@ -21,6 +21,23 @@ pub enum DirectIo {
     Off,
 }
 
+/// Upper bound of `network_threads` (the staged mode is a comparison, not a
+/// scaling knob).
+pub const NETWORK_THREADS_MAX: u16 = 64;
+
+/// How the OSD's threads divide a request's work (docs/architecture.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Threading {
+    /// One shard thread receives, decodes, executes, replicates and replies: no
+    /// hand-off, no lock (the Flame thesis's penetrating model).
+    #[default]
+    Penetrating,
+    /// Network threads receive and decode, shard threads execute, through bounded
+    /// queues both ways (Ceph's messenger + op shards). For comparison only.
+    Staged,
+}
+
 /// Settings of one OSD.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -45,8 +62,14 @@ pub struct OsdConfig {
     pub shards: u16,
     /// Transport for clients and peers.
     pub transport: TransportKind,
-    /// Idle strategy of the shard threads.
+    /// Idle strategy of the shard threads (and of the network threads in staged
+    /// mode).
     pub poll_mode: PollMode,
+    /// `penetrating` (default) or `staged` (for comparison: [`Threading`]).
+    pub threading: Threading,
+    /// Network threads of the staged mode (ignored when penetrating); shard
+    /// listeners are spread over them round-robin.
+    pub network_threads: u16,
     /// `O_DIRECT` policy.
     pub direct_io: DirectIo,
     /// Keep a crc32c per 4 KiB block and verify it on every read. Fixed when the
@@ -114,6 +137,8 @@ impl Default for OsdConfig {
             shards: 0,
             transport: TransportKind::Tcp,
             poll_mode: PollMode::Interrupt,
+            threading: Threading::Penetrating,
+            network_threads: 1,
             direct_io: DirectIo::Auto,
             checksums: true,
             heartbeat_interval_ms: 1000,
@@ -206,6 +231,11 @@ impl Validate for OsdConfig {
                 "port must equal listen's port (shards use consecutive ports)",
             );
         }
+        if self.threading == Threading::Staged
+            && !(1..=NETWORK_THREADS_MAX).contains(&self.network_threads)
+        {
+            return bad("network_threads", "must be 1..=64 with threading: staged");
+        }
         if !self.weight.is_finite() || self.weight < 0.0 {
             return bad("weight", "must be a finite number >= 0");
         }
@@ -295,6 +325,12 @@ mod tests {
                 .contains("weight")
         );
         assert!(parse_str::<OsdConfig>("poll_mode: sometimes\n", "t").is_err());
+        let c: OsdConfig = parse_str("threading: staged\nnetwork_threads: 2\n", "t").unwrap();
+        assert_eq!(c.threading, Threading::Staged);
+        assert_eq!(c.network_threads, 2);
+        assert!(parse_str::<OsdConfig>("threading: staged\nnetwork_threads: 0\n", "t").is_err());
+        assert!(parse_str::<OsdConfig>("threading: pipelined\n", "t").is_err());
+        assert_eq!(OsdConfig::default().threading, Threading::Penetrating);
         let e = parse_str::<OsdConfig>("listen: 0.0.0.0:6900\n", "t").unwrap_err();
         assert!(e.to_string().contains("advertise"), "{e}");
         let c: OsdConfig =

@@ -108,10 +108,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             return;
         }
     }
-    let inflight = Rc::new(Inflight {
-        count: Cell::new(0),
-        reader: Cell::new(None),
-    });
+    let inflight = Rc::new(Inflight::default());
     loop {
         // Back-pressure: stop reading while the connection has too much in flight;
         // the unread requests wait in the socket and slow the sender down.
@@ -164,7 +161,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             }
             continue;
         }
-        inflight.count.set(inflight.count.get() + 1);
+        inflight.enter();
         let bytes = payload_bytes(&msg);
         shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);
         let shard = shard.clone();
@@ -187,23 +184,37 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                 let _ = conn.send_owned(reply);
             }
             shard.release_bytes(bytes);
-            inflight.count.set(inflight.count.get() - 1);
-            if let Some(w) = inflight.reader.take() {
-                w.wake();
-            }
+            inflight.leave();
         })
         .detach();
     }
 }
 
-/// Requests in flight on one connection, and the reader waiting for room.
-struct Inflight {
+/// Requests in flight on one connection, and the reader waiting for room (shared
+/// with the staged mode's network threads, [`crate::staged`]).
+#[derive(Default)]
+pub(crate) struct Inflight {
     count: Cell<u32>,
     reader: Cell<Option<std::task::Waker>>,
 }
 
 impl Inflight {
-    async fn below(&self, max: u32) {
+    /// A request was read and started.
+    pub(crate) fn enter(&self) {
+        self.count.set(self.count.get() + 1);
+    }
+
+    /// A request was answered: make room for the reader.
+    pub(crate) fn leave(&self) {
+        debug_assert!(self.count.get() > 0, "more replies than requests");
+        self.count.set(self.count.get().saturating_sub(1));
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+    }
+
+    /// Waits until fewer than `max` requests are in flight.
+    pub(crate) async fn below(&self, max: u32) {
         std::future::poll_fn(|cx| {
             if self.count.get() < max {
                 std::task::Poll::Ready(())
@@ -218,7 +229,7 @@ impl Inflight {
 
 /// A connection's place in its session: it may execute requests only while its
 /// generation is the session's newest.
-struct Fence {
+pub(crate) struct Fence {
     current: Rc<Cell<u64>>,
     generation: u64,
 }
@@ -227,7 +238,7 @@ struct Fence {
 const SESSIONS_MAX: usize = 65_536;
 
 /// Memory a request holds while it runs: its write data or its read result.
-fn payload_bytes(msg: &Message) -> u64 {
+pub(crate) fn payload_bytes(msg: &Message) -> u64 {
     match msg {
         Message::Write { target, .. } | Message::Read { target, .. } => u64::from(target.length),
         _ => 0,
@@ -237,7 +248,7 @@ fn payload_bytes(msg: &Message) -> u64 {
 impl Shard {
     /// Records that `session` opened connection `generation`. `None` if the session
     /// already has a newer connection (this hello is itself stale).
-    fn register_session(&self, session: u64, generation: u64) -> Option<Fence> {
+    pub(crate) fn register_session(&self, session: u64, generation: u64) -> Option<Fence> {
         let mut sessions = self.sessions.borrow_mut();
         if sessions.len() >= SESSIONS_MAX {
             // Forget sessions without a live connection (only their fences hold
@@ -258,7 +269,12 @@ impl Shard {
         })
     }
 
-    fn hello(&self, hello: &Message) -> Message {
+    /// The newest generation of `session`, if the shard remembers it.
+    pub(crate) fn session_generation(&self, session: u64) -> Option<u64> {
+        self.sessions.borrow().get(&session).map(|c| c.get())
+    }
+
+    pub(crate) fn hello(&self, hello: &Message) -> Message {
         let Message::Hello {
             shard, versions, ..
         } = hello

@@ -110,6 +110,11 @@ pub fn run(config: Option<&Path>) -> Result<(), StartError> {
 /// Runs the OSD with an already loaded configuration (the binary loads it itself,
 /// so a bad config gets its own report and exit status 2).
 pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
+    // First, before anything is created: `transport: rdma` on a machine without an
+    // RDMA device (or in a build without RDMA) is a configuration the operator must
+    // fix, said in one line naming what is missing.
+    flame_common::transport::check_available(cfg.transport)
+        .map_err(|message| StartError { message, status: 2 })?;
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(&cfg.data_dir)
@@ -167,11 +172,23 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let map = Arc::new(ArcSwap::from_pointee(map));
     let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
+    let staged = cfg.threading == crate::config::Threading::Staged;
+    let nets = usize::from(cfg.network_threads.max(1));
+    let mut net_listeners: Vec<Vec<_>> = (0..nets).map(|_| Vec::new()).collect();
     for (i, listener) in listeners.into_iter().enumerate() {
+        let intake = if staged {
+            let q = Arc::new(crate::staged::Mailbox::new(
+                crate::staged::REQUEST_QUEUE_LEN,
+            ));
+            net_listeners[i % nets].push((i as u16, listener, q.clone()));
+            shard_thread::Intake::Queue(q)
+        } else {
+            shard_thread::Intake::Listener(listener)
+        };
         shard_thread::spawn(shard_thread::ShardSetup {
             id: i as u16,
             osd: osd_id,
-            listener,
+            intake,
             map: map.clone(),
             wanted_epoch: wanted_epoch.clone(),
             config: cfg.clone(),
@@ -180,6 +197,24 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             liveness: liveness.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
+    }
+    if staged {
+        tracing::info!(
+            network_threads = nets,
+            "threading: staged (for comparison only)"
+        );
+        for (index, listeners) in net_listeners.into_iter().enumerate() {
+            if listeners.is_empty() {
+                continue;
+            }
+            crate::staged::spawn_network_thread(crate::staged::NetSetup {
+                index: index as u16,
+                listeners,
+                map: map.clone(),
+                config: cfg.clone(),
+            })
+            .map_err(|e| format!("cannot start network thread {index}: {e}"))?;
+        }
     }
     control.run(osd_id, map, wanted_epoch, recovery)
 }

@@ -32,5 +32,6 @@ pub mod replication;
 pub mod scrub;
 pub mod shard;
 pub mod shard_thread;
+pub mod staged;
 pub mod store;
 pub mod tombstones;

@@ -140,6 +140,12 @@ pub struct ShardMetrics {
 
 impl ShardMetrics {
     /// Resolves every child for `shard`.
+    /// The `client` connections gauge of `shard` (the staged mode's network
+    /// threads count the connections they own there).
+    pub fn connections_gauge(shard: u16) -> IntGauge {
+        CONNECTIONS.with_label_values(&["client", &shard.to_string()])
+    }
+
     pub fn new(shard: u16) -> ShardMetrics {
         // The store's counters are per OSD: make them visible (at 0) from the start,
         // so a dashboard or test sees them before the first sync or bad block.

@@ -28,8 +28,9 @@ pub struct ShardSetup {
     pub id: u16,
     /// This OSD's id.
     pub osd: OsdId,
-    /// The bound listener of this shard.
-    pub listener: Listener,
+    /// The bound listener of this shard (penetrating), or the request queue the
+    /// staged mode's network threads feed (the listener then lives there).
+    pub intake: Intake,
     /// The live map.
     pub map: Arc<ArcSwap<ClusterMap>>,
     /// Highest epoch seen in a request; the control thread fetches it.
@@ -42,6 +43,14 @@ pub struct ShardSetup {
     pub recovery: Arc<crate::recovery::RecoveryShared>,
     /// Lease, shard progress and unreachable peers, shared with the control thread.
     pub liveness: Arc<Liveness>,
+}
+
+/// Where a shard thread's requests come from.
+pub enum Intake {
+    /// Penetrating: it accepts and serves its own connections.
+    Listener(Listener),
+    /// Staged: network threads hand it requests through this queue.
+    Queue(Arc<crate::staged::Mailbox<crate::staged::Job>>),
 }
 
 /// Starts a shard thread. It runs until the process exits.
@@ -104,7 +113,8 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
                 stray_delete_delay: Duration::from_millis(cfg.stray_delete_delay_ms),
             });
-            if let Err(e) = reactor.block_on(accept_loop(shard, setup.listener)) {
+            let handle = reactor.handle();
+            if let Err(e) = reactor.block_on(accept_loop(shard, setup.intake, handle)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
                 std::process::exit(1);
             }
@@ -114,7 +124,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
 /// How often a shard publishes its reactor's idle-loop counters.
 const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
 
-async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
+async fn accept_loop(shard: Rc<Shard>, intake: Intake, handle: reactor::Handle) {
     let id = shard.id;
     // The heartbeat's evidence that this thread's loop runs: if a task blocks the
     // thread (a stuck disk call, a livelock), this stops and the control thread
@@ -140,6 +150,14 @@ async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
     .detach();
     reactor::spawn(crate::tombstones::run(shard.clone())).detach();
     reactor::spawn(crate::recovery::recovery_loop(shard.clone())).detach();
+    let listener = match intake {
+        Intake::Listener(l) => l,
+        Intake::Queue(q) => {
+            crate::staged::start_worker(shard, q, handle);
+            // The queue's poll source spawns a task per request from now on.
+            return std::future::pending().await;
+        }
+    };
     loop {
         let conn = match listener.accept().await {
             Ok(c) => c,

@@ -1117,6 +1117,21 @@ pub fn bin_dir() -> PathBuf {
 /// outliving two heartbeat intervals (the OSD requires it: a test that slows
 /// heartbeats down to keep a map stale gets a lease to match). A test that sets
 /// lease_ms itself keeps it (empty line).
+/// `FLAME_TEST_THREADING=staged` runs every test cluster's OSDs in the staged
+/// threading mode (CI runs a cluster test that way so the mode does not rot);
+/// unset or `penetrating` keeps the default. A test that sets `threading:` itself
+/// in `osd_extra_yaml` wins.
+fn threading_yaml(extra: &str) -> &'static str {
+    if extra.contains("threading:") {
+        return "";
+    }
+    match std::env::var("FLAME_TEST_THREADING").as_deref() {
+        Ok("staged") => "threading: staged\nnetwork_threads: 1\n",
+        Ok("penetrating") | Ok("") | Err(_) => "",
+        Ok(other) => panic!("FLAME_TEST_THREADING={other}: expected staged or penetrating"),
+    }
+}
+
 fn lease_yaml(opts: &ClusterOptions) -> String {
     let interval = opts.osd_heartbeat_interval_ms;
     let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
@@ -1154,7 +1169,7 @@ fn osd_daemon(
          poll_mode: interrupt\n\
          transport: {}\n\
          heartbeat_interval_ms: {}\n\
-         {}{}\n",
+         {}{}{}\n",
         addrs.data,
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
@@ -1162,6 +1177,7 @@ fn osd_daemon(
         opts.transport,
         opts.osd_heartbeat_interval_ms,
         lease_yaml(opts),
+        threading_yaml(&opts.osd_extra_yaml),
         opts.osd_extra_yaml,
     );
     let name = format!("osd.{i}");

@@ -44,6 +44,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // `transport: rdma` without a device (or in a build without RDMA) is a
+    // configuration error, named before anything starts.
+    if let Err(e) = flame_common::transport::check_available(config.transport) {
+        eprintln!("flame-nbd: {e}");
+        return ExitCode::from(2);
+    }
     let mut specs = Vec::new();
     for m in &args.memory {
         match MemoryExports::parse_spec(m) {

@@ -9,8 +9,10 @@
 //! owning thread's [`crate::reactor`]; a connection is never touched by another
 //! thread.
 //!
-//! Today there is one implementation, [`tcp`]. The OSD and the client only see
-//! [`Conn`] and [`Listener`]; adding a transport means adding a variant here.
+//! Implementations: [`tcp`], [`shm`], and `rdma` with the cargo feature of that
+//! name (an RDMA device is needed at run time; [`check_available`] says why not).
+//! The OSD and the client only see [`Conn`] and [`Listener`]; adding a transport
+//! means adding a variant here.
 
 pub mod grant;
 #[cfg(feature = "rdma")]
@@ -38,7 +40,29 @@ pub enum TransportKind {
     /// Shared memory with peers on the same host (memfd rings and regions, handshake
     /// over a Unix socket); TCP for a peer that cannot be reached that way.
     Shm,
+    /// RDMA reliable connections (cargo feature `rdma`; needs an RDMA device or
+    /// Soft-RoCE). Accepted in every build's configuration so that a build without
+    /// the feature can say so instead of rejecting the word.
+    Rdma,
 }
+
+/// Why `kind` cannot be used by this process, or `Ok` when it can: a daemon calls
+/// this before anything else so that `transport: rdma` without a device (or in a
+/// build without RDMA support) stops it with one clear message.
+pub fn check_available(kind: TransportKind) -> Result<(), String> {
+    match kind {
+        TransportKind::Tcp | TransportKind::Shm => Ok(()),
+        #[cfg(feature = "rdma")]
+        TransportKind::Rdma => rdma::device::device().map(|_| ()),
+        #[cfg(not(feature = "rdma"))]
+        TransportKind::Rdma => Err(NO_RDMA_BUILD.to_string()),
+    }
+}
+
+/// What a build without the `rdma` feature says when asked for RDMA.
+#[cfg(not(feature = "rdma"))]
+const NO_RDMA_BUILD: &str = "transport rdma: this build has no RDMA support (rebuild with \
+                             `--features flame-osd/rdma,flame-client/rdma`)";
 
 impl TransportKind {
     /// The configuration spelling.
@@ -46,6 +70,7 @@ impl TransportKind {
         match self {
             TransportKind::Tcp => "tcp",
             TransportKind::Shm => "shm",
+            TransportKind::Rdma => "rdma",
         }
     }
 }
@@ -76,6 +101,9 @@ pub enum TransportError {
     /// stays up.
     #[error("grant refused: {0}")]
     Grant(String),
+    /// The transport cannot be used here (no RDMA device, or a build without it).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A connection of any transport.
@@ -85,6 +113,9 @@ pub enum Conn {
     Tcp(Rc<tcp::TcpConn>),
     /// Shared memory (same host).
     Shm(Rc<shm::ShmConn>),
+    /// RDMA.
+    #[cfg(feature = "rdma")]
+    Rdma(Rc<rdma::RdmaConn>),
 }
 
 impl Conn {
@@ -95,6 +126,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.send(msg),
             Conn::Shm(c) => c.send(msg),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send(msg),
         }
     }
 
@@ -104,6 +137,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.send_owned(msg),
             Conn::Shm(c) => c.send(&msg),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send_owned(msg),
         }
     }
 
@@ -113,6 +148,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.send_raw(bytes),
             Conn::Shm(c) => c.send_raw(bytes),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send_raw(bytes),
         }
     }
 
@@ -121,6 +158,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.recv().await,
             Conn::Shm(c) => c.recv().await,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.recv().await,
         }
     }
 
@@ -130,6 +169,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.close(),
             Conn::Shm(c) => c.close(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.close(),
         }
     }
 
@@ -139,6 +180,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.close_after_send(),
             Conn::Shm(c) => c.close_after_send(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.close_after_send(),
         }
     }
 
@@ -147,6 +190,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.is_closed(),
             Conn::Shm(c) => c.is_closed(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.is_closed(),
         }
     }
 
@@ -155,6 +200,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.peer(),
             Conn::Shm(c) => c.peer(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.peer(),
         }
     }
 
@@ -165,6 +212,8 @@ impl Conn {
         match self {
             Conn::Tcp(_) => false,
             Conn::Shm(_) => true,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(_) => true,
         }
     }
 
@@ -174,6 +223,8 @@ impl Conn {
         match self {
             Conn::Tcp(_) => TransportKind::Tcp,
             Conn::Shm(_) => TransportKind::Shm,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(_) => TransportKind::Rdma,
         }
     }
 
@@ -184,6 +235,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.grant_read(buf),
             Conn::Shm(c) => c.grant_read(buf),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.grant_read(buf),
         }
     }
 
@@ -194,6 +247,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.grant_write(buf),
             Conn::Shm(c) => c.grant_write(buf),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.grant_write(buf),
         }
     }
 
@@ -204,6 +259,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.read_remote(remote).await,
             Conn::Shm(c) => c.read_remote(remote),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.read_remote(remote).await,
         }
     }
 
@@ -220,6 +277,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.write_remote(remote.key, addr, data).await,
             Conn::Shm(c) => c.write_remote(remote.key, addr, data),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.write_remote(remote.key, addr, data).await,
         }
     }
 
@@ -240,6 +299,14 @@ impl Conn {
         source: Option<std::net::IpAddr>,
         timeout: Duration,
     ) -> Result<Conn, TransportError> {
+        if kind == TransportKind::Rdma {
+            #[cfg(feature = "rdma")]
+            return Ok(Conn::Rdma(
+                rdma::RdmaConn::connect_from(addr, source, timeout).await?,
+            ));
+            #[cfg(not(feature = "rdma"))]
+            return Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string()));
+        }
         if kind == TransportKind::Shm
             && let Some(c) = shm::ShmConn::connect(addr).await?
         {
@@ -274,6 +341,9 @@ pub enum Listener {
     Tcp(tcp::TcpListener),
     /// TCP plus the shm Unix socket of the same address.
     Shm(shm::ShmListener),
+    /// RDMA (a TCP listener for the bootstrap exchange).
+    #[cfg(feature = "rdma")]
+    Rdma(rdma::RdmaListener),
 }
 
 impl Listener {
@@ -286,6 +356,10 @@ impl Listener {
             TransportKind::Shm => Ok(Listener::Shm(bind_retrying(|| {
                 shm::ShmListener::bind(addr)
             })?)),
+            #[cfg(feature = "rdma")]
+            TransportKind::Rdma => Ok(Listener::Rdma(rdma::RdmaListener::bind(addr)?)),
+            #[cfg(not(feature = "rdma"))]
+            TransportKind::Rdma => Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string())),
         }
     }
 
@@ -294,6 +368,8 @@ impl Listener {
         match self {
             Listener::Tcp(l) => Ok(Conn::Tcp(l.accept().await?)),
             Listener::Shm(l) => l.accept().await,
+            #[cfg(feature = "rdma")]
+            Listener::Rdma(l) => Ok(Conn::Rdma(l.accept().await?)),
         }
     }
 
@@ -302,6 +378,8 @@ impl Listener {
         match self {
             Listener::Tcp(l) => l.local_addr(),
             Listener::Shm(l) => l.local_addr(),
+            #[cfg(feature = "rdma")]
+            Listener::Rdma(l) => l.local_addr(),
         }
     }
 }

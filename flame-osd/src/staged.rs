@@ -1,0 +1,593 @@
+//! The `staged` threading mode: Ceph's messenger + op-shard model, kept only so
+//! that the penetrating model can be measured against it in the same binary
+//! (`threading: staged`; docs/architecture.md, docs/benchmarks.md).
+//!
+//! Network threads own the listeners and every connection: they receive, decode,
+//! run the HELLO exchange's transport part, apply back-pressure, and hand each
+//! request to the worker thread that owns its shard through that worker's bounded
+//! request queue (`crossbeam_queue::ArrayQueue`). Workers are the shard threads:
+//! they run the request (storage I/O, replication, the reply's metrics) and push the
+//! reply into the bounded reply queue of the network thread that owns the
+//! connection, which sends it. Both queues are [`PollSource`]s, so they are polled
+//! under the thread's poll mode like any completion source, and a producer wakes a
+//! sleeping consumer through its reactor [`Handle`].
+//!
+//! Ordering: a connection belongs to one shard (its HELLO names it), so all its
+//! requests go to the same worker, in receive order, through a FIFO queue; the
+//! worker starts them in that order, exactly as the penetrating thread does. Per
+//! object ordering is then the shard's write gate, unchanged. Session fencing (a
+//! request of a superseded connection must not run) is checked on the worker, just
+//! before the request runs.
+
+use crate::shard::Shard;
+use arc_swap::ArcSwap;
+use crossbeam_queue::ArrayQueue;
+use flame_common::map::ClusterMap;
+use flame_common::protocol::{self, Message, ProtocolError, status};
+use flame_common::reactor::{self, Handle, PollSource};
+use flame_common::transport::{Conn, Listener, TransportError};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Requests one worker's queue holds; a full queue makes network threads wait.
+pub const REQUEST_QUEUE_LEN: usize = 4096;
+/// Replies one network thread's queue holds; a full queue makes workers wait.
+pub const REPLY_QUEUE_LEN: usize = 4096;
+/// Items a queue's `poll` takes at once, so one busy queue cannot starve the ring.
+const DRAIN_PER_POLL_MAX: usize = 256;
+/// How long a producer waits before retrying a push into a full queue.
+const FULL_QUEUE_RETRY: Duration = Duration::from_micros(50);
+/// How long a new connection may take to send its `Hello` (as in penetrating mode).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A replication connection may have this many times a client's in-flight bound.
+const PEER_INFLIGHT_FACTOR: u32 = 16;
+
+/// A bounded cross-thread queue with the consumer's reactor handle.
+pub struct Mailbox<T> {
+    queue: ArrayQueue<T>,
+    /// Set by the consumer once its source is registered (see [`Mailbox::wake`]).
+    handle: OnceLock<Handle>,
+}
+
+impl<T> Mailbox<T> {
+    /// An empty mailbox holding at most `len` items.
+    pub fn new(len: usize) -> Mailbox<T> {
+        assert!(len > 0, "a mailbox needs room");
+        Mailbox {
+            queue: ArrayQueue::new(len),
+            handle: OnceLock::new(),
+        }
+    }
+
+    /// Pushes `item`, waiting (asynchronously, on the producer's reactor) while the
+    /// queue is full, then wakes the consumer.
+    async fn send(&self, mut item: T) {
+        loop {
+            match self.queue.push(item) {
+                Ok(()) => break,
+                Err(back) => {
+                    item = back;
+                    reactor::sleep(FULL_QUEUE_RETRY).await;
+                }
+            }
+        }
+        self.wake();
+    }
+
+    /// Wakes the consumer if it sleeps. Without a handle the consumer has not yet
+    /// registered its source; it polls once before it ever sleeps, so nothing is
+    /// lost.
+    fn wake(&self) {
+        if let Some(h) = self.handle.get() {
+            h.wake();
+        }
+    }
+
+    /// The consumer registers `source` for this mailbox on its reactor and
+    /// publishes its handle, in that order.
+    fn register(&self, handle: Handle, source: Rc<dyn PollSource>) {
+        reactor::add_poll_source(source);
+        let _ = self.handle.set(handle);
+    }
+}
+
+/// What a network thread asks a worker to do.
+pub enum Work {
+    /// A connection's HELLO: build the reply and register its session.
+    Hello(Message),
+    /// A request; `fence` is the connection's (session, generation) if it has one.
+    Request {
+        /// The decoded request.
+        msg: Message,
+        /// The connection's session and generation.
+        fence: Option<(u64, u64)>,
+    },
+}
+
+/// A request on its way to a worker.
+pub struct Job {
+    work: Work,
+    reply_to: Arc<Mailbox<Done>>,
+    token: usize,
+}
+
+/// What a worker sends back.
+pub enum Outcome {
+    /// The reply to send.
+    Reply(Message),
+    /// The connection's session has a newer connection: close this one.
+    Superseded,
+}
+
+/// A finished job on its way back to its network thread.
+pub struct Done {
+    token: usize,
+    outcome: Outcome,
+}
+
+/// A worker's request queue as a completion source: each job becomes a task.
+struct Inbox {
+    shard: Rc<Shard>,
+    mailbox: Arc<Mailbox<Job>>,
+}
+
+impl PollSource for Inbox {
+    fn poll(&self) -> bool {
+        let mut n = 0;
+        while n < DRAIN_PER_POLL_MAX {
+            let Some(job) = self.mailbox.queue.pop() else {
+                break;
+            };
+            n += 1;
+            let shard = self.shard.clone();
+            reactor::spawn(async move {
+                let outcome = shard.run_staged(job.work).await;
+                job.reply_to
+                    .send(Done {
+                        token: job.token,
+                        outcome,
+                    })
+                    .await;
+            })
+            .detach();
+        }
+        n > 0
+    }
+
+    fn arm(&self) -> bool {
+        self.mailbox.queue.is_empty()
+    }
+}
+
+/// Starts serving a worker's request queue on the current (shard) thread.
+pub(crate) fn start_worker(shard: Rc<Shard>, mailbox: Arc<Mailbox<Job>>, handle: Handle) {
+    let source = Rc::new(Inbox {
+        shard,
+        mailbox: mailbox.clone(),
+    });
+    mailbox.register(handle, source);
+}
+
+impl Shard {
+    async fn run_staged(self: &Rc<Self>, work: Work) -> Outcome {
+        match work {
+            Work::Hello(hello) => {
+                let mut reply = self.hello(&hello);
+                if let (
+                    Message::Hello {
+                        session,
+                        generation,
+                        ..
+                    },
+                    Message::HelloReply { status: st @ 0, .. },
+                ) = (&hello, &mut reply)
+                    && *session != 0
+                    && self.register_session(*session, *generation).is_none()
+                {
+                    tracing::warn!(
+                        shard = self.id,
+                        session,
+                        generation,
+                        "hello from a superseded connection; refusing"
+                    );
+                    *st = status::ESTALE;
+                }
+                Outcome::Reply(reply)
+            }
+            Work::Request { msg, fence } => {
+                if let Some((session, generation)) = fence
+                    && self.session_generation(session) != Some(generation)
+                {
+                    // A newer connection of the session exists (or the session was
+                    // forgotten: refusing is the safe side, the client reconnects).
+                    return Outcome::Superseded;
+                }
+                Outcome::Reply(self.execute(msg).await)
+            }
+        }
+    }
+}
+
+/// A network thread's per-shard state (the part of [`Shard`] the connection path
+/// needs, owned here because the shard lives on its worker thread).
+struct NetShard {
+    id: u16,
+    inbox: Arc<Mailbox<Job>>,
+    map: Arc<ArcSwap<ClusterMap>>,
+    connections: Cell<u32>,
+    max_connections: u32,
+    max_inflight: u32,
+    inflight_bytes: Cell<u64>,
+    inflight_bytes_max: u64,
+    byte_waiters: RefCell<Vec<std::task::Waker>>,
+    connections_gauge: prometheus::IntGauge,
+}
+
+/// Replies waiting for their connection task, by token.
+#[derive(Default)]
+struct Pending {
+    slots: RefCell<slab::Slab<Slot>>,
+}
+
+enum Slot {
+    Waiting(Option<std::task::Waker>),
+    Ready(Outcome),
+}
+
+impl Pending {
+    fn insert(&self) -> usize {
+        self.slots.borrow_mut().insert(Slot::Waiting(None))
+    }
+
+    async fn wait(&self, token: usize) -> Option<Outcome> {
+        std::future::poll_fn(|cx| {
+            let mut slots = self.slots.borrow_mut();
+            match slots.get_mut(token) {
+                None => std::task::Poll::Ready(None),
+                Some(Slot::Ready(_)) => match slots.remove(token) {
+                    Slot::Ready(o) => std::task::Poll::Ready(Some(o)),
+                    Slot::Waiting(_) => std::task::Poll::Ready(None),
+                },
+                Some(Slot::Waiting(w)) => {
+                    w.replace(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// A network thread's reply queue as a completion source.
+struct Outbox {
+    mailbox: Arc<Mailbox<Done>>,
+    pending: Rc<Pending>,
+}
+
+impl PollSource for Outbox {
+    fn poll(&self) -> bool {
+        let mut n = 0;
+        while n < DRAIN_PER_POLL_MAX {
+            let Some(done) = self.mailbox.queue.pop() else {
+                break;
+            };
+            n += 1;
+            let mut slots = self.pending.slots.borrow_mut();
+            let Some(slot) = slots.get_mut(done.token) else {
+                debug_assert!(false, "a reply for an unknown token");
+                continue;
+            };
+            let prev = std::mem::replace(slot, Slot::Ready(done.outcome));
+            drop(slots);
+            if let Slot::Waiting(Some(w)) = prev {
+                w.wake();
+            }
+        }
+        n > 0
+    }
+
+    fn arm(&self) -> bool {
+        self.mailbox.queue.is_empty()
+    }
+}
+
+/// What one network thread needs to start.
+pub struct NetSetup {
+    /// Network thread number (for names and metrics).
+    pub index: u16,
+    /// The listeners it serves: (shard id, listener, that shard's worker queue).
+    pub listeners: Vec<(u16, Listener, Arc<Mailbox<Job>>)>,
+    /// The live map (for the epoch of refusals).
+    pub map: Arc<ArcSwap<ClusterMap>>,
+    /// Configuration.
+    pub config: Arc<crate::config::OsdConfig>,
+}
+
+/// Starts a network thread. It runs until the process exits.
+pub fn spawn_network_thread(setup: NetSetup) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("net-{}", setup.index))
+        .spawn(move || {
+            let cfg = setup.config.clone();
+            let mut r = match reactor::Reactor::new(reactor::ReactorConfig {
+                poll_mode: cfg.poll_mode,
+                ..Default::default()
+            }) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(net = setup.index, "cannot create io_uring: {e}");
+                    std::process::exit(1);
+                }
+            };
+            let handle = r.handle();
+            if let Err(e) = r.block_on(network_main(setup, handle)) {
+                tracing::error!("network thread failed: {e}");
+                std::process::exit(1);
+            }
+        })
+}
+
+async fn network_main(setup: NetSetup, handle: Handle) {
+    let cfg = setup.config;
+    let replies = Arc::new(Mailbox::new(REPLY_QUEUE_LEN));
+    let pending = Rc::new(Pending::default());
+    replies.register(
+        handle,
+        Rc::new(Outbox {
+            mailbox: replies.clone(),
+            pending: pending.clone(),
+        }),
+    );
+    let index = setup.index;
+    reactor::spawn(async move {
+        let mut m = crate::metrics::ReactorMetrics::new(&format!("net{index}"));
+        loop {
+            reactor::sleep(Duration::from_secs(1)).await;
+            m.update(reactor::poll_stats());
+        }
+    })
+    .detach();
+    let mut accepts = Vec::new();
+    for (id, listener, inbox) in setup.listeners {
+        let shard = Rc::new(NetShard {
+            id,
+            inbox,
+            map: setup.map.clone(),
+            connections: Cell::new(0),
+            max_connections: cfg.max_connections_per_shard,
+            max_inflight: cfg.max_inflight_per_connection,
+            inflight_bytes: Cell::new(0),
+            inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
+            byte_waiters: RefCell::new(Vec::new()),
+            connections_gauge: crate::metrics::ShardMetrics::connections_gauge(id),
+        });
+        accepts.push(reactor::spawn(accept_loop(
+            shard,
+            listener,
+            replies.clone(),
+            pending.clone(),
+        )));
+    }
+    for a in accepts {
+        a.await;
+    }
+}
+
+async fn accept_loop(
+    shard: Rc<NetShard>,
+    listener: Listener,
+    replies: Arc<Mailbox<Done>>,
+    pending: Rc<Pending>,
+) {
+    loop {
+        let conn = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(shard = shard.id, "accept failed: {e}");
+                reactor::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if shard.connections.get() >= shard.max_connections {
+            tracing::warn!(shard = shard.id, peer = %conn.peer(), "connection limit reached; refusing");
+            conn.close();
+            continue;
+        }
+        reactor::spawn(serve(shard.clone(), conn, replies.clone(), pending.clone())).detach();
+    }
+}
+
+/// Hands `work` to the shard's worker and waits for the outcome.
+async fn submit(
+    shard: &NetShard,
+    work: Work,
+    replies: &Arc<Mailbox<Done>>,
+    pending: &Pending,
+) -> Option<Outcome> {
+    let token = pending.insert();
+    shard
+        .inbox
+        .send(Job {
+            work,
+            reply_to: replies.clone(),
+            token,
+        })
+        .await;
+    pending.wait(token).await
+}
+
+struct ConnCount(Rc<NetShard>);
+
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        self.0.connections.set(self.0.connections.get() - 1);
+        self.0.connections_gauge.dec();
+    }
+}
+
+async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pending: Rc<Pending>) {
+    shard.connections.set(shard.connections.get() + 1);
+    shard.connections_gauge.inc();
+    let _count = ConnCount(shard.clone());
+    let peer = conn.peer();
+    let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
+        reactor::sleep(HELLO_TIMEOUT).await;
+        None
+    })
+    .await;
+    let (is_peer, fence) = match first {
+        Some(Ok(hello @ Message::Hello { .. })) => {
+            let is_peer = matches!(hello, Message::Hello { peer: true, .. });
+            let fence = match &hello {
+                Message::Hello {
+                    session,
+                    generation,
+                    ..
+                } if *session != 0 => Some((*session, *generation)),
+                _ => None,
+            };
+            let Some(Outcome::Reply(reply)) =
+                submit(&shard, Work::Hello(hello), &replies, &pending).await
+            else {
+                conn.close();
+                return;
+            };
+            let ok = matches!(reply, Message::HelloReply { status: 0, .. });
+            if conn.send(&reply).is_err() {
+                conn.close();
+                return;
+            }
+            if !ok {
+                conn.close_after_send();
+                return;
+            }
+            (is_peer, fence)
+        }
+        Some(Ok(other)) => {
+            tracing::warn!(shard = shard.id, %peer, "first message was {:?}, not hello; closing", other.op());
+            conn.close();
+            return;
+        }
+        Some(Err(TransportError::Protocol(ProtocolError::ForeignVersion {
+            peer_version,
+            request_id,
+        }))) => {
+            let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
+            conn.close_after_send();
+            return;
+        }
+        Some(Err(e)) => {
+            tracing::debug!(shard = shard.id, %peer, "connection failed before hello: {e}");
+            return;
+        }
+        None => {
+            tracing::warn!(shard = shard.id, %peer, "no hello within {HELLO_TIMEOUT:?}; closing");
+            conn.close();
+            return;
+        }
+    };
+    let max_inflight = if is_peer {
+        shard.max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR)
+    } else {
+        shard.max_inflight
+    };
+    let inflight = Rc::new(crate::connection::Inflight::default());
+    loop {
+        inflight.below(max_inflight).await;
+        if !is_peer {
+            shard.bytes_below_bound().await;
+        }
+        let msg = match conn.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(shard = shard.id, %peer, "connection ended: {e}");
+                conn.close();
+                return;
+            }
+        };
+        if conn.is_closed() {
+            // A worker found the session superseded.
+            return;
+        }
+        if matches!(
+            msg,
+            Message::Reply { .. } | Message::Hello { .. } | Message::HelloReply { .. }
+        ) {
+            tracing::warn!(shard = shard.id, %peer, "unexpected {:?} mid-connection; closing", msg.op());
+            conn.close();
+            return;
+        }
+        if !is_peer && crate::execute::is_forwarded(&msg) {
+            tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "replica-flagged request on a client connection; refusing");
+            let epoch = shard.map.load().epoch;
+            if conn.send_owned(msg.reply(epoch, status::EINVAL)).is_err() {
+                conn.close();
+                return;
+            }
+            continue;
+        }
+        inflight.enter();
+        let bytes = crate::connection::payload_bytes(&msg);
+        shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);
+        let token = pending.insert();
+        // Sent here, in receive order (not from the spawned task): the worker's
+        // FIFO queue then starts this connection's requests in the order they came.
+        shard
+            .inbox
+            .send(Job {
+                work: Work::Request { msg, fence },
+                reply_to: replies.clone(),
+                token,
+            })
+            .await;
+        let (shard, conn, inflight, pending) = (
+            shard.clone(),
+            conn.clone(),
+            inflight.clone(),
+            pending.clone(),
+        );
+        reactor::spawn(async move {
+            match pending.wait(token).await {
+                Some(Outcome::Reply(reply)) => {
+                    let _ = conn.send_owned(reply);
+                }
+                Some(Outcome::Superseded) | None => {
+                    tracing::info!(
+                        shard = shard.id,
+                        "connection superseded by a newer one of its session; closing"
+                    );
+                    conn.close();
+                }
+            }
+            shard.release_bytes(bytes);
+            inflight.leave();
+        })
+        .detach();
+    }
+}
+
+impl NetShard {
+    async fn bytes_below_bound(&self) {
+        std::future::poll_fn(|cx| {
+            if self.inflight_bytes.get() < self.inflight_bytes_max {
+                std::task::Poll::Ready(())
+            } else {
+                self.byte_waiters.borrow_mut().push(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+
+    fn release_bytes(&self, bytes: u64) {
+        let now = self.inflight_bytes.get() - bytes;
+        self.inflight_bytes.set(now);
+        if now < self.inflight_bytes_max {
+            for w in self.byte_waiters.borrow_mut().drain(..) {
+                w.wake();
+            }
+        }
+    }
+}
