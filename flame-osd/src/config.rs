@@ -99,6 +99,13 @@ pub struct OsdConfig {
     /// How long a copy of a placement group this OSD is no longer a member of is
     /// kept before it is deleted (the group must also be active meanwhile).
     pub stray_delete_delay_ms: u64,
+    /// Remote fetching: most slots of the reply area one client connection may be
+    /// granted (0: never grant one; clients then get pushed replies). Each slot
+    /// holds a 128-byte header and up to `reply_slot_payload_bytes_max` bytes.
+    pub reply_slots_per_connection_max: u32,
+    /// Remote fetching: most payload bytes of one reply slot (replies with more
+    /// are pushed).
+    pub reply_slot_payload_bytes_max: u32,
 }
 
 impl Default for OsdConfig {
@@ -131,6 +138,8 @@ impl Default for OsdConfig {
             scrub_interval_s: 86_400,
             scrub_bytes_per_sec: 64 << 20,
             stray_delete_delay_ms: 5_000,
+            reply_slots_per_connection_max: 64,
+            reply_slot_payload_bytes_max: 4096,
         }
     }
 }
@@ -265,6 +274,22 @@ impl Validate for OsdConfig {
         }
         if self.stray_delete_delay_ms > 86_400_000 {
             return bad("stray_delete_delay_ms", "must be 0..=86400000");
+        }
+        if self.reply_slots_per_connection_max > flame_common::protocol::REPLY_SLOTS_MAX {
+            return bad(
+                "reply_slots_per_connection_max",
+                &format!("must be 0..={}", flame_common::protocol::REPLY_SLOTS_MAX),
+            );
+        }
+        if self.reply_slot_payload_bytes_max > flame_common::protocol::REPLY_SLOT_PAYLOAD_BYTES_MAX
+        {
+            return bad(
+                "reply_slot_payload_bytes_max",
+                &format!(
+                    "must be 0..={}",
+                    flame_common::protocol::REPLY_SLOT_PAYLOAD_BYTES_MAX
+                ),
+            );
         }
         Ok(())
     }

@@ -51,6 +51,10 @@ pub struct Shard {
     pub(crate) metrics: Rc<ShardMetrics>,
     pub(crate) max_connections: u32,
     pub(crate) max_inflight: u32,
+    /// `reply_slots_per_connection_max` (remote fetching; 0 = off).
+    pub(crate) reply_slots_max: u32,
+    /// `reply_slot_payload_bytes_max`.
+    pub(crate) reply_slot_payload_max: u32,
     pub(crate) connections: Cell<u32>,
     /// Payload bytes in flight on this shard, and its bound.
     pub(crate) inflight_bytes: Cell<u64>,

@@ -12,9 +12,12 @@
 //! Today there is one implementation, [`tcp`]. The OSD and the client only see
 //! [`Conn`] and [`Listener`]; adding a transport means adding a variant here.
 
+mod onesided_shim;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod tcp;
+pub use crate::protocol::RemoteBuf;
+pub use onesided_shim::{Grant, SharedArea, WriteGrant};
 
 use crate::protocol::{Message, ProtocolError};
 use serde::{Deserialize, Serialize};

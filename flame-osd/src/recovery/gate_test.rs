@@ -152,6 +152,8 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         metrics,
         max_connections: 16,
         max_inflight: 16,
+        reply_slots_max: 0,
+        reply_slot_payload_max: 0,
         connections: Cell::new(0),
         inflight_bytes: Cell::new(0),
         inflight_bytes_max: 16 << 20,
