@@ -68,7 +68,7 @@ pub struct ClientConfig {
 }
 
 /// How I/O data travels between the client and its OSD.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum TransferMode {
     /// Data in the messages (two-sided send/receive).
@@ -79,7 +79,7 @@ pub enum TransferMode {
 }
 
 /// How the OSD's replies reach the client.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplyMode {
     /// The OSD sends each reply.

@@ -86,6 +86,29 @@ pub struct ClusterOptions {
     /// rules between two addresses cut exactly one link (the partition tests).
     /// Otherwise everything is on 127.0.0.1.
     pub per_daemon_addrs: bool,
+    /// Extra top-level lines appended to flame-nbd's YAML configuration (after
+    /// the ones [`client_env_yaml`] takes from the environment).
+    pub nbd_extra_yaml: String,
+}
+
+/// flame-nbd settings of the communication layer taken from the environment, so
+/// CI can run any cluster test in another combination without a code change:
+/// `FLAME_TEST_TRANSFER_MODE` (`inline` | `convert`), `FLAME_TEST_CONVERT_THRESHOLD`
+/// (bytes, on every transport) and `FLAME_TEST_REPLY_MODE` (`push` | `fetch`).
+pub fn client_env_yaml() -> String {
+    let mut y = String::new();
+    if let Ok(v) = std::env::var("FLAME_TEST_TRANSFER_MODE") {
+        y.push_str(&format!("transfer_mode: {v}\n"));
+    }
+    if let Ok(v) = std::env::var("FLAME_TEST_CONVERT_THRESHOLD") {
+        y.push_str(&format!(
+            "convert_threshold_bytes: {{tcp: {v}, shm: {v}, rdma: {v}}}\n"
+        ));
+    }
+    if let Ok(v) = std::env::var("FLAME_TEST_REPLY_MODE") {
+        y.push_str(&format!("reply_mode: {v}\n"));
+    }
+    y
 }
 
 impl Default for ClusterOptions {
@@ -102,6 +125,7 @@ impl Default for ClusterOptions {
             down_out_interval_ms: None,
             mgr_extra_yaml: String::new(),
             per_daemon_addrs: true,
+            nbd_extra_yaml: String::new(),
         }
     }
 }
@@ -407,7 +431,9 @@ impl TestCluster {
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
                  poll_mode: interrupt\n\
-                 {bind}"
+                 {bind}{}{}",
+                client_env_yaml(),
+                opts.nbd_extra_yaml,
             );
             nbd = Some(Daemon::new(
                 "nbd",

@@ -272,6 +272,17 @@ pub struct BenchArgs {
     /// formatted volume but not data written only elsewhere.
     #[arg(long)]
     pub force_overwrite: bool,
+    /// How data travels: inline, or convert (read-write conversion above the
+    /// threshold).
+    #[arg(long, value_enum, default_value = "inline")]
+    pub transfer_mode: crate::config::TransferMode,
+    /// Smallest converted I/O (binary units), on every transport; default: the
+    /// client library's per-transport default.
+    #[arg(long, value_parser = size_arg)]
+    pub convert_threshold: Option<u64>,
+    /// How replies come back: push, or fetch (remote fetching; shm/rdma only).
+    #[arg(long, value_enum, default_value = "push")]
+    pub reply_mode: crate::config::ReplyMode,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -875,7 +886,21 @@ fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<S
 }
 
 fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
-    let cluster = Cluster::connect(admin_client_config(&cli.mgr))?;
+    let mut client = admin_client_config(&cli.mgr);
+    client.transfer_mode = b.transfer_mode;
+    client.reply_mode = b.reply_mode;
+    if let Some(t) = b.convert_threshold {
+        let t = u32::try_from(t)
+            .ok()
+            .filter(|&t| t > 0)
+            .ok_or_else(|| AdminError(format!("--convert-threshold: must be 1..=4G, got {t}")))?;
+        client.convert_threshold_bytes = crate::config::ConvertThresholds {
+            tcp: t,
+            shm: t,
+            rdma: t,
+        };
+    }
+    let cluster = Cluster::connect(client)?;
     let cfg = BenchConfig {
         pattern: b.rw,
         block_bytes: b.bs,

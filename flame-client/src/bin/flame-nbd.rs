@@ -133,6 +133,9 @@ fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
         io_timeout_ms: config.io_timeout_ms,
         connect_timeout_ms: config.connect_timeout_ms,
         bind_addr: config.bind_addr,
+        transfer_mode: config.transfer_mode,
+        convert_threshold_bytes: config.convert_threshold_bytes,
+        reply_mode: config.reply_mode,
         ..ClientConfig::default()
     };
     let deadline = Instant::now() + MGR_CONNECT_PATIENCE;
