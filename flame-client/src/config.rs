@@ -65,6 +65,12 @@ pub struct ClientConfig {
     /// Fetch mode: largest reply payload a slot holds; a read with a larger
     /// inline reply asks for push.
     pub fetch_slot_payload_bytes: u32,
+    /// Allows `reply_mode: fetch` on `tcp`, whose one-sided READ is emulated by
+    /// the OSD's connection thread (every fetch is then a round trip: never
+    /// faster than push). Only to exercise and measure the fetching protocol
+    /// where no native transport is available; the OSD must allow it too
+    /// (`reply_area_over_emulated`).
+    pub fetch_over_emulated: bool,
 }
 
 /// How I/O data travels between the client and its OSD.
@@ -126,6 +132,7 @@ impl ConvertThresholds {
     pub fn for_transport(&self, kind: TransportKind) -> u32 {
         match kind {
             TransportKind::Tcp => self.tcp,
+            TransportKind::Shm => self.shm,
         }
     }
 }
@@ -135,6 +142,7 @@ impl ConvertThresholds {
 fn fetch_supported(kind: TransportKind) -> bool {
     match kind {
         TransportKind::Tcp => false,
+        TransportKind::Shm => true,
     }
 }
 
@@ -158,6 +166,7 @@ impl Default for ClientConfig {
             fetch_fallbacks_to_push: 8,
             fetch_slots: 64,
             fetch_slot_payload_bytes: 4096,
+            fetch_over_emulated: false,
         }
     }
 }
@@ -212,7 +221,7 @@ impl ClientConfig {
             }
         }
         if self.reply_mode == ReplyMode::Fetch {
-            if !fetch_supported(self.transport) {
+            if !fetch_supported(self.transport) && !self.fetch_over_emulated {
                 return Err(ClientError::InvalidArgument(format!(
                     "reply_mode: fetch needs a transport whose one-sided READ bypasses the OSD's CPU (shm, rdma); \
                      on {:?} an emulated READ is itself a round trip through the OSD, so fetching cannot beat push",

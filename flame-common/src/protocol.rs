@@ -168,6 +168,16 @@ pub enum OpCode {
     /// Compare (and repair) every acting copy of one placement group (sent to its
     /// primary by `flame-admin scrub` and `flame-admin pg compare`).
     Scrub = 12,
+    /// Transport-internal (tcp): a one-sided READ of a buffer the receiver granted,
+    /// emulated by the receiver's connection thread. Header: `remote_*` name the
+    /// bytes to read (within one grant, checked against the key); the reply's payload
+    /// is the data. Never reaches the OSD or the client code (see
+    /// [`crate::transport`]); [`Message::from_parts`] refuses it.
+    RemoteRead = 13,
+    /// Transport-internal (tcp): a one-sided WRITE of the payload into a buffer the
+    /// receiver granted, at `remote_addr` (within one grant, checked against the
+    /// key). The reply carries only a status.
+    RemoteWrite = 14,
     /// Remote fetching: asks the receiving shard for a reply area on this
     /// connection (its reply carries a [`ReplyAreaInfo`]). Numbered far from the
     /// others so transport-internal opcodes can grow from 13.
@@ -194,6 +204,8 @@ impl OpCode {
             10 => OpCode::ObjectSums,
             11 => OpCode::RemoveObject,
             12 => OpCode::Scrub,
+            13 => OpCode::RemoteRead,
+            14 => OpCode::RemoteWrite,
             40 => OpCode::ReplyArea,
             41 => OpCode::PushReply,
             _ => return None,
@@ -215,9 +227,17 @@ impl OpCode {
             OpCode::ObjectSums => "object_sums",
             OpCode::RemoveObject => "remove_object",
             OpCode::Scrub => "scrub",
+            OpCode::RemoteRead => "remote_read",
+            OpCode::RemoteWrite => "remote_write",
             OpCode::ReplyArea => "reply_area",
             OpCode::PushReply => "push_reply",
         }
+    }
+
+    /// Whether this opcode is a transport's own frame (a one-sided transfer emulated
+    /// on tcp) rather than a message for the OSD or the client.
+    pub fn is_transport_internal(self) -> bool {
+        matches!(self, OpCode::RemoteRead | OpCode::RemoteWrite)
     }
 }
 
@@ -242,6 +262,9 @@ pub mod status {
     /// HELLO refused: the peers have no protocol version in common. The reply's
     /// body names the replier's versions.
     pub const EPROTONOSUPPORT: i32 = -libc::EPROTONOSUPPORT;
+    /// A one-sided access was refused (unknown grant key, wrong access kind, or
+    /// outside the grant); the refusing side closes the connection after it.
+    pub const EACCES: i32 = -libc::EACCES;
 }
 
 /// Why bytes could not be decoded. Always ends the connection: after a bad header the
@@ -459,7 +482,7 @@ impl Header {
     }
 
     /// The remote buffer descriptor, if any (all-zero means none).
-    fn remote(&self) -> Option<RemoteBuf> {
+    pub fn remote(&self) -> Option<RemoteBuf> {
         if self.remote_addr == 0 && self.remote_len == 0 && self.remote_key == 0 {
             None
         } else {
@@ -1162,6 +1185,11 @@ impl Message {
         }
         let flags = h.flags;
         let seq = PgSeq(h.pg_seq);
+        if h.op().is_transport_internal() {
+            return Err(ProtocolError::Inconsistent(
+                "a one-sided transfer frame is the transport's, not a message",
+            ));
+        }
         if h.is_reply() {
             if h.op() == OpCode::Hello {
                 if payload.len() != HELLO_REPLY_BODY_LEN {
@@ -1303,6 +1331,11 @@ impl Message {
                 target: target()?,
                 flags,
             },
+            OpCode::RemoteRead | OpCode::RemoteWrite => {
+                return Err(ProtocolError::Inconsistent(
+                    "a one-sided transfer frame is the transport's, not a message",
+                ));
+            }
             OpCode::Scrub => Message::Scrub {
                 id,
                 epoch,

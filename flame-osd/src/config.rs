@@ -106,6 +106,11 @@ pub struct OsdConfig {
     /// Remote fetching: most payload bytes of one reply slot (replies with more
     /// are pushed).
     pub reply_slot_payload_bytes_max: u32,
+    /// Grants reply areas on connections whose one-sided READ is emulated by
+    /// this OSD's connection thread (tcp), where every fetch is a round trip
+    /// through this OSD: only to exercise and measure remote fetching where no
+    /// native transport is available.
+    pub reply_area_over_emulated: bool,
 }
 
 impl Default for OsdConfig {
@@ -140,6 +145,7 @@ impl Default for OsdConfig {
             stray_delete_delay_ms: 5_000,
             reply_slots_per_connection_max: 64,
             reply_slot_payload_bytes_max: 4096,
+            reply_area_over_emulated: false,
         }
     }
 }

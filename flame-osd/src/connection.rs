@@ -130,6 +130,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     }
     let inflight = Rc::new(Inflight {
         count: Cell::new(0),
+        transfers: Cell::new(0),
         reader: Cell::new(None),
     });
     let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
@@ -137,14 +138,18 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     loop {
         // Back-pressure: stop reading while the connection has too much in flight;
         // the unread requests wait in the socket and slow the sender down.
-        inflight.below(max_inflight).await;
-        if !is_peer {
-            // Replication connections never wait on the shard's byte bound: their
-            // requests are what frees other shards' (and this one's) primaries, so
-            // blocking them could deadlock two OSDs waiting on each other. Their
-            // volume is bounded by the sending primaries' own bounds.
-            shard.bytes_below_bound().await;
-        }
+        // Replication connections never wait on the shard's byte bound: their
+        // requests are what frees other shards' (and this one's) primaries, so
+        // blocking them could deadlock two OSDs waiting on each other. Their
+        // volume is bounded by the sending primaries' own bounds.
+        //
+        // Exception: while a converted request's one-sided transfer is running on
+        // an emulated transport (tcp), its completion arrives through this
+        // connection's receive, so the loop keeps receiving; requests beyond the
+        // bound are then answered EAGAIN (the client retries) instead of run.
+        inflight
+            .room_or_transfers(max_inflight, is_peer, &shard)
+            .await;
         let mut msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
@@ -191,6 +196,18 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             }
             _ => {}
         }
+        let over_bound = inflight.count.get() >= max_inflight
+            || (!is_peer && shard.inflight_bytes.get() >= shard.inflight_bytes_max);
+        if over_bound {
+            if conn
+                .send_owned(msg.reply(shard.epoch(), status::EAGAIN))
+                .is_err()
+            {
+                conn.close();
+                return;
+            }
+            continue;
+        }
         let fetch = take_fetch_flag(&mut msg);
         if fetch
             && fetching
@@ -231,7 +248,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         let inflight = inflight.clone();
         let fetching = fetching.clone();
         reactor::spawn(async move {
-            if let Some(reply) = shard.execute_converting(&conn, msg).await {
+            if let Some(reply) = shard.execute_converting(&conn, &inflight, msg).await {
                 if fetch {
                     shard.leave_reply(&conn, &fetching, reply);
                 } else {
@@ -305,7 +322,12 @@ impl Shard {
     /// payload first, pushes a converted read's data after, and returns the reply
     /// to send (`None` when a transfer failed: the transport has closed the
     /// connection, which is all a bad descriptor deserves).
-    async fn execute_converting(self: &Rc<Self>, conn: &Conn, mut msg: Message) -> Option<Message> {
+    async fn execute_converting(
+        self: &Rc<Self>,
+        conn: &Conn,
+        inflight: &Inflight,
+        mut msg: Message,
+    ) -> Option<Message> {
         let mut dest: Option<RemoteBuf> = None;
         match &mut msg {
             Message::Write {
@@ -315,7 +337,11 @@ impl Shard {
                 ..
             } => {
                 let r = remote.take()?;
-                match conn.read_remote(r).await {
+                let pulled = {
+                    let _t = inflight.transfer(conn);
+                    conn.read_remote(r).await
+                };
+                match pulled {
                     Ok(buf) if buf.len() == target.length as usize => {
                         *data = buf.freeze();
                         self.metrics.converted[1].inc();
@@ -347,7 +373,11 @@ impl Shard {
         ) = (dest, &mut reply)
             && data.len() == d.len as usize
         {
-            if let Err(e) = conn.write_remote(d, 0, data).await {
+            let pushed = {
+                let _t = inflight.transfer(conn);
+                conn.write_remote(d, 0, data).await
+            };
+            if let Err(e) = pushed {
                 tracing::warn!(shard = self.id, peer = %conn.peer(), "pushing a converted read's data failed: {e}; closing");
                 conn.close();
                 return None;
@@ -380,7 +410,8 @@ impl Shard {
             // One area per client connection.
             return msg.reply(self.epoch(), status::EINVAL);
         }
-        if self.reply_slots_max == 0 || !conn.one_sided_native() {
+        if self.reply_slots_max == 0 || !(conn.one_sided_native() || self.reply_area_over_emulated)
+        {
             // Over an emulated one-sided READ every fetch is a round trip through
             // this thread: more work than pushing the reply.
             return msg.reply(self.epoch(), status::EOPNOTSUPP);
@@ -502,20 +533,53 @@ impl Shard {
 /// Requests in flight on one connection, and the reader waiting for room.
 struct Inflight {
     count: Cell<u32>,
+    /// One-sided transfers running whose completion needs this connection's
+    /// receive (an emulated transport).
+    transfers: Cell<u32>,
     reader: Cell<Option<std::task::Waker>>,
 }
 
+/// Counts one transfer in [`Inflight::transfers`] while it lives.
+struct TransferGuard<'a>(Option<&'a Inflight>);
+
+impl Drop for TransferGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            i.transfers.set(i.transfers.get() - 1);
+        }
+    }
+}
+
 impl Inflight {
-    async fn below(&self, max: u32) {
+    /// Waits until the connection has room (in-flight count below `max` and, for
+    /// a client connection, the shard's bytes below their bound), or until a
+    /// transfer needs the receive loop.
+    async fn room_or_transfers(&self, max: u32, is_peer: bool, shard: &Shard) {
         std::future::poll_fn(|cx| {
-            if self.count.get() < max {
-                std::task::Poll::Ready(())
-            } else {
-                self.reader.set(Some(cx.waker().clone()));
-                std::task::Poll::Pending
+            let bytes_ok = is_peer || shard.inflight_bytes.get() < shard.inflight_bytes_max;
+            if self.transfers.get() > 0 || (self.count.get() < max && bytes_ok) {
+                return std::task::Poll::Ready(());
             }
+            self.reader.set(Some(cx.waker().clone()));
+            if !bytes_ok {
+                shard.byte_waiters.borrow_mut().push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
         })
         .await
+    }
+
+    /// Marks a one-sided transfer on `conn` as running until the guard drops.
+    /// Only an emulated transport's transfers need the receive loop.
+    fn transfer(&self, conn: &Conn) -> TransferGuard<'_> {
+        if conn.one_sided_native() {
+            return TransferGuard(None);
+        }
+        self.transfers.set(self.transfers.get() + 1);
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+        TransferGuard(Some(self))
     }
 }
 

@@ -92,6 +92,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 max_inflight: cfg.max_inflight_per_connection,
                 reply_slots_max: cfg.reply_slots_per_connection_max,
                 reply_slot_payload_max: cfg.reply_slot_payload_bytes_max,
+                reply_area_over_emulated: cfg.reply_area_over_emulated,
                 connections: Cell::new(0),
                 inflight_bytes: Cell::new(0),
                 inflight_bytes_max: cfg.max_inflight_bytes_per_shard,

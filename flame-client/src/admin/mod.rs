@@ -283,6 +283,10 @@ pub struct BenchArgs {
     /// How replies come back: push, or fetch (remote fetching; shm/rdma only).
     #[arg(long, value_enum, default_value = "push")]
     pub reply_mode: crate::config::ReplyMode,
+    /// Allow `--reply-mode fetch` over tcp's emulated one-sided READ (to measure
+    /// what fetching costs there; the OSDs need `reply_area_over_emulated: true`).
+    #[arg(long)]
+    pub fetch_over_emulated: bool,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -889,6 +893,7 @@ fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
     let mut client = admin_client_config(&cli.mgr);
     client.transfer_mode = b.transfer_mode;
     client.reply_mode = b.reply_mode;
+    client.fetch_over_emulated = b.fetch_over_emulated;
     if let Some(t) = b.convert_threshold {
         let t = u32::try_from(t)
             .ok()

@@ -136,6 +136,7 @@ fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
         transfer_mode: config.transfer_mode,
         convert_threshold_bytes: config.convert_threshold_bytes,
         reply_mode: config.reply_mode,
+        fetch_over_emulated: config.fetch_over_emulated,
         ..ClientConfig::default()
     };
     let deadline = Instant::now() + MGR_CONNECT_PATIENCE;

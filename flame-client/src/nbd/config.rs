@@ -61,6 +61,8 @@ pub struct NbdConfig {
     pub convert_threshold_bytes: crate::config::ConvertThresholds,
     /// How the OSDs' replies come back (the client library's `reply_mode`).
     pub reply_mode: crate::config::ReplyMode,
+    /// The client library's `fetch_over_emulated` (tests and measurements only).
+    pub fetch_over_emulated: bool,
 }
 
 impl Default for NbdConfig {
@@ -80,6 +82,7 @@ impl Default for NbdConfig {
             transfer_mode: crate::config::TransferMode::Inline,
             convert_threshold_bytes: crate::config::ConvertThresholds::default(),
             reply_mode: crate::config::ReplyMode::Push,
+            fetch_over_emulated: false,
         }
     }
 }

@@ -370,3 +370,15 @@ pub async fn file_size(fd: RawFd) -> io::Result<u64> {
     result(res)?;
     Ok(buf.stx_size)
 }
+
+/// Waits until `fd` is readable (or has hung up / failed: `POLLIN | POLLHUP |
+/// POLLERR`), returning the ready events. Cancelled when dropped, and it consumes
+/// nothing, so racing it against another wait loses no data: the shared-memory
+/// transport waits this way for a listener's connections, for descriptors passed
+/// with `SCM_RIGHTS` (which a plain `recv` would discard) and for a peer's Unix
+/// socket to close.
+pub async fn poll_readable(fd: RawFd) -> io::Result<u32> {
+    let sqe = opcode::PollAdd::new(types::Fd(fd), (libc::POLLIN | libc::POLLRDHUP) as u32).build();
+    let (res, ()) = Op::submit_cancellable(sqe, ()).await;
+    result(res).map(|e| e as u32)
+}

@@ -12,13 +12,15 @@
 //! Today there is one implementation, [`tcp`]. The OSD and the client only see
 //! [`Conn`] and [`Listener`]; adding a transport means adding a variant here.
 
-mod onesided_shim;
+pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod tcp;
-pub use crate::protocol::RemoteBuf;
-pub use onesided_shim::{Grant, SharedArea, WriteGrant};
 
+pub use crate::protocol::RemoteBuf;
+pub use grant::{Grant, Refusal, SharedArea, WriteGrant};
+
+use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{Message, ProtocolError};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -32,6 +34,19 @@ pub enum TransportKind {
     /// TCP sockets through io_uring.
     #[default]
     Tcp,
+    /// Shared memory with peers on the same host (memfd rings and regions, handshake
+    /// over a Unix socket); TCP for a peer that cannot be reached that way.
+    Shm,
+}
+
+impl TransportKind {
+    /// The configuration spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+        }
+    }
 }
 
 /// Why a connection failed. Every variant ends the connection.
@@ -52,6 +67,14 @@ pub enum TransportError {
     /// The send queue is over its bound: the peer is not reading.
     #[error("send queue over {0} bytes: peer is not reading")]
     Backlog(usize),
+    /// A one-sided access was refused (by the grantor, or by this side's check of
+    /// the grantor's table); the connection is closed.
+    #[error("one-sided access refused: {0}")]
+    Refused(&'static str),
+    /// A grant could not be made (too large, or too many live); the connection
+    /// stays up.
+    #[error("grant refused: {0}")]
+    Grant(String),
 }
 
 /// A connection of any transport.
@@ -124,6 +147,74 @@ impl Conn {
         }
     }
 
+    /// Whether one-sided READ/WRITE are done by the initiator without the peer's CPU
+    /// (shm, rdma), or emulated by the peer's connection thread (tcp: a request
+    /// frame and a reply, served while the peer's task receives on the connection).
+    pub fn one_sided_native(&self) -> bool {
+        match self {
+            Conn::Tcp(_) => false,
+        }
+    }
+
+    /// The transport this connection actually uses (a `shm` connect falls back to
+    /// tcp when the peer is not reachable through shared memory).
+    pub fn kind(&self) -> TransportKind {
+        match self {
+            Conn::Tcp(_) => TransportKind::Tcp,
+        }
+    }
+
+    /// Lets the peer READ `buf` (1..=[`crate::protocol::PAYLOAD_BYTES_MAX`] bytes)
+    /// until the returned grant is dropped; send [`Grant::remote`] to it. A client
+    /// write in convert mode: the OSD pulls the payload.
+    pub fn grant_read(&self, buf: &PayloadBuf) -> Result<Grant, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.grant_read(buf),
+        }
+    }
+
+    /// Lets the peer WRITE into `buf` until [`WriteGrant::finish`] takes it back
+    /// with the bytes written. A client read in convert mode: the OSD pushes the
+    /// data.
+    pub fn grant_write(&self, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.grant_write(buf),
+        }
+    }
+
+    /// Lets the peer READ `len` bytes (1..=[`crate::protocol::PAYLOAD_BYTES_MAX`])
+    /// that this side keeps writing, for as long as the returned area lives: the
+    /// reply area of remote fetching.
+    pub fn grant_area(&self, len: usize) -> Result<SharedArea, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.grant_area(len),
+        }
+    }
+
+    /// One-sided READ of `remote.len` bytes at `remote.addr` of a buffer the peer
+    /// granted (the whole grant, or a part of it under the same key) into fresh
+    /// local memory. A refusal closes the connection.
+    pub async fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.read_remote(remote).await,
+        }
+    }
+
+    /// One-sided WRITE of `data` at `offset` into the peer's granted buffer
+    /// `remote` (`offset + data.len() <= remote.len`). A refusal closes the
+    /// connection.
+    pub async fn write_remote(
+        &self,
+        remote: RemoteBuf,
+        offset: u32,
+        data: &PayloadBuf,
+    ) -> Result<(), TransportError> {
+        let addr = remote_range(remote, offset, data.len())?;
+        match self {
+            Conn::Tcp(c) => c.write_remote(remote.key, addr, data).await,
+        }
+    }
+
     /// Connects to `addr` with `kind`, giving up after `timeout`.
     pub async fn connect(
         kind: TransportKind,
@@ -142,11 +233,29 @@ impl Conn {
         timeout: Duration,
     ) -> Result<Conn, TransportError> {
         match kind {
-            TransportKind::Tcp => Ok(Conn::Tcp(
+            // Shared memory is not wired yet: a shm connect uses tcp, as it will for
+            // a peer on another host.
+            TransportKind::Tcp | TransportKind::Shm => Ok(Conn::Tcp(
                 tcp::TcpConn::connect_from(addr, source, timeout).await?,
             )),
         }
     }
+}
+
+/// The peer address a WRITE of `len` bytes at `offset` of `remote` goes to, after
+/// checking it stays inside `remote` (a caller bug, reported without closing).
+fn remote_range(remote: RemoteBuf, offset: u32, len: usize) -> Result<u64, TransportError> {
+    let end = u64::from(offset) + len as u64;
+    if len == 0 || end > u64::from(remote.len) {
+        return Err(TransportError::Grant(format!(
+            "write of {len} bytes at offset {offset} does not fit a {}-byte remote buffer",
+            remote.len
+        )));
+    }
+    remote
+        .addr
+        .checked_add(u64::from(offset))
+        .ok_or_else(|| TransportError::Grant("remote address overflows".into()))
 }
 
 /// A listening endpoint.
@@ -159,7 +268,7 @@ impl Listener {
     /// Binds `addr`.
     pub fn bind(kind: TransportKind, addr: SocketAddr) -> Result<Listener, TransportError> {
         match kind {
-            TransportKind::Tcp => Ok(Listener::Tcp(bind_retrying(|| {
+            TransportKind::Tcp | TransportKind::Shm => Ok(Listener::Tcp(bind_retrying(|| {
                 tcp::TcpListener::bind(addr)
             })?)),
         }

@@ -16,10 +16,17 @@
 //! alone, so a stream of large writes lands in its payload buffers without a copy.
 
 use super::TransportError;
+use super::grant::{
+    Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
+};
 use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
-use crate::protocol::{HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, ProtocolError};
+use crate::protocol::{
+    HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
+};
 use crate::reactor;
+use std::cell::RefCell as StdRefCell;
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -65,6 +72,41 @@ pub struct TcpConn {
     closed: Cell<bool>,
     /// Close once everything queued so far is written (see `close_after_send`).
     closing: Cell<bool>,
+    /// Buffers this side granted to the peer; the receiving task serves the peer's
+    /// one-sided requests from it.
+    grants: Rc<GrantTable>,
+    /// One-sided operations this side started, by frame id, until their reply.
+    pending: StdRefCell<HashMap<u64, PendingOp>>,
+    /// Id of the next one-sided operation (its own id space: frames are told apart
+    /// from messages by opcode).
+    next_op: Cell<u64>,
+}
+
+/// A one-sided operation waiting for the peer's reply.
+struct PendingOp {
+    /// `Some(len)` for a READ of `len` bytes, `None` for a WRITE.
+    read_len: Option<u32>,
+    waker: Option<Waker>,
+    done: Option<Result<PayloadBufMut, TransportError>>,
+}
+
+/// Most one-sided operations in flight on one connection (each holds a pending
+/// entry until its reply): a bound, not a tuning knob.
+pub const ONE_SIDED_INFLIGHT_MAX: usize = 4096;
+
+/// A frame received by the connection: a message for the caller, or a one-sided
+/// request or reply the transport handles itself.
+enum Frame {
+    Message(Message),
+    Internal(Header, PayloadBufMut),
+}
+
+impl GrantOwner for GrantTable {
+    fn revoke(&self, key: u32, _into: Option<&mut PayloadBufMut>) {
+        // The write grant's buffer is written in place; removing the table's
+        // reference is all there is to do.
+        self.remove(key);
+    }
 }
 
 impl TcpConn {
@@ -92,6 +134,9 @@ impl TcpConn {
             })),
             closed: Cell::new(false),
             closing: Cell::new(false),
+            grants: Rc::new(GrantTable::default()),
+            pending: StdRefCell::new(HashMap::new()),
+            next_op: Cell::new(1),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -224,7 +269,17 @@ impl TcpConn {
                 "two tasks receiving on one connection",
             )));
         };
-        let result = self.recv_inner(&mut st).await;
+        let result = loop {
+            match self.recv_inner(&mut st).await {
+                Ok(Frame::Message(m)) => break Ok(m),
+                Ok(Frame::Internal(h, payload)) => {
+                    if let Err(e) = self.serve_internal(&h, payload) {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
         *self.recv_state.borrow_mut() = Some(st);
         match &result {
             // A peer of another protocol version: close once what is queued has
@@ -233,13 +288,15 @@ impl TcpConn {
             Err(TransportError::Protocol(ProtocolError::ForeignVersion { .. })) => {
                 self.close_after_send()
             }
+            // The refusal reply is queued: let it reach the peer, then close.
+            Err(TransportError::Refused(_)) => self.close_after_send(),
             Err(_) => self.close(),
             Ok(_) => {}
         }
         result
     }
 
-    async fn recv_inner(&self, st: &mut RecvState) -> Result<Message, TransportError> {
+    async fn recv_inner(&self, st: &mut RecvState) -> Result<Frame, TransportError> {
         let fd = self.stream.as_raw_fd();
         // Header: first the prefix every protocol version shares, so a peer of
         // another version (whose header may be shorter) is recognised from what it
@@ -282,8 +339,233 @@ impl TcpConn {
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             st.header_only = true;
         }
+        if header.op().is_transport_internal() {
+            let actual = crc32c::crc32c(payload.as_slice());
+            if actual != header.payload_crc {
+                return Err(ProtocolError::BadPayloadChecksum {
+                    expected: header.payload_crc,
+                    actual,
+                }
+                .into());
+            }
+            return Ok(Frame::Internal(header, payload));
+        }
         let payload = payload.freeze();
-        Ok(Message::from_parts(&header, payload)?)
+        Ok(Frame::Message(Message::from_parts(&header, payload)?))
+    }
+
+    /// Handles a one-sided frame: serves the peer's READ or WRITE of a granted
+    /// buffer, or completes one of ours. A refused access queues a refusal reply
+    /// and fails with [`TransportError::Refused`] (the connection then closes).
+    fn serve_internal(&self, h: &Header, payload: PayloadBufMut) -> Result<(), TransportError> {
+        let bad = |what| Err(TransportError::Protocol(ProtocolError::Inconsistent(what)));
+        if h.flags != 0 {
+            return bad("a one-sided frame with flags");
+        }
+        if h.is_reply() {
+            let mut pending = self.pending.borrow_mut();
+            // A reply to an operation that was given up on (its future dropped):
+            // nothing waits for it any more.
+            let Some(op) = pending.get_mut(&h.request_id) else {
+                return Ok(());
+            };
+            let result = if h.status == status::EACCES {
+                Err(TransportError::Refused("the peer refused the access"))
+            } else if h.status != status::OK {
+                Err(TransportError::Protocol(ProtocolError::Inconsistent(
+                    "a one-sided reply with an unknown status",
+                )))
+            } else {
+                match op.read_len {
+                    Some(n) if n as usize == payload.len() => Ok(payload),
+                    None if payload.is_empty() => Ok(payload),
+                    _ => Err(TransportError::Protocol(ProtocolError::Inconsistent(
+                        "a one-sided reply of the wrong length",
+                    ))),
+                }
+            };
+            let failed = result.is_err();
+            op.done = Some(result);
+            if let Some(w) = op.waker.take() {
+                w.wake();
+            }
+            drop(pending);
+            if failed {
+                // The waiting task reports the reason; the connection is done.
+                self.close_after_send();
+            }
+            return Ok(());
+        }
+        let reply = |payload: Option<PayloadBuf>, st: i32| {
+            let payload_len = payload.as_ref().map_or(0, |p| p.len() as u32);
+            let header = Header {
+                opcode: h.opcode | 0x80,
+                request_id: h.request_id,
+                status: st,
+                payload_len,
+                payload_crc: payload.as_ref().map_or(0, PayloadBuf::crc32c),
+                ..Header::default()
+            };
+            self.enqueue(&header, &[], payload)
+        };
+        let served = match h.op() {
+            OpCode::RemoteRead => {
+                if !payload.is_empty() {
+                    return bad("a one-sided READ request with a payload");
+                }
+                self.grants
+                    .read(h.remote_key, h.remote_addr, u64::from(h.remote_len))
+                    .map(Some)
+            }
+            _ => {
+                if payload.len() != h.remote_len as usize {
+                    return bad("a one-sided WRITE whose payload is not its length");
+                }
+                self.grants
+                    .write(h.remote_key, h.remote_addr, payload.as_slice())
+                    .map(|()| None)
+            }
+        };
+        match served {
+            Ok(data) => reply(data, status::OK),
+            Err(refusal) => {
+                tracing::warn!(peer = %self.peer, reason = refusal.as_str(), "one-sided access refused; closing the connection");
+                let _ = reply(None, status::EACCES);
+                Err(TransportError::Refused(refusal.as_str()))
+            }
+        }
+    }
+
+    /// See [`super::Conn::grant_read`]: the table keeps a reference to `buf`.
+    pub fn grant_read(&self, buf: &PayloadBuf) -> Result<Grant, TransportError> {
+        let len = check_grant_len(buf.len())?;
+        let addr = buf.as_slice().as_ptr() as u64;
+        let remote = self
+            .grants
+            .insert(addr, len, GrantedBuf::Read(buf.clone()))?;
+        Ok(Grant::new(remote, self.grants.clone()))
+    }
+
+    /// See [`super::Conn::grant_write`]: the peer's WRITEs land in `buf` in place.
+    pub fn grant_write(&self, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
+        let len = check_grant_len(buf.len())?;
+        let addr = buf.as_slice().as_ptr() as u64;
+        let buf = Rc::new(std::cell::RefCell::new(buf));
+        let remote = self
+            .grants
+            .insert(addr, len, GrantedBuf::Write(buf.clone()))?;
+        Ok(WriteGrant::new(remote, self.grants.clone(), buf))
+    }
+
+    /// See [`super::Conn::grant_area`]: the peer's READs copy from the area as it
+    /// is at that moment.
+    pub fn grant_area(&self, len: usize) -> Result<SharedArea, TransportError> {
+        let len = check_grant_len(len)?;
+        let buf = PayloadBufMut::zeroed(len as usize);
+        let addr = buf.as_slice().as_ptr() as u64;
+        let buf = Rc::new(std::cell::RefCell::new(buf));
+        let remote = self
+            .grants
+            .insert(addr, len, GrantedBuf::Area(buf.clone()))?;
+        Ok(SharedArea::new(remote, self.grants.clone(), buf))
+    }
+
+    /// Live grants (for tests and metrics).
+    pub fn grants_live(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// See [`super::Conn::read_remote`]: a READ request frame; the peer's receiving
+    /// task answers with the bytes.
+    pub async fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
+        if remote.len == 0 || remote.len > crate::protocol::PAYLOAD_BYTES_MAX {
+            return Err(TransportError::Grant(format!(
+                "cannot read {} bytes in one operation",
+                remote.len
+            )));
+        }
+        self.one_sided(
+            OpCode::RemoteRead,
+            remote.key,
+            remote.addr,
+            remote.len,
+            None,
+        )
+        .await
+    }
+
+    /// See [`super::Conn::write_remote`] (`addr` is checked against `remote` by
+    /// the caller): a WRITE request frame carrying the bytes.
+    pub async fn write_remote(
+        &self,
+        key: u32,
+        addr: u64,
+        data: &PayloadBuf,
+    ) -> Result<(), TransportError> {
+        let len = data.len() as u32;
+        self.one_sided(OpCode::RemoteWrite, key, addr, len, Some(data.clone()))
+            .await
+            .map(|_| ())
+    }
+
+    async fn one_sided(
+        &self,
+        op: OpCode,
+        key: u32,
+        addr: u64,
+        len: u32,
+        data: Option<PayloadBuf>,
+    ) -> Result<PayloadBufMut, TransportError> {
+        if self.closed.get() {
+            return Err(TransportError::Closed);
+        }
+        if self.pending.borrow().len() >= ONE_SIDED_INFLIGHT_MAX {
+            return Err(TransportError::Backlog(ONE_SIDED_INFLIGHT_MAX));
+        }
+        let id = self.next_op.get();
+        self.next_op.set(id.wrapping_add(1).max(1));
+        let header = Header {
+            opcode: op as u8,
+            request_id: id,
+            remote_addr: addr,
+            remote_len: len,
+            remote_key: key,
+            payload_len: data.as_ref().map_or(0, |d| d.len() as u32),
+            payload_crc: data.as_ref().map_or(0, PayloadBuf::crc32c),
+            ..Header::default()
+        };
+        self.pending.borrow_mut().insert(
+            id,
+            PendingOp {
+                read_len: (op == OpCode::RemoteRead).then_some(len),
+                waker: None,
+                done: None,
+            },
+        );
+        // Removes the entry however this future ends (completed, failed, dropped).
+        struct Forget<'a>(&'a TcpConn, u64);
+        impl Drop for Forget<'_> {
+            fn drop(&mut self) {
+                self.0.pending.borrow_mut().remove(&self.1);
+            }
+        }
+        let _forget = Forget(self, id);
+        self.enqueue(&header, &[], data)?;
+        std::future::poll_fn(|cx| {
+            let mut pending = self.pending.borrow_mut();
+            let Some(op) = pending.get_mut(&id) else {
+                return Poll::Ready(Err(TransportError::Closed));
+            };
+            if let Some(done) = op.done.take() {
+                return Poll::Ready(done);
+            }
+            if self.closed.get() {
+                return Poll::Ready(Err(TransportError::Closed));
+            }
+            op.waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
     }
 
     async fn fill(&self, fd: i32, st: &mut RecvState) -> Result<(), TransportError> {
@@ -342,6 +624,17 @@ impl TcpConn {
         q.bufs.clear();
         q.queued_bytes = 0;
         if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+        drop(q);
+        // One-sided operations waiting for a reply fail now.
+        let wakers: Vec<Waker> = self
+            .pending
+            .borrow_mut()
+            .values_mut()
+            .filter_map(|op| op.waker.take())
+            .collect();
+        for w in wakers {
             w.wake();
         }
     }

@@ -154,6 +154,7 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         max_inflight: 16,
         reply_slots_max: 0,
         reply_slot_payload_max: 0,
+        reply_area_over_emulated: false,
         connections: Cell::new(0),
         inflight_bytes: Cell::new(0),
         inflight_bytes_max: 16 << 20,

@@ -1,0 +1,570 @@
+//! Transport conformance: the same checks against every transport, through the
+//! public verbs-shaped API only ([`Conn`], [`Listener`], grants, one-sided
+//! READ/WRITE). Each transport gets its own module from `conformance!`; a new
+//! transport (rdma) adds one line.
+//!
+//! Both ends run on one reactor thread (the tcp emulation of one-sided operations
+//! needs the grantor to keep receiving, as a real OSD or client does: `serve`).
+
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
+use flame_common::protocol::{IoTarget, Message, RemoteBuf};
+use flame_common::reactor::{self, Reactor, ReactorConfig, spawn};
+use flame_common::transport::{Conn, Listener, TransportError, TransportKind};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Size classes of the payload pool (4 KiB … 4 MiB) plus odd sizes.
+const SIZES: &[usize] = &[
+    1,
+    511,
+    4096,
+    8192,
+    16 << 10,
+    32 << 10,
+    64 << 10,
+    128 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+];
+/// Sub-range starts inside a grant: aligned and not.
+const ALIGNMENTS: &[usize] = &[0, 1, 7, 512, 4095, 4096];
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2654435761) ^ seed) as u8)
+        .collect()
+}
+
+fn write_msg(i: u64, data: PayloadBuf) -> Message {
+    Message::Write {
+        id: RequestId(i),
+        epoch: Epoch(1),
+        target: IoTarget {
+            pg: PgId(1),
+            object: ObjectId {
+                volume: VolumeId(1),
+                index: i,
+            },
+            offset: 0,
+            length: data.len() as u32,
+        },
+        flags: 0,
+        seq: PgSeq(0),
+        remote: None,
+        data,
+    }
+}
+
+/// A connected pair: (client side, server side).
+async fn pair(kind: TransportKind) -> (Conn, Conn) {
+    let l = Listener::bind(kind, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr();
+    let accept = spawn(async move { l.accept().await.unwrap() });
+    let c = Conn::connect(kind, addr, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let s = accept.await;
+    assert_eq!(c.kind(), kind, "connected with another transport");
+    assert_eq!(s.kind(), kind, "accepted with another transport");
+    (c, s)
+}
+
+/// Keeps receiving on `conn` (serving the peer's emulated one-sided operations)
+/// and collects the messages until the connection ends.
+fn serve(conn: Conn) -> reactor::Task<(Vec<Message>, TransportError)> {
+    spawn(async move {
+        let mut got = Vec::new();
+        loop {
+            match conn.recv().await {
+                Ok(m) => got.push(m),
+                Err(e) => return (got, e),
+            }
+        }
+    })
+}
+
+/// Runs `f` on a fresh reactor, failing the test after 60 s instead of hanging.
+fn run<F: std::future::Future<Output = ()> + 'static>(f: F) {
+    let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+    r.block_on(async move {
+        let timed_out = futures_lite::future::or(
+            async {
+                f.await;
+                false
+            },
+            async {
+                reactor::sleep(Duration::from_secs(60)).await;
+                true
+            },
+        )
+        .await;
+        assert!(!timed_out, "test hung");
+    })
+    .unwrap();
+}
+
+/// Waits until `conn` reports closed (bounded).
+async fn closed_soon(conn: &Conn) -> bool {
+    for _ in 0..500 {
+        if conn.is_closed() {
+            return true;
+        }
+        reactor::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+pub fn ordering(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let rx = spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..400 {
+                got.push(s.recv().await.unwrap());
+            }
+            got
+        });
+        let mut sent = Vec::new();
+        for i in 0..400u64 {
+            let len = [0, 1, 4096, 100, 1 << 20, 65536, 3][(i % 7) as usize];
+            let m = write_msg(i, PayloadBuf::copy_from(&pattern(len, i)));
+            if i % 2 == 0 {
+                c.send(&m).unwrap();
+            } else {
+                c.send_owned(m.clone()).unwrap();
+            }
+            sent.push(m);
+            if i % 50 == 0 {
+                reactor::yield_now().await;
+            }
+        }
+        assert_eq!(rx.await, sent);
+    });
+}
+
+pub fn large_messages(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        // Both directions at once, 4 MiB each (the protocol's largest payload).
+        let back = s.clone();
+        let echo = spawn(async move {
+            for _ in 0..24 {
+                let m = back.recv().await.unwrap();
+                back.send_owned(m).unwrap();
+            }
+        });
+        let mut sent = Vec::new();
+        for i in 0..24u64 {
+            let m = write_msg(i, PayloadBuf::copy_from(&pattern(4 << 20, i)));
+            c.send(&m).unwrap();
+            sent.push(m);
+        }
+        for m in sent {
+            assert_eq!(c.recv().await.unwrap(), m);
+        }
+        echo.await;
+    });
+}
+
+pub fn many_connections_per_thread(kind: TransportKind) {
+    run(async move {
+        let l = Rc::new(Listener::bind(kind, "127.0.0.1:0".parse().unwrap()).unwrap());
+        let addr = l.local_addr();
+        const CONNS: usize = 64;
+        let acceptor = {
+            let l = l.clone();
+            spawn(async move {
+                for _ in 0..CONNS {
+                    let s = l.accept().await.unwrap();
+                    spawn(async move {
+                        while let Ok(m) = s.recv().await {
+                            if s.send_owned(m).is_err() {
+                                return;
+                            }
+                        }
+                    })
+                    .detach();
+                }
+            })
+        };
+        let mut conns = Vec::new();
+        for _ in 0..CONNS {
+            conns.push(
+                Conn::connect(kind, addr, Duration::from_secs(5))
+                    .await
+                    .unwrap(),
+            );
+        }
+        acceptor.await;
+        for round in 0..10u64 {
+            for (i, c) in conns.iter().enumerate() {
+                c.send(&write_msg(
+                    round * 1000 + i as u64,
+                    PayloadBuf::copy_from(&pattern(4096, i as u64)),
+                ))
+                .unwrap();
+            }
+            for (i, c) in conns.iter().enumerate() {
+                let m = c.recv().await.unwrap();
+                assert_eq!(m.id(), RequestId(round * 1000 + i as u64));
+            }
+        }
+        for c in &conns {
+            c.close();
+        }
+    });
+}
+
+pub fn one_sided_read_every_size_and_alignment(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let _server = serve(s.clone());
+        let _client = serve(c.clone());
+        for (n, &size) in SIZES.iter().enumerate() {
+            let bytes = pattern(size, n as u64);
+            let buf = PayloadBuf::copy_from(&bytes);
+            // The server grants, the client reads.
+            let g = s.grant_read(&buf).unwrap();
+            let r = g.remote();
+            assert_eq!(r.len as usize, size);
+            assert_ne!(r.key, 0);
+            let whole = c.read_remote(r).await.unwrap();
+            assert_eq!(whole.as_slice(), &bytes[..], "size {size}");
+            for &start in ALIGNMENTS {
+                if start >= size {
+                    continue;
+                }
+                let len = (size - start).min(size / 2 + 1).max(1);
+                let part = RemoteBuf {
+                    addr: r.addr + start as u64,
+                    len: len as u32,
+                    key: r.key,
+                };
+                let got = c.read_remote(part).await.unwrap();
+                assert_eq!(
+                    got.as_slice(),
+                    &bytes[start..start + len],
+                    "size {size} at {start}"
+                );
+            }
+            drop(g);
+        }
+        assert!(!c.is_closed() && !s.is_closed());
+    });
+}
+
+pub fn one_sided_write_every_size_and_alignment(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let _server = serve(s.clone());
+        let _client = serve(c.clone());
+        for (n, &size) in SIZES.iter().enumerate() {
+            // The client grants (a read in convert mode), the server writes.
+            let g = c.grant_write(PayloadBufMut::zeroed(size)).unwrap();
+            let r = g.remote();
+            let mut expect = vec![0u8; size];
+            for &start in ALIGNMENTS {
+                if start >= size {
+                    continue;
+                }
+                let len = (size - start).min(size / 3 + 1).max(1);
+                let data = pattern(len, (n * 100 + start) as u64);
+                s.write_remote(r, start as u32, &PayloadBuf::copy_from(&data))
+                    .await
+                    .unwrap();
+                expect[start..start + len].copy_from_slice(&data);
+            }
+            let whole = pattern(size, 7 + n as u64);
+            if size > 8 {
+                // The whole buffer minus its first byte, then that byte.
+                s.write_remote(r, 1, &PayloadBuf::copy_from(&whole[1..]))
+                    .await
+                    .unwrap();
+                s.write_remote(r, 0, &PayloadBuf::copy_from(&whole[..1]))
+                    .await
+                    .unwrap();
+                expect.copy_from_slice(&whole);
+            }
+            let got = g.finish();
+            assert_eq!(got.len(), size);
+            assert!(got.as_slice() == &expect[..], "size {size}");
+        }
+        assert!(!c.is_closed() && !s.is_closed());
+    });
+}
+
+/// Runs `bad` (an access the grant does not allow) and checks that it fails and
+/// that both ends of the connection close.
+fn refused(kind: TransportKind, bad: fn(RemoteBuf) -> RemoteBuf, write: bool) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let server = serve(s.clone());
+        let _client = serve(c.clone());
+        let data = PayloadBuf::copy_from(&pattern(8192, 1));
+        let rg = s.grant_read(&data).unwrap();
+        let wg = s.grant_write(PayloadBufMut::zeroed(8192)).unwrap();
+        // A good access works first.
+        assert_eq!(
+            c.read_remote(rg.remote()).await.unwrap().as_slice(),
+            data.as_slice()
+        );
+        let target = if write {
+            bad(wg.remote())
+        } else {
+            bad(rg.remote())
+        };
+        let res = if write {
+            c.write_remote(target, 0, &PayloadBuf::copy_from(&[1u8; 16]))
+                .await
+                .map(|_| ())
+        } else {
+            c.read_remote(target).await.map(|_| ())
+        };
+        assert!(
+            matches!(
+                res,
+                Err(TransportError::Refused(_)) | Err(TransportError::Closed)
+            ),
+            "{res:?}"
+        );
+        assert!(closed_soon(&c).await, "initiator still open");
+        assert!(closed_soon(&s).await, "grantor still open");
+        let (_, e) = server.await;
+        let _ = e;
+        // The write grant's buffer was not touched.
+        assert!(wg.finish().as_slice().iter().all(|&b| b == 0));
+        drop(rg);
+    });
+}
+
+pub fn unknown_key_refused(kind: TransportKind) {
+    refused(
+        kind,
+        |r| RemoteBuf {
+            key: r.key ^ 0x5a5a_0001,
+            ..r
+        },
+        false,
+    );
+    refused(
+        kind,
+        |r| RemoteBuf {
+            key: r.key.wrapping_add(1),
+            ..r
+        },
+        true,
+    );
+}
+
+pub fn out_of_bounds_refused(kind: TransportKind) {
+    // One byte past the end, one byte before the start, and a huge length.
+    refused(
+        kind,
+        |r| RemoteBuf {
+            addr: r.addr + 1,
+            ..r
+        },
+        false,
+    );
+    refused(
+        kind,
+        |r| RemoteBuf {
+            addr: r.addr - 1,
+            len: 16,
+            ..r
+        },
+        false,
+    );
+    refused(
+        kind,
+        |r| RemoteBuf {
+            len: r.len + 4096,
+            ..r
+        },
+        false,
+    );
+    refused(
+        kind,
+        |r| RemoteBuf {
+            addr: r.addr + u64::from(r.len) - 8,
+            len: 16,
+            ..r
+        },
+        true,
+    );
+}
+
+pub fn wrong_access_refused(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let _server = serve(s.clone());
+        let _client = serve(c.clone());
+        let data = PayloadBuf::copy_from(&pattern(4096, 1));
+        let rg = s.grant_read(&data).unwrap();
+        // A WRITE through a read grant.
+        let res = c
+            .write_remote(rg.remote(), 0, &PayloadBuf::copy_from(&[9u8; 8]))
+            .await;
+        assert!(res.is_err(), "write through a read grant succeeded");
+        assert!(closed_soon(&c).await && closed_soon(&s).await);
+        assert_eq!(
+            &data[..8],
+            &pattern(4096, 1)[..8],
+            "read-only bytes changed"
+        );
+    });
+}
+
+pub fn revoked_grant_refused(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let _server = serve(s.clone());
+        let _client = serve(c.clone());
+        let data = PayloadBuf::copy_from(&pattern(4096, 3));
+        let g = s.grant_read(&data).unwrap();
+        let r = g.remote();
+        assert!(c.read_remote(r).await.is_ok());
+        drop(g);
+        assert!(
+            c.read_remote(r).await.is_err(),
+            "read after the grant ended"
+        );
+        assert!(closed_soon(&c).await && closed_soon(&s).await);
+    });
+}
+
+pub fn peer_closing_mid_operation_fails_cleanly(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        // The grantor does not serve (tcp: no receiving task) and then goes away:
+        // the initiator's operations must fail, not hang. The initiator receives
+        // as every client and OSD does (that is where tcp sees the close).
+        let _client = serve(c.clone());
+        let data = PayloadBuf::copy_from(&pattern(1 << 20, 5));
+        let g = s.grant_read(&data).unwrap();
+        let wg = s.grant_write(PayloadBufMut::zeroed(1 << 20)).unwrap();
+        let r = g.remote();
+        let w = wg.remote();
+        let closer = {
+            let s = s.clone();
+            spawn(async move {
+                reactor::sleep(Duration::from_millis(50)).await;
+                s.close();
+            })
+        };
+        // Many operations in flight when the peer closes: each either completed
+        // (shm needs no peer CPU) or failed; none hangs.
+        let mut ok = 0;
+        for i in 0..200u32 {
+            let res = if i % 2 == 0 {
+                c.read_remote(r).await.map(|_| ())
+            } else {
+                c.write_remote(w, 0, &PayloadBuf::copy_from(&[1u8; 4096]))
+                    .await
+            };
+            match res {
+                Ok(()) => ok += 1,
+                Err(_) => break,
+            }
+            reactor::sleep(Duration::from_millis(1)).await;
+        }
+        closer.await;
+        // After the close, everything fails.
+        assert!(c.read_remote(r).await.is_err());
+        assert!(closed_soon(&c).await, "initiator did not notice the close");
+        let _ = ok;
+        drop((g, wg));
+    });
+}
+
+pub fn grants_are_bounded(kind: TransportKind) {
+    run(async move {
+        let (c, _s) = pair(kind).await;
+        let data = PayloadBuf::copy_from(&[1u8; 4096]);
+        let mut grants = Vec::new();
+        let mut refused = false;
+        for _ in 0..10_000 {
+            match c.grant_read(&data) {
+                Ok(g) => grants.push(g),
+                Err(TransportError::Grant(_)) => {
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(refused, "{} grants and no bound", grants.len());
+        // Releasing one makes room again; the connection stayed up.
+        grants.pop();
+        assert!(c.grant_read(&data).is_ok());
+        assert!(!c.is_closed());
+        // Empty and oversized grants are refused.
+        assert!(c.grant_read(&PayloadBuf::empty()).is_err());
+        assert!(c.grant_write(PayloadBufMut::zeroed((4 << 20) + 1)).is_err());
+        // Keys are distinct.
+        let mut keys: Vec<u32> = grants.iter().map(|g| g.remote().key).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), grants.len());
+        let _ = RefCell::new(0);
+    });
+}
+
+macro_rules! conformance {
+    ($name:ident, $kind:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn ordering() {
+                super::ordering($kind)
+            }
+            #[test]
+            fn large_messages() {
+                super::large_messages($kind)
+            }
+            #[test]
+            fn many_connections_per_thread() {
+                super::many_connections_per_thread($kind)
+            }
+            #[test]
+            fn one_sided_read_every_size_and_alignment() {
+                super::one_sided_read_every_size_and_alignment($kind)
+            }
+            #[test]
+            fn one_sided_write_every_size_and_alignment() {
+                super::one_sided_write_every_size_and_alignment($kind)
+            }
+            #[test]
+            fn unknown_key_refused() {
+                super::unknown_key_refused($kind)
+            }
+            #[test]
+            fn out_of_bounds_refused() {
+                super::out_of_bounds_refused($kind)
+            }
+            #[test]
+            fn wrong_access_refused() {
+                super::wrong_access_refused($kind)
+            }
+            #[test]
+            fn revoked_grant_refused() {
+                super::revoked_grant_refused($kind)
+            }
+            #[test]
+            fn peer_closing_mid_operation_fails_cleanly() {
+                super::peer_closing_mid_operation_fails_cleanly($kind)
+            }
+            #[test]
+            fn grants_are_bounded() {
+                super::grants_are_bounded($kind)
+            }
+        }
+    };
+}
+
+conformance!(tcp, TransportKind::Tcp);
