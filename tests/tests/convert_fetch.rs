@@ -285,3 +285,153 @@ fn forged_descriptors_end_only_their_connection(
         panic!("reactor: {e}\n{}", cluster.log_tails());
     }
 }
+
+/// The in-process client library in convert + fetch mode (its reply polling at
+/// the default budget): writes and reads of several sizes, verified; returns the
+/// (hits, misses, fallbacks) its fetches counted.
+fn library_fetch_roundtrip(cluster: &TestCluster, volume: &str) -> (f64, f64, f64) {
+    let mut cfg = flame_client::ClientConfig::new(cluster.mgr_addr().to_string());
+    cfg.transfer_mode = flame_client::TransferMode::Convert;
+    cfg.convert_threshold_bytes = flame_client::ConvertThresholds {
+        tcp: 4096,
+        shm: 4096,
+        rdma: 4096,
+    };
+    cfg.reply_mode = flame_client::ReplyMode::Fetch;
+    cfg.fetch_over_emulated = true;
+    cfg.io_timeout_ms = 60_000;
+    let client = flame_client::Cluster::connect(cfg).expect("client");
+    let name = volume.to_string();
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let result = reactor.block_on(async move {
+        let vol = client.open_volume(&name).await.expect("open");
+        // Offsets past what the NBD part of the test wrote.
+        let cases: [(u64, usize); 5] = [
+            (16 << 20, 512),
+            ((16 << 20) + 8192, 4096),
+            ((16 << 20) + 65536, 65536),
+            (17 << 20, 1 << 20),
+            ((20 << 20) - 4096, 12288),
+        ];
+        for (i, &(off, len)) in cases.iter().enumerate() {
+            vol.write_at(off, &pattern(100 + i as u64, len), false)
+                .await
+                .expect("write");
+        }
+        for (i, &(off, len)) in cases.iter().enumerate() {
+            let got = vol.read_at(off, len).await.expect("read");
+            assert!(
+                got == pattern(100 + i as u64, len),
+                "{len} bytes at {off} read back wrong"
+            );
+        }
+    });
+    if let Err(e) = result {
+        panic!("reactor: {e}");
+    }
+    let text = flame_common::metrics::render();
+    let sum = |prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        sum("flame_client_fetch_total{result=\"hit\""),
+        sum("flame_client_fetch_total{result=\"miss\""),
+        sum("flame_client_fetch_total{result=\"fallback\""),
+    )
+}
+
+/// Fetch mode (over tcp's emulated READ, which both sides must allow: no native
+/// transport runs here yet) with conversion on: replies are left in the OSDs'
+/// reply areas and fetched, every byte reads back. With one fetch allowed per
+/// reply (and the switch to push after many fallbacks in a row disabled),
+/// replies that are not ready at once are asked to be pushed (the fallback) and
+/// still arrive. OSDs allow only 4 requests in flight per
+/// connection, so a deep benchmark queue also runs their back-pressure while
+/// conversions are in flight (the receive loop must keep serving the transfers).
+#[test]
+fn fetch_mode_fetches_replies_and_falls_back_to_push() {
+    let cluster = TestCluster::start_with(ClusterOptions {
+        osd_extra_yaml: "reply_area_over_emulated: true\nmax_inflight_per_connection: 4\n".into(),
+        nbd_extra_yaml: "transfer_mode: convert\n\
+                         convert_threshold_bytes: {tcp: 4096, shm: 4096, rdma: 4096}\n\
+                         reply_mode: fetch\n\
+                         fetch_over_emulated: true\n\
+                         fetch_polls_max: 1\n\
+                         fetch_fallbacks_to_push: 100000\n"
+            .into(),
+        ..ClusterOptions::with_nbd()
+    });
+    cluster.create_volume("fetch", 64 << 20);
+    cluster.wait_nbd_export("fetch");
+    write_and_verify(&cluster, "fetch");
+
+    // flame-nbd polls each reply once: every reply not ready by then (all of
+    // them, on this machine) is pushed on request, and the data is right.
+    let nbd = cluster.nbd_metrics_addr();
+    let misses = metric_sum(nbd, "flame_client_fetch_total{result=\"miss\"");
+    let fallbacks = metric_sum(nbd, "flame_client_fetch_total{result=\"fallback\"");
+    let osd_fallbacks = osd_sum(
+        &cluster,
+        "flame_osd_fetch_replies_total{result=\"fallback\"",
+    );
+    assert!(fallbacks >= 10.0, "fallbacks to push: {fallbacks}");
+    assert_eq!(
+        misses, fallbacks,
+        "one fetch per reply before asking for push"
+    );
+    assert!(
+        osd_fallbacks >= fallbacks,
+        "OSDs pushed {osd_fallbacks} replies on request, the client asked {fallbacks} times"
+    );
+    assert!(osd_sum(&cluster, "flame_osd_reply_areas{") >= 1.0);
+    let converted = metric_sum(nbd, "flame_client_converted_total{");
+    assert!(converted >= 10.0, "conversion with fetching: {converted}");
+
+    // The library with the default polling budget: replies are fetched.
+    let left_before = osd_sum(&cluster, "flame_osd_fetch_replies_total{result=\"left\"");
+    let (hits, lib_misses, lib_fallbacks) = library_fetch_roundtrip(&cluster, "fetch");
+    let left = osd_sum(&cluster, "flame_osd_fetch_replies_total{result=\"left\"") - left_before;
+    eprintln!(
+        "fetch: hits {hits} misses {lib_misses} fallbacks {lib_fallbacks}, replies left {left}"
+    );
+    assert!(
+        hits >= 8.0,
+        "replies fetched: {hits} (misses {lib_misses}, fallbacks {lib_fallbacks})"
+    );
+    assert!(
+        left >= hits,
+        "OSDs left {left} replies, the client fetched {hits}"
+    );
+
+    // A deep queue of converted writes against a bound of 4 per connection
+    // (flame-admin's own client, convert mode, inline replies).
+    let out = cluster.admin(&[
+        "bench",
+        "fetch",
+        "--rw",
+        "randwrite",
+        "--bs",
+        "64k",
+        "--iodepth",
+        "32",
+        "--runtime",
+        "2s",
+        "--size-limit",
+        "8M",
+        "--force-overwrite",
+        "--transfer-mode",
+        "convert",
+        "--convert-threshold",
+        "4k",
+    ]);
+    assert!(
+        out.status.success(),
+        "bench under back-pressure failed: {}\n{}",
+        flame_tests::output_text(&out),
+        cluster.log_tails()
+    );
+    cluster.qemu_io("fetch", &["read -P 0x22 4096 4096"]);
+}

@@ -137,6 +137,8 @@ fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
         convert_threshold_bytes: config.convert_threshold_bytes,
         reply_mode: config.reply_mode,
         fetch_over_emulated: config.fetch_over_emulated,
+        fetch_polls_max: config.fetch_polls_max,
+        fetch_fallbacks_to_push: config.fetch_fallbacks_to_push,
         ..ClientConfig::default()
     };
     let deadline = Instant::now() + MGR_CONNECT_PATIENCE;

@@ -63,6 +63,10 @@ pub struct NbdConfig {
     pub reply_mode: crate::config::ReplyMode,
     /// The client library's `fetch_over_emulated` (tests and measurements only).
     pub fetch_over_emulated: bool,
+    /// The client library's `fetch_polls_max`.
+    pub fetch_polls_max: u32,
+    /// The client library's `fetch_fallbacks_to_push`.
+    pub fetch_fallbacks_to_push: u32,
 }
 
 impl Default for NbdConfig {
@@ -83,6 +87,8 @@ impl Default for NbdConfig {
             convert_threshold_bytes: crate::config::ConvertThresholds::default(),
             reply_mode: crate::config::ReplyMode::Push,
             fetch_over_emulated: false,
+            fetch_polls_max: crate::config::ClientConfig::default().fetch_polls_max,
+            fetch_fallbacks_to_push: crate::config::ClientConfig::default().fetch_fallbacks_to_push,
         }
     }
 }
