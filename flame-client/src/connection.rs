@@ -1014,3 +1014,126 @@ pub fn thread_connection_count() -> usize {
             .count()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::ids::{ObjectId, PgId, PgSeq, VolumeId};
+    use flame_common::protocol::IoTarget;
+    use flame_common::reactor::{Reactor, ReactorConfig};
+    use flame_common::transport::Listener;
+    use std::cell::RefCell;
+
+    /// A converted write whose caller gave up (a timeout, a resend elsewhere)
+    /// keeps its grant until the OSD's late reply: the OSD's pull, made after the
+    /// caller left, still reads the payload, and the connection survives.
+    #[test]
+    fn an_abandoned_converted_write_keeps_its_grant_until_the_reply() {
+        let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+        let pulled: Rc<RefCell<Option<Result<Vec<u8>, String>>>> = Rc::new(RefCell::new(None));
+        let pulled2 = pulled.clone();
+        reactor
+            .block_on(async move {
+                let listener =
+                    Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+                let addr = listener.local_addr();
+                // A fake OSD shard: answers the hello, then pulls the converted
+                // write's payload only after the client stopped waiting.
+                reactor::spawn(async move {
+                    let conn = listener.accept().await.unwrap();
+                    let hello = conn.recv().await.unwrap();
+                    conn.send(&Message::HelloReply {
+                        id: hello.id(),
+                        epoch: Epoch(1),
+                        status: 0,
+                        versions: protocol::VERSIONS,
+                        shard: 0,
+                        shards: 1,
+                    })
+                    .unwrap();
+                    let Ok(Message::Write {
+                        id,
+                        remote: Some(r),
+                        ..
+                    }) = conn.recv().await
+                    else {
+                        panic!("expected a converted write");
+                    };
+                    let c2 = conn.clone();
+                    reactor::spawn(async move {
+                        reactor::sleep(Duration::from_millis(200)).await;
+                        let got = c2.read_remote(r).await;
+                        *pulled2.borrow_mut() = Some(
+                            got.map(|b| b.as_slice().to_vec())
+                                .map_err(|e| e.to_string()),
+                        );
+                        let _ = c2.send_owned(Message::Reply {
+                            op: OpCode::Write,
+                            id,
+                            epoch: Epoch(1),
+                            status: 0,
+                            data: PayloadBuf::empty(),
+                        });
+                    })
+                    .detach();
+                    // Keep receiving: tcp's emulated READ completes through it.
+                    while conn.recv().await.is_ok() {}
+                })
+                .detach();
+                let target = Target {
+                    key: ConnKey {
+                        cluster: 77,
+                        osd: OsdId(0),
+                        shard: 0,
+                    },
+                    addr,
+                    transport: TransportKind::Tcp,
+                    source: None,
+                    timeout: Duration::from_secs(5),
+                    epoch: Epoch(1),
+                    shards: 1,
+                    fetch: None,
+                };
+                let c = get(&target).await.unwrap();
+                let msg = Message::Write {
+                    id: RequestId(0),
+                    epoch: Epoch(1),
+                    target: IoTarget {
+                        pg: PgId(0),
+                        object: ObjectId {
+                            volume: VolumeId(1),
+                            index: 0,
+                        },
+                        offset: 0,
+                        length: 8192,
+                    },
+                    flags: 0,
+                    seq: PgSeq(0),
+                    remote: None,
+                    data: PayloadBuf::copy_from(&[0xab; 8192]),
+                };
+                let how = Transfer {
+                    convert: true,
+                    fetch: false,
+                };
+                let gave_up =
+                    futures_lite::future::or(async { Some(c.request(&msg, how).await) }, async {
+                        reactor::sleep(Duration::from_millis(50)).await;
+                        None
+                    })
+                    .await;
+                assert!(gave_up.is_none(), "the fake OSD answered too early");
+                for _ in 0..100 {
+                    if pulled.borrow().is_some() && c.orphans.borrow().is_empty() {
+                        break;
+                    }
+                    reactor::sleep(Duration::from_millis(20)).await;
+                }
+                let got = pulled.borrow_mut().take().expect("the OSD pulled");
+                assert_eq!(got.expect("pull after the caller left"), vec![0xab; 8192]);
+                assert!(c.orphans.borrow().is_empty(), "the late reply released it");
+                assert!(!c.failed.get(), "the connection survived");
+            })
+            .unwrap();
+    }
+}
