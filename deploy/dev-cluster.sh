@@ -22,6 +22,10 @@
 #   FLAME_PROFILE        cargo profile of the binaries: release (default) or debug
 #   FLAME_DEV_TIMEOUT    seconds `up` waits for the OSDs (default 30)
 #   FLAME_DEV_PORT_BASE  same as --port-base
+#   FLAME_DEV_TRANSPORT  transport between flame-nbd and the OSDs and between OSDs:
+#                        shm (default; shared memory, all daemons are on one host)
+#                        or tcp. Written into the configs when the cluster
+#                        directory is created.
 #   RUST_LOG             daemon log filter (default info)
 #
 # `up` after `down` restarts the same cluster with its data: configs and data
@@ -37,6 +41,7 @@ TIMEOUT_S="${FLAME_DEV_TIMEOUT:-30}"
 BUILD=1
 STARTED_ANY=0 # whether `up` started a daemon (for the hint on failure)
 PORT_BASE="${FLAME_DEV_PORT_BASE:-}"
+TRANSPORT="${FLAME_DEV_TRANSPORT:-shm}"
 PORT_BASE_MIN=1024
 PORT_BASE_MAX=65000 # N+39 must be a port
 
@@ -137,6 +142,7 @@ while (($#)); do
     esac
 done
 [[ -n "$cmd" ]] || usage_error "no command given"
+[[ "$TRANSPORT" == shm || "$TRANSPORT" == tcp ]] || usage_error "FLAME_DEV_TRANSPORT must be shm or tcp, not '$TRANSPORT'"
 if [[ -n "$PORT_BASE" ]]; then
     if ! [[ "$PORT_BASE" =~ ^[0-9]{4,5}$ ]] || ((PORT_BASE < PORT_BASE_MIN || PORT_BASE > PORT_BASE_MAX)); then
         usage_error "--port-base must be a number from $PORT_BASE_MIN to $PORT_BASE_MAX, not '$PORT_BASE'"
@@ -243,6 +249,7 @@ data_dir: ./osd.$n
 host: dev-host-$n                   # each OSD plays its own host (failure domain)
 shards: $SHARDS
 poll_mode: interrupt
+transport: $TRANSPORT               # shm: shared memory between daemons on this host
 direct_io: auto"
     done
     write_config nbd "$header
@@ -250,7 +257,8 @@ mgr: \"$HOST:$MGR_PORT\"
 listen: \"$HOST:$NBD_PORT\"
 metrics_listen: \"$HOST:$NBD_METRICS_PORT\"
 threads: 2
-poll_mode: interrupt"
+poll_mode: interrupt
+transport: $TRANSPORT"
 }
 
 start_daemon() {

@@ -96,6 +96,11 @@ cargo build --workspace --bins --features flame-osd/failpoints
 section "cargo test --workspace --no-fail-fast"
 cargo test --workspace --no-fail-fast
 
+section "FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster"
+# The same real-cluster tests with every OSD and flame-nbd on the shm transport
+# (tests/tests/shm_transport.rs runs shm in the main pass too).
+FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster
+
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints
 

@@ -238,6 +238,84 @@ pub(crate) fn connections_add(delta: i64) {
     FAMILIES.connections.add(delta);
 }
 
+/// The run-loop counters of flame-nbd's reactor threads, so the poll modes can be
+/// compared on the client side too (the OSD has the same family under
+/// `flame_osd_reactor_*`):
+///
+/// * `flame_nbd_reactor_events_total{event,thread}` — `polls` (checks of every
+///   completion source: io_uring and the registered extra sources such as shm
+///   rings or RDMA CQs), `empty_polls` (spin iterations that found nothing),
+///   `spin_hits`, `sleeps`
+/// * `flame_nbd_reactor_spin_budget_polls{thread}` — the adaptive bound now
+pub struct ReactorMetrics {
+    events: [IntCounter; 4],
+    budget: IntGauge,
+    last: flame_common::reactor::poll::PollStats,
+}
+
+struct ReactorFamilies {
+    events: IntCounterVec,
+    budget: prometheus::IntGaugeVec,
+}
+
+// Constant names and labels (created by a unit test): the `expect`s cannot fire.
+static REACTOR_FAMILIES: LazyLock<ReactorFamilies> = LazyLock::new(|| {
+    let events = IntCounterVec::new(
+        Opts::new(
+            "flame_nbd_reactor_events_total",
+            "Run-loop events of flame-nbd's reactor threads: polls, empty_polls, spin_hits, sleeps",
+        ),
+        &["event", "thread"],
+    )
+    .expect("static metric definition is valid");
+    register(&events);
+    let budget = prometheus::IntGaugeVec::new(
+        Opts::new(
+            "flame_nbd_reactor_spin_budget_polls",
+            "Current adaptive spin bound of each flame-nbd reactor thread, in empty polls",
+        ),
+        &["thread"],
+    )
+    .expect("static metric definition is valid");
+    register(&budget);
+    ReactorFamilies { events, budget }
+});
+
+impl ReactorMetrics {
+    /// Children for reactor thread `thread`.
+    pub fn new(thread: usize) -> ReactorMetrics {
+        let f = &*REACTOR_FAMILIES;
+        let t = thread.to_string();
+        let ev = |e: &str| f.events.with_label_values(&[e, &t]);
+        ReactorMetrics {
+            events: [
+                ev("polls"),
+                ev("empty_polls"),
+                ev("spin_hits"),
+                ev("sleeps"),
+            ],
+            budget: f.budget.with_label_values(&[&t]),
+            last: Default::default(),
+        }
+    }
+
+    /// Adds what happened since the last call (read from the thread's reactor).
+    pub fn update(&mut self, now: flame_common::reactor::poll::PollStats) {
+        let l = self.last;
+        let deltas = [
+            now.polls.saturating_sub(l.polls),
+            now.empty_polls.saturating_sub(l.empty_polls),
+            now.spin_hits.saturating_sub(l.spin_hits),
+            now.sleeps.saturating_sub(l.sleeps),
+        ];
+        for (c, d) in self.events.iter().zip(deltas) {
+            c.inc_by(d);
+        }
+        self.budget.set(i64::from(now.budget));
+        self.last = now;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +343,24 @@ mod tests {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }
         assert!(text.contains("reason=\"osd_down\""));
+    }
+
+    #[test]
+    fn reactor_families_count_deltas() {
+        let mut m = ReactorMetrics::new(7);
+        let mut s = flame_common::reactor::poll::PollStats {
+            polls: 10,
+            sleeps: 2,
+            budget: 64,
+            ..Default::default()
+        };
+        m.update(s);
+        s.polls = 25;
+        m.update(s);
+        assert_eq!(m.events[0].get(), 25);
+        assert_eq!(m.events[3].get(), 2);
+        let text = flame_common::metrics::render();
+        assert!(text.contains("flame_nbd_reactor_events_total"));
+        assert!(text.contains("flame_nbd_reactor_spin_budget_polls{thread=\"7\"} 64"));
     }
 }

@@ -359,6 +359,24 @@ pub fn unknown_key_refused(kind: TransportKind) {
         },
         true,
     );
+    // Differing only in the high bits (a table indexed by the low bits must still
+    // compare the whole key).
+    refused(
+        kind,
+        |r| RemoteBuf {
+            key: r.key ^ 0x8000_0000,
+            ..r
+        },
+        false,
+    );
+    refused(
+        kind,
+        |r| RemoteBuf {
+            key: r.key ^ 0x0100_0000,
+            ..r
+        },
+        true,
+    );
 }
 
 pub fn out_of_bounds_refused(kind: TransportKind) {
@@ -515,6 +533,136 @@ pub fn grants_are_bounded(kind: TransportKind) {
     });
 }
 
+/// The grantor half of [`peer_process_killed_mid_operation`], run in a child
+/// process (the test binary itself, `--ignored --exact`): listens, accepts one
+/// connection, grants 1 MiB for READ and 1 MiB for WRITE, sends both descriptors
+/// in a message, then serves until it is killed.
+pub fn peer_process_child() {
+    let Ok(kind) = std::env::var("FLAME_CONFORMANCE_CHILD") else {
+        return;
+    };
+    let kind = if kind == "shm" {
+        TransportKind::Shm
+    } else {
+        TransportKind::Tcp
+    };
+    run(async move {
+        let l = Listener::bind(kind, "127.0.0.1:0".parse().unwrap()).unwrap();
+        println!("ADDR {}", l.local_addr());
+        let s = l.accept().await.unwrap();
+        let data = PayloadBuf::copy_from(&pattern(1 << 20, 9));
+        let g = s.grant_read(&data).unwrap();
+        let w = s.grant_write(PayloadBufMut::zeroed(1 << 20)).unwrap();
+        let mut desc = Vec::new();
+        for r in [g.remote(), w.remote()] {
+            desc.extend_from_slice(&r.addr.to_le_bytes());
+            desc.extend_from_slice(&r.len.to_le_bytes());
+            desc.extend_from_slice(&r.key.to_le_bytes());
+        }
+        s.send(&write_msg(1, PayloadBuf::copy_from(&desc))).unwrap();
+        // Serve (tcp) until killed; bounded by the parent's kill or 50 s.
+        let _ = futures_lite::future::or(
+            async { while s.recv().await.is_ok() {} },
+            reactor::sleep(Duration::from_secs(50)),
+        )
+        .await;
+        drop((g, w));
+    });
+}
+
+/// A peer *process* killed with SIGKILL while this side runs one-sided operations
+/// against its memory and waits for its messages: every operation afterwards fails
+/// with an error, `recv` fails, nothing hangs or crashes (shm: the dead peer's
+/// segment stays mapped until the connection is dropped).
+pub fn peer_process_killed_mid_operation(kind: TransportKind) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "peer_process_child_entry",
+            "--nocapture",
+        ])
+        .env("FLAME_CONFORMANCE_CHILD", kind.name())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut addr = None;
+    for _ in 0..100 {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(a) = line.trim().strip_prefix("ADDR ") {
+            addr = Some(a.parse::<std::net::SocketAddr>().unwrap());
+            break;
+        }
+    }
+    let addr = addr.expect("child printed its address");
+    let pid = child.id() as i32;
+    run(async move {
+        let c = Conn::connect(kind, addr, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(c.kind(), kind);
+        let Message::Write { data, .. } = c.recv().await.unwrap() else {
+            panic!("expected the descriptors")
+        };
+        let rd = |i: usize| RemoteBuf {
+            addr: u64::from_le_bytes(data[i * 16..i * 16 + 8].try_into().unwrap()),
+            len: u32::from_le_bytes(data[i * 16 + 8..i * 16 + 12].try_into().unwrap()),
+            key: u32::from_le_bytes(data[i * 16 + 12..i * 16 + 16].try_into().unwrap()),
+        };
+        let (r, w) = (rd(0), rd(1));
+        let receiver = serve(c.clone());
+        assert_eq!(
+            c.read_remote(r).await.unwrap().as_slice(),
+            &pattern(1 << 20, 9)[..]
+        );
+        // Kill it while operations keep going.
+        let killer = spawn(async move {
+            reactor::sleep(Duration::from_millis(30)).await;
+            // SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        let mut failed = false;
+        for i in 0..20_000u32 {
+            let res = if i % 2 == 0 {
+                c.read_remote(r).await.map(|_| ())
+            } else {
+                c.write_remote(w, 4096, &PayloadBuf::copy_from(&[7u8; 4096]))
+                    .await
+            };
+            if res.is_err() {
+                failed = true;
+                break;
+            }
+            reactor::sleep(Duration::from_millis(1)).await;
+        }
+        killer.await;
+        assert!(failed, "operations kept succeeding after the peer died");
+        assert!(closed_soon(&c).await);
+        let (_, e) = receiver.await;
+        assert!(
+            matches!(e, TransportError::Closed | TransportError::Io(_)),
+            "{e:?}"
+        );
+        assert!(c.read_remote(r).await.is_err());
+        assert!(
+            c.send(&write_msg(2, PayloadBuf::copy_from(&[1u8; 10])))
+                .is_err()
+        );
+    });
+    let _ = child.wait();
+}
+
+#[test]
+#[ignore = "the child half of peer_process_killed_mid_operation"]
+fn peer_process_child_entry() {
+    peer_process_child()
+}
+
 macro_rules! conformance {
     ($name:ident, $kind:expr) => {
         mod $name {
@@ -560,6 +708,10 @@ macro_rules! conformance {
                 super::peer_closing_mid_operation_fails_cleanly($kind)
             }
             #[test]
+            fn peer_process_killed_mid_operation() {
+                super::peer_process_killed_mid_operation($kind)
+            }
+            #[test]
             fn grants_are_bounded() {
                 super::grants_are_bounded($kind)
             }
@@ -568,3 +720,4 @@ macro_rules! conformance {
 }
 
 conformance!(tcp, TransportKind::Tcp);
+conformance!(shm, TransportKind::Shm);

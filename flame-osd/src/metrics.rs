@@ -87,7 +87,7 @@ static REPLY_AREAS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
 static REACTOR: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "flame_osd_reactor_events_total",
-        "Idle-loop events of the shard threads: sleeps (blocked in the kernel), spin_hits (spinning found work), empty_polls",
+        "Run-loop events of the OSD's reactor threads (shard threads, and the network threads of threading: staged): polls (checks of every completion source: io_uring, shm rings, RDMA CQs, staged queues), empty_polls (spin iterations that found nothing), spin_hits (spinning found work), sleeps (blocked in the kernel)",
         &["event", "shard"]
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
@@ -95,7 +95,7 @@ static REACTOR: LazyLock<IntCounterVec> = LazyLock::new(|| {
 static SPIN_BUDGET: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
         "flame_osd_reactor_spin_budget_polls",
-        "Current adaptive spin budget of each shard thread (poll_mode: adaptive)",
+        "Current adaptive spin bound of each reactor thread, in empty polls (poll_mode: adaptive)",
         &["shard"]
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
@@ -103,6 +103,7 @@ static SPIN_BUDGET: LazyLock<IntGaugeVec> = LazyLock::new(|| {
 
 /// Publishes a shard thread's idle-loop counters (read from its reactor).
 pub struct ReactorMetrics {
+    polls: IntCounter,
     sleeps: IntCounter,
     spin_hits: IntCounter,
     empty_polls: IntCounter,
@@ -111,20 +112,23 @@ pub struct ReactorMetrics {
 }
 
 impl ReactorMetrics {
-    /// Children for `shard`.
-    pub fn new(shard: u16) -> ReactorMetrics {
-        let s = shard.to_string();
+    /// Children for `shard` (a shard thread's number, or `net<i>` for a network
+    /// thread of the staged mode).
+    pub fn new(shard: &str) -> ReactorMetrics {
+        let s = shard;
         ReactorMetrics {
-            sleeps: REACTOR.with_label_values(&["sleeps", &s]),
-            spin_hits: REACTOR.with_label_values(&["spin_hits", &s]),
-            empty_polls: REACTOR.with_label_values(&["empty_polls", &s]),
-            budget: SPIN_BUDGET.with_label_values(&[&s]),
+            polls: REACTOR.with_label_values(&["polls", s]),
+            sleeps: REACTOR.with_label_values(&["sleeps", s]),
+            spin_hits: REACTOR.with_label_values(&["spin_hits", s]),
+            empty_polls: REACTOR.with_label_values(&["empty_polls", s]),
+            budget: SPIN_BUDGET.with_label_values(&[s]),
             last: Default::default(),
         }
     }
 
     /// Adds what happened since the last call.
     pub fn update(&mut self, now: flame_common::reactor::poll::PollStats) {
+        self.polls.inc_by(now.polls.saturating_sub(self.last.polls));
         self.sleeps
             .inc_by(now.sleeps.saturating_sub(self.last.sleeps));
         self.spin_hits

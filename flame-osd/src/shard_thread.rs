@@ -134,7 +134,7 @@ async fn accept_loop(shard: Rc<Shard>, listener: Listener) {
     })
     .detach();
     reactor::spawn(async move {
-        let mut m = crate::metrics::ReactorMetrics::new(id);
+        let mut m = crate::metrics::ReactorMetrics::new(&id.to_string());
         loop {
             reactor::sleep(REACTOR_METRICS_INTERVAL).await;
             m.update(reactor::poll_stats());

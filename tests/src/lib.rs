@@ -86,9 +86,29 @@ pub struct ClusterOptions {
     /// rules between two addresses cut exactly one link (the partition tests).
     /// Otherwise everything is on 127.0.0.1.
     pub per_daemon_addrs: bool,
+    /// The `transport` of every OSD and of flame-nbd (`tcp` or `shm`). Default: the
+    /// environment's `FLAME_TEST_TRANSPORT`, else `tcp`, so the whole suite can be
+    /// run over shared memory (`FLAME_TEST_TRANSPORT=shm cargo test -p
+    /// flame-tests`). Tests that cut links with iptables need `tcp`: shared memory
+    /// does not cross the firewall.
+    pub transport: String,
     /// Extra top-level lines appended to flame-nbd's YAML configuration (after
     /// the ones [`client_env_yaml`] takes from the environment).
     pub nbd_extra_yaml: String,
+    /// `poll_mode` of every OSD and of flame-nbd. Default: the environment's
+    /// `FLAME_TEST_POLL_MODE`, else `interrupt`.
+    pub poll_mode: String,
+}
+
+/// The transport the test clusters use unless a test says otherwise
+/// (`FLAME_TEST_TRANSPORT`: `tcp` or `shm`; default `tcp`).
+pub fn test_transport() -> String {
+    match std::env::var("FLAME_TEST_TRANSPORT") {
+        Ok(t) if t == "tcp" || t == "shm" => t,
+        Ok(t) if t.is_empty() => "tcp".to_string(),
+        Ok(t) => panic!("FLAME_TEST_TRANSPORT={t}: expected tcp or shm"),
+        Err(_) => "tcp".to_string(),
+    }
 }
 
 /// flame-nbd settings of the communication layer taken from the environment, so
@@ -125,7 +145,12 @@ impl Default for ClusterOptions {
             down_out_interval_ms: None,
             mgr_extra_yaml: String::new(),
             per_daemon_addrs: true,
+            transport: test_transport(),
             nbd_extra_yaml: String::new(),
+            poll_mode: std::env::var("FLAME_TEST_POLL_MODE")
+                .ok()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "interrupt".into()),
         }
     }
 }
@@ -430,10 +455,13 @@ impl TestCluster {
                  listen: \"{listen}\"\n\
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
-                 poll_mode: interrupt\n\
+                 poll_mode: {poll_mode}\n\
+                 transport: {transport}\n\
                  {bind}{}{}",
                 client_env_yaml(),
                 opts.nbd_extra_yaml,
+                transport = opts.transport,
+                poll_mode = opts.poll_mode,
             );
             nbd = Some(Daemon::new(
                 "nbd",
@@ -646,6 +674,11 @@ impl TestCluster {
     /// Whether OSD process `i` is running.
     pub fn osd_running(&mut self, i: usize) -> bool {
         self.osds[i].is_running()
+    }
+
+    /// Pid of flame-nbd, if it runs.
+    pub fn nbd_pid(&self) -> Option<u32> {
+        self.nbd.as_ref().and_then(Daemon::pid)
     }
 
     /// Pid of OSD process `i`, if started.
@@ -1152,13 +1185,16 @@ fn osd_daemon(
          data_dir: \"{}\"\n\
          host: \"test-host-{i}\"\n\
          shards: {}\n\
-         poll_mode: interrupt\n\
+         poll_mode: {}\n\
+         transport: {}\n\
          heartbeat_interval_ms: {}\n\
          {}{}\n",
         addrs.data,
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
         opts.shards,
+        opts.poll_mode,
+        opts.transport,
         opts.osd_heartbeat_interval_ms,
         lease_yaml(opts),
         opts.osd_extra_yaml,

@@ -287,6 +287,19 @@ pub struct BenchArgs {
     /// what fetching costs there; the OSDs need `reply_area_over_emulated: true`).
     #[arg(long)]
     pub fetch_over_emulated: bool,
+    /// Transport to the OSDs: `tcp`, or `shm` (shared memory to OSDs on this host
+    /// that listen with `transport: shm`; tcp to the others).
+    #[arg(long, value_parser = transport_arg, default_value = "tcp")]
+    pub transport: flame_common::transport::TransportKind,
+}
+
+fn transport_arg(s: &str) -> std::result::Result<flame_common::transport::TransportKind, String> {
+    use flame_common::transport::TransportKind;
+    match s {
+        "tcp" => Ok(TransportKind::Tcp),
+        "shm" => Ok(TransportKind::Shm),
+        _ => Err(format!("unknown transport `{s}`: expected tcp or shm")),
+    }
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -890,7 +903,10 @@ fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<S
 }
 
 fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
-    let mut client = admin_client_config(&cli.mgr);
+    let mut client = ClientConfig {
+        transport: b.transport,
+        ..admin_client_config(&cli.mgr)
+    };
     client.transfer_mode = b.transfer_mode;
     client.reply_mode = b.reply_mode;
     client.fetch_over_emulated = b.fetch_over_emulated;

@@ -135,11 +135,27 @@ fn thread_main<E: Exports>(
         max_connections: config.max_connections,
         handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
     });
-    r.block_on(accept_loop(listener, exports, ctx))?;
+    r.block_on(accept_loop(index, listener, exports, ctx))?;
     Ok(())
 }
 
-async fn accept_loop<E: Exports>(listener: TcpListener, exports: Rc<E>, ctx: Rc<ThreadCtx>) {
+/// How often an NBD thread publishes its reactor's run-loop counters.
+const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+
+async fn accept_loop<E: Exports>(
+    index: usize,
+    listener: TcpListener,
+    exports: Rc<E>,
+    ctx: Rc<ThreadCtx>,
+) {
+    reactor::spawn(async move {
+        let mut m = crate::metrics::ReactorMetrics::new(index);
+        loop {
+            reactor::sleep(REACTOR_METRICS_INTERVAL).await;
+            m.update(reactor::poll_stats());
+        }
+    })
+    .detach();
     let lfd = listener.as_raw_fd();
     loop {
         match reactor::accept(lfd).await {

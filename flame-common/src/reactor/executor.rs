@@ -85,6 +85,15 @@ impl Handle {
         self.shared.remote.push(Box::new(job));
         self.shared.wake();
     }
+
+    /// Wakes the reactor if it sleeps in the kernel, without giving it a job: for a
+    /// producer that has just published work in a [`super::PollSource`] of that
+    /// reactor (a cross-thread queue). Publish first, then wake: the reactor arms
+    /// its sources after announcing that it sleeps, so one of the two sees the
+    /// other (see `Shared::wake`).
+    pub fn wake(&self) {
+        self.shared.wake();
+    }
 }
 
 /// The reactor state of the current thread.
@@ -100,6 +109,8 @@ pub(crate) struct Inner {
     id: u64,
     /// The idle loop's counters as of its last idle period ([`poll_stats`]).
     poll_stats: std::cell::Cell<super::poll::PollStats>,
+    /// Extra completion sources polled with the ring ([`super::add_poll_source`]).
+    sources: super::source::Sources,
 }
 
 /// Idle-loop counters of the current thread's reactor (zero off a reactor thread),
@@ -315,6 +326,16 @@ impl Inner {
         }
     }
 
+    /// Operations submitted and not yet completed (tests check for leaks).
+    #[cfg(test)]
+    pub(crate) fn ops_in_flight(&self) -> usize {
+        self.ops.borrow().len()
+    }
+
+    pub(crate) fn sources(&self) -> &super::source::Sources {
+        &self.sources
+    }
+
     fn completions_ready(&self) -> bool {
         let mut ring = self.ring.borrow_mut();
         let mut cq = ring.completion();
@@ -358,6 +379,7 @@ impl Reactor {
             wake_buf: RefCell::new(Box::new(0)),
             id: NEXT_REACTOR_ID.fetch_add(1, Ordering::Relaxed),
             poll_stats: std::cell::Cell::new(super::poll::PollStats::default()),
+            sources: super::source::Sources::default(),
         });
         inner.arm_wake();
         CURRENT.with(|c| {
@@ -416,15 +438,21 @@ impl Reactor {
             }
             self.inner.submit()?;
             let reaped = self.inner.reap();
-            if ran > 0 || reaped > 0 || !self.inner.shared.runnable.is_empty() {
+            let sourced = self.inner.sources.poll();
+            self.poller.count_pass();
+            if ran > 0 || reaped > 0 || sourced || !self.inner.shared.runnable.is_empty() {
+                self.inner.poll_stats.set(self.poller.stats());
                 continue;
             }
-            // Idle: spin as the poll mode allows, then sleep in the kernel.
+            // Idle: spin as the poll mode allows, then sleep in the kernel. The spin
+            // polls every completion source: the ring, the cross-thread queues, and
+            // the registered extra sources (shm rings, RDMA CQs).
             let inner = &self.inner;
             let found = self.poller.spin(|| {
                 inner.completions_ready()
                     || !inner.shared.runnable.is_empty()
                     || !inner.shared.remote.is_empty()
+                    || inner.sources.poll()
             });
             if found {
                 self.inner.poll_stats.set(self.poller.stats());
@@ -432,14 +460,20 @@ impl Reactor {
             }
             self.inner.shared.sleeping.store(true, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            // Re-check after announcing sleep: a waker may have raced us.
-            if !self.inner.shared.runnable.is_empty() || !self.inner.shared.remote.is_empty() {
+            // Re-check after announcing sleep: a waker may have raced us. Sources
+            // arm their own wake-ups here and re-check their own work.
+            if !self.inner.shared.runnable.is_empty()
+                || !self.inner.shared.remote.is_empty()
+                || !self.inner.sources.arm()
+            {
                 self.inner.shared.sleeping.store(false, Ordering::Release);
+                self.inner.sources.disarm();
                 continue;
             }
             let slept_from = std::time::Instant::now();
             let res = self.inner.ring.borrow_mut().submit_and_wait(1);
             self.inner.shared.sleeping.store(false, Ordering::Release);
+            self.inner.sources.disarm();
             self.poller.record_sleep(slept_from.elapsed());
             self.inner.poll_stats.set(self.poller.stats());
             match res {
@@ -464,6 +498,8 @@ impl Drop for Reactor {
     /// of any that never complete, then drop every task.
     fn drop(&mut self) {
         let inner = self.inner.clone();
+        // Sources first: their doorbell tasks cancel their reads below.
+        inner.sources.clear();
         let in_flight: Vec<usize> = inner
             .ops
             .borrow()

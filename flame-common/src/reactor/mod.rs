@@ -23,6 +23,7 @@ mod executor;
 mod op;
 pub mod poll;
 mod slot;
+mod source;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 pub use executor::{Handle, Reactor, ReactorConfig, current_id, poll_stats, spawn, yield_now};
@@ -31,6 +32,7 @@ pub use op::{
     recv_range, send, sleep, unlink, write_at, writev, writev_all,
 };
 pub use poll::PollMode;
+pub use source::{PollSource, PollSourceId, add_poll_source, remove_poll_source};
 
 /// A spawned task; await it for the output, or `detach()` it to let it run on.
 pub type Task<T> = async_task::Task<T>;

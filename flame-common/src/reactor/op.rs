@@ -382,3 +382,17 @@ pub async fn poll_readable(fd: RawFd) -> io::Result<u32> {
     let (res, ()) = Op::submit_cancellable(sqe, ()).await;
     result(res).map(|e| e as u32)
 }
+
+/// Waits until the eventfd `fd` is written, consuming its count. The read is
+/// cancelled in the kernel when the future is dropped (the source it belongs to
+/// was removed), so a doorbell never holds a slot past its source.
+pub(crate) async fn doorbell_wait(fd: RawFd) -> io::Result<u64> {
+    let buf = Box::new(0u64);
+    let ptr = &*buf as *const u64 as *mut u8;
+    // Offset -1: "current position", the only meaning a counter has.
+    let sqe = opcode::Read::new(types::Fd(fd), ptr, 8)
+        .offset(u64::MAX)
+        .build();
+    let (res, buf) = Op::submit_cancellable(sqe, buf).await;
+    result(res).map(|_| *buf)
+}

@@ -25,7 +25,10 @@ pub enum PollMode {
 /// Counters exposed for metrics and benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PollStats {
-    /// Empty polls performed.
+    /// Polls of the thread's completion sources: one per pass of the run loop plus
+    /// one per spin iteration.
+    pub polls: u64,
+    /// Of those, the spin iterations that found nothing.
     pub empty_polls: u64,
     /// Times spinning found work.
     pub spin_hits: u64,
@@ -69,6 +72,11 @@ impl Poller {
             ns_per_poll: NS_PER_POLL_INITIAL,
             stats: PollStats::default(),
         }
+    }
+
+    /// Counts one pass of the run loop (a poll of every completion source).
+    pub(crate) fn count_pass(&mut self) {
+        self.stats.polls += 1;
     }
 
     pub(crate) fn stats(&self) -> PollStats {
@@ -131,6 +139,7 @@ impl Poller {
             }
         };
         self.stats.empty_polls += u64::from(polls);
+        self.stats.polls += u64::from(polls) + u64::from(found);
         if polls >= 64 {
             // Measure what a poll costs, to convert sleep lengths into polls.
             let ns = started.elapsed().as_nanos() as u64 / u64::from(polls);

@@ -216,16 +216,29 @@ pub(crate) enum GrantedBuf {
 pub struct SharedArea {
     remote: RemoteBuf,
     owner: Rc<dyn GrantOwner>,
-    buf: Rc<RefCell<PayloadBufMut>>,
+    /// Copies bytes in at an offset (bounds already checked against `remote.len`).
+    writer: Box<dyn Fn(usize, &[u8])>,
+}
+
+/// The writer of an area whose bytes are a local buffer (tcp: the emulated READ
+/// copies a snapshot of it).
+pub(crate) fn buffer_writer(buf: Rc<RefCell<PayloadBufMut>>) -> Box<dyn Fn(usize, &[u8])> {
+    Box::new(move |offset, data| {
+        buf.borrow_mut().as_mut_slice()[offset..offset + data.len()].copy_from_slice(data)
+    })
 }
 
 impl SharedArea {
     pub(crate) fn new(
         remote: RemoteBuf,
         owner: Rc<dyn GrantOwner>,
-        buf: Rc<RefCell<PayloadBufMut>>,
+        writer: Box<dyn Fn(usize, &[u8])>,
     ) -> SharedArea {
-        SharedArea { remote, owner, buf }
+        SharedArea {
+            remote,
+            owner,
+            writer,
+        }
     }
 
     /// The descriptor of the whole area (a peer may READ any part of it).
@@ -246,16 +259,12 @@ impl SharedArea {
     /// Copies `data` into the area at `offset`; `false` (nothing written) if it
     /// does not fit.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> bool {
-        let Some(end) = offset.checked_add(data.len()) else {
-            return false;
-        };
-        let mut b = self.buf.borrow_mut();
-        match b.as_mut_slice().get_mut(offset..end) {
-            Some(dst) => {
-                dst.copy_from_slice(data);
+        match offset.checked_add(data.len()) {
+            Some(end) if end <= self.len() => {
+                (self.writer)(offset, data);
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 }

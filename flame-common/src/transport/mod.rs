@@ -15,6 +15,7 @@
 pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod shm;
 pub mod tcp;
 
 pub use crate::protocol::RemoteBuf;
@@ -82,6 +83,8 @@ pub enum TransportError {
 pub enum Conn {
     /// TCP.
     Tcp(Rc<tcp::TcpConn>),
+    /// Shared memory (same host).
+    Shm(Rc<shm::ShmConn>),
 }
 
 impl Conn {
@@ -91,6 +94,7 @@ impl Conn {
     pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send(msg),
+            Conn::Shm(c) => c.send(msg),
         }
     }
 
@@ -99,6 +103,7 @@ impl Conn {
     pub fn send_owned(&self, msg: Message) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_owned(msg),
+            Conn::Shm(c) => c.send(&msg),
         }
     }
 
@@ -107,6 +112,7 @@ impl Conn {
     pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
         match self {
             Conn::Tcp(c) => c.send_raw(bytes),
+            Conn::Shm(c) => c.send_raw(bytes),
         }
     }
 
@@ -114,6 +120,7 @@ impl Conn {
     pub async fn recv(&self) -> Result<Message, TransportError> {
         match self {
             Conn::Tcp(c) => c.recv().await,
+            Conn::Shm(c) => c.recv().await,
         }
     }
 
@@ -122,6 +129,7 @@ impl Conn {
     pub fn close(&self) {
         match self {
             Conn::Tcp(c) => c.close(),
+            Conn::Shm(c) => c.close(),
         }
     }
 
@@ -130,6 +138,7 @@ impl Conn {
     pub fn close_after_send(&self) {
         match self {
             Conn::Tcp(c) => c.close_after_send(),
+            Conn::Shm(c) => c.close_after_send(),
         }
     }
 
@@ -137,6 +146,7 @@ impl Conn {
     pub fn is_closed(&self) -> bool {
         match self {
             Conn::Tcp(c) => c.is_closed(),
+            Conn::Shm(c) => c.is_closed(),
         }
     }
 
@@ -144,6 +154,7 @@ impl Conn {
     pub fn peer(&self) -> SocketAddr {
         match self {
             Conn::Tcp(c) => c.peer(),
+            Conn::Shm(c) => c.peer(),
         }
     }
 
@@ -153,6 +164,7 @@ impl Conn {
     pub fn one_sided_native(&self) -> bool {
         match self {
             Conn::Tcp(_) => false,
+            Conn::Shm(_) => true,
         }
     }
 
@@ -161,6 +173,7 @@ impl Conn {
     pub fn kind(&self) -> TransportKind {
         match self {
             Conn::Tcp(_) => TransportKind::Tcp,
+            Conn::Shm(_) => TransportKind::Shm,
         }
     }
 
@@ -170,6 +183,7 @@ impl Conn {
     pub fn grant_read(&self, buf: &PayloadBuf) -> Result<Grant, TransportError> {
         match self {
             Conn::Tcp(c) => c.grant_read(buf),
+            Conn::Shm(c) => c.grant_read(buf),
         }
     }
 
@@ -179,6 +193,7 @@ impl Conn {
     pub fn grant_write(&self, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
         match self {
             Conn::Tcp(c) => c.grant_write(buf),
+            Conn::Shm(c) => c.grant_write(buf),
         }
     }
 
@@ -188,6 +203,7 @@ impl Conn {
     pub fn grant_area(&self, len: usize) -> Result<SharedArea, TransportError> {
         match self {
             Conn::Tcp(c) => c.grant_area(len),
+            Conn::Shm(c) => c.grant_area(len),
         }
     }
 
@@ -197,6 +213,7 @@ impl Conn {
     pub async fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
         match self {
             Conn::Tcp(c) => c.read_remote(remote).await,
+            Conn::Shm(c) => c.read_remote(remote),
         }
     }
 
@@ -212,6 +229,7 @@ impl Conn {
         let addr = remote_range(remote, offset, data.len())?;
         match self {
             Conn::Tcp(c) => c.write_remote(remote.key, addr, data).await,
+            Conn::Shm(c) => c.write_remote(remote.key, addr, data),
         }
     }
 
@@ -232,13 +250,15 @@ impl Conn {
         source: Option<std::net::IpAddr>,
         timeout: Duration,
     ) -> Result<Conn, TransportError> {
-        match kind {
-            // Shared memory is not wired yet: a shm connect uses tcp, as it will for
-            // a peer on another host.
-            TransportKind::Tcp | TransportKind::Shm => Ok(Conn::Tcp(
-                tcp::TcpConn::connect_from(addr, source, timeout).await?,
-            )),
+        if kind == TransportKind::Shm
+            && let Some(c) = shm::ShmConn::connect(addr).await?
+        {
+            return Ok(Conn::Shm(c));
         }
+        // tcp, or shm to a peer not reachable through shared memory.
+        Ok(Conn::Tcp(
+            tcp::TcpConn::connect_from(addr, source, timeout).await?,
+        ))
     }
 }
 
@@ -262,14 +282,19 @@ fn remote_range(remote: RemoteBuf, offset: u32, len: usize) -> Result<u64, Trans
 pub enum Listener {
     /// TCP.
     Tcp(tcp::TcpListener),
+    /// TCP plus the shm Unix socket of the same address.
+    Shm(shm::ShmListener),
 }
 
 impl Listener {
     /// Binds `addr`.
     pub fn bind(kind: TransportKind, addr: SocketAddr) -> Result<Listener, TransportError> {
         match kind {
-            TransportKind::Tcp | TransportKind::Shm => Ok(Listener::Tcp(bind_retrying(|| {
+            TransportKind::Tcp => Ok(Listener::Tcp(bind_retrying(|| {
                 tcp::TcpListener::bind(addr)
+            })?)),
+            TransportKind::Shm => Ok(Listener::Shm(bind_retrying(|| {
+                shm::ShmListener::bind(addr)
             })?)),
         }
     }
@@ -278,6 +303,7 @@ impl Listener {
     pub async fn accept(&self) -> Result<Conn, TransportError> {
         match self {
             Listener::Tcp(l) => Ok(Conn::Tcp(l.accept().await?)),
+            Listener::Shm(l) => l.accept().await,
         }
     }
 
@@ -285,6 +311,7 @@ impl Listener {
     pub fn local_addr(&self) -> SocketAddr {
         match self {
             Listener::Tcp(l) => l.local_addr(),
+            Listener::Shm(l) => l.local_addr(),
         }
     }
 }

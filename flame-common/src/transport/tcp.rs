@@ -110,6 +110,12 @@ impl GrantOwner for GrantTable {
 }
 
 impl TcpConn {
+    /// Wraps an accepted or connected stream (blocking mode; every operation goes
+    /// through the ring).
+    pub fn from_stream(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
+        TcpConn::new(stream)
+    }
+
     fn new(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
         stream.set_nodelay(true)?;
         // A peer that reset right after connecting has no address any more; that is
@@ -467,7 +473,11 @@ impl TcpConn {
         let remote = self
             .grants
             .insert(addr, len, GrantedBuf::Area(buf.clone()))?;
-        Ok(SharedArea::new(remote, self.grants.clone(), buf))
+        Ok(SharedArea::new(
+            remote,
+            self.grants.clone(),
+            super::grant::buffer_writer(buf),
+        ))
     }
 
     /// Live grants (for tests and metrics).

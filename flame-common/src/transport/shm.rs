@@ -1,0 +1,1407 @@
+//! Shared-memory transport for peers on the same host.
+//!
+//! # Connecting
+//! An OSD shard listening on `ip:port` with `transport: shm` also listens on the
+//! abstract Unix socket `flame-shm/ip:port` (`flame-shm/any:port` when it listens on
+//! every address). Abstract names live in the network namespace, like the TCP port,
+//! so a client reaches the socket exactly when it is on the same host and namespace;
+//! otherwise the connect fails at once and the connection falls back to TCP. The
+//! listener checks the connecting process's user (`SO_PEERCRED`): only the same user
+//! (or root) may share memory with it.
+//!
+//! Handshake: each side sends a 64-byte hello (magic, version, layout, its segment's
+//! address) and, with `SCM_RIGHTS`, three descriptors: its segment (a memfd) and two
+//! eventfds (its data and space doorbells). Each maps the other's segment. The Unix
+//! socket then stays open and silent: its closing is how each side learns that the
+//! other died, whenever and however (kill -9 included).
+//!
+//! # A segment (one per side, [`SEGMENT_BYTES`])
+//! * control block: the producer index of the ring of messages *to* this side
+//!   (written by the peer), its consumer index (written by this side), and two
+//!   needs-wakeup flags;
+//! * grant table: [`GRANT_SLOTS`] slots `{seq, access, key, len, addr}` written by
+//!   this side, read by the peer before every one-sided access;
+//! * ring: messages to this side, records `[u32 len][u32 kind][header][payload]`
+//!   padded to 64 bytes; a pad record skips to the ring's end;
+//! * staging: memory this side grants from (until the registered pool shares its
+//!   regions, a granted buffer is copied here, or copied back from here).
+//!
+//! # Data path
+//! `send` copies the header and payload into the peer's ring and publishes the
+//! producer index; it writes the peer's data eventfd only if the peer said it is
+//! going to sleep (the needs-wakeup flag, Dekker-style with SeqCst fences on both
+//! sides), so a receiver that is polling costs the sender no system call. `recv`
+//! copies the payload out into a [`PayloadBufMut`] and validates the whole message
+//! exactly as from a socket: the peer can scribble on shared memory at any time,
+//! so nothing read from it is trusted before it is copied and checked.
+//!
+//! One-sided READ/WRITE are `memcpy`s by the initiator from or to the peer's
+//! staging memory after checking the peer's grant table (key, access kind, bounds,
+//! and that the grant did not change during the copy); the peer's CPU is not
+//! involved. A failed check closes the connection.
+//!
+//! # Trust
+//! The protection boundary is the segment: a peer process can read and write all of
+//! the segment it was given (that is how shared memory works), never anything else
+//! of this process. Grants, keys and bounds protect against buggy peers and stale
+//! descriptors; against a malicious process of the same user they add nothing the
+//! kernel does not already give it (it could ptrace us). That is why the listener
+//! only accepts its own user.
+
+use super::TransportError;
+use super::grant::{
+    Grant, GrantOwner, Refusal, SharedArea, WriteGrant, check_bounds, check_grant_len, random_key,
+};
+use crate::buffer::{PayloadBuf, PayloadBufMut};
+use crate::protocol::{
+    HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, PAYLOAD_BYTES_MAX, ProtocolError, RemoteBuf,
+};
+use crate::reactor;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+/// Bytes of the control block.
+const CONTROL_BYTES: usize = 4096;
+/// Grant slots per segment (a power of two: a key's low bits pick its slot).
+pub const GRANT_SLOTS: usize = 4096;
+const SLOT_BYTES: usize = 32;
+const GRANTS_OFF: usize = CONTROL_BYTES;
+const RING_OFF: usize = GRANTS_OFF + GRANT_SLOTS * SLOT_BYTES;
+/// Record alignment in the ring.
+const RECORD_ALIGN: usize = 64;
+const RECORD_PREFIX: usize = 8;
+/// The largest record: a header and the largest payload.
+const RECORD_BYTES_MAX: usize =
+    (RECORD_PREFIX + HEADER_LEN + PAYLOAD_BYTES_MAX as usize).next_multiple_of(RECORD_ALIGN);
+/// Bytes of each ring: at least two of the largest records, so a record always
+/// fits once the ring drains (either before or after the wrap point).
+pub const RING_BYTES: usize = 2 * RECORD_BYTES_MAX + (64 << 10);
+const STAGING_OFF: usize = RING_OFF + RING_BYTES;
+/// Bytes of staging memory per side for grants.
+pub const STAGING_BYTES: usize = 16 << 20;
+/// Staging allocation unit (grants start 4 KiB-aligned, like payload buffers).
+const STAGING_UNIT: usize = 4096;
+/// Size of each side's memfd segment.
+pub const SEGMENT_BYTES: usize = STAGING_OFF + STAGING_BYTES;
+
+// Control block fields (byte offsets; each on its own cache line).
+const CTL_MAGIC: usize = 0;
+const CTL_PROD: usize = 64;
+const CTL_CONS: usize = 128;
+const CTL_DATA_WAIT: usize = 192;
+const CTL_SPACE_WAIT: usize = 256;
+
+const RECORD_MESSAGE: u32 = 1;
+const RECORD_PAD: u32 = 2;
+const ACCESS_READ: u32 = 1;
+const ACCESS_WRITE: u32 = 2;
+
+const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"FLSHM\0v1");
+const HELLO_BYTES: usize = 64;
+/// How long a handshake may take before the connect falls back to TCP (client) or
+/// the accept gives up on that peer (listener).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The abstract socket name of a listener on `addr`.
+fn socket_name(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("flame-shm/any:{}", addr.port())
+    } else {
+        format!("flame-shm/{addr}")
+    }
+}
+
+/// A memfd-backed mapping of one segment.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn map(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping of a file we hold; checked for failure.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    fn base(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// An atomic u64 at `off` (8-aligned, inside the control block).
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
+        // SAFETY: in bounds, aligned, and the mapping lives as long as `self`.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
+        // SAFETY: as above.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+
+    /// Copies `dst.len()` bytes from `off` (bounds checked by the caller).
+    fn read(&self, off: usize, dst: &mut [u8]) {
+        assert!(off + dst.len() <= self.len, "shm read out of the mapping");
+        // SAFETY: in bounds; the peer may write concurrently, which only makes the
+        // bytes garbage, which every reader validates.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), dst.as_mut_ptr(), dst.len()) }
+    }
+
+    fn write(&self, off: usize, src: &[u8]) {
+        assert!(off + src.len() <= self.len, "shm write out of the mapping");
+        // SAFETY: in bounds.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `map` with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ring_doorbell(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a valid u64; an error (counter overflow, closed
+    // peer) only loses a wake-up the close path makes up for.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// This side's segment: its memfd, mapping and doorbells, and the staging memory
+/// allocator.
+struct Local {
+    memfd: OwnedFd,
+    map: Mapping,
+    /// The doorbell the peer rings (new messages, and room freed in its ring)
+    /// while this thread sleeps; shared with the reactor's poll source, which keeps
+    /// a read posted on it.
+    data_efd: Rc<OwnedFd>,
+    /// Sent in the handshake for layout compatibility; unused since waits go
+    /// through the reactor's poll source and one doorbell.
+    space_efd: OwnedFd,
+    /// Free staging extents: offset (from STAGING_OFF) → length, coalesced.
+    free: RefCell<BTreeMap<usize, usize>>,
+    /// Live grants: slot → (staging offset, length, access).
+    grants: RefCell<std::collections::HashMap<usize, (usize, usize)>>,
+}
+
+impl Local {
+    fn new() -> io::Result<Local> {
+        // SAFETY: plain syscall with a NUL-terminated name; result checked.
+        let fd = unsafe { libc::memfd_create(c"flame-shm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscall on our descriptor.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), SEGMENT_BYTES as libc::off_t) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let map = Mapping::map(memfd.as_raw_fd(), SEGMENT_BYTES)?;
+        map.u64_at(CTL_MAGIC).store(HELLO_MAGIC, Ordering::Relaxed);
+        let mut free = BTreeMap::new();
+        free.insert(0, STAGING_BYTES);
+        Ok(Local {
+            memfd,
+            map,
+            data_efd: Rc::new(eventfd()?),
+            space_efd: eventfd()?,
+            free: RefCell::new(free),
+            grants: RefCell::new(std::collections::HashMap::new()),
+        })
+    }
+
+    fn alloc(&self, len: usize) -> Option<usize> {
+        let len = len.next_multiple_of(STAGING_UNIT);
+        let mut free = self.free.borrow_mut();
+        let (&off, &have) = free.iter().find(|&(_, &l)| l >= len)?;
+        free.remove(&off);
+        if have > len {
+            free.insert(off + len, have - len);
+        }
+        Some(off)
+    }
+
+    fn release(&self, off: usize, len: usize) {
+        let mut len = len.next_multiple_of(STAGING_UNIT);
+        let mut off = off;
+        let mut free = self.free.borrow_mut();
+        if let Some((&next, &nlen)) = free.range(off + len..).next()
+            && next == off + len
+        {
+            free.remove(&next);
+            len += nlen;
+        }
+        if let Some((&prev, &plen)) = free.range(..off).next_back()
+            && prev + plen == off
+        {
+            free.remove(&prev);
+            off = prev;
+            len += plen;
+        }
+        free.insert(off, len);
+    }
+
+    fn slot_off(slot: usize) -> usize {
+        GRANTS_OFF + slot * SLOT_BYTES
+    }
+
+    /// Publishes a grant in the table (seqlock: odd while changing).
+    fn publish(&self, slot: usize, key: u32, access: u32, addr: u64, len: u32) {
+        let o = Local::slot_off(slot);
+        let seq = self.map.u32_at(o);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.map.u32_at(o + 4).store(access, Ordering::Relaxed);
+        self.map.u32_at(o + 8).store(key, Ordering::Relaxed);
+        self.map.u32_at(o + 12).store(len, Ordering::Relaxed);
+        self.map.u64_at(o + 16).store(addr, Ordering::Relaxed);
+        seq.store((s | 1).wrapping_add(1), Ordering::Release);
+    }
+
+    fn unpublish(&self, slot: usize) {
+        self.publish(slot, 0, 0, 0, 0);
+    }
+}
+
+/// The peer's segment as mapped here, and its doorbells.
+struct Remote {
+    map: Mapping,
+    /// The peer's address of its segment (grant addresses are in its space).
+    base: u64,
+    data_efd: OwnedFd,
+    /// The peer's space eventfd (handshake layout); unused, see `Local::space_efd`.
+    _space_efd: OwnedFd,
+}
+
+struct SendQueue {
+    /// Messages that did not fit the peer's ring yet, in order: header (+ inline
+    /// body) bytes and the payload by reference.
+    backlog: VecDeque<(Vec<u8>, Option<PayloadBuf>)>,
+    backlog_bytes: usize,
+    writer: Option<Waker>,
+}
+
+/// One shared-memory connection owned by the current reactor thread.
+pub struct ShmConn {
+    local: Local,
+    remote: Remote,
+    sock: UnixStream,
+    peer: SocketAddr,
+    /// Producer position in the peer's ring (only this side produces there; the
+    /// copy in shared memory is never read back).
+    prod: Cell<u64>,
+    /// Consumer position in this side's ring (likewise).
+    cons: Cell<u64>,
+    /// The peer's consumer position last seen (it must never go backwards).
+    peer_cons: Cell<u64>,
+    queue: RefCell<SendQueue>,
+    recv_busy: Cell<bool>,
+    closed: Cell<bool>,
+    closing: Cell<bool>,
+    /// The Unix socket closed: the peer is gone (messages already in the ring are
+    /// still delivered).
+    peer_gone: Cell<bool>,
+    /// Data doorbells this side rang (system calls a sleeping peer cost us).
+    doorbells: Cell<u64>,
+    /// The receiving task, while it waits for a message.
+    recv_waker: RefCell<Option<Waker>>,
+    /// While the writer waits for room in the peer's ring: the peer's consumer
+    /// position it saw (room appears when it moves).
+    space_waiting: Cell<Option<u64>>,
+    /// This connection's registration with the reactor's poll sources.
+    source: Cell<Option<reactor::PollSourceId>>,
+}
+
+/// The shm connection as a completion source of its thread's reactor: the reactor
+/// polls the ring under the thread's `poll_mode` (busy, interrupt, adaptive) like
+/// its io_uring, and arms the needs-wakeup flags only when it is about to sleep.
+struct RingSource {
+    conn: std::rc::Weak<ShmConn>,
+    doorbell: Rc<OwnedFd>,
+}
+
+impl reactor::PollSource for RingSource {
+    fn poll(&self) -> bool {
+        self.conn.upgrade().is_some_and(|c| c.poll_source(true))
+    }
+
+    fn arm(&self) -> bool {
+        let Some(c) = self.conn.upgrade() else {
+            return true;
+        };
+        let m = &c.local.map;
+        if c.recv_waker.borrow().is_some() {
+            m.u32_at(CTL_DATA_WAIT).store(1, Ordering::SeqCst);
+        }
+        if c.space_waiting.get().is_some() {
+            c.remote
+                .map
+                .u32_at(CTL_SPACE_WAIT)
+                .store(1, Ordering::SeqCst);
+        }
+        // Pairs with the producer's fence between publishing and reading the flag.
+        fence(Ordering::SeqCst);
+        !c.poll_source(false)
+    }
+
+    fn disarm(&self) {
+        if let Some(c) = self.conn.upgrade() {
+            c.local
+                .map
+                .u32_at(CTL_DATA_WAIT)
+                .store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn doorbell(&self) -> Option<RawFd> {
+        Some(self.doorbell.as_raw_fd())
+    }
+}
+
+/// Bound on bytes waiting for room in the peer's ring.
+pub const SEND_BACKLOG_BYTES_MAX: usize = super::tcp::SEND_QUEUE_BYTES_MAX;
+
+fn hello_bytes(base: u64) -> [u8; HELLO_BYTES] {
+    let mut b = [0u8; HELLO_BYTES];
+    b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    b[8..16].copy_from_slice(&(SEGMENT_BYTES as u64).to_le_bytes());
+    b[16..24].copy_from_slice(&(RING_BYTES as u64).to_le_bytes());
+    b[24..32].copy_from_slice(&(STAGING_BYTES as u64).to_le_bytes());
+    b[32..40].copy_from_slice(&(GRANT_SLOTS as u64).to_le_bytes());
+    b[40..48].copy_from_slice(&base.to_le_bytes());
+    b
+}
+
+/// Sends the hello and this side's three descriptors.
+fn send_hello(sock: &UnixStream, local: &Local) -> io::Result<()> {
+    let data = hello_bytes(local.map.base());
+    let fds = [
+        local.memfd.as_raw_fd(),
+        local.data_efd.as_raw_fd(),
+        local.space_efd.as_raw_fd(),
+    ];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer holds one cmsg of three fds, as sized above.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, 3);
+    }
+    // SAFETY: msg points at live buffers.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != data.len() {
+        return Err(io::Error::other("short shm hello"));
+    }
+    Ok(())
+}
+
+/// Receives the peer's hello and descriptors (waiting through the reactor, bounded
+/// by [`HANDSHAKE_TIMEOUT`]) and maps its segment.
+async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
+    let wait = async {
+        reactor::poll_readable(sock.as_raw_fd()).await?;
+        Ok::<(), io::Error>(())
+    };
+    let expire = async {
+        reactor::sleep(HANDSHAKE_TIMEOUT).await;
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "shm handshake timed out",
+        ))
+    };
+    futures_lite::future::or(wait, expire).await?;
+    let mut data = [0u8; HELLO_BYTES];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE((3 * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg points at live buffers; MSG_CMSG_CLOEXEC marks received fds.
+    let n = unsafe {
+        libc::recvmsg(
+            sock.as_raw_fd(),
+            &mut msg,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Take ownership of every descriptor received first, so none leaks whatever
+    // is wrong with the message.
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    // SAFETY: walking the control buffer the kernel filled, within its length.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let p = libc::CMSG_DATA(c) as *const RawFd;
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(p.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let bad = |what: &str| {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("shm hello: {what}"),
+        ))
+    };
+    if n as usize != HELLO_BYTES {
+        return bad("peer closed or sent a short hello");
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() != 3 {
+        return bad("expected exactly three descriptors");
+    }
+    if data[0..40] != hello_bytes(0)[0..40] {
+        return bad("layout differs (another build?)");
+    }
+    let base = u64::from_le_bytes(data[40..48].try_into().unwrap_or_default());
+    let mut fds = fds.into_iter();
+    let (Some(memfd), Some(data_efd), Some(space_efd)) = (fds.next(), fds.next(), fds.next())
+    else {
+        return bad("expected exactly three descriptors");
+    };
+    // The segment must be at least as large as we will touch, or a short file
+    // would fault (SIGBUS) on access.
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall on a descriptor we own.
+    if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if (st.st_size as u64) < SEGMENT_BYTES as u64 {
+        return bad("segment too small");
+    }
+    // A peer could shrink its memfd later and make our accesses fault: seal it
+    // against shrinking where the peer allowed sealing; otherwise rely on the
+    // same-user trust model (see the module docs).
+    let map = Mapping::map(memfd.as_raw_fd(), SEGMENT_BYTES)?;
+    if map.u64_at(CTL_MAGIC).load(Ordering::Relaxed) != HELLO_MAGIC {
+        return bad("segment has no magic");
+    }
+    Ok(Remote {
+        map,
+        base,
+        data_efd,
+        _space_efd: space_efd,
+    })
+}
+
+/// Connects to the abstract Unix socket `name` without blocking: `None` when it
+/// does not exist, refuses, or its backlog is full (a stopped listener must not
+/// stall the caller's reactor thread; the caller then uses TCP, with its timeout).
+fn connect_abstract(name: &str) -> Option<UnixStream> {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = name.as_bytes();
+    if bytes.len() + 1 > sa.sun_path.len() {
+        return None;
+    }
+    // sun_path[0] = 0 marks an abstract name.
+    for (i, &b) in bytes.iter().enumerate() {
+        sa.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sa is a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    Some(UnixStream::from(owned))
+}
+
+/// The user id of the process at the other end of a Unix socket.
+fn peer_uid(sock: &UnixStream) -> io::Result<u32> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into cred.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+impl ShmConn {
+    async fn establish(
+        sock: UnixStream,
+        peer: SocketAddr,
+        accepting: bool,
+    ) -> io::Result<Rc<ShmConn>> {
+        sock.set_nonblocking(true)?;
+        if accepting {
+            let uid = peer_uid(&sock)?;
+            // SAFETY: plain syscall.
+            let me = unsafe { libc::geteuid() };
+            if uid != me && uid != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("shm peer runs as uid {uid}, not {me}"),
+                ));
+            }
+        }
+        let local = Local::new()?;
+        send_hello(&sock, &local)?;
+        let remote = recv_hello(&sock).await?;
+        let conn = Rc::new(ShmConn {
+            local,
+            remote,
+            sock,
+            peer,
+            prod: Cell::new(0),
+            cons: Cell::new(0),
+            peer_cons: Cell::new(0),
+            queue: RefCell::new(SendQueue {
+                backlog: VecDeque::new(),
+                backlog_bytes: 0,
+                writer: None,
+            }),
+            recv_busy: Cell::new(false),
+            closed: Cell::new(false),
+            closing: Cell::new(false),
+            peer_gone: Cell::new(false),
+            doorbells: Cell::new(0),
+            recv_waker: RefCell::new(None),
+            space_waiting: Cell::new(None),
+            source: Cell::new(None),
+        });
+        let source = RingSource {
+            conn: Rc::downgrade(&conn),
+            doorbell: conn.local.data_efd.clone(),
+        };
+        conn.source
+            .set(Some(reactor::add_poll_source(Rc::new(source))));
+        reactor::spawn(watch_peer(Rc::downgrade(&conn))).detach();
+        reactor::spawn(writer(conn.clone())).detach();
+        Ok(conn)
+    }
+
+    /// Connects to the shm listener of the OSD shard at `addr`. `Ok(None)` when no
+    /// such listener is reachable (another host, another namespace, tcp-only
+    /// daemon): the caller falls back to TCP.
+    pub async fn connect(addr: SocketAddr) -> Result<Option<Rc<ShmConn>>, TransportError> {
+        let mut sock = None;
+        let any = SocketAddr::new([0, 0, 0, 0].into(), addr.port());
+        for name in [socket_name(addr), socket_name(any)] {
+            if let Some(s) = connect_abstract(&name) {
+                sock = Some(s);
+                break;
+            }
+        }
+        let Some(sock) = sock else { return Ok(None) };
+        match ShmConn::establish(sock, addr, false).await {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                tracing::warn!(%addr, "shm handshake failed, using tcp: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    fn closed_err(&self) -> TransportError {
+        TransportError::Closed
+    }
+
+    /// See [`super::Conn::send`].
+    pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
+        let (header, body) = msg.to_header();
+        let mut head = header.encode().to_vec();
+        match msg.payload_buf() {
+            Some(data) => self.enqueue(head, Some(data.clone()).filter(|d| !d.is_empty())),
+            None => {
+                head.extend_from_slice(&body);
+                self.enqueue(head, None)
+            }
+        }
+    }
+
+    /// See [`super::Conn::send_raw`].
+    pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
+        // Only version refusals use this; over shm both sides are the same build
+        // (the hello checks the layout), so it is delivered as an opaque record the
+        // receiver will refuse like any bad header.
+        self.enqueue(bytes, None)
+    }
+
+    fn enqueue(&self, head: Vec<u8>, payload: Option<PayloadBuf>) -> Result<(), TransportError> {
+        if self.closed.get() || self.peer_gone.get() {
+            return Err(self.closed_err());
+        }
+        let mut q = self.queue.borrow_mut();
+        if q.backlog.is_empty() && self.try_put(&head, payload.as_deref())? {
+            return Ok(());
+        }
+        let bytes = head.len() + payload.as_ref().map_or(0, |p| p.len());
+        if q.backlog_bytes + bytes > SEND_BACKLOG_BYTES_MAX {
+            drop(q);
+            self.close();
+            return Err(TransportError::Backlog(SEND_BACKLOG_BYTES_MAX));
+        }
+        q.backlog_bytes += bytes;
+        q.backlog.push_back((head, payload));
+        if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// Copies one record into the peer's ring if it has room. `Ok(false)`: no room
+    /// yet.
+    fn try_put(&self, head: &[u8], payload: Option<&[u8]>) -> Result<bool, TransportError> {
+        let plen = payload.map_or(0, <[u8]>::len);
+        let rec = (RECORD_PREFIX + head.len() + plen).next_multiple_of(RECORD_ALIGN);
+        if rec > RECORD_BYTES_MAX {
+            return Err(TransportError::Protocol(ProtocolError::TooLong {
+                what: "shm record",
+                len: rec as u64,
+                max: RECORD_BYTES_MAX as u64,
+            }));
+        }
+        let m = &self.remote.map;
+        let cons = m.u64_at(CTL_CONS).load(Ordering::Acquire);
+        let prod = self.prod.get();
+        if cons < self.peer_cons.get() || cons > prod {
+            self.close();
+            return Err(TransportError::Protocol(ProtocolError::Inconsistent(
+                "shm peer's ring consumer index moved backwards or past the producer",
+            )));
+        }
+        self.peer_cons.set(cons);
+        let free = RING_BYTES - (prod - cons) as usize;
+        let idx = (prod % RING_BYTES as u64) as usize;
+        let tail = RING_BYTES - idx;
+        let mut at = prod;
+        if rec > tail {
+            if tail + rec > free {
+                return Ok(false);
+            }
+            // Pad to the end; the record starts at the ring's beginning.
+            m.u32_at(RING_OFF + idx + 4)
+                .store(RECORD_PAD, Ordering::Relaxed);
+            m.u32_at(RING_OFF + idx)
+                .store(tail as u32, Ordering::Relaxed);
+            at += tail as u64;
+        } else if rec > free {
+            return Ok(false);
+        }
+        let i = (at % RING_BYTES as u64) as usize;
+        m.write(RING_OFF + i + RECORD_PREFIX, head);
+        if let Some(p) = payload {
+            m.write(RING_OFF + i + RECORD_PREFIX + head.len(), p);
+        }
+        m.u32_at(RING_OFF + i + 4)
+            .store(RECORD_MESSAGE, Ordering::Relaxed);
+        m.u32_at(RING_OFF + i).store(
+            (RECORD_PREFIX + head.len() + plen) as u32,
+            Ordering::Relaxed,
+        );
+        let new = at + rec as u64;
+        self.prod.set(new);
+        m.u64_at(CTL_PROD).store(new, Ordering::Release);
+        // Doorbell only if the peer is (about to be) asleep: pairs with the fence
+        // in `wait_data`.
+        fence(Ordering::SeqCst);
+        if m.u32_at(CTL_DATA_WAIT).swap(0, Ordering::SeqCst) != 0 {
+            self.doorbells.set(self.doorbells.get() + 1);
+            ring_doorbell(self.remote.data_efd.as_raw_fd());
+        }
+        Ok(true)
+    }
+
+    /// See [`super::Conn::recv`].
+    pub async fn recv(&self) -> Result<Message, TransportError> {
+        if self.recv_busy.replace(true) {
+            return Err(TransportError::Io(io::Error::other(
+                "two tasks receiving on one connection",
+            )));
+        }
+        let r = self.recv_inner().await;
+        self.recv_busy.set(false);
+        if r.is_err() {
+            self.close();
+        }
+        r
+    }
+
+    async fn recv_inner(&self) -> Result<Message, TransportError> {
+        // Bounded: each round consumes a record, or sleeps until woken.
+        loop {
+            if self.closed.get() {
+                return Err(TransportError::Closed);
+            }
+            if let Some(m) = self.take_record()? {
+                return Ok(m);
+            }
+            if self.peer_gone.get() {
+                return Err(TransportError::Closed);
+            }
+            // Wait for the reactor's poll of this connection's ring to wake us.
+            std::future::poll_fn(|cx| {
+                if self.data_ready() {
+                    return Poll::Ready(());
+                }
+                *self.recv_waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+        }
+    }
+
+    /// Whether the receiving task has something to do: a record, or an end.
+    fn data_ready(&self) -> bool {
+        self.closed.get()
+            || self.peer_gone.get()
+            || self.local.map.u64_at(CTL_PROD).load(Ordering::Acquire) != self.cons.get()
+    }
+
+    /// The poll source's check: wakes the receiving task if a message (or the end)
+    /// is there, and the writer if the peer made room. Returns whether there was
+    /// such work; with `wake` false only looks (`arm`'s re-check).
+    fn poll_source(&self, wake: bool) -> bool {
+        let mut found = false;
+        if self.recv_waker.borrow().is_some() && self.data_ready() {
+            found = true;
+            if wake && let Some(w) = self.recv_waker.borrow_mut().take() {
+                w.wake();
+            }
+        }
+        if let Some(seen) = self.space_waiting.get() {
+            let now = self.remote.map.u64_at(CTL_CONS).load(Ordering::Acquire);
+            if now != seen || self.closed.get() || self.peer_gone.get() {
+                found = true;
+                if wake {
+                    self.space_waiting.set(None);
+                    if let Some(w) = self.queue.borrow_mut().writer.take() {
+                        w.wake();
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// The next message in this side's ring, if any.
+    fn take_record(&self) -> Result<Option<Message>, TransportError> {
+        // Bounded: at most one pad record precedes a message.
+        for _ in 0..2 {
+            let m = &self.local.map;
+            let prod = m.u64_at(CTL_PROD).load(Ordering::Acquire);
+            let cons = self.cons.get();
+            if prod == cons {
+                return Ok(None);
+            }
+            let bad = |what| Err(TransportError::Protocol(ProtocolError::Inconsistent(what)));
+            if prod < cons || prod - cons > RING_BYTES as u64 {
+                return bad("shm ring producer index out of range");
+            }
+            let avail = (prod - cons) as usize;
+            let idx = (cons % RING_BYTES as u64) as usize;
+            let len = m.u32_at(RING_OFF + idx).load(Ordering::Relaxed) as usize;
+            let kind = m.u32_at(RING_OFF + idx + 4).load(Ordering::Relaxed);
+            let rec = len.next_multiple_of(RECORD_ALIGN);
+            if len < RECORD_PREFIX || rec > avail || idx + rec > RING_BYTES {
+                return bad("shm ring record length out of range");
+            }
+            if kind == RECORD_PAD {
+                if idx + len != RING_BYTES {
+                    return bad("shm pad record does not reach the ring's end");
+                }
+                self.consume(rec);
+                continue;
+            }
+            if kind != RECORD_MESSAGE || len < RECORD_PREFIX + HEADER_PREFIX_LEN {
+                return bad("shm ring record of unknown kind");
+            }
+            let mut prefix = [0u8; HEADER_PREFIX_LEN];
+            m.read(RING_OFF + idx + RECORD_PREFIX, &mut prefix);
+            Header::check_prefix(&prefix)?;
+            if len < RECORD_PREFIX + HEADER_LEN {
+                return bad("shm ring record shorter than a header");
+            }
+            let mut hb = [0u8; HEADER_LEN];
+            m.read(RING_OFF + idx + RECORD_PREFIX, &mut hb);
+            let header = Header::decode(&hb)?;
+            let plen = header.payload_len as usize;
+            if RECORD_PREFIX + HEADER_LEN + plen != len {
+                return bad("shm ring record length differs from its header");
+            }
+            let mut payload = PayloadBufMut::for_overwrite(plen);
+            m.read(
+                RING_OFF + idx + RECORD_PREFIX + HEADER_LEN,
+                payload.as_mut_slice(),
+            );
+            self.consume(rec);
+            if header.op().is_transport_internal() {
+                return bad("a tcp one-sided frame on a shm connection");
+            }
+            return Ok(Some(Message::from_parts(&header, payload.freeze())?));
+        }
+        Ok(None)
+    }
+
+    /// Frees `rec` bytes of this side's ring and wakes a peer waiting for room.
+    fn consume(&self, rec: usize) {
+        let new = self.cons.get() + rec as u64;
+        self.cons.set(new);
+        let m = &self.local.map;
+        m.u64_at(CTL_CONS).store(new, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if m.u32_at(CTL_SPACE_WAIT).swap(0, Ordering::SeqCst) != 0 {
+            // The peer's one doorbell: its poll source then sees the room.
+            ring_doorbell(self.remote.data_efd.as_raw_fd());
+        }
+    }
+
+    /// See [`super::Conn::close`].
+    pub fn close(&self) {
+        if self.closed.replace(true) {
+            return;
+        }
+        // The peer's watcher sees the socket close.
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let mut q = self.queue.borrow_mut();
+        q.backlog.clear();
+        q.backlog_bytes = 0;
+        if let Some(w) = q.writer.take() {
+            w.wake();
+        }
+        drop(q);
+        // Wake this side's own waiters (receiver, writer) and leave the reactor.
+        if let Some(w) = self.recv_waker.borrow_mut().take() {
+            w.wake();
+        }
+        if let Some(id) = self.source.take() {
+            reactor::remove_poll_source(id);
+        }
+        // Grants end with the connection.
+        let slots: Vec<usize> = self.local.grants.borrow().keys().copied().collect();
+        for s in slots {
+            self.local.unpublish(s);
+        }
+    }
+
+    /// See [`super::Conn::close_after_send`].
+    pub fn close_after_send(&self) {
+        if self.closed.get() {
+            return;
+        }
+        self.closing.set(true);
+        if let Some(w) = self.queue.borrow_mut().writer.take() {
+            w.wake();
+        }
+    }
+
+    /// See [`super::Conn::is_closed`].
+    pub fn is_closed(&self) -> bool {
+        self.closed.get() || self.peer_gone.get()
+    }
+
+    /// Data doorbells this side rang so far: one per time the peer went to sleep
+    /// and was woken by a message, none while it was busy.
+    pub fn doorbells_rung(&self) -> u64 {
+        self.doorbells.get()
+    }
+
+    /// The TCP address the connection was made for (logs).
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    // ---- grants and one-sided operations ----
+
+    fn grant(
+        &self,
+        len: usize,
+        access: u32,
+        fill: Option<&[u8]>,
+    ) -> Result<RemoteBuf, TransportError> {
+        let len32 = check_grant_len(len)?;
+        if self.is_closed() {
+            return Err(TransportError::Closed);
+        }
+        let Some(off) = self.local.alloc(len) else {
+            return Err(TransportError::Grant(format!(
+                "shm staging memory ({STAGING_BYTES} bytes) exhausted on this connection"
+            )));
+        };
+        let slots = self.local.grants.borrow();
+        if slots.len() >= GRANT_SLOTS / 2 {
+            drop(slots);
+            self.local.release(off, len);
+            return Err(TransportError::Grant(format!(
+                "{} grants are live on this connection: release some first",
+                GRANT_SLOTS / 2
+            )));
+        }
+        let key = random_key(|k| slots.contains_key(&(k as usize & (GRANT_SLOTS - 1))));
+        drop(slots);
+        if let Some(src) = fill {
+            self.local.map.write(STAGING_OFF + off, src);
+        }
+        let slot = key as usize & (GRANT_SLOTS - 1);
+        let addr = self.local.map.base() + (STAGING_OFF + off) as u64;
+        self.local.grants.borrow_mut().insert(slot, (off, len));
+        self.local.publish(slot, key, access, addr, len32);
+        Ok(RemoteBuf {
+            addr,
+            len: len32,
+            key,
+        })
+    }
+
+    /// See [`super::Conn::grant_read`]: the bytes are copied into this side's
+    /// staging memory (until the pool's regions are shared, a payload buffer is not
+    /// in shared memory) and the peer copies them from there.
+    pub fn grant_read(self: &Rc<Self>, buf: &PayloadBuf) -> Result<Grant, TransportError> {
+        let remote = self.grant(buf.len(), ACCESS_READ, Some(buf.as_slice()))?;
+        Ok(Grant::new(remote, self.clone()))
+    }
+
+    /// See [`super::Conn::grant_write`]: the peer writes into staging memory;
+    /// [`WriteGrant::finish`] copies the bytes into `buf`.
+    pub fn grant_write(self: &Rc<Self>, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
+        let remote = self.grant(buf.len(), ACCESS_WRITE, None)?;
+        Ok(WriteGrant::new(
+            remote,
+            self.clone(),
+            Rc::new(RefCell::new(buf)),
+        ))
+    }
+
+    /// See [`super::Conn::grant_area`]: an area of this side's staging memory the
+    /// peer reads in place, one-sidedly, while this side keeps writing it.
+    pub fn grant_area(self: &Rc<Self>, len: usize) -> Result<SharedArea, TransportError> {
+        let remote = self.grant(len, ACCESS_READ, None)?;
+        // Offset of the area in this side's segment.
+        let base = (remote.addr - self.local.map.base()) as usize;
+        let conn = Rc::downgrade(self);
+        let writer = Box::new(move |offset: usize, data: &[u8]| {
+            // Nothing to write into once the connection (and its segment) is gone.
+            if let Some(c) = conn.upgrade() {
+                c.local.map.write(base + offset, data);
+            }
+        });
+        Ok(SharedArea::new(remote, self.clone(), writer))
+    }
+
+    /// Checks `[addr, addr + len)` against the peer's grant `key` and returns the
+    /// byte offset in the peer's segment and the grant's seqlock value, or refuses
+    /// (and closes).
+    fn check_remote(
+        &self,
+        key: u32,
+        access: u32,
+        addr: u64,
+        len: u64,
+    ) -> Result<(usize, u32), TransportError> {
+        if self.is_closed() {
+            return Err(TransportError::Closed);
+        }
+        let m = &self.remote.map;
+        let o = Local::slot_off(key as usize & (GRANT_SLOTS - 1));
+        let seq = m.u32_at(o).load(Ordering::Acquire);
+        let g_access = m.u32_at(o + 4).load(Ordering::Relaxed);
+        let g_key = m.u32_at(o + 8).load(Ordering::Relaxed);
+        let g_len = m.u32_at(o + 12).load(Ordering::Relaxed);
+        let g_addr = m.u64_at(o + 16).load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let stable = m.u32_at(o).load(Ordering::Relaxed) == seq && seq.is_multiple_of(2);
+        let refuse = |r: Refusal| {
+            tracing::warn!(peer = %self.peer, reason = r.as_str(), "one-sided access refused; closing the shm connection");
+            self.close();
+            Err(TransportError::Refused(r.as_str()))
+        };
+        if !stable || g_key != key || key == 0 {
+            return refuse(Refusal::UnknownKey);
+        }
+        if g_access != access {
+            return refuse(Refusal::WrongAccess);
+        }
+        let off = match check_bounds(g_addr, g_len, addr, len) {
+            Ok(_) => (addr - self.remote.base) as usize,
+            Err(r) => return refuse(r),
+        };
+        // The grant itself must lie in the peer's staging memory: a corrupt table
+        // must not make this side touch anything else (or fault).
+        if addr < self.remote.base
+            || (addr - self.remote.base) < STAGING_OFF as u64
+            || off + len as usize > SEGMENT_BYTES
+        {
+            return refuse(Refusal::OutOfBounds);
+        }
+        Ok((off, seq))
+    }
+
+    fn still_granted(&self, key: u32, seq: u32) -> Result<(), TransportError> {
+        let o = Local::slot_off(key as usize & (GRANT_SLOTS - 1));
+        fence(Ordering::Acquire);
+        if self.remote.map.u32_at(o).load(Ordering::Relaxed) != seq {
+            self.close();
+            return Err(TransportError::Refused("the grant ended during the access"));
+        }
+        Ok(())
+    }
+
+    /// See [`super::Conn::read_remote`]: a copy out of the peer's memory.
+    pub fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
+        let (off, seq) =
+            self.check_remote(remote.key, ACCESS_READ, remote.addr, u64::from(remote.len))?;
+        let mut out = PayloadBufMut::for_overwrite(remote.len as usize);
+        self.remote.map.read(off, out.as_mut_slice());
+        self.still_granted(remote.key, seq)?;
+        Ok(out)
+    }
+
+    /// See [`super::Conn::write_remote`]: a copy into the peer's memory.
+    pub fn write_remote(
+        &self,
+        key: u32,
+        addr: u64,
+        data: &PayloadBuf,
+    ) -> Result<(), TransportError> {
+        let (off, seq) = self.check_remote(key, ACCESS_WRITE, addr, data.len() as u64)?;
+        self.remote.map.write(off, data.as_slice());
+        self.still_granted(key, seq)
+    }
+}
+
+impl GrantOwner for ShmConn {
+    fn revoke(&self, key: u32, into: Option<&mut PayloadBufMut>) {
+        let slot = key as usize & (GRANT_SLOTS - 1);
+        let Some((off, len)) = self.local.grants.borrow_mut().remove(&slot) else {
+            return;
+        };
+        // Unpublish first: from here on the peer's accesses are refused.
+        self.local.unpublish(slot);
+        if let Some(buf) = into {
+            let n = buf.len().min(len);
+            self.local
+                .map
+                .read(STAGING_OFF + off, &mut buf.as_mut_slice()[..n]);
+        }
+        self.local.release(off, len);
+    }
+}
+
+impl Drop for ShmConn {
+    fn drop(&mut self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        // Dropped without a close (on its reactor thread): leave the reactor.
+        if let Some(id) = self.source.take()
+            && reactor::current_id().is_some()
+        {
+            reactor::remove_poll_source(id);
+        }
+    }
+}
+
+/// Drains the backlog into the peer's ring as room appears.
+async fn writer(conn: Rc<ShmConn>) {
+    loop {
+        // Wait for work.
+        let go = std::future::poll_fn(|cx| {
+            if conn.closed.get() || conn.peer_gone.get() {
+                return Poll::Ready(false);
+            }
+            let mut q = conn.queue.borrow_mut();
+            if q.backlog.is_empty() {
+                if conn.closing.get() {
+                    drop(q);
+                    conn.close();
+                    return Poll::Ready(false);
+                }
+                q.writer = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            Poll::Ready(true)
+        })
+        .await;
+        if !go {
+            return;
+        }
+        // Move as much as fits; when the ring is full, wait until the peer's
+        // consumer position moves (the poll source checks it and, before the
+        // thread sleeps, sets the space flag the peer rings the doorbell for).
+        loop {
+            if conn.closed.get() || conn.peer_gone.get() {
+                return;
+            }
+            let put = {
+                let q = conn.queue.borrow();
+                match q.backlog.front() {
+                    None => break,
+                    Some((h, p)) => conn.try_put(h, p.as_deref()),
+                }
+            };
+            match put {
+                Ok(true) => {
+                    let mut q = conn.queue.borrow_mut();
+                    if let Some((h, p)) = q.backlog.pop_front() {
+                        q.backlog_bytes -= h.len() + p.as_ref().map_or(0, |p| p.len());
+                    }
+                }
+                Ok(false) => {
+                    let seen = conn.peer_cons.get();
+                    std::future::poll_fn(|cx| {
+                        if conn.closed.get() || conn.peer_gone.get() {
+                            return Poll::Ready(());
+                        }
+                        let now = conn.remote.map.u64_at(CTL_CONS).load(Ordering::Acquire);
+                        if now != seen {
+                            conn.space_waiting.set(None);
+                            return Poll::Ready(());
+                        }
+                        conn.space_waiting.set(Some(seen));
+                        conn.queue.borrow_mut().writer = Some(cx.waker().clone());
+                        Poll::Pending
+                    })
+                    .await;
+                }
+                Err(_) => {
+                    conn.close();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the peer's Unix socket to close (the peer closed the connection or
+/// died), then marks the peer gone and wakes this side's sleepers.
+async fn watch_peer(conn: std::rc::Weak<ShmConn>) {
+    let Some(fd) = conn.upgrade().map(|c| c.sock.as_raw_fd()) else {
+        return;
+    };
+    // Bounded: the socket carries no data after the handshake, so a readable
+    // socket means the peer is gone (or broke the protocol, which ends it too).
+    loop {
+        let r = reactor::poll_readable(fd).await;
+        let Some(c) = conn.upgrade() else { return };
+        if c.closed.get() {
+            return;
+        }
+        if let Err(e) = &r
+            && e.kind() == io::ErrorKind::Interrupted
+        {
+            continue;
+        }
+        c.peer_gone.set(true);
+        if let Some(w) = c.recv_waker.borrow_mut().take() {
+            w.wake();
+        }
+        if let Some(w) = c.queue.borrow_mut().writer.take() {
+            w.wake();
+        }
+        return;
+    }
+}
+
+/// A listener on a TCP address and on its shm Unix socket: same-host peers get
+/// shm, others TCP.
+pub struct ShmListener {
+    tcp: std::net::TcpListener,
+    unix: UnixListener,
+    addr: SocketAddr,
+}
+
+impl ShmListener {
+    /// Binds `addr` (TCP) and the abstract Unix socket named after it.
+    pub fn bind(addr: SocketAddr) -> io::Result<ShmListener> {
+        let tcp = std::net::TcpListener::bind(addr)?;
+        let addr = tcp.local_addr()?;
+        let name = socket_name(addr);
+        let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let unix = UnixListener::bind_addr(&a)?;
+        tcp.set_nonblocking(true)?;
+        unix.set_nonblocking(true)?;
+        Ok(ShmListener { tcp, unix, addr })
+    }
+
+    /// The bound TCP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Accepts the next connection of either kind. A shm peer whose handshake fails
+    /// is dropped (logged) and the wait goes on.
+    pub async fn accept(&self) -> Result<super::Conn, TransportError> {
+        loop {
+            match self.tcp.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false)?;
+                    return Ok(super::Conn::Tcp(super::tcp::TcpConn::from_stream(s)?));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+            match self.unix.accept() {
+                Ok((s, _)) => match ShmConn::establish(s, self.addr, true).await {
+                    Ok(c) => return Ok(super::Conn::Shm(c)),
+                    Err(e) => {
+                        tracing::warn!(addr = %self.addr, "shm handshake failed: {e}");
+                        continue;
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let t = reactor::poll_readable(self.tcp.as_raw_fd());
+            let u = reactor::poll_readable(self.unix.as_raw_fd());
+            let _ = futures_lite::future::or(t, u).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{Epoch, RequestId};
+    use crate::reactor::{Reactor, ReactorConfig};
+
+    /// A receiver whose thread is busy polling costs the sender no system call;
+    /// one whose thread sleeps costs a doorbell per wake-up, not per message.
+    #[test]
+    fn doorbells_only_for_a_sleeping_receiver() {
+        use crate::reactor::PollMode;
+        for (mode, min, max) in [(PollMode::Busy, 0, 0), (PollMode::Interrupt, 1, 5)] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let receiver = std::thread::spawn(move || {
+                let mut r = Reactor::new(ReactorConfig {
+                    poll_mode: mode,
+                    ..ReactorConfig::default()
+                })
+                .unwrap();
+                r.block_on(async move {
+                    let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                    tx.send(l.local_addr()).unwrap();
+                    let super::super::Conn::Shm(s) = l.accept().await.unwrap() else {
+                        panic!("accepted over tcp")
+                    };
+                    for i in 0..100 {
+                        assert_eq!(s.recv().await.unwrap().id(), RequestId(i));
+                    }
+                })
+                .unwrap();
+            });
+            let addr = rx.recv().unwrap();
+            let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+            let rung = r
+                .block_on(async move {
+                    let c = ShmConn::connect(addr).await.unwrap().unwrap();
+                    // Let the receiver settle into its wait (asleep, or spinning).
+                    crate::reactor::sleep(Duration::from_millis(200)).await;
+                    for i in 0..100 {
+                        c.send(&Message::Ping {
+                            id: RequestId(i),
+                            epoch: Epoch(1),
+                        })
+                        .unwrap();
+                    }
+                    c.doorbells_rung()
+                })
+                .unwrap();
+            receiver.join().unwrap();
+            assert!(
+                (min..=max).contains(&rung),
+                "{mode:?}: {rung} doorbells for 100 messages"
+            );
+        }
+    }
+}
