@@ -462,12 +462,10 @@ impl OsdConn {
                         metrics::record_converted(false);
                     }
                 }
-                Some(Hold::Payload(_)) => {
-                    if reply.status == status::OK {
-                        metrics::record_converted(true);
-                    }
+                Some(Hold::Payload(_)) if reply.status == status::OK => {
+                    metrics::record_converted(true);
                 }
-                None => {}
+                Some(Hold::Payload(_)) | None => {}
             }
         }
         Ok(reply)
@@ -1030,7 +1028,8 @@ mod tests {
     #[test]
     fn an_abandoned_converted_write_keeps_its_grant_until_the_reply() {
         let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
-        let pulled: Rc<RefCell<Option<Result<Vec<u8>, String>>>> = Rc::new(RefCell::new(None));
+        type Pulled = Option<Result<Vec<u8>, String>>;
+        let pulled: Rc<RefCell<Pulled>> = Rc::new(RefCell::new(None));
         let pulled2 = pulled.clone();
         reactor
             .block_on(async move {

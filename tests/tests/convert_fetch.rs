@@ -279,7 +279,7 @@ fn forged_descriptors_end_only_their_connection(
             other => panic!("good converted read: {other:?}"),
         }
         let got = dest.finish();
-        assert_eq!(&got.as_slice()[..], &pattern(7, 8192)[..], "pushed data");
+        assert_eq!(got.as_slice(), &pattern(7, 8192)[..], "pushed data");
     });
     if let Err(e) = result {
         panic!("reactor: {e}\n{}", cluster.log_tails());

@@ -217,12 +217,15 @@ pub struct SharedArea {
     remote: RemoteBuf,
     owner: Rc<dyn GrantOwner>,
     /// Copies bytes in at an offset (bounds already checked against `remote.len`).
-    writer: Box<dyn Fn(usize, &[u8])>,
+    writer: AreaWriter,
 }
+
+/// How a [`SharedArea`] copies bytes in at an offset (transport-specific).
+pub(crate) type AreaWriter = Box<dyn Fn(usize, &[u8])>;
 
 /// The writer of an area whose bytes are a local buffer (tcp: the emulated READ
 /// copies a snapshot of it).
-pub(crate) fn buffer_writer(buf: Rc<RefCell<PayloadBufMut>>) -> Box<dyn Fn(usize, &[u8])> {
+pub(crate) fn buffer_writer(buf: Rc<RefCell<PayloadBufMut>>) -> AreaWriter {
     Box::new(move |offset, data| {
         buf.borrow_mut().as_mut_slice()[offset..offset + data.len()].copy_from_slice(data)
     })
@@ -232,7 +235,7 @@ impl SharedArea {
     pub(crate) fn new(
         remote: RemoteBuf,
         owner: Rc<dyn GrantOwner>,
-        writer: Box<dyn Fn(usize, &[u8])>,
+        writer: AreaWriter,
     ) -> SharedArea {
         SharedArea {
             remote,
