@@ -119,9 +119,11 @@ impl Default for ConvertThresholds {
     }
 }
 
-/// Default conversion threshold on `tcp` (see docs/benchmarks.md).
+/// Default conversion threshold on `tcp`: provisional, not yet measured (see
+/// docs/benchmarks.md for the reasoning).
 pub const DEFAULT_CONVERT_THRESHOLD_TCP: u32 = 1 << 20;
-/// Default conversion threshold on `shm` (see docs/benchmarks.md).
+/// Default conversion threshold on `shm`: provisional, not yet measured (see
+/// docs/benchmarks.md for the reasoning).
 pub const DEFAULT_CONVERT_THRESHOLD_SHM: u32 = 64 << 10;
 /// Default conversion threshold on `rdma`: the thesis's 4 KiB (not measured here,
 /// there is no RDMA device).
