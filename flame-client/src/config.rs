@@ -5,6 +5,7 @@
 //! `deny_unknown_fields` so an embedding daemon can nest it in its YAML unchanged.
 
 use crate::error::ClientError;
+use flame_common::protocol;
 use flame_common::transport::TransportKind;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -36,7 +37,120 @@ pub struct ClientConfig {
     /// lets the routing table choose. For multi-homed hosts (keep storage traffic
     /// on the storage network) and for tests giving each daemon its own address.
     pub bind_addr: Option<std::net::IpAddr>,
+    /// How write and read data travel: `inline` (in the messages) or `convert`
+    /// (read-write conversion: above the transport's threshold a write sends only
+    /// the descriptor of its buffer and the OSD pulls the data with a one-sided
+    /// READ; a read grants its destination buffer and the OSD pushes the data with
+    /// a one-sided WRITE).
+    pub transfer_mode: TransferMode,
+    /// Smallest I/O converted in `convert` mode, per transport (smaller ones travel
+    /// inline: a pull or push costs the OSD an extra step that only pays for larger
+    /// payloads).
+    pub convert_threshold_bytes: ConvertThresholds,
+    /// How replies come back: `push` (the OSD sends them) or `fetch` (remote
+    /// fetching, RFP: the OSD leaves each reply in a reply area it granted this
+    /// connection and the client reads it one-sidedly). `fetch` needs a transport
+    /// whose one-sided READ bypasses the OSD's CPU (`shm`, `rdma`): on `tcp` an
+    /// emulated READ is itself a round trip through the OSD, so it is refused.
+    pub reply_mode: ReplyMode,
+    /// Fetch mode: empty fetches of one reply (with backoff between them) before
+    /// the client asks the OSD to push that reply instead.
+    pub fetch_polls_max: u32,
+    /// Fetch mode: consecutive replies that had to be pushed after which the
+    /// connection stops asking for fetched replies for a while (RFP's hybrid:
+    /// when the OSD is slower than polling pays for, push is cheaper).
+    pub fetch_fallbacks_to_push: u32,
+    /// Fetch mode: slots asked for per connection (bounded by the OSD's own limit).
+    pub fetch_slots: u32,
+    /// Fetch mode: largest reply payload a slot holds; a read with a larger
+    /// inline reply asks for push.
+    pub fetch_slot_payload_bytes: u32,
+    /// Allows `reply_mode: fetch` on `tcp`, whose one-sided READ is emulated by
+    /// the OSD's connection thread (every fetch is then a round trip: never
+    /// faster than push). Only to exercise and measure the fetching protocol
+    /// where no native transport is available; the OSD must allow it too
+    /// (`reply_area_over_emulated`).
+    pub fetch_over_emulated: bool,
 }
+
+/// How I/O data travels between the client and its OSD.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferMode {
+    /// Data in the messages (two-sided send/receive).
+    #[default]
+    Inline,
+    /// Read-write conversion above the transport's threshold.
+    Convert,
+}
+
+/// How the OSD's replies reach the client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplyMode {
+    /// The OSD sends each reply.
+    #[default]
+    Push,
+    /// The client fetches each reply from the OSD's memory (RFP).
+    Fetch,
+}
+
+/// Per-transport conversion thresholds in bytes (`u32::MAX`: never convert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConvertThresholds {
+    /// On `tcp`: a one-sided transfer is emulated by the peer's connection thread,
+    /// so converting adds a round trip and only large I/O might gain.
+    pub tcp: u32,
+    /// On `shm`: a one-sided transfer is a copy by the OSD straight from or to the
+    /// client's memory.
+    pub shm: u32,
+    /// On `rdma`: a real RDMA READ/WRITE (the thesis converts above 4 KiB).
+    pub rdma: u32,
+}
+
+impl Default for ConvertThresholds {
+    fn default() -> Self {
+        ConvertThresholds {
+            tcp: DEFAULT_CONVERT_THRESHOLD_TCP,
+            shm: DEFAULT_CONVERT_THRESHOLD_SHM,
+            rdma: DEFAULT_CONVERT_THRESHOLD_RDMA,
+        }
+    }
+}
+
+/// Default conversion threshold on `tcp`: provisional, not yet measured (see
+/// docs/benchmarks.md for the reasoning).
+pub const DEFAULT_CONVERT_THRESHOLD_TCP: u32 = 1 << 20;
+/// Default conversion threshold on `shm`: provisional, not yet measured (see
+/// docs/benchmarks.md for the reasoning).
+pub const DEFAULT_CONVERT_THRESHOLD_SHM: u32 = 64 << 10;
+/// Default conversion threshold on `rdma`: the thesis's 4 KiB (not measured here,
+/// there is no RDMA device).
+pub const DEFAULT_CONVERT_THRESHOLD_RDMA: u32 = 4096;
+
+impl ConvertThresholds {
+    /// The threshold for `kind`.
+    pub fn for_transport(&self, kind: TransportKind) -> u32 {
+        match kind {
+            TransportKind::Tcp => self.tcp,
+            TransportKind::Shm => self.shm,
+            TransportKind::Rdma => self.rdma,
+        }
+    }
+}
+
+/// Whether a transport's one-sided READ runs without the peer's CPU, which is what
+/// remote fetching needs to pay off.
+fn fetch_supported(kind: TransportKind) -> bool {
+    match kind {
+        TransportKind::Tcp => false,
+        TransportKind::Shm | TransportKind::Rdma => true,
+    }
+}
+
+/// Bound on `fetch_polls_max`.
+pub const FETCH_POLLS_MAX: u32 = 100_000;
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -48,6 +162,14 @@ impl Default for ClientConfig {
             map_refresh_ms: 1_000,
             map_wait_ms: 5_000,
             bind_addr: None,
+            transfer_mode: TransferMode::Inline,
+            convert_threshold_bytes: ConvertThresholds::default(),
+            reply_mode: ReplyMode::Push,
+            fetch_polls_max: 64,
+            fetch_fallbacks_to_push: 8,
+            fetch_slots: 64,
+            fetch_slot_payload_bytes: 4096,
+            fetch_over_emulated: false,
         }
     }
 }
@@ -90,6 +212,43 @@ impl ClientConfig {
             if v == 0 || v > TIMEOUT_MS_MAX {
                 return Err(ClientError::InvalidArgument(format!(
                     "{key}: must be 1..={TIMEOUT_MS_MAX}, got {v}"
+                )));
+            }
+        }
+        let t = &self.convert_threshold_bytes;
+        for (key, v) in [("tcp", t.tcp), ("shm", t.shm), ("rdma", t.rdma)] {
+            if v == 0 {
+                return Err(ClientError::InvalidArgument(format!(
+                    "convert_threshold_bytes.{key}: must be at least 1 byte (u32::MAX = never convert), got 0"
+                )));
+            }
+        }
+        if self.reply_mode == ReplyMode::Fetch {
+            if !fetch_supported(self.transport) && !self.fetch_over_emulated {
+                return Err(ClientError::InvalidArgument(format!(
+                    "reply_mode: fetch needs a transport whose one-sided READ bypasses the OSD's CPU (shm, rdma); \
+                     on {:?} an emulated READ is itself a round trip through the OSD, so fetching cannot beat push",
+                    self.transport
+                )));
+            }
+            if self.fetch_polls_max == 0 || self.fetch_polls_max > FETCH_POLLS_MAX {
+                return Err(ClientError::InvalidArgument(format!(
+                    "fetch_polls_max: must be 1..={FETCH_POLLS_MAX}, got {}",
+                    self.fetch_polls_max
+                )));
+            }
+            if self.fetch_slots == 0 || self.fetch_slots > protocol::REPLY_SLOTS_MAX {
+                return Err(ClientError::InvalidArgument(format!(
+                    "fetch_slots: must be 1..={}, got {}",
+                    protocol::REPLY_SLOTS_MAX,
+                    self.fetch_slots
+                )));
+            }
+            if self.fetch_slot_payload_bytes > protocol::REPLY_SLOT_PAYLOAD_BYTES_MAX {
+                return Err(ClientError::InvalidArgument(format!(
+                    "fetch_slot_payload_bytes: must be at most {}, got {}",
+                    protocol::REPLY_SLOT_PAYLOAD_BYTES_MAX,
+                    self.fetch_slot_payload_bytes
                 )));
             }
         }
@@ -142,5 +301,31 @@ mod tests {
         let c: ClientConfig = serde_norway::from_str("bind_addr: 127.0.0.9\n").unwrap();
         assert_eq!(c.bind_addr, Some([127, 0, 0, 9].into()));
         assert!(serde_norway::from_str::<ClientConfig>("io_timout_ms: 5\n").is_err());
+        let c: ClientConfig = serde_norway::from_str(
+            "transfer_mode: convert\nconvert_threshold_bytes:\n  tcp: 65536\nreply_mode: push\n",
+        )
+        .unwrap();
+        assert_eq!(c.transfer_mode, TransferMode::Convert);
+        assert_eq!(c.convert_threshold_bytes.tcp, 65536);
+        assert_eq!(c.convert_threshold_bytes.shm, DEFAULT_CONVERT_THRESHOLD_SHM);
+        assert!(serde_norway::from_str::<ClientConfig>("transfer_mode: sideways\n").is_err());
+    }
+
+    #[test]
+    fn fetch_is_refused_on_tcp_and_thresholds_must_be_positive() {
+        let c = ClientConfig {
+            reply_mode: ReplyMode::Fetch,
+            transport: TransportKind::Tcp,
+            ..Default::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("reply_mode") && e.contains("tcp") || e.contains("Tcp"),
+            "{e}"
+        );
+        let mut c = ClientConfig::default();
+        c.convert_threshold_bytes.shm = 0;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("convert_threshold_bytes.shm"), "{e}");
     }
 }

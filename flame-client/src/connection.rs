@@ -11,14 +11,36 @@
 //! retryable error at once and the connection leaves the table; the next request
 //! opens a new one. Requests are idempotent at the same offset, so the retry loop
 //! may resend them there.
+//!
+//! Two switchable mechanisms of the communication layer live here, per request:
+//! * **Read-write conversion** ([`Transfer::convert`]): a write grants the peer
+//!   READ access to its payload and sends only the descriptor; a read grants WRITE
+//!   access to a fresh destination buffer, which the OSD fills before it replies.
+//!   A grant lives as long as its request may still be served on this connection:
+//!   with the pending request, and if the caller stops waiting (timeout, resend
+//!   elsewhere after a failover) in the connection's orphans until the late reply
+//!   arrives or the connection ends — dropping it earlier would make the OSD's
+//!   still-running transfer hit a revoked key, which closes the connection. A
+//!   resend on another connection makes a new grant there.
+//! * **Remote fetching** ([`Transfer::fetch`], RFP): the connection has a reply
+//!   area in the OSD's memory (asked for after the HELLO); a request takes a free
+//!   slot, its id is chosen so that `id % (slots + 1)` names that slot, and
+//!   instead of waiting for a pushed reply the client reads the slot one-sidedly
+//!   until it holds the reply (id and checksums match), with backoff, at most
+//!   `fetch_polls_max` times; then it asks the OSD to push that reply. After
+//!   `fetch_fallbacks_to_push` such fallbacks in a row the connection asks for
+//!   pushed replies for a while (RFP's hybrid mode).
 
 use crate::deadline::Deadline;
 use crate::metrics;
 use crate::retry::RetryReason;
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::ids::{Epoch, OsdId, RequestId};
-use flame_common::protocol::{self, Message, OpCode, Versions, status};
+use flame_common::protocol::{
+    self, HEADER_LEN, Header, Message, OpCode, ReplyAreaInfo, Versions, flags, status,
+};
 use flame_common::reactor;
-use flame_common::transport::{Conn, TransportKind};
+use flame_common::transport::{Conn, Grant, TransportKind, WriteGrant};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -56,6 +78,30 @@ pub(crate) struct Target {
     pub epoch: Epoch,
     /// Shard count our map has for the OSD (checked against the Hello reply).
     pub shards: u16,
+    /// Remote fetching: the reply area to ask for (`None`: replies are pushed).
+    pub fetch: Option<FetchConfig>,
+}
+
+/// What a connection in fetch mode asks for and how it polls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FetchConfig {
+    /// Slots of the reply area.
+    pub slots: u32,
+    /// Payload bytes per slot.
+    pub slot_payload_bytes: u32,
+    /// Empty fetches of one reply before asking for push.
+    pub polls_max: u32,
+    /// Fallbacks in a row before the connection switches to push for a while.
+    pub fallbacks_to_push: u32,
+}
+
+/// How one request's data and reply travel.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Transfer {
+    /// Move the data (write payload, read result) by a one-sided transfer.
+    pub convert: bool,
+    /// Fetch the reply from the OSD's reply area if the connection has one.
+    pub fetch: bool,
 }
 
 /// A retryable failure to get an answer on a connection.
@@ -85,8 +131,63 @@ pub(crate) struct Reply {
     pub epoch: Epoch,
     /// A HELLO reply's body: the OSD's protocol versions and shard count.
     pub hello: Option<HelloInfo>,
-    /// Read data, in the buffer the transport received it into.
-    pub data: flame_common::buffer::PayloadBuf,
+    /// Read data, in the buffer the transport received it into (or, for a
+    /// converted read, the destination buffer the OSD wrote).
+    pub data: PayloadBuf,
+    /// The request's grant, handed back with its reply.
+    hold: Option<Hold>,
+}
+
+/// A grant a request keeps alive while the OSD may use it.
+enum Hold {
+    /// A converted write's payload, readable by the OSD (held, never read:
+    /// dropping it revokes the grant).
+    Payload(#[allow(dead_code)] Grant),
+    /// A converted read's destination, writable by the OSD.
+    Dest(WriteGrant),
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hold::Payload(_) => f.write_str("Hold::Payload"),
+            Hold::Dest(_) => f.write_str("Hold::Dest"),
+        }
+    }
+}
+
+/// A request waiting for its reply.
+struct Pending {
+    op: OpCode,
+    tx: Waiter,
+    hold: Option<Hold>,
+}
+
+/// Grants of abandoned requests one connection keeps at most; beyond, the OSD is
+/// not answering and the connection is ended (which revokes them all).
+const ORPHANS_MAX: usize = 4 * INFLIGHT_PER_CONNECTION_MAX;
+
+/// The first polls of a fetch only yield to other tasks (a reply of a fast OSD is
+/// there within microseconds); later ones sleep with doubling backoff.
+const FETCH_SPIN_POLLS: u32 = 4;
+/// First sleep between fetches after the spinning ones.
+const FETCH_BACKOFF_MIN: Duration = Duration::from_micros(10);
+/// Longest sleep between two fetches.
+const FETCH_BACKOFF_MAX: Duration = Duration::from_micros(500);
+/// Requests a connection sends with pushed replies after it switched to push
+/// (RFP's hybrid), before it tries fetching again.
+const PUSH_SPELL_REQUESTS: u32 = 1024;
+
+/// A connection's reply area and slot bookkeeping.
+struct FetchState {
+    area: ReplyAreaInfo,
+    config: FetchConfig,
+    /// Free slot numbers.
+    free: Vec<u32>,
+    /// Fallbacks since the last successful fetch.
+    fallbacks_in_row: u32,
+    /// Requests still to send with pushed replies (hybrid mode).
+    push_left: u32,
 }
 
 /// What a HELLO reply tells about the OSD.
@@ -106,8 +207,16 @@ pub(crate) struct OsdConn {
     addr: SocketAddr,
     conn: Conn,
     next_id: Cell<u64>,
-    /// Requests waiting for their reply, by request id, with the op they asked for.
-    pending: RefCell<HashMap<u64, (OpCode, Waiter)>>,
+    /// Requests waiting for their reply, by request id.
+    pending: RefCell<HashMap<u64, Pending>>,
+    /// Grants of requests whose caller stopped waiting, by request id, until
+    /// their late reply arrives.
+    orphans: RefCell<HashMap<u64, Hold>>,
+    /// Request ids are `counter * id_modulus + residue` (see [`FetchState`]);
+    /// 1 without a reply area.
+    id_modulus: Cell<u64>,
+    /// The reply area, in fetch mode.
+    fetch: RefCell<Option<FetchState>>,
     /// Tasks waiting for an in-flight slot.
     slot_waiters: RefCell<Vec<Waker>>,
     /// Write payload bytes of the pending requests (bounded by
@@ -173,11 +282,92 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.conn.pending.borrow_mut().remove(&self.id);
+        let abandoned = self.conn.pending.borrow_mut().remove(&self.id);
         self.conn
             .pending_bytes
             .set(self.conn.pending_bytes.get() - self.bytes);
+        if let Some(Pending { hold: Some(h), .. }) = abandoned
+            && !self.conn.failed.get()
+        {
+            // The OSD may still pull or push through this grant: keep it until the
+            // late reply, or the connection's end, revokes it.
+            let n = {
+                let mut o = self.conn.orphans.borrow_mut();
+                o.insert(self.id, h);
+                o.len()
+            };
+            if n > ORPHANS_MAX {
+                self.conn.fail(&ConnError::lost(format!(
+                    "{} abandoned requests still hold grants on {}: ending the connection",
+                    n, self.conn.addr
+                )));
+            }
+        }
         self.conn.wake_slot_waiters();
+    }
+}
+
+/// Gives a fetch slot back when its request ends, however it ends. A late reply
+/// the OSD leaves in a reused slot never overwrites a newer one: the OSD only
+/// writes a slot with a larger request id than the one it holds.
+struct SlotGuard<'a> {
+    conn: &'a OsdConn,
+    slot: Option<u32>,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot
+            && let Some(f) = self.conn.fetch.borrow_mut().as_mut()
+        {
+            f.free.push(slot);
+        }
+    }
+}
+
+/// Sets flag bits on a request that carries flags.
+fn add_flags(msg: &mut Message, bits: u16) {
+    if let Message::Read { flags: f, .. }
+    | Message::Write { flags: f, .. }
+    | Message::WriteZeroes { flags: f, .. }
+    | Message::Discard { flags: f, .. }
+    | Message::Flush { flags: f, .. } = msg
+    {
+        *f |= bits;
+    }
+}
+
+/// The reply to request `id` in the bytes of a fetched slot, if it is there and
+/// whole (both header checksums and the payload checksum verify), with its op.
+fn parse_fetched(buf: PayloadBuf, id: RequestId) -> Option<(OpCode, Reply)> {
+    let mut hb = [0u8; HEADER_LEN];
+    hb.copy_from_slice(buf.get(..HEADER_LEN)?);
+    let h = Header::decode(&hb).ok()?;
+    if h.request_id != id.0 || !h.is_reply() {
+        return None;
+    }
+    let end = HEADER_LEN.checked_add(h.payload_len as usize)?;
+    if end > buf.len() {
+        return None;
+    }
+    match Message::from_parts(&h, buf.slice(HEADER_LEN..end)).ok()? {
+        Message::Reply {
+            op,
+            status,
+            epoch,
+            data,
+            ..
+        } => Some((
+            op,
+            Reply {
+                status,
+                epoch,
+                hello: None,
+                data,
+                hold: None,
+            },
+        )),
+        _ => None,
     }
 }
 
@@ -188,41 +378,251 @@ impl Drop for PendingGuard<'_> {
 pub const PENDING_BYTES_MAX: u64 = 64 << 20;
 
 impl OsdConn {
-    /// Sends `msg` (whose id must come from [`OsdConn::next_id`]) and waits for its
-    /// reply. The caller bounds the wait (dropping the future is clean).
-    pub(crate) async fn call(&self, id: RequestId, msg: &Message) -> Result<Reply, ConnError> {
-        let bytes = match msg {
+    /// Sends `msg` (its id is replaced by a fresh one of this connection) with
+    /// inline data and a pushed reply, and waits for the reply. The caller bounds
+    /// the wait (dropping the future is clean).
+    pub(crate) async fn call(&self, msg: &Message) -> Result<Reply, ConnError> {
+        self.request(msg, Transfer::default()).await
+    }
+
+    /// Sends `msg` (with a fresh id of this connection) the way `how` says and
+    /// waits for its reply; see the module documentation.
+    pub(crate) async fn request(&self, msg: &Message, how: Transfer) -> Result<Reply, ConnError> {
+        let mut wire = msg.clone();
+        let hold = if how.convert {
+            self.convert(&mut wire)
+        } else {
+            None
+        };
+        let converted = hold.is_some();
+        // What a fetched reply carries: an inline read's data, nothing else.
+        let expect = match &wire {
+            Message::Read {
+                target,
+                remote: None,
+                ..
+            } => target.length,
+            _ => 0,
+        };
+        let slot = if how.fetch {
+            self.take_fetch_slot(expect)
+        } else {
+            None
+        };
+        let _slot_guard = SlotGuard { conn: self, slot };
+        let id = self.next_id_for(slot);
+        wire.set_id(id);
+        if slot.is_some() {
+            add_flags(&mut wire, flags::FETCH_REPLY);
+        }
+        let bytes = match &wire {
             Message::Write { data, .. } => data.len() as u64,
             _ => 0,
         };
         self.acquire_slot(bytes).await?;
         let (tx, rx) = oneshot::channel();
-        self.pending.borrow_mut().insert(id.0, (msg.op(), tx));
+        self.pending.borrow_mut().insert(
+            id.0,
+            Pending {
+                op: wire.op(),
+                tx,
+                hold,
+            },
+        );
         self.pending_bytes.set(self.pending_bytes.get() + bytes);
         let _guard = PendingGuard {
             conn: self,
             id: id.0,
             bytes,
         };
-        if let Err(e) = self.conn.send(msg) {
+        if let Err(e) = self.conn.send_owned(wire) {
+            let e = ConnError::lost(format!("sending to {}: {e}", self.addr));
+            self.fail(&e);
+            return Err(e);
+        }
+        let mut reply = match slot {
+            Some(slot) => self.fetch_reply(id, slot, expect, rx).await?,
+            None => match rx.await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(ConnError::lost(format!(
+                        "connection to {} dropped",
+                        self.addr
+                    )));
+                }
+            },
+        };
+        if converted {
+            match reply.hold.take() {
+                Some(Hold::Dest(g)) => {
+                    let buf = g.finish();
+                    if reply.status == status::OK && reply.data.is_empty() {
+                        // The OSD wrote the data into our buffer, then replied.
+                        reply.data = buf.freeze();
+                        metrics::record_converted(false);
+                    }
+                }
+                Some(Hold::Payload(_)) if reply.status == status::OK => {
+                    metrics::record_converted(true);
+                }
+                Some(Hold::Payload(_)) | None => {}
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Turns `wire` into its converted form (descriptor instead of data) and
+    /// returns the grant that backs it; `None` (the request stays inline) when
+    /// there is nothing to convert or the transport cannot grant this memory.
+    fn convert(&self, wire: &mut Message) -> Option<Hold> {
+        match wire {
+            Message::Write { remote, data, .. } if !data.is_empty() => {
+                match self.conn.grant_read(data) {
+                    Ok(g) => {
+                        *remote = Some(g.remote());
+                        *data = PayloadBuf::empty();
+                        Some(Hold::Payload(g))
+                    }
+                    Err(e) => {
+                        tracing::debug!(addr = %self.addr, "write sent inline: cannot grant its payload: {e}");
+                        None
+                    }
+                }
+            }
+            Message::Read { remote, target, .. } if target.length > 0 => {
+                let buf = PayloadBufMut::for_overwrite(target.length as usize);
+                match self.conn.grant_write(buf) {
+                    Ok(g) => {
+                        *remote = Some(g.remote());
+                        Some(Hold::Dest(g))
+                    }
+                    Err(e) => {
+                        tracing::debug!(addr = %self.addr, "read sent inline: cannot grant a destination: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// A free slot of the reply area for a reply with `payload` bytes, unless the
+    /// connection has none, the reply does not fit, or it is in a push spell.
+    fn take_fetch_slot(&self, payload: u32) -> Option<u32> {
+        let mut f = self.fetch.borrow_mut();
+        let f = f.as_mut()?;
+        if u64::from(payload) + HEADER_LEN as u64 > u64::from(f.area.slot_bytes) {
+            return None;
+        }
+        if f.push_left > 0 {
+            f.push_left -= 1;
+            return None;
+        }
+        f.free.pop()
+    }
+
+    /// Reads slot `slot` until it holds the reply to `id`, then (after too many
+    /// empty reads) asks for the reply to be pushed and waits for it on `rx`.
+    async fn fetch_reply(
+        &self,
+        id: RequestId,
+        slot: u32,
+        payload: u32,
+        mut rx: oneshot::Receiver<Result<Reply, ConnError>>,
+    ) -> Result<Reply, ConnError> {
+        let lost = || ConnError::lost(format!("connection to {} dropped", self.addr));
+        let (desc, config) = {
+            let f = self.fetch.borrow();
+            let f = f.as_ref().ok_or_else(lost)?;
+            (f.area.slot(slot, HEADER_LEN as u32 + payload), f.config)
+        };
+        let mut delay = FETCH_BACKOFF_MIN;
+        if let Some(desc) = desc {
+            for poll in 0..config.polls_max {
+                // The reply may come pushed after all (the OSD could not leave it),
+                // or the connection may have failed.
+                match rx.try_recv() {
+                    Ok(Some(r)) => return r,
+                    Ok(None) => {}
+                    Err(_) => return Err(lost()),
+                }
+                if poll < FETCH_SPIN_POLLS {
+                    reactor::yield_now().await;
+                } else {
+                    reactor::sleep(delay).await;
+                    delay = (delay * 2).min(FETCH_BACKOFF_MAX);
+                }
+                let buf = match self.conn.read_remote(desc).await {
+                    Ok(b) => b.freeze(),
+                    Err(e) => {
+                        let e =
+                            ConnError::lost(format!("fetching a reply from {}: {e}", self.addr));
+                        self.fail(&e);
+                        return Err(e);
+                    }
+                };
+                if let Some((op, reply)) = parse_fetched(buf, id) {
+                    let Some(p) = self.pending.borrow_mut().remove(&id.0) else {
+                        return Err(lost());
+                    };
+                    if p.op != op {
+                        let e = ConnError::lost(format!(
+                            "{} left a {} reply for request {id} ({})",
+                            self.addr,
+                            op.name(),
+                            p.op.name()
+                        ));
+                        self.fail(&e);
+                        return Err(e);
+                    }
+                    metrics::record_fetch(metrics::Fetch::Hit);
+                    if let Some(f) = self.fetch.borrow_mut().as_mut() {
+                        f.fallbacks_in_row = 0;
+                    }
+                    return Ok(Reply {
+                        hold: p.hold,
+                        ..reply
+                    });
+                }
+                metrics::record_fetch(metrics::Fetch::Miss);
+            }
+        }
+        // Fetching keeps failing (a slow OSD): have this reply pushed, and after
+        // several in a row push the next ones too.
+        metrics::record_fetch(metrics::Fetch::Fallback);
+        if let Some(f) = self.fetch.borrow_mut().as_mut() {
+            f.fallbacks_in_row += 1;
+            if f.fallbacks_in_row >= config.fallbacks_to_push {
+                tracing::debug!(addr = %self.addr, "replies keep arriving after {} fetches: switching to push for {PUSH_SPELL_REQUESTS} requests", config.polls_max);
+                f.fallbacks_in_row = 0;
+                f.push_left = PUSH_SPELL_REQUESTS;
+            }
+        }
+        let push = Message::PushReply {
+            id: self.next_id_for(None),
+            epoch: Epoch(0),
+            of: id,
+        };
+        if let Err(e) = self.conn.send_owned(push) {
             let e = ConnError::lost(format!("sending to {}: {e}", self.addr));
             self.fail(&e);
             return Err(e);
         }
         match rx.await {
             Ok(r) => r,
-            Err(_) => Err(ConnError::lost(format!(
-                "connection to {} dropped",
-                self.addr
-            ))),
+            Err(_) => Err(lost()),
         }
     }
 
-    /// A fresh request id for this connection.
-    pub(crate) fn next_id(&self) -> RequestId {
-        let id = self.next_id.get();
-        self.next_id.set(id.wrapping_add(1));
-        RequestId(id)
+    /// A fresh request id for this connection whose residue names fetch slot
+    /// `slot` (or the push residue).
+    fn next_id_for(&self, slot: Option<u32>) -> RequestId {
+        let c = self.next_id.get();
+        self.next_id.set(c.wrapping_add(1));
+        let m = self.id_modulus.get();
+        let residue = slot.map_or(m - 1, u64::from);
+        debug_assert!(residue < m);
+        RequestId(c.wrapping_mul(m).wrapping_add(residue))
     }
 
     /// Waits until fewer than [`INFLIGHT_PER_CONNECTION_MAX`] requests are pending
@@ -276,10 +676,13 @@ impl OsdConn {
                 t.remove(&self.key);
             }
         });
-        let pending: Vec<(u64, (OpCode, Waiter))> = self.pending.borrow_mut().drain().collect();
-        for (_, (_, tx)) in pending {
-            let _ = tx.send(Err(why.clone()));
+        let pending: Vec<(u64, Pending)> = self.pending.borrow_mut().drain().collect();
+        for (_, p) in pending {
+            let _ = p.tx.send(Err(why.clone()));
         }
+        // The connection is closed: the peer can no longer use these grants.
+        let orphans: Vec<Hold> = self.orphans.borrow_mut().drain().map(|(_, h)| h).collect();
+        drop(orphans);
         self.wake_slot_waiters();
     }
 }
@@ -315,6 +718,7 @@ async fn reader(c: Rc<OsdConn>) {
                     epoch,
                     hello: None,
                     data,
+                    hold: None,
                 },
             )),
             Ok(Message::HelloReply {
@@ -331,7 +735,8 @@ async fn reader(c: Rc<OsdConn>) {
                     status,
                     epoch,
                     hello: Some(HelloInfo { versions, shards }),
-                    data: flame_common::buffer::PayloadBuf::empty(),
+                    data: PayloadBuf::empty(),
+                    hold: None,
                 },
             )),
             Ok(other) => Err(other),
@@ -343,15 +748,16 @@ async fn reader(c: Rc<OsdConn>) {
             }
         };
         let err = match answer {
-            Ok((op, id, reply)) => {
+            Ok((op, id, mut reply)) => {
                 let entry = c.pending.borrow_mut().remove(&id.0);
                 match entry {
-                    Some((want, tx)) if want == op => {
+                    Some(Pending { op: want, tx, hold }) if want == op => {
+                        reply.hold = hold;
                         let _ = tx.send(Ok(reply));
                         c.wake_slot_waiters();
                         continue;
                     }
-                    Some((want, tx)) => {
+                    Some(Pending { op: want, tx, .. }) => {
                         let e = ConnError::lost(format!(
                             "{} answered request {id} ({}) with a {} reply",
                             c.addr,
@@ -361,8 +767,12 @@ async fn reader(c: Rc<OsdConn>) {
                         let _ = tx.send(Err(e.clone()));
                         e
                     }
-                    // The request timed out or was cancelled: drop the late reply.
-                    None => continue,
+                    // The request timed out or was cancelled: drop the late reply,
+                    // and with it the grant the OSD no longer uses.
+                    None => {
+                        c.orphans.borrow_mut().remove(&id.0);
+                        continue;
+                    }
                 }
             }
             Err(other) => ConnError::lost(format!(
@@ -475,15 +885,17 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         conn,
         next_id: Cell::new(1),
         pending: RefCell::new(HashMap::new()),
+        orphans: RefCell::new(HashMap::new()),
+        id_modulus: Cell::new(1),
+        fetch: RefCell::new(None),
         slot_waiters: RefCell::new(Vec::new()),
         pending_bytes: Cell::new(0),
         failed: Cell::new(false),
         counted: Cell::new(false),
     });
     reactor::spawn(reader(c.clone())).detach();
-    let id = c.next_id();
     let hello = Message::Hello {
-        id,
+        id: RequestId(0),
         epoch: target.epoch,
         versions: protocol::VERSIONS,
         shard: target.key.shard,
@@ -494,7 +906,7 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
     // If the timeout fires first, this future is dropped; close the connection then
     // so its reader task ends.
     let closer = CloseOnDrop(Some(c.clone()));
-    let reply = c.call(id, &hello).await?;
+    let reply = c.call(&hello).await?;
     let mismatch = if reply.status == status::ESTALE {
         Some(format!(
             "{} is not shard {} of {}: our map is stale",
@@ -535,8 +947,44 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         c.fail(&e);
         return Err(e);
     }
+    if let Some(fc) = target.fetch {
+        ask_reply_area(&c, target, fc).await?;
+    }
     closer.defuse();
     Ok(c)
+}
+
+/// Asks the OSD for a reply area (remote fetching). A refusal leaves the
+/// connection with pushed replies: fetching is an optimisation, never a
+/// requirement.
+async fn ask_reply_area(c: &OsdConn, target: &Target, fc: FetchConfig) -> Result<(), ConnError> {
+    let ask = Message::ReplyArea {
+        id: RequestId(0),
+        epoch: target.epoch,
+        slots: fc.slots,
+        slot_payload_bytes: fc.slot_payload_bytes,
+    };
+    let reply = c.call(&ask).await?;
+    let info = (reply.status == status::OK)
+        .then(|| ReplyAreaInfo::decode(&reply.data))
+        .flatten();
+    match info {
+        Some(area) => {
+            tracing::debug!(addr = %target.addr, slots = area.slots, slot_bytes = area.slot_bytes, "fetching replies");
+            c.id_modulus.set(area.modulus());
+            *c.fetch.borrow_mut() = Some(FetchState {
+                area,
+                config: fc,
+                free: (0..area.slots).rev().collect(),
+                fallbacks_in_row: 0,
+                push_left: 0,
+            });
+        }
+        None => {
+            tracing::warn!(addr = %target.addr, status = reply.status, "OSD gave no reply area: its replies are pushed");
+        }
+    }
+    Ok(())
 }
 
 struct CloseOnDrop(Option<Rc<OsdConn>>);
@@ -563,4 +1011,129 @@ pub fn thread_connection_count() -> usize {
             .filter(|s| matches!(s, Slot::Ready(c) if !c.failed.get()))
             .count()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::ids::{ObjectId, PgId, PgSeq, VolumeId};
+    use flame_common::protocol::IoTarget;
+    use flame_common::reactor::{Reactor, ReactorConfig};
+    use flame_common::transport::Listener;
+    use std::cell::RefCell;
+
+    /// A converted write whose caller gave up (a timeout, a resend elsewhere)
+    /// keeps its grant until the OSD's late reply: the OSD's pull, made after the
+    /// caller left, still reads the payload, and the connection survives.
+    #[test]
+    fn an_abandoned_converted_write_keeps_its_grant_until_the_reply() {
+        let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+        type Pulled = Option<Result<Vec<u8>, String>>;
+        let pulled: Rc<RefCell<Pulled>> = Rc::new(RefCell::new(None));
+        let pulled2 = pulled.clone();
+        reactor
+            .block_on(async move {
+                let listener =
+                    Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+                let addr = listener.local_addr();
+                // A fake OSD shard: answers the hello, then pulls the converted
+                // write's payload only after the client stopped waiting.
+                reactor::spawn(async move {
+                    let conn = listener.accept().await.unwrap();
+                    let hello = conn.recv().await.unwrap();
+                    conn.send(&Message::HelloReply {
+                        id: hello.id(),
+                        epoch: Epoch(1),
+                        status: 0,
+                        versions: protocol::VERSIONS,
+                        shard: 0,
+                        shards: 1,
+                    })
+                    .unwrap();
+                    let Ok(Message::Write {
+                        id,
+                        remote: Some(r),
+                        ..
+                    }) = conn.recv().await
+                    else {
+                        panic!("expected a converted write");
+                    };
+                    let c2 = conn.clone();
+                    reactor::spawn(async move {
+                        reactor::sleep(Duration::from_millis(200)).await;
+                        let got = c2.read_remote(r).await;
+                        *pulled2.borrow_mut() = Some(
+                            got.map(|b| b.as_slice().to_vec())
+                                .map_err(|e| e.to_string()),
+                        );
+                        let _ = c2.send_owned(Message::Reply {
+                            op: OpCode::Write,
+                            id,
+                            epoch: Epoch(1),
+                            status: 0,
+                            data: PayloadBuf::empty(),
+                        });
+                    })
+                    .detach();
+                    // Keep receiving: tcp's emulated READ completes through it.
+                    while conn.recv().await.is_ok() {}
+                })
+                .detach();
+                let target = Target {
+                    key: ConnKey {
+                        cluster: 77,
+                        osd: OsdId(0),
+                        shard: 0,
+                    },
+                    addr,
+                    transport: TransportKind::Tcp,
+                    source: None,
+                    timeout: Duration::from_secs(5),
+                    epoch: Epoch(1),
+                    shards: 1,
+                    fetch: None,
+                };
+                let c = get(&target).await.unwrap();
+                let msg = Message::Write {
+                    id: RequestId(0),
+                    epoch: Epoch(1),
+                    target: IoTarget {
+                        pg: PgId(0),
+                        object: ObjectId {
+                            volume: VolumeId(1),
+                            index: 0,
+                        },
+                        offset: 0,
+                        length: 8192,
+                    },
+                    flags: 0,
+                    seq: PgSeq(0),
+                    op: flame_common::ids::OpId::NONE,
+                    remote: None,
+                    data: PayloadBuf::copy_from(&[0xab; 8192]),
+                };
+                let how = Transfer {
+                    convert: true,
+                    fetch: false,
+                };
+                let gave_up =
+                    futures_lite::future::or(async { Some(c.request(&msg, how).await) }, async {
+                        reactor::sleep(Duration::from_millis(50)).await;
+                        None
+                    })
+                    .await;
+                assert!(gave_up.is_none(), "the fake OSD answered too early");
+                for _ in 0..100 {
+                    if pulled.borrow().is_some() && c.orphans.borrow().is_empty() {
+                        break;
+                    }
+                    reactor::sleep(Duration::from_millis(20)).await;
+                }
+                let got = pulled.borrow_mut().take().expect("the OSD pulled");
+                assert_eq!(got.expect("pull after the caller left"), vec![0xab; 8192]);
+                assert!(c.orphans.borrow().is_empty(), "the late reply released it");
+                assert!(!c.failed.get(), "the connection survived");
+            })
+            .unwrap();
+    }
 }

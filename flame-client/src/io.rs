@@ -15,7 +15,8 @@
 //! fresh map (and for ESTALE wait for it), and try again.
 
 use crate::cluster::Cluster;
-use crate::connection::{self, ConnError, ConnKey, Reply, Target};
+use crate::config::{ReplyMode, TransferMode};
+use crate::connection::{self, ConnError, ConnKey, FetchConfig, Reply, Target, Transfer};
 use crate::deadline::Deadline;
 use crate::error::ClientError;
 use crate::join::try_join_bounded;
@@ -148,6 +149,24 @@ fn target_for(cluster: &Cluster, map: &ClusterMap, osd: &OsdInfo, shard: u16) ->
         timeout: cfg.connect_timeout(),
         epoch: map.epoch,
         shards: osd.shards,
+        fetch: (cfg.reply_mode == ReplyMode::Fetch).then_some(FetchConfig {
+            slots: cfg.fetch_slots,
+            slot_payload_bytes: cfg.fetch_slot_payload_bytes,
+            polls_max: cfg.fetch_polls_max,
+            fallbacks_to_push: cfg.fetch_fallbacks_to_push.max(1),
+        }),
+    }
+}
+
+/// How a request of `length` data bytes travels under the cluster's settings:
+/// converted at or above the transport's threshold in `convert` mode, its reply
+/// fetched in `fetch` mode.
+fn transfer_for(cluster: &Cluster, length: u32) -> Transfer {
+    let cfg = cluster.config();
+    Transfer {
+        convert: cfg.transfer_mode == TransferMode::Convert
+            && length >= cfg.convert_threshold_bytes.for_transport(cfg.transport),
+        fetch: cfg.reply_mode == ReplyMode::Fetch,
     }
 }
 
@@ -246,13 +265,12 @@ fn primary_of(cluster: &Cluster, map: &ClusterMap, pg: PgId) -> Option<OsdId> {
     })
 }
 
-/// Sends `msg` to `target` and waits for the reply. The message stays with the
-/// caller, so a retry can resend it (with a new id) without rebuilding its payload.
-async fn exchange(target: &Target, msg: &mut Message) -> Result<Reply, Transient> {
+/// Sends `msg` to `target` the way `how` says and waits for the reply. The
+/// message stays with the caller, so a retry can resend it (with a new id, and
+/// new grants on whichever connection it goes to) without rebuilding its payload.
+async fn exchange(target: &Target, msg: &Message, how: Transfer) -> Result<Reply, Transient> {
     let conn = connection::get(target).await?;
-    let id = conn.next_id();
-    msg.set_id(id);
-    Ok(conn.call(id, msg).await?)
+    Ok(conn.request(msg, how).await?)
 }
 
 /// Performs one piece of a volume request, retrying until `deadline`. Returns the
@@ -373,7 +391,7 @@ async fn piece_try(
     // retry resends the same memory.
     let fua_flag = |fua: bool| if fua { flags::FUA } else { 0 };
     let (id, epoch) = (RequestId(0), map.epoch);
-    let mut msg = match op {
+    let msg = match op {
         PieceOp::Read => Message::Read {
             id,
             epoch,
@@ -408,7 +426,11 @@ async fn piece_try(
             op: op_id,
         },
     };
-    let result = exchange(&target, &mut msg).await;
+    let data_bytes = match op {
+        PieceOp::Read | PieceOp::Write { .. } => piece.length,
+        _ => 0,
+    };
+    let result = exchange(&target, &msg, transfer_for(cluster, data_bytes)).await;
     drop(msg);
     let reply = match result {
         Ok(reply) => reply,
@@ -485,7 +507,7 @@ async fn shard_call(
         } else {
             let target = target_for(cluster, &map, info, shard);
             let (id, epoch) = (RequestId(0), map.epoch);
-            let mut msg = match op {
+            let msg = match op {
                 OpCode::DeleteVolume => Message::DeleteVolume { id, epoch, volume },
                 _ => Message::Flush {
                     id,
@@ -495,7 +517,12 @@ async fn shard_call(
                 },
             };
             let attempt = async {
-                match exchange(&target, &mut msg).await {
+                // A delete can run for long: its reply is pushed, not polled for.
+                let how = Transfer {
+                    fetch: op == OpCode::Flush && transfer_for(cluster, 0).fetch,
+                    ..Transfer::default()
+                };
+                match exchange(&target, &msg, how).await {
                     Ok(reply) => {
                         cluster.note_epoch(reply.epoch);
                         match classify(reply.status) {

@@ -51,7 +51,7 @@ pub mod split;
 pub mod volume;
 
 pub use cluster::Cluster;
-pub use config::ClientConfig;
+pub use config::{ClientConfig, ConvertThresholds, ReplyMode, TransferMode};
 pub use error::ClientError;
 pub use mgr_client::MgrClient;
 pub use volume::Volume;

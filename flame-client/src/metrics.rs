@@ -7,6 +7,11 @@
 //! * `flame_client_op_latency_seconds{op}` — latency of volume operations
 //! * `flame_client_retries_total{reason}` — tries repeated, by [`RetryReason`]
 //! * `flame_client_connections` — open OSD connections (all threads)
+//! * `flame_client_converted_total{op}` — requests whose data went by a one-sided
+//!   transfer (read-write conversion) instead of inline
+//! * `flame_client_fetch_total{result}` — remote fetching: `hit` (a reply read
+//!   from the OSD's reply area), `miss` (an empty fetch: not ready yet),
+//!   `fallback` (a reply the client gave up fetching and asked to be pushed)
 //!
 //! Label children are resolved once per thread and kept in a thread-local, so the
 //! data path pays an atomic add, not a label-hash lookup.
@@ -75,6 +80,8 @@ struct Families {
     latency: HistogramVec,
     retries: IntCounterVec,
     connections: IntGauge,
+    converted: IntCounterVec,
+    fetch: IntCounterVec,
 }
 
 /// Registers a collector; a second registration (two embedders in one process,
@@ -131,8 +138,31 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| {
             "reason",
         ),
         connections,
+        converted: counter(
+            "flame_client_converted_total",
+            "Client requests whose data moved by a one-sided transfer (read-write conversion)",
+            "op",
+        ),
+        fetch: counter(
+            "flame_client_fetch_total",
+            "Remote fetching: replies fetched (hit), empty fetches (miss), replies asked to be pushed after too many empty fetches (fallback)",
+            "result",
+        ),
     }
 });
+
+/// Outcome of one fetch of a reply from an OSD's reply area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fetch {
+    /// The reply was there.
+    Hit = 0,
+    /// Not ready yet (or torn: caught by its checksums).
+    Miss = 1,
+    /// Polling gave up; the reply was asked to be pushed.
+    Fallback = 2,
+}
+
+const FETCH_RESULTS: [&str; 3] = ["hit", "miss", "fallback"];
 
 /// One thread's resolved children.
 struct Local {
@@ -141,6 +171,8 @@ struct Local {
     bytes: Vec<IntCounter>,
     latency: Vec<Histogram>,
     retries: Vec<IntCounter>,
+    converted: [IntCounter; 2],
+    fetch: Vec<IntCounter>,
 }
 
 thread_local! {
@@ -158,6 +190,14 @@ thread_local! {
             retries: REASONS
                 .iter()
                 .map(|r| f.retries.with_label_values(&[r.name()]))
+                .collect(),
+            converted: [
+                f.converted.with_label_values(&["read"]),
+                f.converted.with_label_values(&["write"]),
+            ],
+            fetch: FETCH_RESULTS
+                .iter()
+                .map(|r| f.fetch.with_label_values(&[r]))
                 .collect(),
         }
     };
@@ -181,6 +221,17 @@ pub(crate) fn record_op(op: Op, ok: bool, bytes: u64, elapsed: Duration) {
 pub(crate) fn record_retry(reason: RetryReason) {
     let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
     LOCAL.with(|l| l.retries[i].inc());
+}
+
+/// Counts one converted request (`write`: the OSD pulled its payload; otherwise
+/// a read whose data the OSD pushed).
+pub(crate) fn record_converted(write: bool) {
+    LOCAL.with(|l| l.converted[usize::from(write)].inc());
+}
+
+/// Counts one fetch outcome.
+pub(crate) fn record_fetch(f: Fetch) {
+    LOCAL.with(|l| l.fetch[f as usize].inc());
 }
 
 /// Counts a connection opened (+1) or closed (-1).
@@ -277,6 +328,8 @@ mod tests {
         record_retry(RetryReason::OsdDown);
         connections_add(1);
         connections_add(-1);
+        record_converted(true);
+        record_fetch(Fetch::Miss);
         let text = flame_common::metrics::render();
         for name in [
             "flame_client_ops_total",
@@ -285,6 +338,8 @@ mod tests {
             "flame_client_op_latency_seconds",
             "flame_client_retries_total",
             "flame_client_connections",
+            "flame_client_converted_total",
+            "flame_client_fetch_total",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

@@ -83,8 +83,14 @@ pub mod flags {
     pub const FUA: u16 = 1 << 0;
     /// Sent by a primary to a replica: apply locally, do not forward.
     pub const REPLICA: u16 = 1 << 1;
+    /// Remote fetching (RFP): do not send the reply; leave it in the connection's
+    /// reply area (granted with [`super::Message::ReplyArea`]), in slot
+    /// `request id % (slots + 1)`, where the client reads it one-sidedly. Only on a
+    /// connection that has a reply area; the OSD clears it before executing, so it
+    /// is never forwarded to a replica.
+    pub const FETCH_REPLY: u16 = 1 << 2;
     /// All flags this version knows; others are rejected.
-    pub const KNOWN: u16 = FUA | REPLICA;
+    pub const KNOWN: u16 = FUA | REPLICA | FETCH_REPLY;
 }
 
 /// A range of protocol versions a peer speaks. Carried in HELLO and its reply, so a
@@ -115,9 +121,12 @@ impl std::fmt::Display for Versions {
 }
 
 /// A buffer in the sender's registered memory that the receiver may read or write
-/// with a one-sided transfer (RDMA READ/WRITE) instead of receiving the data inline.
-/// No transport uses it yet; the TCP path always sends data inline and an OSD refuses
-/// a request naming one with EINVAL.
+/// with a one-sided transfer (RDMA READ/WRITE) instead of receiving the data inline:
+/// read-write conversion (a converted write names the client's payload, which the
+/// OSD pulls; a converted read names the client's destination, which the OSD fills)
+/// and remote fetching (a reply area's descriptor). It is only valid on the
+/// connection it was granted on; the transport refuses (and closes the connection
+/// on) any access outside a live grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteBuf {
     /// Address in the sender's address space (as registered).
@@ -171,6 +180,14 @@ pub enum OpCode {
     /// receiver granted, at `remote_addr` (within one grant, checked against the
     /// key). The reply carries only a status.
     RemoteWrite = 14,
+    /// Remote fetching: asks the receiving shard for a reply area on this
+    /// connection (its reply carries a [`ReplyAreaInfo`]). Numbered far from the
+    /// others so transport-internal opcodes can grow from 13.
+    ReplyArea = 40,
+    /// Remote fetching's fallback: push the reply of request `of` (which asked for
+    /// [`flags::FETCH_REPLY`]) instead of leaving it for a fetch that keeps coming
+    /// back empty. Not answered itself: the answer is that reply.
+    PushReply = 41,
 }
 
 impl OpCode {
@@ -191,6 +208,8 @@ impl OpCode {
             12 => OpCode::Scrub,
             13 => OpCode::RemoteRead,
             14 => OpCode::RemoteWrite,
+            40 => OpCode::ReplyArea,
+            41 => OpCode::PushReply,
             _ => return None,
         })
     }
@@ -212,6 +231,8 @@ impl OpCode {
             OpCode::Scrub => "scrub",
             OpCode::RemoteRead => "remote_read",
             OpCode::RemoteWrite => "remote_write",
+            OpCode::ReplyArea => "reply_area",
+            OpCode::PushReply => "push_reply",
         }
     }
 
@@ -237,6 +258,9 @@ pub mod status {
     pub const EAGAIN: i32 = -libc::EAGAIN;
     /// The receiver has no room.
     pub const ENOSPC: i32 = -libc::ENOSPC;
+    /// The receiver does not offer what was asked on this connection (a reply
+    /// area on a transport whose one-sided READ needs the receiver's CPU).
+    pub const EOPNOTSUPP: i32 = -libc::EOPNOTSUPP;
     /// HELLO refused: the peers have no protocol version in common. The reply's
     /// body names the replier's versions.
     pub const EPROTONOSUPPORT: i32 = -libc::EPROTONOSUPPORT;
@@ -739,6 +763,32 @@ pub enum Message {
         /// Only compare, change nothing.
         dry_run: bool,
     },
+    /// Asks for a reply area on this connection (remote fetching): `slots` slots
+    /// of at least `slot_payload_bytes` payload bytes each. The reply's payload is
+    /// a [`ReplyAreaInfo`] (what the shard granted, possibly less), or the status
+    /// says why not (`EOPNOTSUPP`: the transport has no one-sided READ that
+    /// bypasses the shard's CPU, so fetching would cost more than a push).
+    /// Header: `length` = slots, `offset` = slot payload bytes.
+    ReplyArea {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// Slots wanted (1..=[`REPLY_SLOTS_MAX`]).
+        slots: u32,
+        /// Payload bytes per slot wanted (at most [`REPLY_SLOT_PAYLOAD_BYTES_MAX`]).
+        slot_payload_bytes: u32,
+    },
+    /// Push the reply of request `of` (see [`OpCode::PushReply`]). Header:
+    /// `object` = `of`.
+    PushReply {
+        /// Request id (not answered).
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The request whose reply is wanted by push.
+        of: RequestId,
+    },
     /// Answer to any request but HELLO.
     Reply {
         /// Which request kind this answers (never `Hello`: see
@@ -798,6 +848,8 @@ impl Message {
             | Message::ObjectSums { id, .. }
             | Message::RemoveObject { id, .. }
             | Message::Scrub { id, .. }
+            | Message::ReplyArea { id, .. }
+            | Message::PushReply { id, .. }
             | Message::Reply { id, .. } => *id,
         }
     }
@@ -819,6 +871,8 @@ impl Message {
             | Message::ObjectSums { id, .. }
             | Message::RemoveObject { id, .. }
             | Message::Scrub { id, .. }
+            | Message::ReplyArea { id, .. }
+            | Message::PushReply { id, .. }
             | Message::Reply { id, .. } => *id = new,
         }
     }
@@ -839,6 +893,8 @@ impl Message {
             | Message::ObjectSums { epoch, .. }
             | Message::RemoveObject { epoch, .. }
             | Message::Scrub { epoch, .. }
+            | Message::ReplyArea { epoch, .. }
+            | Message::PushReply { epoch, .. }
             | Message::Reply { epoch, .. } => *epoch,
         }
     }
@@ -979,6 +1035,20 @@ impl Message {
                 pg: pg.0,
                 offset: u32::from(*dry_run),
                 ..base(OpCode::Scrub as u8, *id, *epoch)
+            },
+            Message::ReplyArea {
+                id,
+                epoch,
+                slots,
+                slot_payload_bytes,
+            } => Header {
+                length: *slots,
+                offset: *slot_payload_bytes,
+                ..base(OpCode::ReplyArea as u8, *id, *epoch)
+            },
+            Message::PushReply { id, epoch, of } => Header {
+                object: of.0,
+                ..base(OpCode::PushReply as u8, *id, *epoch)
             },
             Message::Reply {
                 op,
@@ -1139,7 +1209,7 @@ impl Message {
         };
         let remote = h.remote();
         if let Some(r) = remote
-            && r.len != h.length
+            && (r.len != h.length || r.len == 0)
         {
             return Err(ProtocolError::Inconsistent(
                 "remote buffer length differs from the I/O length",
@@ -1320,6 +1390,33 @@ impl Message {
                     _ => return Err(ProtocolError::Inconsistent("scrub mode is not 0 or 1")),
                 },
             },
+            OpCode::ReplyArea => {
+                if h.length == 0 || h.length > REPLY_SLOTS_MAX {
+                    return Err(ProtocolError::TooLong {
+                        what: "reply area slots",
+                        len: u64::from(h.length),
+                        max: u64::from(REPLY_SLOTS_MAX),
+                    });
+                }
+                if h.offset > REPLY_SLOT_PAYLOAD_BYTES_MAX {
+                    return Err(ProtocolError::TooLong {
+                        what: "reply slot payload",
+                        len: u64::from(h.offset),
+                        max: u64::from(REPLY_SLOT_PAYLOAD_BYTES_MAX),
+                    });
+                }
+                Message::ReplyArea {
+                    id,
+                    epoch,
+                    slots: h.length,
+                    slot_payload_bytes: h.offset,
+                }
+            }
+            OpCode::PushReply => Message::PushReply {
+                id,
+                epoch,
+                of: RequestId(h.object),
+            },
         })
     }
 
@@ -1360,8 +1457,90 @@ impl Message {
             Message::ObjectSums { .. } => OpCode::ObjectSums,
             Message::RemoveObject { .. } => OpCode::RemoveObject,
             Message::Scrub { .. } => OpCode::Scrub,
+            Message::ReplyArea { .. } => OpCode::ReplyArea,
+            Message::PushReply { .. } => OpCode::PushReply,
             Message::Reply { op, .. } => *op,
         }
+    }
+}
+
+/// Most slots of one connection's reply area (remote fetching).
+pub const REPLY_SLOTS_MAX: u32 = 1024;
+/// Most payload bytes one reply slot holds: a reply larger than its slot is pushed.
+pub const REPLY_SLOT_PAYLOAD_BYTES_MAX: u32 = 1 << 20;
+
+/// A reply area as granted (the payload of a [`Message::ReplyArea`] reply): where
+/// the client reads replies left for it, and their layout. Slot `i` starts at
+/// `remote.addr + i * slot_bytes` and holds one encoded reply (its 128-byte
+/// header, then its payload); the header's request id and both checksums tell
+/// the client whether the slot holds the reply it waits for, completely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyAreaInfo {
+    /// The granted memory (`len == slots * slot_bytes`).
+    pub remote: RemoteBuf,
+    /// Number of slots.
+    pub slots: u32,
+    /// Bytes per slot: [`HEADER_LEN`] + the largest payload a slot holds.
+    pub slot_bytes: u32,
+}
+
+/// Size of an encoded [`ReplyAreaInfo`].
+pub const REPLY_AREA_INFO_LEN: usize = 24;
+
+impl ReplyAreaInfo {
+    /// The reply payload: addr u64, len u32, key u32, slots u32, slot_bytes u32.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(REPLY_AREA_INFO_LEN);
+        b.extend_from_slice(&self.remote.addr.to_le_bytes());
+        b.extend_from_slice(&self.remote.len.to_le_bytes());
+        b.extend_from_slice(&self.remote.key.to_le_bytes());
+        b.extend_from_slice(&self.slots.to_le_bytes());
+        b.extend_from_slice(&self.slot_bytes.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a reply payload: `None` unless the layout is consistent
+    /// (slots within [`REPLY_SLOTS_MAX`], each slot at least a header and at most a
+    /// header plus [`REPLY_SLOT_PAYLOAD_BYTES_MAX`], and exactly covering `len`).
+    pub fn decode(b: &[u8]) -> Option<ReplyAreaInfo> {
+        if b.len() != REPLY_AREA_INFO_LEN {
+            return None;
+        }
+        let info = ReplyAreaInfo {
+            remote: RemoteBuf {
+                addr: u64_at(b, 0),
+                len: u32_at(b, 8),
+                key: u32_at(b, 12),
+            },
+            slots: u32_at(b, 16),
+            slot_bytes: u32_at(b, 20),
+        };
+        let slot_ok = info.slot_bytes as usize >= HEADER_LEN
+            && info.slot_bytes <= HEADER_LEN as u32 + REPLY_SLOT_PAYLOAD_BYTES_MAX;
+        let covers =
+            u64::from(info.slots) * u64::from(info.slot_bytes) == u64::from(info.remote.len);
+        (info.slots >= 1 && info.slots <= REPLY_SLOTS_MAX && slot_ok && covers).then_some(info)
+    }
+
+    /// The descriptor of the first `len` bytes of slot `slot` (`None` if out of the
+    /// area).
+    pub fn slot(&self, slot: u32, len: u32) -> Option<RemoteBuf> {
+        if slot >= self.slots || len == 0 || len > self.slot_bytes {
+            return None;
+        }
+        let offset = u64::from(slot) * u64::from(self.slot_bytes);
+        Some(RemoteBuf {
+            addr: self.remote.addr.checked_add(offset)?,
+            len,
+            key: self.remote.key,
+        })
+    }
+
+    /// The id modulus of a connection with this area: request `id` uses slot
+    /// `id % modulus` when it is below `slots`; the extra residue `slots` is for
+    /// requests whose reply is pushed.
+    pub fn modulus(&self) -> u64 {
+        u64::from(self.slots) + 1
     }
 }
 
@@ -1671,6 +1850,24 @@ mod tests {
                 pg: PgId(4),
                 dry_run: true,
             },
+            Message::ReplyArea {
+                id,
+                epoch,
+                slots: 64,
+                slot_payload_bytes: 4096,
+            },
+            Message::PushReply {
+                id,
+                epoch,
+                of: RequestId(7),
+            },
+            Message::Read {
+                id,
+                epoch,
+                target: target(),
+                flags: flags::FETCH_REPLY,
+                remote: None,
+            },
             Message::Reply {
                 op: OpCode::Read,
                 id,
@@ -1679,6 +1876,44 @@ mod tests {
                 data: PayloadBuf::copy_from(&[1, 2, 3]),
             },
         ]
+    }
+
+    #[test]
+    fn reply_area_info_is_checked() {
+        let info = ReplyAreaInfo {
+            remote: RemoteBuf {
+                addr: 0x1000,
+                len: 4 * 4224,
+                key: 9,
+            },
+            slots: 4,
+            slot_bytes: 4224,
+        };
+        assert_eq!(ReplyAreaInfo::decode(&info.encode()), Some(info));
+        assert_eq!(info.modulus(), 5);
+        assert_eq!(
+            info.slot(3, 128),
+            Some(RemoteBuf {
+                addr: 0x1000 + 3 * 4224,
+                len: 128,
+                key: 9
+            })
+        );
+        assert_eq!(info.slot(4, 128), None);
+        assert_eq!(info.slot(0, 4225), None);
+        // A length that does not match the slots, or slots out of bounds: refused.
+        let mut bad = info;
+        bad.remote.len += 1;
+        assert_eq!(ReplyAreaInfo::decode(&bad.encode()), None);
+        let mut bad = info;
+        bad.slots = 0;
+        bad.remote.len = 0;
+        assert_eq!(ReplyAreaInfo::decode(&bad.encode()), None);
+        let mut bad = info;
+        bad.slot_bytes = 64;
+        bad.remote.len = 256;
+        assert_eq!(ReplyAreaInfo::decode(&bad.encode()), None);
+        assert_eq!(ReplyAreaInfo::decode(&[0; 23]), None);
     }
 
     #[test]

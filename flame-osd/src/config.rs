@@ -122,6 +122,18 @@ pub struct OsdConfig {
     /// How long a copy of a placement group this OSD is no longer a member of is
     /// kept before it is deleted (the group must also be active meanwhile).
     pub stray_delete_delay_ms: u64,
+    /// Remote fetching: most slots of the reply area one client connection may be
+    /// granted (0: never grant one; clients then get pushed replies). Each slot
+    /// holds a 128-byte header and up to `reply_slot_payload_bytes_max` bytes.
+    pub reply_slots_per_connection_max: u32,
+    /// Remote fetching: most payload bytes of one reply slot (replies with more
+    /// are pushed).
+    pub reply_slot_payload_bytes_max: u32,
+    /// Grants reply areas on connections whose one-sided READ is emulated by
+    /// this OSD's connection thread (tcp), where every fetch is a round trip
+    /// through this OSD: only to exercise and measure remote fetching where no
+    /// native transport is available.
+    pub reply_area_over_emulated: bool,
 }
 
 impl Default for OsdConfig {
@@ -156,6 +168,9 @@ impl Default for OsdConfig {
             scrub_interval_s: 86_400,
             scrub_bytes_per_sec: 64 << 20,
             stray_delete_delay_ms: 5_000,
+            reply_slots_per_connection_max: 64,
+            reply_slot_payload_bytes_max: 4096,
+            reply_area_over_emulated: false,
         }
     }
 }
@@ -295,6 +310,22 @@ impl Validate for OsdConfig {
         }
         if self.stray_delete_delay_ms > 86_400_000 {
             return bad("stray_delete_delay_ms", "must be 0..=86400000");
+        }
+        if self.reply_slots_per_connection_max > flame_common::protocol::REPLY_SLOTS_MAX {
+            return bad(
+                "reply_slots_per_connection_max",
+                &format!("must be 0..={}", flame_common::protocol::REPLY_SLOTS_MAX),
+            );
+        }
+        if self.reply_slot_payload_bytes_max > flame_common::protocol::REPLY_SLOT_PAYLOAD_BYTES_MAX
+        {
+            return bad(
+                "reply_slot_payload_bytes_max",
+                &format!(
+                    "must be 0..={}",
+                    flame_common::protocol::REPLY_SLOT_PAYLOAD_BYTES_MAX
+                ),
+            );
         }
         Ok(())
     }

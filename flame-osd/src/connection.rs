@@ -3,12 +3,32 @@
 //! (a request resent on a new connection must never be overtaken by its stale
 //! original); each connection and the shard bound what is in flight, so a fast
 //! sender is slowed by TCP instead of growing memory.
+//!
+//! The connection is also where the communication layer's one-sided techniques
+//! are resolved, so the request executor only ever sees inline data and returns
+//! inline replies:
+//! * **Read-write conversion.** A write naming a remote buffer has its payload
+//!   pulled with a one-sided READ before it executes (then it is stored and
+//!   forwarded to the replicas inline: the data is in this OSD's memory by then,
+//!   and a replica pulling it from the primary would add a round trip to every
+//!   replicated write); a read naming one has its data pushed with a one-sided
+//!   WRITE into the client's buffer, and the reply goes without payload. A
+//!   descriptor the transport refuses (unknown key, out of the grant's bounds)
+//!   ends this connection only.
+//! * **Remote fetching.** A connection may ask for a reply area (granted memory
+//!   the client reads one-sidedly); a request flagged [`flags::FETCH_REPLY`] then
+//!   has its reply written into its slot instead of sent, unless it does not fit
+//!   or the client asked for it to be pushed ([`Message::PushReply`]).
 
+use crate::metrics::FetchReply;
 use crate::shard::Shard;
-use flame_common::protocol::{self, Message, ProtocolError, status};
+use flame_common::protocol::{
+    self, HEADER_LEN, Message, OpCode, ProtocolError, RemoteBuf, ReplyAreaInfo, flags, status,
+};
 use flame_common::reactor;
-use flame_common::transport::{Conn, TransportError};
-use std::cell::Cell;
+use flame_common::transport::{Conn, SharedArea, TransportError};
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -109,18 +129,24 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         }
     }
     let inflight = Rc::new(Inflight::default());
+    let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
+    let _area_gauge = AreaGauge(shard.clone(), fetching.clone());
     loop {
         // Back-pressure: stop reading while the connection has too much in flight;
         // the unread requests wait in the socket and slow the sender down.
-        inflight.below(max_inflight).await;
-        if !is_peer {
-            // Replication connections never wait on the shard's byte bound: their
-            // requests are what frees other shards' (and this one's) primaries, so
-            // blocking them could deadlock two OSDs waiting on each other. Their
-            // volume is bounded by the sending primaries' own bounds.
-            shard.bytes_below_bound().await;
-        }
-        let msg = match conn.recv().await {
+        // Replication connections never wait on the shard's byte bound: their
+        // requests are what frees other shards' (and this one's) primaries, so
+        // blocking them could deadlock two OSDs waiting on each other. Their
+        // volume is bounded by the sending primaries' own bounds.
+        //
+        // Exception: while a converted request's one-sided transfer is running on
+        // an emulated transport (tcp), its completion arrives through this
+        // connection's receive, so the loop keeps receiving; requests beyond the
+        // bound are then answered EAGAIN (the client retries) instead of run.
+        inflight
+            .room_or_transfers(max_inflight, is_peer, &shard)
+            .await;
+        let mut msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
                 tracing::debug!(shard = shard.id, %peer, "connection ended: {e}");
@@ -147,6 +173,55 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             conn.close();
             return;
         }
+        match msg {
+            Message::ReplyArea { .. } => {
+                let reply = shard.grant_reply_area(&conn, &msg, is_peer, &fetching);
+                if conn.send_owned(reply).is_err() {
+                    conn.close();
+                    return;
+                }
+                continue;
+            }
+            Message::PushReply { of, .. } => {
+                if let Err(why) = shard.push_reply(&conn, &fetching, of.0) {
+                    tracing::warn!(shard = shard.id, %peer, "{why}; closing");
+                    conn.close();
+                    return;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let over_bound = inflight.count.get() >= max_inflight
+            || (!is_peer && shard.inflight_bytes.get() >= shard.inflight_bytes_max);
+        if over_bound {
+            if conn
+                .send_owned(msg.reply(shard.epoch(), status::EAGAIN))
+                .is_err()
+            {
+                conn.close();
+                return;
+            }
+            continue;
+        }
+        let fetch = take_fetch_flag(&mut msg);
+        if fetch
+            && fetching
+                .borrow()
+                .as_ref()
+                .is_none_or(|f| f.slot_of(msg.id().0).is_none())
+        {
+            // A fetched reply needs a reply area and an id naming one of its slots.
+            tracing::warn!(shard = shard.id, %peer, "fetch-flagged request without a slot; refusing");
+            if conn
+                .send_owned(msg.reply(shard.epoch(), status::EINVAL))
+                .is_err()
+            {
+                conn.close();
+                return;
+            }
+            continue;
+        }
         if !is_peer && crate::execute::is_forwarded(&msg) {
             // A replica-flagged request from a client would be applied to this copy
             // alone, outside the primary's ordering gate: refuse it (the connection
@@ -167,6 +242,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         let shard = shard.clone();
         let conn = conn.clone();
         let inflight = inflight.clone();
+        let fetching = fetching.clone();
         reactor::spawn(async move {
             let client_write = !is_peer
                 && matches!(
@@ -176,12 +252,15 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             if client_write && let Some(ms) = crate::failpoints::write_hold_ms() {
                 reactor::sleep(Duration::from_millis(ms)).await;
             }
-            let reply = shard.execute(msg).await;
-            if client_write && crate::failpoints::check("reply_drop").is_err() {
-                // Applied, but the client never hears of it: it resends.
-                conn.close();
-            } else {
-                let _ = conn.send_owned(reply);
+            if let Some(reply) = shard.execute_converting(&conn, &inflight, msg).await {
+                if client_write && crate::failpoints::check("reply_drop").is_err() {
+                    // Applied, but the client never hears of it: it resends.
+                    conn.close();
+                } else if fetch {
+                    shard.leave_reply(&conn, &fetching, reply);
+                } else {
+                    let _ = conn.send_owned(reply);
+                }
             }
             shard.release_bytes(bytes);
             inflight.leave();
@@ -190,12 +269,291 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     }
 }
 
+/// Clears [`flags::FETCH_REPLY`] from a request (it must never reach a replica)
+/// and says whether it was set.
+fn take_fetch_flag(msg: &mut Message) -> bool {
+    if let Message::Read { flags: f, .. }
+    | Message::Write { flags: f, .. }
+    | Message::WriteZeroes { flags: f, .. }
+    | Message::Discard { flags: f, .. }
+    | Message::Flush { flags: f, .. } = msg
+    {
+        let set = *f & flags::FETCH_REPLY != 0;
+        *f &= !flags::FETCH_REPLY;
+        return set;
+    }
+    false
+}
+
+/// A connection's reply area (remote fetching).
+struct Fetching {
+    area: SharedArea,
+    info: ReplyAreaInfo,
+    /// Per slot: the id of the reply it holds (0: none) and that reply, kept to
+    /// push it when the client asks.
+    slots: Vec<(u64, Option<Message>)>,
+    /// Requests whose reply the client asked to be pushed before it was ready.
+    push_wanted: HashSet<u64>,
+}
+
+impl Fetching {
+    /// The slot request `id` uses, if its id names one.
+    fn slot_of(&self, id: u64) -> Option<usize> {
+        let slot = id % self.info.modulus();
+        (slot < u64::from(self.info.slots)).then_some(slot as usize)
+    }
+}
+
+/// Keeps `flame_osd_reply_areas` right when a connection with an area ends.
+struct AreaGauge(Rc<Shard>, Rc<RefCell<Option<Fetching>>>);
+
+impl Drop for AreaGauge {
+    fn drop(&mut self) {
+        if self.1.borrow().is_some() {
+            self.0.metrics.reply_areas.dec();
+        }
+    }
+}
+
+/// Bytes of a reply slot holding up to `payload` bytes: a header plus the payload,
+/// rounded up to a cache line so slots never share one.
+fn slot_bytes(payload: u32) -> u32 {
+    (HEADER_LEN as u32 + payload).next_multiple_of(64)
+}
+
+impl Shard {
+    /// Runs a request whose data may travel one-sidedly: pulls a converted write's
+    /// payload first, pushes a converted read's data after, and returns the reply
+    /// to send (`None` when a transfer failed: the transport has closed the
+    /// connection, which is all a bad descriptor deserves).
+    async fn execute_converting(
+        self: &Rc<Self>,
+        conn: &Conn,
+        inflight: &Inflight,
+        mut msg: Message,
+    ) -> Option<Message> {
+        let mut dest: Option<RemoteBuf> = None;
+        match &mut msg {
+            Message::Write {
+                remote: remote @ Some(_),
+                data,
+                target,
+                ..
+            } => {
+                let r = remote.take()?;
+                let pulled = {
+                    let _t = inflight.transfer(conn);
+                    conn.read_remote(r).await
+                };
+                match pulled {
+                    Ok(buf) if buf.len() == target.length as usize => {
+                        *data = buf.freeze();
+                        self.metrics.converted[1].inc();
+                        self.metrics.converted_bytes.inc_by(u64::from(r.len));
+                    }
+                    Ok(buf) => {
+                        tracing::warn!(shard = self.id, peer = %conn.peer(), "pulled {} bytes for a {}-byte write; closing", buf.len(), target.length);
+                        conn.close();
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(shard = self.id, peer = %conn.peer(), "pulling a converted write's payload failed: {e}; closing");
+                        conn.close();
+                        return None;
+                    }
+                }
+            }
+            Message::Read { remote, .. } => dest = remote.take(),
+            _ => {}
+        }
+        let mut reply = self.execute(msg).await;
+        if let (
+            Some(d),
+            Message::Reply {
+                status: status::OK,
+                data,
+                ..
+            },
+        ) = (dest, &mut reply)
+            && data.len() == d.len as usize
+        {
+            let pushed = {
+                let _t = inflight.transfer(conn);
+                conn.write_remote(d, 0, data).await
+            };
+            if let Err(e) = pushed {
+                tracing::warn!(shard = self.id, peer = %conn.peer(), "pushing a converted read's data failed: {e}; closing");
+                conn.close();
+                return None;
+            }
+            self.metrics.converted[0].inc();
+            self.metrics.converted_bytes.inc_by(u64::from(d.len));
+            *data = flame_common::buffer::PayloadBuf::empty();
+        }
+        Some(reply)
+    }
+
+    /// Answers a [`Message::ReplyArea`]: grants the connection a reply area within
+    /// this shard's bounds, or says why not.
+    fn grant_reply_area(
+        &self,
+        conn: &Conn,
+        msg: &Message,
+        is_peer: bool,
+        fetching: &RefCell<Option<Fetching>>,
+    ) -> Message {
+        let Message::ReplyArea {
+            slots,
+            slot_payload_bytes,
+            ..
+        } = *msg
+        else {
+            return msg.reply(self.epoch(), status::EINVAL);
+        };
+        if is_peer || fetching.borrow().is_some() {
+            // One area per client connection.
+            return msg.reply(self.epoch(), status::EINVAL);
+        }
+        if self.reply_slots_max == 0 || !(conn.one_sided_native() || self.reply_area_over_emulated)
+        {
+            // Over an emulated one-sided READ every fetch is a round trip through
+            // this thread: more work than pushing the reply.
+            return msg.reply(self.epoch(), status::EOPNOTSUPP);
+        }
+        let slots = slots.min(self.reply_slots_max);
+        let payload = slot_payload_bytes.min(self.reply_slot_payload_max);
+        let slot_bytes = slot_bytes(payload);
+        let len = slots as usize * slot_bytes as usize;
+        let area = match conn.grant_area(len) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(shard = self.id, peer = %conn.peer(), "cannot grant a reply area: {e}");
+                return msg.reply(self.epoch(), status::EOPNOTSUPP);
+            }
+        };
+        let info = ReplyAreaInfo {
+            remote: area.remote(),
+            slots,
+            slot_bytes,
+        };
+        debug_assert_eq!(info.remote.len as usize, len);
+        *fetching.borrow_mut() = Some(Fetching {
+            area,
+            info,
+            slots: (0..slots).map(|_| (0, None)).collect(),
+            push_wanted: HashSet::new(),
+        });
+        self.metrics.reply_areas.inc();
+        Message::Reply {
+            op: OpCode::ReplyArea,
+            id: msg.id(),
+            epoch: self.epoch(),
+            status: status::OK,
+            data: flame_common::buffer::PayloadBuf::copy_from(&info.encode()),
+        }
+    }
+
+    /// Handles [`Message::PushReply`]: pushes the reply of `of` now if its slot
+    /// holds it, or when it is ready. An error (no area, a request id naming no
+    /// slot, more pending pushes than slots) ends the connection.
+    fn push_reply(
+        &self,
+        conn: &Conn,
+        fetching: &RefCell<Option<Fetching>>,
+        of: u64,
+    ) -> Result<(), String> {
+        let mut guard = fetching.borrow_mut();
+        let f = guard.as_mut().ok_or("push asked without a reply area")?;
+        let slot = f
+            .slot_of(of)
+            .ok_or_else(|| format!("push asked for request {of}, which names no slot"))?;
+        let (held, reply) = &f.slots[slot];
+        if *held == of {
+            if let Some(r) = reply.clone() {
+                self.metrics.fetch_replies[FetchReply::Fallback as usize].inc();
+                let _ = conn.send_owned(r);
+            }
+            return Ok(());
+        }
+        if *held > of {
+            // Superseded: the client reused the slot, so nobody waits for `of`.
+            return Ok(());
+        }
+        if f.push_wanted.len() >= f.info.slots as usize {
+            return Err(format!(
+                "more than {} pushes pending on one connection",
+                f.info.slots
+            ));
+        }
+        f.push_wanted.insert(of);
+        Ok(())
+    }
+
+    /// Delivers the reply of a fetch-flagged request: into its slot, or pushed
+    /// when the client asked for that meanwhile or it does not fit.
+    fn leave_reply(&self, conn: &Conn, fetching: &RefCell<Option<Fetching>>, reply: Message) {
+        let id = reply.id().0;
+        let mut guard = fetching.borrow_mut();
+        let Some(f) = guard.as_mut() else {
+            let _ = conn.send_owned(reply);
+            return;
+        };
+        if f.push_wanted.remove(&id) {
+            self.metrics.fetch_replies[FetchReply::Fallback as usize].inc();
+            let _ = conn.send_owned(reply);
+            return;
+        }
+        let Some(slot) = f.slot_of(id) else {
+            let _ = conn.send_owned(reply);
+            return;
+        };
+        let (h, payload) = reply.to_header();
+        if HEADER_LEN + payload.len() > f.info.slot_bytes as usize {
+            drop(payload);
+            self.metrics.fetch_replies[FetchReply::TooLarge as usize].inc();
+            let _ = conn.send_owned(reply);
+            return;
+        }
+        if f.slots[slot].0 > id {
+            // A late reply of a request the client gave up on: its slot already
+            // serves a newer one.
+            return;
+        }
+        // Payload first, header last: a reader that sees the new header (its
+        // request id) reads the new payload after it, and both are checksummed.
+        let base = slot * f.info.slot_bytes as usize;
+        let ok = f.area.write_at(base + HEADER_LEN, &payload) && f.area.write_at(base, &h.encode());
+        drop(payload);
+        if !ok {
+            // Cannot happen (the slot was checked to fit); push rather than lose it.
+            let _ = conn.send_owned(reply);
+            return;
+        }
+        f.slots[slot] = (id, Some(reply));
+        self.metrics.fetch_replies[FetchReply::Left as usize].inc();
+    }
+}
+
 /// Requests in flight on one connection, and the reader waiting for room (shared
 /// with the staged mode's network threads, [`crate::staged`]).
 #[derive(Default)]
 pub(crate) struct Inflight {
     count: Cell<u32>,
+    /// One-sided transfers running whose completion needs this connection's
+    /// receive (an emulated transport).
+    transfers: Cell<u32>,
     reader: Cell<Option<std::task::Waker>>,
+}
+
+/// Counts one transfer in [`Inflight::transfers`] while it lives.
+struct TransferGuard<'a>(Option<&'a Inflight>);
+
+impl Drop for TransferGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            i.transfers.set(i.transfers.get() - 1);
+        }
+    }
 }
 
 impl Inflight {
@@ -213,7 +571,8 @@ impl Inflight {
         }
     }
 
-    /// Waits until fewer than `max` requests are in flight.
+    /// Waits until fewer than `max` requests are in flight (the staged mode's
+    /// network threads; they run no one-sided transfers).
     pub(crate) async fn below(&self, max: u32) {
         std::future::poll_fn(|cx| {
             if self.count.get() < max {
@@ -224,6 +583,37 @@ impl Inflight {
             }
         })
         .await
+    }
+
+    /// Waits until the connection has room (in-flight count below `max` and, for
+    /// a client connection, the shard's bytes below their bound), or until a
+    /// transfer needs the receive loop.
+    async fn room_or_transfers(&self, max: u32, is_peer: bool, shard: &Shard) {
+        std::future::poll_fn(|cx| {
+            let bytes_ok = is_peer || shard.inflight_bytes.get() < shard.inflight_bytes_max;
+            if self.transfers.get() > 0 || (self.count.get() < max && bytes_ok) {
+                return std::task::Poll::Ready(());
+            }
+            self.reader.set(Some(cx.waker().clone()));
+            if !bytes_ok {
+                shard.byte_waiters.borrow_mut().push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    /// Marks a one-sided transfer on `conn` as running until the guard drops.
+    /// Only an emulated transport's transfers need the receive loop.
+    fn transfer(&self, conn: &Conn) -> TransferGuard<'_> {
+        if conn.one_sided_native() {
+            return TransferGuard(None);
+        }
+        self.transfers.set(self.transfers.get() + 1);
+        if let Some(w) = self.reader.take() {
+            w.wake();
+        }
+        TransferGuard(Some(self))
     }
 }
 

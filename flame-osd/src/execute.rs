@@ -154,7 +154,9 @@ impl Shard {
             remote: Some(_), ..
         } = &msg
         {
-            // One-sided transfers need a transport that has them; TCP does not.
+            // The connection resolves one-sided transfers before a request gets
+            // here (crate::connection); one that still names a remote buffer came
+            // another way and cannot be served.
             return (status::EINVAL, PayloadBuf::empty());
         }
         match &msg {
@@ -317,9 +319,12 @@ impl Shard {
                     Err(st) => (st, PayloadBuf::empty()),
                 }
             }
-            Message::Hello { .. } | Message::HelloReply { .. } | Message::Reply { .. } => {
-                (status::EINVAL, PayloadBuf::empty())
-            }
+            // Connection-level messages are handled by the connection.
+            Message::Hello { .. }
+            | Message::HelloReply { .. }
+            | Message::Reply { .. }
+            | Message::ReplyArea { .. }
+            | Message::PushReply { .. } => (status::EINVAL, PayloadBuf::empty()),
         }
     }
 

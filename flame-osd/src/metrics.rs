@@ -51,6 +51,39 @@ static CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
 
+static CONVERTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_converted_total",
+        "Client requests whose data moved by a one-sided transfer (read-write conversion): write = pulled from the client, read = pushed into the client's buffer",
+        &["op", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static CONVERTED_BYTES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_converted_bytes_total",
+        "Bytes moved by one-sided transfers of converted requests",
+        &["shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static FETCH_REPLIES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_fetch_replies_total",
+        "Remote fetching: replies left in a reply area (left), pushed because they do not fit a slot (too_large), pushed because the client asked after empty fetches (fallback)",
+        &["result", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static REPLY_AREAS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "flame_osd_reply_areas",
+        "Connections with a reply area (remote fetching), by shard",
+        &["shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
 static REACTOR: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "flame_osd_reactor_events_total",
@@ -136,6 +169,25 @@ pub struct ShardMetrics {
     pub client_connections: IntGauge,
     /// Peer (replication) connections.
     pub peer_connections: IntGauge,
+    /// Converted requests: `[read, write]`.
+    pub converted: [IntCounter; 2],
+    /// Bytes of converted requests.
+    pub converted_bytes: IntCounter,
+    /// Fetch-mode replies by [`FetchReply`].
+    pub fetch_replies: [IntCounter; 3],
+    /// Connections with a reply area.
+    pub reply_areas: IntGauge,
+}
+
+/// What happened to a reply a client asked to fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FetchReply {
+    /// Left in its slot.
+    Left = 0,
+    /// Pushed: larger than a slot.
+    TooLarge = 1,
+    /// Pushed: the client asked after empty fetches.
+    Fallback = 2,
 }
 
 impl ShardMetrics {
@@ -169,6 +221,11 @@ impl ShardMetrics {
             errors: DATA_OPS.map(|op| ERRORS.with_label_values(&[op.name(), &s])),
             client_connections: CONNECTIONS.with_label_values(&["client", &s]),
             peer_connections: CONNECTIONS.with_label_values(&["peer", &s]),
+            converted: ["read", "write"].map(|op| CONVERTED.with_label_values(&[op, &s])),
+            converted_bytes: CONVERTED_BYTES.with_label_values(&[&s]),
+            fetch_replies: ["left", "too_large", "fallback"]
+                .map(|r| FETCH_REPLIES.with_label_values(&[r, &s])),
+            reply_areas: REPLY_AREAS.with_label_values(&[&s]),
         }
     }
 

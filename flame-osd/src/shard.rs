@@ -51,6 +51,12 @@ pub struct Shard {
     pub(crate) metrics: Rc<ShardMetrics>,
     pub(crate) max_connections: u32,
     pub(crate) max_inflight: u32,
+    /// `reply_slots_per_connection_max` (remote fetching; 0 = off).
+    pub(crate) reply_slots_max: u32,
+    /// `reply_slot_payload_bytes_max`.
+    pub(crate) reply_slot_payload_max: u32,
+    /// `reply_area_over_emulated`.
+    pub(crate) reply_area_over_emulated: bool,
     pub(crate) connections: Cell<u32>,
     /// Payload bytes in flight on this shard, and its bound.
     pub(crate) inflight_bytes: Cell<u64>,
@@ -78,19 +84,6 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// Waits while the shard's in-flight payload bytes are at their bound.
-    pub(crate) async fn bytes_below_bound(&self) {
-        std::future::poll_fn(|cx| {
-            if self.inflight_bytes.get() < self.inflight_bytes_max {
-                std::task::Poll::Ready(())
-            } else {
-                self.byte_waiters.borrow_mut().push(cx.waker().clone());
-                std::task::Poll::Pending
-            }
-        })
-        .await
-    }
-
     pub(crate) fn release_bytes(&self, bytes: u64) {
         let now = self.inflight_bytes.get() - bytes;
         self.inflight_bytes.set(now);

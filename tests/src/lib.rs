@@ -92,6 +92,12 @@ pub struct ClusterOptions {
     /// flame-tests`). Tests that cut links with iptables need `tcp`: shared memory
     /// does not cross the firewall.
     pub transport: String,
+    /// Extra top-level lines appended to flame-nbd's YAML configuration (after
+    /// the ones [`client_env_yaml`] takes from the environment).
+    pub nbd_extra_yaml: String,
+    /// `poll_mode` of every OSD and of flame-nbd. Default: the environment's
+    /// `FLAME_TEST_POLL_MODE`, else `interrupt`.
+    pub poll_mode: String,
 }
 
 /// The transport the test clusters use unless a test says otherwise
@@ -103,6 +109,26 @@ pub fn test_transport() -> String {
         Ok(t) => panic!("FLAME_TEST_TRANSPORT={t}: expected tcp or shm"),
         Err(_) => "tcp".to_string(),
     }
+}
+
+/// flame-nbd settings of the communication layer taken from the environment, so
+/// CI can run any cluster test in another combination without a code change:
+/// `FLAME_TEST_TRANSFER_MODE` (`inline` | `convert`), `FLAME_TEST_CONVERT_THRESHOLD`
+/// (bytes, on every transport) and `FLAME_TEST_REPLY_MODE` (`push` | `fetch`).
+pub fn client_env_yaml() -> String {
+    let mut y = String::new();
+    if let Ok(v) = std::env::var("FLAME_TEST_TRANSFER_MODE") {
+        y.push_str(&format!("transfer_mode: {v}\n"));
+    }
+    if let Ok(v) = std::env::var("FLAME_TEST_CONVERT_THRESHOLD") {
+        y.push_str(&format!(
+            "convert_threshold_bytes: {{tcp: {v}, shm: {v}, rdma: {v}}}\n"
+        ));
+    }
+    if let Ok(v) = std::env::var("FLAME_TEST_REPLY_MODE") {
+        y.push_str(&format!("reply_mode: {v}\n"));
+    }
+    y
 }
 
 impl Default for ClusterOptions {
@@ -120,6 +146,11 @@ impl Default for ClusterOptions {
             mgr_extra_yaml: String::new(),
             per_daemon_addrs: true,
             transport: test_transport(),
+            nbd_extra_yaml: String::new(),
+            poll_mode: std::env::var("FLAME_TEST_POLL_MODE")
+                .ok()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "interrupt".into()),
         }
     }
 }
@@ -424,10 +455,13 @@ impl TestCluster {
                  listen: \"{listen}\"\n\
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
-                 poll_mode: interrupt\n\
+                 poll_mode: {poll_mode}\n\
                  transport: {transport}\n\
-                 {bind}",
+                 {bind}{}{}",
+                client_env_yaml(),
+                opts.nbd_extra_yaml,
                 transport = opts.transport,
+                poll_mode = opts.poll_mode,
             );
             nbd = Some(Daemon::new(
                 "nbd",
@@ -1166,7 +1200,7 @@ fn osd_daemon(
          data_dir: \"{}\"\n\
          host: \"test-host-{i}\"\n\
          shards: {}\n\
-         poll_mode: interrupt\n\
+         poll_mode: {}\n\
          transport: {}\n\
          heartbeat_interval_ms: {}\n\
          {}{}{}\n",
@@ -1174,6 +1208,7 @@ fn osd_daemon(
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
         opts.shards,
+        opts.poll_mode,
         opts.transport,
         opts.osd_heartbeat_interval_ms,
         lease_yaml(opts),

@@ -272,6 +272,21 @@ pub struct BenchArgs {
     /// formatted volume but not data written only elsewhere.
     #[arg(long)]
     pub force_overwrite: bool,
+    /// How data travels: inline, or convert (read-write conversion above the
+    /// threshold).
+    #[arg(long, value_enum, default_value = "inline")]
+    pub transfer_mode: crate::config::TransferMode,
+    /// Smallest converted I/O (binary units), on every transport; default: the
+    /// client library's per-transport default.
+    #[arg(long, value_parser = size_arg)]
+    pub convert_threshold: Option<u64>,
+    /// How replies come back: push, or fetch (remote fetching; shm/rdma only).
+    #[arg(long, value_enum, default_value = "push")]
+    pub reply_mode: crate::config::ReplyMode,
+    /// Allow `--reply-mode fetch` over tcp's emulated one-sided READ (to measure
+    /// what fetching costs there; the OSDs need `reply_area_over_emulated: true`).
+    #[arg(long)]
+    pub fetch_over_emulated: bool,
     /// Transport to the OSDs: `tcp`, or `shm` (shared memory to OSDs on this host
     /// that listen with `transport: shm`; tcp to the others).
     #[arg(long, value_parser = transport_arg, default_value = "tcp")]
@@ -888,10 +903,25 @@ fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<S
 }
 
 fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
-    let cluster = Cluster::connect(ClientConfig {
+    let mut client = ClientConfig {
         transport: b.transport,
         ..admin_client_config(&cli.mgr)
-    })?;
+    };
+    client.transfer_mode = b.transfer_mode;
+    client.reply_mode = b.reply_mode;
+    client.fetch_over_emulated = b.fetch_over_emulated;
+    if let Some(t) = b.convert_threshold {
+        let t = u32::try_from(t)
+            .ok()
+            .filter(|&t| t > 0)
+            .ok_or_else(|| AdminError(format!("--convert-threshold: must be 1..=4G, got {t}")))?;
+        client.convert_threshold_bytes = crate::config::ConvertThresholds {
+            tcp: t,
+            shm: t,
+            rdma: t,
+        };
+    }
+    let cluster = Cluster::connect(client)?;
     let cfg = BenchConfig {
         pattern: b.rw,
         block_bytes: b.bs,

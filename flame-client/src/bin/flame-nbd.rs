@@ -139,6 +139,12 @@ fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
         io_timeout_ms: config.io_timeout_ms,
         connect_timeout_ms: config.connect_timeout_ms,
         bind_addr: config.bind_addr,
+        transfer_mode: config.transfer_mode,
+        convert_threshold_bytes: config.convert_threshold_bytes,
+        reply_mode: config.reply_mode,
+        fetch_over_emulated: config.fetch_over_emulated,
+        fetch_polls_max: config.fetch_polls_max,
+        fetch_fallbacks_to_push: config.fetch_fallbacks_to_push,
         ..ClientConfig::default()
     };
     let deadline = Instant::now() + MGR_CONNECT_PATIENCE;

@@ -33,14 +33,14 @@ impl Cluster {
                     let shard = info.shard_of(pg);
                     let target = target_for(self, &map, info, shard);
                     let osd = info.id;
-                    let mut msg = Message::Scrub {
+                    let msg = Message::Scrub {
                         id: RequestId(0),
                         epoch: map.epoch,
                         pg,
                         dry_run,
                     };
                     let attempt = async {
-                        match exchange(&target, &mut msg).await {
+                        match exchange(&target, &msg, super::Transfer::default()).await {
                             Ok(reply) => {
                                 self.note_epoch(reply.epoch);
                                 match classify(reply.status) {

@@ -11,6 +11,9 @@
 //! io_timeout_ms: 0               # bound on one backend operation (0 = never)
 //! handshake_timeout_ms: 10000    # a client must finish negotiation within this
 //! connect_timeout_ms: 2000       # connecting to the manager / OSDs
+//! transfer_mode: inline          # inline | convert (read-write conversion)
+//! convert_threshold_bytes: {tcp: 1048576, shm: 65536, rdma: 4096}
+//! reply_mode: push               # push | fetch (remote fetching; shm/rdma only)
 //! ```
 
 use flame_common::config::Validate;
@@ -50,6 +53,20 @@ pub struct NbdConfig {
     pub handshake_timeout_ms: u64,
     /// Timeout for connecting to the manager and OSDs.
     pub connect_timeout_ms: u64,
+    /// How I/O data travels to and from the OSDs (the client library's
+    /// `transfer_mode`).
+    pub transfer_mode: crate::config::TransferMode,
+    /// Smallest converted I/O per transport (the client library's
+    /// `convert_threshold_bytes`).
+    pub convert_threshold_bytes: crate::config::ConvertThresholds,
+    /// How the OSDs' replies come back (the client library's `reply_mode`).
+    pub reply_mode: crate::config::ReplyMode,
+    /// The client library's `fetch_over_emulated` (tests and measurements only).
+    pub fetch_over_emulated: bool,
+    /// The client library's `fetch_polls_max`.
+    pub fetch_polls_max: u32,
+    /// The client library's `fetch_fallbacks_to_push`.
+    pub fetch_fallbacks_to_push: u32,
 }
 
 impl Default for NbdConfig {
@@ -66,6 +83,12 @@ impl Default for NbdConfig {
             bind_addr: None,
             handshake_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
+            transfer_mode: crate::config::TransferMode::Inline,
+            convert_threshold_bytes: crate::config::ConvertThresholds::default(),
+            reply_mode: crate::config::ReplyMode::Push,
+            fetch_over_emulated: false,
+            fetch_polls_max: crate::config::ClientConfig::default().fetch_polls_max,
+            fetch_fallbacks_to_push: crate::config::ClientConfig::default().fetch_fallbacks_to_push,
         }
     }
 }

@@ -203,6 +203,87 @@ pub(crate) enum GrantedBuf {
     Read(PayloadBuf),
     /// WRITE access to this buffer.
     Write(Rc<RefCell<PayloadBufMut>>),
+    /// READ access to memory the grantor keeps writing ([`SharedArea`]).
+    Area(Rc<RefCell<PayloadBufMut>>),
+}
+
+/// Memory the grantor keeps writing and the peer may READ one-sidedly for as long
+/// as the area lives: the reply area of remote fetching (RFP), where an OSD leaves
+/// replies that the client fetches. Unlike a [`Grant`] of a [`PayloadBuf`] (shared,
+/// immutable), the owner writes it in place with [`SharedArea::write_at`]; a peer
+/// READ racing with a write may see a mix of old and new bytes, so what is written
+/// must let the reader tell (Flame's replies carry their id and checksums).
+pub struct SharedArea {
+    remote: RemoteBuf,
+    owner: Rc<dyn GrantOwner>,
+    /// Copies bytes in at an offset (bounds already checked against `remote.len`).
+    writer: AreaWriter,
+}
+
+/// How a [`SharedArea`] copies bytes in at an offset (transport-specific).
+pub(crate) type AreaWriter = Box<dyn Fn(usize, &[u8])>;
+
+/// The writer of an area whose bytes are a local buffer (tcp: the emulated READ
+/// copies a snapshot of it).
+pub(crate) fn buffer_writer(buf: Rc<RefCell<PayloadBufMut>>) -> AreaWriter {
+    Box::new(move |offset, data| {
+        buf.borrow_mut().as_mut_slice()[offset..offset + data.len()].copy_from_slice(data)
+    })
+}
+
+impl SharedArea {
+    pub(crate) fn new(
+        remote: RemoteBuf,
+        owner: Rc<dyn GrantOwner>,
+        writer: AreaWriter,
+    ) -> SharedArea {
+        SharedArea {
+            remote,
+            owner,
+            writer,
+        }
+    }
+
+    /// The descriptor of the whole area (a peer may READ any part of it).
+    pub fn remote(&self) -> RemoteBuf {
+        self.remote
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.remote.len as usize
+    }
+
+    /// Whether the area has no bytes (never: a grant has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.remote.len == 0
+    }
+
+    /// Copies `data` into the area at `offset`; `false` (nothing written) if it
+    /// does not fit.
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> bool {
+        match offset.checked_add(data.len()) {
+            Some(end) if end <= self.len() => {
+                (self.writer)(offset, data);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for SharedArea {
+    fn drop(&mut self) {
+        self.owner.revoke(self.remote.key, None);
+    }
+}
+
+impl std::fmt::Debug for SharedArea {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedArea")
+            .field("remote", &self.remote)
+            .finish()
+    }
 }
 
 /// A grant table: key → (address, length, buffer).
@@ -239,11 +320,15 @@ impl GrantTable {
     pub(crate) fn read(&self, key: u32, addr: u64, len: u64) -> Result<PayloadBuf, Refusal> {
         let map = self.map.borrow();
         let (base, base_len, buf) = map.get(&key).ok_or(Refusal::UnknownKey)?;
-        let GrantedBuf::Read(data) = buf else {
-            return Err(Refusal::WrongAccess);
-        };
         let off = check_bounds(*base, *base_len, addr, len)?;
-        Ok(data.slice(off..off + len as usize))
+        match buf {
+            GrantedBuf::Read(data) => Ok(data.slice(off..off + len as usize)),
+            // A snapshot: the owner keeps writing the area.
+            GrantedBuf::Area(area) => Ok(PayloadBuf::copy_from(
+                &area.borrow().as_slice()[off..off + len as usize],
+            )),
+            GrantedBuf::Write(_) => Err(Refusal::WrongAccess),
+        }
     }
 
     /// Serves a WRITE of `data` at `addr`.

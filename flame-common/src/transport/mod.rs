@@ -21,7 +21,7 @@ pub mod shm;
 pub mod tcp;
 
 pub use crate::protocol::RemoteBuf;
-pub use grant::{Grant, Refusal, WriteGrant};
+pub use grant::{Grant, Refusal, SharedArea, WriteGrant};
 
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{Message, ProtocolError};
@@ -249,6 +249,16 @@ impl Conn {
             Conn::Shm(c) => c.grant_write(buf),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.grant_write(buf),
+        }
+    }
+
+    /// Lets the peer READ `len` bytes (1..=[`crate::protocol::PAYLOAD_BYTES_MAX`])
+    /// that this side keeps writing, for as long as the returned area lives: the
+    /// reply area of remote fetching.
+    pub fn grant_area(&self, len: usize) -> Result<SharedArea, TransportError> {
+        match self {
+            Conn::Tcp(c) => c.grant_area(len),
+            Conn::Shm(c) => c.grant_area(len),
         }
     }
 

@@ -50,7 +50,7 @@
 
 use super::TransportError;
 use super::grant::{
-    Grant, GrantOwner, Refusal, WriteGrant, check_bounds, check_grant_len, random_key,
+    Grant, GrantOwner, Refusal, SharedArea, WriteGrant, check_bounds, check_grant_len, random_key,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{
@@ -1061,6 +1061,22 @@ impl ShmConn {
             self.clone(),
             Rc::new(RefCell::new(buf)),
         ))
+    }
+
+    /// See [`super::Conn::grant_area`]: an area of this side's staging memory the
+    /// peer reads in place, one-sidedly, while this side keeps writing it.
+    pub fn grant_area(self: &Rc<Self>, len: usize) -> Result<SharedArea, TransportError> {
+        let remote = self.grant(len, ACCESS_READ, None)?;
+        // Offset of the area in this side's segment.
+        let base = (remote.addr - self.local.map.base()) as usize;
+        let conn = Rc::downgrade(self);
+        let writer = Box::new(move |offset: usize, data: &[u8]| {
+            // Nothing to write into once the connection (and its segment) is gone.
+            if let Some(c) = conn.upgrade() {
+                c.local.map.write(base + offset, data);
+            }
+        });
+        Ok(SharedArea::new(remote, self.clone(), writer))
     }
 
     /// Checks `[addr, addr + len)` against the peer's grant `key` and returns the

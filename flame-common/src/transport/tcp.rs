@@ -16,7 +16,9 @@
 //! alone, so a stream of large writes lands in its payload buffers without a copy.
 
 use super::TransportError;
-use super::grant::{Grant, GrantOwner, GrantTable, GrantedBuf, WriteGrant, check_grant_len};
+use super::grant::{
+    Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
+};
 use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
 use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
@@ -459,6 +461,23 @@ impl TcpConn {
             .grants
             .insert(addr, len, GrantedBuf::Write(buf.clone()))?;
         Ok(WriteGrant::new(remote, self.grants.clone(), buf))
+    }
+
+    /// See [`super::Conn::grant_area`]: the peer's READs copy from the area as it
+    /// is at that moment.
+    pub fn grant_area(&self, len: usize) -> Result<SharedArea, TransportError> {
+        let len = check_grant_len(len)?;
+        let buf = PayloadBufMut::zeroed(len as usize);
+        let addr = buf.as_slice().as_ptr() as u64;
+        let buf = Rc::new(std::cell::RefCell::new(buf));
+        let remote = self
+            .grants
+            .insert(addr, len, GrantedBuf::Area(buf.clone()))?;
+        Ok(SharedArea::new(
+            remote,
+            self.grants.clone(),
+            super::grant::buffer_writer(buf),
+        ))
     }
 
     /// Live grants (for tests and metrics).
