@@ -176,6 +176,10 @@ mod tests {
         // to the floor.
         for _ in 0..64 {
             assert!(!p.spin(|| false));
+            // The spin measured what a poll costs; on an overloaded machine a
+            // yielding poll can take ~100 µs, which would make 1 s look like a wait
+            // worth spinning for. Pin the cost so the test checks the policy.
+            p.ns_per_poll = NS_PER_POLL_INITIAL;
             p.record_sleep(std::time::Duration::from_secs(1));
         }
         assert_eq!(p.stats().budget, SPIN_MIN);
