@@ -10,8 +10,8 @@ use flame_common::placement::{PgMembers, object_pg};
 use flame_common::protocol::{self, IoTarget, Message, flags, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
-use flame_tests::{ClusterOptions, TestCluster, output_text, require_tool};
-use std::net::{IpAddr, Ipv4Addr};
+use flame_tests::{ClusterOptions, TestCluster, output_text};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -279,48 +279,6 @@ fn kill_9_of_a_primary_under_writes_gives_no_client_error() {
     kill_under_writes(true);
 }
 
-/// Drops loopback traffic between one address and a set of others, both ways,
-/// until dropped.
-struct Partition {
-    rules: Vec<Vec<String>>,
-}
-
-impl Partition {
-    fn isolate(ip: Ipv4Addr, from: &[Ipv4Addr]) -> Partition {
-        let iptables = require_tool("iptables");
-        let mut p = Partition { rules: Vec::new() };
-        for other in from {
-            for (s, d) in [(ip, *other), (*other, ip)] {
-                let rule: Vec<String> = ["INPUT", "-i", "lo", "-s", &s.to_string(), "-d"]
-                    .iter()
-                    .map(|x| x.to_string())
-                    .chain([d.to_string(), "-j".into(), "DROP".into()])
-                    .collect();
-                let out = Command::new(&iptables)
-                    .arg("-I")
-                    .args(&rule)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "iptables -I {rule:?} failed (root needed): {}",
-                    output_text(&out)
-                );
-                p.rules.push(rule);
-            }
-        }
-        p
-    }
-}
-
-impl Drop for Partition {
-    fn drop(&mut self) {
-        for rule in self.rules.drain(..) {
-            let _ = Command::new("iptables").arg("-D").args(&rule).output();
-        }
-    }
-}
-
 /// What an OSD answers a client that still has `map`, from address `source`.
 fn old_map_answers(
     map: &ClusterMap,
@@ -438,7 +396,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
 
     let w = WriteLoop::start(&cluster, "part", 1, 16);
     w.wait_progress(&cluster, 100);
-    let partition = Partition::isolate(ip, &others);
+    let partition = cluster.partition(ip, &others);
     let down = wait_for(
         &cluster,
         Duration::from_millis(GRACE_MS + 10_000),
@@ -472,7 +430,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
         victim,
         shard,
         target,
-        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 8)),
+        IpAddr::V4(cluster.spare_ip()),
     );
     println!("isolated OSD answered read {read}, write {write}");
     for (op, st) in [("read", read), ("write", write)] {
