@@ -1001,6 +1001,14 @@ impl TestCluster {
 
     // ---------------------------------------------------------------- NBD helpers
 
+    /// Creates volume `name` of `size` bytes and waits until flame-nbd exports it
+    /// (what every NBD test does first).
+    pub fn create_nbd_volume(&self, name: &str, size: u64) -> VolumeInfo {
+        let vol = self.create_volume(name, size);
+        self.wait_nbd_export(name);
+        vol
+    }
+
     /// Waits (bounded) until flame-nbd serves the export `volume` (`nbdinfo --size`
     /// succeeds). A just-created volume may need a map refresh in flame-nbd.
     pub fn wait_nbd_export(&self, volume: &str) -> u64 {

@@ -36,14 +36,6 @@ fn options(nbd: bool, per_daemon_addrs: bool) -> ClusterOptions {
     }
 }
 
-/// The test process index of map OSD `id`.
-fn process_of(cluster: &TestCluster, map: &ClusterMap, id: OsdId) -> usize {
-    let addr = map.osds[&id].addr;
-    (0..cluster.osd_count())
-        .find(|&i| cluster.osd_addr(i, 0) == addr)
-        .expect("OSD process for map entry")
-}
-
 /// Waits until `cond` holds, panicking with `what` and the daemon logs after
 /// `timeout`. Returns how long it took.
 fn wait_for(
@@ -240,8 +232,7 @@ fn roles(map: &ClusterMap, volume: flame_common::ids::VolumeId, index: u64) -> P
 fn kill_under_writes(kill_primary: bool) {
     let what = if kill_primary { "primary" } else { "replica" };
     let mut cluster = TestCluster::start_with(options(true, false));
-    let vol = cluster.create_volume("fo", 16 * MIB);
-    cluster.wait_nbd_export("fo");
+    let vol = cluster.create_nbd_volume("fo", 16 * MIB);
     let map = cluster.map();
     let members = roles(&map, vol.id, 1);
     let victim = if kill_primary {
@@ -252,7 +243,7 @@ fn kill_under_writes(kill_primary: bool) {
     let w = WriteLoop::start(&cluster, "fo", 1, 14);
     w.wait_progress(&cluster, 100);
     let killed_at = Instant::now();
-    cluster.kill_osd(process_of(&cluster, &map, victim));
+    cluster.kill_osd(cluster.osd_process(&map, victim));
     let down = wait_for(
         &cluster,
         Duration::from_millis(GRACE_MS + 10_000),
@@ -376,8 +367,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
         "replica"
     };
     let cluster = TestCluster::start_with(opts);
-    let vol = cluster.create_volume("part", 16 * MIB);
-    cluster.wait_nbd_export("part");
+    let vol = cluster.create_nbd_volume("part", 16 * MIB);
     let old_map = cluster.map();
     let members = roles(&old_map, vol.id, 1);
     let victim = if isolate_primary {
@@ -385,7 +375,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
     } else {
         members.acting[1]
     };
-    let k = process_of(&cluster, &old_map, victim);
+    let k = cluster.osd_process(&old_map, victim);
     let ip = cluster.osd_ip(k);
     let mut others = vec![cluster.mgr_ip(), cluster.client_ip()];
     others.extend(

@@ -22,7 +22,7 @@
 
 use flame_common::placement::mix64;
 use flame_tests::failover::CLEAN_TIMEOUT;
-use flame_tests::oracle::{BLOCK, OracleState, Workload, WorkloadConfig, fill};
+use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, create_filled};
 use flame_tests::{ClusterOptions, TestCluster};
 use std::time::{Duration, Instant};
 
@@ -170,15 +170,7 @@ fn recovery_throughput() {
             ..ClusterOptions::failover(4)
         });
         let size = 256 * MIB;
-        let mgr = cluster.mgr_addr().to_string();
-        let vol = cluster.create_volume("bench", size);
-        let state = fill(
-            &mgr,
-            "bench",
-            OracleState::new(mix64(vol.id.0 ^ round as u64), size),
-            0..size / BLOCK as u64,
-            60_000,
-        );
+        let (_, state) = create_filled(&cluster, "bench", size, round as u64, 60_000);
         let w = workload(&cluster, "bench", state, 120);
         assert!(w.wait_more_acks(200, Duration::from_secs(30)));
         let (a0, t0) = (acks(&w), Instant::now());

@@ -72,24 +72,6 @@ fn finish_writes(cluster: &TestCluster, child: Child) {
     }
 }
 
-/// Waits (bounded) until the manager reports OSD process `i`'s OSD down.
-fn wait_down(cluster: &TestCluster, i: usize) {
-    let addr = cluster.osd_addr(i, 0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let map = cluster.map();
-        if map.osds.values().any(|o| o.addr == addr && !o.up) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "osd.{i} not marked down\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Every object's data on every OSD, trailing zeroes trimmed (a missing file and
 /// a file of zeroes read the same); the first difference found, if any.
 fn copies_differ(cluster: &TestCluster, volume: VolumeId) -> Option<String> {
@@ -162,15 +144,14 @@ fn pg_compare_ok(cluster: &TestCluster, volume: &str) -> (bool, String) {
 /// The scenario of both recovery tests: writes run, OSD 2 is killed, writes go on
 /// without it, it restarts while writes go on, and its copies must end identical.
 fn kill_write_restart(cluster: &mut TestCluster, volume: &str) -> VolumeId {
-    let vol = cluster.create_volume(volume, VOLUME_BYTES);
-    cluster.wait_nbd_export(volume);
+    let vol = cluster.create_nbd_volume(volume, VOLUME_BYTES);
     // Data past the random writes' 16 MiB, zeroed and discarded while OSD 2 is down:
     // its copy must lose those bytes too (holes are copied as holes).
     cluster.qemu_io(volume, &["write -P 0xab 24M 2M"]);
     let writes = start_writes(cluster, volume, "9s", 7);
     std::thread::sleep(Duration::from_secs(1));
     cluster.kill_osd(2);
-    wait_down(cluster, 2);
+    cluster.wait_osd_down(2, Duration::from_secs(20));
     // Writes the killed OSD misses.
     cluster.qemu_io(volume, &["write -z 24M 512k", "discard 25M 512k"]);
     std::thread::sleep(Duration::from_secs(1));
@@ -316,44 +297,6 @@ fn scrub_finds_and_repairs_bits_flipped_in_a_replica() {
     assert_eq!(again["inconsistent"].as_u64(), Some(0), "{again}");
 }
 
-/// The id of OSD process `i` in the current map.
-fn osd_id(cluster: &TestCluster, i: usize) -> flame_common::ids::OsdId {
-    let addr = cluster.osd_addr(i, 0);
-    cluster
-        .map()
-        .osds
-        .values()
-        .find(|o| o.addr == addr)
-        .map(|o| o.id)
-        .expect("OSD process not in the map")
-}
-
-/// Waits (bounded) until every placement group has `size` complete copies where
-/// placement puts them — which needs every recovered member reported.
-fn wait_clean(cluster: &TestCluster, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let map = cluster.map();
-        let table = flame_common::placement::PgTable::new(&map);
-        let unclean: Vec<_> = table
-            .iter()
-            .filter(|(_, m)| !m.is_clean(map.pool.size))
-            .map(|(pg, m)| format!("{pg}: {m:?}"))
-            .collect();
-        if unclean.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} placement groups not clean after {within:?}, e.g. {}\n{}",
-            unclean.len(),
-            unclean[0],
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Object files under an OSD's data directory.
 fn object_files(cluster: &TestCluster, i: usize) -> usize {
     let pgs = cluster.osd_data_dir(i).join("pgs");
@@ -377,11 +320,11 @@ fn an_osd_taken_out_is_replaced_and_its_copies_are_removed_after_recovery() {
     let vol = cluster.create_volume("out", VOLUME_BYTES);
     let writes = start_writes(&cluster, "out", "2s", 11);
     finish_writes(&cluster, writes);
-    let out = osd_id(&cluster, 3);
+    let out = cluster.osd_id(3);
     assert!(object_files(&cluster, 3) > 0, "osd.3 holds nothing to move");
     let resp = ureq::post(cluster.mgr_url(&format!("/v1/osds/{}/out", out.0))).send_empty();
     assert!(resp.is_ok(), "osd out: {resp:?}");
-    wait_clean(&cluster, Duration::from_secs(40));
+    cluster.wait_clean(Duration::from_secs(40));
     // Every object has its three copies where placement now puts them, identical.
     let map = cluster.map();
     for index in 0..VOLUME_BYTES / OBJECT_BYTES {
@@ -511,11 +454,8 @@ fn status_counts_degraded_and_misplaced_copies_until_recovery_ends() {
     });
     let size = 16 * MIB;
     let objects = size / OBJECT_BYTES;
-    let vol = cluster.create_volume("counts", size);
+    let (vol, state) = flame_tests::oracle::create_filled(&cluster, "counts", size, 7, 60_000);
     let mgr = cluster.mgr_addr().to_string();
-    let state = flame_tests::oracle::OracleState::new(7, size);
-    let blocks = size / flame_tests::oracle::BLOCK as u64;
-    let state = flame_tests::oracle::fill(&mgr, "counts", state, 0..blocks, 60_000);
     wait_object_figures(&cluster, vol.id, objects, "clean", |d, m| d == 0 && m == 0);
     let text = cluster.admin_ok(&["status"]);
     assert!(
