@@ -633,10 +633,7 @@ mod tests {
         // each of its 5 objects, none missing.
         m.osds.get_mut(&OsdId(0)).unwrap().up = true;
         let placed = PgTable::new(&m).pg(PgId(5)).placed.clone();
-        let other = (0..4)
-            .map(OsdId)
-            .find(|id| !placed.contains(id))
-            .unwrap();
+        let other = (0..4).map(OsdId).find(|id| !placed.contains(id)).unwrap();
         m.pg_complete
             .insert(PgId(5), vec![placed[0], placed[1], other]);
         let s = t.summary(&PgTable::new(&m), &m, t0);

@@ -498,7 +498,9 @@ impl TestCluster {
 
     fn lease(&self) -> &net::NetLease {
         self.ips.lease.as_ref().unwrap_or_else(|| {
-            panic!("partitions need ClusterOptions::per_daemon_addrs (daemons on their own addresses)")
+            panic!(
+                "partitions need ClusterOptions::per_daemon_addrs (daemons on their own addresses)"
+            )
         })
     }
 

@@ -58,13 +58,11 @@ impl NetLease {
     /// killed earlier holder left behind are deleted first.
     pub fn acquire() -> NetLease {
         let dir = lock_dir();
-        fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         // Linear probing from a start drawn from the process id and a counter:
         // every free subnet is found, and concurrent runs start far apart.
-        let start = mix64(
-            u64::from(std::process::id()) << 32 ^ COUNTER.fetch_add(1, Ordering::Relaxed),
-        );
+        let start =
+            mix64(u64::from(std::process::id()) << 32 ^ COUNTER.fetch_add(1, Ordering::Relaxed));
         for attempt in 0..LEASE_TRIES_MAX {
             let n = start.wrapping_add(attempt) % NETS;
             let (a, b) = ((NET_A_MIN + n / 256) as u8, (n % 256) as u8);
@@ -324,7 +322,10 @@ mod tests {
         // And a partition that is dropped removes exactly its own rules.
         let p1 = Partition::isolate(&again, again.ip(12));
         let p2 = Partition::between(&again, again.ip(13), &[again.ip(10)]);
-        let (c1, c2) = (p1.comment().unwrap().to_string(), p2.comment().unwrap().to_string());
+        let (c1, c2) = (
+            p1.comment().unwrap().to_string(),
+            p2.comment().unwrap().to_string(),
+        );
         assert_ne!(c1, c2);
         drop(p1);
         assert!(rules_with_comment(&c1).is_empty());

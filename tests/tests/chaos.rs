@@ -17,8 +17,8 @@
 
 use flame_common::placement::mix64;
 use flame_tests::failover::{CLEAN_TIMEOUT, assert_copies_identical};
-use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, verify_volume};
 use flame_tests::net::Partition;
+use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, verify_volume};
 use flame_tests::{ClusterOptions, TestCluster};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -438,7 +438,10 @@ fn wait_object_figures(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("{what}: not reached in 30 s: {last}\n{}", cluster.log_tails());
+    panic!(
+        "{what}: not reached in 30 s: {last}\n{}",
+        cluster.log_tails()
+    );
 }
 
 /// `flame-admin status` and the manager's metrics count degraded copies while an
@@ -489,9 +492,13 @@ fn status_counts_degraded_and_misplaced_copies_until_recovery_ends() {
     cluster.wait_osd_down(victim, Duration::from_secs(20));
     let (degraded, _) =
         wait_object_figures(&cluster, vol.id, objects, "one OSD down", |d, _| d > 0);
-    let metrics = http_get(cluster.mgr_addr(), "/metrics").expect("mgr metrics").1;
+    let metrics = http_get(cluster.mgr_addr(), "/metrics")
+        .expect("mgr metrics")
+        .1;
     assert!(
-        metrics.contains(&format!("flame_mgr_object_copies{{state=\"degraded\"}} {degraded}")),
+        metrics.contains(&format!(
+            "flame_mgr_object_copies{{state=\"degraded\"}} {degraded}"
+        )),
         "{metrics}"
     );
     let text = cluster.admin_ok(&["status"]);

@@ -25,7 +25,10 @@ impl ObjectStore {
     /// directory), listed in one helper-thread call: the per-group counts the
     /// heartbeat carries so the manager can count degraded and misplaced objects.
     pub async fn count_pg_objects(&self, pgs: &[PgId]) -> Result<Vec<u64>, StoreError> {
-        let dirs = pgs.iter().map(|&pg| layout::pg_dir(&self.root, pg)).collect();
+        let dirs = pgs
+            .iter()
+            .map(|&pg| layout::pg_dir(&self.root, pg))
+            .collect();
         let listed = self.fs.list_dirs(dirs).await?;
         Ok(listed
             .iter()
