@@ -23,7 +23,7 @@ use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::mgr_client::MgrClient;
 use arc_swap::ArcSwap;
-use flame_common::ids::Epoch;
+use flame_common::ids::{Epoch, OpId};
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::reactor;
 use parking_lot::{Condvar, Mutex};
@@ -62,6 +62,10 @@ impl std::fmt::Debug for Cluster {
 struct Inner {
     shared: Arc<Shared>,
     uid: u64,
+    /// This client instance's op session ([`OpId::session`]): random, non-zero.
+    op_session: u64,
+    /// The last op sequence number handed out ([`Cluster::next_op`]).
+    op_seq: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -178,6 +182,8 @@ impl Cluster {
             inner: Arc::new(Inner {
                 shared,
                 uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+                op_session: new_op_session(),
+                op_seq: AtomicU64::new(0),
             }),
         })
     }
@@ -277,6 +283,30 @@ impl Cluster {
     pub(crate) fn uid(&self) -> u64 {
         self.inner.uid
     }
+
+    /// A new identity for one write, write-zeroes or discard: this instance's
+    /// session and the next op sequence number. Taken once per operation and kept
+    /// on every resend of it (to any OSD), so a primary can tell a retry from a new
+    /// write; increasing in issue order across all threads of this instance, so a
+    /// primary can tell an older write of this client from a newer one.
+    pub(crate) fn next_op(&self) -> OpId {
+        OpId {
+            session: self.inner.op_session,
+            seq: self.inner.op_seq.fetch_add(1, Ordering::Relaxed) + 1,
+        }
+    }
+
+    /// This instance's op session ([`OpId::session`]).
+    pub fn op_session(&self) -> u64 {
+        self.inner.op_session
+    }
+}
+
+/// A random, non-zero op session: two client instances (processes, or handles in
+/// one process) must never share one, or one's writes could be taken for retries
+/// or newer writes of the other.
+fn new_op_session() -> u64 {
+    rand::random::<u64>().max(1)
 }
 
 /// The watcher thread: long-polls for newer maps until the cluster is dropped.

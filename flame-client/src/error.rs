@@ -105,6 +105,7 @@ pub(crate) fn errno_name(status: i32) -> String {
         libc::ENOSPC => "ENOSPC (no space left)".into(),
         libc::ESTALE => "ESTALE (stale map)".into(),
         libc::EAGAIN => "EAGAIN (replica unreachable)".into(),
+        libc::ECANCELED => "ECANCELED (superseded by a newer write of this client)".into(),
         e => format!("errno {e}"),
     }
 }

@@ -23,7 +23,7 @@ use crate::metrics::{self, Op};
 use crate::retry::{Backoff, RetryReason, Verdict, classify};
 use crate::split::Piece;
 use flame_common::buffer::PayloadBuf;
-use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
+use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig};
 use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, flags};
@@ -272,11 +272,17 @@ pub(crate) async fn piece_io(
     };
     let mut backoff = Backoff::new(deadline);
     let mut last: Option<String> = None;
+    // One identity for every resend of this operation (reads need none).
+    let new_op = || match op {
+        PieceOp::Read => OpId::NONE,
+        _ => cluster.next_op(),
+    };
+    let mut op_id = new_op();
     loop {
         let map = cluster.map();
         let pg = placement::object_pg(object, map.pool.pg_count);
         let asked = primary_of(cluster, &map, pg);
-        let attempt = piece_try(cluster, &map, object, piece, &op);
+        let attempt = piece_try(cluster, &map, object, piece, &op, op_id);
         // A request to a primary that died or was cut off may never be answered
         // (its packets vanish): once a newer map names another primary, or marks
         // this one down, the try is abandoned and resent there.
@@ -290,6 +296,12 @@ pub(crate) async fn piece_io(
             Some(Try::Fail(e)) => return Err(e),
             Some(Try::Retry(t)) => t,
         };
+        if t.reason == RetryReason::Superseded {
+            // A newer write of this client to these bytes landed first: this one
+            // is re-issued as a new operation, so it lands after that one (the
+            // two were in flight together, so either order is allowed).
+            op_id = new_op();
+        }
         last = Some(t.message.clone());
         back_off(cluster, &mut backoff, op_name, t).await?;
     }
@@ -333,6 +345,7 @@ async fn piece_try(
     object: ObjectId,
     piece: Piece,
     op: &PieceOp,
+    op_id: OpId,
 ) -> Try<PayloadBuf> {
     let pg = placement::object_pg(object, map.pool.pg_count);
     let Some(primary) = primary_of(cluster, map, pg).and_then(|id| map.osds.get(&id)) else {
@@ -374,6 +387,7 @@ async fn piece_try(
             target: io,
             flags: fua_flag(*fua),
             seq: PgSeq(0),
+            op: op_id,
             remote: None,
             data: data.clone(),
         },
@@ -383,6 +397,7 @@ async fn piece_try(
             target: io,
             flags: fua_flag(*fua),
             seq: PgSeq(0),
+            op: op_id,
         },
         PieceOp::Discard => Message::Discard {
             id,
@@ -390,6 +405,7 @@ async fn piece_try(
             target: io,
             flags: 0,
             seq: PgSeq(0),
+            op: op_id,
         },
     };
     let result = exchange(&target, &mut msg).await;

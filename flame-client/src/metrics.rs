@@ -59,12 +59,13 @@ impl Op {
     }
 }
 
-const REASONS: [RetryReason; 5] = [
+const REASONS: [RetryReason; 6] = [
     RetryReason::Stale,
     RetryReason::Again,
     RetryReason::Connection,
     RetryReason::OsdDown,
     RetryReason::NoOsds,
+    RetryReason::Superseded,
 ];
 
 struct Families {

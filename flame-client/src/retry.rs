@@ -29,6 +29,10 @@ pub enum RetryReason {
     OsdDown,
     /// The map has no OSD for the placement group (none `in`).
     NoOsds,
+    /// The primary refused the write as superseded (`status::SUPERSEDED`): a newer
+    /// write of this client to overlapping bytes was applied first. The write is
+    /// re-issued under a new op sequence number, so it lands after that one.
+    Superseded,
 }
 
 impl RetryReason {
@@ -40,6 +44,7 @@ impl RetryReason {
             RetryReason::Connection => "connection",
             RetryReason::OsdDown => "osd_down",
             RetryReason::NoOsds => "no_osds",
+            RetryReason::Superseded => "superseded",
         }
     }
 
@@ -67,6 +72,7 @@ pub fn classify(st: i32) -> Verdict {
         status::OK => Verdict::Done,
         status::ESTALE => Verdict::Retry(RetryReason::Stale),
         status::EAGAIN => Verdict::Retry(RetryReason::Again),
+        status::SUPERSEDED => Verdict::Retry(RetryReason::Superseded),
         _ => Verdict::Fail,
     }
 }
@@ -137,6 +143,10 @@ mod tests {
         assert_eq!(classify(0), Verdict::Done);
         assert_eq!(classify(status::ESTALE), Verdict::Retry(RetryReason::Stale));
         assert_eq!(classify(status::EAGAIN), Verdict::Retry(RetryReason::Again));
+        assert_eq!(
+            classify(status::SUPERSEDED),
+            Verdict::Retry(RetryReason::Superseded)
+        );
         assert_eq!(classify(status::EIO), Verdict::Fail);
         assert_eq!(classify(status::EINVAL), Verdict::Fail);
         assert_eq!(classify(status::ENOSPC), Verdict::Fail);

@@ -46,6 +46,40 @@ pub struct RequestId(pub u64);
 #[serde(transparent)]
 pub struct PgSeq(pub u64);
 
+/// The identity of one client operation (a write, write-zeroes or discard of one
+/// object piece), the same on every resend of it, to any OSD: the client's
+/// `session` (random per client instance, never 0) and the operation's `seq` in
+/// that session (increasing in issue order, never 0). Carried in header bytes
+/// 92..108 and recorded in the placement-group log, so a primary — also a new one
+/// after a failover, which has the log through replication — recognises a retry
+/// and answers it without applying it again, and refuses an operation of a session
+/// older than an already applied overlapping one of the same session (a write the
+/// client gave up on never lands after a newer one). `OpId::NONE` (both 0): no
+/// identity (copies made by recovery and repair, and messages that are not writes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId {
+    /// The client instance (random, non-zero).
+    pub session: u64,
+    /// Position of the operation in the session's issue order (non-zero).
+    pub seq: u64,
+}
+
+impl OpId {
+    /// No identity.
+    pub const NONE: OpId = OpId { session: 0, seq: 0 };
+
+    /// Whether this is [`OpId::NONE`].
+    pub fn is_none(&self) -> bool {
+        *self == OpId::NONE
+    }
+}
+
+impl fmt::Display for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op.{:x}.{}", self.session, self.seq)
+    }
+}
+
 /// One fixed-size object of a volume: bytes `[index * object_size, (index+1) * object_size)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ObjectId {

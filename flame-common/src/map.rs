@@ -170,7 +170,25 @@ pub struct ClusterMap {
     /// I/O is unchanged.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub nearfull_osds: BTreeSet<OsdId>,
+    /// Where the interval history starts: every placement group without an entry
+    /// in [`Self::pg_intervals`] has had the same roles since at least this epoch.
+    /// `None` (a map from a manager that keeps no history): unknown, so every epoch
+    /// counts as a new interval. See [`Self::interval_since`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg_intervals_from: Option<Epoch>,
+    /// Placement groups whose roles changed after `pg_intervals_from`: the first
+    /// epoch of their current roles (their *interval*: acting set, primary first,
+    /// recovering members, whether active, and each of those OSDs' `up_from`).
+    /// Bounded: at most one entry per group, and entries older than
+    /// [`INTERVAL_HISTORY_EPOCHS`] are folded into `pg_intervals_from`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pg_intervals: BTreeMap<PgId, Epoch>,
 }
+
+/// Epochs of interval history a map keeps per placement group
+/// ([`ClusterMap::pg_intervals`]). A forward from a sender older than that is
+/// refused as if its group's roles had changed (it refreshes its map and retries).
+pub const INTERVAL_HISTORY_EPOCHS: u64 = 1024;
 
 /// Most tombstones [`ClusterMap::deleted_volumes`] keeps (the newest ids): bounds the
 /// map. An OSD down across more volume removals than this keeps the objects of the
@@ -190,7 +208,63 @@ impl ClusterMap {
             deleted_volumes: BTreeSet::new(),
             full_osds: BTreeSet::new(),
             nearfull_osds: BTreeSet::new(),
+            pg_intervals_from: None,
+            pg_intervals: BTreeMap::new(),
         }
+    }
+
+    /// The first epoch since which `pg` has had the roles it has in this map (its
+    /// *interval*, Ceph's `same_interval_since`), or an epoch at or after it when
+    /// the history does not reach back that far. A replica refuses a write
+    /// forwarded under an epoch older than this: its sender acted on other roles
+    /// (it may have been replaced as primary meanwhile). Without history (`None`),
+    /// the map's own epoch: every map change is a new interval.
+    pub fn interval_since(&self, pg: PgId) -> Epoch {
+        match self.pg_intervals_from {
+            None => self.epoch,
+            Some(from) => self.pg_intervals.get(&pg).copied().unwrap_or(from),
+        }
+    }
+
+    /// Records the interval history of a map whose epoch has just been bumped:
+    /// every group whose roles differ from `prev` (the roles of the previous map,
+    /// from [`crate::placement::pg_roles`]) starts a new interval at this epoch;
+    /// entries older than [`INTERVAL_HISTORY_EPOCHS`] are folded into
+    /// `pg_intervals_from`. Returns this map's roles, the `prev` of the next call.
+    /// `prev` empty (a manager that just started with a map without history, or
+    /// a new cluster): every group's interval starts now.
+    pub fn record_intervals(
+        &mut self,
+        prev: &[crate::placement::PgRoles],
+    ) -> Vec<crate::placement::PgRoles> {
+        let now = crate::placement::pg_roles(self);
+        let epoch = self.epoch;
+        match self.pg_intervals_from {
+            Some(_) if prev.len() == now.len() => {
+                for (pg, (a, b)) in prev.iter().zip(&now).enumerate() {
+                    if a != b {
+                        self.pg_intervals.insert(PgId(pg as u32), epoch);
+                    }
+                }
+            }
+            _ => {
+                self.pg_intervals.clear();
+                self.pg_intervals_from = Some(epoch);
+            }
+        }
+        let horizon = Epoch(epoch.0.saturating_sub(INTERVAL_HISTORY_EPOCHS));
+        let mut from = self.pg_intervals_from.unwrap_or(epoch);
+        self.pg_intervals.retain(|_, since| {
+            if *since < horizon {
+                from = from.max(*since);
+                false
+            } else {
+                true
+            }
+        });
+        self.pg_intervals_from = Some(from);
+        debug_assert!(self.pg_intervals.values().all(|e| *e <= epoch));
+        now
     }
 
     /// Looks a volume up by id.

@@ -260,6 +260,49 @@ impl PgMembers {
     }
 }
 
+/// What makes up a placement group's *interval*: its acting set (primary first),
+/// its recovering members, whether it is active, and the incarnation (`up_from`)
+/// of each of those OSDs. While these stay the same from one map to the next the
+/// group is in the same interval, and a write forwarded under any map of the
+/// interval is as good as one forwarded under the newest (see
+/// [`ClusterMap::interval_since`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgRoles {
+    acting: Vec<(OsdId, crate::ids::Epoch)>,
+    recovering: Vec<(OsdId, crate::ids::Epoch)>,
+    active: bool,
+}
+
+impl PgRoles {
+    /// The roles of `members` in `map`.
+    pub fn of(map: &ClusterMap, members: &PgMembers) -> PgRoles {
+        let with_up_from = |ids: &[OsdId]| {
+            ids.iter()
+                .map(|id| {
+                    (
+                        *id,
+                        map.osds
+                            .get(id)
+                            .map_or_else(Default::default, |o| o.up_from),
+                    )
+                })
+                .collect()
+        };
+        PgRoles {
+            acting: with_up_from(&members.acting),
+            recovering: with_up_from(&members.recovering),
+            active: members.active,
+        }
+    }
+}
+
+/// The roles of every placement group of `map`, by group number.
+pub fn pg_roles(map: &ClusterMap) -> Vec<PgRoles> {
+    (0..map.pool.pg_count)
+        .map(|pg| PgRoles::of(map, &PgMembers::compute(map, PgId(pg))))
+        .collect()
+}
+
 /// The roles of every placement group of one map, computed once per epoch so the
 /// data path does an index instead of `pg_count` hash draws and a sort per request.
 #[derive(Clone, Debug)]
@@ -341,6 +384,56 @@ mod tests {
             }
         }
         m
+    }
+
+    #[test]
+    fn intervals_change_only_for_groups_whose_roles_changed() {
+        use crate::ids::Epoch;
+        let mut m = map_with(5, 1);
+        m.pool.pg_count = 64;
+        let mut roles = m.record_intervals(&[]);
+        let start = m.epoch;
+        assert_eq!(m.pg_intervals_from, Some(start));
+        assert!(m.pg_intervals.is_empty());
+        // A map change that moves no roles (a volume created) keeps every interval.
+        m.epoch = Epoch(m.epoch.0 + 1);
+        roles = m.record_intervals(&roles);
+        assert!(m.pg_intervals.is_empty());
+        assert_eq!(m.interval_since(PgId(3)), start);
+        // OSD 4 goes down: exactly the groups it served start a new interval.
+        m.epoch = Epoch(m.epoch.0 + 1);
+        m.osds.get_mut(&OsdId(4)).unwrap().up = false;
+        let down_at = m.epoch;
+        roles = m.record_intervals(&roles);
+        let table = PgTable::new(&m);
+        let mut moved = 0;
+        for pg in 0..64 {
+            let had_4 = table.pg(PgId(pg)).placed.contains(&OsdId(4));
+            let since = m.interval_since(PgId(pg));
+            assert_eq!(since == down_at, had_4, "pg {pg}");
+            moved += usize::from(had_4);
+        }
+        assert!(moved > 0 && moved < 64, "{moved}");
+        // It restarts and is up again with a new up_from: a new interval again
+        // (the A-B-A of roles is seen through the incarnation).
+        m.epoch = Epoch(m.epoch.0 + 1);
+        let o = m.osds.get_mut(&OsdId(4)).unwrap();
+        o.up = true;
+        o.up_from = m.epoch;
+        let up_at = m.epoch;
+        roles = m.record_intervals(&roles);
+        for pg in 0..64 {
+            let had_4 = table.pg(PgId(pg)).placed.contains(&OsdId(4));
+            assert_eq!(m.interval_since(PgId(pg)) == up_at, had_4, "pg {pg}");
+        }
+        // History is bounded: old entries fold into `pg_intervals_from`.
+        m.epoch = Epoch(m.epoch.0 + crate::map::INTERVAL_HISTORY_EPOCHS + 5);
+        m.record_intervals(&roles);
+        assert!(m.pg_intervals.is_empty());
+        assert_eq!(m.pg_intervals_from, Some(up_at));
+        // Without history every epoch is its own interval.
+        m.pg_intervals_from = None;
+        assert_eq!(m.interval_since(PgId(0)), m.epoch);
     }
 
     fn osd(id: OsdId, host: &str) -> OsdInfo {

@@ -29,7 +29,9 @@
 //! | 76 | 4 | remote buffer length (0 = no remote buffer) |
 //! | 80 | 8 | remote buffer address |
 //! | 88 | 4 | remote buffer key |
-//! | 92 | 32 | reserved, zero |
+//! | 92 | 8 | op session ([`OpId`]; 0 = none) |
+//! | 100 | 8 | op sequence in the session (0 = none) |
+//! | 108 | 16 | reserved, zero |
 //! | 124 | 4 | crc32c of bytes 64..124 |
 //!
 //! The first 64 bytes keep protocol version 1's layout up to the version byte and its
@@ -41,7 +43,7 @@
 //! that never come. See docs/protocol.md.
 
 use crate::buffer::PayloadBuf;
-use crate::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
+use crate::ids::{Epoch, ObjectId, OpId, PgId, PgSeq, RequestId, VolumeId};
 use std::borrow::Cow;
 
 /// `FLME` in ASCII, read as a little-endian u32.
@@ -218,6 +220,12 @@ pub mod status {
     /// HELLO refused: the peers have no protocol version in common. The reply's
     /// body names the replier's versions.
     pub const EPROTONOSUPPORT: i32 = -libc::EPROTONOSUPPORT;
+    /// A write refused because a newer operation of the same client session
+    /// ([`crate::ids::OpId`]) to overlapping bytes was already applied: applying
+    /// it now would put older bytes over newer ones (it is a write the client gave
+    /// up on, or one overtaken by a later one). Nothing was applied. A client that
+    /// still wants it re-issues it under a new op sequence number (`ECANCELED`).
+    pub const SUPERSEDED: i32 = -libc::ECANCELED;
 }
 
 /// Why bytes could not be decoded. Always ends the connection: after a bad header the
@@ -321,6 +329,10 @@ pub struct Header {
     pub remote_len: u32,
     /// Remote buffer key.
     pub remote_key: u32,
+    /// The client session of the operation ([`OpId::session`]; 0 = none).
+    pub op_session: u64,
+    /// The operation's sequence number in its session ([`OpId::seq`]; 0 = none).
+    pub op_seq: u64,
 }
 
 impl Header {
@@ -347,7 +359,9 @@ impl Header {
         b[76..80].copy_from_slice(&self.remote_len.to_le_bytes());
         b[80..88].copy_from_slice(&self.remote_addr.to_le_bytes());
         b[88..92].copy_from_slice(&self.remote_key.to_le_bytes());
-        // 92..124 reserved, zero.
+        b[92..100].copy_from_slice(&self.op_session.to_le_bytes());
+        b[100..108].copy_from_slice(&self.op_seq.to_le_bytes());
+        // 108..124 reserved, zero.
         let crc = crc32c::crc32c(&b[64..124]);
         b[124..128].copy_from_slice(&crc.to_le_bytes());
         b
@@ -385,7 +399,7 @@ impl Header {
         if crc32c::crc32c(&b[64..124]) != u32_at(b, 124) {
             return Err(ProtocolError::BadChecksum);
         }
-        if b[92..124].iter().any(|&x| x != 0) {
+        if b[108..124].iter().any(|&x| x != 0) {
             return Err(ProtocolError::Inconsistent(
                 "reserved header bytes are not zero",
             ));
@@ -407,6 +421,8 @@ impl Header {
             remote_len: u32_at(b, 76),
             remote_addr: u64_at(b, 80),
             remote_key: u32_at(b, 88),
+            op_session: u64_at(b, 92),
+            op_seq: u64_at(b, 100),
         };
         if OpCode::from_u8(h.opcode & !REPLY_BIT).is_none() {
             return Err(ProtocolError::BadOpcode(h.opcode));
@@ -579,6 +595,9 @@ pub enum Message {
         flags: u16,
         /// Position in the placement group's order (0 = none).
         seq: PgSeq,
+        /// The client operation this is (the same on every resend; `NONE` for
+        /// recovery and repair copies).
+        op: OpId,
         /// Where to fetch the data by a one-sided transfer (`len == target.length`,
         /// `data` empty); `None`: the data is inline.
         remote: Option<RemoteBuf>,
@@ -598,6 +617,8 @@ pub enum Message {
         flags: u16,
         /// Position in the placement group's order (0 = none).
         seq: PgSeq,
+        /// The client operation this is (`NONE` for recovery and repair copies).
+        op: OpId,
     },
     /// Discard a byte range (reads back as zeroes).
     Discard {
@@ -611,6 +632,8 @@ pub enum Message {
         flags: u16,
         /// Position in the placement group's order (0 = none).
         seq: PgSeq,
+        /// The client operation this is (`NONE` for recovery and repair copies).
+        op: OpId,
     },
     /// Make one volume's acknowledged writes stable on the receiving shard.
     Flush {
@@ -849,11 +872,14 @@ impl Message {
                 target,
                 flags,
                 seq,
+                op,
                 remote,
                 data,
             } => {
                 let mut h = io(OpCode::Write, *id, *epoch, target, *flags);
                 h.pg_seq = seq.0;
+                h.op_session = op.session;
+                h.op_seq = op.seq;
                 h.set_remote(*remote);
                 h.payload_len = data.len() as u32;
                 h
@@ -864,8 +890,11 @@ impl Message {
                 target,
                 flags,
                 seq,
+                op,
             } => Header {
                 pg_seq: seq.0,
+                op_session: op.session,
+                op_seq: op.seq,
                 ..io(OpCode::WriteZeroes, *id, *epoch, target, *flags)
             },
             Message::Discard {
@@ -874,8 +903,11 @@ impl Message {
                 target,
                 flags,
                 seq,
+                op,
             } => Header {
                 pg_seq: seq.0,
+                op_session: op.session,
+                op_seq: op.seq,
                 ..io(OpCode::Discard, *id, *epoch, target, *flags)
             },
             Message::Flush {
@@ -1092,6 +1124,15 @@ impl Message {
         }
         let flags = h.flags;
         let seq = PgSeq(h.pg_seq);
+        let op = OpId {
+            session: h.op_session,
+            seq: h.op_seq,
+        };
+        if (op.session == 0) != (op.seq == 0) {
+            return Err(ProtocolError::Inconsistent(
+                "op session and op sequence must both be zero or both non-zero",
+            ));
+        }
         if h.is_reply() {
             if h.op() == OpCode::Hello {
                 if payload.len() != HELLO_REPLY_BODY_LEN {
@@ -1173,6 +1214,7 @@ impl Message {
                     target,
                     flags,
                     seq,
+                    op,
                     remote,
                     data: payload,
                 }
@@ -1183,6 +1225,7 @@ impl Message {
                 target: target()?,
                 flags,
                 seq,
+                op,
             },
             OpCode::Discard => Message::Discard {
                 id,
@@ -1190,6 +1233,7 @@ impl Message {
                 target: target()?,
                 flags,
                 seq,
+                op,
             },
             OpCode::Flush => Message::Flush {
                 id,
@@ -1507,6 +1551,10 @@ mod tests {
                 target: target(),
                 flags: flags::FUA,
                 seq: PgSeq(99),
+                op: crate::ids::OpId {
+                    session: 0xfeed_0000_0000_beef,
+                    seq: 7,
+                },
                 remote: None,
                 data: PayloadBuf::copy_from(&[7; 8]),
             },
@@ -1516,6 +1564,7 @@ mod tests {
                 target: target(),
                 flags: 0,
                 seq: PgSeq(0),
+                op: crate::ids::OpId::NONE,
                 remote: Some(RemoteBuf {
                     addr: 1,
                     len: 8,
@@ -1529,6 +1578,7 @@ mod tests {
                 target: target(),
                 flags: 0,
                 seq: PgSeq(1),
+                op: crate::ids::OpId::NONE,
             },
             Message::Discard {
                 id,
@@ -1536,6 +1586,10 @@ mod tests {
                 target: target(),
                 flags: 0,
                 seq: PgSeq(2),
+                op: crate::ids::OpId {
+                    session: 1,
+                    seq: u64::MAX,
+                },
             },
             Message::Flush {
                 id,
@@ -1723,6 +1777,60 @@ mod tests {
     }
 
     #[test]
+    fn op_ids_travel_in_bytes_92_to_108_and_half_ids_are_refused() {
+        let op = OpId {
+            session: 0x0102_0304_0506_0708,
+            seq: 0x1112_1314_1516_1718,
+        };
+        let m = Message::Discard {
+            id: RequestId(1),
+            epoch: Epoch(2),
+            target: target(),
+            flags: 0,
+            seq: PgSeq(0),
+            op,
+        };
+        let b = m.encode();
+        assert_eq!(u64_at(&b, 92), op.session);
+        assert_eq!(u64_at(&b, 100), op.seq);
+        assert!(b[108..124].iter().all(|&x| x == 0));
+        assert_eq!(Message::decode(&b).unwrap().unwrap().0, m);
+        // A session without a sequence (or the reverse) is malformed.
+        for (session, seq) in [(5u64, 0u64), (0, 5)] {
+            let h = Header {
+                opcode: OpCode::Discard as u8,
+                length: 16,
+                op_session: session,
+                op_seq: seq,
+                ..Default::default()
+            };
+            let h = Header::decode(&h.encode()).unwrap();
+            assert!(matches!(
+                Message::from_parts(&h, PayloadBuf::empty()),
+                Err(ProtocolError::Inconsistent(_))
+            ));
+        }
+        // A read carries no op id: one there is refused, not ignored.
+        let h = Header {
+            opcode: OpCode::Read as u8,
+            length: 16,
+            op_session: 1,
+            op_seq: 1,
+            ..Default::default()
+        };
+        let h = Header::decode(&h.encode()).unwrap();
+        assert!(Message::from_parts(&h, PayloadBuf::empty()).is_err());
+        // Bytes 108..124 are still reserved.
+        let mut b = m.encode();
+        b[110] = 1;
+        fix_checksums(&mut b);
+        assert!(matches!(
+            Message::decode(&b),
+            Err(ProtocolError::Inconsistent(_))
+        ));
+    }
+
+    #[test]
     fn corrupted_payload_is_caught() {
         let m = Message::Write {
             id: RequestId(1),
@@ -1730,6 +1838,7 @@ mod tests {
             target: target(),
             flags: 0,
             seq: PgSeq(0),
+            op: crate::ids::OpId::NONE,
             remote: None,
             data: PayloadBuf::copy_from(&[1, 2, 3, 4, 5, 6, 7, 8]),
         };

@@ -257,6 +257,9 @@ pub struct ClusterState {
     pub recovery: crate::pg_status::RecoveryTracker,
     /// `MgrConfig::nearfull_ratio` and `full_ratio`.
     pub full_ratios: FullRatios,
+    /// The roles of every placement group in the current map, to find the groups
+    /// whose interval a new epoch starts ([`ClusterMap::record_intervals`]).
+    pg_roles: Vec<flame_common::placement::PgRoles>,
 }
 
 /// The used fractions of an OSD's file system at which it is nearfull (a warning)
@@ -303,7 +306,16 @@ impl ClusterState {
                 )
             })
             .collect();
+        // The persisted map is the last one published: its roles are what the next
+        // epoch is compared with (none for a map without interval history, which
+        // then starts it).
+        let pg_roles = if persisted.map.pg_intervals_from.is_some() {
+            flame_common::placement::pg_roles(&persisted.map)
+        } else {
+            Vec::new()
+        };
         ClusterState {
+            pg_roles,
             persisted,
             runtime,
             failure_reports: BTreeMap::new(),
@@ -330,6 +342,9 @@ impl ClusterState {
         self.drop_down_copies_of_active_groups();
         let e = &mut self.persisted.map.epoch;
         *e = Epoch(e.0.saturating_add(1));
+        // Replicas fence forwarded writes by interval, not by epoch: record which
+        // groups' roles this epoch changes.
+        self.pg_roles = self.persisted.map.record_intervals(&self.pg_roles);
     }
 
     /// Invariant of every map: a complete copy that is down belongs to a group that
@@ -1868,6 +1883,48 @@ mod tests {
         }
         create(&mut s, "v", 1 << 30).unwrap();
         s
+    }
+
+    /// Every epoch records which groups' roles it changed, so replicas can fence
+    /// forwarded writes by interval: a volume changes none, an OSD going down
+    /// exactly those it serves; a restarted manager goes on from the stored map.
+    #[test]
+    fn epochs_record_the_intervals_of_the_groups_whose_roles_changed() {
+        let t0 = Instant::now();
+        let mut s = cluster_with_volume(4, t0);
+        let start = s.map().pg_intervals_from.expect("history kept");
+        let before: Vec<Epoch> = (0..s.map().pool.pg_count)
+            .map(|pg| s.map().interval_since(PgId(pg)))
+            .collect();
+        create(&mut s, "w", 1 << 20).unwrap();
+        for (pg, since) in before.iter().enumerate() {
+            assert_eq!(s.map().interval_since(PgId(pg as u32)), *since);
+        }
+        // OSD 1 misses its heartbeats and goes down.
+        let later = t0 + s.heartbeat_grace + Duration::from_secs(1);
+        for i in [0u32, 2, 3] {
+            s.heartbeat(&hb(OsdId(i), &format!("u{i}")), later).unwrap();
+        }
+        assert_eq!(s.mark_down_silent(later, s.heartbeat_grace), vec![OsdId(1)]);
+        let down_at = s.epoch();
+        let table = PgTable::new(s.map());
+        let mut changed = 0;
+        for pg in 0..s.map().pool.pg_count {
+            let served = table.pg(PgId(pg)).placed.contains(&OsdId(1));
+            let since = s.map().interval_since(PgId(pg));
+            assert_eq!(since == down_at, served, "pg {pg}");
+            assert!(since >= start);
+            changed += usize::from(served);
+        }
+        assert!(changed > 0);
+        // A manager restarted from the stored state compares with that map.
+        let mut s2 = ClusterState::new(s.persisted.clone(), later);
+        create(&mut s2, "x", 1 << 20).unwrap();
+        assert_eq!(
+            s2.map().interval_since(PgId(0)),
+            s.map().interval_since(PgId(0))
+        );
+        assert!(s2.map().pg_intervals.len() <= s2.map().pool.pg_count as usize);
     }
 
     fn all_complete(s: &ClusterState) -> Vec<Vec<OsdId>> {

@@ -171,8 +171,21 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         let conn = conn.clone();
         let inflight = inflight.clone();
         reactor::spawn(async move {
+            let client_write = !is_peer
+                && matches!(
+                    msg,
+                    Message::Write { .. } | Message::WriteZeroes { .. } | Message::Discard { .. }
+                );
+            if client_write && let Some(ms) = crate::failpoints::write_hold_ms() {
+                reactor::sleep(Duration::from_millis(ms)).await;
+            }
             let reply = shard.execute(msg).await;
-            let _ = conn.send_owned(reply);
+            if client_write && crate::failpoints::check("reply_drop").is_err() {
+                // Applied, but the client never hears of it: it resends.
+                conn.close();
+            } else {
+                let _ = conn.send_owned(reply);
+            }
             shard.release_bytes(bytes);
             inflight.count.set(inflight.count.get() - 1);
             if let Some(w) = inflight.reader.take() {

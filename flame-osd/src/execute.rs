@@ -38,6 +38,16 @@ fn is_io(op: OpCode) -> bool {
     )
 }
 
+/// The placement group a write names (`PgId(0)` for other messages).
+fn write_pg(msg: &Message) -> PgId {
+    match msg {
+        Message::Write { target, .. }
+        | Message::WriteZeroes { target, .. }
+        | Message::Discard { target, .. } => target.pg,
+        _ => PgId(0),
+    }
+}
+
 /// Whether the request changes data.
 fn is_write(msg: &Message) -> bool {
     matches!(
@@ -104,20 +114,38 @@ impl Shard {
     ) -> (i32, PayloadBuf) {
         let map = &view.map;
         let sender_epoch = msg.epoch();
-        if replica && sender_epoch < map.epoch && is_write(&msg) {
-            // A write forwarded under an older map: its sender may no longer be
+        let forwarded_write = replica && is_write(&msg);
+        if forwarded_write && sender_epoch < map.epoch {
+            // A write forwarded under an older map. Its sender may no longer be
             // the group's primary (a cut-off old primary must not add a write
-            // behind its successor's back). Refuse; the reply's epoch tells the
-            // primary to fetch the newer map, and the client retries under it.
-            return (status::ESTALE, PayloadBuf::empty());
+            // behind its successor's back) — but only if the group's roles changed
+            // since the sender's epoch (a new interval). Refuse then; the reply's
+            // epoch tells the primary to fetch the newer map, and the client
+            // retries under it. A map change elsewhere (another group's roles, a
+            // volume, a recovery report) does not concern this write.
+            let pg = write_pg(&msg);
+            let refuse = sender_epoch < map.interval_since(pg);
+            crate::metrics::forward_other_epoch(true, !refuse);
+            if refuse {
+                return (status::ESTALE, PayloadBuf::empty());
+            }
         }
         if sender_epoch > map.epoch {
-            // The sender knows a newer map: fetch it now, and do not act on the old
-            // one meanwhile (placement may have moved; two OSDs must never both
-            // believe they are primary). The sender retries in a few milliseconds.
+            // The sender knows a newer map: fetch it now.
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
-            return (status::ESTALE, PayloadBuf::empty());
+            if !forwarded_write {
+                // Do not act on the old map meanwhile (placement may have moved;
+                // two OSDs must never both believe they are primary). The sender
+                // retries in a few milliseconds.
+                return (status::ESTALE, PayloadBuf::empty());
+            }
+            // A write forwarded by a primary with a newer map: that map makes it
+            // the primary and this OSD a member of the write set — it is newer than
+            // anything this OSD knows, so nothing here can contradict it. Applied
+            // if this OSD's own map agrees that it is a member (checked below, as
+            // for any forward; ESTALE otherwise).
+            crate::metrics::forward_other_epoch(false, true);
         }
         if let Message::Read {
             remote: Some(_), ..
@@ -177,11 +205,22 @@ impl Shard {
                     }
                     let logged = self.replica_log_entry(&msg);
                     let pg = target.pg;
+                    let (object, offset, length) = (target.object, target.offset, target.length);
                     let st = self.apply_local(msg).await;
-                    if st == status::OK
-                        && let Some(entry) = logged
-                    {
-                        self.pg_logs.borrow_mut().get_mut(pg).record_replica(entry);
+                    match logged {
+                        Some(entry) if st == status::OK => {
+                            self.pg_logs.borrow_mut().get_mut(pg).record_replica(entry);
+                        }
+                        Some(_) => {}
+                        None => {
+                            // A copy from another member (recovery, peering, scrub
+                            // or read repair) replaced these bytes (or may have,
+                            // if it failed half-way): the log no longer proves
+                            // what this copy holds there.
+                            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(pg) {
+                                log.forget_proof(object, offset, length.max(1));
+                            }
+                        }
                     }
                     return (st, PayloadBuf::empty());
                 }
@@ -257,6 +296,9 @@ impl Shard {
                 if let Err(st) = view.check(self.osd, self.id, target, true) {
                     return (st, PayloadBuf::empty());
                 }
+                if let Some(log) = self.pg_logs.borrow_mut().existing_mut(target.pg) {
+                    log.forget_proof(target.object, 0, 0);
+                }
                 match self.store.remove_object(target.pg, target.object).await {
                     Ok(_) => (status::OK, PayloadBuf::empty()),
                     Err(e) => {
@@ -300,9 +342,16 @@ impl Shard {
             Message::Discard { target, seq, .. } => (target, seq, EntryKind::Discard),
             _ => return None,
         };
+        let op = match msg {
+            Message::Write { op, .. }
+            | Message::WriteZeroes { op, .. }
+            | Message::Discard { op, .. } => *op,
+            _ => flame_common::ids::OpId::NONE,
+        };
         (seq.0 > 0).then(|| LogEntry {
             seq: seq.0,
-            request: msg.id(),
+            op,
+            interval: flame_common::ids::Epoch(0),
             object: target.object,
             offset: target.offset,
             length: target.length,

@@ -9,9 +9,15 @@
 //! data write, zeroing and discard included), `store_sync` (an `fdatasync` of an
 //! object or a directory `fsync`), `store_meta_write` (an object's header and
 //! checksums, written at FLUSH), `journal_write` (an intent-journal write),
-//! `peer_send` (a write the primary forwards or recovery copies, before it is sent), and
+//! `peer_send` (a write the primary forwards or recovery copies, before it is sent),
 //! `disk_usage`, whose `return(F)` makes the heartbeat report the fraction `F`
-//! (0..=1) of the file system used ([`forced_usage`]: tests of nearfull/full).
+//! (0..=1) of the file system used ([`forced_usage`]: tests of nearfull/full),
+//! `reply_drop` (a client's write, zeroing or discard is executed — applied on
+//! every copy — but its reply is dropped and the connection closed, so the client
+//! resends it: tests of retry de-duplication), and `write_hold`, whose
+//! `return(MS)` holds a client's write for `MS` milliseconds before it is executed,
+//! as if it sat in the network ([`write_hold_ms`]: tests of writes a client gave
+//! up on).
 //!
 //! Actions are the `fail` crate's strings (<https://docs.rs/fail>): `return(EIO)`,
 //! `1*return(ENOSPC)`, `10%return(EIO)`, `off`. The convention for errors: the
@@ -29,7 +35,7 @@
 use std::io;
 
 /// Every failpoint the OSD has.
-pub const POINTS: [&str; 7] = [
+pub const POINTS: [&str; 9] = [
     "store_read",
     "store_write",
     "store_sync",
@@ -37,6 +43,8 @@ pub const POINTS: [&str; 7] = [
     "journal_write",
     "peer_send",
     "disk_usage",
+    "reply_drop",
+    "write_hold",
 ];
 
 /// The error an action's `return(ARG)` stands for: an errno name or number; none
@@ -87,6 +95,23 @@ pub fn forced_usage() -> Option<f64> {
     fail::fail_point!("disk_usage", |arg: Option<String>| arg
         .and_then(|a| a.trim().parse::<f64>().ok())
         .filter(|f| (0.0..=1.0).contains(f)));
+    None
+}
+
+/// How long the `write_hold` failpoint holds a client write (`return(MS)`), if set
+/// and firing now. Bounded to a minute.
+#[cfg(feature = "failpoints")]
+pub fn write_hold_ms() -> Option<u64> {
+    fail::fail_point!("write_hold", |arg: Option<String>| arg
+        .and_then(|a| a.trim().parse::<u64>().ok())
+        .map(|ms| ms.min(60_000)));
+    None
+}
+
+/// Failpoints are not compiled in: writes are never held.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn write_hold_ms() -> Option<u64> {
     None
 }
 

@@ -277,6 +277,51 @@ static STRAYS_REMOVED: LazyLock<IntCounter> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
 
+static DUP_OPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_dup_ops_total",
+        "Retried client writes recognised by their op id in the placement-group log and not applied again: answered (every member provably holds it) or completed (the primary copied its bytes of the range to members that might not)",
+        &["result"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static SUPERSEDED_OPS: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_osd_superseded_ops_total",
+        "Client writes refused because a newer write of the same client session to overlapping bytes was applied first"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static FORWARD_EPOCHS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_forwards_other_epoch_total",
+        "Writes forwarded by a primary whose map epoch differs from this replica's: sender older|newer, result accepted (same interval) or refused (the group's roles changed since the sender's epoch)",
+        &["sender", "result"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Counts a retried write answered from the log (`result`: answered, completed).
+pub fn dup_op(result: &str) {
+    DUP_OPS.with_label_values(&[result]).inc();
+}
+
+/// Counts a write refused as superseded.
+pub fn superseded_op() {
+    SUPERSEDED_OPS.inc();
+}
+
+/// Counts a forwarded write from another epoch (`older`: the sender's map is
+/// older than this replica's).
+pub fn forward_other_epoch(older: bool, accepted: bool) {
+    FORWARD_EPOCHS
+        .with_label_values(&[
+            if older { "older" } else { "newer" },
+            if accepted { "accepted" } else { "refused" },
+        ])
+        .inc();
+}
+
 /// Recovery and scrub metrics, registered at start so they read 0 before anything
 /// happened (tests and dashboards can tell "nothing yet" from "not exported").
 pub fn register_recovery_metrics(shard: u16) {
@@ -291,6 +336,15 @@ pub fn register_recovery_metrics(shard: u16) {
     LazyLock::force(&SCRUB_ERRORS);
     LazyLock::force(&SCRUB_REPAIRED);
     LazyLock::force(&STRAYS_REMOVED);
+    for result in ["answered", "completed"] {
+        DUP_OPS.with_label_values(&[result]);
+    }
+    LazyLock::force(&SUPERSEDED_OPS);
+    for sender in ["older", "newer"] {
+        for result in ["accepted", "refused"] {
+            FORWARD_EPOCHS.with_label_values(&[sender, result]);
+        }
+    }
 }
 
 /// An object brought up to date on a member (`kind`: log, backfill, peering).

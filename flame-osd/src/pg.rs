@@ -31,7 +31,9 @@ impl MapView {
     /// it. A client whose map predates a shrink (or a volume's removal) must not
     /// land bytes past the new end after the shrink's trim removed them: a later
     /// grow would show them where zeroes are promised. An older sender gets ESTALE
-    /// (it refreshes its map and then sees the new size), a current one EINVAL.
+    /// (it refreshes its map and then sees the new size), a current one EINVAL, a
+    /// newer one (a primary forwarding after a grow this OSD has not seen yet)
+    /// ESTALE (this OSD fetches the newer map).
     /// Discards and zeroing are not checked: they remove data, and a shrink's trim
     /// is exactly such requests past the new end.
     pub(crate) fn check_write_inside_volume(
@@ -49,7 +51,7 @@ impl MapView {
             .volume_bytes
             .get(&target.object.volume)
             .is_some_and(|&size| end <= size);
-        match (inside, sender_epoch < self.map.epoch) {
+        match (inside, sender_epoch != self.map.epoch) {
             (true, _) => Ok(()),
             (false, true) => Err(status::ESTALE),
             (false, false) => Err(status::EINVAL),

@@ -19,10 +19,32 @@
 //! Bounded: at most `pg_log_entries_max` entries per group (the oldest go first),
 //! and a member's tracking is one integer. In memory only: a restarted OSD starts
 //! with empty logs (its recovering members are backfilled).
+//!
+//! **Retries and superseded writes.** Every entry carries the client operation
+//! that produced it ([`OpId`]: the client's session and the op's sequence number,
+//! the same on every resend). The log indexes them by object, so the primary —
+//! after the write gate let every earlier overlapping write finish — can tell
+//! ([`PgLog::check_op`]):
+//!
+//! * a **retry**: the op is in the log and this copy still holds its effect →
+//!   answered without applying it again (the dup table is the log: bounded by it);
+//! * a **superseded** write: a newer op of the same session to overlapping bytes
+//!   is in the log (or was trimmed from it) → refused, never applied over the newer
+//!   one. A client that still wants it re-issues it under a new sequence number;
+//!   one that gave up on it (its I/O timeout passed) never sees it land later.
+//!
+//! A copy made by recovery, peering or scrub repair replaces this copy's bytes with
+//! another copy's; the entries over those bytes then no longer prove that this copy
+//! holds their op ([`PgLog::forget_proof`]), so a later retry of such an op is
+//! applied, not answered from the log.
 
-use flame_common::ids::{ObjectId, OsdId, PgId, RequestId};
+use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+
+/// Sessions per group whose trimmed ops are remembered ([`PgLog::check_op`]); the
+/// least recently trimmed is forgotten first.
+const TRIMMED_SESSIONS_MAX: usize = 1024;
 
 /// What an entry did to its byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -41,8 +63,12 @@ pub enum EntryKind {
 pub struct LogEntry {
     /// Its sequence number in the group.
     pub seq: u64,
-    /// The client request that produced it (its id on the client's connection).
-    pub request: RequestId,
+    /// The client operation that produced it (`OpId::NONE`: none given).
+    pub op: OpId,
+    /// The interval (first epoch of the group's current roles) under which the
+    /// primary recorded it: `applied` proves who holds it only while the group's
+    /// roles are unchanged. 0 on a replica.
+    pub interval: Epoch,
     /// The object written.
     pub object: ObjectId,
     /// Byte range within the object.
@@ -79,6 +105,48 @@ pub struct PgLog {
     /// Sequence numbers assigned and not yet recorded (writes in flight). Bounded
     /// by the writes a shard has in flight.
     inflight: std::collections::BTreeSet<u64>,
+    /// The entries' client ops, by object and (session, op seq). Bounded by the
+    /// entries.
+    ops: HashMap<ObjectId, BTreeMap<(u64, u64), OpRec>>,
+    /// Per session, the highest op seq trimmed from this log and when (a trim
+    /// counter): an op of that session at or below it may be older than a write
+    /// this log no longer shows. At most [`TRIMMED_SESSIONS_MAX`] sessions.
+    trimmed_ops: HashMap<u64, (u64, u64)>,
+    /// Trims so far (the clock of `trimmed_ops`).
+    trims: u64,
+}
+
+/// One client op of the log, indexed for [`PgLog::check_op`].
+#[derive(Clone, Copy, Debug)]
+struct OpRec {
+    /// The entry's group sequence number.
+    seq: u64,
+    offset: u32,
+    length: u32,
+    /// Whether this copy still holds the op's effect (no copy from another
+    /// member replaced these bytes since).
+    proof: bool,
+}
+
+/// What the log says about a client op about to be applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpCheck {
+    /// Not seen (or not provably held by this copy): apply it.
+    New,
+    /// Already applied here as the entry with this sequence number, and this copy
+    /// still holds it: a retry.
+    Duplicate(u64),
+    /// A newer op of the same session to overlapping bytes was applied first (or
+    /// trimmed from the log): refuse it.
+    Superseded,
+}
+
+fn overlaps(a_off: u32, a_len: u32, b_off: u32, b_len: u32) -> bool {
+    let (a_end, b_end) = (
+        u64::from(a_off) + u64::from(a_len),
+        u64::from(b_off) + u64::from(b_len),
+    );
+    u64::from(a_off) < b_end && u64::from(b_off) < a_end
 }
 
 impl PgLog {
@@ -133,11 +201,117 @@ impl PgLog {
 
     fn insert(&mut self, entry: LogEntry) {
         self.last_seq = self.last_seq.max(entry.seq);
+        if !entry.op.is_none() {
+            self.ops.entry(entry.object).or_default().insert(
+                (entry.op.session, entry.op.seq),
+                OpRec {
+                    seq: entry.seq,
+                    offset: entry.offset,
+                    length: entry.length,
+                    proof: true,
+                },
+            );
+        }
         self.entries.insert(entry.seq, entry);
         // Bounded: one insert, at most one removal beyond the bound per call.
         while self.entries.len() > self.max {
-            if let Some((s, _)) = self.entries.pop_first() {
+            if let Some((s, e)) = self.entries.pop_first() {
                 self.trimmed_through = self.trimmed_through.max(s);
+                self.unindex(&e);
+            }
+        }
+    }
+
+    /// Drops a trimmed entry's op from the index, remembering its session's
+    /// highest trimmed op seq.
+    fn unindex(&mut self, e: &LogEntry) {
+        if e.op.is_none() {
+            return;
+        }
+        let key = (e.op.session, e.op.seq);
+        if let Some(m) = self.ops.get_mut(&e.object) {
+            // The same op may have been applied again later (a newer entry).
+            if m.get(&key).is_some_and(|r| r.seq == e.seq) {
+                m.remove(&key);
+            }
+            if m.is_empty() {
+                self.ops.remove(&e.object);
+            }
+        }
+        self.trims += 1;
+        let t = self.trims;
+        let slot = self.trimmed_ops.entry(e.op.session).or_insert((0, t));
+        *slot = (slot.0.max(e.op.seq), t);
+        if self.trimmed_ops.len() > TRIMMED_SESSIONS_MAX {
+            // Bounded: one scan when a new session overflows the table.
+            if let Some(oldest) = self
+                .trimmed_ops
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(s, _)| *s)
+            {
+                self.trimmed_ops.remove(&oldest);
+            }
+        }
+    }
+
+    /// What this log says about client op `op` writing `[offset, offset+length)`
+    /// of `object`. Call once every earlier overlapping write has completed (the
+    /// write gate), so that they are all in the log.
+    pub fn check_op(&self, op: OpId, object: ObjectId, offset: u32, length: u32) -> OpCheck {
+        if op.is_none() {
+            return OpCheck::New;
+        }
+        let Some(m) = self.ops.get(&object) else {
+            return self.check_trimmed(op);
+        };
+        if let Some(r) = m.get(&(op.session, op.seq))
+            && r.proof
+        {
+            return OpCheck::Duplicate(r.seq);
+        }
+        let newer = m
+            .range((op.session, op.seq.saturating_add(1))..=(op.session, u64::MAX))
+            .any(|(_, r)| overlaps(r.offset, r.length, offset, length));
+        if newer {
+            return OpCheck::Superseded;
+        }
+        self.check_trimmed(op)
+    }
+
+    fn check_trimmed(&self, op: OpId) -> OpCheck {
+        match self.trimmed_ops.get(&op.session) {
+            Some((seq, _)) if op.seq <= *seq => OpCheck::Superseded,
+            _ => OpCheck::New,
+        }
+    }
+
+    /// The entry numbered `seq`, if still in the log.
+    pub fn entry(&self, seq: u64) -> Option<&LogEntry> {
+        self.entries.get(&seq)
+    }
+
+    /// Every member of a write set now holds entry `seq` (the primary copied its
+    /// bytes to those that might not), under the roles of `interval`: a further
+    /// retry of its op is answered at once.
+    pub fn now_held_by(&mut self, seq: u64, interval: Epoch, members: impl Iterator<Item = OsdId>) {
+        if let Some(e) = self.entries.get_mut(&seq) {
+            e.interval = interval;
+            e.applied = members.collect();
+        }
+    }
+
+    /// Bytes `[offset, offset+length)` of `object` (`length` 0: all of it) on this
+    /// copy were replaced by a copy from another member (recovery, peering, scrub
+    /// repair): the entries over them no longer prove that this copy holds their
+    /// ops.
+    pub fn forget_proof(&mut self, object: ObjectId, offset: u32, length: u32) {
+        let Some(m) = self.ops.get_mut(&object) else {
+            return;
+        };
+        for r in m.values_mut() {
+            if length == 0 || overlaps(r.offset, r.length, offset, length) {
+                r.proof = false;
             }
         }
     }
@@ -275,7 +449,8 @@ mod tests {
     fn entry(seq: u64, index: u64, applied: &[u32]) -> LogEntry {
         LogEntry {
             seq,
-            request: RequestId(seq),
+            op: OpId::NONE,
+            interval: Epoch(0),
             object: ObjectId {
                 volume: VolumeId(1),
                 index,
@@ -382,6 +557,139 @@ mod tests {
         assert!(log.inflight_through(b), "a is still in flight");
         log.abandon(a);
         assert!(!log.inflight_through(b));
+    }
+
+    fn op_entry(seq: u64, op: OpId, offset: u32, length: u32) -> LogEntry {
+        LogEntry {
+            op,
+            offset,
+            length,
+            ..entry(seq, 0, &[1, 2, 3])
+        }
+    }
+
+    fn obj(index: u64) -> ObjectId {
+        ObjectId {
+            volume: VolumeId(1),
+            index,
+        }
+    }
+
+    #[test]
+    fn a_retry_is_recognised_and_an_older_overlapping_op_of_the_session_is_refused() {
+        let mut log = PgLog::new(100);
+        let op = |session, seq| OpId { session, seq };
+        log.record_replica(op_entry(1, op(7, 10), 0, 8192));
+        // The same op again: a retry.
+        assert_eq!(
+            log.check_op(op(7, 10), obj(0), 0, 8192),
+            OpCheck::Duplicate(1)
+        );
+        // An older op of session 7 overlapping it: superseded; not overlapping, or
+        // another object, or another session: new.
+        assert_eq!(
+            log.check_op(op(7, 9), obj(0), 4096, 4096),
+            OpCheck::Superseded
+        );
+        assert_eq!(log.check_op(op(7, 9), obj(0), 8192, 4096), OpCheck::New);
+        assert_eq!(log.check_op(op(7, 9), obj(1), 0, 4096), OpCheck::New);
+        assert_eq!(log.check_op(op(8, 9), obj(0), 0, 4096), OpCheck::New);
+        // Newer ops of the session are new.
+        assert_eq!(log.check_op(op(7, 11), obj(0), 0, 4096), OpCheck::New);
+        // No op id: never checked.
+        assert_eq!(log.check_op(OpId::NONE, obj(0), 0, 4096), OpCheck::New);
+    }
+
+    #[test]
+    fn a_copy_from_another_member_takes_away_the_proof_but_not_the_order() {
+        let mut log = PgLog::new(100);
+        let op = OpId { session: 3, seq: 5 };
+        log.record_replica(op_entry(1, op, 4096, 4096));
+        log.forget_proof(obj(0), 0, 4096);
+        assert_eq!(
+            log.check_op(op, obj(0), 4096, 4096),
+            OpCheck::Duplicate(1),
+            "no overlap"
+        );
+        log.forget_proof(obj(0), 6000, 1);
+        assert_eq!(
+            log.check_op(op, obj(0), 4096, 4096),
+            OpCheck::New,
+            "applied again"
+        );
+        // Still newer than an older op of its session.
+        assert_eq!(
+            log.check_op(OpId { session: 3, seq: 4 }, obj(0), 4096, 1),
+            OpCheck::Superseded
+        );
+        // Length 0: the whole object.
+        log.record_replica(op_entry(2, OpId { session: 3, seq: 6 }, 0, 512));
+        log.forget_proof(obj(0), 0, 0);
+        assert_eq!(
+            log.check_op(OpId { session: 3, seq: 6 }, obj(0), 0, 512),
+            OpCheck::New
+        );
+    }
+
+    #[test]
+    fn ops_trimmed_from_the_log_still_supersede_older_ones_of_their_session() {
+        let mut log = PgLog::new(2);
+        for (seq, op_seq) in [(1, 10), (2, 11), (3, 12)] {
+            log.record_replica(op_entry(
+                seq,
+                OpId {
+                    session: 9,
+                    seq: op_seq,
+                },
+                0,
+                4096,
+            ));
+        }
+        // Op 10 was trimmed: its retry is no longer recognised, and anything of
+        // session 9 up to it is refused (it may be older than a write the log no
+        // longer shows) — whatever the range.
+        assert_eq!(log.len(), 2);
+        assert_eq!(
+            log.check_op(
+                OpId {
+                    session: 9,
+                    seq: 10
+                },
+                obj(5),
+                0,
+                1
+            ),
+            OpCheck::Superseded
+        );
+        assert_eq!(
+            log.check_op(
+                OpId {
+                    session: 9,
+                    seq: 12
+                },
+                obj(0),
+                0,
+                4096
+            ),
+            OpCheck::Duplicate(3)
+        );
+        assert_eq!(
+            log.check_op(OpId { session: 1, seq: 1 }, obj(0), 100, 1),
+            OpCheck::New
+        );
+        // The index is bounded by the entries.
+        let indexed: usize = log.ops.values().map(|m| m.len()).sum();
+        assert_eq!(indexed, 2);
+        // And the trimmed sessions by their bound.
+        let mut log = PgLog::new(1);
+        for s in 1..=(TRIMMED_SESSIONS_MAX as u64 + 10) {
+            log.record_replica(op_entry(s, OpId { session: s, seq: 1 }, 0, 1));
+        }
+        assert!(log.trimmed_ops.len() <= TRIMMED_SESSIONS_MAX);
+        assert!(
+            !log.trimmed_ops.contains_key(&1),
+            "the oldest session went first"
+        );
     }
 
     #[test]

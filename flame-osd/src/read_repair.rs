@@ -248,6 +248,11 @@ impl Shard {
         let Some(good) = good else {
             return false;
         };
+        // Another copy's bytes replace this block: the log no longer proves which
+        // ops this copy holds there.
+        if let Some(log) = self.pg_logs.borrow_mut().existing_mut(target.pg) {
+            log.forget_proof(target.object, block_target.offset, block_target.length);
+        }
         if let Err(e) = self
             .store
             .repair_block(target.pg, target.object, block, good.as_slice())
@@ -266,6 +271,7 @@ impl Shard {
                 target: block_target.clone(),
                 flags: flags::REPLICA | flags::FUA,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: good.clone(),
             };

@@ -75,6 +75,23 @@ const LIST_PAGES_MAX: usize = 1024;
 /// member still recovering is reported again).
 const REPORTS_QUEUED_MAX: usize = 65_536;
 
+/// How [`Shard::copy_range_with`] copies.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyMode {
+    /// Each piece with FUA (stable on the member before it answers).
+    pub fua: bool,
+    /// Within `recovery_bytes_per_sec`.
+    pub throttled: bool,
+}
+
+impl CopyMode {
+    /// Recovery's copies: throttled, made stable by the member's flush afterwards.
+    pub const RECOVERY: CopyMode = CopyMode {
+        fua: false,
+        throttled: true,
+    };
+}
+
 /// One object of a job: the byte ranges to copy (log-based), or `None` to compare
 /// every block (backfill, peering).
 type ObjectWork = (ObjectId, Option<Vec<(u32, u32)>>);
@@ -521,18 +538,39 @@ impl Shard {
         offset: u32,
         len: u32,
     ) -> Result<u64, i32> {
+        self.copy_range_with(view, pg, object, member, (offset, len), CopyMode::RECOVERY)
+            .await
+    }
+
+    /// [`Self::copy_range`] with the copy's flags and throttling chosen by `mode`.
+    pub(crate) async fn copy_range_with(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        (offset, len): (u32, u32),
+        mode: CopyMode,
+    ) -> Result<u64, i32> {
+        let copy_flags = if mode.fua {
+            flags::REPLICA | flags::FUA
+        } else {
+            flags::REPLICA
+        };
         let mut sent = 0u64;
         let end = offset + len;
         let mut at = offset;
         // Bounded: `at` advances by at least one block per round.
         while at < end {
             let n = COPY_CHUNK_BYTES.min(end - at);
-            throttle(
-                &self.recovery.copy_next,
-                u64::from(n),
-                self.recovery_bytes_per_sec,
-            )
-            .await;
+            if mode.throttled {
+                throttle(
+                    &self.recovery.copy_next,
+                    u64::from(n),
+                    self.recovery_bytes_per_sec,
+                )
+                .await;
+            }
             let data = self.store.read(pg, object, at, n).await.map_err(|e| {
                 tracing::error!(%object, "recovery cannot read this copy: {e}");
                 status::EIO
@@ -563,8 +601,9 @@ impl Shard {
                         id: RequestId(0),
                         epoch: view.map.epoch,
                         target,
-                        flags: flags::REPLICA,
+                        flags: copy_flags,
                         seq: PgSeq(0),
+                        op: flame_common::ids::OpId::NONE,
                     }
                 } else {
                     sent += (hi - lo) as u64;
@@ -572,8 +611,9 @@ impl Shard {
                         id: RequestId(0),
                         epoch: view.map.epoch,
                         target,
-                        flags: flags::REPLICA,
+                        flags: copy_flags,
                         seq: PgSeq(0),
+                        op: flame_common::ids::OpId::NONE,
                         remote: None,
                         data: data.slice(lo..hi),
                     }

@@ -1,11 +1,23 @@
 //! The primary's side of a write: order it against overlapping writes, forward it
 //! to every replica and apply it locally at the same time, and answer once every
 //! copy has applied it. Replicas apply forwarded writes in `execute`.
+//!
+//! Before it applies a client write, the primary asks the group's log about the
+//! write's op id (once every earlier overlapping write has completed):
+//! a **retry** of an op the log shows applied is answered without applying it
+//! again — after copying this copy's bytes of the range to any write-set member
+//! the log does not prove holds it (a new primary after a failover, or a replica
+//! that failed the first try) — and a write **superseded** by a newer overlapping
+//! write of the same client session is refused (`status::SUPERSEDED`). See
+//! [`crate::pg_log`].
 
 use crate::pg::MapView;
-use crate::pg_log::{EntryKind, LogEntry, WriteSetRoles};
+use crate::pg_log::{EntryKind, LogEntry, OpCheck, WriteSetRoles};
+use crate::recovery::CopyMode;
 use crate::shard::Shard;
-use flame_common::ids::PgSeq;
+use flame_common::ids::{OpId, OsdId, PgSeq};
+use flame_common::placement::PgMembers;
+use flame_common::protocol::IoTarget;
 use flame_common::protocol::{Message, flags, status};
 use flame_common::reactor;
 use std::rc::Rc;
@@ -46,7 +58,12 @@ impl Shard {
         // The group's next sequence number, also before the first await: the log's
         // order is the admission order. Replicas record it with the entry.
         let seq = self.pg_logs.borrow_mut().get_mut(target.pg).next_seq();
-        let request = msg.id();
+        let (op, fua) = match &msg {
+            Message::Write { op, flags: f, .. }
+            | Message::WriteZeroes { op, flags: f, .. }
+            | Message::Discard { op, flags: f, .. } => (*op, f & flags::FUA != 0),
+            _ => (OpId::NONE, false),
+        };
         if let Message::Write { seq: s, .. }
         | Message::WriteZeroes { seq: s, .. }
         | Message::Discard { seq: s, .. } = &mut msg
@@ -58,6 +75,30 @@ impl Shard {
         let replicas: Vec<_> = members.write_set().skip(1).collect();
         for e in earlier {
             e.wait().await;
+        }
+        // Every earlier overlapping write is in the log now: is this one a retry of
+        // one of them, or older than one of its own session's?
+        let check = self
+            .pg_logs
+            .borrow()
+            .get(target.pg)
+            .map_or(OpCheck::New, |l| {
+                l.check_op(op, target.object, target.offset, target.length)
+            });
+        match check {
+            OpCheck::New => {}
+            OpCheck::Superseded => {
+                self.pg_logs.borrow_mut().get_mut(target.pg).abandon(seq);
+                crate::metrics::superseded_op();
+                tracing::debug!(%op, object = %target.object, "write refused: a newer write of its session to these bytes was applied first");
+                return status::SUPERSEDED;
+            }
+            OpCheck::Duplicate(applied_seq) => {
+                self.pg_logs.borrow_mut().get_mut(target.pg).abandon(seq);
+                return self
+                    .answer_retry(view, members, &target, applied_seq, fua)
+                    .await;
+            }
         }
         // The same payload buffer goes to every replica's send queue and to the
         // local write: each forwarded message holds one more reference to it, not a
@@ -118,7 +159,8 @@ impl Shard {
         self.pg_logs.borrow_mut().get_mut(target.pg).record_primary(
             LogEntry {
                 seq,
-                request,
+                op,
+                interval: view.map.interval_since(target.pg),
                 object: target.object,
                 offset: target.offset,
                 length: target.length,
@@ -130,6 +172,72 @@ impl Shard {
                 recovering: &members.recovering,
             },
         );
+        result
+    }
+
+    /// Answers a retry of the write logged as `applied_seq` without applying it
+    /// again. This copy holds its effect (the log says so); the write-set members
+    /// the entry does not prove hold it — all of them when it was logged under
+    /// other roles (this OSD was a replica then, or the roles changed since), or
+    /// those that failed the first try — get this copy's current bytes of the
+    /// range instead (FUA if the write was), which include it. The caller holds
+    /// the write gate over the range, so no other write to it runs meanwhile.
+    async fn answer_retry(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        members: &PgMembers,
+        target: &IoTarget,
+        applied_seq: u64,
+        fua: bool,
+    ) -> i32 {
+        let interval = view.map.interval_since(target.pg);
+        let proven: Vec<OsdId> = self
+            .pg_logs
+            .borrow()
+            .get(target.pg)
+            .and_then(|l| l.entry(applied_seq))
+            .filter(|e| e.interval == interval && e.interval.0 > 0)
+            .map(|e| e.applied.clone())
+            .unwrap_or_default();
+        let missing: Vec<OsdId> = members
+            .write_set()
+            .filter(|m| *m != self.osd && !proven.contains(m))
+            .collect();
+        if missing.is_empty() {
+            crate::metrics::dup_op("answered");
+            return status::OK;
+        }
+        let mode = CopyMode {
+            fua,
+            throttled: false,
+        };
+        let range = (target.offset, target.length);
+        let copies = missing.iter().map(|&m| {
+            let me = self.clone();
+            let view = view.clone();
+            let (pg, object) = (target.pg, target.object);
+            reactor::spawn(
+                async move { me.copy_range_with(&view, pg, object, m, range, mode).await },
+            )
+        });
+        let copies: Vec<_> = copies.collect();
+        let mut result = status::OK;
+        for c in copies {
+            if let Err(st) = c.await {
+                // The client retries (and the retry is answered the same way).
+                result = if st == status::ESTALE {
+                    status::EAGAIN
+                } else {
+                    st
+                };
+            }
+        }
+        if result == status::OK {
+            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(target.pg) {
+                log.now_held_by(applied_seq, interval, members.write_set());
+            }
+            crate::metrics::dup_op("completed");
+        }
         result
     }
 }
@@ -171,6 +279,7 @@ mod tests {
             },
             flags: flags::FUA,
             seq: PgSeq(0),
+            op: flame_common::ids::OpId::NONE,
             remote: None,
             data: data.clone(),
         };

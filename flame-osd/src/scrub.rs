@@ -136,6 +136,11 @@ impl Shard {
     ) -> Result<(), i32> {
         let offset = block * BLOCK;
         if member == self.osd {
+            // Another copy's bytes replace this copy's: the log no longer proves
+            // which ops this copy holds there.
+            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(pg) {
+                log.forget_proof(object, offset, BLOCK);
+            }
             let r = match data {
                 Some(d) => self.store.write(pg, object, offset, d, false).await,
                 None => self.store.zero(pg, object, offset, BLOCK, false).await,
@@ -158,6 +163,7 @@ impl Shard {
                 target,
                 flags: flags::REPLICA,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: d,
             },
@@ -167,6 +173,7 @@ impl Shard {
                 target,
                 flags: flags::REPLICA,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
             },
         };
         self.ask(view, member, pg, msg).await.map(|_| ())

@@ -332,6 +332,7 @@ fn old_map_answers(
                 target: target.clone(),
                 flags: 0,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: flame_common::buffer::PayloadBuf::copy_from(&vec![0xeeu8; 4096]),
             })
@@ -443,19 +444,39 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
 }
 
 #[test]
-fn a_forwarded_write_from_an_older_epoch_is_refused() {
-    let cluster = TestCluster::start_with(options(false, false));
+fn a_forwarded_write_from_before_the_groups_roles_changed_is_refused() {
+    let mut cluster = TestCluster::start_with(options(false, false));
     let vol = cluster.create_volume("fence", 16 * MIB);
-    let map = cluster.map();
-    assert!(map.epoch.0 >= 2, "creating a volume moved the epoch");
+    let map0 = cluster.map();
     let object = ObjectId {
         volume: vol.id,
         index: 0,
     };
-    let pg = object_pg(object, map.pool.pg_count);
-    let replica = PgMembers::compute(&map, pg).acting[1];
+    let pg = object_pg(object, map0.pool.pg_count);
+    let members = PgMembers::compute(&map0, pg);
+    let replica = members.acting[1];
+    // The group's roles change: its third copy goes down (the replica stays).
+    let gone = members.acting[2];
+    cluster.kill_osd(process_of(&cluster, &map0, gone));
+    wait_for(
+        &cluster,
+        Duration::from_secs(20),
+        "the third copy marked down",
+        || !cluster.map().osds[&gone].up,
+    );
+    let since = cluster.map().interval_since(pg);
+    assert!(
+        since > map0.epoch,
+        "the group's roles changed: a new interval"
+    );
+    // And an epoch that changes no group's roles after it.
+    cluster.create_volume("fence2", MIB);
+    let map = cluster.map();
+    assert_eq!(map.interval_since(pg), since);
+    assert!(map.epoch > since);
     let shard = map.osds[&replica].shard_of(pg);
     let addr = map.osds[&replica].shard_addr(shard);
+    let current = map.epoch;
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
     let answers = reactor
         .block_on(async move {
@@ -464,7 +485,7 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
                 .unwrap();
             conn.send(&Message::Hello {
                 id: RequestId(0),
-                epoch: map.epoch,
+                epoch: current,
                 versions: protocol::VERSIONS,
                 shard,
                 peer: true,
@@ -477,11 +498,13 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
                 Message::HelloReply { status: 0, .. }
             ));
             // First at the current epoch, until the replica has caught up with it
-            // (it fetches the map a request names), then from the epoch before.
+            // (it fetches the map a request names); then from the epoch that
+            // started the group's interval (accepted: same roles), then from the
+            // epoch before it (refused: other roles).
             let mut answers = Vec::new();
-            let epochs = std::iter::repeat_n(map.epoch, 50).chain([Epoch(map.epoch.0 - 1)]);
+            let epochs = std::iter::repeat_n(current, 50).chain([since, Epoch(since.0 - 1)]);
             for (i, epoch) in epochs.enumerate() {
-                if epoch == map.epoch
+                if epoch == current
                     && answers
                         .last()
                         .is_some_and(|a: &(i32, Epoch)| a.0 == status::OK)
@@ -500,6 +523,7 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
                     },
                     flags: flags::REPLICA,
                     seq: PgSeq(0),
+                    op: flame_common::ids::OpId::NONE,
                     remote: None,
                     data: flame_common::buffer::PayloadBuf::copy_from(&[7u8; 4096]),
                 })
@@ -514,18 +538,24 @@ fn a_forwarded_write_from_an_older_epoch_is_refused() {
         .unwrap();
     let map = cluster.map();
     let n = answers.len();
-    assert!(n >= 2, "{answers:?}");
+    assert!(n >= 3, "{answers:?}");
     assert_eq!(
-        answers[n - 2].0,
+        answers[n - 3].0,
         status::OK,
         "a forward from the current epoch is applied: {answers:?}"
     );
     assert_eq!(
+        answers[n - 2].0,
+        status::OK,
+        "a forward from an older epoch of the same interval is applied: {answers:?}"
+    );
+    assert_eq!(
         answers[n - 1],
         (status::ESTALE, map.epoch),
-        "a forward from epoch {} (replica at {}) must be refused with the newer epoch",
-        map.epoch.0 - 1,
-        map.epoch
+        "a forward from epoch {} (before the group's interval began at {}) must be refused \
+         with the replica's epoch",
+        since.0 - 1,
+        since
     );
 }
 

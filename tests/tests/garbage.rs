@@ -48,6 +48,7 @@ fn valid_write_header(len: u32) -> Vec<u8> {
         },
         flags: 0,
         seq: PgSeq(0),
+        op: flame_common::ids::OpId::NONE,
         remote: None,
         data: flame_common::buffer::PayloadBuf::zeroed(len as usize),
     };

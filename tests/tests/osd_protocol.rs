@@ -124,6 +124,7 @@ fn write(map: &ClusterMap, id: u64, object: ObjectId, offset: u32, data: Vec<u8>
         target: target(map, object, offset, data.len() as u32),
         flags: 0,
         seq: PgSeq(0),
+        op: flame_common::ids::OpId::NONE,
         remote: None,
         data: flame_common::buffer::PayloadBuf::copy_from(&data),
     }
@@ -618,6 +619,7 @@ fn writes_past_the_volume_end_are_refused() {
                         target: target(&map, object, offset, 4096),
                         flags: 0,
                         seq: PgSeq(0),
+                        op: flame_common::ids::OpId::NONE,
                     };
                     assert_eq!(
                         status_of(&call_retry(&conn, discard, true).await),

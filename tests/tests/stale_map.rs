@@ -99,6 +99,7 @@ fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
                 },
                 flags: 0,
                 seq: PgSeq(0),
+                op: flame_common::ids::OpId::NONE,
                 remote: None,
                 data: flame_common::buffer::PayloadBuf::copy_from(&data),
             },

@@ -475,6 +475,7 @@ mod tests {
                     },
                     flags: 0,
                     seq: crate::ids::PgSeq(0),
+                    op: crate::ids::OpId::NONE,
                     remote: None,
                     data: PayloadBuf::copy_from(&vec![i as u8; len]),
                 };
@@ -544,6 +545,7 @@ mod tests {
                     },
                     flags: 0,
                     seq: crate::ids::PgSeq(0),
+                    op: crate::ids::OpId::NONE,
                     remote: None,
                     data: data.clone(),
                 };

@@ -212,6 +212,7 @@ fn a_client_write_to_an_object_under_recovery_waits_for_its_copy() {
             target: target(65536),
             flags: 0,
             seq: PgSeq(0),
+            op: flame_common::ids::OpId::NONE,
             remote: None,
             data: PayloadBuf::copy_from(&[1u8; 4096]),
         };
