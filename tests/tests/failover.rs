@@ -457,7 +457,7 @@ fn a_forwarded_write_from_before_the_groups_roles_changed_is_refused() {
     let replica = members.acting[1];
     // The group's roles change: its third copy goes down (the replica stays).
     let gone = members.acting[2];
-    cluster.kill_osd(process_of(&cluster, &map0, gone));
+    cluster.kill_osd(cluster.osd_process(&map0, gone));
     wait_for(
         &cluster,
         Duration::from_secs(20),
