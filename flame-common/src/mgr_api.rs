@@ -135,6 +135,12 @@ pub struct RecoveryProgress {
     /// When this OSD last finished a scrub pass, seconds since the Unix epoch (0:
     /// never since it started).
     pub last_scrub_unix: u64,
+    /// `(group, objects)` for the groups this OSD is the primary of and has
+    /// counted: the manager multiplies each by the copies the group lacks
+    /// (degraded objects) or keeps where placement no longer wants them
+    /// (misplaced). At most one entry per group of the pool; the manager ignores
+    /// the list when it is longer, and entries past the pool's last group.
+    pub pg_objects: Vec<(PgId, u64)>,
 }
 
 /// Answer to a heartbeat: the current epoch, so the OSD knows when to fetch the map.
@@ -351,6 +357,25 @@ pub struct RecoverySummary {
     /// The oldest "last scrub finished" among the reporting OSDs that have
     /// scrubbed, seconds since the Unix epoch.
     pub oldest_scrub_unix: Option<u64>,
+    /// Objects in the pool, summed over the groups whose primary reported a count
+    /// (each object once, whatever its number of copies).
+    pub objects: u64,
+    /// Copies the pool should hold: `objects × pool.size`; the denominator of the
+    /// degraded and misplaced figures, as in Ceph's `x/y objects degraded`.
+    pub object_copies: u64,
+    /// Copies missing: per group, its objects × (`size` − complete copies up).
+    /// Nonzero while an OSD is down or out and recovery has not made the copies
+    /// again.
+    pub degraded_copies: u64,
+    /// Copies on an OSD placement no longer chooses: per group, its objects × the
+    /// complete copies up outside the placed set. They serve until the new members
+    /// are complete, then are removed.
+    pub misplaced_copies: u64,
+    /// Copies being made: per group, its objects × its recovering members.
+    pub recovering_copies: u64,
+    /// Groups no primary has reported a count for yet (their objects are missing
+    /// from the figures above; 0 once every primary reported).
+    pub pgs_uncounted: u32,
 }
 
 impl RecoverySummary {

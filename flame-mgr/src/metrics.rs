@@ -20,6 +20,9 @@ pub struct Metrics {
     pgs_degraded: IntGauge,
     pgs_inactive: IntGauge,
     objects_to_recover: IntGauge,
+    objects: IntGauge,
+    object_copies: IntGaugeVec,
+    pgs_uncounted: IntGauge,
     recovery_bytes_per_second: Gauge,
     recovery_objects_per_second: Gauge,
     scrub_errors: IntGauge,
@@ -79,6 +82,24 @@ impl Metrics {
             objects_to_recover: register(IntGauge::new(
                 "flame_mgr_objects_to_recover",
                 "Objects the up OSDs last reported they still have to recover.",
+            )?)?,
+            objects: register(IntGauge::new(
+                "flame_mgr_objects",
+                "Objects in the pool (each once), as the primaries last counted them.",
+            )?)?,
+            object_copies: register(IntGaugeVec::new(
+                Opts::new(
+                    "flame_mgr_object_copies",
+                    "Object copies: state=expected (objects x pool.size), degraded (missing: \
+                     groups below pool.size), misplaced (on an OSD placement no longer \
+                     chooses), recovering (being made).",
+                ),
+                &["state"],
+            )?)?,
+            pgs_uncounted: register(IntGauge::new(
+                "flame_mgr_pgs_uncounted",
+                "Placement groups whose primary has not reported an object count yet \
+                 (missing from flame_mgr_objects and flame_mgr_object_copies).",
             )?)?,
             recovery_bytes_per_second: register(Gauge::new(
                 "flame_mgr_recovery_bytes_per_second",
@@ -151,6 +172,17 @@ impl Metrics {
         self.pgs_inactive.set(i64::from(st.pg_summary.inactive));
         self.objects_to_recover
             .set(clamp(st.recovery.objects_to_recover));
+        let r = &st.recovery;
+        self.objects.set(clamp(r.objects));
+        for (state, n) in [
+            ("expected", r.object_copies),
+            ("degraded", r.degraded_copies),
+            ("misplaced", r.misplaced_copies),
+            ("recovering", r.recovering_copies),
+        ] {
+            self.object_copies.with_label_values(&[state]).set(clamp(n));
+        }
+        self.pgs_uncounted.set(i64::from(r.pgs_uncounted));
         self.recovery_bytes_per_second
             .set(st.recovery.bytes_per_second);
         self.recovery_objects_per_second

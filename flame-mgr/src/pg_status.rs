@@ -266,6 +266,10 @@ pub struct RecoveryTracker {
     idle: bool,
     samples: VecDeque<Sample>,
     last_report: Option<Instant>,
+    /// Objects per group, as its primary last reported them. Kept when the
+    /// primary goes down (the group's objects did not go away), replaced by the
+    /// next primary's count.
+    pg_objects: BTreeMap<PgId, u64>,
 }
 
 impl RecoveryTracker {
@@ -293,6 +297,15 @@ impl RecoveryTracker {
                 self.osds.remove(&id);
             }
             Some(p) => {
+                let pg_count = map.pool.pg_count;
+                // Bounded by the pool: a longer list is not from a sane OSD.
+                if p.pg_objects.len() <= pg_count as usize {
+                    for &(pg, n) in &p.pg_objects {
+                        if pg.0 < pg_count {
+                            self.pg_objects.insert(pg, n);
+                        }
+                    }
+                }
                 let before = (self.objects, self.bytes);
                 if let Some(prev) = self.osds.get(&id) {
                     let grew = |new: u64, old: u64| if new >= old { new - old } else { new };
@@ -360,9 +373,37 @@ impl RecoveryTracker {
             })
     }
 
-    /// Cluster figures at `now` over the up OSDs of `map`.
-    pub fn summary(&self, map: &ClusterMap, now: Instant) -> RecoverySummary {
+    /// The object-copy figures of [`RecoverySummary`]: each group's reported
+    /// object count times the copies it lacks (`size` − acting), keeps outside the
+    /// placed set (acting members placement no longer chooses) and is making
+    /// (recovering members).
+    fn object_figures(&self, table: &PgTable, map: &ClusterMap, s: &mut RecoverySummary) {
+        let size = map.pool.size as usize;
+        for (pg, m) in table.iter() {
+            let Some(&n) = self.pg_objects.get(&pg) else {
+                s.pgs_uncounted += 1;
+                continue;
+            };
+            let missing = size.saturating_sub(m.acting.len()) as u64;
+            let misplaced = m.acting.iter().filter(|id| !m.placed.contains(id)).count() as u64;
+            let recovering = m.recovering.len() as u64;
+            s.objects = s.objects.saturating_add(n);
+            s.degraded_copies = s.degraded_copies.saturating_add(n.saturating_mul(missing));
+            s.misplaced_copies = s
+                .misplaced_copies
+                .saturating_add(n.saturating_mul(misplaced));
+            s.recovering_copies = s
+                .recovering_copies
+                .saturating_add(n.saturating_mul(recovering));
+        }
+        s.object_copies = s.objects.saturating_mul(size as u64);
+    }
+
+    /// Cluster figures at `now` over the up OSDs of `map`; `table` is the
+    /// [`PgTable`] of `map` (for the degraded / misplaced / recovering copies).
+    pub fn summary(&self, table: &PgTable, map: &ClusterMap, now: Instant) -> RecoverySummary {
         let mut s = RecoverySummary::default();
+        self.object_figures(table, map, &mut s);
         for (id, r) in &self.osds {
             if !map.osds.get(id).is_some_and(|o| o.up) {
                 continue;
@@ -455,7 +496,7 @@ mod tests {
         // manager started: none of that is "current" progress or rate.
         t.record(OsdId(0), Some(&progress(0, 500)), &m, t0);
         t.record(OsdId(1), Some(&progress(0, 0)), &m, t0);
-        let s = t.summary(&m, t0);
+        let s = t.summary(&PgTable::new(&m), &m, t0);
         assert_eq!((s.objects_to_recover, s.objects_recovered), (0, 0));
         assert_eq!(s.progress(), None);
         assert_eq!(s.eta_seconds, None);
@@ -471,7 +512,7 @@ mod tests {
             t.record(OsdId(1), Some(&progress(0, 0)), &m, at);
         }
         let now = t0 + Duration::from_secs(6);
-        let s = t.summary(&m, now);
+        let s = t.summary(&PgTable::new(&m), &m, now);
         assert_eq!(s.objects_to_recover, 40);
         assert_eq!(s.osds_reporting, 2);
         // Progress counts from the first report that showed work (which had
@@ -486,10 +527,10 @@ mod tests {
         // adds 5, never a negative jump.
         let at = now + Duration::from_secs(1);
         t.record(OsdId(0), Some(&progress(35, 5)), &m, at);
-        assert_eq!(t.summary(&m, at).objects_recovered, 65);
+        assert_eq!(t.summary(&PgTable::new(&m), &m, at).objects_recovered, 65);
         // Nothing reported for longer than the window: no rate, no estimate.
         let late = at + Duration::from_secs(RECOVERY_RATE_WINDOW_S + 1);
-        let s = t.summary(&m, late);
+        let s = t.summary(&PgTable::new(&m), &m, late);
         assert_eq!(s.objects_per_second, 0.0);
         assert_eq!(s.eta_seconds, None);
         assert_eq!(s.objects_to_recover, 35);
@@ -502,13 +543,13 @@ mod tests {
         let mut t = RecoveryTracker::new();
         t.record(OsdId(0), Some(&progress(7, 0)), &m, t0);
         t.record(OsdId(1), Some(&progress(5, 0)), &m, t0);
-        assert_eq!(t.summary(&m, t0).objects_to_recover, 12);
+        assert_eq!(t.summary(&PgTable::new(&m), &m, t0).objects_to_recover, 12);
         // A down OSD's last report is stale: its groups have another primary.
         m.osds.get_mut(&OsdId(1)).unwrap().up = false;
-        assert_eq!(t.summary(&m, t0).objects_to_recover, 7);
+        assert_eq!(t.summary(&PgTable::new(&m), &m, t0).objects_to_recover, 7);
         // An OSD that stops sending figures is forgotten.
         t.record(OsdId(0), None, &m, t0);
-        let s = t.summary(&m, t0);
+        let s = t.summary(&PgTable::new(&m), &m, t0);
         assert_eq!((s.objects_to_recover, s.osds_reporting), (0, 0));
         // An OSD removed from the map is forgotten at the next report.
         m.osds.get_mut(&OsdId(1)).unwrap().up = true;
@@ -535,13 +576,83 @@ mod tests {
             }
             assert!(t.samples.len() <= SAMPLES_MAX);
         }
-        let s = t.summary(&m, t0 + Duration::from_millis(999 * 700));
+        let s = t.summary(&PgTable::new(&m), &m, t0 + Duration::from_millis(999 * 700));
         assert_eq!((s.scrub_errors, s.scrub_repaired), (6, 4));
         assert_eq!(s.oldest_scrub_unix, Some(1000));
         // 2 objects per 0.7 s.
         assert!((s.objects_per_second - 2.0 / 0.7).abs() < 0.01, "{s:?}");
         // The window keeps about 30 s of 1 s-spaced samples, never more.
         assert!(t.samples.len() <= 32, "{}", t.samples.len());
+    }
+
+    #[test]
+    fn degraded_misplaced_and_recovering_copies_from_primary_counts() {
+        let mut m = map(4);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        let table = PgTable::new(&m);
+        // Nothing reported: every group uncounted, no figures.
+        let s = t.summary(&table, &m, t0);
+        assert_eq!((s.objects, s.pgs_uncounted), (0, 16));
+        // Each primary reports its groups: pg n holds n objects.
+        for id in 0..4 {
+            let mine: Vec<(PgId, u64)> = table
+                .iter()
+                .filter(|(_, mm)| mm.primary() == Some(OsdId(id)))
+                .map(|(pg, _)| (pg, u64::from(pg.0)))
+                .collect();
+            let p = RecoveryProgress {
+                pg_objects: mine,
+                ..progress(0, 0)
+            };
+            t.record(OsdId(id), Some(&p), &m, t0);
+        }
+        let s = t.summary(&table, &m, t0);
+        let objects: u64 = (0..16).sum();
+        assert_eq!((s.objects, s.object_copies), (objects, 3 * objects));
+        assert_eq!(
+            (s.degraded_copies, s.misplaced_copies, s.recovering_copies),
+            (0, 0, 0)
+        );
+        assert_eq!(s.pgs_uncounted, 0);
+        // osd.0 down: every group it held lacks one copy of each object. Its
+        // reports stay (the objects did not go away) until a new primary counts.
+        m.osds.get_mut(&OsdId(0)).unwrap().up = false;
+        let down = PgTable::new(&m);
+        let expect: u64 = down
+            .iter()
+            .filter(|(_, mm)| mm.placed.contains(&OsdId(0)))
+            .map(|(pg, _)| u64::from(pg.0))
+            .sum();
+        assert!(expect > 0);
+        let s = t.summary(&down, &m, t0);
+        assert_eq!(s.degraded_copies, expect);
+        assert_eq!((s.misplaced_copies, s.recovering_copies), (0, 0));
+        // Back up; pg 5's complete copies are two placed members and an OSD
+        // placement no longer picks: one misplaced and one recovering copy of
+        // each of its 5 objects, none missing.
+        m.osds.get_mut(&OsdId(0)).unwrap().up = true;
+        let placed = PgTable::new(&m).pg(PgId(5)).placed.clone();
+        let other = (0..4).map(OsdId).find(|id| !placed.contains(id)).unwrap();
+        m.pg_complete
+            .insert(PgId(5), vec![placed[0], placed[1], other]);
+        let s = t.summary(&PgTable::new(&m), &m, t0);
+        assert_eq!(
+            (s.degraded_copies, s.misplaced_copies, s.recovering_copies),
+            (0, 5, 5)
+        );
+        // A list longer than the pool, or groups past its end, are ignored.
+        let bogus = RecoveryProgress {
+            pg_objects: (0..17).map(|i| (PgId(i), 1000)).collect(),
+            ..progress(0, 0)
+        };
+        t.record(OsdId(1), Some(&bogus), &m, t0);
+        let past = RecoveryProgress {
+            pg_objects: vec![(PgId(99), 1000)],
+            ..progress(0, 0)
+        };
+        t.record(OsdId(1), Some(&past), &m, t0);
+        assert_eq!(t.summary(&table, &m, t0).objects, objects);
     }
 
     #[test]

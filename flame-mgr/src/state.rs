@@ -1333,7 +1333,7 @@ impl ClusterState {
             ),
             pgs_by_state,
             pg_summary,
-            recovery: self.recovery.summary(map, now),
+            recovery: self.recovery.summary(pgs, map, now),
         }
     }
 

@@ -349,6 +349,7 @@ impl Control {
                         scrub_errors_total: p.scrub_errors_total,
                         scrub_repaired_total: p.scrub_repaired_total,
                         last_scrub_unix: p.last_scrub_unix,
+                        pg_objects: recovery.pg_object_counts(),
                     }
                 }),
             };

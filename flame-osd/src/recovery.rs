@@ -52,6 +52,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 const PUBLISH_INTERVAL: Duration = Duration::from_millis(500);
 /// How often stray copies are looked for.
 const STRAY_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the objects of every group this shard is primary of are counted
+/// again (one directory listing per group). A group that becomes primary here is
+/// counted at the next poll.
+const OBJECT_COUNT_INTERVAL: Duration = Duration::from_secs(5);
 /// A member reported recovered but still recovering in the map after this long is
 /// reported again (the report or the manager may have been lost).
 const REPORT_RETRY: Duration = Duration::from_secs(3);
@@ -158,6 +162,9 @@ pub struct PgStatus {
     pub objects_recovered_total: u64,
     /// Objects still to do for this group's current recovery job.
     pub objects_remaining: u64,
+    /// Objects this copy holds, counted at most [`OBJECT_COUNT_INTERVAL`] ago
+    /// (`None`: not counted; counted only where this OSD is the primary).
+    pub objects: Option<u64>,
 }
 
 impl RecoveryShared {
@@ -189,6 +196,21 @@ impl RecoveryShared {
             scrub_repaired_total: self.scrub_repaired.load(Ordering::Relaxed),
             last_scrub_unix: self.last_scrub_unix.load(Ordering::Relaxed),
         }
+    }
+
+    /// `(group, objects)` of every group this OSD is the primary of and has
+    /// counted, for the heartbeat: the manager multiplies them by the copies each
+    /// group lacks (degraded) or keeps on the wrong OSD (misplaced).
+    pub fn pg_object_counts(&self) -> Vec<(PgId, u64)> {
+        self.pgs
+            .lock()
+            .map(|pgs| {
+                pgs.values()
+                    .filter(|s| s.role == "primary")
+                    .filter_map(|s| Some((PgId(s.pg), s.objects?)))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Objects recovery still has to do on this OSD.
@@ -253,6 +275,10 @@ pub struct RecoveryState {
     retry_after: RefCell<HashMap<PgId, Instant>>,
     recovered_per_pg: RefCell<HashMap<PgId, u64>>,
     remaining_per_pg: RefCell<HashMap<PgId, u64>>,
+    /// Objects of each group this shard is the primary of, and when all of them
+    /// were last counted.
+    object_counts: RefCell<HashMap<PgId, u64>>,
+    object_counts_at: Cell<Option<Instant>>,
     /// Objects in flight and the tasks waiting for a slot.
     active: Cell<u32>,
     slot_waiters: RefCell<Vec<std::task::Waker>>,
@@ -1052,11 +1078,55 @@ impl Shard {
         *self.recovery.stray_since.borrow_mut() = stray;
     }
 
+    /// Counts the objects of the groups this shard is the primary of: all of them
+    /// every [`OBJECT_COUNT_INTERVAL`], in between only those not counted yet (a
+    /// new primary after a failure, whose count the manager needs for the degraded
+    /// figure right away).
+    async fn count_objects(&self, view: &MapView) {
+        let primary: HashSet<PgId> = view
+            .table
+            .iter()
+            .filter(|(pg, m)| m.primary() == Some(self.osd) && self.owns(view, *pg))
+            .map(|(pg, _)| pg)
+            .collect();
+        let due = self
+            .recovery
+            .object_counts_at
+            .get()
+            .is_none_or(|t| t.elapsed() >= OBJECT_COUNT_INTERVAL);
+        let todo: Vec<PgId> = if due {
+            primary.iter().copied().collect()
+        } else {
+            let counts = self.recovery.object_counts.borrow();
+            primary
+                .iter()
+                .filter(|pg| !counts.contains_key(pg))
+                .copied()
+                .collect()
+        };
+        if todo.is_empty() && !due {
+            return;
+        }
+        match self.store.count_pg_objects(&todo).await {
+            Ok(n) => {
+                debug_assert_eq!(n.len(), todo.len());
+                let mut counts = self.recovery.object_counts.borrow_mut();
+                counts.retain(|pg, _| primary.contains(pg));
+                counts.extend(todo.into_iter().zip(n));
+                if due {
+                    self.recovery.object_counts_at.set(Some(Instant::now()));
+                }
+            }
+            Err(e) => tracing::warn!("cannot count the objects of placement groups: {e}"),
+        }
+    }
+
     fn publish_status(&self, view: &MapView) {
         let logs = self.pg_logs.borrow();
         let recovered = self.recovery.recovered_per_pg.borrow();
         let remaining = self.recovery.remaining_per_pg.borrow();
         let stray = self.recovery.stray_since.borrow();
+        let counts = self.recovery.object_counts.borrow();
         let mut out = Vec::new();
         for (pg, m) in view.table.iter() {
             if !self.owns(view, pg) {
@@ -1090,6 +1160,7 @@ impl Shard {
                 log_entries: log.map_or(0, |l| l.len()),
                 objects_recovered_total: recovered.get(&pg).copied().unwrap_or(0),
                 objects_remaining: remaining.get(&pg).copied().unwrap_or(0),
+                objects: counts.get(&pg).copied().filter(|_| role == "primary"),
             });
         }
         let total_remaining: u64 = remaining.values().sum();
@@ -1117,6 +1188,7 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
             last_stray = Some(Instant::now());
         }
         shard.background_scrub(&view).await;
+        shard.count_objects(&shard.view()).await;
         if last_publish.is_none_or(|t| t.elapsed() >= PUBLISH_INTERVAL) {
             shard.publish_status(&shard.view());
             last_publish = Some(Instant::now());

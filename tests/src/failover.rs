@@ -2,7 +2,7 @@
 //! out, clean), adding an OSD to a running cluster, and comparing the copies of
 //! every placement group byte for byte from the OSDs' data directories.
 
-use crate::{DaemonIps, OBJECT_DATA_OFFSET, STARTUP_TIMEOUT, TestCluster, osd_daemon};
+use crate::{OBJECT_DATA_OFFSET, STARTUP_TIMEOUT, TestCluster, osd_daemon};
 use flame_common::ids::{ObjectId, OsdId, PgId, VolumeId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgMembers, PgTable, object_pg};
@@ -177,7 +177,8 @@ impl TestCluster {
     /// and waits until it is up and `in`; returns its harness index.
     pub fn add_osd(&mut self) -> usize {
         let i = self.osds.len();
-        let ip = DaemonIps::new(self.opts.per_daemon_addrs, i + 1).osds[i];
+        let ip = self.ips.osd(i);
+        self.ips.osds.push(ip);
         let (daemon, addrs) =
             osd_daemon(&self.root, &self.bin_dir, self.mgr_addr, &self.opts, i, ip);
         self.osds.push(daemon);

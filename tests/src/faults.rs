@@ -71,11 +71,24 @@ impl TestCluster {
         self.osds[i].exited()
     }
 
+    /// Waits up to `timeout` for OSD process `i` to exit on its own; how it
+    /// exited, or `None` if it is still running.
+    pub fn wait_osd_exit(&mut self, i: usize, timeout: std::time::Duration) -> Option<ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.osd_exit_status(i) {
+                return Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// The OSD process index serving OSD `id` of `map` (by its data address).
     pub fn osd_process(&self, map: &flame_common::map::ClusterMap, id: OsdId) -> usize {
-        let addr = map.osds[&id].addr;
-        (0..self.osd_count())
-            .find(|&i| self.osd_addr(i, 0) == addr)
+        self.osd_index(map, id)
             .unwrap_or_else(|| panic!("no OSD process serves {id}"))
     }
 

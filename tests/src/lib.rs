@@ -19,6 +19,7 @@
 
 pub mod failover;
 pub mod faults;
+pub mod net;
 pub mod oracle;
 
 use flame_common::ids::VolumeId;
@@ -80,11 +81,12 @@ pub struct ClusterOptions {
     pub down_out_interval_ms: Option<u64>,
     /// Extra top-level lines appended to the manager's YAML configuration.
     pub mgr_extra_yaml: String,
-    /// Give every daemon its own loopback address: the manager 127.0.0.10, OSD `i`
-    /// 127.0.0.(11+i), flame-nbd 127.0.0.9 (also [`TestCluster::client_ip`]).
-    /// Daemons' outgoing connections leave from their own address, so iptables
-    /// rules between two addresses cut exactly one link (the partition tests).
-    /// Otherwise everything is on 127.0.0.1.
+    /// Give every daemon its own loopback address in a /24 leased for this cluster
+    /// alone ([`net::NetLease`], `127.A.B.0/24`): the manager .10, OSD `i` .(11+i),
+    /// flame-nbd .9 (also [`TestCluster::client_ip`]). Daemons' outgoing
+    /// connections leave from their own address, so iptables rules between two
+    /// addresses cut exactly one link (the partition tests), and never another
+    /// cluster's or another test run's. Otherwise everything is on 127.0.0.1.
     pub per_daemon_addrs: bool,
     /// The `transport` of every OSD and of flame-nbd (`tcp` or `shm`). Default: the
     /// environment's `FLAME_TEST_TRANSPORT`, else `tcp`, so the whole suite can be
@@ -532,10 +534,41 @@ impl TestCluster {
         self.ips.osds[i]
     }
 
-    /// The address flame-nbd and test clients use (127.0.0.9 with
-    /// [`ClusterOptions::per_daemon_addrs`], else 127.0.0.1).
+    /// The address flame-nbd and test clients use (host .9 of the cluster's subnet
+    /// with [`ClusterOptions::per_daemon_addrs`], else 127.0.0.1).
     pub fn client_ip(&self) -> Ipv4Addr {
         self.ips.client
+    }
+
+    /// An address of the cluster's subnet no daemon uses (host .8; 127.0.0.1
+    /// without per-daemon addresses): a test client that a partition between the
+    /// daemons' addresses leaves alone.
+    pub fn spare_ip(&self) -> Ipv4Addr {
+        self.ips
+            .lease
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |l| l.ip(8))
+    }
+
+    fn lease(&self) -> &net::NetLease {
+        self.ips.lease.as_ref().unwrap_or_else(|| {
+            panic!(
+                "partitions need ClusterOptions::per_daemon_addrs (daemons on their own addresses)"
+            )
+        })
+    }
+
+    /// Drops loopback traffic between `ip` and each of `others`, both ways, until
+    /// the returned value is dropped (iptables; root needed).
+    pub fn partition(&self, ip: Ipv4Addr, others: &[Ipv4Addr]) -> net::Partition {
+        net::Partition::between(self.lease(), ip, others)
+    }
+
+    /// Cuts OSD process `i` off from everything (manager, other OSDs, every client
+    /// whatever its address) until the returned value is dropped (iptables; root
+    /// needed).
+    pub fn isolate_osd(&self, i: usize) -> net::Partition {
+        net::Partition::isolate(self.lease(), self.osd_ip(i))
     }
 
     /// Number of OSD processes.
@@ -1029,6 +1062,14 @@ impl TestCluster {
 
     // ---------------------------------------------------------------- NBD helpers
 
+    /// Creates volume `name` of `size` bytes and waits until flame-nbd exports it
+    /// (what every NBD test does first).
+    pub fn create_nbd_volume(&self, name: &str, size: u64) -> VolumeInfo {
+        let vol = self.create_volume(name, size);
+        self.wait_nbd_export(name);
+        vol
+    }
+
     /// Waits (bounded) until flame-nbd serves the export `volume` (`nbdinfo --size`
     /// succeeds). A just-created volume may need a map refresh in flame-nbd.
     pub fn wait_nbd_export(&self, volume: &str) -> u64 {
@@ -1259,13 +1300,20 @@ const PORT_MIN: u16 = 20_000;
 /// One past the highest port handed out.
 const PORT_END: u16 = 32_000;
 
-/// The loopback addresses of a cluster's daemons.
-#[derive(Clone, Debug)]
+/// The loopback addresses of a cluster's daemons: with per-daemon addresses, host
+/// numbers in the cluster's own leased subnet ([`net::NetLease`]): the manager .10,
+/// OSD `i` .(11+i), clients .9; .8 stays unused (a test's extra client).
+#[derive(Debug)]
 struct DaemonIps {
     mgr: Ipv4Addr,
     osds: Vec<Ipv4Addr>,
     client: Ipv4Addr,
+    /// The subnet, held while the cluster lives; `None`: everything on 127.0.0.1.
+    lease: Option<net::NetLease>,
 }
+
+/// Most OSDs with per-daemon addresses (hosts .11 to .250 of the subnet).
+const PER_DAEMON_OSDS_MAX: usize = 240;
 
 impl DaemonIps {
     fn new(per_daemon: bool, osds: usize) -> DaemonIps {
@@ -1275,15 +1323,34 @@ impl DaemonIps {
                 mgr: lo,
                 osds: vec![lo; osds],
                 client: lo,
+                lease: None,
             };
         }
-        assert!(osds <= 200, "per-daemon addresses for at most 200 OSDs");
-        DaemonIps {
-            mgr: Ipv4Addr::new(127, 0, 0, 10),
-            osds: (0..osds)
-                .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
-                .collect(),
-            client: Ipv4Addr::new(127, 0, 0, 9),
+        let lease = net::NetLease::acquire();
+        let mut ips = DaemonIps {
+            mgr: lease.ip(10),
+            osds: Vec::new(),
+            client: lease.ip(9),
+            lease: Some(lease),
+        };
+        for i in 0..osds {
+            let ip = ips.osd(i);
+            ips.osds.push(ip);
+        }
+        ips
+    }
+
+    /// The address of OSD process `i` (existing or about to be added).
+    fn osd(&self, i: usize) -> Ipv4Addr {
+        match &self.lease {
+            None => Ipv4Addr::LOCALHOST,
+            Some(l) => {
+                assert!(
+                    i < PER_DAEMON_OSDS_MAX,
+                    "per-daemon addresses for at most {PER_DAEMON_OSDS_MAX} OSDs"
+                );
+                l.ip(11 + i as u8)
+            }
         }
     }
 }

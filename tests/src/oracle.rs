@@ -478,6 +478,28 @@ impl Rng {
     }
 }
 
+/// Creates volume `name` of `size` bytes on `cluster` and writes every block of it
+/// through the oracle (state seeded with `mix64(volume id ^ seed)`), so a test
+/// starts from a full volume whose every block is known. Returns the volume and
+/// the oracle state after the fill.
+pub fn create_filled(
+    cluster: &crate::TestCluster,
+    name: &str,
+    size: u64,
+    seed: u64,
+    io_timeout_ms: u64,
+) -> (flame_common::map::VolumeInfo, OracleState) {
+    let vol = cluster.create_volume(name, size);
+    let state = fill(
+        &cluster.mgr_addr().to_string(),
+        name,
+        OracleState::new(mix64(vol.id.0 ^ seed), size),
+        0..size / BLOCK as u64,
+        io_timeout_ms,
+    );
+    (vol, state)
+}
+
 /// Connects to the cluster and runs `f` with the opened volume on a fresh reactor
 /// thread (the calling thread). Errors are returned as text.
 pub fn with_volume<T, F, Fut>(

@@ -1,7 +1,13 @@
-//! The chaos test: random OSD kill -9 / restart / out / in on a four-OSD cluster
-//! while the verified workload (the write oracle) runs, never more than one failure
-//! at a time (pool size 3, min_size 2: one copy may be missing), then a full
-//! verification and a comparison of the copies.
+//! The chaos test: random OSD kill -9 / restart / out / in / network partition on a
+//! four-OSD cluster while the verified workload (the write oracle) runs, never more
+//! than one failure at a time (pool size 3, min_size 2: one copy may be missing),
+//! then a full verification and a comparison of the copies.
+//!
+//! A partition cuts one OSD off from everything with iptables rules on `lo` (root
+//! needed; the cluster has its own loopback subnet, see `flame_tests::net`, so the
+//! rules touch no other test run) and heals them at the next step; the rules are
+//! removed also when the test fails. `FLAME_CHAOS_PARTITIONS=0` leaves partitions
+//! out (a machine without root or iptables).
 //!
 //! `cargo test --test chaos` runs it for `FLAME_CHAOS_SECONDS` (default 60) with
 //! seed `FLAME_CHAOS_SEED` (default: from the clock); scripts/chaos.sh wraps it
@@ -11,6 +17,7 @@
 
 use flame_common::placement::mix64;
 use flame_tests::failover::{CLEAN_TIMEOUT, assert_copies_identical};
+use flame_tests::net::Partition;
 use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, verify_volume};
 use flame_tests::{ClusterOptions, TestCluster};
 use std::sync::atomic::Ordering;
@@ -35,24 +42,34 @@ fn env_u64(name: &str) -> Option<u64> {
 struct SeedGuard {
     seed: u64,
     seconds: u64,
+    partitions: bool,
 }
 
 impl Drop for SeedGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!(
-                "CHAOS FAILED: seed {} (replay: scripts/chaos.sh --seconds {} --seed {})",
-                self.seed, self.seconds, self.seed
+                "CHAOS FAILED: seed {} (replay: scripts/chaos.sh --seconds {} --seed {}{})",
+                self.seed,
+                self.seconds,
+                self.seed,
+                if self.partitions {
+                    ""
+                } else {
+                    " --no-partitions"
+                }
             );
         }
     }
 }
 
 /// The failure in force: at most one at a time.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 enum Failure {
     Killed(usize),
     Out(usize),
+    /// Cut off by iptables rules, removed when the partition is dropped.
+    Partitioned(usize, Partition),
 }
 
 #[test]
@@ -68,8 +85,13 @@ fn chaos() {
             .map_or(1, |d| d.as_nanos() as u64)
             % 1_000_000
     });
-    let _guard = SeedGuard { seed, seconds };
-    eprintln!("chaos: {seconds} s, seed {seed}");
+    let partitions_on = env_u64("FLAME_CHAOS_PARTITIONS").is_none_or(|v| v != 0);
+    let _guard = SeedGuard {
+        seed,
+        seconds,
+        partitions: partitions_on,
+    };
+    eprintln!("chaos: {seconds} s, seed {seed}, partitions {partitions_on}");
 
     let mut cluster = TestCluster::start_with(ClusterOptions::failover(OSDS));
     let size = 32 * MIB;
@@ -94,7 +116,7 @@ fn chaos() {
         rng = mix64(rng.wrapping_add(0x9e37_79b9_7f4a_7c15));
         rng % n.max(1)
     };
-    let (mut kills, mut outs) = (0u64, 0u64);
+    let (mut kills, mut outs, mut partitions) = (0u64, 0u64, 0u64);
     let mut failure: Option<Failure> = None;
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(seconds) {
@@ -113,37 +135,37 @@ fn chaos() {
                 // copies again, so this one leaves at least min_size of each.
                 cluster.wait_clean(CLEAN_TIMEOUT);
                 let victim = next(OSDS as u64) as usize;
-                if next(10) < 6 {
+                // The draw is made whether partitions are on or not, so a seed
+                // replays the same kills and outs either way.
+                let roll = next(10);
+                if roll < 4 || roll >= 7 && !partitions_on {
                     eprintln!("chaos {:?}: kill -9 osd.{victim}", t0.elapsed());
                     cluster.kill_osd(victim);
                     kills += 1;
                     failure = Some(Failure::Killed(victim));
-                } else {
+                } else if roll < 7 {
                     let id = cluster.osd_id(victim);
                     eprintln!("chaos {:?}: out osd.{victim} ({id})", t0.elapsed());
                     cluster.admin_ok(&["osd", "out", &id.to_string()]);
                     outs += 1;
                     failure = Some(Failure::Out(victim));
+                } else {
+                    let p = cluster.isolate_osd(victim);
+                    eprintln!(
+                        "chaos {:?}: partition osd.{victim} ({}; rules {:?})",
+                        t0.elapsed(),
+                        cluster.osd_ip(victim),
+                        p.comment()
+                    );
+                    partitions += 1;
+                    failure = Some(Failure::Partitioned(victim, p));
                 }
             }
-            Some(Failure::Killed(i)) => {
-                eprintln!("chaos {:?}: restart osd.{i}", t0.elapsed());
-                cluster.restart_osd(i);
-            }
-            Some(Failure::Out(i)) => {
-                let id = cluster.osd_id(i);
-                eprintln!("chaos {:?}: in osd.{i} ({id})", t0.elapsed());
-                cluster.admin_ok(&["osd", "in", &id.to_string()]);
-            }
+            Some(failure) => heal(&mut cluster, failure, &t0),
         }
     }
-    match failure {
-        Some(Failure::Killed(i)) => cluster.restart_osd(i),
-        Some(Failure::Out(i)) => {
-            let id = cluster.osd_id(i);
-            cluster.admin_ok(&["osd", "in", &id.to_string()]);
-        }
-        None => {}
+    if let Some(failure) = failure {
+        heal(&mut cluster, failure, &t0);
     }
     assert!(
         w.wait_more_acks(50, Duration::from_secs(30)),
@@ -164,7 +186,8 @@ fn chaos() {
     assert_copies_identical(&cluster, &copies);
     cluster.assert_all_running();
     println!(
-        "CHAOS OK: seed {seed}, {:.1} minutes, {kills} kills, {outs} outs, writes acked {}, \
+        "CHAOS OK: seed {seed}, {:.1} minutes, {kills} kills, {outs} outs, {partitions} \
+         partitions, writes acked {}, \
          reads verified {}, blocks verified {}, longest pause between acks {} ms, \
          slowest op {} ms, copies identical ({})",
         t0.elapsed().as_secs_f64() / 60.0,
@@ -175,4 +198,34 @@ fn chaos() {
         report.op_latency_max.as_millis(),
         copies
     );
+}
+
+/// Ends `failure`: restarts a killed OSD, takes an out one back in, heals a
+/// partition.
+fn heal(cluster: &mut TestCluster, failure: Failure, t0: &Instant) {
+    match failure {
+        Failure::Killed(i) => {
+            eprintln!("chaos {:?}: restart osd.{i}", t0.elapsed());
+            cluster.restart_osd(i);
+        }
+        Failure::Out(i) => {
+            let id = cluster.osd_id(i);
+            eprintln!("chaos {:?}: in osd.{i} ({id})", t0.elapsed());
+            cluster.admin_ok(&["osd", "in", &id.to_string()]);
+        }
+        Failure::Partitioned(i, p) => {
+            let id = cluster.osd_id(i);
+            let was_down = !cluster.map().osds.get(&id).is_some_and(|o| o.up);
+            eprintln!(
+                "chaos {:?}: heal the partition of osd.{i} ({id}; {})",
+                t0.elapsed(),
+                if was_down {
+                    "it was marked down"
+                } else {
+                    "healed before the grace"
+                }
+            );
+            p.heal();
+        }
+    }
 }

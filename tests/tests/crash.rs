@@ -38,8 +38,7 @@ fn write_volume(cluster: &TestCluster, volume: &str, data: &[u8]) {
 fn flushed_writes_survive_kill9_of_every_daemon() {
     let size = 24 * MIB;
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("crash", size);
-    cluster.wait_nbd_export("crash");
+    cluster.create_nbd_volume("crash", size);
 
     let mut want = pattern(1, size as usize);
     write_volume(&cluster, "crash", &want);
@@ -79,8 +78,7 @@ fn flushed_writes_survive_kill9_of_every_daemon() {
 #[test]
 fn acknowledged_unflushed_writes_survive_kill9() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("noflush", 16 * MIB);
-    cluster.wait_nbd_export("noflush");
+    cluster.create_nbd_volume("noflush", 16 * MIB);
     let py = "/usr/bin/python3";
     // libnbd's pwrite returns after the server's reply; shutdown sends no flush.
     let out = run_bounded(
@@ -120,8 +118,7 @@ print("OK")
 #[test]
 fn io_continues_while_the_manager_is_down() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("nomgr", 8 * MIB);
-    cluster.wait_nbd_export("nomgr");
+    cluster.create_nbd_volume("nomgr", 8 * MIB);
     cluster.qemu_io("nomgr", &["write -P 0x31 0 1M", "flush"]);
     cluster.kill_mgr();
     cluster.qemu_io(
@@ -164,8 +161,7 @@ fn io_continues_while_the_manager_is_down() {
 #[test]
 fn nbd_rides_out_an_osd_restart() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("osdrestart", 16 * MIB);
-    cluster.wait_nbd_export("osdrestart");
+    cluster.create_nbd_volume("osdrestart", 16 * MIB);
     cluster.qemu_io("osdrestart", &["write -P 0x41 0 8M", "flush"]);
     for i in 0..cluster.osd_count() {
         cluster.kill_osd(i);

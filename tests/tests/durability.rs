@@ -128,8 +128,7 @@ impl Drop for Client {
 fn nbd_flush_and_fua_reach_stable_storage_on_every_osd() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     assert_eq!(cluster.osd_count(), 3);
-    cluster.create_volume("dur", 16 * MIB);
-    cluster.wait_nbd_export("dur");
+    cluster.create_nbd_volume("dur", 16 * MIB);
     let mut client = Client::start(&cluster.nbd_uri("dur"));
 
     client.step("write");
@@ -271,8 +270,7 @@ fn qemu_io_read(cluster: &TestCluster, volume: &str, command: &str) -> String {
 #[test]
 fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("rot", 16 * MIB);
-    cluster.wait_nbd_export("rot");
+    let vol = cluster.create_nbd_volume("rot", 16 * MIB);
     cluster.qemu_io("rot", &["write -P 0x77 0 16384", "flush"]);
     let map = cluster.map();
     let object = ObjectId {

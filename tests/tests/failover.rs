@@ -10,8 +10,8 @@ use flame_common::placement::{PgMembers, object_pg};
 use flame_common::protocol::{self, IoTarget, Message, flags, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
-use flame_tests::{ClusterOptions, TestCluster, output_text, require_tool};
-use std::net::{IpAddr, Ipv4Addr};
+use flame_tests::{ClusterOptions, TestCluster, output_text};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,14 +34,6 @@ fn options(nbd: bool, per_daemon_addrs: bool) -> ClusterOptions {
         per_daemon_addrs,
         ..ClusterOptions::default()
     }
-}
-
-/// The test process index of map OSD `id`.
-fn process_of(cluster: &TestCluster, map: &ClusterMap, id: OsdId) -> usize {
-    let addr = map.osds[&id].addr;
-    (0..cluster.osd_count())
-        .find(|&i| cluster.osd_addr(i, 0) == addr)
-        .expect("OSD process for map entry")
 }
 
 /// Waits until `cond` holds, panicking with `what` and the daemon logs after
@@ -240,8 +232,7 @@ fn roles(map: &ClusterMap, volume: flame_common::ids::VolumeId, index: u64) -> P
 fn kill_under_writes(kill_primary: bool) {
     let what = if kill_primary { "primary" } else { "replica" };
     let mut cluster = TestCluster::start_with(options(true, false));
-    let vol = cluster.create_volume("fo", 16 * MIB);
-    cluster.wait_nbd_export("fo");
+    let vol = cluster.create_nbd_volume("fo", 16 * MIB);
     let map = cluster.map();
     let members = roles(&map, vol.id, 1);
     let victim = if kill_primary {
@@ -252,7 +243,7 @@ fn kill_under_writes(kill_primary: bool) {
     let w = WriteLoop::start(&cluster, "fo", 1, 14);
     w.wait_progress(&cluster, 100);
     let killed_at = Instant::now();
-    cluster.kill_osd(process_of(&cluster, &map, victim));
+    cluster.kill_osd(cluster.osd_process(&map, victim));
     let down = wait_for(
         &cluster,
         Duration::from_millis(GRACE_MS + 10_000),
@@ -277,48 +268,6 @@ fn kill_9_of_a_replica_under_writes_gives_no_client_error() {
 #[test]
 fn kill_9_of_a_primary_under_writes_gives_no_client_error() {
     kill_under_writes(true);
-}
-
-/// Drops loopback traffic between one address and a set of others, both ways,
-/// until dropped.
-struct Partition {
-    rules: Vec<Vec<String>>,
-}
-
-impl Partition {
-    fn isolate(ip: Ipv4Addr, from: &[Ipv4Addr]) -> Partition {
-        let iptables = require_tool("iptables");
-        let mut p = Partition { rules: Vec::new() };
-        for other in from {
-            for (s, d) in [(ip, *other), (*other, ip)] {
-                let rule: Vec<String> = ["INPUT", "-i", "lo", "-s", &s.to_string(), "-d"]
-                    .iter()
-                    .map(|x| x.to_string())
-                    .chain([d.to_string(), "-j".into(), "DROP".into()])
-                    .collect();
-                let out = Command::new(&iptables)
-                    .arg("-I")
-                    .args(&rule)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "iptables -I {rule:?} failed (root needed): {}",
-                    output_text(&out)
-                );
-                p.rules.push(rule);
-            }
-        }
-        p
-    }
-}
-
-impl Drop for Partition {
-    fn drop(&mut self) {
-        for rule in self.rules.drain(..) {
-            let _ = Command::new("iptables").arg("-D").args(&rule).output();
-        }
-    }
 }
 
 /// What an OSD answers a client that still has `map`, from address `source`.
@@ -419,8 +368,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
         "replica"
     };
     let cluster = TestCluster::start_with(opts);
-    let vol = cluster.create_volume("part", 16 * MIB);
-    cluster.wait_nbd_export("part");
+    let vol = cluster.create_nbd_volume("part", 16 * MIB);
     let old_map = cluster.map();
     let members = roles(&old_map, vol.id, 1);
     let victim = if isolate_primary {
@@ -428,7 +376,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
     } else {
         members.acting[1]
     };
-    let k = process_of(&cluster, &old_map, victim);
+    let k = cluster.osd_process(&old_map, victim);
     let ip = cluster.osd_ip(k);
     let mut others = vec![cluster.mgr_ip(), cluster.client_ip()];
     others.extend(
@@ -439,7 +387,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
 
     let w = WriteLoop::start(&cluster, "part", 1, 16);
     w.wait_progress(&cluster, 100);
-    let partition = Partition::isolate(ip, &others);
+    let partition = cluster.partition(ip, &others);
     let down = wait_for(
         &cluster,
         Duration::from_millis(GRACE_MS + 10_000),
@@ -473,7 +421,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
         victim,
         shard,
         target,
-        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 8)),
+        IpAddr::V4(cluster.spare_ip()),
     );
     println!("isolated OSD answered read {read}, write {write}");
     for (op, st) in [("read", read), ("write", write)] {
@@ -509,7 +457,7 @@ fn a_forwarded_write_from_before_the_groups_roles_changed_is_refused() {
     let replica = members.acting[1];
     // The group's roles change: its third copy goes down (the replica stays).
     let gone = members.acting[2];
-    cluster.kill_osd(process_of(&cluster, &map0, gone));
+    cluster.kill_osd(cluster.osd_process(&map0, gone));
     wait_for(
         &cluster,
         Duration::from_secs(20),

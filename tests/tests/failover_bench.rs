@@ -6,7 +6,10 @@
 //!   OSD → time until the map shows it down, until client I/O resumed (the last
 //!   completion of an operation that was stalled by the kill), the longest client
 //!   operation and the longest gap between acknowledgements; then its restart →
-//!   time until every group is clean again.
+//!   time until every group is clean again, the bytes recovery copied meanwhile
+//!   (the OSDs' `flame_osd_recovery_bytes_total`) per second (catch-up from the
+//!   log, or backfill where the log no longer reaches back) and the client's
+//!   operations per second during it.
 //! * `recovery_throughput`: four OSDs, a filled volume, the workload; one OSD is
 //!   killed and marked out by hand → the bytes of object data the other three gain
 //!   until the cluster is clean, per second (backfill throughput), and the client's
@@ -19,7 +22,7 @@
 
 use flame_common::placement::mix64;
 use flame_tests::failover::CLEAN_TIMEOUT;
-use flame_tests::oracle::{BLOCK, OracleState, Workload, WorkloadConfig, fill};
+use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, create_filled};
 use flame_tests::{ClusterOptions, TestCluster};
 use std::time::{Duration, Instant};
 
@@ -72,6 +75,7 @@ fn acks(w: &Workload) -> u64 {
 fn failover_times() {
     let (mut down, mut resume, mut op_max, mut gap_max, mut clean) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut catchup_mibs, mut catchup_ops, mut catchup_mib) = (vec![], vec![], vec![]);
     for round in 0..rounds() {
         let mut cluster = TestCluster::start_with(ClusterOptions {
             osd_extra_yaml: osd_yaml(),
@@ -96,10 +100,21 @@ fn failover_times() {
         down.push(t_kill.elapsed().as_secs_f64());
         // Let every stalled operation finish.
         std::thread::sleep(Duration::from_secs(8));
+        let live: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+        let copied_before = recovery_bytes(&cluster, &live);
+        let acks_before = acks(&w);
         cluster.restart_osd(victim);
         let t_restart = Instant::now();
         match cluster.try_wait_clean(CLEAN_TIMEOUT) {
-            Ok(_) => clean.push(t_restart.elapsed().as_secs_f64()),
+            Ok(_) => {
+                let took = t_restart.elapsed().as_secs_f64();
+                clean.push(took);
+                let copied =
+                    recovery_bytes(&cluster, &[0, 1, 2]).saturating_sub(copied_before) as f64;
+                catchup_mib.push(copied / MIB as f64);
+                catchup_mibs.push(copied / MIB as f64 / took);
+                catchup_ops.push((acks(&w) - acks_before) as f64 / took);
+            }
             Err(e) => eprintln!("round {round}: not clean within {CLEAN_TIMEOUT:?}: {e}"),
         }
         let (report, _) = w.stop();
@@ -132,6 +147,17 @@ fn failover_times() {
     print_stat("longest client operation", "s", &op_max);
     print_stat("longest gap between acknowledgements", "s", &gap_max);
     print_stat("restart → all groups clean", "s", &clean);
+    print_stat("catch-up after restart: data copied", "MiB", &catchup_mib);
+    print_stat("catch-up after restart: throughput", "MiB/s", &catchup_mibs);
+    print_stat("client ops/s while catching up", "ops/s", &catchup_ops);
+}
+
+/// Bytes recovery copied so far, summed over OSD processes `osds` (their
+/// `flame_osd_recovery_bytes_total`; a restarted OSD's counter starts again at 0).
+fn recovery_bytes(cluster: &TestCluster, osds: &[usize]) -> u64 {
+    osds.iter()
+        .map(|&i| cluster.osd_metric(i, "flame_osd_recovery_bytes_total") as u64)
+        .sum()
 }
 
 #[test]
@@ -144,15 +170,7 @@ fn recovery_throughput() {
             ..ClusterOptions::failover(4)
         });
         let size = 256 * MIB;
-        let mgr = cluster.mgr_addr().to_string();
-        let vol = cluster.create_volume("bench", size);
-        let state = fill(
-            &mgr,
-            "bench",
-            OracleState::new(mix64(vol.id.0 ^ round as u64), size),
-            0..size / BLOCK as u64,
-            60_000,
-        );
+        let (_, state) = create_filled(&cluster, "bench", size, round as u64, 60_000);
         let w = workload(&cluster, "bench", state, 120);
         assert!(w.wait_more_acks(200, Duration::from_secs(30)));
         let (a0, t0) = (acks(&w), Instant::now());

@@ -11,7 +11,7 @@ use flame_common::ids::OsdId;
 use flame_common::placement::{PgTable, mix64};
 use flame_tests::failover::{CLEAN_TIMEOUT, assert_copies_identical};
 use flame_tests::oracle::{
-    BLOCK, OracleState, Workload, WorkloadConfig, WorkloadReport, fill, verify_volume,
+    OracleState, Workload, WorkloadConfig, WorkloadReport, create_filled, verify_volume,
 };
 use flame_tests::{ClusterOptions, TestCluster};
 use std::time::Duration;
@@ -26,8 +26,11 @@ const IO_TIMEOUT_MS: u64 = 60_000;
 /// grace (2 s here) + 3 s.
 const PAUSE_MAX: Duration = Duration::from_secs(5);
 
+/// Seed of the oracle states (mixed with the volume id).
+const MAGIC: u64 = 0xfa11_0fe5;
+
 fn magic(vol: &flame_common::map::VolumeInfo) -> u64 {
-    mix64(vol.id.0 ^ 0xfa11_0fe5)
+    mix64(vol.id.0 ^ MAGIC)
 }
 
 fn workload(cluster: &TestCluster, volume: &str, state: OracleState, secs: u64) -> Workload {
@@ -140,16 +143,7 @@ fn osd_out_recovers_three_copies_on_the_rest() {
         ..ClusterOptions::failover(4)
     });
     let size = 32 * MIB;
-    let mgr = cluster.mgr_addr().to_string();
-    let vol = cluster.create_volume("out", size);
-    let blocks = size / BLOCK as u64;
-    let state = fill(
-        &mgr,
-        "out",
-        OracleState::new(magic(&vol), size),
-        0..blocks,
-        IO_TIMEOUT_MS,
-    );
+    let (_, state) = create_filled(&cluster, "out", size, MAGIC, IO_TIMEOUT_MS);
     let w = workload(&cluster, "out", state, 45);
     assert_progress(
         &cluster,
@@ -188,16 +182,7 @@ fn osd_out_recovers_three_copies_on_the_rest() {
 fn two_of_three_down_waits_then_resumes() {
     let mut cluster = TestCluster::start_with(ClusterOptions::failover(3));
     let size = 16 * MIB;
-    let mgr = cluster.mgr_addr().to_string();
-    let vol = cluster.create_volume("two", size);
-    let blocks = size / BLOCK as u64;
-    let state = fill(
-        &mgr,
-        "two",
-        OracleState::new(magic(&vol), size),
-        0..blocks,
-        IO_TIMEOUT_MS,
-    );
+    let (_, state) = create_filled(&cluster, "two", size, MAGIC, IO_TIMEOUT_MS);
     let ids: Vec<OsdId> = (0..3).map(|i| cluster.osd_id(i)).collect();
     cluster.kill_osd(1);
     cluster.kill_osd(2);
@@ -257,16 +242,7 @@ fn fourth_osd_rebalances_a_filled_cluster() {
     // copies to the fourth OSD (the ideal quarter is 12); small enough to rebalance
     // well within the test's time on a loaded two-core machine.
     let size = 64 * MIB;
-    let mgr = cluster.mgr_addr().to_string();
-    let vol = cluster.create_volume("grow", size);
-    let blocks = size / BLOCK as u64;
-    let state = fill(
-        &mgr,
-        "grow",
-        OracleState::new(magic(&vol), size),
-        0..blocks,
-        IO_TIMEOUT_MS,
-    );
+    let (vol, state) = create_filled(&cluster, "grow", size, MAGIC, IO_TIMEOUT_MS);
     let objects = size / OBJECT;
     let before = cluster.object_files_per_osd(vol.id);
     assert_eq!(

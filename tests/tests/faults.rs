@@ -56,8 +56,7 @@ fn metric_sum(cluster: &TestCluster, i: usize, prefix: &str) -> f64 {
 #[test]
 fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("eio", 16 * MIB);
-    cluster.wait_nbd_export("eio");
+    let vol = cluster.create_nbd_volume("eio", 16 * MIB);
     cluster.qemu_io("eio", &["write -P 0x77 0 16384", "flush"]);
     let osds = cluster.object_osds(ObjectId {
         volume: vol.id,
@@ -130,8 +129,7 @@ fn a_write_error_stops_the_osd_and_the_others_go_on() {
         heartbeat_grace_ms: 3000,
         ..ClusterOptions::with_nbd()
     });
-    let vol = cluster.create_volume("weio", 32 * MIB);
-    cluster.wait_nbd_export("weio");
+    let vol = cluster.create_nbd_volume("weio", 32 * MIB);
     cluster.qemu_io("weio", &["write -P 0x11 0 32M", "flush"]);
     // The failing OSD is a replica of object 0, so the first write below reaches it
     // through a primary that stays up.
@@ -182,8 +180,7 @@ fn a_write_error_stops_the_osd_and_the_others_go_on() {
 #[test]
 fn a_failed_send_to_a_replica_is_retried_and_the_client_sees_no_error() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("psend", 16 * MIB);
-    cluster.wait_nbd_export("psend");
+    let vol = cluster.create_nbd_volume("psend", 16 * MIB);
     cluster.qemu_io("psend", &["write -P 0x01 0 64k"]);
     let osds = cluster.object_osds(ObjectId {
         volume: vol.id,
@@ -245,8 +242,7 @@ fn wait_health(cluster: &TestCluster, health: &str, word: &str) -> String {
 #[test]
 fn a_full_osd_fails_writes_with_enospc_until_space_is_freed() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("full", 16 * MIB);
-    cluster.wait_nbd_export("full");
+    cluster.create_nbd_volume("full", 16 * MIB);
     cluster.qemu_io("full", &["write -P 0x11 0 128k", "flush"]);
     // With three OSDs and three copies, every write set has OSD process 0.
     cluster.set_failpoint(0, "disk_usage", "return(0.97)");
@@ -302,8 +298,7 @@ fn a_full_osd_fails_writes_with_enospc_until_space_is_freed() {
 #[test]
 fn enospc_from_the_disk_reaches_the_client_and_the_osd_stays_up() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("enospc", 16 * MIB);
-    cluster.wait_nbd_export("enospc");
+    let vol = cluster.create_nbd_volume("enospc", 16 * MIB);
     cluster.qemu_io("enospc", &["write -P 0x11 0 64k", "flush"]);
     let osds = cluster.object_osds(ObjectId {
         volume: vol.id,
@@ -353,8 +348,7 @@ fn a_failed_sync_metadata_or_journal_write_stops_the_osd_and_io_goes_on() {
             heartbeat_grace_ms: 3000,
             ..ClusterOptions::with_nbd()
         });
-        cluster.create_volume("sync", 16 * MIB);
-        cluster.wait_nbd_export("sync");
+        cluster.create_nbd_volume("sync", 16 * MIB);
         cluster.qemu_io("sync", &["write -P 0x01 0 8M", "flush"]);
         let bad = 1;
         cluster.set_failpoint(bad, point, "return(EIO)");
@@ -371,16 +365,7 @@ fn a_failed_sync_metadata_or_journal_write_stops_the_osd_and_io_goes_on() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("qemu-io");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = cluster.osd_exit_status(bad) {
-                break Some(s);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = cluster.wait_osd_exit(bad, Duration::from_secs(20));
         let _ = flush.kill();
         let _ = flush.wait();
         assert_eq!(
@@ -445,8 +430,7 @@ fn move_onto_tmpfs(cluster: &mut TestCluster, i: usize, size: &str) -> Tmpfs {
 #[test]
 fn a_disk_that_fills_up_fails_writes_with_enospc_and_recovers_when_freed() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("tiny", 128 * MIB);
-    cluster.wait_nbd_export("tiny");
+    cluster.create_nbd_volume("tiny", 128 * MIB);
     cluster.qemu_io("tiny", &["write -P 0x11 0 1M", "flush"]);
     let _tmpfs = move_onto_tmpfs(&mut cluster, 0, "64m");
     cluster.set_failpoint(0, "disk_usage", "return(0.0)");

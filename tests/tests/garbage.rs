@@ -111,8 +111,7 @@ fn assert_serving(cluster: &mut TestCluster, after: &str) {
 #[test]
 fn garbage_on_every_port_leaves_the_cluster_serving() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("g", 16 << 20);
-    cluster.wait_nbd_export("g");
+    cluster.create_nbd_volume("g", 16 << 20);
     cluster.qemu_io("g", &["write -P 0x55 0 4096"]);
     let endpoints = cluster.endpoints();
     assert!(

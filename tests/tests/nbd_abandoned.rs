@@ -29,8 +29,7 @@ os._exit(0)
 #[test]
 fn an_abandoned_write_does_not_overwrite_a_later_one() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("abandon", 16 << 20);
-    cluster.wait_nbd_export("abandon");
+    let vol = cluster.create_nbd_volume("abandon", 16 << 20);
     let map = cluster.map();
     let loc = locate(
         &map,

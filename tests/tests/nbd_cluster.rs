@@ -229,8 +229,7 @@ fn qemu_img_and_nbdcopy_round_trip_16_mib() {
 #[test]
 fn nbdinfo_lists_exports_and_unknown_names_are_refused() {
     let cluster = cluster_with_volume("alpha", 8 * MIB);
-    cluster.create_volume("beta", 16 * MIB);
-    cluster.wait_nbd_export("beta");
+    cluster.create_nbd_volume("beta", 16 * MIB);
     let nbdinfo = require_tool("nbdinfo");
     let out = run_ok(
         Command::new(&nbdinfo)

@@ -20,8 +20,7 @@ const RECONNECT_DELAY_S: u64 = 20;
 #[test]
 fn qemu_with_reconnect_delay_rides_through_a_kill_9_of_flame_nbd() {
     let mut cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("rs", 16 << 20);
-    cluster.wait_nbd_export("rs");
+    cluster.create_nbd_volume("rs", 16 << 20);
     let addr = cluster.nbd_addr();
     let image = format!(
         "driver=nbd,server.type=inet,server.host={},server.port={},export=rs,\

@@ -72,24 +72,6 @@ fn finish_writes(cluster: &TestCluster, child: Child) {
     }
 }
 
-/// Waits (bounded) until the manager reports OSD process `i`'s OSD down.
-fn wait_down(cluster: &TestCluster, i: usize) {
-    let addr = cluster.osd_addr(i, 0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let map = cluster.map();
-        if map.osds.values().any(|o| o.addr == addr && !o.up) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "osd.{i} not marked down\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Every object's data on every OSD, trailing zeroes trimmed (a missing file and
 /// a file of zeroes read the same); the first difference found, if any.
 fn copies_differ(cluster: &TestCluster, volume: VolumeId) -> Option<String> {
@@ -162,15 +144,14 @@ fn pg_compare_ok(cluster: &TestCluster, volume: &str) -> (bool, String) {
 /// The scenario of both recovery tests: writes run, OSD 2 is killed, writes go on
 /// without it, it restarts while writes go on, and its copies must end identical.
 fn kill_write_restart(cluster: &mut TestCluster, volume: &str) -> VolumeId {
-    let vol = cluster.create_volume(volume, VOLUME_BYTES);
-    cluster.wait_nbd_export(volume);
+    let vol = cluster.create_nbd_volume(volume, VOLUME_BYTES);
     // Data past the random writes' 16 MiB, zeroed and discarded while OSD 2 is down:
     // its copy must lose those bytes too (holes are copied as holes).
     cluster.qemu_io(volume, &["write -P 0xab 24M 2M"]);
     let writes = start_writes(cluster, volume, "9s", 7);
     std::thread::sleep(Duration::from_secs(1));
     cluster.kill_osd(2);
-    wait_down(cluster, 2);
+    cluster.wait_osd_down(2, Duration::from_secs(20));
     // Writes the killed OSD misses.
     cluster.qemu_io(volume, &["write -z 24M 512k", "discard 25M 512k"]);
     std::thread::sleep(Duration::from_secs(1));
@@ -316,44 +297,6 @@ fn scrub_finds_and_repairs_bits_flipped_in_a_replica() {
     assert_eq!(again["inconsistent"].as_u64(), Some(0), "{again}");
 }
 
-/// The id of OSD process `i` in the current map.
-fn osd_id(cluster: &TestCluster, i: usize) -> flame_common::ids::OsdId {
-    let addr = cluster.osd_addr(i, 0);
-    cluster
-        .map()
-        .osds
-        .values()
-        .find(|o| o.addr == addr)
-        .map(|o| o.id)
-        .expect("OSD process not in the map")
-}
-
-/// Waits (bounded) until every placement group has `size` complete copies where
-/// placement puts them — which needs every recovered member reported.
-fn wait_clean(cluster: &TestCluster, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let map = cluster.map();
-        let table = flame_common::placement::PgTable::new(&map);
-        let unclean: Vec<_> = table
-            .iter()
-            .filter(|(_, m)| !m.is_clean(map.pool.size))
-            .map(|(pg, m)| format!("{pg}: {m:?}"))
-            .collect();
-        if unclean.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} placement groups not clean after {within:?}, e.g. {}\n{}",
-            unclean.len(),
-            unclean[0],
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Object files under an OSD's data directory.
 fn object_files(cluster: &TestCluster, i: usize) -> usize {
     let pgs = cluster.osd_data_dir(i).join("pgs");
@@ -377,11 +320,11 @@ fn an_osd_taken_out_is_replaced_and_its_copies_are_removed_after_recovery() {
     let vol = cluster.create_volume("out", VOLUME_BYTES);
     let writes = start_writes(&cluster, "out", "2s", 11);
     finish_writes(&cluster, writes);
-    let out = osd_id(&cluster, 3);
+    let out = cluster.osd_id(3);
     assert!(object_files(&cluster, 3) > 0, "osd.3 holds nothing to move");
     let resp = ureq::post(cluster.mgr_url(&format!("/v1/osds/{}/out", out.0))).send_empty();
     assert!(resp.is_ok(), "osd out: {resp:?}");
-    wait_clean(&cluster, Duration::from_secs(40));
+    cluster.wait_clean(Duration::from_secs(40));
     // Every object has its three copies where placement now puts them, identical.
     let map = cluster.map();
     for index in 0..VOLUME_BYTES / OBJECT_BYTES {
@@ -431,4 +374,155 @@ fn an_osd_taken_out_is_replaced_and_its_copies_are_removed_after_recovery() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(metric_sum(&cluster, "flame_osd_stray_pgs_removed_total") > 0.0);
+}
+
+/// The status's object-copy figures against what the map says, for `objects`
+/// objects of `volume` (all written): `(degraded, misplaced)` copies expected, from
+/// each object's group roles in `map`.
+fn expected_copies(
+    map: &flame_common::map::ClusterMap,
+    volume: VolumeId,
+    objects: u64,
+) -> (u64, u64) {
+    let size = map.pool.size as usize;
+    (0..objects)
+        .map(|index| {
+            let pg = flame_common::placement::object_pg(
+                flame_common::ids::ObjectId { volume, index },
+                map.pool.pg_count,
+            );
+            let m = flame_common::placement::PgMembers::compute(map, pg);
+            let misplaced = m.acting.iter().filter(|id| !m.placed.contains(id)).count();
+            (size.saturating_sub(m.acting.len()) as u64, misplaced as u64)
+        })
+        .fold((0, 0), |(d, m), (a, b)| (d + a, m + b))
+}
+
+/// Polls the status until its object figures match the map of the same epoch and
+/// `want(degraded, misplaced)` holds; returns them.
+fn wait_object_figures(
+    cluster: &TestCluster,
+    volume: VolumeId,
+    objects: u64,
+    what: &str,
+    want: impl Fn(u64, u64) -> bool,
+) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let st = cluster.status();
+        let map = cluster.map();
+        if map.epoch == st.epoch {
+            let r = &st.recovery;
+            let exp = expected_copies(&map, volume, objects);
+            last = format!(
+                "epoch {}: objects {} (uncounted groups {}), degraded {}, misplaced {}, \
+                 recovering {}; the map says degraded {}, misplaced {}",
+                st.epoch.0,
+                r.objects,
+                r.pgs_uncounted,
+                r.degraded_copies,
+                r.misplaced_copies,
+                r.recovering_copies,
+                exp.0,
+                exp.1
+            );
+            if r.objects == objects
+                && r.object_copies == objects * u64::from(map.pool.size)
+                && (r.degraded_copies, r.misplaced_copies) == exp
+                && want(exp.0, exp.1)
+            {
+                println!("{what}: {last}");
+                return exp;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "{what}: not reached in 30 s: {last}\n{}",
+        cluster.log_tails()
+    );
+}
+
+/// `flame-admin status` and the manager's metrics count degraded copies while an
+/// OSD is down (exactly the copies its groups lack, from the primaries' object
+/// counts) and misplaced copies while an OSD taken out still holds the only
+/// copies placement moved away; both go back to 0 once recovery is done. The
+/// recovery throttle keeps the misplaced phase long enough to be seen.
+#[test]
+fn status_counts_degraded_and_misplaced_copies_until_recovery_ends() {
+    let mut cluster = TestCluster::start_with(ClusterOptions {
+        osd_extra_yaml: "recovery_bytes_per_sec: 1048576\nscrub_interval_s: 0\n".into(),
+        ..ClusterOptions::failover(4)
+    });
+    let size = 16 * MIB;
+    let objects = size / OBJECT_BYTES;
+    let (vol, state) = flame_tests::oracle::create_filled(&cluster, "counts", size, 7, 60_000);
+    let mgr = cluster.mgr_addr().to_string();
+    wait_object_figures(&cluster, vol.id, objects, "clean", |d, m| d == 0 && m == 0);
+    let text = cluster.admin_ok(&["status"]);
+    assert!(
+        text.contains(&format!(
+            "objects   {objects} objects, {} copies; 0/{} (0.0%) degraded",
+            objects * 3,
+            objects * 3
+        )),
+        "{text}"
+    );
+
+    // kill -9 of an OSD holding copies: exactly the copies its groups lack.
+    let map = cluster.map();
+    let victim = (0..cluster.osd_count())
+        .find(|&i| {
+            let id = cluster.osd_id(i);
+            (0..objects).any(|index| {
+                flame_common::placement::locate(
+                    &map,
+                    flame_common::ids::ObjectId {
+                        volume: vol.id,
+                        index,
+                    },
+                )
+                .osds
+                .contains(&id)
+            })
+        })
+        .expect("an OSD holding a copy");
+    cluster.kill_osd(victim);
+    cluster.wait_osd_down(victim, Duration::from_secs(20));
+    let (degraded, _) =
+        wait_object_figures(&cluster, vol.id, objects, "one OSD down", |d, _| d > 0);
+    let metrics = http_get(cluster.mgr_addr(), "/metrics")
+        .expect("mgr metrics")
+        .1;
+    assert!(
+        metrics.contains(&format!(
+            "flame_mgr_object_copies{{state=\"degraded\"}} {degraded}"
+        )),
+        "{metrics}"
+    );
+    let text = cluster.admin_ok(&["status"]);
+    assert!(
+        text.contains(&format!("{degraded}/{} (", objects * 3)),
+        "{text}"
+    );
+    cluster.restart_osd(victim);
+    cluster.wait_clean(Duration::from_secs(60));
+    wait_object_figures(&cluster, vol.id, objects, "restarted and clean", |d, m| {
+        d == 0 && m == 0
+    });
+
+    // osd out of a live OSD: its copies stay complete but misplaced until the new
+    // members are complete.
+    let id = cluster.osd_id(victim);
+    cluster.admin_ok(&["osd", "out", &id.to_string()]);
+    wait_object_figures(&cluster, vol.id, objects, "one OSD out", |d, m| {
+        d == 0 && m > 0
+    });
+    cluster.wait_clean(Duration::from_secs(60));
+    wait_object_figures(&cluster, vol.id, objects, "out and clean", |d, m| {
+        d == 0 && m == 0
+    });
+    let again = flame_tests::oracle::verify_volume(&mgr, "counts", &state, 60_000);
+    assert!(again.clean(), "{again}");
 }

@@ -41,8 +41,7 @@ fn object_bytes(
 #[test]
 fn written_bytes_are_on_all_three_osds() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("rep", 32 * MIB as u64);
-    cluster.wait_nbd_export("rep");
+    let vol = cluster.create_nbd_volume("rep", 32 * MIB as u64);
 
     // Object 1, offset 512 KiB: 1 MiB of pseudo-random data (unique per byte range,
     // so a misplaced or shifted copy cannot match), written with qemu-img from a file.
@@ -110,8 +109,7 @@ fn written_bytes_are_on_all_three_osds() {
 #[test]
 fn volume_rm_deletes_objects_on_every_osd() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("gone", 16 * MIB as u64);
-    cluster.wait_nbd_export("gone");
+    let vol = cluster.create_nbd_volume("gone", 16 * MIB as u64);
     cluster.qemu_io(
         "gone",
         &[

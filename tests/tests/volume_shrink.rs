@@ -60,8 +60,7 @@ fn on_disk(
 #[test]
 fn shrink_then_grow_reads_zeroes_past_the_old_end() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    let vol = cluster.create_volume("shrinky", 16 * MIB);
-    cluster.wait_nbd_export("shrinky");
+    let vol = cluster.create_nbd_volume("shrinky", 16 * MIB);
     // Data that stays (object 2 up to the new end) and data past the new end: the
     // partial tail of object 2 and all of object 3.
     let new_end = 2 * OBJECT + 512 * 1024;
@@ -136,8 +135,7 @@ fn shrink_then_grow_reads_zeroes_past_the_old_end() {
 #[test]
 fn an_interrupted_shrink_blocks_growth_until_its_trim_completes() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
-    cluster.create_volume("cut", 16 * MIB);
-    cluster.wait_nbd_export("cut");
+    cluster.create_nbd_volume("cut", 16 * MIB);
     cluster.qemu_io("cut", &["write -P 0x77 0 16M", "flush"]);
     // A shrink recorded by the manager whose client died before trimming: the API
     // call alone, as a crashed flame-admin would have left it.

@@ -106,16 +106,36 @@ pub fn pgs_lines(s: &ClusterStatus, indent: &str) -> String {
     t
 }
 
-/// The `objects` value of `status`: what the placement-group states and the OSDs'
-/// counts say about the data. Object counts come from the primaries (what they
-/// still have to copy); the degraded / misplaced / recovering split is per group,
-/// from the map.
+/// `12/300 (4.0%)`: a count of copies out of all copies.
+fn share(n: u64, of: u64) -> String {
+    if of == 0 {
+        return n.to_string();
+    }
+    format!("{n}/{of} ({:.1}%)", n as f64 * 100.0 / of as f64)
+}
+
+/// The `objects` value of `status`: objects and copies, and of those copies how
+/// many are degraded (missing), misplaced (on an OSD placement no longer chooses)
+/// and recovering (being made), from the primaries' per-group object counts and
+/// the map; then what the primaries still have to copy.
 pub fn objects_line(s: &ClusterStatus) -> String {
-    let p = &s.pg_summary;
-    format!(
-        "{} to recover; placement groups: {} degraded, {} misplaced (remapped), {} recovering",
-        s.recovery.objects_to_recover, p.degraded, p.remapped, p.recovering
-    )
+    let r = &s.recovery;
+    let mut t = format!(
+        "{} objects, {} copies; {} degraded, {} misplaced, {} recovering; {} to recover",
+        r.objects,
+        r.object_copies,
+        share(r.degraded_copies, r.object_copies),
+        share(r.misplaced_copies, r.object_copies),
+        share(r.recovering_copies, r.object_copies),
+        r.objects_to_recover,
+    );
+    if r.pgs_uncounted > 0 {
+        t.push_str(&format!(
+            " ({} placement groups not counted yet)",
+            r.pgs_uncounted
+        ));
+    }
+    t
 }
 
 /// The whole `status` text.
@@ -350,6 +370,11 @@ mod tests {
             objects_per_second: 10.0,
             bytes_per_second: 40.0 * 1_048_576.0,
             eta_seconds: Some(4),
+            objects: 1000,
+            object_copies: 3000,
+            degraded_copies: 60,
+            misplaced_copies: 0,
+            recovering_copies: 60,
             ..Default::default()
         };
         s
@@ -371,7 +396,7 @@ mod tests {
         let t = status_text(&status());
         assert!(t.contains("pgs       128 total\n          120 active+clean\n          8 active+recovering+degraded"), "{t}");
         assert!(
-            t.contains("objects   40 to recover; placement groups: 8 degraded, 0 misplaced (remapped), 8 recovering"),
+            t.contains("objects   1000 objects, 3000 copies; 60/3000 (2.0%) degraded, 0/3000 (0.0%) misplaced, 60/3000 (2.0%) recovering; 40 to recover"),
             "{t}"
         );
         assert!(
@@ -391,7 +416,10 @@ mod tests {
             status_text(&s)
                 .contains("scrub     2 errors found, 2 repaired; oldest last scrub 1970-01-01")
         );
+        s.recovery.pgs_uncounted = 3;
+        assert!(status_text(&s).contains("40 to recover (3 placement groups not counted yet)"));
         s.recovery = RecoverySummary::default();
+        assert!(status_text(&s).contains("objects   0 objects, 0 copies; 0 degraded, 0 misplaced"));
         assert!(status_text(&s).contains("recovery  no figures: no OSD reports recovery progress"));
         s.recovery.osds_reporting = 3;
         assert!(status_text(&s).contains("the primaries report no object count yet"));

@@ -21,6 +21,26 @@ impl ObjectStore {
         Ok(objects)
     }
 
+    /// How many objects this store holds of each of `pgs` (0 for a group without a
+    /// directory), listed in one helper-thread call: the per-group counts the
+    /// heartbeat carries so the manager can count degraded and misplaced objects.
+    pub async fn count_pg_objects(&self, pgs: &[PgId]) -> Result<Vec<u64>, StoreError> {
+        let dirs = pgs
+            .iter()
+            .map(|&pg| layout::pg_dir(&self.root, pg))
+            .collect();
+        let listed = self.fs.list_dirs(dirs).await?;
+        Ok(listed
+            .iter()
+            .map(|names| {
+                names
+                    .iter()
+                    .filter(|n| layout::parse_object_name(n).is_some())
+                    .count() as u64
+            })
+            .collect())
+    }
+
     /// Placement groups that have a directory on this data directory (any shard's).
     pub async fn list_pg_dirs(&self) -> Result<Vec<PgId>, StoreError> {
         let names = self.fs.list_dir(&layout::pgs_dir(&self.root)).await?;
