@@ -167,8 +167,13 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let map = Arc::new(ArcSwap::from_pointee(map));
     let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
+    let pool = Arc::new(
+        flame_common::buffer::registered::PoolInstaller::new(&cfg.memory_pool, listeners.len())
+            .map_err(|e| format!("cannot create the memory pool: {e}"))?,
+    );
     for (i, listener) in listeners.into_iter().enumerate() {
         shard_thread::spawn(shard_thread::ShardSetup {
+            pool: pool.clone(),
             id: i as u16,
             osd: osd_id,
             listener,

@@ -407,7 +407,8 @@ impl TestCluster {
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
                  poll_mode: interrupt\n\
-                 {bind}"
+                 {bind}{}",
+                memory_pool_yaml("")
             );
             nbd = Some(Daemon::new(
                 "nbd",
@@ -1092,6 +1093,32 @@ pub fn bin_dir() -> PathBuf {
 /// outliving two heartbeat intervals (the OSD requires it: a test that slows
 /// heartbeats down to keep a map stale gets a lease to match). A test that sets
 /// lease_ms itself keeps it (empty line).
+/// The memory-pool mode test daemons use: `FLAME_TEST_MEMORY_POOL` (`percpu`,
+/// `locked` or `heap`), so CI can run a cluster test with the `locked` pool, or the
+/// default (`percpu`).
+pub fn test_memory_pool_mode() -> String {
+    match std::env::var("FLAME_TEST_MEMORY_POOL") {
+        Ok(m) if ["percpu", "locked", "heap"].contains(&m.as_str()) => m,
+        Ok(m) if !m.is_empty() => {
+            panic!("FLAME_TEST_MEMORY_POOL={m}: want percpu, locked or heap")
+        }
+        _ => "percpu".into(),
+    }
+}
+
+/// The `memory_pool` section of a test daemon's config (none when `extra` has its
+/// own): the mode from [`test_memory_pool_mode`], 32 MiB per thread (the regions
+/// are pinned for io_uring, and a test machine runs many daemons at once).
+fn memory_pool_yaml(extra: &str) -> String {
+    if extra.contains("memory_pool:") {
+        return String::new();
+    }
+    format!(
+        "memory_pool:\n  mode: {}\n  bytes_per_thread: 33554432\n",
+        test_memory_pool_mode()
+    )
+}
+
 fn lease_yaml(opts: &ClusterOptions) -> String {
     let interval = opts.osd_heartbeat_interval_ms;
     let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
@@ -1128,13 +1155,14 @@ fn osd_daemon(
          shards: {}\n\
          poll_mode: interrupt\n\
          heartbeat_interval_ms: {}\n\
-         {}{}\n",
+         {}{}{}\n",
         addrs.data,
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
         opts.shards,
         opts.osd_heartbeat_interval_ms,
         lease_yaml(opts),
+        memory_pool_yaml(&opts.osd_extra_yaml),
         opts.osd_extra_yaml,
     );
     let name = format!("osd.{i}");

@@ -11,6 +11,9 @@
 //! io_timeout_ms: 0               # bound on one backend operation (0 = never)
 //! handshake_timeout_ms: 10000    # a client must finish negotiation within this
 //! connect_timeout_ms: 2000       # connecting to the manager / OSDs
+//! memory_pool:                   # payload memory of the reactor threads
+//!   mode: percpu                 # percpu | locked | heap
+//!   bytes_per_thread: 67108864   # registered bytes per thread (multiple of 4 MiB)
 //! ```
 
 use flame_common::config::Validate;
@@ -50,6 +53,9 @@ pub struct NbdConfig {
     pub handshake_timeout_ms: u64,
     /// Timeout for connecting to the manager and OSDs.
     pub connect_timeout_ms: u64,
+    /// Registered payload memory of the reactor threads (NBD write payloads and
+    /// read replies from the OSDs live in it).
+    pub memory_pool: flame_common::buffer::registered::MemoryPoolConfig,
 }
 
 impl Default for NbdConfig {
@@ -66,6 +72,7 @@ impl Default for NbdConfig {
             bind_addr: None,
             handshake_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
+            memory_pool: Default::default(),
         }
     }
 }
@@ -110,7 +117,7 @@ impl Validate for NbdConfig {
         if self.mgr.is_empty() {
             return bad("mgr", "must be host:port");
         }
-        Ok(())
+        self.memory_pool.validate()
     }
 }
 

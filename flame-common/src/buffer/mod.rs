@@ -358,6 +358,14 @@ pub struct PoolExhausted {
     pub len: usize,
 }
 
+impl From<PoolExhausted> for std::io::Error {
+    /// `OutOfMemory`: callers answer it with "try again" (EAGAIN) or by closing the
+    /// connection, never as a disk error.
+    fn from(e: PoolExhausted) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)
+    }
+}
+
 /// A unique, writable payload buffer of a fixed length, 4 KiB-aligned.
 ///
 /// Receive or read into it, then [`PayloadBufMut::freeze`] it to share it.

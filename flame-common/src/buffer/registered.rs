@@ -509,7 +509,8 @@ struct Arena {
 impl Arena {
     fn new(cfg: &MemoryPoolConfig, bytes: u64, name: &str) -> std::io::Result<Arena> {
         let len = usize::try_from(bytes).map_err(|_| std::io::Error::other("pool too large"))?;
-        if len == 0 || !len.is_multiple_of(CLASS_BYTES_MAX) || len / CLASS_BYTES_MIN >= NIL as usize {
+        if len == 0 || !len.is_multiple_of(CLASS_BYTES_MAX) || len / CLASS_BYTES_MIN >= NIL as usize
+        {
             return Err(std::io::Error::other(format!(
                 "pool size {len} is not a positive multiple of 4 MiB below 16 TiB"
             )));
@@ -563,7 +564,10 @@ impl Arena {
         if token & TOKEN_LARGE != 0 {
             unmap_large(ptr, cap);
             self.large_bytes -= cap as u64;
-            bump(&self.stats.bytes_in_use[CLASS_COUNT], (cap as u64).wrapping_neg());
+            bump(
+                &self.stats.bytes_in_use[CLASS_COUNT],
+                (cap as u64).wrapping_neg(),
+            );
             return;
         }
         let class = (token & 0xff) as usize;
@@ -787,6 +791,7 @@ pub struct PoolInstaller {
 impl PoolInstaller {
     /// For a daemon with `threads` data-path threads (sizes the locked pool).
     pub fn new(cfg: &MemoryPoolConfig, threads: usize) -> std::io::Result<PoolInstaller> {
+        register_metrics();
         let locked = match cfg.mode {
             PoolMode::Locked => {
                 let bytes = cfg
@@ -844,6 +849,144 @@ pub fn install_on_this_thread(cfg: &MemoryPoolConfig) -> std::io::Result<()> {
     PoolInstaller::new(cfg, 1)?.install()
 }
 
+// ---------------------------------------------------------------------------
+// Prometheus
+
+/// Exposes every pool's counters in the process's default Prometheus registry:
+/// `flame_pool_hits_total`, `flame_pool_misses_total`, `flame_pool_remote_frees_total`
+/// (labels `thread`, `mode`), `flame_pool_bytes_in_use` (plus `class`: the class's
+/// bytes, or `large`), `flame_pool_capacity_bytes`, and
+/// `flame_pool_heap_fallbacks_total`. Values are read at scrape time from the
+/// pools' own counters, so the allocation path does no metrics work beyond a
+/// thread-local store. Idempotent.
+pub fn register_metrics() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        if let Some(c) = PoolCollector::new()
+            && let Err(e) = prometheus::register(Box::new(c))
+        {
+            tracing::warn!("memory pool metrics not registered: {e}");
+        }
+    });
+}
+
+struct PoolCollector {
+    descs: Vec<prometheus::core::Desc>,
+}
+
+struct PoolFamilies {
+    hits: prometheus::IntCounterVec,
+    misses: prometheus::IntCounterVec,
+    remote: prometheus::IntCounterVec,
+    in_use: prometheus::IntGaugeVec,
+    capacity: prometheus::IntGaugeVec,
+    fallbacks: prometheus::IntCounter,
+}
+
+impl PoolFamilies {
+    fn new() -> Result<PoolFamilies, prometheus::Error> {
+        use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
+        let l = &["thread", "mode"];
+        Ok(PoolFamilies {
+            hits: IntCounterVec::new(
+                Opts::new(
+                    "flame_pool_hits_total",
+                    "Payload allocations served by the memory pool",
+                ),
+                l,
+            )?,
+            misses: IntCounterVec::new(
+                Opts::new(
+                    "flame_pool_misses_total",
+                    "Payload allocations the memory pool could not serve (exhausted)",
+                ),
+                l,
+            )?,
+            remote: IntCounterVec::new(
+                Opts::new(
+                    "flame_pool_remote_frees_total",
+                    "Buffers freed on another thread and returned through the queue",
+                ),
+                l,
+            )?,
+            in_use: IntGaugeVec::new(
+                Opts::new(
+                    "flame_pool_bytes_in_use",
+                    "Pool bytes handed out, per size class",
+                ),
+                &["thread", "mode", "class"],
+            )?,
+            capacity: IntGaugeVec::new(
+                Opts::new("flame_pool_capacity_bytes", "Registered bytes of each pool"),
+                l,
+            )?,
+            fallbacks: IntCounter::new(
+                "flame_pool_heap_fallbacks_total",
+                "Synchronous allocations served by the heap because the pool was exhausted",
+            )?,
+        })
+    }
+
+    fn collectors(&self) -> [&dyn prometheus::core::Collector; 6] {
+        [
+            &self.hits,
+            &self.misses,
+            &self.remote,
+            &self.in_use,
+            &self.capacity,
+            &self.fallbacks,
+        ]
+    }
+}
+
+impl PoolCollector {
+    fn new() -> Option<PoolCollector> {
+        let f = PoolFamilies::new().ok()?;
+        let descs = f
+            .collectors()
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned())
+            .collect();
+        Some(PoolCollector { descs })
+    }
+}
+
+impl prometheus::core::Collector for PoolCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let Ok(f) = PoolFamilies::new() else {
+            return Vec::new();
+        };
+        for s in pool_snapshots() {
+            let l = [s.thread.as_str(), s.mode];
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            f.hits.with_label_values(&l).inc_by(get(&s.stats.hits));
+            f.misses.with_label_values(&l).inc_by(get(&s.stats.misses));
+            f.remote
+                .with_label_values(&l)
+                .inc_by(get(&s.stats.remote_frees));
+            f.capacity
+                .with_label_values(&l)
+                .set(get(&s.stats.capacity_bytes) as i64);
+            for (class, a) in s.stats.bytes_in_use.iter().enumerate() {
+                let name = if class < CLASS_COUNT {
+                    class_bytes(class).to_string()
+                } else {
+                    "large".to_string()
+                };
+                f.in_use
+                    .with_label_values(&[s.thread.as_str(), s.mode, name.as_str()])
+                    .set(get(a) as i64);
+            }
+        }
+        f.fallbacks.inc_by(HEAP_FALLBACKS.load(Ordering::Relaxed));
+        f.collectors().iter().flat_map(|c| c.collect()).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{PayloadBuf, PayloadBufMut, thread_pool};
@@ -863,7 +1006,10 @@ mod tests {
     fn install(bytes: u64) -> Arc<PoolStats> {
         install_on_this_thread(&cfg(bytes)).unwrap();
         let snaps = pool_snapshots();
-        let me = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let me = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
         // The newest pool of this thread's name.
         snaps
             .iter()
@@ -889,7 +1035,11 @@ mod tests {
         assert_eq!(region.len(), 1);
         let (id, base, len) = (region[0].id, region[0].base, region[0].len);
         assert_eq!(len, 8 << 20);
-        assert!(regions().iter().any(|r| r.id == id && r.memfd.as_raw_fd() >= 0));
+        assert!(
+            regions()
+                .iter()
+                .any(|r| r.id == id && r.memfd.as_raw_fd() >= 0)
+        );
         for class in 0..CLASS_COUNT {
             for len in [class_bytes(class), class_bytes(class) / 2 + 1] {
                 let mut b = PayloadBufMut::for_overwrite(len);
@@ -900,14 +1050,20 @@ mod tests {
                 assert_eq!(rid, id);
                 assert_eq!(b.as_ptr() as usize, base + off as usize);
                 assert!(off as usize + len <= 8 << 20);
-                assert!(off.is_multiple_of(class_bytes(class_of(len)) as u64), "buddy alignment");
+                assert!(
+                    off.is_multiple_of(class_bytes(class_of(len)) as u64),
+                    "buddy alignment"
+                );
                 b.as_mut_slice().fill(class as u8);
                 assert_eq!(
                     stats.bytes_in_use[class_of(len)].load(Ordering::Relaxed),
                     class_bytes(class_of(len)) as u64
                 );
                 let f = b.freeze();
-                assert_eq!(f.slice(len / 2..len).location(), Some((id, off + (len / 2) as u64)));
+                assert_eq!(
+                    f.slice(len / 2..len).location(),
+                    Some((id, off + (len / 2) as u64))
+                );
             }
         }
         assert_eq!(in_use(&stats), 0, "every buffer went back");
@@ -955,7 +1111,10 @@ mod tests {
         let a = PayloadBufMut::try_for_overwrite(8 << 20).unwrap();
         assert_eq!(a.location(), None, "outside the region");
         assert_eq!(a.pool_name(), Some("percpu"));
-        assert_eq!(stats.bytes_in_use[CLASS_COUNT].load(Ordering::Relaxed), 8 << 20);
+        assert_eq!(
+            stats.bytes_in_use[CLASS_COUNT].load(Ordering::Relaxed),
+            8 << 20
+        );
         // Budget 12 MiB: another 8 MiB does not fit.
         assert!(PayloadBufMut::try_for_overwrite(8 << 20).is_none());
         let b = PayloadBufMut::try_for_overwrite(4 << 20).unwrap();
@@ -979,7 +1138,11 @@ mod tests {
         })
         .join()
         .unwrap();
-        assert_eq!(stats.remote_frees.load(Ordering::Relaxed), 0, "not drained yet");
+        assert_eq!(
+            stats.remote_frees.load(Ordering::Relaxed),
+            0,
+            "not drained yet"
+        );
         assert_eq!(in_use(&stats), 4 << 20);
         // The home thread's next allocation drains the queue and reuses the memory.
         let again = PayloadBufMut::try_for_overwrite(4 << 20).unwrap();
@@ -1029,7 +1192,10 @@ mod tests {
                         }
                     }
                     for (b, t) in &held {
-                        assert!(b[0] == *t && b[b.len() - 1] == *t, "a live buffer was reused");
+                        assert!(
+                            b[0] == *t && b[b.len() - 1] == *t,
+                            "a live buffer was reused"
+                        );
                     }
                     while let Ok((b, t)) = rx.try_recv() {
                         assert!(b.iter().all(|&x| x == t), "a live buffer was reused");
@@ -1081,7 +1247,10 @@ mod tests {
             b.free(p, order);
         }
         assert!(b.alloc(CLASS_COUNT - 1).is_some() && b.alloc(CLASS_COUNT - 1).is_some());
-        assert!(b.alloc(0).is_none(), "everything merged back into two top blocks");
+        assert!(
+            b.alloc(0).is_none(),
+            "everything merged back into two top blocks"
+        );
     }
 
     #[test]
@@ -1173,7 +1342,11 @@ mod tests {
             assert_eq!(res.unwrap(), 4096);
             let (res, got) = read_at(fd, PayloadBufMut::for_overwrite(8192), 0).await;
             assert_eq!(res.unwrap(), 8192);
-            assert_eq!(crate::reactor::fixed_ops(), before + 2, "both were fixed ops");
+            assert_eq!(
+                crate::reactor::fixed_ops(),
+                before + 2,
+                "both were fixed ops"
+            );
             assert!(got.as_slice()[..4096].iter().all(|&x| x == 0));
             assert!(got.as_slice()[4096..].iter().all(|&x| x == 9));
             // Heap memory still works, as a plain operation.
@@ -1182,6 +1355,43 @@ mod tests {
             assert_eq!(crate::reactor::fixed_ops(), before + 2);
         })
         .unwrap();
+    }
+
+    #[test]
+    fn metrics_show_hits_misses_and_bytes_per_class() {
+        let stats = install(4 << 20);
+        let _a = PayloadBufMut::for_overwrite(8192);
+        assert!(PayloadBufMut::try_for_overwrite(4 << 20).is_none());
+        register_metrics();
+        let text = crate::metrics::render();
+        let me = std::thread::current().name().unwrap_or("").to_string();
+        let line = |name: &str, extra: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with(name)
+                        && l.contains(&format!("thread=\"{me}\""))
+                        && l.contains(extra)
+                })
+                .map(|l| l.rsplit(' ').next().unwrap_or("").to_string())
+        };
+        assert_eq!(stats.hits.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            line("flame_pool_hits_total", "percpu").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            line("flame_pool_misses_total", "percpu").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            line("flame_pool_bytes_in_use", "class=\"8192\"").as_deref(),
+            Some("8192")
+        );
+        assert_eq!(
+            line("flame_pool_capacity_bytes", "percpu").as_deref(),
+            Some("4194304")
+        );
+        assert!(text.contains("flame_pool_heap_fallbacks_total"));
     }
 
     #[test]

@@ -26,8 +26,8 @@ mod slot;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 pub use executor::{
-    Handle, Reactor, ReactorConfig, current_id, fixed_ops, poll_stats, register_fixed_buffers, spawn,
-    yield_now,
+    Handle, Reactor, ReactorConfig, current_id, fixed_ops, poll_stats, register_fixed_buffers,
+    spawn, yield_now,
 };
 pub use op::{
     accept, close, connect, fallocate, file_size, fsync, mkdir, open, read_at, recv, recv_range,

@@ -65,6 +65,9 @@ pub struct TcpConn {
     closed: Cell<bool>,
     /// Close once everything queued so far is written (see `close_after_send`).
     closing: Cell<bool>,
+    /// Receive payloads into heap memory when the pool is exhausted instead of
+    /// waiting (see [`super::Conn::set_never_wait_for_memory`]).
+    never_wait: Cell<bool>,
 }
 
 impl TcpConn {
@@ -92,6 +95,7 @@ impl TcpConn {
             })),
             closed: Cell::new(false),
             closing: Cell::new(false),
+            never_wait: Cell::new(false),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -261,7 +265,16 @@ impl TcpConn {
         // Payload: bounded by Header::decode before this allocation.
         let len = header.payload_len as usize;
         let have = (st.end - st.start).min(len);
-        let mut payload = PayloadBufMut::for_overwrite(len);
+        // From the thread's memory pool; when it is exhausted this waits for frees
+        // (not reading the socket meanwhile back-pressures the peer) and, past the
+        // pool's wait bound, fails, which closes the connection.
+        let mut payload = if self.never_wait.get() {
+            PayloadBufMut::for_overwrite(len)
+        } else {
+            PayloadBufMut::for_overwrite_wait(len)
+                .await
+                .map_err(io::Error::from)?
+        };
         payload.as_mut_slice()[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
         st.start += have;
         let mut filled = have;
@@ -329,6 +342,11 @@ impl TcpConn {
         if let Some(w) = self.queue.borrow_mut().writer.take() {
             w.wake();
         }
+    }
+
+    /// See [`super::Conn::set_never_wait_for_memory`].
+    pub fn set_never_wait_for_memory(&self, on: bool) {
+        self.never_wait.set(on);
     }
 
     /// See [`super::Conn::close`].
