@@ -498,8 +498,13 @@ fn unmap_large(ptr: NonNull<u8>, cap: usize) {
 // ---------------------------------------------------------------------------
 // The allocator state both pool kinds wrap.
 
+/// Allocations between two looks at a per-thread pool's return queue.
+const DRAIN_EVERY: u32 = 32;
+
 struct Arena {
     region: Arc<Region>,
+    /// Allocations since the return queue was last drained (per-thread pools).
+    allocs_since_drain: u32,
     buddy: Buddy,
     large_bytes: u64,
     large_bytes_max: u64,
@@ -519,6 +524,7 @@ impl Arena {
         let stats = Arc::new(PoolStats::default());
         stats.capacity_bytes.store(bytes, Ordering::Relaxed);
         Ok(Arena {
+            allocs_since_drain: 0,
             buddy: Buddy::new(len / CLASS_BYTES_MIN),
             region,
             large_bytes: 0,
@@ -527,12 +533,12 @@ impl Arena {
         })
     }
 
+    /// Memory for `len` bytes, or `None` (the caller counts the miss).
     fn allocate(&mut self, len: usize) -> Option<RawBuf> {
         let len = len.max(1);
         if len > CLASS_BYTES_MAX {
             let cap = len.checked_next_multiple_of(DIRECT_IO_ALIGN)? as u64;
             if self.large_bytes + cap > self.large_bytes_max {
-                bump(&self.stats.misses, 1);
                 return None;
             }
             let raw = map_large(len)?;
@@ -542,10 +548,7 @@ impl Arena {
             return Some(raw);
         }
         let class = class_of(len);
-        let Some(page) = self.buddy.alloc(class) else {
-            bump(&self.stats.misses, 1);
-            return None;
-        };
+        let page = self.buddy.alloc(class)?;
         let off = page as usize * CLASS_BYTES_MIN;
         let cap = class_bytes(class);
         debug_assert!(off + cap <= self.region.len);
@@ -697,8 +700,24 @@ unsafe impl BufferPool for PerThreadPool {
         }
         // SAFETY: on the owner; the reference lives for this call only.
         let arena = unsafe { self.arena() };
+        // The return queue is drained every DRAIN_EVERY allocations, and at once
+        // when the pool cannot serve one: looking at the queue reads cache lines
+        // the freeing threads write, so doing it on every allocation would bounce
+        // them between cores at the allocation rate.
+        arena.allocs_since_drain += 1;
+        if arena.allocs_since_drain >= DRAIN_EVERY {
+            arena.allocs_since_drain = 0;
+            self.drain_returns(arena);
+        }
+        if let Some(raw) = arena.allocate(len) {
+            return Some(raw);
+        }
         self.drain_returns(arena);
-        arena.allocate(len)
+        let raw = arena.allocate(len);
+        if raw.is_none() {
+            bump(&self.stats.misses, 1);
+        }
+        raw
     }
 
     unsafe fn release(&self, raw: RawBuf, _home: ThreadId) {
@@ -762,7 +781,12 @@ unsafe impl BufferPool for LockedPool {
     }
 
     fn allocate(&self, len: usize) -> Option<RawBuf> {
-        self.arena.lock().allocate(len)
+        let mut arena = self.arena.lock();
+        let raw = arena.allocate(len);
+        if raw.is_none() {
+            bump(&arena.stats.misses, 1);
+        }
+        raw
     }
 
     unsafe fn release(&self, raw: RawBuf, _home: ThreadId) {
