@@ -129,7 +129,9 @@ impl MemoryPoolConfig {
     /// relative to the `memory_pool` section).
     pub fn validate(&self) -> Result<(), (String, String)> {
         let b = self.bytes_per_thread;
-        if b < CLASS_BYTES_MAX as u64 || b > BYTES_PER_THREAD_MAX || b % CLASS_BYTES_MAX as u64 != 0
+        if b < CLASS_BYTES_MAX as u64
+            || b > BYTES_PER_THREAD_MAX
+            || !b.is_multiple_of(CLASS_BYTES_MAX as u64)
         {
             return Err((
                 "memory_pool.bytes_per_thread".into(),
@@ -1192,10 +1194,17 @@ mod tests {
                 for i in 0..ROUNDS {
                     let len = 4096 << (i % 4);
                     let tag = (i as u8).wrapping_mul(31).wrapping_add(seed);
+                    let waiting_since = std::time::Instant::now();
                     let mut b = loop {
                         match PayloadBufMut::try_for_overwrite(len) {
                             Some(b) => break b,
                             None => {
+                                // Bounded: freed buffers must come home.
+                                assert!(
+                                    waiting_since.elapsed() < std::time::Duration::from_secs(10),
+                                    "pool memory freed remotely never came back"
+                                );
+                                std::thread::yield_now();
                                 // Exhausted: free our oldest, take what came back.
                                 held.pop_front();
                                 while let Ok((b, t)) = rx.try_recv() {
@@ -1252,18 +1261,18 @@ mod tests {
             if rng.random_bool(0.55) {
                 let order = rng.random_range(0..CLASS_COUNT);
                 if let Some(p) = b.alloc(order) {
-                    assert!(p as usize % (1 << order) == 0, "block aligned to its size");
-                    for q in p as usize..p as usize + (1 << order) {
-                        assert!(!owner[q], "page {q} handed out twice");
-                        owner[q] = true;
-                    }
+                    assert!(
+                        (p as usize).is_multiple_of(1 << order),
+                        "block aligned to its size"
+                    );
+                    let pages = &mut owner[p as usize..p as usize + (1 << order)];
+                    assert!(pages.iter().all(|&o| !o), "a page handed out twice");
+                    pages.fill(true);
                     live.push((p, order));
                 }
             } else if !live.is_empty() {
                 let (p, order) = live.swap_remove(rng.random_range(0..live.len()));
-                for q in p as usize..p as usize + (1 << order) {
-                    owner[q] = false;
-                }
+                owner[p as usize..p as usize + (1 << order)].fill(false);
                 b.free(p, order);
             }
         }
