@@ -99,6 +99,9 @@ pub struct OsdConfig {
     pub max_inflight_bytes_per_shard: u64,
     /// Object files one shard keeps open.
     pub open_files_per_shard_max: u32,
+    /// Registered payload memory of the shard threads (docs/configuration.md,
+    /// "memory_pool").
+    pub memory_pool: flame_common::buffer::registered::MemoryPoolConfig,
     /// How long a peer connection attempt may take.
     pub connect_timeout_ms: u64,
     /// How long a replica may take to apply a forwarded write before the primary
@@ -160,6 +163,7 @@ impl Default for OsdConfig {
             max_inflight_per_connection: 256,
             max_inflight_bytes_per_shard: 128 << 20,
             open_files_per_shard_max: 1024,
+            memory_pool: Default::default(),
             connect_timeout_ms: 2000,
             replica_timeout_ms: 10_000,
             pg_log_entries_max: 2048,
@@ -227,6 +231,7 @@ impl Validate for OsdConfig {
         if self.mgr.trim().is_empty() {
             return bad("mgr", "must be host:port of the manager");
         }
+        self.memory_pool.validate()?;
         if self.shards > SHARDS_MAX {
             return bad("shards", "must be at most 256");
         }

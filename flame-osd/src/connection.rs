@@ -69,6 +69,9 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
                 // the sending shard: give it room for all of them.
                 max_inflight = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR);
                 is_peer = true;
+                // Forwarded writes must not wait on this shard's memory pool
+                // either (the same deadlock as the byte bound below).
+                conn.set_never_wait_for_memory(true);
             }
             let mut reply = shard.hello(&hello);
             if let (

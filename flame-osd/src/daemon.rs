@@ -175,6 +175,10 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let staged = cfg.threading == crate::config::Threading::Staged;
     let nets = usize::from(cfg.network_threads.max(1));
     let mut net_listeners: Vec<Vec<_>> = (0..nets).map(|_| Vec::new()).collect();
+    let pool = Arc::new(
+        flame_common::buffer::registered::PoolInstaller::new(&cfg.memory_pool, listeners.len())
+            .map_err(|e| format!("cannot create the memory pool: {e}"))?,
+    );
     for (i, listener) in listeners.into_iter().enumerate() {
         let intake = if staged {
             let q = Arc::new(crate::staged::Mailbox::new(
@@ -186,6 +190,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             shard_thread::Intake::Listener(listener)
         };
         shard_thread::spawn(shard_thread::ShardSetup {
+            pool: pool.clone(),
             id: i as u16,
             osd: osd_id,
             intake,

@@ -176,6 +176,11 @@ impl Shard {
                     .await
                 {
                     Ok(data) => (status::OK, data),
+                    Err(crate::store::StoreError::Io(e))
+                        if e.kind() == std::io::ErrorKind::OutOfMemory =>
+                    {
+                        (status::EAGAIN, PayloadBuf::empty())
+                    }
                     Err(e) => {
                         tracing::error!(object = %target.object, "read for a primary failed: {e}");
                         (status::EIO, PayloadBuf::empty())
@@ -405,6 +410,12 @@ impl Shard {
         match res {
             Ok(()) => status::OK,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => status::ENOSPC,
+            // The shard's memory pool stayed exhausted before anything was written
+            // (a partial write's merge buffer): the client tries again.
+            Err(crate::store::StoreError::Io(e)) if e.kind() == std::io::ErrorKind::OutOfMemory => {
+                tracing::warn!("local write deferred: {e}");
+                status::EAGAIN
+            }
             Err(e) => {
                 tracing::error!("local write failed: {e}");
                 status::EIO

@@ -140,6 +140,38 @@ impl ReactorMetrics {
     }
 }
 
+static FIXED_IO: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_fixed_io_total",
+        "Disk reads and writes of the shard threads submitted as io_uring fixed-buffer operations (from the registered memory pool)",
+        &["shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// A shard's count of fixed-buffer disk operations, published from the reactor's
+/// own counter (`reactor::fixed_ops`).
+pub struct FixedIoMetric {
+    counter: IntCounter,
+    last: u64,
+}
+
+impl FixedIoMetric {
+    /// The child for `shard`.
+    pub fn new(shard: u16) -> FixedIoMetric {
+        FixedIoMetric {
+            counter: FIXED_IO.with_label_values(&[&shard.to_string()]),
+            last: 0,
+        }
+    }
+
+    /// Adds what happened since the last call (`now`: the reactor's total).
+    pub fn update(&mut self, now: u64) {
+        self.counter.inc_by(now.saturating_sub(self.last));
+        self.last = now;
+    }
+}
+
 /// The data-path ops that get their own counters.
 pub const DATA_OPS: [OpCode; 5] = [
     OpCode::Read,

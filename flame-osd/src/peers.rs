@@ -229,7 +229,12 @@ impl Peers {
         let conn = match Conn::connect_from(self.transport, addr, self.source, self.connect_timeout)
             .await
         {
-            Ok(c) => c,
+            Ok(c) => {
+                // Replies (replica reads for repair and recovery) must not wait on
+                // this shard's pool: see `Conn::set_never_wait_for_memory`.
+                c.set_never_wait_for_memory(true);
+                c
+            }
             Err(e) => {
                 tracing::debug!(osd = %osd.id, %addr, "peer connect failed: {e}");
                 self.liveness.peer_failed(osd.id);

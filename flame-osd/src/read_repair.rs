@@ -57,6 +57,12 @@ impl Shard {
         let blocks = match first {
             Ok(data) => return (status::OK, data),
             Err(StoreError::Checksum { blocks, .. }) => blocks,
+            // The shard's memory pool stayed exhausted: not a disk error, the
+            // client tries again.
+            Err(StoreError::Io(e)) if e.kind() == std::io::ErrorKind::OutOfMemory => {
+                tracing::warn!(object = %target.object, "read deferred: {e}");
+                return (status::EAGAIN, PayloadBuf::empty());
+            }
             Err(StoreError::Io(e)) if e.kind() != std::io::ErrorKind::InvalidInput => {
                 tracing::error!(object = %target.object, "read failed: {e}; reading another copy");
                 return self.read_from_copy(view, target).await;

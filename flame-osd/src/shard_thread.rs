@@ -43,6 +43,8 @@ pub struct ShardSetup {
     pub recovery: Arc<crate::recovery::RecoveryShared>,
     /// Lease, shard progress and unreachable peers, shared with the control thread.
     pub liveness: Arc<Liveness>,
+    /// Installs the configured memory pool on the shard thread.
+    pub pool: Arc<flame_common::buffer::registered::PoolInstaller>,
 }
 
 /// Where a shard thread's requests come from.
@@ -70,6 +72,10 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                     std::process::exit(1);
                 }
             };
+            if let Err(e) = install_pool(&setup.pool) {
+                tracing::error!(shard = id, "cannot set up the memory pool: {e}");
+                std::process::exit(1);
+            }
             let metrics = Rc::new(ShardMetrics::new(id));
             let shard = Rc::new(Shard {
                 id,
@@ -124,6 +130,32 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
         })
 }
 
+/// Makes the configured pool this thread's payload memory and, if configured,
+/// registers its regions with the thread's io_uring as fixed buffers, so `O_DIRECT`
+/// reads and writes of pool buffers skip per-I/O page pinning. A kernel or limit
+/// that refuses the registration only costs that optimisation (logged).
+fn install_pool(pool: &flame_common::buffer::registered::PoolInstaller) -> std::io::Result<()> {
+    use flame_common::buffer::registered;
+    pool.install()?;
+    if !pool.config().fixed_buffers {
+        return Ok(());
+    }
+    let regions: Vec<(usize, usize)> = registered::thread_regions()
+        .iter()
+        .map(|r| (r.base, r.len))
+        .collect();
+    if regions.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the thread's pool keeps its regions mapped as long as any buffer or
+    // the thread's pool slot refers to them; the slot is replaced only at thread
+    // exit, after the reactor (and its ring) is gone.
+    if let Err(e) = unsafe { reactor::register_fixed_buffers(&regions) } {
+        tracing::warn!("memory pool not registered with io_uring (plain I/O instead): {e}");
+    }
+    Ok(())
+}
+
 /// How often a shard publishes its reactor's idle-loop counters.
 const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -145,9 +177,11 @@ async fn accept_loop(shard: Rc<Shard>, intake: Intake, handle: reactor::Handle) 
     .detach();
     reactor::spawn(async move {
         let mut m = crate::metrics::ReactorMetrics::new(&id.to_string());
+        let mut fixed = crate::metrics::FixedIoMetric::new(id);
         loop {
             reactor::sleep(REACTOR_METRICS_INTERVAL).await;
             m.update(reactor::poll_stats());
+            fixed.update(reactor::fixed_ops());
         }
     })
     .detach();

@@ -459,9 +459,10 @@ impl TestCluster {
                  threads: 2\n\
                  poll_mode: {poll_mode}\n\
                  transport: {transport}\n\
-                 {bind}{}{}",
+                 {bind}{}{}{}",
                 client_env_yaml(),
                 opts.nbd_extra_yaml,
+                memory_pool_yaml(&opts.nbd_extra_yaml),
                 transport = opts.transport,
                 poll_mode = opts.poll_mode,
             );
@@ -1207,6 +1208,32 @@ fn threading_yaml(extra: &str) -> &'static str {
     }
 }
 
+/// The memory-pool mode test daemons use: `FLAME_TEST_MEMORY_POOL` (`percpu`,
+/// `locked` or `heap`), so CI can run a cluster test with the `locked` pool, or the
+/// default (`percpu`).
+pub fn test_memory_pool_mode() -> String {
+    match std::env::var("FLAME_TEST_MEMORY_POOL") {
+        Ok(m) if ["percpu", "locked", "heap"].contains(&m.as_str()) => m,
+        Ok(m) if !m.is_empty() => {
+            panic!("FLAME_TEST_MEMORY_POOL={m}: want percpu, locked or heap")
+        }
+        _ => "percpu".into(),
+    }
+}
+
+/// The `memory_pool` section of a test daemon's config (none when `extra` has its
+/// own): the mode from [`test_memory_pool_mode`], 32 MiB per thread (the regions
+/// are pinned for io_uring, and a test machine runs many daemons at once).
+fn memory_pool_yaml(extra: &str) -> String {
+    if extra.contains("memory_pool:") {
+        return String::new();
+    }
+    format!(
+        "memory_pool:\n  mode: {}\n  bytes_per_thread: 33554432\n",
+        test_memory_pool_mode()
+    )
+}
+
 fn lease_yaml(opts: &ClusterOptions) -> String {
     let interval = opts.osd_heartbeat_interval_ms;
     let lease_ms = (opts.heartbeat_grace_ms.saturating_sub(interval) * 2 / 3)
@@ -1244,7 +1271,7 @@ fn osd_daemon(
          poll_mode: {}\n\
          transport: {}\n\
          heartbeat_interval_ms: {}\n\
-         {}{}{}\n",
+         {}{}{}{}\n",
         addrs.data,
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
@@ -1254,6 +1281,7 @@ fn osd_daemon(
         opts.osd_heartbeat_interval_ms,
         lease_yaml(opts),
         threading_yaml(&opts.osd_extra_yaml),
+        memory_pool_yaml(&opts.osd_extra_yaml),
         opts.osd_extra_yaml,
     );
     let name = format!("osd.{i}");

@@ -108,6 +108,24 @@ fn every_daemon_serves_its_metrics() {
         ] {
             assert!(text.contains(name), "osd.{i} lacks {name}:\n{text}");
         }
+        check_memory_pool(&text, &format!("osd.{i}"), "shard-");
+        // Disk I/O from pool buffers used io_uring fixed buffers (the shards
+        // publish that count once a second).
+        if flame_tests::test_memory_pool_mode() != "heap" {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let text = scrape(cluster.osd_metrics_addr(i), &format!("osd.{i}"));
+                let n = sum_samples(&text, "flame_osd_fixed_io_total").unwrap_or(0.0);
+                if n > 0.0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "osd.{i}: no fixed-buffer disk I/O:\n{text}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
     }
 
     // flame-nbd.
@@ -117,9 +135,35 @@ fn every_daemon_serves_its_metrics() {
     let writes = sum_with(&nbd, "flame_nbd_ops_total", "op=\"write\"").unwrap_or(0.0);
     assert!(reads > 0.0 && writes > 0.0, "nbd op counters:\n{nbd}");
 
+    check_memory_pool(&nbd, "nbd", "nbd-");
+
     // Only /metrics is served on the metrics ports.
     let (code, _) = http_get(cluster.osd_metrics_addr(0), "/nope").unwrap();
     assert_eq!(code, 404);
+}
+
+/// The registered memory pool served the daemon's payloads (the mode the test
+/// run uses, `FLAME_TEST_MEMORY_POOL`).
+fn check_memory_pool(text: &str, who: &str, thread_prefix: &str) {
+    let mode = flame_tests::test_memory_pool_mode();
+    if mode == "heap" {
+        assert_eq!(sum_samples(text, "flame_pool_hits_total"), None, "{who}");
+        return;
+    }
+    let hits = sum_with(text, "flame_pool_hits_total", &format!("mode=\"{mode}\""));
+    assert!(hits.unwrap_or(0.0) > 0.0, "{who}: no pool hits:\n{text}");
+    assert!(text.contains("flame_pool_bytes_in_use{"), "{who}");
+    assert!(text.contains("flame_pool_remote_frees_total"), "{who}");
+    let capacity = sum_samples(text, "flame_pool_capacity_bytes").unwrap_or(0.0);
+    // Two threads of 32 MiB each: one pool each, or one shared pool of both.
+    assert_eq!(capacity, f64::from(64u32 << 20), "{who}:\n{text}");
+    if mode == "percpu" {
+        let label = format!("thread=\"{thread_prefix}0\"");
+        assert!(
+            sum_with(text, "flame_pool_capacity_bytes", &label).is_some(),
+            "{who}: no pool of thread {thread_prefix}0:\n{text}"
+        );
+    }
 }
 
 #[test]

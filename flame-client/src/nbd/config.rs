@@ -14,6 +14,9 @@
 //! transfer_mode: inline          # inline | convert (read-write conversion)
 //! convert_threshold_bytes: {tcp: 1048576, shm: 65536, rdma: 4096}
 //! reply_mode: push               # push | fetch (remote fetching; shm/rdma only)
+//! memory_pool:                   # payload memory of the reactor threads
+//!   mode: percpu                 # percpu | locked | heap
+//!   bytes_per_thread: 67108864   # registered bytes per thread (multiple of 4 MiB)
 //! ```
 
 use flame_common::config::Validate;
@@ -67,6 +70,9 @@ pub struct NbdConfig {
     pub fetch_polls_max: u32,
     /// The client library's `fetch_fallbacks_to_push`.
     pub fetch_fallbacks_to_push: u32,
+    /// Registered payload memory of the reactor threads (NBD write payloads and
+    /// read replies from the OSDs live in it).
+    pub memory_pool: flame_common::buffer::registered::MemoryPoolConfig,
 }
 
 impl Default for NbdConfig {
@@ -89,6 +95,7 @@ impl Default for NbdConfig {
             fetch_over_emulated: false,
             fetch_polls_max: crate::config::ClientConfig::default().fetch_polls_max,
             fetch_fallbacks_to_push: crate::config::ClientConfig::default().fetch_fallbacks_to_push,
+            memory_pool: Default::default(),
         }
     }
 }
@@ -133,7 +140,7 @@ impl Validate for NbdConfig {
         if self.mgr.is_empty() {
             return bad("mgr", "must be host:port");
         }
-        Ok(())
+        self.memory_pool.validate()
     }
 }
 

@@ -309,7 +309,10 @@ impl Reader {
     /// The caller bounds `len`.
     pub(crate) async fn read_payload(&mut self, len: usize) -> io::Result<PayloadBufMut> {
         let have = self.buffered().min(len);
-        let mut out = PayloadBufMut::for_overwrite(len);
+        // From the thread's memory pool, waiting for frees when it is exhausted (the
+        // socket is not read meanwhile: back-pressure); past the pool's wait bound
+        // the error ends the connection.
+        let mut out = PayloadBufMut::for_overwrite_wait(len).await?;
         out.as_mut_slice()[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
         let out = self.recv_rest(out, have).await?;

@@ -84,14 +84,24 @@ impl Server {
     {
         let make = Arc::new(make_exports);
         let conns = self.conns.clone();
+        let pool = Arc::new(flame_common::buffer::registered::PoolInstaller::new(
+            &self.config.memory_pool,
+            self.listeners.len(),
+        )?);
         let mut handles = Vec::new();
         for (i, l) in self.listeners.into_iter().enumerate() {
             let make = make.clone();
+            let pool = pool.clone();
             let conns = conns.clone();
             let config = self.config.clone();
             let h = std::thread::Builder::new()
                 .name(format!("nbd-{i}"))
-                .spawn(move || thread_main(i, l, config, conns, move |i| make(i)))?;
+                .spawn(move || {
+                    // Payloads received from NBD clients and read replies from the
+                    // OSDs come from this thread's registered pool.
+                    pool.install()?;
+                    thread_main(i, l, config, conns, move |i| make(i))
+                })?;
             handles.push(h);
         }
         let mut result = Ok(());

@@ -26,7 +26,10 @@ mod slot;
 mod source;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
-pub use executor::{Handle, Reactor, ReactorConfig, current_id, poll_stats, spawn, yield_now};
+pub use executor::{
+    Handle, Reactor, ReactorConfig, current_id, fixed_ops, poll_stats, register_fixed_buffers,
+    spawn, yield_now,
+};
 pub use op::{
     accept, close, connect, fallocate, file_size, fsync, mkdir, open, poll_readable, read_at, recv,
     recv_range, send, sleep, unlink, write_at, writev, writev_all,

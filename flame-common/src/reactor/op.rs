@@ -249,9 +249,15 @@ pub async fn writev_all<B: IoBuf>(fd: RawFd, mut bufs: Vec<B>) -> io::Result<Vec
 /// (short at end of file).
 pub async fn read_at<B: IoBufMut>(fd: RawFd, mut buf: B, offset: u64) -> (io::Result<usize>, B) {
     let len = buf.len().min(u32::MAX as usize) as u32;
-    let sqe = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len)
-        .offset(offset)
-        .build();
+    let ptr = buf.as_mut_ptr();
+    let sqe = match with_current(|r| r.fixed_index(ptr as usize, len as usize)) {
+        Some(index) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
+            .offset(offset)
+            .build(),
+        None => opcode::Read::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .build(),
+    };
     let (res, buf) = Op::submit(sqe, buf).await;
     (result(res), buf)
 }
@@ -265,11 +271,19 @@ pub async fn write_at<B: IoBuf>(
     dsync: bool,
 ) -> (io::Result<usize>, B) {
     let len = buf.len().min(u32::MAX as usize) as u32;
-    let mut op = opcode::Write::new(types::Fd(fd), buf.as_ptr(), len).offset(offset);
-    if dsync {
-        op = op.rw_flags(libc::RWF_DSYNC);
-    }
-    let (res, buf) = Op::submit(op.build(), buf).await;
+    let ptr = buf.as_ptr();
+    let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+    let sqe = match with_current(|r| r.fixed_index(ptr as usize, len as usize)) {
+        Some(index) => opcode::WriteFixed::new(types::Fd(fd), ptr, len, index)
+            .offset(offset)
+            .rw_flags(flags)
+            .build(),
+        None => opcode::Write::new(types::Fd(fd), ptr, len)
+            .offset(offset)
+            .rw_flags(flags)
+            .build(),
+    };
+    let (res, buf) = Op::submit(sqe, buf).await;
     (result(res), buf)
 }
 

@@ -185,6 +185,25 @@ impl Conn {
         }
     }
 
+    /// With `on`, a payload received while the thread's memory pool is exhausted
+    /// goes to heap memory (counted in `flame_pool_heap_fallbacks_total`) instead of
+    /// waiting for frees. For OSD-to-OSD connections only: their requests and
+    /// replies are what frees the primaries' buffers, so waiting on them could
+    /// deadlock two OSDs whose pools are full of writes waiting for each other;
+    /// their volume is bounded by the sending primaries' in-flight bounds.
+    pub fn set_never_wait_for_memory(&self, on: bool) {
+        match self {
+            Conn::Tcp(c) => c.set_never_wait_for_memory(on),
+            // These copy a received payload out of their ring or receive buffer
+            // with the synchronous allocation, which never waits (it falls back
+            // to the heap, counted): nothing to switch. Making their receive wait
+            // for pool memory like tcp's is left to do.
+            Conn::Shm(_) => {}
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(_) => {}
+        }
+    }
+
     /// Whether the connection has failed or been closed.
     pub fn is_closed(&self) -> bool {
         match self {

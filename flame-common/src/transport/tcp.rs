@@ -80,6 +80,9 @@ pub struct TcpConn {
     /// Id of the next one-sided operation (its own id space: frames are told apart
     /// from messages by opcode).
     next_op: Cell<u64>,
+    /// Receive payloads into heap memory when the pool is exhausted instead of
+    /// waiting (see [`super::Conn::set_never_wait_for_memory`]).
+    never_wait: Cell<bool>,
 }
 
 /// A one-sided operation waiting for the peer's reply.
@@ -143,6 +146,7 @@ impl TcpConn {
             grants: Rc::new(GrantTable::default()),
             pending: StdRefCell::new(HashMap::new()),
             next_op: Cell::new(1),
+            never_wait: Cell::new(false),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -324,7 +328,16 @@ impl TcpConn {
         // Payload: bounded by Header::decode before this allocation.
         let len = header.payload_len as usize;
         let have = (st.end - st.start).min(len);
-        let mut payload = PayloadBufMut::for_overwrite(len);
+        // From the thread's memory pool; when it is exhausted this waits for frees
+        // (not reading the socket meanwhile back-pressures the peer) and, past the
+        // pool's wait bound, fails, which closes the connection.
+        let mut payload = if self.never_wait.get() {
+            PayloadBufMut::for_overwrite(len)
+        } else {
+            PayloadBufMut::for_overwrite_wait(len)
+                .await
+                .map_err(io::Error::from)?
+        };
         payload.as_mut_slice()[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
         st.start += have;
         let mut filled = have;
@@ -621,6 +634,11 @@ impl TcpConn {
         if let Some(w) = self.queue.borrow_mut().writer.take() {
             w.wake();
         }
+    }
+
+    /// See [`super::Conn::set_never_wait_for_memory`].
+    pub fn set_never_wait_for_memory(&self, on: bool) {
+        self.never_wait.set(on);
     }
 
     /// See [`super::Conn::close`].

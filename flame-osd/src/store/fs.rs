@@ -312,7 +312,10 @@ impl File {
                     (Some(direct), true) => direct.as_raw_fd(),
                     _ => buffered.as_raw_fd(),
                 };
-                let (filled, buf) = read_full(fd, PayloadBufMut::zeroed(len), offset, len).await;
+                // From the shard's pool (waiting for frees when it is exhausted;
+                // an `OutOfMemory` error past the wait, answered EAGAIN).
+                let buf = PayloadBufMut::zeroed_wait(len).await?;
+                let (filled, buf) = read_full(fd, buf, offset, len).await;
                 filled?;
                 Ok(buf.freeze())
             }

@@ -534,7 +534,8 @@ impl ObjectStore {
     ) -> Result<PayloadBuf, StoreError> {
         check_range(offset, len)?;
         let Some(state) = self.state(pg, object, false).await? else {
-            return Ok(PayloadBuf::zeroed(len as usize));
+            let zeros = PayloadBufMut::zeroed_wait(len as usize).await;
+            return Ok(zeros.map_err(std::io::Error::from)?.freeze());
         };
         if len == 0 {
             return Ok(PayloadBuf::empty());
@@ -649,7 +650,10 @@ impl ObjectStore {
         match res {
             Err(StoreError::Io(e))
                 if !matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
-                    && e.kind() != io::ErrorKind::InvalidInput =>
+                    && e.kind() != io::ErrorKind::InvalidInput
+                    // The memory pool stayed exhausted: raised before any byte
+                    // reached the disk.
+                    && e.kind() != io::ErrorKind::OutOfMemory =>
             {
                 Err(self.sync_failed(&format!("write to object {object}"), e))
             }
@@ -673,6 +677,10 @@ impl ObjectStore {
         let end = start + data.len();
         let base = DATA_OFFSET + (first * BLOCK) as u64;
         // Aligned, so the merged blocks go to the disk with O_DIRECT from here.
+        // Not `zeroed_wait`: this write already holds its payload, and if every
+        // pool buffer belonged to partial writes waiting here, none would ever be
+        // freed. The synchronous allocation takes heap memory when the pool is
+        // exhausted, bounded by the writes in flight.
         let mut buf = PayloadBufMut::zeroed(count * BLOCK);
         // Only the edge blocks hold old bytes that survive the write.
         let mut edges = Vec::with_capacity(2);

@@ -23,8 +23,20 @@
 //! home thread — whichever thread the drop runs on. That is the seam the registered
 //! memory pool (DESIGN.md §2, technique 4) plugs into: per-thread pools of
 //! pre-registered memory in size classes, allocation and free on the owning thread
-//! without a lock, and a lock-free return queue for buffers freed elsewhere. None of
-//! that exists yet; the heap pool simply frees.
+//! without a lock, and a lock-free return queue for buffers freed elsewhere: the
+//! [`registered`] module. Data-path threads install it at start
+//! ([`registered::PoolInstaller`]); every other thread keeps the heap pool.
+//!
+//! # Exhaustion
+//! A registered pool is bounded. The data path allocates with
+//! [`PayloadBufMut::for_overwrite_wait`], which waits for frees (back-pressure: the
+//! connection stops reading) and fails after the configured time. The synchronous
+//! constructors ([`PayloadBufMut::for_overwrite`], [`PayloadBuf::copy_from`], …),
+//! used for small control-plane payloads and copies of a caller's slice, take the
+//! memory from the heap when the pool is exhausted and count it
+//! ([`registered::HEAP_FALLBACKS`]).
+
+pub mod registered;
 
 use crate::reactor::{DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -72,6 +84,19 @@ pub unsafe trait BufferPool: Send + Sync + 'static {
     /// `raw` came from this pool's `allocate` and is released exactly once, after
     /// which nothing reads or writes it.
     unsafe fn release(&self, raw: RawBuf, home: ThreadId);
+
+    /// `Some((region id, offset))` when `ptr` (memory this pool handed out) lies in
+    /// one of its registered regions ([`registered::regions`]); `None` for heap
+    /// memory.
+    fn location(&self, ptr: *const u8) -> Option<(u32, u64)> {
+        let _ = ptr;
+        None
+    }
+
+    /// The registered regions this pool carves buffers from (none for the heap).
+    fn regions(&self) -> Vec<Arc<registered::Region>> {
+        Vec::new()
+    }
 }
 
 /// The default pool. Small buffers come from the global allocator (zeroed: a memset
@@ -285,12 +310,29 @@ fn dangling() -> *mut u8 {
     std::ptr::without_provenance_mut(DIRECT_IO_ALIGN)
 }
 
+/// Memory from the thread's pool; when that pool cannot serve it, from the heap
+/// (counted in [`registered::HEAP_FALLBACKS`]; see "Exhaustion" above).
 fn allocate_chunk(len: usize) -> (Arc<Chunk>, bool) {
-    let pool = thread_pool();
+    if let Some(c) = try_allocate_chunk(len) {
+        return c;
+    }
+    registered::HEAP_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pool = heap_pool();
     let Some(raw) = pool.allocate(len) else {
         let layout = heap_layout(len.max(1)).unwrap_or(Layout::new::<u8>());
         std::alloc::handle_alloc_error(layout);
     };
+    chunk_from(pool, raw, len)
+}
+
+/// Memory from the thread's pool, `None` when it is exhausted.
+fn try_allocate_chunk(len: usize) -> Option<(Arc<Chunk>, bool)> {
+    let pool = thread_pool();
+    let raw = pool.allocate(len)?;
+    Some(chunk_from(pool, raw, len))
+}
+
+fn chunk_from(pool: Arc<dyn BufferPool>, raw: RawBuf, len: usize) -> (Arc<Chunk>, bool) {
     assert!(
         raw.cap >= len && (raw.ptr.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN),
         "pool {} returned unaligned or short memory",
@@ -305,6 +347,23 @@ fn allocate_chunk(len: usize) -> (Arc<Chunk>, bool) {
         home: this_thread(),
     };
     (Arc::new(chunk), zeroed)
+}
+
+/// The thread's memory pool could not serve a data-path allocation within its
+/// wait (see "Exhaustion" in the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("memory pool exhausted: no {len}-byte buffer became free in time")]
+pub struct PoolExhausted {
+    /// Bytes asked for.
+    pub len: usize,
+}
+
+impl From<PoolExhausted> for std::io::Error {
+    /// `OutOfMemory`: callers answer it with "try again" (EAGAIN) or by closing the
+    /// connection, never as a disk error.
+    fn from(e: PoolExhausted) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)
+    }
 }
 
 /// A unique, writable payload buffer of a fixed length, 4 KiB-aligned.
@@ -332,6 +391,58 @@ impl PayloadBufMut {
     /// cleared first.
     pub fn for_overwrite(len: usize) -> PayloadBufMut {
         PayloadBufMut::allocate(len).0
+    }
+
+    /// Like [`PayloadBufMut::for_overwrite`] but `None` when the thread's pool is
+    /// exhausted, instead of taking heap memory.
+    pub fn try_for_overwrite(len: usize) -> Option<PayloadBufMut> {
+        if len == 0 {
+            return Some(PayloadBufMut::for_overwrite(0));
+        }
+        let (chunk, _) = try_allocate_chunk(len)?;
+        Some(PayloadBufMut {
+            chunk: Some(chunk),
+            len,
+        })
+    }
+
+    /// A buffer of `len` bytes of unspecified content for the data path: when the
+    /// thread's pool is exhausted, waits (on the thread's reactor) for buffers to be
+    /// freed, re-trying with a backoff of 50 µs … 1 ms, for at most the pool's
+    /// `exhausted_wait_ms`. The caller — a connection about to receive a payload —
+    /// does not read its socket meanwhile, which back-pressures the sender.
+    pub async fn for_overwrite_wait(len: usize) -> Result<PayloadBufMut, PoolExhausted> {
+        if let Some(b) = PayloadBufMut::try_for_overwrite(len) {
+            return Ok(b);
+        }
+        let wait = std::time::Duration::from_millis(registered::thread_wait_ms());
+        let start = std::time::Instant::now();
+        let mut backoff_us = 50;
+        // Bounded by `wait`: every round sleeps at least 50 µs.
+        loop {
+            if crate::reactor::current_id().is_none() || start.elapsed() >= wait {
+                return Err(PoolExhausted { len });
+            }
+            crate::reactor::sleep(std::time::Duration::from_micros(backoff_us)).await;
+            if let Some(b) = PayloadBufMut::try_for_overwrite(len) {
+                return Ok(b);
+            }
+            backoff_us = (backoff_us * 2).min(1000);
+        }
+    }
+
+    /// [`PayloadBufMut::for_overwrite_wait`], cleared to zero.
+    pub async fn zeroed_wait(len: usize) -> Result<PayloadBufMut, PoolExhausted> {
+        let mut b = PayloadBufMut::for_overwrite_wait(len).await?;
+        b.as_mut_slice().fill(0);
+        Ok(b)
+    }
+
+    /// Where the buffer lies in a registered region: `Some((region id, offset))`,
+    /// `None` for heap memory (or an empty buffer).
+    pub fn location(&self) -> Option<(u32, u64)> {
+        let c = self.chunk.as_ref()?;
+        c.pool.location(c.ptr.as_ptr())
     }
 
     /// A buffer and whether its bytes are known to be zero.
@@ -552,6 +663,14 @@ impl PayloadBuf {
     /// Name of the pool the memory came from (`None` for an empty payload).
     pub fn pool_name(&self) -> Option<&'static str> {
         self.chunk.as_ref().map(|c| c.pool.name())
+    }
+
+    /// Where these bytes lie in a registered region: `Some((region id, offset of
+    /// the first byte))`, `None` for heap memory (or an empty payload).
+    pub fn location(&self) -> Option<(u32, u64)> {
+        let c = self.chunk.as_ref()?;
+        let (id, off) = c.pool.location(c.ptr.as_ptr())?;
+        Some((id, off + self.off as u64))
     }
 
     /// The thread that allocated the memory.
