@@ -104,6 +104,11 @@ section "FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication -
 # (tests/tests/shm_transport.rs runs shm in the main pass too).
 FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster
 
+section "FLAME_TEST_MEMORY_POOL=locked FLAME_TEST_THREADING=staged cargo test -p flame-tests --test replication"
+# The paths kept only for the comparisons (one locked pool, staged threads) run a
+# real-cluster test so they do not rot.
+FLAME_TEST_MEMORY_POOL=locked FLAME_TEST_THREADING=staged cargo test -p flame-tests --test replication
+
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints
 

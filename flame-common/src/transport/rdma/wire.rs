@@ -623,6 +623,7 @@ mod tests {
             },
             flags: 0,
             seq: PgSeq(0),
+            op: crate::ids::OpId::NONE,
             remote: None,
             data: PayloadBuf::copy_from(
                 &(0..len)
