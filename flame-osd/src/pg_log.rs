@@ -149,6 +149,11 @@ fn overlaps(a_off: u32, a_len: u32, b_off: u32, b_len: u32) -> bool {
     u64::from(a_off) < b_end && u64::from(b_off) < a_end
 }
 
+/// A tracked member missed entry `seq`: its first miss is the lowest seq missed.
+fn note_miss(first_missed: &mut Option<u64>, seq: u64) {
+    *first_missed = Some(first_missed.map_or(seq, |s| s.min(seq)));
+}
+
 impl PgLog {
     /// An empty log keeping at most `max` entries (at least 1).
     pub fn new(max: usize) -> PgLog {
@@ -322,29 +327,34 @@ impl PgLog {
         let seq = entry.seq;
         self.inflight.remove(&seq);
         let applied = |id: &OsdId| entry.applied.contains(id);
+        // Writes complete out of their admission order (a dead replica's pending
+        // forwards fail in any order; overlapping-free writes finish as their I/O
+        // does), so a member may miss this entry after a higher-numbered one was
+        // already recorded as its first miss: its first miss is the lowest seq it
+        // missed, never just the first one recorded. Otherwise log catch-up
+        // (`missed_by`, which reads from the first miss on) would skip this entry
+        // and report a member recovered without an acknowledged write.
         for id in roles.acting {
             // A complete member that this log does not track yet had every earlier
             // write (that is what complete means): track it from here.
-            let missed = (!applied(id)).then_some(seq);
-            let t = self.tracked.entry(*id).or_insert(missed);
-            if t.is_none() {
-                *t = missed;
+            let t = self.tracked.entry(*id).or_insert(None);
+            if !applied(id) {
+                note_miss(t, seq);
             }
         }
         for id in roles.recovering {
             // Tracked only if it was complete under this primary before; a member
             // that never was is backfilled, whatever it applies now.
             if let Some(t) = self.tracked.get_mut(id)
-                && t.is_none()
                 && !applied(id)
             {
-                *t = Some(seq);
+                note_miss(t, seq);
             }
         }
         for (id, t) in self.tracked.iter_mut() {
             let in_set = roles.acting.contains(id) || roles.recovering.contains(id);
-            if !in_set && t.is_none() {
-                *t = Some(seq);
+            if !in_set {
+                note_miss(t, seq);
             }
         }
         self.insert(entry);
@@ -499,6 +509,55 @@ mod tests {
         assert_eq!(log.missed_by(OsdId(7), 0), None);
         log.reset_tracking();
         assert_eq!(log.missed_by(OsdId(3), 0), None);
+    }
+
+    #[test]
+    fn a_miss_recorded_after_a_later_one_is_not_skipped() {
+        // Writes complete out of admission order: when a replica dies, its pending
+        // forwards fail in any order. Entry b (higher seq) is recorded as missed
+        // first, then entry a: the member missed both, and log catch-up must copy
+        // both (the lost case: the member was reported recovered without a).
+        let mut log = PgLog::new(10);
+        let all = WriteSetRoles {
+            acting: &A,
+            recovering: &[],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+        let a = log.next_seq();
+        let b = log.next_seq();
+        log.record_primary(entry(b, 2, &[1, 2]), &all);
+        log.record_primary(entry(a, 1, &[1, 2]), &all);
+        let missed = log.missed_by(OsdId(3), 0).unwrap();
+        let objects: Vec<u64> = missed.iter().map(|(_, o, _, _)| o.index).collect();
+        assert_eq!(objects, vec![1, 2]);
+        // The same after a catch-up: a write numbered after `through` but
+        // recorded after a later one it also missed.
+        log.recovered(OsdId(3), log.last_seq());
+        let c = log.next_seq();
+        let d = log.next_seq();
+        let back = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &A[2..],
+        };
+        log.record_primary(entry(d, 4, &[1, 2]), &back);
+        log.record_primary(entry(c, 3, &[1, 2]), &back);
+        let missed = log.missed_by(OsdId(3), 0).unwrap();
+        let objects: Vec<u64> = missed.iter().map(|(_, o, _, _)| o.index).collect();
+        assert_eq!(objects, vec![3, 4]);
+        // And for a member that left the write set.
+        log.recovered(OsdId(3), log.last_seq());
+        let e = log.next_seq();
+        let f = log.next_seq();
+        let two = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &[],
+        };
+        log.record_primary(entry(f, 6, &[1, 2]), &two);
+        log.record_primary(entry(e, 5, &[1, 2]), &two);
+        let missed = log.missed_by(OsdId(3), 0).unwrap();
+        let objects: Vec<u64> = missed.iter().map(|(_, o, _, _)| o.index).collect();
+        assert_eq!(objects, vec![5, 6]);
     }
 
     #[test]
