@@ -371,6 +371,20 @@ fn parse_fetched(buf: PayloadBuf, id: RequestId) -> Option<(OpCode, Reply)> {
     }
 }
 
+/// Whether a fetched reply (already matched to its request by id, op and
+/// checksums) has the length its request allows: a successful inline read
+/// carries exactly the `expect` bytes asked for, a converted read (`expect` 0:
+/// its data went into the granted buffer) and every other op carry none. A
+/// reply that passes its checksums but not this is an OSD bug, never data to
+/// hand to a caller.
+fn fetched_len_ok(op: OpCode, reply: &Reply, expect: u32) -> bool {
+    if op == OpCode::Read && reply.status == status::OK {
+        reply.data.len() == expect as usize
+    } else {
+        reply.data.is_empty() || reply.data.len() == expect as usize
+    }
+}
+
 /// Write payload bytes one connection may have pending. Far below the transport's
 /// send-queue bound (which fails a connection whose peer stops reading): a client
 /// with many large writes waits here instead of having a healthy but slow
@@ -571,6 +585,16 @@ impl OsdConn {
                             self.addr,
                             op.name(),
                             p.op.name()
+                        ));
+                        self.fail(&e);
+                        return Err(e);
+                    }
+                    if !fetched_len_ok(op, &reply, payload) {
+                        let e = ConnError::lost(format!(
+                            "{} left a {}-byte {} reply for request {id}, which allows {payload}",
+                            self.addr,
+                            reply.data.len(),
+                            op.name()
                         ));
                         self.fail(&e);
                         return Err(e);
@@ -1021,6 +1045,62 @@ mod tests {
     use flame_common::reactor::{Reactor, ReactorConfig};
     use flame_common::transport::Listener;
     use std::cell::RefCell;
+
+    fn fetched(id: RequestId, status: i32, data: &[u8]) -> Message {
+        Message::Reply {
+            op: OpCode::Read,
+            id,
+            epoch: flame_common::ids::Epoch(3),
+            status,
+            data: PayloadBuf::copy_from(data),
+        }
+    }
+
+    fn slot_bytes_of(msg: &Message) -> PayloadBuf {
+        let (h, payload) = msg.to_header();
+        let mut v = h.encode().to_vec();
+        v.extend_from_slice(&payload);
+        v.resize(HEADER_LEN + 8192, 0);
+        PayloadBuf::copy_from(&v)
+    }
+
+    /// A fetched slot is accepted only as the whole reply of its own request:
+    /// another request's reply (an older one still in a reused slot), a torn
+    /// slot (payload or header checksum off) and a reply of the wrong length
+    /// are all refused.
+    #[test]
+    fn a_fetched_reply_must_be_the_whole_reply_of_its_own_request() {
+        let id = RequestId(5 * 17 + 3);
+        let data = vec![0x22u8; 4096];
+        let good = slot_bytes_of(&fetched(id, status::OK, &data));
+        let (op, reply) = parse_fetched(good.clone(), id).unwrap();
+        assert_eq!(op, OpCode::Read);
+        assert_eq!(&reply.data[..], &data[..]);
+        assert!(fetched_len_ok(op, &reply, 4096));
+        // An older reply in the same slot (same residue, smaller counter).
+        assert!(parse_fetched(good.clone(), RequestId(6 * 17 + 3)).is_none());
+        // Torn: a payload byte or a header byte not yet (or wrongly) written.
+        let mut torn = good.to_vec();
+        torn[HEADER_LEN + 100] ^= 1;
+        assert!(parse_fetched(PayloadBuf::copy_from(&torn), id).is_none());
+        let mut torn = good.to_vec();
+        torn[80] ^= 1;
+        assert!(parse_fetched(PayloadBuf::copy_from(&torn), id).is_none());
+        // Checksums right, length wrong: a read of 4096 bytes answered with
+        // 512, and a converted read (data in the grant) answered inline.
+        let short = slot_bytes_of(&fetched(id, status::OK, &data[..512]));
+        let (op, reply) = parse_fetched(short, id).unwrap();
+        assert!(!fetched_len_ok(op, &reply, 4096));
+        assert!(!fetched_len_ok(op, &reply, 0));
+        let empty = slot_bytes_of(&fetched(id, status::OK, &[]));
+        let (op, reply) = parse_fetched(empty, id).unwrap();
+        assert!(fetched_len_ok(op, &reply, 0));
+        assert!(!fetched_len_ok(op, &reply, 4096));
+        // An error reply carries no data.
+        let err = slot_bytes_of(&fetched(id, status::EIO, &[]));
+        let (op, reply) = parse_fetched(err, id).unwrap();
+        assert!(fetched_len_ok(op, &reply, 4096));
+    }
 
     /// A converted write whose caller gave up (a timeout, a resend elsewhere)
     /// keeps its grant until the OSD's late reply: the OSD's pull, made after the
