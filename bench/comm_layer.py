@@ -96,7 +96,10 @@ COMPARISONS = {
         "needs": "i7-convert",
         "configs": {
             "inline": {"nbd": {"transfer_mode": "inline"}},
-            "convert": {"nbd": {"transfer_mode": "convert"}},
+            # Every size of the jobs converts (the default thresholds are what
+            # this comparison is for choosing).
+            "convert": {"nbd": {"transfer_mode": "convert",
+                                "convert_threshold_bytes": {"tcp": 4096, "shm": 4096, "rdma": 4096}}},
         },
         "baseline": "inline",
         "jobs": CONVERT_JOBS,
@@ -106,13 +109,16 @@ COMPARISONS = {
         "needs": "i7-convert",
         "configs": {
             "push": {"nbd": {"reply_mode": "push"}},
-            "fetch": {"nbd": {"reply_mode": "fetch"}},
+            # On tcp a fetch is an emulated READ served by the OSD's connection
+            # thread: allowed only with these measurement switches.
+            "fetch": {"nbd": {"reply_mode": "fetch", "fetch_over_emulated": "true"},
+                      "osd": {"reply_area_over_emulated": "true"}},
         },
         "baseline": "push",
         "jobs": LAT_QD1 + IOPS_QD32,
     },
 }
-DEFAULT_COMPARISONS = ("threading", "poll")
+DEFAULT_COMPARISONS = ("threading", "poll", "pool", "convert", "reply")
 TRANSPORTS = ("tcp", "shm", "rdma")
 
 
