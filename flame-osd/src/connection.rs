@@ -36,7 +36,7 @@ use std::time::Duration;
 const PEER_INFLIGHT_FACTOR: u32 = 16;
 
 /// How long a new connection may take to send its `Hello`.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Counts a connection while it lives.
 struct ConnectionSlot(Rc<Shard>);
@@ -57,79 +57,47 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     let mut max_inflight = shard.max_inflight;
     let mut is_peer = false;
     let mut fence: Option<Fence> = None;
-    let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
-        reactor::sleep(HELLO_TIMEOUT).await;
-        None
-    })
-    .await;
-    match first {
-        Some(Ok(hello @ Message::Hello { .. })) => {
-            if matches!(hello, Message::Hello { peer: true, .. }) {
-                // One replication connection carries the writes of every client of
-                // the sending shard: give it room for all of them.
-                max_inflight = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR);
-                is_peer = true;
-                // Forwarded writes must not wait on this shard's memory pool
-                // either (the same deadlock as the byte bound below).
-                conn.set_never_wait_for_memory(true);
-            }
-            let mut reply = shard.hello(&hello);
-            if let (
-                Message::Hello {
-                    session,
-                    generation,
-                    ..
-                },
-                Message::HelloReply { status: st @ 0, .. },
-            ) = (&hello, &mut reply)
-                && *session != 0
-            {
-                match shard.register_session(*session, *generation) {
-                    Some(f) => fence = Some(f),
-                    None => {
-                        tracing::warn!(shard = shard.id, %peer, session, generation, "hello from a superseded connection; refusing");
-                        *st = status::ESTALE;
-                    }
-                }
-            }
-            let ok = matches!(reply, Message::HelloReply { status: 0, .. });
-            if conn.send(&reply).is_err() {
-                conn.close();
-                return;
-            }
-            if !ok {
-                // The refusal (wrong shard, superseded session) must reach the
-                // sender, so it can tell a stale map from a network failure.
-                conn.close_after_send();
-                return;
+    let Some(hello) = receive_hello(&conn, shard.id, peer).await else {
+        return;
+    };
+    if matches!(hello, Message::Hello { peer: true, .. }) {
+        // One replication connection carries the writes of every client of
+        // the sending shard: give it room for all of them.
+        max_inflight = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR);
+        is_peer = true;
+        // Forwarded writes must not wait on this shard's memory pool
+        // either (the same deadlock as the byte bound below).
+        conn.set_never_wait_for_memory(true);
+    }
+    let mut reply = shard.hello(&hello);
+    if let (
+        Message::Hello {
+            session,
+            generation,
+            ..
+        },
+        Message::HelloReply { status: st @ 0, .. },
+    ) = (&hello, &mut reply)
+        && *session != 0
+    {
+        match shard.register_session(*session, *generation) {
+            Some(f) => fence = Some(f),
+            None => {
+                tracing::warn!(shard = shard.id, %peer, session, generation, "hello from a superseded connection; refusing");
+                *st = status::ESTALE;
             }
         }
-        Some(Ok(other)) => {
-            tracing::warn!(shard = shard.id, %peer, "first message was {:?}, not hello; closing", other.op());
-            conn.close();
-            return;
-        }
-        Some(Err(TransportError::Protocol(
-            e @ ProtocolError::ForeignVersion {
-                peer_version,
-                request_id,
-            },
-        ))) => {
-            // Answer in the peer's own format, so it can say why, then close.
-            tracing::warn!(shard = shard.id, %peer, "refusing connection: {e}");
-            let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
-            conn.close_after_send();
-            return;
-        }
-        Some(Err(e)) => {
-            tracing::debug!(shard = shard.id, %peer, "connection failed before hello: {e}");
-            return;
-        }
-        None => {
-            tracing::warn!(shard = shard.id, %peer, "no hello within {HELLO_TIMEOUT:?}; closing");
-            conn.close();
-            return;
-        }
+    }
+    let ok = matches!(reply, Message::HelloReply { status: 0, .. });
+    if conn.send(&reply).is_err() {
+        conn.close();
+        return;
+    }
+    if !ok {
+        // The refusal (wrong shard, superseded session) must reach the
+        // sender, so it can tell a stale map from a network failure.
+        conn.close_after_send();
+        return;
     }
     let inflight = Rc::new(Inflight::default());
     let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
@@ -269,6 +237,59 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
             inflight.leave();
         })
         .detach();
+    }
+}
+
+/// Waits (at most [`HELLO_TIMEOUT`]) for a new connection's first message, which
+/// must be a `Hello`; shared by the penetrating shards and the staged mode's
+/// network threads. Every other outcome is settled here and gives `None`, with the
+/// connection closed: another message, a peer of another protocol version
+/// (answered in its own format first, so it can say why), an error, silence. A
+/// replication connection (a peer's hello) is switched to never wait for pool
+/// memory: forwarded writes are what frees the primaries' buffers, so waiting on
+/// them could deadlock two OSDs (the same reason they skip the byte bound).
+pub(crate) async fn receive_hello(
+    conn: &Conn,
+    shard_id: u16,
+    peer: std::net::SocketAddr,
+) -> Option<Message> {
+    let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
+        reactor::sleep(HELLO_TIMEOUT).await;
+        None
+    })
+    .await;
+    match first {
+        Some(Ok(hello @ Message::Hello { .. })) => {
+            if matches!(hello, Message::Hello { peer: true, .. }) {
+                conn.set_never_wait_for_memory(true);
+            }
+            Some(hello)
+        }
+        Some(Ok(other)) => {
+            tracing::warn!(shard = shard_id, %peer, "first message was {:?}, not hello; closing", other.op());
+            conn.close();
+            None
+        }
+        Some(Err(TransportError::Protocol(
+            e @ ProtocolError::ForeignVersion {
+                peer_version,
+                request_id,
+            },
+        ))) => {
+            tracing::warn!(shard = shard_id, %peer, "refusing connection: {e}");
+            let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
+            conn.close_after_send();
+            None
+        }
+        Some(Err(e)) => {
+            tracing::debug!(shard = shard_id, %peer, "connection failed before hello: {e}");
+            None
+        }
+        None => {
+            tracing::warn!(shard = shard_id, %peer, "no hello within {HELLO_TIMEOUT:?}; closing");
+            conn.close();
+            None
+        }
     }
 }
 

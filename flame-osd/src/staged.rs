@@ -23,9 +23,9 @@ use crate::shard::Shard;
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
 use flame_common::map::ClusterMap;
-use flame_common::protocol::{self, Message, ProtocolError, status};
+use flame_common::protocol::{Message, status};
 use flame_common::reactor::{self, Handle, PollSource};
-use flame_common::transport::{Conn, Listener, TransportError};
+use flame_common::transport::{Conn, Listener};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
@@ -39,8 +39,6 @@ pub const REPLY_QUEUE_LEN: usize = 4096;
 const DRAIN_PER_POLL_MAX: usize = 256;
 /// How long a producer waits before retrying a push into a full queue.
 const FULL_QUEUE_RETRY: Duration = Duration::from_micros(50);
-/// How long a new connection may take to send its `Hello` (as in penetrating mode).
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A replication connection may have this many times a client's in-flight bound.
 const PEER_INFLIGHT_FACTOR: u32 = 16;
 
@@ -432,62 +430,32 @@ async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pen
     shard.connections_gauge.inc();
     let _count = ConnCount(shard.clone());
     let peer = conn.peer();
-    let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
-        reactor::sleep(HELLO_TIMEOUT).await;
-        None
-    })
-    .await;
-    let (is_peer, fence) = match first {
-        Some(Ok(hello @ Message::Hello { .. })) => {
-            let is_peer = matches!(hello, Message::Hello { peer: true, .. });
-            let fence = match &hello {
-                Message::Hello {
-                    session,
-                    generation,
-                    ..
-                } if *session != 0 => Some((*session, *generation)),
-                _ => None,
-            };
-            let Some(Outcome::Reply(reply)) =
-                submit(&shard, Work::Hello(hello), &replies, &pending).await
-            else {
-                conn.close();
-                return;
-            };
-            let ok = matches!(reply, Message::HelloReply { status: 0, .. });
-            if conn.send(&reply).is_err() {
-                conn.close();
-                return;
-            }
-            if !ok {
-                conn.close_after_send();
-                return;
-            }
-            (is_peer, fence)
-        }
-        Some(Ok(other)) => {
-            tracing::warn!(shard = shard.id, %peer, "first message was {:?}, not hello; closing", other.op());
-            conn.close();
-            return;
-        }
-        Some(Err(TransportError::Protocol(ProtocolError::ForeignVersion {
-            peer_version,
-            request_id,
-        }))) => {
-            let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
-            conn.close_after_send();
-            return;
-        }
-        Some(Err(e)) => {
-            tracing::debug!(shard = shard.id, %peer, "connection failed before hello: {e}");
-            return;
-        }
-        None => {
-            tracing::warn!(shard = shard.id, %peer, "no hello within {HELLO_TIMEOUT:?}; closing");
-            conn.close();
-            return;
-        }
+    let Some(hello) = crate::connection::receive_hello(&conn, shard.id, peer).await else {
+        return;
     };
+    let is_peer = matches!(hello, Message::Hello { peer: true, .. });
+    let fence = match &hello {
+        Message::Hello {
+            session,
+            generation,
+            ..
+        } if *session != 0 => Some((*session, *generation)),
+        _ => None,
+    };
+    let Some(Outcome::Reply(reply)) = submit(&shard, Work::Hello(hello), &replies, &pending).await
+    else {
+        conn.close();
+        return;
+    };
+    let ok = matches!(reply, Message::HelloReply { status: 0, .. });
+    if conn.send(&reply).is_err() {
+        conn.close();
+        return;
+    }
+    if !ok {
+        conn.close_after_send();
+        return;
+    }
     let max_inflight = if is_peer {
         shard.max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR)
     } else {
