@@ -7,6 +7,10 @@ The comparisons of issue 5 ("Foundation v2"), interleaved round by round:
                 release binaries, default OSD settings (checksums on)
   flame-nocsum  the same cluster with `checksums: false` on every OSD: what the
                 per-block crc32c costs
+  flame-best    the same cluster with the communication layer's best settings
+                (issue 7): --best-osd / --best-nbd YAML lines (default: `transport:
+                shm` between flame-nbd and the OSDs and between OSDs) and
+                --best-poll-mode for every daemon
   qemu-nbd      `qemu-nbd --cache=none --aio=native` over one file on the same disk
   raw           fio itself, `--ioengine=libaio --direct=1`, on one file of the same
                 disk: the device's own speed
@@ -48,21 +52,26 @@ JOBS = [
     ("1M seqwrite QD4", "write", "1M", 4),
     ("1M seqread QD4", "read", "1M", 4),
 ]
-VARIANTS = ("flame", "flame-nocsum", "qemu-nbd", "raw")
+VARIANTS = ("flame", "flame-nocsum", "flame-best", "qemu-nbd", "raw")
+# Variants shown by default (flame-best is asked for by name).
+DEFAULT_VARIANTS = ("flame", "flame-nocsum", "qemu-nbd", "raw")
 
 
 class FlameCluster(pm.Cluster):
     """poll_modes' cluster with the default poll mode and optional OSD overrides."""
 
-    def __init__(self, bin_dir, ports, base_dir, osd_extra):
-        super().__init__(bin_dir, ports, "interrupt", base_dir)
+    def __init__(self, bin_dir, ports, base_dir, osd_extra, nbd_extra="", mode="interrupt"):
+        super().__init__(bin_dir, ports, mode, base_dir)
         self.osd_extra = osd_extra
+        self.nbd_extra = nbd_extra
 
     def write_configs(self):
         super().write_configs()
         for n in range(pm.OSDS):
             with open(os.path.join(self.dir, f"osd.{n}.yaml"), "a") as f:
                 f.write(self.osd_extra)
+        with open(os.path.join(self.dir, "nbd.yaml"), "a") as f:
+            f.write(self.nbd_extra)
 
 
 def fio_side(out, rw):
@@ -84,10 +93,10 @@ def fio_common(rw, bs, qd, runtime, size):
             "--group_reporting"]
 
 
-def run_flame(args, ports, bin_dir, osd_extra):
+def run_flame(args, ports, bin_dir, osd_extra, nbd_extra="", mode="interrupt"):
     """One fresh cluster, every job once. Returns {job: result}."""
     uri = f"nbd://{pm.HOST}:{ports.nbd}/{pm.VOLUME}"
-    cluster = FlameCluster(bin_dir, ports, args.dir, osd_extra)
+    cluster = FlameCluster(bin_dir, ports, args.dir, osd_extra, nbd_extra, mode)
     out = {}
     try:
         cluster.start(args.start_timeout)
@@ -175,7 +184,14 @@ def main():
     ap.add_argument("--runtime", type=int, default=10, help="seconds per fio run")
     ap.add_argument("--repeat", type=int, default=3, help="rounds")
     ap.add_argument("--size", default="1G", help="bytes of each device fio touches")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help="comma-separated subset of " + ",".join(VARIANTS))
+    ap.add_argument("--best-osd", default="transport: shm\n",
+                    help="YAML lines added to every OSD config of flame-best")
+    ap.add_argument("--best-nbd", default="transport: shm\n",
+                    help="YAML lines added to the flame-nbd config of flame-best")
+    ap.add_argument("--best-poll-mode", default="interrupt", choices=("interrupt", "adaptive", "busy"),
+                    help="poll_mode of every daemon in flame-best")
     ap.add_argument("--base-port", type=int, default=16600)
     ap.add_argument("--dir", default=None, help="where clusters and the test file live (default: a temp dir)")
     ap.add_argument("--start-timeout", type=float, default=60)
@@ -235,6 +251,9 @@ def main():
                     got = run_flame(args, ports, snap, "")
                 elif v == "flame-nocsum":
                     got = run_flame(args, ports, snap, "checksums: false\n")
+                elif v == "flame-best":
+                    got = run_flame(args, ports, snap, args.best_osd.replace("\\n", "\n"),
+                                    args.best_nbd.replace("\\n", "\n"), args.best_poll_mode)
                 elif v == "qemu-nbd":
                     got = run_qemu(args, image, qemu_port)
                 else:

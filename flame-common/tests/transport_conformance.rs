@@ -562,6 +562,9 @@ pub fn peer_process_child() {
     } else {
         TransportKind::Tcp
     };
+    if std::env::var_os("FLAME_CONFORMANCE_POOL").is_some() {
+        install_pool();
+    }
     run(async move {
         let l = Listener::bind(kind, "127.0.0.1:0".parse().unwrap()).unwrap();
         println!("ADDR {}", l.local_addr());
@@ -600,6 +603,11 @@ pub fn peer_process_killed_mid_operation(kind: TransportKind) {
             "--nocapture",
         ])
         .env("FLAME_CONFORMANCE_CHILD", kind.name())
+        .envs(
+            // The child grants from its pool when this side uses one.
+            (!flame_common::buffer::registered::thread_regions().is_empty())
+                .then_some(("FLAME_CONFORMANCE_POOL", "1")),
+        )
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -673,6 +681,40 @@ pub fn peer_process_killed_mid_operation(kind: TransportKind) {
     let _ = child.wait();
 }
 
+/// Installs the registered pool (per-thread memfd region) on the calling thread.
+fn install_pool() {
+    let cfg = flame_common::buffer::registered::MemoryPoolConfig::default();
+    flame_common::buffer::registered::install_on_this_thread(&cfg).unwrap();
+}
+
+/// With the registered pool, shm grants of pool buffers are in place: the peer's
+/// one-sided access is the only copy. The data must still be right both ways.
+#[test]
+fn shm_registered_pool_grants_in_place() {
+    use flame_common::transport::shm::grant_counts;
+    install_pool();
+    run(async move {
+        let (c, s) = pair(TransportKind::Shm).await;
+        let (in_place_before, _) = grant_counts();
+        let data = PayloadBuf::copy_from(&pattern(1 << 20, 3));
+        assert!(data.location().is_some(), "test buffer not in the pool");
+        let g = s.grant_read(&data).unwrap();
+        assert_eq!(
+            c.read_remote(g.remote()).await.unwrap().as_slice(),
+            data.as_slice()
+        );
+        let w = c.grant_write(PayloadBufMut::zeroed(64 << 10)).unwrap();
+        let src = PayloadBuf::copy_from(&pattern(64 << 10, 4));
+        s.write_remote(w.remote(), 0, &src).await.unwrap();
+        assert_eq!(w.finish().as_slice(), src.as_slice());
+        let (in_place_after, _) = grant_counts();
+        assert!(
+            in_place_after >= in_place_before + 2,
+            "pool buffers were granted through staging memory"
+        );
+    });
+}
+
 #[test]
 #[ignore = "the child half of peer_process_killed_mid_operation"]
 fn peer_process_child_entry() {
@@ -680,78 +722,90 @@ fn peer_process_child_entry() {
 }
 
 macro_rules! conformance {
-    ($name:ident, $kind:expr $(, #[$attr:meta])?) => {
+    ($name:ident, $kind:expr, $setup:expr $(, #[$attr:meta])?) => {
         mod $name {
             use super::*;
             #[test]
             $(#[$attr])?
             fn ordering() {
+                ($setup)();
                 super::require($kind, "ordering");
                 super::ordering($kind)
             }
             #[test]
             $(#[$attr])?
             fn large_messages() {
+                ($setup)();
                 super::require($kind, "large_messages");
                 super::large_messages($kind)
             }
             #[test]
             $(#[$attr])?
             fn many_connections_per_thread() {
+                ($setup)();
                 super::require($kind, "many_connections_per_thread");
                 super::many_connections_per_thread($kind)
             }
             #[test]
             $(#[$attr])?
             fn one_sided_read_every_size_and_alignment() {
+                ($setup)();
                 super::require($kind, "one_sided_read_every_size_and_alignment");
                 super::one_sided_read_every_size_and_alignment($kind)
             }
             #[test]
             $(#[$attr])?
             fn one_sided_write_every_size_and_alignment() {
+                ($setup)();
                 super::require($kind, "one_sided_write_every_size_and_alignment");
                 super::one_sided_write_every_size_and_alignment($kind)
             }
             #[test]
             $(#[$attr])?
             fn unknown_key_refused() {
+                ($setup)();
                 super::require($kind, "unknown_key_refused");
                 super::unknown_key_refused($kind)
             }
             #[test]
             $(#[$attr])?
             fn out_of_bounds_refused() {
+                ($setup)();
                 super::require($kind, "out_of_bounds_refused");
                 super::out_of_bounds_refused($kind)
             }
             #[test]
             $(#[$attr])?
             fn wrong_access_refused() {
+                ($setup)();
                 super::require($kind, "wrong_access_refused");
                 super::wrong_access_refused($kind)
             }
             #[test]
             $(#[$attr])?
             fn revoked_grant_refused() {
+                ($setup)();
                 super::require($kind, "revoked_grant_refused");
                 super::revoked_grant_refused($kind)
             }
             #[test]
             $(#[$attr])?
             fn peer_closing_mid_operation_fails_cleanly() {
+                ($setup)();
                 super::require($kind, "peer_closing_mid_operation_fails_cleanly");
                 super::peer_closing_mid_operation_fails_cleanly($kind)
             }
             #[test]
             $(#[$attr])?
             fn peer_process_killed_mid_operation() {
+                ($setup)();
                 super::require($kind, "peer_process_killed_mid_operation");
                 super::peer_process_killed_mid_operation($kind)
             }
             #[test]
             $(#[$attr])?
             fn grants_are_bounded() {
+                ($setup)();
                 super::require($kind, "grants_are_bounded");
                 super::grants_are_bounded($kind)
             }
@@ -759,11 +813,16 @@ macro_rules! conformance {
     };
 }
 
-conformance!(tcp, TransportKind::Tcp);
-conformance!(shm, TransportKind::Shm);
+conformance!(tcp, TransportKind::Tcp, || ());
+conformance!(shm, TransportKind::Shm, || ());
+// The same cases with the registered pool on the test thread: payload buffers then
+// lie in a pool region the two sides share, and shm grants them in place (no
+// staging copy); `shm_registered_pool_grants_in_place` checks that they do.
+conformance!(shm_registered_pool, TransportKind::Shm, install_pool);
 #[cfg(feature = "rdma")]
 conformance!(
     rdma,
     TransportKind::Rdma,
+    || (),
     #[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
 );

@@ -493,8 +493,19 @@ fn shm_convert_fetch_adaptive_cluster() {
     let hits = metric_sum(nbd, "flame_client_fetch_total{result=\"hit\"");
     let fallbacks = metric_sum(nbd, "flame_client_fetch_total{result=\"fallback\"");
     let areas = osd_sum(&cluster, "flame_osd_reply_areas{");
-    eprintln!("shm: converted {converted} hits {hits} fallbacks {fallbacks} areas {areas}");
+    let in_place = metric_sum(nbd, "flame_shm_grants_total{kind=\"in_place\"");
+    let staged = metric_sum(nbd, "flame_shm_grants_total{kind=\"staged\"");
+    eprintln!(
+        "shm: converted {converted} hits {hits} fallbacks {fallbacks} areas {areas} \
+         grants in place {in_place} staged {staged}"
+    );
     assert!(areas >= 1.0, "no reply area granted over shm");
+    // flame-nbd's payload buffers come from its threads' pools, whose regions it
+    // shares with the OSDs: conversion must not copy them through staging memory.
+    assert!(
+        in_place >= 10.0 && in_place > staged,
+        "converted buffers granted in place {in_place}, through staging {staged}"
+    );
     assert!(converted >= 10.0, "converted over shm: {converted}");
     assert!(
         hits + fallbacks >= 10.0,

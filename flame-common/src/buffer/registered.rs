@@ -183,7 +183,9 @@ impl Region {
         let cname = std::ffi::CString::new(format!("flame-pool-{name}"))
             .map_err(|_| std::io::Error::other("pool name contains NUL"))?;
         // SAFETY: a valid C string; memfd_create returns a new descriptor or -1.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -195,6 +197,7 @@ impl Region {
         if unsafe { libc::ftruncate(memfd.as_raw_fd(), size) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        seal_size(memfd.as_raw_fd())?;
         // SAFETY: a new shared mapping of our memfd; no existing memory is affected.
         let p = unsafe {
             libc::mmap(
@@ -237,6 +240,36 @@ impl Region {
         let b = self.base.as_ptr() as usize;
         p >= b && p < b + self.len
     }
+}
+
+/// Seals a memfd's size for good (no shrink, no grow, no more seals). A same-host
+/// peer that maps the memfd (the `shm` transport) checks the seal: a file that
+/// could shrink under its mapping would make its accesses fault (SIGBUS) and kill
+/// it, and a peer must never be able to crash us that way.
+pub(crate) fn seal_size(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: plain fcntl on a descriptor the caller owns.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether a memfd received from a peer can never shrink below `len` bytes: sealed
+/// against shrinking and at least that large now.
+pub(crate) fn size_sealed_at_least(fd: std::os::fd::RawFd, len: u64) -> bool {
+    // SAFETY: plain fcntl; -1 (not a memfd, no sealing) is a refusal.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return false;
+    }
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall on a descriptor the caller owns.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return false;
+    }
+    u64::try_from(st.st_size).is_ok_and(|size| size >= len)
 }
 
 impl Drop for Region {

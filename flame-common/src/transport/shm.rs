@@ -9,11 +9,14 @@
 //! listener checks the connecting process's user (`SO_PEERCRED`): only the same user
 //! (or root) may share memory with it.
 //!
-//! Handshake: each side sends a 64-byte hello (magic, version, layout, its segment's
-//! address) and, with `SCM_RIGHTS`, three descriptors: its segment (a memfd) and two
-//! eventfds (its data and space doorbells). Each maps the other's segment. The Unix
-//! socket then stays open and silent: its closing is how each side learns that the
-//! other died, whenever and however (kill -9 included).
+//! Handshake: each side sends a hello (magic, version, layout, its segment's
+//! address, and the address and length of up to [`REGIONS_MAX`] registered pool
+//! regions) and, with `SCM_RIGHTS`, its segment (a memfd), two eventfds (its data
+//! and space doorbells) and the regions' memfds. Each maps the other's segment and
+//! regions, after checking that each memfd is sealed against shrinking and large
+//! enough (a file that shrank under a mapping would fault, SIGBUS, and kill us).
+//! The Unix socket then stays open and silent: its closing is how each side learns
+//! that the other died, whenever and however (kill -9 included).
 //!
 //! # A segment (one per side, [`SEGMENT_BYTES`])
 //! * control block: the producer index of the ring of messages *to* this side
@@ -23,8 +26,20 @@
 //!   this side, read by the peer before every one-sided access;
 //! * ring: messages to this side, records `[u32 len][u32 kind][header][payload]`
 //!   padded to 64 bytes; a pad record skips to the ring's end;
-//! * staging: memory this side grants from (until the registered pool shares its
-//!   regions, a granted buffer is copied here, or copied back from here).
+//! * staging: memory this side grants from when a buffer is not in a shared pool
+//!   region (heap buffers, another thread's pool): the buffer is copied here, or
+//!   copied back from here.
+//!
+//! # Shared pool regions: grants without a copy
+//! The registered pool's regions ([`crate::buffer::registered`]) are memfds too,
+//! and each side shares the regions it allocates from at the handshake. A grant of
+//! a buffer that lies in one ([`PayloadBuf::location`]) publishes the buffer's own
+//! address: the peer's one-sided READ or WRITE copies straight between its buffer
+//! and ours, so a converted 1 MiB write costs one copy (client buffer → OSD buffer)
+//! instead of two through the ring (client → ring → OSD). A write grant revoked
+//! before the peer said it was done (a timeout, a closed request) keeps its buffer
+//! out of circulation for [`QUARANTINE`]: a peer whose copy was already under way
+//! must land in memory nobody else uses yet.
 //!
 //! # Data path
 //! `send` copies the header and payload into the peer's ring and publishes the
@@ -52,6 +67,7 @@ use super::TransportError;
 use super::grant::{
     Grant, GrantOwner, Refusal, SharedArea, WriteGrant, check_bounds, check_grant_len, random_key,
 };
+use crate::buffer::registered::{self, RegionInfo};
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, PAYLOAD_BYTES_MAX, ProtocolError, RemoteBuf,
@@ -67,7 +83,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes of the control block.
 const CONTROL_BYTES: usize = 4096;
@@ -105,8 +121,24 @@ const RECORD_PAD: u32 = 2;
 const ACCESS_READ: u32 = 1;
 const ACCESS_WRITE: u32 = 2;
 
-const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"FLSHM\0v1");
-const HELLO_BYTES: usize = 64;
+const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"FLSHM\0v2");
+/// Registered pool regions one side shares at most (a bound on what a hello may
+/// make the peer map; a process has one region per data-path thread).
+pub const REGIONS_MAX: usize = 8;
+const HELLO_FIXED_BYTES: usize = 64;
+const HELLO_REGION_BYTES: usize = 16;
+const HELLO_BYTES: usize = HELLO_FIXED_BYTES + REGIONS_MAX * HELLO_REGION_BYTES;
+/// Descriptors in a hello besides the regions': segment, data and space eventfds.
+const HELLO_FDS: usize = 3;
+/// Largest region a peer may ask us to map: the pool's own bound.
+const REGION_BYTES_MAX: u64 = crate::buffer::registered::BYTES_PER_THREAD_MAX;
+/// How long a write grant revoked early keeps its memory out of circulation (see
+/// the module docs). A peer's copy is check → memcpy (≤ 4 MiB, well under a
+/// millisecond) → check; a second covers a peer preempted in the middle.
+pub const QUARANTINE: Duration = Duration::from_secs(1);
+/// Bound on early-revoked grants kept in quarantine per connection; beyond it the
+/// oldest is released early (logged).
+const QUARANTINE_ENTRIES_MAX: usize = 1024;
 /// How long a handshake may take before the connect falls back to TCP (client) or
 /// the accept gives up on that peer (listener).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -215,14 +247,37 @@ struct Local {
     space_efd: OwnedFd,
     /// Free staging extents: offset (from STAGING_OFF) → length, coalesced.
     free: RefCell<BTreeMap<usize, usize>>,
-    /// Live grants: slot → (staging offset, length, access).
-    grants: RefCell<std::collections::HashMap<usize, (usize, usize)>>,
+    /// Live grants: slot → what backs it.
+    grants: RefCell<std::collections::HashMap<usize, Backing>>,
+    /// The pool regions shared with the peer (their memfds stay open while the
+    /// connection lives; the peer maps them by address).
+    shared: Vec<RegionInfo>,
+    /// Memory of write grants revoked before the peer finished, until
+    /// [`QUARANTINE`] has passed.
+    quarantine: RefCell<VecDeque<(Instant, Backing)>>,
+}
+
+/// What a grant's bytes are.
+enum Backing {
+    /// Staging memory of this side's segment: offset from `STAGING_OFF`, length.
+    Staging { off: usize, len: usize, write: bool },
+    /// A payload buffer in a shared region, read by the peer in place (held so the
+    /// memory is not reused while granted).
+    InPlaceRead { _held: PayloadBuf },
+    /// A payload buffer in a shared region, written by the peer in place (shared
+    /// with the [`WriteGrant`]).
+    InPlaceWrite { _held: Rc<RefCell<PayloadBufMut>> },
 }
 
 impl Local {
     fn new() -> io::Result<Local> {
         // SAFETY: plain syscall with a NUL-terminated name; result checked.
-        let fd = unsafe { libc::memfd_create(c"flame-shm".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"flame-shm".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -232,6 +287,7 @@ impl Local {
         if unsafe { libc::ftruncate(memfd.as_raw_fd(), SEGMENT_BYTES as libc::off_t) } < 0 {
             return Err(io::Error::last_os_error());
         }
+        registered::seal_size(memfd.as_raw_fd())?;
         let map = Mapping::map(memfd.as_raw_fd(), SEGMENT_BYTES)?;
         map.u64_at(CTL_MAGIC).store(HELLO_MAGIC, Ordering::Relaxed);
         let mut free = BTreeMap::new();
@@ -243,7 +299,56 @@ impl Local {
             space_efd: eventfd()?,
             free: RefCell::new(free),
             grants: RefCell::new(std::collections::HashMap::new()),
+            shared: shared_regions(),
+            quarantine: RefCell::new(VecDeque::new()),
         })
+    }
+
+    /// This side's address of `buf`'s bytes when they lie in a region the peer
+    /// has mapped.
+    fn shared_addr(&self, location: Option<(u32, u64)>, len: usize) -> Option<u64> {
+        let (id, off) = location?;
+        let r = self.shared.iter().find(|r| r.id == id)?;
+        let end = off.checked_add(len as u64)?;
+        (end <= r.len as u64).then_some(r.base as u64 + off)
+    }
+
+    /// Gives back what a grant held, now or (an early-revoked write grant) after
+    /// the quarantine.
+    fn release_backing(&self, b: Backing, early_write: bool) {
+        if early_write {
+            let mut q = self.quarantine.borrow_mut();
+            if q.len() >= QUARANTINE_ENTRIES_MAX
+                && let Some((_, old)) = q.pop_front()
+            {
+                tracing::warn!("shm grant quarantine full: releasing the oldest early");
+                self.release_now(old);
+            }
+            q.push_back((Instant::now(), b));
+            return;
+        }
+        self.release_now(b);
+    }
+
+    fn release_now(&self, b: Backing) {
+        if let Backing::Staging { off, len, .. } = b {
+            self.release(off, len);
+        }
+    }
+
+    /// Releases quarantined memory whose time has come.
+    fn expire_quarantine(&self) {
+        loop {
+            let mut q = self.quarantine.borrow_mut();
+            match q.front() {
+                Some((at, _)) if at.elapsed() >= QUARANTINE => {
+                    let Some((_, b)) = q.pop_front() else { return };
+                    drop(q);
+                    self.release_now(b);
+                }
+                _ => return,
+            }
+        }
     }
 
     fn alloc(&self, len: usize) -> Option<usize> {
@@ -300,9 +405,35 @@ impl Local {
     }
 }
 
+/// One of the peer's pool regions as mapped here.
+struct RemoteRegion {
+    /// The peer's address of its first byte (grant addresses are in its space).
+    base: u64,
+    len: u64,
+    map: Mapping,
+}
+
+/// The regions this thread allocates from first, then the process's others, at
+/// most [`REGIONS_MAX`]: what a new connection shares with its peer.
+fn shared_regions() -> Vec<RegionInfo> {
+    let mut out = registered::thread_regions();
+    for r in registered::regions() {
+        if out.len() >= REGIONS_MAX {
+            break;
+        }
+        if !out.iter().any(|o| o.id == r.id) {
+            out.push(r);
+        }
+    }
+    out.truncate(REGIONS_MAX);
+    out
+}
+
 /// The peer's segment as mapped here, and its doorbells.
 struct Remote {
     map: Mapping,
+    /// The peer's shared pool regions.
+    regions: Vec<RemoteRegion>,
     /// The peer's address of its segment (grant addresses are in its space).
     base: u64,
     data_efd: OwnedFd,
@@ -395,10 +526,53 @@ impl reactor::PollSource for RingSource {
     }
 }
 
+/// `flame_shm_grants_total{kind="in_place"|"staged"}`: grants made in place (the
+/// buffer lies in a shared pool region: the peer's one-sided access is the only
+/// copy) and through staging memory (one extra copy each), process-wide.
+struct GrantCounters {
+    in_place: prometheus::IntCounter,
+    staged: prometheus::IntCounter,
+}
+
+static GRANTS: std::sync::LazyLock<GrantCounters> = std::sync::LazyLock::new(|| {
+    let opts = prometheus::Opts::new(
+        "flame_shm_grants_total",
+        "One-sided grants over shm: in place (pool buffer shared with the peer) or staged (copied through staging memory)",
+    );
+    match prometheus::IntCounterVec::new(opts, &["kind"]) {
+        Ok(v) => {
+            if let Err(e) = prometheus::register(Box::new(v.clone())) {
+                tracing::warn!("shm grant metrics not registered: {e}");
+            }
+            GrantCounters {
+                in_place: v.with_label_values(&["in_place"]),
+                staged: v.with_label_values(&["staged"]),
+            }
+        }
+        Err(e) => {
+            tracing::warn!("shm grant metrics not created: {e}");
+            let unregistered = || {
+                prometheus::IntCounter::new("flame_shm_grants_unregistered", "-")
+                    .unwrap_or_else(|_| unreachable!("a constant, valid metric name"))
+            };
+            GrantCounters {
+                in_place: unregistered(),
+                staged: unregistered(),
+            }
+        }
+    }
+});
+
+/// Grants made so far in this process: `(in place, through staging)`. The ratio
+/// says whether one-sided transfers skip the extra copy (metrics, tests).
+pub fn grant_counts() -> (u64, u64) {
+    (GRANTS.in_place.get(), GRANTS.staged.get())
+}
+
 /// Bound on bytes waiting for room in the peer's ring.
 pub const SEND_BACKLOG_BYTES_MAX: usize = super::tcp::SEND_QUEUE_BYTES_MAX;
 
-fn hello_bytes(base: u64) -> [u8; HELLO_BYTES] {
+fn hello_bytes(base: u64, regions: &[RegionInfo]) -> [u8; HELLO_BYTES] {
     let mut b = [0u8; HELLO_BYTES];
     b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
     b[8..16].copy_from_slice(&(SEGMENT_BYTES as u64).to_le_bytes());
@@ -406,23 +580,35 @@ fn hello_bytes(base: u64) -> [u8; HELLO_BYTES] {
     b[24..32].copy_from_slice(&(STAGING_BYTES as u64).to_le_bytes());
     b[32..40].copy_from_slice(&(GRANT_SLOTS as u64).to_le_bytes());
     b[40..48].copy_from_slice(&base.to_le_bytes());
+    b[48..52].copy_from_slice(&(regions.len() as u32).to_le_bytes());
+    for (i, r) in regions.iter().take(REGIONS_MAX).enumerate() {
+        let o = HELLO_FIXED_BYTES + i * HELLO_REGION_BYTES;
+        b[o..o + 8].copy_from_slice(&(r.base as u64).to_le_bytes());
+        b[o + 8..o + 16].copy_from_slice(&(r.len as u64).to_le_bytes());
+    }
     b
 }
 
-/// Sends the hello and this side's three descriptors.
+/// Sends the hello and this side's descriptors (segment, doorbells, regions).
 fn send_hello(sock: &UnixStream, local: &Local) -> io::Result<()> {
-    let data = hello_bytes(local.map.base());
-    let fds = [
+    let data = hello_bytes(local.map.base(), &local.shared);
+    let mut fds = vec![
         local.memfd.as_raw_fd(),
         local.data_efd.as_raw_fd(),
         local.space_efd.as_raw_fd(),
     ];
+    fds.extend(local.shared.iter().map(|r| r.memfd.as_raw_fd()));
+    send_hello_with(sock, &data, &fds)
+}
+
+/// Sends hello bytes with descriptors (one `sendmsg`).
+fn send_hello_with(sock: &UnixStream, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
     // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(&fds) as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -430,13 +616,13 @@ fn send_hello(sock: &UnixStream, local: &Local) -> io::Result<()> {
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one cmsg of three fds, as sized above.
+    // SAFETY: the control buffer holds one cmsg of `fds.len()` fds, as sized above.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(&fds) as u32) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, 3);
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, fds.len());
     }
     // SAFETY: msg points at live buffers.
     let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
@@ -470,7 +656,9 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
         iov_len: data.len(),
     };
     // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE((3 * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe {
+        libc::CMSG_SPACE(((HELLO_FDS + REGIONS_MAX) * std::mem::size_of::<RawFd>()) as u32)
+    } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: msghdr is plain data.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -515,38 +703,56 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
     if n as usize != HELLO_BYTES {
         return bad("peer closed or sent a short hello");
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() != 3 {
-        return bad("expected exactly three descriptors");
+    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap_or_default());
+    let region_count = u32::from_le_bytes(data[48..52].try_into().unwrap_or_default()) as usize;
+    if region_count > REGIONS_MAX {
+        return bad("too many regions");
     }
-    if data[0..40] != hello_bytes(0)[0..40] {
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() != HELLO_FDS + region_count {
+        return bad("descriptor count does not match the hello");
+    }
+    if data[0..40] != hello_bytes(0, &[])[0..40] {
         return bad("layout differs (another build?)");
     }
-    let base = u64::from_le_bytes(data[40..48].try_into().unwrap_or_default());
+    let base = u64_at(40);
     let mut fds = fds.into_iter();
     let (Some(memfd), Some(data_efd), Some(space_efd)) = (fds.next(), fds.next(), fds.next())
     else {
-        return bad("expected exactly three descriptors");
+        return bad("descriptor count does not match the hello");
     };
-    // The segment must be at least as large as we will touch, or a short file
-    // would fault (SIGBUS) on access.
-    // SAFETY: stat is plain data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: plain syscall on a descriptor we own.
-    if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } < 0 {
-        return Err(io::Error::last_os_error());
+    // The segment must be at least as large as we will touch and unable to
+    // shrink, or an access would fault (SIGBUS).
+    if !registered::size_sealed_at_least(memfd.as_raw_fd(), SEGMENT_BYTES as u64) {
+        return bad("segment is too small or not sealed against shrinking");
     }
-    if (st.st_size as u64) < SEGMENT_BYTES as u64 {
-        return bad("segment too small");
-    }
-    // A peer could shrink its memfd later and make our accesses fault: seal it
-    // against shrinking where the peer allowed sealing; otherwise rely on the
-    // same-user trust model (see the module docs).
     let map = Mapping::map(memfd.as_raw_fd(), SEGMENT_BYTES)?;
     if map.u64_at(CTL_MAGIC).load(Ordering::Relaxed) != HELLO_MAGIC {
         return bad("segment has no magic");
     }
+    let mut regions = Vec::with_capacity(region_count);
+    for (i, fd) in fds.enumerate() {
+        let o = HELLO_FIXED_BYTES + i * HELLO_REGION_BYTES;
+        let (r_base, r_len) = (u64_at(o), u64_at(o + 8));
+        let sane = r_base != 0
+            && r_len > 0
+            && r_len <= REGION_BYTES_MAX
+            && r_len.is_multiple_of(4096)
+            && r_base.checked_add(r_len).is_some();
+        if !sane {
+            return bad("a region's address or length is out of range");
+        }
+        if !registered::size_sealed_at_least(fd.as_raw_fd(), r_len) {
+            return bad("a region is too small or not sealed against shrinking");
+        }
+        regions.push(RemoteRegion {
+            base: r_base,
+            len: r_len,
+            map: Mapping::map(fd.as_raw_fd(), r_len as usize)?,
+        });
+    }
     Ok(Remote {
         map,
+        regions,
         base,
         data_efd,
         _space_efd: space_efd,
@@ -635,6 +841,8 @@ impl ShmConn {
                 ));
             }
         }
+        // The grant counters appear in /metrics from the first shm connection on.
+        std::sync::LazyLock::force(&GRANTS);
         let local = Local::new()?;
         send_hello(&sock, &local)?;
         let remote = recv_hello(&sock).await?;
@@ -1004,38 +1212,35 @@ impl ShmConn {
 
     // ---- grants and one-sided operations ----
 
-    fn grant(
+    /// Publishes a grant of `len` bytes at `addr` (this side's address, in its
+    /// staging memory or a shared region) backed by `backing`.
+    fn publish_grant(
         &self,
         len: usize,
         access: u32,
-        fill: Option<&[u8]>,
+        backing: impl FnOnce(&Local) -> Option<(u64, Backing)>,
     ) -> Result<RemoteBuf, TransportError> {
         let len32 = check_grant_len(len)?;
         if self.is_closed() {
             return Err(TransportError::Closed);
         }
-        let Some(off) = self.local.alloc(len) else {
-            return Err(TransportError::Grant(format!(
-                "shm staging memory ({STAGING_BYTES} bytes) exhausted on this connection"
-            )));
-        };
-        let slots = self.local.grants.borrow();
-        if slots.len() >= GRANT_SLOTS / 2 {
-            drop(slots);
-            self.local.release(off, len);
+        self.local.expire_quarantine();
+        if self.local.grants.borrow().len() >= GRANT_SLOTS / 2 {
             return Err(TransportError::Grant(format!(
                 "{} grants are live on this connection: release some first",
                 GRANT_SLOTS / 2
             )));
         }
+        let Some((addr, backing)) = backing(&self.local) else {
+            return Err(TransportError::Grant(format!(
+                "shm staging memory ({STAGING_BYTES} bytes) exhausted on this connection"
+            )));
+        };
+        let mut slots = self.local.grants.borrow_mut();
         let key = random_key(|k| slots.contains_key(&(k as usize & (GRANT_SLOTS - 1))));
-        drop(slots);
-        if let Some(src) = fill {
-            self.local.map.write(STAGING_OFF + off, src);
-        }
         let slot = key as usize & (GRANT_SLOTS - 1);
-        let addr = self.local.map.base() + (STAGING_OFF + off) as u64;
-        self.local.grants.borrow_mut().insert(slot, (off, len));
+        slots.insert(slot, backing);
+        drop(slots);
         self.local.publish(slot, key, access, addr, len32);
         Ok(RemoteBuf {
             addr,
@@ -1044,29 +1249,72 @@ impl ShmConn {
         })
     }
 
-    /// See [`super::Conn::grant_read`]: the bytes are copied into this side's
-    /// staging memory (until the pool's regions are shared, a payload buffer is not
-    /// in shared memory) and the peer copies them from there.
+    /// A grant of `len` bytes of staging memory, filled with `fill` if given.
+    fn grant_staged(
+        &self,
+        len: usize,
+        access: u32,
+        fill: Option<&[u8]>,
+    ) -> Result<RemoteBuf, TransportError> {
+        GRANTS.staged.inc();
+        self.publish_grant(len, access, |local| {
+            let off = local.alloc(len)?;
+            if let Some(src) = fill {
+                local.map.write(STAGING_OFF + off, src);
+            }
+            let addr = local.map.base() + (STAGING_OFF + off) as u64;
+            let write = access == ACCESS_WRITE;
+            Some((addr, Backing::Staging { off, len, write }))
+        })
+    }
+
+    /// See [`super::Conn::grant_read`]: in place when the buffer lies in a pool
+    /// region shared with the peer; otherwise its bytes are copied into staging
+    /// memory and the peer copies them from there.
     pub fn grant_read(self: &Rc<Self>, buf: &PayloadBuf) -> Result<Grant, TransportError> {
-        let remote = self.grant(buf.len(), ACCESS_READ, Some(buf.as_slice()))?;
+        let remote = match self.local.shared_addr(buf.location(), buf.len()) {
+            Some(addr) => {
+                GRANTS.in_place.inc();
+                let held = buf.clone();
+                self.publish_grant(buf.len(), ACCESS_READ, |_| {
+                    Some((addr, Backing::InPlaceRead { _held: held }))
+                })?
+            }
+            None => self.grant_staged(buf.len(), ACCESS_READ, Some(buf.as_slice()))?,
+        };
         Ok(Grant::new(remote, self.clone()))
     }
 
-    /// See [`super::Conn::grant_write`]: the peer writes into staging memory;
+    /// See [`super::Conn::grant_write`]: in place when the buffer lies in a shared
+    /// pool region; otherwise the peer writes into staging memory and
     /// [`WriteGrant::finish`] copies the bytes into `buf`.
     pub fn grant_write(self: &Rc<Self>, buf: PayloadBufMut) -> Result<WriteGrant, TransportError> {
-        let remote = self.grant(buf.len(), ACCESS_WRITE, None)?;
-        Ok(WriteGrant::new(
-            remote,
-            self.clone(),
-            Rc::new(RefCell::new(buf)),
-        ))
+        let len = buf.len();
+        match self.local.shared_addr(buf.location(), len) {
+            Some(addr) => {
+                GRANTS.in_place.inc();
+                let buf = Rc::new(RefCell::new(buf));
+                let held = buf.clone();
+                let remote = self.publish_grant(len, ACCESS_WRITE, |_| {
+                    Some((addr, Backing::InPlaceWrite { _held: held }))
+                })?;
+                Ok(WriteGrant::new(remote, self.clone(), buf))
+            }
+            None => {
+                let remote = self.grant_staged(len, ACCESS_WRITE, None)?;
+                Ok(WriteGrant::new(
+                    remote,
+                    self.clone(),
+                    Rc::new(RefCell::new(buf)),
+                ))
+            }
+        }
     }
 
     /// See [`super::Conn::grant_area`]: an area of this side's staging memory the
     /// peer reads in place, one-sidedly, while this side keeps writing it.
     pub fn grant_area(self: &Rc<Self>, len: usize) -> Result<SharedArea, TransportError> {
-        let remote = self.grant(len, ACCESS_READ, None)?;
+        let remote = self.grant_staged(len, ACCESS_READ, None)?;
         // Offset of the area in this side's segment.
         let base = (remote.addr - self.local.map.base()) as usize;
         let conn = Rc::downgrade(self);
@@ -1079,16 +1327,16 @@ impl ShmConn {
         Ok(SharedArea::new(remote, self.clone(), writer))
     }
 
-    /// Checks `[addr, addr + len)` against the peer's grant `key` and returns the
-    /// byte offset in the peer's segment and the grant's seqlock value, or refuses
-    /// (and closes).
+    /// Checks `[addr, addr + len)` against the peer's grant `key` and returns where
+    /// those bytes are mapped here (in the peer's staging memory or one of its
+    /// shared regions) and the grant's seqlock value, or refuses (and closes).
     fn check_remote(
         &self,
         key: u32,
         access: u32,
         addr: u64,
         len: u64,
-    ) -> Result<(usize, u32), TransportError> {
+    ) -> Result<(*mut u8, u32), TransportError> {
         if self.is_closed() {
             return Err(TransportError::Closed);
         }
@@ -1112,19 +1360,29 @@ impl ShmConn {
         if g_access != access {
             return refuse(Refusal::WrongAccess);
         }
-        let off = match check_bounds(g_addr, g_len, addr, len) {
-            Ok(_) => (addr - self.remote.base) as usize,
-            Err(r) => return refuse(r),
-        };
-        // The grant itself must lie in the peer's staging memory: a corrupt table
-        // must not make this side touch anything else (or fault).
-        if addr < self.remote.base
-            || (addr - self.remote.base) < STAGING_OFF as u64
-            || off + len as usize > SEGMENT_BYTES
-        {
-            return refuse(Refusal::OutOfBounds);
+        if let Err(r) = check_bounds(g_addr, g_len, addr, len) {
+            return refuse(r);
         }
-        Ok((off, seq))
+        // The bytes must lie in the peer's staging memory or in one of its shared
+        // regions: a corrupt table must not make this side touch anything else
+        // (or fault).
+        let Some(end) = addr.checked_add(len) else {
+            return refuse(Refusal::OutOfBounds);
+        };
+        let staging = self.remote.base.saturating_add(STAGING_OFF as u64)
+            ..=self.remote.base.saturating_add(SEGMENT_BYTES as u64);
+        if staging.contains(&addr) && staging.contains(&end) {
+            let off = (addr - self.remote.base) as usize;
+            // SAFETY: off + len ≤ SEGMENT_BYTES, the mapping's length.
+            return Ok((unsafe { self.remote.map.ptr.add(off) }, seq));
+        }
+        for r in &self.remote.regions {
+            if addr >= r.base && end <= r.base + r.len {
+                // SAFETY: [addr, end) lies in the region, whose mapping is r.len long.
+                return Ok((unsafe { r.map.ptr.add((addr - r.base) as usize) }, seq));
+            }
+        }
+        refuse(Refusal::OutOfBounds)
     }
 
     fn still_granted(&self, key: u32, seq: u32) -> Result<(), TransportError> {
@@ -1139,10 +1397,14 @@ impl ShmConn {
 
     /// See [`super::Conn::read_remote`]: a copy out of the peer's memory.
     pub fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
-        let (off, seq) =
+        let (src, seq) =
             self.check_remote(remote.key, ACCESS_READ, remote.addr, u64::from(remote.len))?;
         let mut out = PayloadBufMut::for_overwrite(remote.len as usize);
-        self.remote.map.read(off, out.as_mut_slice());
+        let dst = out.as_mut_slice();
+        // SAFETY: `src` has `dst.len()` mapped bytes (check_remote); the peer may
+        // write them concurrently, which only makes them garbage: a grant that
+        // changed during the copy is refused below.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         self.still_granted(remote.key, seq)?;
         Ok(out)
     }
@@ -1154,8 +1416,10 @@ impl ShmConn {
         addr: u64,
         data: &PayloadBuf,
     ) -> Result<(), TransportError> {
-        let (off, seq) = self.check_remote(key, ACCESS_WRITE, addr, data.len() as u64)?;
-        self.remote.map.write(off, data.as_slice());
+        let (dst, seq) = self.check_remote(key, ACCESS_WRITE, addr, data.len() as u64)?;
+        let src = data.as_slice();
+        // SAFETY: `dst` has `src.len()` mapped bytes (check_remote).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
         self.still_granted(key, seq)
     }
 }
@@ -1163,18 +1427,29 @@ impl ShmConn {
 impl GrantOwner for ShmConn {
     fn revoke(&self, key: u32, into: Option<&mut PayloadBufMut>) {
         let slot = key as usize & (GRANT_SLOTS - 1);
-        let Some((off, len)) = self.local.grants.borrow_mut().remove(&slot) else {
+        let Some(backing) = self.local.grants.borrow_mut().remove(&slot) else {
             return;
         };
         // Unpublish first: from here on the peer's accesses are refused.
         self.local.unpublish(slot);
-        if let Some(buf) = into {
-            let n = buf.len().min(len);
-            self.local
-                .map
-                .read(STAGING_OFF + off, &mut buf.as_mut_slice()[..n]);
-        }
-        self.local.release(off, len);
+        let early_write = match &backing {
+            Backing::Staging { off, len, write } => match into {
+                Some(buf) => {
+                    let n = buf.len().min(*len);
+                    self.local
+                        .map
+                        .read(STAGING_OFF + off, &mut buf.as_mut_slice()[..n]);
+                    false
+                }
+                // A write grant dropped without `finish` is early; a read grant or
+                // a shared area owes no copy.
+                None => *write,
+            },
+            Backing::InPlaceRead { .. } => false,
+            // The peer wrote into the buffer itself; `into` is that buffer.
+            Backing::InPlaceWrite { .. } => into.is_none(),
+        };
+        self.local.release_backing(backing, early_write);
     }
 }
 
@@ -1354,6 +1629,96 @@ mod tests {
     use super::*;
     use crate::ids::{Epoch, RequestId};
     use crate::reactor::{Reactor, ReactorConfig};
+
+    /// A hello whose region memfds could fault us later (not sealed against
+    /// shrinking, smaller than announced) or do not match its count is refused
+    /// with an error; nothing is mapped and nothing panics.
+    #[test]
+    fn hostile_region_hellos_are_refused() {
+        fn memfd(len: i64, seal: bool) -> OwnedFd {
+            let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+            // SAFETY: plain syscalls on a fresh descriptor.
+            let fd = unsafe { libc::memfd_create(c"hostile".as_ptr(), flags) };
+            assert!(fd >= 0);
+            // SAFETY: we own it.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: sizing our own memfd.
+            assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
+            if seal {
+                registered::seal_size(fd.as_raw_fd()).unwrap();
+            }
+            fd
+        }
+        let cases: [(&str, i64, bool, u64, u32, usize); 5] = [
+            // (what, file bytes, sealed, announced bytes, announced count, region fds)
+            ("not sealed", 1 << 20, false, 1 << 20, 1, 1),
+            ("smaller than announced", 1 << 20, true, 2 << 20, 1, 1),
+            (
+                "count above the bound",
+                1 << 20,
+                true,
+                1 << 20,
+                REGIONS_MAX as u32 + 1,
+                1,
+            ),
+            (
+                "fewer descriptors than the count",
+                1 << 20,
+                true,
+                1 << 20,
+                2,
+                1,
+            ),
+            ("length not page-sized", 1 << 20, true, 1000, 1, 1),
+        ];
+        for (what, file, sealed, announced, count, nfds) in cases {
+            let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+            let res = r
+                .block_on(async move {
+                    let (a, b) = UnixStream::pair().unwrap();
+                    b.set_nonblocking(true).unwrap();
+                    let seg = Local::new().unwrap();
+                    let mut data = hello_bytes(seg.map.base(), &[]);
+                    data[48..52].copy_from_slice(&count.to_le_bytes());
+                    data[64..72].copy_from_slice(&0x7f00_0000_0000u64.to_le_bytes());
+                    data[72..80].copy_from_slice(&announced.to_le_bytes());
+                    let regions: Vec<OwnedFd> = (0..nfds).map(|_| memfd(file, sealed)).collect();
+                    let mut fds = vec![
+                        seg.memfd.as_raw_fd(),
+                        seg.data_efd.as_raw_fd(),
+                        seg.space_efd.as_raw_fd(),
+                    ];
+                    fds.extend(regions.iter().map(|f| f.as_raw_fd()));
+                    send_hello_with(&a, &data, &fds).unwrap();
+                    recv_hello(&b).await.map(|_| ())
+                })
+                .unwrap();
+            let err = res.expect_err(what);
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
+        }
+        // The same hello with a sealed region of the announced size is accepted.
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let (a, b) = UnixStream::pair().unwrap();
+            b.set_nonblocking(true).unwrap();
+            let seg = Local::new().unwrap();
+            let mut data = hello_bytes(seg.map.base(), &[]);
+            data[48..52].copy_from_slice(&1u32.to_le_bytes());
+            data[64..72].copy_from_slice(&0x7f00_0000_0000u64.to_le_bytes());
+            data[72..80].copy_from_slice(&(1u64 << 20).to_le_bytes());
+            let region = memfd(1 << 20, true);
+            let fds = [
+                seg.memfd.as_raw_fd(),
+                seg.data_efd.as_raw_fd(),
+                seg.space_efd.as_raw_fd(),
+                region.as_raw_fd(),
+            ];
+            send_hello_with(&a, &data, &fds).unwrap();
+            let remote = recv_hello(&b).await.unwrap();
+            assert_eq!(remote.regions.len(), 1);
+        })
+        .unwrap();
+    }
 
     /// A receiver whose thread is busy polling costs the sender no system call;
     /// one whose thread sleeps costs a doorbell per wake-up, not per message.
