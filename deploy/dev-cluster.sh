@@ -23,10 +23,11 @@
 #   FLAME_DEV_TIMEOUT    seconds `up` waits for the OSDs (default 30)
 #   FLAME_DEV_PORT_BASE  same as --port-base
 #   FLAME_DEV_TRANSPORT  transport between flame-nbd and the OSDs and between OSDs:
-#                        tcp (default) or shm (shared memory: all daemons are on
-#                        one host; not the default until a benchmark on a quiet
-#                        machine shows it wins, see docs/benchmarks.md). Written
-#                        into the configs when the cluster directory is created.
+#                        shm (default: shared memory, since every daemon of the
+#                        dev cluster is on this host; it beats tcp on latency and
+#                        IOPS in bench/comm_layer.py, see docs/benchmarks.md) or
+#                        tcp. Written into the configs when the cluster directory
+#                        is created.
 #   RUST_LOG             daemon log filter (default info)
 #
 # `up` after `down` restarts the same cluster with its data: configs and data
@@ -42,7 +43,7 @@ TIMEOUT_S="${FLAME_DEV_TIMEOUT:-30}"
 BUILD=1
 STARTED_ANY=0 # whether `up` started a daemon (for the hint on failure)
 PORT_BASE="${FLAME_DEV_PORT_BASE:-}"
-TRANSPORT="${FLAME_DEV_TRANSPORT:-tcp}"
+TRANSPORT="${FLAME_DEV_TRANSPORT:-shm}"
 PORT_BASE_MIN=1024
 PORT_BASE_MAX=65000 # N+39 must be a port
 

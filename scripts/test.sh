@@ -169,6 +169,13 @@ else
         -c 'read -P 0xab 0 1M' \
         -c 'read -P 0xcd 4190208 8192' \
         -c 'read -P 0 1048576 4096' || smoke_fail "qemu-io write/read through flame-nbd"
+    # The dev cluster runs shm between flame-nbd and the OSDs (and between OSDs):
+    # the shm grant counters exist only once a shm connection was made, so their
+    # absence means every connection fell back to tcp.
+    for port in $((SMOKE_PORT_BASE + 2)) $((SMOKE_PORT_BASE + 3)); do
+        curl -sf "http://127.0.0.1:$port/metrics" | grep -q '^flame_shm_grants_total' ||
+            smoke_fail "no shm connection on the daemon with metrics port $port (fell back to tcp?)"
+    done
 
     # The README's benchmark runs on a scratch volume; `demo` now holds data, so a
     # write benchmark on it is refused.

@@ -682,8 +682,15 @@ pub fn peer_process_killed_mid_operation(kind: TransportKind) {
 }
 
 /// Installs the registered pool (per-thread memfd region) on the calling thread.
+/// 512 MiB: the cases keep every message they sent (up to ~100 MiB) to compare,
+/// and both ends allocate from this one thread's pool; a pool smaller than what
+/// the test itself holds would (rightly) make the receiver wait for memory that
+/// never comes. Pages are only touched as buffers are used.
 fn install_pool() {
-    let cfg = flame_common::buffer::registered::MemoryPoolConfig::default();
+    let cfg = flame_common::buffer::registered::MemoryPoolConfig {
+        bytes_per_thread: 512 << 20,
+        ..Default::default()
+    };
     flame_common::buffer::registered::install_on_this_thread(&cfg).unwrap();
 }
 
@@ -713,6 +720,69 @@ fn shm_registered_pool_grants_in_place() {
             "pool buffers were granted through staging memory"
         );
     });
+}
+
+/// Pool exhaustion is back-pressure on the receiving side: while every byte of
+/// the receiver's pool is held, a message is not taken off the connection (tcp:
+/// the socket is not read; shm: the record stays in the ring); once memory is
+/// freed it arrives intact. A connection set to never wait takes heap memory
+/// instead and delivers at once.
+fn receive_waits_for_pool_memory(kind: TransportKind) {
+    let cfg = flame_common::buffer::registered::MemoryPoolConfig {
+        bytes_per_thread: 4 << 20,
+        exhausted_wait_ms: 30_000,
+        ..Default::default()
+    };
+    flame_common::buffer::registered::install_on_this_thread(&cfg).unwrap();
+    for never_wait in [false, true] {
+        run(async move {
+            let (c, s) = pair(kind).await;
+            s.set_never_wait_for_memory(never_wait);
+            let data = PayloadBuf::copy_from(&pattern(64 << 10, 5));
+            // Hold the whole pool (4 MiB: 64 buffers of 64 KiB).
+            let mut hold = Vec::new();
+            while let Some(b) = PayloadBufMut::try_for_overwrite(64 << 10) {
+                hold.push(b);
+                assert!(hold.len() <= 64, "the pool is larger than configured");
+            }
+            assert!(!hold.is_empty(), "no registered pool on this thread");
+            c.send(&write_msg(1, data.clone())).unwrap();
+            let got: Rc<RefCell<Option<Message>>> = Rc::new(RefCell::new(None));
+            let g = got.clone();
+            let _recv = spawn(async move {
+                *g.borrow_mut() = Some(s.recv().await.unwrap());
+            });
+            reactor::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                got.borrow().is_some(),
+                never_wait,
+                "{}: received while the pool was exhausted: {}",
+                kind.name(),
+                !never_wait
+            );
+            drop(hold);
+            for _ in 0..500 {
+                if got.borrow().is_some() {
+                    break;
+                }
+                reactor::sleep(Duration::from_millis(10)).await;
+            }
+            let Some(Message::Write { data: d, .. }) = got.borrow_mut().take() else {
+                panic!("{}: nothing received after memory was freed", kind.name())
+            };
+            assert!(d.as_slice() == data.as_slice(), "payload corrupted");
+        });
+    }
+}
+
+#[test]
+fn tcp_receive_waits_for_pool_memory() {
+    receive_waits_for_pool_memory(TransportKind::Tcp)
+}
+
+#[test]
+fn shm_receive_waits_for_pool_memory() {
+    receive_waits_for_pool_memory(TransportKind::Shm)
 }
 
 #[test]

@@ -272,9 +272,9 @@ pub struct BenchArgs {
     /// formatted volume but not data written only elsewhere.
     #[arg(long)]
     pub force_overwrite: bool,
-    /// How data travels: inline, or convert (read-write conversion above the
-    /// threshold).
-    #[arg(long, value_enum, default_value = "inline")]
+    /// How data travels: inline, or convert (read-write conversion at or above
+    /// the transport's threshold; the default, as in the client library).
+    #[arg(long, value_enum, default_value = "convert")]
     pub transfer_mode: crate::config::TransferMode,
     /// Smallest converted I/O (binary units), on every transport; default: the
     /// client library's per-transport default.

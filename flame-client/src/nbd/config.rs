@@ -11,8 +11,8 @@
 //! io_timeout_ms: 0               # bound on one backend operation (0 = never)
 //! handshake_timeout_ms: 10000    # a client must finish negotiation within this
 //! connect_timeout_ms: 2000       # connecting to the manager / OSDs
-//! transfer_mode: inline          # inline | convert (read-write conversion)
-//! convert_threshold_bytes: {tcp: 1048576, shm: 65536, rdma: 4096}
+//! transfer_mode: convert         # convert (at/above the threshold) | inline
+//! convert_threshold_bytes: {tcp: 4294967295, shm: 65536, rdma: 4096}  # 4294967295 = never
 //! reply_mode: push               # push | fetch (remote fetching; shm/rdma only)
 //! memory_pool:                   # payload memory of the reactor threads
 //!   mode: percpu                 # percpu | locked | heap
@@ -89,7 +89,7 @@ impl Default for NbdConfig {
             bind_addr: None,
             handshake_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
-            transfer_mode: crate::config::TransferMode::Inline,
+            transfer_mode: crate::config::TransferMode::Convert,
             convert_threshold_bytes: crate::config::ConvertThresholds::default(),
             reply_mode: crate::config::ReplyMode::Push,
             fetch_over_emulated: false,

@@ -194,11 +194,11 @@ impl Conn {
     pub fn set_never_wait_for_memory(&self, on: bool) {
         match self {
             Conn::Tcp(c) => c.set_never_wait_for_memory(on),
-            // These copy a received payload out of their ring or receive buffer
-            // with the synchronous allocation, which never waits (it falls back
-            // to the heap, counted): nothing to switch. Making their receive wait
-            // for pool memory like tcp's is left to do.
-            Conn::Shm(_) => {}
+            Conn::Shm(c) => c.set_never_wait_for_memory(on),
+            // rdma copies a received payload out of its receive buffer with the
+            // synchronous allocation, which never waits (it falls back to the
+            // heap, counted): nothing to switch. Making it wait for pool memory
+            // like tcp and shm is left to do.
             #[cfg(feature = "rdma")]
             Conn::Rdma(_) => {}
         }

@@ -478,6 +478,15 @@ pub struct ShmConn {
     space_waiting: Cell<Option<u64>>,
     /// This connection's registration with the reactor's poll sources.
     source: Cell<Option<reactor::PollSourceId>>,
+    /// Receive with the synchronous allocation, never waiting for pool memory
+    /// (see [`super::Conn::set_never_wait_for_memory`]).
+    never_wait: Cell<bool>,
+    /// The payload length of the record at the ring's head when the pool could
+    /// not serve it: the receiver waits for memory, leaving the record in the
+    /// ring, which back-pressures the sender.
+    need_memory: Cell<Option<usize>>,
+    /// A buffer obtained by that wait, for the record at the ring's head.
+    spare: RefCell<Option<PayloadBufMut>>,
 }
 
 /// The shm connection as a completion source of its thread's reactor: the reactor
@@ -867,6 +876,9 @@ impl ShmConn {
             recv_waker: RefCell::new(None),
             space_waiting: Cell::new(None),
             source: Cell::new(None),
+            never_wait: Cell::new(false),
+            need_memory: Cell::new(None),
+            spare: RefCell::new(None),
         });
         let source = RingSource {
             conn: Rc::downgrade(&conn),
@@ -1035,6 +1047,16 @@ impl ShmConn {
             if let Some(m) = self.take_record()? {
                 return Ok(m);
             }
+            if let Some(len) = self.need_memory.take() {
+                // The pool is exhausted: wait for frees (bounded by the pool's
+                // wait; past it, fail, which closes the connection) with the
+                // record still in the ring.
+                let buf = PayloadBufMut::for_overwrite_wait(len)
+                    .await
+                    .map_err(io::Error::from)?;
+                *self.spare.borrow_mut() = Some(buf);
+                continue;
+            }
             if self.peer_gone.get() {
                 return Err(TransportError::Closed);
             }
@@ -1128,7 +1150,21 @@ impl ShmConn {
             if RECORD_PREFIX + HEADER_LEN + plen != len {
                 return bad("shm ring record length differs from its header");
             }
-            let mut payload = PayloadBufMut::for_overwrite(plen);
+            // From the thread's pool; when it is exhausted the record stays in
+            // the ring while `recv_inner` waits for memory (like tcp, which stops
+            // reading its socket), unless this connection must never wait.
+            let spare = self.spare.borrow_mut().take().filter(|b| b.len() == plen);
+            let mut payload = match spare {
+                Some(b) => b,
+                None if self.never_wait.get() => PayloadBufMut::for_overwrite(plen),
+                None => match PayloadBufMut::try_for_overwrite(plen) {
+                    Some(b) => b,
+                    None => {
+                        self.need_memory.set(Some(plen));
+                        return Ok(None);
+                    }
+                },
+            };
             m.read(
                 RING_OFF + idx + RECORD_PREFIX + HEADER_LEN,
                 payload.as_mut_slice(),
@@ -1197,6 +1233,11 @@ impl ShmConn {
     /// See [`super::Conn::is_closed`].
     pub fn is_closed(&self) -> bool {
         self.closed.get() || self.peer_gone.get()
+    }
+
+    /// See [`super::Conn::set_never_wait_for_memory`].
+    pub fn set_never_wait_for_memory(&self, on: bool) {
+        self.never_wait.set(on);
     }
 
     /// Data doorbells this side rang so far: one per time the peer went to sleep
