@@ -278,15 +278,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.grant_area(len),
             Conn::Shm(c) => c.grant_area(len),
-            // Not built yet: a client asking for a reply area gets an error and
-            // keeps pushed replies.
             #[cfg(feature = "rdma")]
-            Conn::Rdma(_) => {
-                let _ = len;
-                Err(TransportError::Unavailable(
-                    "remote-fetching reply areas are not implemented on rdma".into(),
-                ))
-            }
+            Conn::Rdma(c) => c.grant_area(len),
         }
     }
 

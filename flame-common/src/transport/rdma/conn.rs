@@ -55,7 +55,8 @@ use crate::protocol::{Message, PAYLOAD_BYTES_MAX, ProtocolError, RemoteBuf};
 use crate::reactor;
 use crate::transport::TransportError;
 use crate::transport::grant::{
-    GRANTS_PER_CONN_MAX, Grant, GrantOwner, Refusal, WriteGrant, check_grant_len,
+    GRANTS_PER_CONN_MAX, Grant, GrantOwner, Refusal, SharedArea, WriteGrant, buffer_writer,
+    check_grant_len,
 };
 use rdma_mummy_sys::{
     ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
@@ -1267,6 +1268,32 @@ impl RdmaConn {
         };
         self.add_grant(remote, mr, GrantedMem::Write { _buf: buf.clone() })?;
         Ok(WriteGrant::new(remote, self.clone(), buf))
+    }
+
+    /// Registers a fresh zeroed buffer of `len` bytes for remote READ by the peer
+    /// while this side keeps writing it ([`SharedArea::write_at`]): the reply area
+    /// of remote fetching. The peer's NIC reads it without this side's CPU; a read
+    /// racing with a write may see a mix, which Flame's replies let the reader
+    /// detect (id and checksums).
+    pub fn grant_area(self: &Rc<Self>, len: usize) -> Result<SharedArea, TransportError> {
+        let len32 = self.check_grant(len)?;
+        let buf = Rc::new(RefCell::new(PayloadBufMut::zeroed(len)));
+        let addr = buf.borrow_mut().as_mut_slice().as_mut_ptr() as u64;
+        // SAFETY: the grant table keeps the buffer until the region is
+        // deregistered; its memory does not move.
+        let mr = unsafe {
+            self.dev
+                .pd
+                .reg_mr(addr as usize, len, AccessFlags::RemoteRead)
+        }
+        .map_err(|e| TransportError::Grant(format!("registering a reply area: {e}")))?;
+        let remote = RemoteBuf {
+            addr,
+            len: len32,
+            key: mr.rkey(),
+        };
+        self.add_grant(remote, mr, GrantedMem::Write { _buf: buf.clone() })?;
+        Ok(SharedArea::new(remote, self.clone(), buffer_writer(buf)))
     }
 
     fn check_grant(&self, len: usize) -> Result<u32, TransportError> {
