@@ -116,6 +116,9 @@ pub(crate) struct Inner {
     fixed: RefCell<Vec<(usize, usize)>>,
     /// Reads and writes submitted as fixed-buffer operations ([`fixed_ops`]).
     fixed_ops: std::cell::Cell<u64>,
+    /// Armed [`super::sleep`] timers: kept here, not in the kernel
+    /// (see `timer.rs`).
+    timers: super::timer::Timers,
 }
 
 /// Reads and writes the current thread's reactor submitted with fixed buffers
@@ -219,6 +222,11 @@ pub(crate) fn try_with_current(f: impl FnOnce(&Inner)) {
 }
 
 impl Inner {
+    /// This reactor's timers.
+    pub(crate) fn timers(&self) -> &super::timer::Timers {
+        &self.timers
+    }
+
     pub(crate) fn push_op(
         &self,
         sqe: squeue::Entry,
@@ -441,6 +449,7 @@ impl Reactor {
             sources: super::source::Sources::default(),
             fixed: RefCell::new(Vec::new()),
             fixed_ops: std::cell::Cell::new(0),
+            timers: super::timer::Timers::default(),
         });
         inner.arm_wake();
         CURRENT.with(|c| {
@@ -500,8 +509,14 @@ impl Reactor {
             self.inner.submit()?;
             let reaped = self.inner.reap();
             let sourced = self.inner.sources.poll();
+            let fired = self.inner.timers.fire();
             self.poller.count_pass();
-            if ran > 0 || reaped > 0 || sourced || !self.inner.shared.runnable.is_empty() {
+            if ran > 0
+                || reaped > 0
+                || sourced
+                || fired > 0
+                || !self.inner.shared.runnable.is_empty()
+            {
                 self.inner.poll_stats.set(self.poller.stats());
                 continue;
             }
@@ -514,6 +529,7 @@ impl Reactor {
                     || !inner.shared.runnable.is_empty()
                     || !inner.shared.remote.is_empty()
                     || inner.sources.poll()
+                    || inner.timers.due()
             });
             if found {
                 self.inner.poll_stats.set(self.poller.stats());
@@ -532,7 +548,21 @@ impl Reactor {
                 continue;
             }
             let slept_from = std::time::Instant::now();
-            let res = self.inner.ring.borrow_mut().submit_and_wait(1);
+            // Sleep until a completion, or until the earliest timer is due (one
+            // bounded wait instead of a TIMEOUT operation per timer).
+            let res = match self.inner.timers.until_next() {
+                None => self.inner.ring.borrow_mut().submit_and_wait(1),
+                Some(left) if left.is_zero() => Ok(0),
+                Some(left) => {
+                    let ts = types::Timespec::from(left);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.inner
+                        .ring
+                        .borrow()
+                        .submitter()
+                        .submit_with_args(1, &args)
+                }
+            };
             self.inner.shared.sleeping.store(false, Ordering::Release);
             self.inner.sources.disarm();
             self.poller.record_sleep(slept_from.elapsed());
@@ -542,7 +572,8 @@ impl Reactor {
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
-                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM)
+                        // ETIME: the wait's timeout (a timer is due).
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ENOMEM | libc::ETIME)
                     ) => {}
                 Err(e) => return Err(e),
             }
@@ -561,6 +592,7 @@ impl Drop for Reactor {
         let inner = self.inner.clone();
         // Sources first: their doorbell tasks cancel their reads below.
         inner.sources.clear();
+        inner.timers.clear();
         let in_flight: Vec<usize> = inner
             .ops
             .borrow()

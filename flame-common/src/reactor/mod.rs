@@ -24,6 +24,7 @@ mod op;
 pub mod poll;
 mod slot;
 mod source;
+mod timer;
 
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 pub use executor::{
@@ -32,10 +33,11 @@ pub use executor::{
 };
 pub use op::{
     accept, close, connect, fallocate, file_size, fsync, mkdir, open, poll_readable, read_at, recv,
-    recv_range, send, sleep, unlink, write_at, writev, writev_all,
+    recv_range, send, unlink, write_at, writev, writev_all,
 };
 pub use poll::PollMode;
 pub use source::{PollSource, PollSourceId, add_poll_source, remove_poll_source};
+pub use timer::{Sleep, sleep};
 
 /// A spawned task; await it for the output, or `detach()` it to let it run on.
 pub type Task<T> = async_task::Task<T>;

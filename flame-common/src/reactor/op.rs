@@ -15,7 +15,6 @@ use std::net::SocketAddr;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 /// A submitted operation. Resolves to the raw completion result and gives back the
 /// resources it held.
@@ -313,14 +312,6 @@ pub async fn close(fd: OwnedFd) -> io::Result<()> {
     let raw = fd.into_raw_fd();
     let (res, ()) = Op::submit(opcode::Close::new(types::Fd(raw)).build(), ()).await;
     result(res).map(|_| ())
-}
-
-/// Sleeps for `duration` on the ring's timer.
-pub async fn sleep(duration: Duration) {
-    let ts = Box::new(types::Timespec::from(duration));
-    let sqe = opcode::Timeout::new(&*ts as *const types::Timespec).build();
-    // -ETIME is the normal expiry result.
-    let _ = Op::submit_cancellable(sqe, ts).await;
 }
 
 /// A path as a C string the kernel can read, or `InvalidInput` for a path with a
