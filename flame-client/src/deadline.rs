@@ -1,9 +1,11 @@
 //! Cheap per-request deadlines.
 //!
-//! Every request is bounded by `io_timeout_ms`, but an io_uring timer per request
-//! would be wasteful: a dropped `reactor::sleep` is only orphaned, not cancelled, so
-//! each completed request would leave a kernel timer and an operation slot behind
-//! for the full 30 s — at 50k IOPS, over a million of them. Instead each thread
+//! Every request is bounded by `io_timeout_ms`. This table predates the reactor's
+//! own timers (`reactor::sleep` is now an entry in the reactor's map, disarmed at
+//! once when dropped; it used to be an io_uring timer left orphaned for its full
+//! duration). It is kept because one entry per request in a hash map is still a
+//! little cheaper than an ordered-map entry, and deadlines this coarse do not need
+//! the precision. Each thread
 //! keeps a table of pending deadlines and one ticker task that wakes every
 //! [`TICK`] while the table is not empty and wakes the expired ones. A deadline that
 //! is dropped (the request finished first) removes its entry at once. Deadlines are

@@ -706,11 +706,22 @@ fn shm_registered_pool_grants_in_place() {
         let data = PayloadBuf::copy_from(&pattern(1 << 20, 3));
         assert!(data.location().is_some(), "test buffer not in the pool");
         let g = s.grant_read(&data).unwrap();
+        // In place: the grant names the buffer's own address (a staged grant
+        // names the connection's staging memory). Checked per grant, since the
+        // process-wide counter also counts other tests running in parallel.
+        assert_eq!(
+            g.remote().addr,
+            data.as_slice().as_ptr() as u64,
+            "read grant staged"
+        );
         assert_eq!(
             c.read_remote(g.remote()).await.unwrap().as_slice(),
             data.as_slice()
         );
-        let w = c.grant_write(PayloadBufMut::zeroed(64 << 10)).unwrap();
+        let mut dest = PayloadBufMut::zeroed(64 << 10);
+        let dest_addr = dest.as_mut_slice().as_mut_ptr() as u64;
+        let w = c.grant_write(dest).unwrap();
+        assert_eq!(w.remote().addr, dest_addr, "write grant staged");
         let src = PayloadBuf::copy_from(&pattern(64 << 10, 4));
         s.write_remote(w.remote(), 0, &src).await.unwrap();
         assert_eq!(w.finish().as_slice(), src.as_slice());

@@ -570,7 +570,7 @@ pub(crate) struct Inflight {
 }
 
 /// Counts one transfer in [`Inflight::transfers`] while it lives.
-struct TransferGuard<'a>(Option<&'a Inflight>);
+pub(crate) struct TransferGuard<'a>(Option<&'a Inflight>);
 
 impl Drop for TransferGuard<'_> {
     fn drop(&mut self) {
@@ -595,11 +595,11 @@ impl Inflight {
         }
     }
 
-    /// Waits until fewer than `max` requests are in flight (the staged mode's
-    /// network threads; they run no one-sided transfers).
+    /// Waits until fewer than `max` requests are in flight, or until a one-sided
+    /// transfer needs the receive loop (the staged mode's network threads).
     pub(crate) async fn below(&self, max: u32) {
         std::future::poll_fn(|cx| {
-            if self.count.get() < max {
+            if self.transfers.get() > 0 || self.count.get() < max {
                 std::task::Poll::Ready(())
             } else {
                 self.reader.set(Some(cx.waker().clone()));
@@ -629,7 +629,7 @@ impl Inflight {
 
     /// Marks a one-sided transfer on `conn` as running until the guard drops.
     /// Only an emulated transport's transfers need the receive loop.
-    fn transfer(&self, conn: &Conn) -> TransferGuard<'_> {
+    pub(crate) fn transfer(&self, conn: &Conn) -> TransferGuard<'_> {
         if conn.one_sided_native() {
             return TransferGuard(None);
         }

@@ -499,6 +499,26 @@ async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pen
         inflight.enter();
         let bytes = crate::connection::payload_bytes(&msg);
         shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);
+        if converted(&msg) {
+            // A one-sided transfer runs here, where the connection is: pull a
+            // write's payload before handing it to a worker, push a read's data
+            // after. In its own task, so this loop keeps receiving (an emulated
+            // transfer's completion arrives through it).
+            let (shard, conn, inflight, pending, replies) = (
+                shard.clone(),
+                conn.clone(),
+                inflight.clone(),
+                pending.clone(),
+                replies.clone(),
+            );
+            reactor::spawn(async move {
+                serve_converted(&shard, &conn, &inflight, &pending, replies, msg, fence).await;
+                shard.release_bytes(bytes);
+                inflight.leave();
+            })
+            .detach();
+            continue;
+        }
         let token = pending.insert();
         // Sent here, in receive order (not from the spawned task): the worker's
         // FIFO queue then starts this connection's requests in the order they came.
@@ -534,6 +554,103 @@ async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pen
         })
         .detach();
     }
+}
+
+/// Whether a request's data travels one-sidedly (read-write conversion).
+fn converted(msg: &Message) -> bool {
+    matches!(
+        msg,
+        Message::Write {
+            remote: Some(_),
+            ..
+        } | Message::Read {
+            remote: Some(_),
+            ..
+        }
+    )
+}
+
+/// Runs a converted request from a network thread: pulls the write's payload,
+/// has a worker execute it, pushes the read's data, replies. A failed transfer
+/// closes the connection (the transport already did; a bad descriptor deserves
+/// nothing more), as in the penetrating path (`Shard::execute_converting`).
+async fn serve_converted(
+    shard: &Rc<NetShard>,
+    conn: &Conn,
+    inflight: &crate::connection::Inflight,
+    pending: &Rc<Pending>,
+    replies: Arc<Mailbox<Done>>,
+    mut msg: Message,
+    fence: Option<(u64, u64)>,
+) {
+    let mut dest = None;
+    match &mut msg {
+        Message::Write {
+            remote: remote @ Some(_),
+            data,
+            target,
+            ..
+        } => {
+            let Some(r) = remote.take() else { return };
+            let pulled = {
+                let _t = inflight.transfer(conn);
+                conn.read_remote(r).await
+            };
+            match pulled {
+                Ok(buf) if buf.len() == target.length as usize => *data = buf.freeze(),
+                Ok(buf) => {
+                    tracing::warn!(shard = shard.id, peer = %conn.peer(), "pulled {} bytes for a {}-byte write; closing", buf.len(), target.length);
+                    conn.close();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(shard = shard.id, peer = %conn.peer(), "pulling a converted write's payload failed: {e}; closing");
+                    conn.close();
+                    return;
+                }
+            }
+        }
+        Message::Read { remote, .. } => dest = remote.take(),
+        _ => {}
+    }
+    let token = pending.insert();
+    shard
+        .inbox
+        .send(Job {
+            work: Work::Request { msg, fence },
+            reply_to: replies,
+            token,
+        })
+        .await;
+    let mut reply = match pending.wait(token).await {
+        Some(Outcome::Reply(reply)) => reply,
+        Some(Outcome::Superseded) | None => {
+            conn.close();
+            return;
+        }
+    };
+    if let (
+        Some(d),
+        Message::Reply {
+            status: status::OK,
+            data,
+            ..
+        },
+    ) = (dest, &mut reply)
+        && data.len() == d.len as usize
+    {
+        let pushed = {
+            let _t = inflight.transfer(conn);
+            conn.write_remote(d, 0, data).await
+        };
+        if let Err(e) = pushed {
+            tracing::warn!(shard = shard.id, peer = %conn.peer(), "pushing a converted read's data failed: {e}; closing");
+            conn.close();
+            return;
+        }
+        *data = flame_common::buffer::PayloadBuf::empty();
+    }
+    let _ = conn.send_owned(reply);
 }
 
 impl NetShard {

@@ -256,8 +256,22 @@ pub(crate) fn seal_size(fd: std::os::fd::RawFd) -> std::io::Result<()> {
 }
 
 /// Whether a memfd received from a peer can never shrink below `len` bytes: sealed
-/// against shrinking and at least that large now.
+/// against shrinking, at least that large now, and ordinary shared memory (tmpfs:
+/// a hugetlbfs memfd with a hole punched in it could SIGBUS us on a fault when no
+/// huge page is free).
 pub(crate) fn size_sealed_at_least(fd: std::os::fd::RawFd, len: u64) -> bool {
+    // SAFETY: statfs is plain data; fstatfs fills it.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall on a descriptor the caller owns.
+    if unsafe { libc::fstatfs(fd, &mut sfs) } < 0 {
+        return false;
+    }
+    // f_type's integer type differs between targets; compare as i64.
+    #[allow(clippy::unnecessary_cast)]
+    let tmpfs = sfs.f_type as i64 == libc::TMPFS_MAGIC as i64;
+    if !tmpfs {
+        return false;
+    }
     // SAFETY: plain fcntl; -1 (not a memfd, no sealing) is a refusal.
     let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
     if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {

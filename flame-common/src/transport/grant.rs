@@ -161,7 +161,11 @@ pub fn check_bounds(base: u64, base_len: u32, addr: u64, len: u64) -> Result<usi
         return Err(Refusal::OutOfBounds);
     }
     let end = addr.checked_add(len).ok_or(Refusal::OutOfBounds)?;
-    if end > base + u64::from(base_len) {
+    // `base` may come from a peer's grant table: never overflow on it.
+    let base_end = base
+        .checked_add(u64::from(base_len))
+        .ok_or(Refusal::OutOfBounds)?;
+    if end > base_end {
         return Err(Refusal::OutOfBounds);
     }
     Ok((addr - base) as usize)

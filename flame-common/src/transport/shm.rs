@@ -132,6 +132,13 @@ const HELLO_BYTES: usize = HELLO_FIXED_BYTES + REGIONS_MAX * HELLO_REGION_BYTES;
 const HELLO_FDS: usize = 3;
 /// Largest region a peer may ask us to map: the pool's own bound.
 const REGION_BYTES_MAX: u64 = crate::buffer::registered::BYTES_PER_THREAD_MAX;
+/// Address space all peers' regions may take in this process together (1 TiB of
+/// the 128 TiB a process has; a dev cluster maps a few GiB). Beyond it a handshake
+/// is refused (the connection falls back to tcp): many connections from peers with
+/// large pools must not exhaust our address space or map count.
+const PEER_REGION_BYTES_MAX: u64 = 1 << 40;
+/// Address space currently mapped for peers' regions.
+static PEER_REGION_BYTES: AtomicU64 = AtomicU64::new(0);
 /// How long a write grant revoked early keeps its memory out of circulation (see
 /// the module docs). A peer's copy is check → memcpy (≤ 4 MiB, well under a
 /// millisecond) → check; a second covers a peer preempted in the middle.
@@ -413,6 +420,22 @@ struct RemoteRegion {
     map: Mapping,
 }
 
+impl Drop for RemoteRegion {
+    fn drop(&mut self) {
+        PEER_REGION_BYTES.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+/// Reserves `len` bytes of the peers' mapping budget; false when it is spent.
+fn reserve_peer_bytes(len: u64) -> bool {
+    let before = PEER_REGION_BYTES.fetch_add(len, Ordering::Relaxed);
+    if before.saturating_add(len) > PEER_REGION_BYTES_MAX {
+        PEER_REGION_BYTES.fetch_sub(len, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
 /// The regions this thread allocates from first, then the process's others, at
 /// most [`REGIONS_MAX`]: what a new connection shares with its peer.
 fn shared_regions() -> Vec<RegionInfo> {
@@ -487,6 +510,14 @@ pub struct ShmConn {
     need_memory: Cell<Option<usize>>,
     /// A buffer obtained by that wait, for the record at the ring's head.
     spare: RefCell<Option<PayloadBufMut>>,
+    /// Woken when the connection closes or the peer goes (the wait for memory
+    /// races it; the receive waker is not used there because a record waiting in
+    /// the ring would wake it on every reactor pass).
+    end_waker: RefCell<Option<Waker>>,
+    /// Whether a task runs that releases the quarantine as it expires.
+    quarantine_timer: Cell<bool>,
+    /// This connection (for the tasks it spawns).
+    me: std::rc::Weak<ShmConn>,
 }
 
 /// The shm connection as a completion source of its thread's reactor: the reactor
@@ -732,7 +763,7 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
     // The segment must be at least as large as we will touch and unable to
     // shrink, or an access would fault (SIGBUS).
     if !registered::size_sealed_at_least(memfd.as_raw_fd(), SEGMENT_BYTES as u64) {
-        return bad("segment is too small or not sealed against shrinking");
+        return bad("segment is too small, not sealed against shrinking, or not shared memory");
     }
     let map = Mapping::map(memfd.as_raw_fd(), SEGMENT_BYTES)?;
     if map.u64_at(CTL_MAGIC).load(Ordering::Relaxed) != HELLO_MAGIC {
@@ -751,12 +782,24 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
             return bad("a region's address or length is out of range");
         }
         if !registered::size_sealed_at_least(fd.as_raw_fd(), r_len) {
-            return bad("a region is too small or not sealed against shrinking");
+            return bad(
+                "a region is too small, not sealed against shrinking, or not shared memory",
+            );
         }
+        if !reserve_peer_bytes(r_len) {
+            return bad("peers' regions would exceed this process's mapping budget");
+        }
+        let map = match Mapping::map(fd.as_raw_fd(), r_len as usize) {
+            Ok(m) => m,
+            Err(e) => {
+                PEER_REGION_BYTES.fetch_sub(r_len, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         regions.push(RemoteRegion {
             base: r_base,
             len: r_len,
-            map: Mapping::map(fd.as_raw_fd(), r_len as usize)?,
+            map,
         });
     }
     Ok(Remote {
@@ -855,7 +898,7 @@ impl ShmConn {
         let local = Local::new()?;
         send_hello(&sock, &local)?;
         let remote = recv_hello(&sock).await?;
-        let conn = Rc::new(ShmConn {
+        let conn = Rc::new_cyclic(|me| ShmConn {
             local,
             remote,
             sock,
@@ -879,6 +922,9 @@ impl ShmConn {
             never_wait: Cell::new(false),
             need_memory: Cell::new(None),
             spare: RefCell::new(None),
+            end_waker: RefCell::new(None),
+            quarantine_timer: Cell::new(false),
+            me: me.clone(),
         });
         let source = RingSource {
             conn: Rc::downgrade(&conn),
@@ -1030,8 +1076,15 @@ impl ShmConn {
                 "two tasks receiving on one connection",
             )));
         }
+        // Cleared however the receive ends, also when its future is dropped.
+        struct Busy<'a>(&'a Cell<bool>);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _busy = Busy(&self.recv_busy);
         let r = self.recv_inner().await;
-        self.recv_busy.set(false);
         if r.is_err() {
             self.close();
         }
@@ -1051,10 +1104,18 @@ impl ShmConn {
                 // The pool is exhausted: wait for frees (bounded by the pool's
                 // wait; past it, fail, which closes the connection) with the
                 // record still in the ring.
-                let buf = PayloadBufMut::for_overwrite_wait(len)
-                    .await
-                    .map_err(io::Error::from)?;
-                *self.spare.borrow_mut() = Some(buf);
+                let ended = std::future::poll_fn(|cx| {
+                    if self.closed.get() || self.peer_gone.get() {
+                        return Poll::Ready(None);
+                    }
+                    *self.end_waker.borrow_mut() = Some(cx.waker().clone());
+                    Poll::Pending
+                });
+                let wait = async { Some(PayloadBufMut::for_overwrite_wait(len).await) };
+                let Some(buf) = futures_lite::future::or(wait, ended).await else {
+                    return Err(TransportError::Closed);
+                };
+                *self.spare.borrow_mut() = Some(buf.map_err(io::Error::from)?);
                 continue;
             }
             if self.peer_gone.get() {
@@ -1207,6 +1268,9 @@ impl ShmConn {
         drop(q);
         // Wake this side's own waiters (receiver, writer) and leave the reactor.
         if let Some(w) = self.recv_waker.borrow_mut().take() {
+            w.wake();
+        }
+        if let Some(w) = self.end_waker.borrow_mut().take() {
             w.wake();
         }
         if let Some(id) = self.source.take() {
@@ -1491,6 +1555,24 @@ impl GrantOwner for ShmConn {
             Backing::InPlaceWrite { .. } => into.is_none(),
         };
         self.local.release_backing(backing, early_write);
+        if early_write && !self.quarantine_timer.replace(true) {
+            // Release the quarantine as it expires even if no grant follows on
+            // this connection (bounded: ends when it is empty or the connection
+            // is gone; the drop hands what is left to `linger`).
+            let me = self.me.clone();
+            reactor::spawn(async move {
+                loop {
+                    reactor::sleep(QUARANTINE).await;
+                    let Some(c) = me.upgrade() else { return };
+                    c.local.expire_quarantine();
+                    if c.local.quarantine.borrow().is_empty() {
+                        c.quarantine_timer.set(false);
+                        return;
+                    }
+                }
+            })
+            .detach();
+        }
     }
 }
 
@@ -1502,6 +1584,27 @@ impl Drop for ShmConn {
             && reactor::current_id().is_some()
         {
             reactor::remove_poll_source(id);
+        }
+        // Pool buffers of early-revoked write grants: the peer may still be in the
+        // middle of a copy into them (its mapping of our region outlives this
+        // connection), so they stay out of circulation until their quarantine
+        // ends. Staging extents need nothing: the segment goes with us.
+        let held: Vec<(Instant, Backing)> = self
+            .local
+            .quarantine
+            .borrow_mut()
+            .drain(..)
+            .filter(|(_, b)| matches!(b, Backing::InPlaceWrite { .. }))
+            .collect();
+        if let Some((last, _)) = held.last()
+            && reactor::current_id().is_some()
+        {
+            let left = QUARANTINE.saturating_sub(last.elapsed());
+            reactor::spawn(async move {
+                reactor::sleep(left).await;
+                drop(held);
+            })
+            .detach();
         }
     }
 }
@@ -1600,6 +1703,9 @@ async fn watch_peer(conn: std::rc::Weak<ShmConn>) {
         if let Some(w) = c.recv_waker.borrow_mut().take() {
             w.wake();
         }
+        if let Some(w) = c.end_waker.borrow_mut().take() {
+            w.wake();
+        }
         if let Some(w) = c.queue.borrow_mut().writer.take() {
             w.wake();
         }
@@ -1670,6 +1776,48 @@ mod tests {
     use super::*;
     use crate::ids::{Epoch, RequestId};
     use crate::reactor::{Reactor, ReactorConfig};
+
+    /// A write grant dropped before the peer finished keeps its pool buffer out of
+    /// circulation for the quarantine, then gives it back by itself (no further
+    /// grant on the connection needed).
+    #[test]
+    fn early_revoked_write_grants_are_quarantined_then_released() {
+        let cfg = registered::MemoryPoolConfig {
+            bytes_per_thread: 4 << 20,
+            ..Default::default()
+        };
+        registered::install_on_this_thread(&cfg).unwrap();
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr();
+            let accept = crate::reactor::spawn(async move { l.accept().await.unwrap() });
+            let c = ShmConn::connect(addr).await.unwrap().unwrap();
+            let _s = accept.await;
+            // The whole 4 MiB pool, granted in place, then dropped unfinished.
+            let buf = PayloadBufMut::try_for_overwrite(4 << 20).unwrap();
+            let g = c.grant_write(buf).unwrap();
+            drop(g);
+            assert!(
+                PayloadBufMut::try_for_overwrite(4 << 20).is_none(),
+                "released at once: a peer's copy in flight could land in reused memory"
+            );
+            let start = Instant::now();
+            loop {
+                if let Some(b) = PayloadBufMut::try_for_overwrite(4 << 20) {
+                    drop(b);
+                    break;
+                }
+                assert!(
+                    start.elapsed() < QUARANTINE * 5,
+                    "quarantine never released"
+                );
+                crate::reactor::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(start.elapsed() >= QUARANTINE / 2);
+        })
+        .unwrap();
+    }
 
     /// A hello whose region memfds could fault us later (not sealed against
     /// shrinking, smaller than announced) or do not match its count is refused
