@@ -81,6 +81,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -417,13 +418,75 @@ struct RemoteRegion {
     /// The peer's address of its first byte (grant addresses are in its space).
     base: u64,
     len: u64,
-    map: Mapping,
+    map: Arc<PeerMapping>,
 }
 
-impl Drop for RemoteRegion {
+/// A peer region's memfd mapped once in this process and shared by every
+/// connection to that peer (a flame-nbd thread connects to every shard of every
+/// local OSD, and each OSD process shares the same regions with all of them: one
+/// mapping per connection would multiply address space and map count by the
+/// number of connections).
+struct PeerMapping {
+    map: Mapping,
+    len: u64,
+}
+
+// SAFETY: plain shared memory, mapped for the value's life; every access is a copy
+// bounded by a grant check, from whichever thread holds a connection.
+unsafe impl Send for PeerMapping {}
+// SAFETY: as above.
+unsafe impl Sync for PeerMapping {}
+
+impl Drop for PeerMapping {
     fn drop(&mut self) {
         PEER_REGION_BYTES.fetch_sub(self.len, Ordering::Relaxed);
     }
+}
+
+/// Live peer mappings by the memfd's identity (device, inode) and length. An
+/// inode cannot be reused while a mapping of it lives, so an entry that upgrades
+/// is the same memory. Only handshakes touch it.
+type PeerMappings = std::collections::HashMap<(u64, u64, u64), std::sync::Weak<PeerMapping>>;
+
+fn peer_mappings() -> &'static std::sync::Mutex<PeerMappings> {
+    static MAPPINGS: std::sync::OnceLock<std::sync::Mutex<PeerMappings>> =
+        std::sync::OnceLock::new();
+    MAPPINGS.get_or_init(Default::default)
+}
+
+/// Maps the peer region `fd` of `len` bytes, or shares the mapping another
+/// connection already made of it.
+fn map_peer_region(fd: RawFd, len: u64) -> io::Result<Arc<PeerMapping>> {
+    // SAFETY: stat is plain data; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall on a descriptor the caller owns.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let key = (st.st_dev, st.st_ino, len);
+    let mut all = peer_mappings().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = all.get(&key).and_then(std::sync::Weak::upgrade) {
+        return Ok(m);
+    }
+    // Bounded: the table holds at most one entry per live mapping plus the dead
+    // ones dropped here.
+    all.retain(|_, w| w.strong_count() > 0);
+    if !reserve_peer_bytes(len) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "shm hello: peers' regions would exceed this process's mapping budget",
+        ));
+    }
+    let map = match Mapping::map(fd, len as usize) {
+        Ok(m) => m,
+        Err(e) => {
+            PEER_REGION_BYTES.fetch_sub(len, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    let m = Arc::new(PeerMapping { map, len });
+    all.insert(key, Arc::downgrade(&m));
+    Ok(m)
 }
 
 /// Reserves `len` bytes of the peers' mapping budget; false when it is spent.
@@ -786,20 +849,10 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
                 "a region is too small, not sealed against shrinking, or not shared memory",
             );
         }
-        if !reserve_peer_bytes(r_len) {
-            return bad("peers' regions would exceed this process's mapping budget");
-        }
-        let map = match Mapping::map(fd.as_raw_fd(), r_len as usize) {
-            Ok(m) => m,
-            Err(e) => {
-                PEER_REGION_BYTES.fetch_sub(r_len, Ordering::Relaxed);
-                return Err(e);
-            }
-        };
         regions.push(RemoteRegion {
             base: r_base,
             len: r_len,
-            map,
+            map: map_peer_region(fd.as_raw_fd(), r_len)?,
         });
     }
     Ok(Remote {
@@ -1484,7 +1537,7 @@ impl ShmConn {
         for r in &self.remote.regions {
             if addr >= r.base && end <= r.base + r.len {
                 // SAFETY: [addr, end) lies in the region, whose mapping is r.len long.
-                return Ok((unsafe { r.map.ptr.add((addr - r.base) as usize) }, seq));
+                return Ok((unsafe { r.map.map.ptr.add((addr - r.base) as usize) }, seq));
             }
         }
         refuse(Refusal::OutOfBounds)
@@ -1776,6 +1829,41 @@ mod tests {
     use super::*;
     use crate::ids::{Epoch, RequestId};
     use crate::reactor::{Reactor, ReactorConfig};
+
+    /// Connections to the same peer share one mapping of each of its regions.
+    #[test]
+    fn peer_regions_are_mapped_once_per_process() {
+        let cfg = registered::MemoryPoolConfig {
+            bytes_per_thread: 4 << 20,
+            ..Default::default()
+        };
+        registered::install_on_this_thread(&cfg).unwrap();
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let l = Rc::new(ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+            let addr = l.local_addr();
+            let mut accepted = Vec::new();
+            let mut clients = Vec::new();
+            for _ in 0..3 {
+                let l2 = l.clone();
+                let accept = crate::reactor::spawn(async move { l2.accept().await.unwrap() });
+                clients.push(ShmConn::connect(addr).await.unwrap().unwrap());
+                let super::super::Conn::Shm(s) = accept.await else {
+                    panic!("accepted over tcp")
+                };
+                accepted.push(s);
+            }
+            // The listener's side mapped the connecting side's region: once.
+            let first = &accepted[0].remote.regions;
+            assert!(!first.is_empty(), "no region shared");
+            for s in &accepted[1..] {
+                assert!(Arc::ptr_eq(&s.remote.regions[0].map, &first[0].map));
+            }
+            drop(accepted);
+            drop(clients);
+        })
+        .unwrap();
+    }
 
     /// A write grant dropped before the peer finished keeps its pool buffer out of
     /// circulation for the quarantine, then gives it back by itself (no further
