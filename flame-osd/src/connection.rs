@@ -356,63 +356,16 @@ impl Shard {
         inflight: &Inflight,
         mut msg: Message,
     ) -> Option<Message> {
-        let mut dest: Option<RemoteBuf> = None;
-        match &mut msg {
-            Message::Write {
-                remote: remote @ Some(_),
-                data,
-                target,
-                ..
-            } => {
-                let r = remote.take()?;
-                let pulled = {
-                    let _t = inflight.transfer(conn);
-                    conn.read_remote(r).await
-                };
-                match pulled {
-                    Ok(buf) if buf.len() == target.length as usize => {
-                        *data = buf.freeze();
-                        self.metrics.converted[1].inc();
-                        self.metrics.converted_bytes.inc_by(u64::from(r.len));
-                    }
-                    Ok(buf) => {
-                        tracing::warn!(shard = self.id, peer = %conn.peer(), "pulled {} bytes for a {}-byte write; closing", buf.len(), target.length);
-                        conn.close();
-                        return None;
-                    }
-                    Err(e) => {
-                        tracing::warn!(shard = self.id, peer = %conn.peer(), "pulling a converted write's payload failed: {e}; closing");
-                        conn.close();
-                        return None;
-                    }
-                }
-            }
-            Message::Read { remote, .. } => dest = remote.take(),
-            _ => {}
+        let (dest, pulled) = pull_converted(conn, inflight, self.id, &mut msg).await?;
+        if pulled > 0 {
+            self.metrics.converted[1].inc();
+            self.metrics.converted_bytes.inc_by(u64::from(pulled));
         }
         let mut reply = self.execute(msg).await;
-        if let (
-            Some(d),
-            Message::Reply {
-                status: status::OK,
-                data,
-                ..
-            },
-        ) = (dest, &mut reply)
-            && data.len() == d.len as usize
-        {
-            let pushed = {
-                let _t = inflight.transfer(conn);
-                conn.write_remote(d, 0, data).await
-            };
-            if let Err(e) = pushed {
-                tracing::warn!(shard = self.id, peer = %conn.peer(), "pushing a converted read's data failed: {e}; closing");
-                conn.close();
-                return None;
-            }
+        let pushed = push_converted(conn, inflight, self.id, dest, &mut reply).await?;
+        if pushed > 0 {
             self.metrics.converted[0].inc();
-            self.metrics.converted_bytes.inc_by(u64::from(d.len));
-            *data = flame_common::buffer::PayloadBuf::empty();
+            self.metrics.converted_bytes.inc_by(u64::from(pushed));
         }
         Some(reply)
     }
@@ -556,6 +509,91 @@ impl Shard {
         f.slots[slot] = (id, Some(reply));
         self.metrics.fetch_replies[FetchReply::Left as usize].inc();
     }
+}
+
+/// The first half of a converted request (read-write conversion), run where its
+/// connection is (a penetrating shard, or a staged network thread): pulls a
+/// write's payload into `msg` with a one-sided READ, or takes a read's destination
+/// descriptor for [`push_converted`]. Returns that destination and the bytes pulled
+/// (0 when nothing was), or `None` when the transfer failed: the connection is then
+/// closed, which is all a bad descriptor deserves. The transfer is counted in
+/// `inflight` so the receive loop keeps running for an emulated transport.
+pub(crate) async fn pull_converted(
+    conn: &Conn,
+    inflight: &Inflight,
+    shard: u16,
+    msg: &mut Message,
+) -> Option<(Option<RemoteBuf>, u32)> {
+    match msg {
+        Message::Write {
+            remote: remote @ Some(_),
+            data,
+            target,
+            ..
+        } => {
+            let r = remote.take()?;
+            let pulled = {
+                let _t = inflight.transfer(conn);
+                conn.read_remote(r).await
+            };
+            match pulled {
+                Ok(buf) if buf.len() == target.length as usize => {
+                    *data = buf.freeze();
+                    Some((None, r.len))
+                }
+                Ok(buf) => {
+                    tracing::warn!(shard, peer = %conn.peer(), "pulled {} bytes for a {}-byte write; closing", buf.len(), target.length);
+                    conn.close();
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(shard, peer = %conn.peer(), "pulling a converted write's payload failed: {e}; closing");
+                    conn.close();
+                    None
+                }
+            }
+        }
+        Message::Read { remote, .. } => Some((remote.take(), 0)),
+        _ => Some((None, 0)),
+    }
+}
+
+/// The second half of a converted request: pushes a successful read's data into
+/// the client's buffer `dest` with a one-sided WRITE and empties the reply's data.
+/// Returns the bytes pushed (0 when nothing was), or `None` when the transfer
+/// failed (the connection is closed).
+pub(crate) async fn push_converted(
+    conn: &Conn,
+    inflight: &Inflight,
+    shard: u16,
+    dest: Option<RemoteBuf>,
+    reply: &mut Message,
+) -> Option<u32> {
+    let (
+        Some(d),
+        Message::Reply {
+            status: status::OK,
+            data,
+            ..
+        },
+    ) = (dest, reply)
+    else {
+        return Some(0);
+    };
+    if data.len() != d.len as usize {
+        return Some(0);
+    }
+    let pushed = {
+        let _t = inflight.transfer(conn);
+        conn.write_remote(d, 0, data).await
+    };
+    if let Err(e) = pushed {
+        tracing::warn!(shard, peer = %conn.peer(), "pushing a converted read's data failed: {e}; closing");
+        conn.close();
+        return None;
+    }
+    *data = flame_common::buffer::PayloadBuf::empty();
+    Some(d.len)
 }
 
 /// Requests in flight on one connection, and the reader waiting for room (shared

@@ -583,36 +583,11 @@ async fn serve_converted(
     mut msg: Message,
     fence: Option<(u64, u64)>,
 ) {
-    let mut dest = None;
-    match &mut msg {
-        Message::Write {
-            remote: remote @ Some(_),
-            data,
-            target,
-            ..
-        } => {
-            let Some(r) = remote.take() else { return };
-            let pulled = {
-                let _t = inflight.transfer(conn);
-                conn.read_remote(r).await
-            };
-            match pulled {
-                Ok(buf) if buf.len() == target.length as usize => *data = buf.freeze(),
-                Ok(buf) => {
-                    tracing::warn!(shard = shard.id, peer = %conn.peer(), "pulled {} bytes for a {}-byte write; closing", buf.len(), target.length);
-                    conn.close();
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(shard = shard.id, peer = %conn.peer(), "pulling a converted write's payload failed: {e}; closing");
-                    conn.close();
-                    return;
-                }
-            }
-        }
-        Message::Read { remote, .. } => dest = remote.take(),
-        _ => {}
-    }
+    let Some((dest, _)) =
+        crate::connection::pull_converted(conn, inflight, shard.id, &mut msg).await
+    else {
+        return;
+    };
     let token = pending.insert();
     shard
         .inbox
@@ -629,26 +604,11 @@ async fn serve_converted(
             return;
         }
     };
-    if let (
-        Some(d),
-        Message::Reply {
-            status: status::OK,
-            data,
-            ..
-        },
-    ) = (dest, &mut reply)
-        && data.len() == d.len as usize
+    if crate::connection::push_converted(conn, inflight, shard.id, dest, &mut reply)
+        .await
+        .is_none()
     {
-        let pushed = {
-            let _t = inflight.transfer(conn);
-            conn.write_remote(d, 0, data).await
-        };
-        if let Err(e) = pushed {
-            tracing::warn!(shard = shard.id, peer = %conn.peer(), "pushing a converted read's data failed: {e}; closing");
-            conn.close();
-            return;
-        }
-        *data = flame_common::buffer::PayloadBuf::empty();
+        return;
     }
     let _ = conn.send_owned(reply);
 }
