@@ -3,6 +3,7 @@
 
 use crate::metrics::ShardMetrics;
 use crate::pg::MapView;
+use crate::pg_core::{ForwardAdmit, ForwardFacts};
 use crate::pg_log::{EntryKind, LogEntry};
 use crate::shard::Shard;
 use flame_common::buffer::PayloadBuf;
@@ -34,25 +35,19 @@ pub(crate) fn is_forwarded(msg: &Message) -> bool {
 fn is_io(op: OpCode) -> bool {
     matches!(
         op,
-        OpCode::Read | OpCode::Write | OpCode::WriteZeroes | OpCode::Discard
+        OpCode::Read | OpCode::Write | OpCode::WriteZeroes | OpCode::Discard | OpCode::RemoveObject
     )
 }
 
-/// The placement group a write names (`PgId(0)` for other messages).
-fn write_pg(msg: &Message) -> PgId {
-    match msg {
-        Message::Write { target, .. }
-        | Message::WriteZeroes { target, .. }
-        | Message::Discard { target, .. } => target.pg,
-        _ => PgId(0),
-    }
-}
-
-/// Whether the request changes data.
-fn is_write(msg: &Message) -> bool {
+/// Whether the request changes data (a forward of one is fenced by the group's
+/// core on a replica).
+fn changes_data(msg: &Message) -> bool {
     matches!(
         msg,
-        Message::Write { .. } | Message::WriteZeroes { .. } | Message::Discard { .. }
+        Message::Write { .. }
+            | Message::WriteZeroes { .. }
+            | Message::Discard { .. }
+            | Message::RemoveObject { .. }
     )
 }
 
@@ -114,38 +109,29 @@ impl Shard {
     ) -> (i32, PayloadBuf) {
         let map = &view.map;
         let sender_epoch = msg.epoch();
-        let forwarded_write = replica && is_write(&msg);
-        if forwarded_write && sender_epoch < map.epoch {
-            // A write forwarded under an older map. Its sender may no longer be
-            // the group's primary (a cut-off old primary must not add a write
-            // behind its successor's back) — but only if the group's roles changed
-            // since the sender's epoch (a new interval). Refuse then; the reply's
-            // epoch tells the primary to fetch the newer map, and the client
-            // retries under it. A map change elsewhere (another group's roles, a
-            // volume, a recovery report) does not concern this write.
-            let pg = write_pg(&msg);
-            let refuse = sender_epoch < map.interval_since(pg);
-            crate::metrics::forward_other_epoch(true, !refuse);
-            if refuse {
-                return (status::ESTALE, PayloadBuf::empty());
-            }
-        }
+        let forwarded_change = replica && changes_data(&msg);
         if sender_epoch > map.epoch {
             // The sender knows a newer map: fetch it now.
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
-            if !forwarded_write {
+            if !forwarded_change {
                 // Do not act on the old map meanwhile (placement may have moved;
                 // two OSDs must never both believe they are primary). The sender
                 // retries in a few milliseconds.
                 return (status::ESTALE, PayloadBuf::empty());
             }
-            // A write forwarded by a primary with a newer map: that map makes it
-            // the primary and this OSD a member of the write set — it is newer than
-            // anything this OSD knows, so nothing here can contradict it. Applied
-            // if this OSD's own map agrees that it is a member (checked below, as
-            // for any forward; ESTALE otherwise).
-            crate::metrics::forward_other_epoch(false, true);
+            // A forward by a primary with a newer map: admitted (or not) by the
+            // group's core below, after the role check.
+        } else if !replica
+            && is_io(msg.op())
+            && self.wanted_epoch.load(Ordering::Relaxed) > map.epoch.0
+        {
+            // A client or a peer showed this OSD a newer map than the one it
+            // acts on: its roles may have moved (a primary replaced without being
+            // down, say), so it serves no client I/O under the old map until the
+            // control thread fetched the new one (milliseconds). The client
+            // refreshes its map and retries.
+            return (status::ESTALE, PayloadBuf::empty());
         }
         if let Message::Read {
             remote: Some(_), ..
@@ -198,6 +184,9 @@ impl Shard {
                 {
                     return (st, PayloadBuf::empty());
                 }
+                if replica && let Err(st) = self.admit_forward(&view, target.pg, &msg) {
+                    return (st, PayloadBuf::empty());
+                }
                 if replica {
                     // Ordered like on the primary: a forwarded write that outlived its
                     // primary's timeout (and a retry of it on a new connection) must
@@ -216,7 +205,7 @@ impl Shard {
                     let st = self.apply_local(msg).await;
                     match logged {
                         Some(entry) if st == status::OK => {
-                            self.pg_logs.borrow_mut().get_mut(pg).record_replica(entry);
+                            self.pgs.borrow_mut().get_mut(pg).log.record_replica(entry);
                         }
                         Some(_) => {}
                         None => {
@@ -224,7 +213,7 @@ impl Shard {
                             // or read repair) replaced these bytes (or may have,
                             // if it failed half-way): the log no longer proves
                             // what this copy holds there.
-                            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(pg) {
+                            if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
                                 log.forget_proof(object, offset, length.max(1));
                             }
                         }
@@ -303,7 +292,10 @@ impl Shard {
                 if let Err(st) = view.check(self.osd, self.id, target, true) {
                     return (st, PayloadBuf::empty());
                 }
-                if let Some(log) = self.pg_logs.borrow_mut().existing_mut(target.pg) {
+                if let Err(st) = self.admit_forward(&view, target.pg, &msg) {
+                    return (st, PayloadBuf::empty());
+                }
+                if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
                     log.forget_proof(target.object, 0, 0);
                 }
                 match self.store.remove_object(target.pg, target.object).await {
@@ -331,6 +323,49 @@ impl Shard {
             | Message::ReplyArea { .. }
             | Message::PushReply { .. } => (status::EINVAL, PayloadBuf::empty()),
         }
+    }
+
+    /// A replica asks the group's core whether a forward that changes data may be
+    /// applied here ([`crate::pg_core::PgCore::admit_forward`]: fencing by
+    /// interval and by the newest sender seen). Call after the role check, so
+    /// that only groups this shard holds get a core.
+    fn admit_forward(&self, view: &MapView, pg: PgId, msg: &Message) -> Result<(), i32> {
+        let sender_epoch = msg.epoch();
+        let seq = match msg {
+            Message::Write { seq, .. }
+            | Message::WriteZeroes { seq, .. }
+            | Message::Discard { seq, .. } => seq.0,
+            _ => 0,
+        };
+        let facts = ForwardFacts {
+            sender_epoch,
+            my_epoch: view.map.epoch,
+            my_interval: view.map.interval_since(pg),
+            seq,
+        };
+        let (admitted, fence) = {
+            let mut pgs = self.pgs.borrow_mut();
+            let core = pgs.get_mut(pg);
+            (core.admit_forward(facts), core.forward_fence())
+        };
+        let older = sender_epoch < view.map.epoch;
+        match admitted {
+            Ok(ForwardAdmit::Newer) => crate::metrics::forward_other_epoch(false, true),
+            Ok(ForwardAdmit::Current) if older => crate::metrics::forward_other_epoch(true, true),
+            Ok(ForwardAdmit::Current) => {}
+            Err(st) => {
+                if sender_epoch != view.map.epoch {
+                    crate::metrics::forward_other_epoch(older, false);
+                }
+                // A forward of a newer map was admitted here before: fetch that
+                // map (an older sender learns of it from the reply's epoch).
+                if fence > view.map.epoch {
+                    self.wanted_epoch.fetch_max(fence.0, Ordering::Relaxed);
+                }
+                return Err(st);
+            }
+        }
+        Ok(())
     }
 
     /// Whether this shard is the one of this OSD that holds `pg` in `view`.

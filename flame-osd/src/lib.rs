@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod ordering;
 pub mod peers;
 pub mod pg;
+pub mod pg_core;
 pub mod pg_log;
 pub mod read_repair;
 pub mod recovery;

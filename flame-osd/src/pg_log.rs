@@ -13,8 +13,9 @@
 //! of the group (backfill). That is only sound when this primary saw every write
 //! since the member's first miss: the primary tracks a member from an entry it
 //! recorded while the member was acting (complete), and the log must still hold
-//! every entry from the member's first miss on. The recovery task resets the
-//! tracking whenever this shard stops being, or newly becomes, the group's primary.
+//! every entry from the member's first miss on. The tracking is reset
+//! ([`crate::pg_core::PgCore::primacy_changed`]) as soon as the shard's map view
+//! shows it may have stopped being, or newly become, the group's primary.
 //!
 //! Bounded: at most `pg_log_entries_max` entries per group (the oldest go first),
 //! and a member's tracking is one integer. In memory only: a restarted OSD starts
@@ -38,7 +39,7 @@
 //! holds their op ([`PgLog::forget_proof`]), so a later retry of such an op is
 //! applied, not answered from the log.
 
-use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId};
+use flame_common::ids::{Epoch, ObjectId, OpId, OsdId};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -321,11 +322,31 @@ impl PgLog {
         }
     }
 
+    /// This copy failed to apply `op` to `object` (the primary's own write failed
+    /// while replicas may have applied it): the log must not answer a retry of it
+    /// from this copy, which may lack it.
+    pub fn unprove_op(&mut self, object: ObjectId, op: OpId) {
+        if op.is_none() {
+            return;
+        }
+        if let Some(r) = self
+            .ops
+            .get_mut(&object)
+            .and_then(|m| m.get_mut(&(op.session, op.seq)))
+        {
+            r.proof = false;
+        }
+    }
+
     /// Records a completed write on the primary: `entry.applied` holds the members
     /// that applied it, `roles` the write set it was sent to.
     pub fn record_primary(&mut self, entry: LogEntry, roles: &WriteSetRoles<'_>) {
         let seq = entry.seq;
-        self.inflight.remove(&seq);
+        let was_inflight = self.inflight.remove(&seq);
+        assert!(
+            was_inflight,
+            "pg log: entry {seq} recorded but never admitted"
+        );
         let applied = |id: &OsdId| entry.applied.contains(id);
         // Writes complete out of their admission order (a dead replica's pending
         // forwards fail in any order; overlapping-free writes finish as their I/O
@@ -406,48 +427,6 @@ impl PgLog {
             .find(|(_, e)| !e.applied.contains(&member))
             .map(|(s, _)| *s);
         self.tracked.insert(member, still_missing);
-    }
-}
-
-/// The logs of every placement group a shard has seen writes for.
-pub struct PgLogs {
-    logs: HashMap<PgId, PgLog>,
-    max: usize,
-}
-
-impl PgLogs {
-    /// No logs yet; each keeps at most `max` entries.
-    pub fn new(max: usize) -> PgLogs {
-        PgLogs {
-            logs: HashMap::new(),
-            max,
-        }
-    }
-
-    /// The log of `pg`, created empty.
-    pub fn get_mut(&mut self, pg: PgId) -> &mut PgLog {
-        let max = self.max;
-        self.logs.entry(pg).or_insert_with(|| PgLog::new(max))
-    }
-
-    /// The log of `pg`, if any, to change it.
-    pub fn existing_mut(&mut self, pg: PgId) -> Option<&mut PgLog> {
-        self.logs.get_mut(&pg)
-    }
-
-    /// The log of `pg`, if any.
-    pub fn get(&self, pg: PgId) -> Option<&PgLog> {
-        self.logs.get(&pg)
-    }
-
-    /// Drops the log of a group this shard no longer holds.
-    pub fn remove(&mut self, pg: PgId) {
-        self.logs.remove(&pg);
-    }
-
-    /// Every log.
-    pub fn iter(&self) -> impl Iterator<Item = (&PgId, &PgLog)> {
-        self.logs.iter()
     }
 }
 

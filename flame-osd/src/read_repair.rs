@@ -256,7 +256,7 @@ impl Shard {
         };
         // Another copy's bytes replace this block: the log no longer proves which
         // ops this copy holds there.
-        if let Some(log) = self.pg_logs.borrow_mut().existing_mut(target.pg) {
+        if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
             log.forget_proof(target.object, block_target.offset, block_target.length);
         }
         if let Err(e) = self

@@ -258,6 +258,8 @@ impl RecoveryShared {
 /// recovering, unless it restarted or the report looks lost.
 struct Reported {
     up_from: Epoch,
+    /// The primacy generation it was reported under.
+    primacy: u64,
     at: Instant,
 }
 
@@ -265,8 +267,9 @@ struct Reported {
 #[derive(Default)]
 pub struct RecoveryState {
     last_epoch: Cell<Option<Epoch>>,
-    /// Groups whose other acting copies were compared in this primary interval.
-    peered: RefCell<HashSet<PgId>>,
+    /// Groups whose other acting copies were compared, with the primacy
+    /// generation they were compared under ([`crate::pg_core::PgCore::primacy`]).
+    peered: RefCell<HashMap<PgId, u64>>,
     reported: RefCell<HashMap<(PgId, OsdId), Reported>>,
     stray_since: RefCell<HashMap<PgId, Instant>>,
     /// Groups whose last job failed (a member unreachable, a map moving) are tried
@@ -376,11 +379,15 @@ impl Shard {
     }
 
     /// Whether this shard is still the primary of `pg` with `member` in its write
-    /// set (and not restarted since `up_from`), under the current map.
-    fn job_valid(&self, pg: PgId, member: OsdId, up_from: Epoch) -> bool {
+    /// set (and not restarted since `up_from`), under the current map, and has
+    /// been without a break since the job started (its primacy generation is
+    /// still `primacy`: a P→Q→P flip while the job waited means Q acknowledged
+    /// writes this shard's log never saw).
+    fn job_valid(&self, pg: PgId, member: OsdId, up_from: Epoch, primacy: u64) -> bool {
         let view = self.view();
         let m = view.table.pg(pg);
-        m.primary() == Some(self.osd)
+        self.pgs.borrow().primacy(pg) == primacy
+            && m.primary() == Some(self.osd)
             && m.write_set().any(|id| id == member)
             && view
                 .map
@@ -727,7 +734,7 @@ impl Shard {
         view: &Rc<MapView>,
         pg: PgId,
         member: OsdId,
-        up_from: Epoch,
+        (up_from, primacy): (Epoch, u64),
         objects: Vec<ObjectWork>,
         kind: &'static str,
     ) -> Result<BTreeSet<VolumeId>, JobError> {
@@ -735,7 +742,7 @@ impl Shard {
         let total = objects.len() as u64;
         let width = self.recovery_max_active.max(1) as usize;
         for (done, batch) in objects.chunks(width).enumerate() {
-            if !self.job_valid(pg, member, up_from) {
+            if !self.job_valid(pg, member, up_from, primacy) {
                 return Err(JobError::Abandoned);
             }
             self.recovery
@@ -787,7 +794,7 @@ impl Shard {
         view: &Rc<MapView>,
         pg: PgId,
         member: OsdId,
-        up_from: Epoch,
+        job: (Epoch, u64),
         kind: &'static str,
     ) -> Result<BTreeSet<VolumeId>, JobError> {
         let mine = self
@@ -801,7 +808,7 @@ impl Shard {
         let all: BTreeSet<ObjectId> = mine.into_iter().chain(theirs).collect();
         let objects = all.into_iter().map(|o| (o, None)).collect();
         // Only the volumes whose objects changed need a flush on the member.
-        self.for_each_object(view, pg, member, up_from, objects, kind)
+        self.for_each_object(view, pg, member, job, objects, kind)
             .await
     }
 
@@ -819,9 +826,10 @@ impl Shard {
             .get(&member)
             .map(|o| o.up_from)
             .ok_or(JobError::Abandoned)?;
+        let job = (up_from, self.pgs.borrow().primacy(pg));
         // Writes numbered up to here may have been admitted under a map without the
         // member in the write set; all later ones have it (see `inflight_through`).
-        let admitted = self.pg_logs.borrow().get(pg).map_or(0, |l| l.last_seq());
+        let admitted = self.pgs.borrow().log(pg).map_or(0, |l| l.last_seq());
         let deadline = Instant::now() + INFLIGHT_WAIT_MAX;
         let mut copied: HashSet<u64> = HashSet::new();
         let mut volumes = BTreeSet::new();
@@ -831,8 +839,8 @@ impl Shard {
         // the deadline.
         loop {
             let (missed, inflight) = {
-                let logs = self.pg_logs.borrow();
-                match logs.get(pg) {
+                let logs = self.pgs.borrow();
+                match logs.log(pg) {
                     Some(log) => (log.missed_by(member, 0), log.inflight_through(admitted)),
                     None => (None, false),
                 }
@@ -870,25 +878,26 @@ impl Shard {
             }
             volumes.extend(per_object.keys().map(|o| o.volume));
             let objects = per_object.into_iter().map(|(o, r)| (o, Some(r))).collect();
-            self.for_each_object(view, pg, member, up_from, objects, "log")
+            self.for_each_object(view, pg, member, job, objects, "log")
                 .await?;
         }
         let mut through = admitted;
         if kind == "backfill" {
             // Entries recorded from now on are covered by the member getting every
             // write; the ones before by comparing everything.
-            through = self.pg_logs.borrow().get(pg).map_or(0, |l| l.last_seq());
-            volumes = self.backfill(view, pg, member, up_from, "backfill").await?;
+            through = self.pgs.borrow().log(pg).map_or(0, |l| l.last_seq());
+            volumes = self.backfill(view, pg, member, job, "backfill").await?;
         }
         self.flush_member(view, pg, member, &volumes)
             .await
             .map_err(JobError::Failed)?;
-        if !self.job_valid(pg, member, up_from) {
+        if !self.job_valid(pg, member, up_from, job.1) {
             return Err(JobError::Abandoned);
         }
-        self.pg_logs
+        self.pgs
             .borrow_mut()
             .get_mut(pg)
+            .log
             .recovered(member, through);
         crate::metrics::recovery_member(kind);
         Ok(kind)
@@ -917,13 +926,15 @@ impl Shard {
                 continue;
             }
             let mut failed = false;
-            if !self.recovery.peered.borrow().contains(&pg) {
+            let primacy = self.pgs.borrow().primacy(pg);
+            if self.recovery.peered.borrow().get(&pg) != Some(&primacy) {
                 let mut all_ok = true;
                 for &member in members.acting.iter().skip(1) {
                     let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
                         continue;
                     };
-                    match self.backfill(view, pg, member, up_from, "peering").await {
+                    let job = (up_from, primacy);
+                    match self.backfill(view, pg, member, job, "peering").await {
                         Ok(volumes) => {
                             if let Err(st) = self.flush_member(view, pg, member, &volumes).await {
                                 tracing::warn!(%pg, %member, st, "peering: flush failed");
@@ -937,7 +948,7 @@ impl Shard {
                     }
                 }
                 if all_ok {
-                    self.recovery.peered.borrow_mut().insert(pg);
+                    self.recovery.peered.borrow_mut().insert(pg, primacy);
                 } else {
                     failed = true;
                 }
@@ -963,6 +974,7 @@ impl Shard {
                         key,
                         Reported {
                             up_from,
+                            primacy: self.pgs.borrow().primacy(pg),
                             at: Instant::now(),
                         },
                     );
@@ -976,6 +988,7 @@ impl Shard {
                             key,
                             Reported {
                                 up_from,
+                                primacy: self.pgs.borrow().primacy(pg),
                                 at: Instant::now(),
                             },
                         );
@@ -1000,32 +1013,23 @@ impl Shard {
         }
     }
 
-    /// A new map: groups whose primary changed start a new interval here.
-    fn on_new_map(&self, prev: Option<&MapView>, view: &MapView) {
-        let mut logs = self.pg_logs.borrow_mut();
-        for (pg, m) in view.table.iter() {
-            if !self.owns(view, pg) {
-                continue;
-            }
-            let now_primary = m.primary() == Some(self.osd);
-            let was_primary = prev.is_some_and(|p| p.table.pg(pg).primary() == Some(self.osd));
-            if now_primary != was_primary {
-                if let Some(log) = logs.existing_mut(pg) {
-                    log.reset_tracking();
-                }
-                self.recovery.peered.borrow_mut().remove(&pg);
-                self.recovery
-                    .reported
-                    .borrow_mut()
-                    .retain(|(p, _), _| *p != pg);
-            }
-        }
+    /// A new map: failed jobs may succeed now, and members reported recovered
+    /// that the map no longer shows recovering are done. (A change of primacy is
+    /// handled where the shard first sees the map, [`Shard::view`]: peering and
+    /// jobs are keyed by the primacy generation.)
+    fn on_new_map(&self, view: &MapView) {
         self.recovery.retry_after.borrow_mut().clear();
-        // Reported members that are no longer recovering are done.
+        let pgs = self.pgs.borrow();
         self.recovery
             .reported
             .borrow_mut()
-            .retain(|(pg, member), _| view.table.pg(*pg).recovering.contains(member));
+            .retain(|(pg, member), r| {
+                view.table.pg(*pg).recovering.contains(member) && r.primacy == pgs.primacy(*pg)
+            });
+        self.recovery
+            .peered
+            .borrow_mut()
+            .retain(|pg, primacy| *primacy == pgs.primacy(*pg));
     }
 
     /// Deletes copies of groups this OSD is no longer a member of, once the group
@@ -1069,7 +1073,7 @@ impl Shard {
                 Ok(n) => {
                     tracing::info!(%pg, objects = n, "deleted the copy of a placement group this OSD is no longer a member of");
                     crate::metrics::stray_removed();
-                    self.pg_logs.borrow_mut().remove(pg);
+                    self.pgs.borrow_mut().remove(pg);
                     stray.remove(&pg);
                 }
                 Err(e) => tracing::warn!(%pg, "cannot delete a stray copy: {e}"),
@@ -1122,7 +1126,7 @@ impl Shard {
     }
 
     fn publish_status(&self, view: &MapView) {
-        let logs = self.pg_logs.borrow();
+        let logs = self.pgs.borrow();
         let recovered = self.recovery.recovered_per_pg.borrow();
         let remaining = self.recovery.remaining_per_pg.borrow();
         let stray = self.recovery.stray_since.borrow();
@@ -1132,7 +1136,7 @@ impl Shard {
             if !self.owns(view, pg) {
                 continue;
             }
-            let log = logs.get(pg);
+            let log = logs.log(pg);
             let role = if m.primary() == Some(self.osd) {
                 "primary"
             } else if m.recovering.contains(&self.osd) {
@@ -1172,15 +1176,13 @@ impl Shard {
 /// The shard's recovery task: runs for the life of the shard.
 pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
     crate::metrics::register_recovery_metrics(shard.id);
-    let mut prev: Option<Rc<MapView>> = None;
     let mut last_publish: Option<Instant> = None;
     let mut last_stray: Option<Instant> = None;
     loop {
         let view = shard.view();
         if shard.recovery.last_epoch.get() != Some(view.map.epoch) {
-            shard.on_new_map(prev.as_deref(), &view);
+            shard.on_new_map(&view);
             shard.recovery.last_epoch.set(Some(view.map.epoch));
-            prev = Some(view.clone());
         }
         shard.recovery_pass(&view).await;
         if last_stray.is_none_or(|t| t.elapsed() >= STRAY_CHECK_INTERVAL) {

@@ -12,11 +12,11 @@
 //! [`crate::pg_log`].
 
 use crate::pg::MapView;
-use crate::pg_log::{EntryKind, LogEntry, OpCheck, WriteSetRoles};
+use crate::pg_core::{Decision, PrimaryWrite};
+use crate::pg_log::{EntryKind, WriteSetRoles};
 use crate::recovery::CopyMode;
 use crate::shard::Shard;
 use flame_common::ids::{OpId, OsdId, PgSeq};
-use flame_common::placement::PgMembers;
 use flame_common::protocol::IoTarget;
 use flame_common::protocol::{Message, flags, status};
 use flame_common::reactor;
@@ -25,7 +25,8 @@ use std::sync::atomic::Ordering;
 
 impl Shard {
     /// Primary path: order against overlapping writes, forward to the replicas and
-    /// apply locally in parallel, answer once every copy has applied.
+    /// apply locally in parallel, answer once every copy has applied. Every
+    /// decision is the group's core's ([`crate::pg_core::PgCore`]); this drives it.
     pub(crate) async fn replicate(self: &Rc<Self>, view: &Rc<MapView>, mut msg: Message) -> i32 {
         let (target, kind) = match &msg {
             Message::Write { target, .. } => (target.clone(), EntryKind::Write),
@@ -57,7 +58,7 @@ impl Shard {
         }
         // The group's next sequence number, also before the first await: the log's
         // order is the admission order. Replicas record it with the entry.
-        let seq = self.pg_logs.borrow_mut().get_mut(target.pg).next_seq();
+        let seq = self.pgs.borrow_mut().get_mut(target.pg).begin_write();
         let (op, fua) = match &msg {
             Message::Write { op, flags: f, .. }
             | Message::WriteZeroes { op, flags: f, .. }
@@ -70,36 +71,45 @@ impl Shard {
         {
             *s = PgSeq(seq);
         }
+        let write = PrimaryWrite {
+            seq,
+            op,
+            interval: view.map.interval_since(target.pg),
+            object: target.object,
+            offset: target.offset,
+            length: target.length,
+            kind,
+        };
         // Every member that is up and takes writes — the other acting members and
         // those being recovered — applies the write before it is acknowledged.
-        let replicas: Vec<_> = members.write_set().skip(1).collect();
+        let write_set: Vec<OsdId> = members.write_set().collect();
         for e in earlier {
             e.wait().await;
         }
         // Every earlier overlapping write is in the log now: is this one a retry of
         // one of them, or older than one of its own session's?
-        let check = self
-            .pg_logs
-            .borrow()
-            .get(target.pg)
-            .map_or(OpCheck::New, |l| {
-                l.check_op(op, target.object, target.offset, target.length)
-            });
-        match check {
-            OpCheck::New => {}
-            OpCheck::Superseded => {
-                self.pg_logs.borrow_mut().get_mut(target.pg).abandon(seq);
+        let decision = self
+            .pgs
+            .borrow_mut()
+            .get_mut(target.pg)
+            .decide(&write, self.osd, &write_set);
+        match decision {
+            Decision::Apply => {}
+            Decision::Superseded => {
                 crate::metrics::superseded_op();
                 tracing::debug!(%op, object = %target.object, "write refused: a newer write of its session to these bytes was applied first");
                 return status::SUPERSEDED;
             }
-            OpCheck::Duplicate(applied_seq) => {
-                self.pg_logs.borrow_mut().get_mut(target.pg).abandon(seq);
+            Decision::Duplicate {
+                applied_seq,
+                copy_to,
+            } => {
                 return self
-                    .answer_retry(view, members, &target, applied_seq, fua)
+                    .answer_retry(view, &write_set, &target, applied_seq, copy_to, fua)
                     .await;
             }
         }
+        let replicas = &write_set[1..];
         // The same payload buffer goes to every replica's send queue and to the
         // local write: each forwarded message holds one more reference to it, not a
         // copy of it.
@@ -129,12 +139,8 @@ impl Shard {
             })
             .collect();
         let local = self.apply_local(msg).await;
-        let mut result = local;
-        let mut applied = Vec::with_capacity(replicas.len() + 1);
-        if local == status::OK {
-            applied.push(self.osd);
-        }
-        for (c, &id) in calls.into_iter().zip(&replicas) {
+        let mut results = Vec::with_capacity(replicas.len());
+        for (c, &id) in calls.into_iter().zip(replicas) {
             let (st, replica_epoch) = c.await;
             if let Some(e) = replica_epoch
                 && e > view.map.epoch
@@ -143,67 +149,36 @@ impl Shard {
                 // epochs): fetch it, so the client's retry meets current roles.
                 self.wanted_epoch.fetch_max(e.0, Ordering::Relaxed);
             }
-            if st == status::OK {
-                applied.push(id);
-            }
-            if result == status::OK && st != status::OK {
-                // A replica's ESTALE means maps disagree: the client refreshes and
-                // retries, as for EAGAIN.
-                result = if st == status::ESTALE {
-                    status::EAGAIN
-                } else {
-                    st
-                };
-            }
+            results.push((id, st));
         }
-        self.pg_logs.borrow_mut().get_mut(target.pg).record_primary(
-            LogEntry {
-                seq,
-                op,
-                interval: view.map.interval_since(target.pg),
-                object: target.object,
-                offset: target.offset,
-                length: target.length,
-                kind,
-                applied,
-            },
+        self.pgs.borrow_mut().get_mut(target.pg).complete(
+            write,
+            self.osd,
+            local,
+            &results,
             &WriteSetRoles {
                 acting: &members.acting,
                 recovering: &members.recovering,
             },
-        );
-        result
+        )
     }
 
     /// Answers a retry of the write logged as `applied_seq` without applying it
-    /// again. This copy holds its effect (the log says so); the write-set members
-    /// the entry does not prove hold it — all of them when it was logged under
-    /// other roles (this OSD was a replica then, or the roles changed since), or
-    /// those that failed the first try — get this copy's current bytes of the
-    /// range instead (FUA if the write was), which include it. The caller holds
-    /// the write gate over the range, so no other write to it runs meanwhile.
+    /// again. This copy holds its effect (the core checked); the members in
+    /// `copy_to` — those the log does not prove hold it — get this copy's current
+    /// bytes of the range instead (FUA if the write was), which include it. The
+    /// caller holds the write gate over the range, so no other write to it runs
+    /// meanwhile.
     async fn answer_retry(
         self: &Rc<Self>,
         view: &Rc<MapView>,
-        members: &PgMembers,
+        write_set: &[OsdId],
         target: &IoTarget,
         applied_seq: u64,
+        copy_to: Vec<OsdId>,
         fua: bool,
     ) -> i32 {
-        let interval = view.map.interval_since(target.pg);
-        let proven: Vec<OsdId> = self
-            .pg_logs
-            .borrow()
-            .get(target.pg)
-            .and_then(|l| l.entry(applied_seq))
-            .filter(|e| e.interval == interval && e.interval.0 > 0)
-            .map(|e| e.applied.clone())
-            .unwrap_or_default();
-        let missing: Vec<OsdId> = members
-            .write_set()
-            .filter(|m| *m != self.osd && !proven.contains(m))
-            .collect();
-        if missing.is_empty() {
+        if copy_to.is_empty() {
             crate::metrics::dup_op("answered");
             return status::OK;
         }
@@ -212,32 +187,31 @@ impl Shard {
             throttled: false,
         };
         let range = (target.offset, target.length);
-        let copies = missing.iter().map(|&m| {
-            let me = self.clone();
-            let view = view.clone();
-            let (pg, object) = (target.pg, target.object);
-            reactor::spawn(
-                async move { me.copy_range_with(&view, pg, object, m, range, mode).await },
-            )
-        });
-        let copies: Vec<_> = copies.collect();
-        let mut result = status::OK;
-        for c in copies {
-            if let Err(st) = c.await {
-                // The client retries (and the retry is answered the same way).
-                result = if st == status::ESTALE {
-                    status::EAGAIN
-                } else {
-                    st
-                };
-            }
+        let copies: Vec<_> = copy_to
+            .iter()
+            .map(|&m| {
+                let me = self.clone();
+                let view = view.clone();
+                let (pg, object) = (target.pg, target.object);
+                reactor::spawn(async move {
+                    me.copy_range_with(&view, pg, object, m, range, mode).await
+                })
+            })
+            .collect();
+        let mut results = Vec::with_capacity(copies.len());
+        for (c, &m) in copies.into_iter().zip(&copy_to) {
+            results.push((m, c.await.err().unwrap_or(status::OK)));
         }
+        let result = crate::pg_core::merge_statuses(status::OK, &results);
         if result == status::OK {
-            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(target.pg) {
-                log.now_held_by(applied_seq, interval, members.write_set());
-            }
+            let interval = view.map.interval_since(target.pg);
+            self.pgs
+                .borrow_mut()
+                .get_mut(target.pg)
+                .retry_copied(applied_seq, interval, write_set);
             crate::metrics::dup_op("completed");
         }
+        // Otherwise the client retries (and the retry is answered the same way).
         result
     }
 }

@@ -138,7 +138,7 @@ impl Shard {
         if member == self.osd {
             // Another copy's bytes replace this copy's: the log no longer proves
             // which ops this copy holds there.
-            if let Some(log) = self.pg_logs.borrow_mut().existing_mut(pg) {
+            if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
                 log.forget_proof(object, offset, BLOCK);
             }
             let r = match data {

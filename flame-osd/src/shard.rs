@@ -17,7 +17,7 @@ use crate::metrics::ShardMetrics;
 use crate::ordering::WriteGate;
 use crate::peers::Peers;
 use crate::pg::MapView;
-use crate::pg_log::PgLogs;
+use crate::pg_core::PgCores;
 use crate::recovery::{RecoveryShared, RecoveryState};
 use crate::store::ObjectStore;
 use arc_swap::ArcSwap;
@@ -65,8 +65,9 @@ pub struct Shard {
     pub(crate) byte_waiters: RefCell<Vec<std::task::Waker>>,
     /// Newest connection generation of each session (see `Message::Hello`).
     pub(crate) sessions: RefCell<std::collections::HashMap<u64, Rc<Cell<u64>>>>,
-    /// The log of each placement group this shard has written ([`crate::pg_log`]).
-    pub(crate) pg_logs: RefCell<PgLogs>,
+    /// The decision core of each placement group this shard has seen writes for
+    /// ([`crate::pg_core`]: its log, its replica fence, its primacy generation).
+    pub(crate) pgs: RefCell<PgCores>,
     /// Recovery's per-shard state ([`crate::recovery`]).
     pub(crate) recovery: RecoveryState,
     /// What recovery shares with the control thread and the HTTP API.
@@ -102,8 +103,39 @@ impl Shard {
             return cached;
         }
         let fresh = Rc::new(MapView::new(&source));
+        self.primacy_on_new_map(&cached, &fresh);
         *self.view.borrow_mut() = fresh.clone();
         fresh
+    }
+
+    /// Tells the group cores whose primacy may have been interrupted between
+    /// `prev` and `fresh`, the moment this shard first sees `fresh` (not when the
+    /// recovery loop next looks): the group's primary changed to or from this
+    /// OSD, or epochs were skipped and the group's roles changed since `prev`
+    /// (another primary may have served the epochs this shard never saw).
+    fn primacy_on_new_map(&self, prev: &MapView, fresh: &MapView) {
+        let same_pgs = prev.table.pg_count() == fresh.table.pg_count();
+        let mut pgs = self.pgs.borrow_mut();
+        for (pg, m) in fresh.table.iter() {
+            let mine = fresh
+                .map
+                .osds
+                .get(&self.osd)
+                .is_some_and(|me| me.shard_of(pg) == self.id);
+            if !mine {
+                continue;
+            }
+            let change = crate::pg_core::PrimacyChange {
+                prev_epoch: prev.map.epoch,
+                was_primary: same_pgs && prev.table.pg(pg).primary() == Some(self.osd),
+                epoch: fresh.map.epoch,
+                now_primary: m.primary() == Some(self.osd),
+                interval: fresh.map.interval_since(pg),
+            };
+            if change.interrupts_primacy() {
+                pgs.get_mut(pg).primacy_changed();
+            }
+        }
     }
 
     /// Completes once a newer map than epoch `since` no longer has `osd` in the

@@ -113,7 +113,9 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
                 byte_waiters: RefCell::new(Vec::new()),
                 sessions: RefCell::new(std::collections::HashMap::new()),
-                pg_logs: RefCell::new(crate::pg_log::PgLogs::new(cfg.pg_log_entries_max as usize)),
+                pgs: RefCell::new(crate::pg_core::PgCores::new(
+                    cfg.pg_log_entries_max as usize,
+                )),
                 recovery: crate::recovery::RecoveryState::default(),
                 recovery_shared: setup.recovery,
                 recovery_max_active: cfg.recovery_max_active.max(1),

@@ -12,6 +12,11 @@
 //!   held it: failpoint `write_hold`) reaches the primary after a newer write of the
 //!   same client to the same bytes was acknowledged: it is refused as superseded,
 //!   and every copy keeps the newer bytes.
+//! * A write the primary itself failed to apply (a transient error on its own
+//!   disk: failpoint `store_write` with ENOMEM, which the OSD answers EAGAIN) while
+//!   both replicas applied it is retried by the client and applied again — not
+//!   answered from the log, whose entry names only the replicas (issue 13's
+//!   suspect 2: the acknowledged write read back one write old from the primary).
 //! * While the map moves for other reasons (volumes created and removed, another
 //!   OSD reweighted so other groups move), writes to a group whose roles did not
 //!   change are never refused by a replica for their epoch: forwards from an older
@@ -167,6 +172,57 @@ fn a_write_the_client_gave_up_on_never_lands_after_a_newer_one() {
         before + 1.0,
         "the held write was refused as superseded\n{}",
         cluster.log_tails()
+    );
+}
+
+#[test]
+fn a_write_the_primary_failed_itself_is_applied_again_on_retry() {
+    let cluster = TestCluster::start_with(ClusterOptions::default());
+    let vol = cluster.create_volume("ownfail", 16 * MIB);
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let osds = cluster.object_osds(object);
+    let primary = osds[0];
+    let mgr = cluster.mgr_addr().to_string();
+    let old = vec![0x11u8; 4096];
+    let new = vec![0x22u8; 4096];
+    {
+        let old = old.clone();
+        with_volume(&mgr, "ownfail", 30_000, |v| async move {
+            v.write_at(0, &old, false).await?;
+            v.flush().await
+        })
+        .unwrap()
+        .unwrap();
+    }
+    let dups = "flame_osd_dup_ops_total{result=\"answered\"}";
+    let dups_before = cluster.osd_metric(primary, dups);
+    // The primary's next object write fails before it touches the disk (EAGAIN
+    // to the client); the replicas apply it.
+    cluster.set_failpoint(primary, "store_write", "1*return(ENOMEM)");
+    let got = {
+        let new = new.clone();
+        with_volume(&mgr, "ownfail", 30_000, |v| async move {
+            v.write_at(0, &new, false).await?;
+            v.flush().await?;
+            v.read_at(0, 4096).await
+        })
+        .unwrap()
+        .unwrap()
+    };
+    cluster.clear_failpoint(primary, "store_write");
+    let answered = cluster.osd_metric(primary, dups) - dups_before;
+    println!("retries answered from the log: {answered}");
+    assert!(
+        got == new,
+        "an acknowledged write reads back old from the primary (first byte {:#x})",
+        got[0]
+    );
+    assert_eq!(
+        answered, 0.0,
+        "the retry must be applied, not answered from a copy that lacks it"
     );
 }
 

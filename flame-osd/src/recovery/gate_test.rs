@@ -160,7 +160,7 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         inflight_bytes_max: 16 << 20,
         byte_waiters: RefCell::new(Vec::new()),
         sessions: RefCell::default(),
-        pg_logs: RefCell::new(crate::pg_log::PgLogs::new(16)),
+        pgs: RefCell::new(crate::pg_core::PgCores::new(16)),
         recovery: Default::default(),
         recovery_shared: Arc::default(),
         recovery_max_active: 2,

@@ -1,0 +1,729 @@
+//! The decision core of a placement group on one shard: every decision about a
+//! write — may it be applied here, is it a retry, is it superseded, what does the
+//! client get back, which members hold it, may a forward from another member be
+//! applied — is made by the synchronous methods of [`PgCore`], which do no I/O.
+//! The async drivers ([`crate::replication`] for the primary, [`crate::execute`]
+//! for a replica, [`crate::recovery`]) only carry its decisions out: they send,
+//! write to disk and wait, then hand the results back.
+//!
+//! Keeping the decisions here lets them be unit-tested branch by branch (the
+//! tests below), and their invariants are asserted at every hand-over: sequence
+//! numbers are handed out strictly increasing, a write is acknowledged only when
+//! every member of its write set applied it, a member is never recorded as
+//! holding a write it did not apply, and a copy that failed to apply a write never
+//! answers a retry of it as already applied.
+//!
+//! The log itself (entries, op index, member tracking) is [`crate::pg_log`]; this
+//! module owns it per group together with the replica's fence and the primacy
+//! generation.
+
+use crate::pg_log::{EntryKind, LogEntry, OpCheck, PgLog, WriteSetRoles};
+use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId};
+use flame_common::protocol::status;
+use std::collections::HashMap;
+
+/// Highest placement-group sequence number a forward may carry. A replica that
+/// later becomes primary numbers above every seq it has seen, so a forged
+/// `u64::MAX` would overflow its numbering; real groups never come near 2^62.
+pub const PG_SEQ_MAX: u64 = 1 << 62;
+
+/// The state of one placement group on this shard.
+#[derive(Debug)]
+pub struct PgCore {
+    /// The group's log: sequence numbers, entries, op index, member tracking.
+    pub log: PgLog,
+    /// Replica side: the highest sender epoch of a forward admitted for this
+    /// group. A forward from an older map is refused while this shard's own map
+    /// is older than that (it cannot tell whether the group's roles changed in
+    /// between, and the older sender may be a primary that was replaced).
+    forward_fence: Epoch,
+    /// Bumped whenever this shard's primacy of the group may have been
+    /// interrupted (it became, or stopped being, the primary, or a map with a
+    /// new interval arrived after skipped epochs). A recovery job that started
+    /// under one generation must not report a member recovered under another:
+    /// writes acknowledged by another primary in between are not in this log.
+    primacy: u64,
+}
+
+/// A client write the primary is about to run, once every earlier overlapping
+/// write completed (the write gate).
+#[derive(Clone, Debug)]
+pub struct PrimaryWrite {
+    /// The sequence number [`PgCore::begin_write`] gave it.
+    pub seq: u64,
+    /// The client's op id (`OpId::NONE`: none).
+    pub op: OpId,
+    /// The group's interval in the primary's map.
+    pub interval: Epoch,
+    /// The object written.
+    pub object: ObjectId,
+    /// Byte range within the object.
+    pub offset: u32,
+    /// Bytes.
+    pub length: u32,
+    /// What it does.
+    pub kind: EntryKind,
+}
+
+/// What the primary does with a client write ([`PgCore::decide`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Not seen before: apply it on every member of the write set.
+    Apply,
+    /// A retry of the write logged as `applied_seq`, which this copy holds: do not
+    /// apply it again; copy this copy's bytes of the range to `copy_to` (members
+    /// the log does not prove hold it; empty: answer at once).
+    Duplicate {
+        /// The entry of the first application.
+        applied_seq: u64,
+        /// Members that get this copy's current bytes of the range.
+        copy_to: Vec<OsdId>,
+    },
+    /// A newer write of the same session to these bytes was applied first: refuse
+    /// ([`status::SUPERSEDED`]).
+    Superseded,
+}
+
+/// What a replica knows when a forward arrives ([`PgCore::admit_forward`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardFacts {
+    /// The epoch of the sender's map.
+    pub sender_epoch: Epoch,
+    /// The epoch of this shard's map.
+    pub my_epoch: Epoch,
+    /// The first epoch of the group's current roles in this shard's map.
+    pub my_interval: Epoch,
+    /// The forward's placement-group sequence number (0: a recovery or repair
+    /// copy, not logged).
+    pub seq: u64,
+}
+
+/// A forward [`PgCore::admit_forward`] let in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardAdmit {
+    /// Sent under this shard's own map, or an older one with the same roles.
+    Current,
+    /// Sent under a newer map than this shard's: fetch it.
+    Newer,
+}
+
+/// Merges the local result and the replicas' results of a replicated write into
+/// the client's status: OK only when every copy applied it; else the local
+/// failure, or the first replica's (ESTALE becomes EAGAIN: maps disagree, the
+/// client refreshes and retries).
+pub fn merge_statuses(local: i32, replicas: &[(OsdId, i32)]) -> i32 {
+    if local != status::OK {
+        return local;
+    }
+    match replicas.iter().find(|(_, st)| *st != status::OK) {
+        None => status::OK,
+        Some((_, st)) if *st == status::ESTALE => status::EAGAIN,
+        Some((_, st)) => *st,
+    }
+}
+
+impl PgCore {
+    /// A group this shard has not seen before; its log keeps at most `log_max`
+    /// entries.
+    pub fn new(log_max: usize) -> PgCore {
+        PgCore {
+            log: PgLog::new(log_max),
+            forward_fence: Epoch(0),
+            primacy: 0,
+        }
+    }
+
+    /// The primacy generation (see [`PgCore`]'s field): a recovery job records it
+    /// when it starts and is valid only while it is unchanged.
+    pub fn primacy(&self) -> u64 {
+        self.primacy
+    }
+
+    /// This shard's primacy of the group may have been interrupted: the log's
+    /// member tracking no longer covers every write acknowledged for the group.
+    pub fn primacy_changed(&mut self) {
+        self.primacy += 1;
+        self.log.reset_tracking();
+    }
+
+    /// The primary admits a client write: its sequence number, in admission
+    /// (arrival) order. Strictly increasing per group.
+    pub fn begin_write(&mut self) -> u64 {
+        let before = self.log.last_seq();
+        let seq = self.log.next_seq();
+        assert!(seq > before, "pg seq did not increase: {before} -> {seq}");
+        seq
+    }
+
+    /// A write numbered by [`Self::begin_write`] that will not be applied (refused
+    /// before it was sent).
+    pub fn abandon(&mut self, seq: u64) {
+        self.log.abandon(seq);
+    }
+
+    /// What the primary `me` does with `w`, every earlier overlapping write being
+    /// complete. `write_set` is the group's write set in the primary's map
+    /// (primary first). A duplicate is answered only when this copy holds the
+    /// first application; members the log does not prove hold it under the
+    /// current interval get this copy's bytes. Anything but [`Decision::Apply`]
+    /// abandons `w.seq`.
+    pub fn decide(&mut self, w: &PrimaryWrite, me: OsdId, write_set: &[OsdId]) -> Decision {
+        debug_assert_eq!(
+            write_set.first(),
+            Some(&me),
+            "the primary leads its write set"
+        );
+        let check = self.log.check_op(w.op, w.object, w.offset, w.length);
+        let decision = match check {
+            OpCheck::New => Decision::Apply,
+            OpCheck::Superseded => Decision::Superseded,
+            OpCheck::Duplicate(applied_seq) => {
+                let entry = self.log.entry(applied_seq);
+                // An entry recorded by this shard as primary names who applied it;
+                // one recorded as a replica (interval 0) says only that this copy
+                // did. The proof holds only within the interval it was made in.
+                let proven: &[OsdId] = entry
+                    .filter(|e| e.interval == w.interval && e.interval.0 > 0)
+                    .map_or(&[], |e| &e.applied);
+                if entry.is_some_and(|e| e.interval.0 > 0 && !e.applied.contains(&me)) {
+                    // The op index says this copy holds it, the entry says this
+                    // copy failed it: never answer from a copy that lacks it.
+                    debug_assert!(false, "op proven on a copy that did not apply it");
+                    Decision::Apply
+                } else {
+                    Decision::Duplicate {
+                        applied_seq,
+                        copy_to: write_set
+                            .iter()
+                            .filter(|m| **m != me && !proven.contains(m))
+                            .copied()
+                            .collect(),
+                    }
+                }
+            }
+        };
+        if decision != Decision::Apply {
+            self.log.abandon(w.seq);
+        }
+        decision
+    }
+
+    /// Records a write the primary `me` applied (`local`: this copy's status) and
+    /// sent to `replicas` (each with its status), under `roles`; returns the
+    /// client's status. A copy that failed keeps no proof of the op, so a retry
+    /// of it is applied again instead of being answered from this copy.
+    pub fn complete(
+        &mut self,
+        w: PrimaryWrite,
+        me: OsdId,
+        local: i32,
+        replicas: &[(OsdId, i32)],
+        roles: &WriteSetRoles<'_>,
+    ) -> i32 {
+        let result = merge_statuses(local, replicas);
+        let mut applied = Vec::with_capacity(replicas.len() + 1);
+        if local == status::OK {
+            applied.push(me);
+        }
+        applied.extend(
+            replicas
+                .iter()
+                .filter(|(_, st)| *st == status::OK)
+                .map(|(id, _)| *id),
+        );
+        // Nobody outside the write set is recorded as holding it, and an OK means
+        // every member of the write set holds it.
+        debug_assert!(
+            applied
+                .iter()
+                .all(|id| roles.acting.contains(id) || roles.recovering.contains(id)),
+            "applied {applied:?} outside the write set {:?} + {:?}",
+            roles.acting,
+            roles.recovering
+        );
+        assert!(
+            result != status::OK
+                || roles
+                    .acting
+                    .iter()
+                    .chain(roles.recovering)
+                    .all(|id| applied.contains(id)),
+            "write {} acknowledged without every member of its write set",
+            w.seq
+        );
+        let (op, object) = (w.op, w.object);
+        self.log.record_primary(
+            LogEntry {
+                seq: w.seq,
+                op,
+                interval: w.interval,
+                object,
+                offset: w.offset,
+                length: w.length,
+                kind: w.kind,
+                applied,
+            },
+            roles,
+        );
+        if local != status::OK {
+            self.log.unprove_op(object, op);
+        }
+        result
+    }
+
+    /// Every member of `write_set` now holds entry `applied_seq` (the primary
+    /// copied its bytes to those that might not) under `interval`.
+    pub fn retry_copied(&mut self, applied_seq: u64, interval: Epoch, write_set: &[OsdId]) {
+        self.log
+            .now_held_by(applied_seq, interval, write_set.iter().copied());
+    }
+
+    /// Replica side: may a forward (a write, zeroing, discard or object removal
+    /// sent by a primary) be applied? Refused with ESTALE when
+    /// * it was sent under an older map and this shard's map shows the group's
+    ///   roles changed since (the sender may no longer be the primary), or
+    /// * it was sent under an older map than a forward already admitted for this
+    ///   group while this shard's own map is older than that forward's: a primary
+    ///   with a newer map has written here, and this shard cannot tell whether the
+    ///   older sender is still the primary (it retries once this shard fetched the
+    ///   newer map);
+    ///
+    /// and with EINVAL when its sequence number is beyond [`PG_SEQ_MAX`].
+    /// Admitting raises the fence to the sender's epoch.
+    pub fn admit_forward(&mut self, f: ForwardFacts) -> Result<ForwardAdmit, i32> {
+        if f.seq > PG_SEQ_MAX {
+            return Err(status::EINVAL);
+        }
+        if f.sender_epoch < f.my_epoch && f.sender_epoch < f.my_interval {
+            return Err(status::ESTALE);
+        }
+        if f.sender_epoch < self.forward_fence && f.my_epoch < self.forward_fence {
+            return Err(status::ESTALE);
+        }
+        self.forward_fence = self.forward_fence.max(f.sender_epoch);
+        Ok(if f.sender_epoch > f.my_epoch {
+            ForwardAdmit::Newer
+        } else {
+            ForwardAdmit::Current
+        })
+    }
+
+    /// The highest sender epoch of a forward admitted for this group.
+    pub fn forward_fence(&self) -> Epoch {
+        self.forward_fence
+    }
+}
+
+/// How a group's roles look to a shard in the map it had and the map it now
+/// sees ([`PrimacyChange::interrupts_primacy`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PrimacyChange {
+    /// The epoch of the map the shard had.
+    pub prev_epoch: Epoch,
+    /// Whether this OSD was the group's primary in it.
+    pub was_primary: bool,
+    /// The epoch of the map it now sees.
+    pub epoch: Epoch,
+    /// Whether this OSD is the group's primary in it.
+    pub now_primary: bool,
+    /// The first epoch of the group's current roles in the new map.
+    pub interval: Epoch,
+}
+
+impl PrimacyChange {
+    /// Whether this shard's primacy of the group may have been interrupted: it
+    /// became or stopped being the primary, or it is the primary after epochs it
+    /// never saw in which the group's roles changed (another OSD may have been
+    /// the primary then, P→Q→P, and acknowledged writes this log never saw).
+    pub fn interrupts_primacy(&self) -> bool {
+        let skipped = self.epoch.0 > self.prev_epoch.0.saturating_add(1);
+        let roles_moved_since = self.interval > self.prev_epoch;
+        self.now_primary != self.was_primary || (self.now_primary && skipped && roles_moved_since)
+    }
+}
+
+/// The cores of every placement group a shard has seen writes for.
+pub struct PgCores {
+    groups: HashMap<PgId, PgCore>,
+    log_max: usize,
+}
+
+impl PgCores {
+    /// No groups yet; each log keeps at most `log_max` entries.
+    pub fn new(log_max: usize) -> PgCores {
+        PgCores {
+            groups: HashMap::new(),
+            log_max,
+        }
+    }
+
+    /// The core of `pg`, created empty.
+    pub fn get_mut(&mut self, pg: PgId) -> &mut PgCore {
+        let max = self.log_max;
+        self.groups.entry(pg).or_insert_with(|| PgCore::new(max))
+    }
+
+    /// The core of `pg`, if any, to change it.
+    pub fn existing_mut(&mut self, pg: PgId) -> Option<&mut PgCore> {
+        self.groups.get_mut(&pg)
+    }
+
+    /// The core of `pg`, if any.
+    pub fn get(&self, pg: PgId) -> Option<&PgCore> {
+        self.groups.get(&pg)
+    }
+
+    /// The log of `pg`, if any.
+    pub fn log(&self, pg: PgId) -> Option<&PgLog> {
+        self.groups.get(&pg).map(|c| &c.log)
+    }
+
+    /// The log of `pg`, if any, to change it.
+    pub fn log_mut(&mut self, pg: PgId) -> Option<&mut PgLog> {
+        self.groups.get_mut(&pg).map(|c| &mut c.log)
+    }
+
+    /// The primacy generation of `pg` (0 for a group never seen).
+    pub fn primacy(&self, pg: PgId) -> u64 {
+        self.groups.get(&pg).map_or(0, |c| c.primacy)
+    }
+
+    /// Drops the state of a group this shard no longer holds.
+    pub fn remove(&mut self, pg: PgId) {
+        self.groups.remove(&pg);
+    }
+
+    /// Every group.
+    pub fn iter(&self) -> impl Iterator<Item = (&PgId, &PgCore)> {
+        self.groups.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::ids::VolumeId;
+
+    const P: OsdId = OsdId(1);
+    const R1: OsdId = OsdId(2);
+    const R2: OsdId = OsdId(3);
+    const SET: [OsdId; 3] = [P, R1, R2];
+
+    fn roles() -> WriteSetRoles<'static> {
+        WriteSetRoles {
+            acting: &SET,
+            recovering: &[],
+        }
+    }
+
+    fn write(core: &mut PgCore, op: u64, offset: u32, interval: u64) -> PrimaryWrite {
+        PrimaryWrite {
+            seq: core.begin_write(),
+            op: OpId {
+                session: 7,
+                seq: op,
+            },
+            interval: Epoch(interval),
+            object: ObjectId {
+                volume: VolumeId(1),
+                index: 0,
+            },
+            offset,
+            length: 4096,
+            kind: EntryKind::Write,
+        }
+    }
+
+    fn all_ok() -> Vec<(OsdId, i32)> {
+        vec![(R1, status::OK), (R2, status::OK)]
+    }
+
+    #[test]
+    fn sequence_numbers_strictly_increase() {
+        let mut c = PgCore::new(16);
+        let a = c.begin_write();
+        let b = c.begin_write();
+        assert!(b > a);
+        c.log.record_replica(LogEntry {
+            seq: 40,
+            ..c.log_entry_for_test()
+        });
+        assert_eq!(
+            c.begin_write(),
+            41,
+            "numbering continues above a replica's seq"
+        );
+    }
+
+    #[test]
+    fn a_new_write_is_applied_and_acknowledged_when_every_copy_applied_it() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        assert_eq!(
+            c.complete(w, P, status::OK, &all_ok(), &roles()),
+            status::OK
+        );
+        assert_eq!(c.log.missed_by(R2, 0), Some(vec![]));
+    }
+
+    #[test]
+    fn a_replica_failure_fails_the_write_and_is_tracked_as_a_miss() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        let replicas = [(R1, status::OK), (R2, status::EIO)];
+        assert_eq!(
+            c.complete(w, P, status::OK, &replicas, &roles()),
+            status::EIO
+        );
+        assert_eq!(c.log.missed_by(R2, 0).map(|m| m.len()), Some(1));
+        // Its retry is a duplicate that copies to the member that failed only.
+        let r = write(&mut c, 1, 0, 5);
+        assert_eq!(
+            c.decide(&r, P, &SET),
+            Decision::Duplicate {
+                applied_seq: 1,
+                copy_to: vec![R2]
+            }
+        );
+    }
+
+    #[test]
+    fn a_replica_estale_becomes_eagain_for_the_client() {
+        assert_eq!(
+            merge_statuses(status::OK, &[(R1, status::ESTALE), (R2, status::EIO)]),
+            status::EAGAIN
+        );
+        assert_eq!(
+            merge_statuses(status::ENOSPC, &[(R1, status::ESTALE)]),
+            status::ENOSPC
+        );
+        assert_eq!(merge_statuses(status::OK, &[]), status::OK);
+    }
+
+    /// Suspect 2 of issue 13, reproduced by hand on a dev cluster: the primary's
+    /// own apply failed (a transient EAGAIN) while both replicas applied; the
+    /// client's retry must be applied again, not answered from the log — the copy
+    /// that serves reads lacks the write.
+    #[test]
+    fn a_retry_of_a_write_the_primary_failed_itself_is_applied_again() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        assert_eq!(
+            c.complete(w, P, status::EAGAIN, &all_ok(), &roles()),
+            status::EAGAIN
+        );
+        let retry = write(&mut c, 1, 0, 5);
+        assert_eq!(c.decide(&retry, P, &SET), Decision::Apply);
+        assert_eq!(
+            c.complete(retry, P, status::OK, &all_ok(), &roles()),
+            status::OK
+        );
+        // Now it is held everywhere: a further retry is answered at once.
+        let again = write(&mut c, 1, 0, 5);
+        assert_eq!(
+            c.decide(&again, P, &SET),
+            Decision::Duplicate {
+                applied_seq: 2,
+                copy_to: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn an_older_write_of_the_same_session_is_superseded() {
+        let mut c = PgCore::new(16);
+        let newer = write(&mut c, 9, 0, 5);
+        assert_eq!(c.decide(&newer, P, &SET), Decision::Apply);
+        c.complete(newer, P, status::OK, &all_ok(), &roles());
+        let older = write(&mut c, 8, 0, 5);
+        let seq = older.seq;
+        assert_eq!(c.decide(&older, P, &SET), Decision::Superseded);
+        assert!(
+            !c.log.inflight_through(seq),
+            "a refused write is not in flight"
+        );
+        // Not overlapping: new.
+        let elsewhere = write(&mut c, 8, 8192, 5);
+        assert_eq!(c.decide(&elsewhere, P, &SET), Decision::Apply);
+    }
+
+    #[test]
+    fn a_retry_under_another_interval_copies_to_every_other_member() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        c.decide(&w, P, &SET);
+        c.complete(w, P, status::OK, &all_ok(), &roles());
+        // The roles changed since (interval 6): the log proves nothing about them.
+        let retry = write(&mut c, 1, 0, 6);
+        assert_eq!(
+            c.decide(&retry, P, &SET),
+            Decision::Duplicate {
+                applied_seq: 1,
+                copy_to: vec![R1, R2]
+            }
+        );
+        c.retry_copied(1, Epoch(6), &SET);
+        let again = write(&mut c, 1, 0, 6);
+        assert_eq!(
+            c.decide(&again, P, &SET),
+            Decision::Duplicate {
+                applied_seq: 1,
+                copy_to: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn a_retry_of_an_op_logged_as_a_replica_copies_to_every_other_member() {
+        // This shard applied the op as a replica, then became primary.
+        let mut c = PgCore::new(16);
+        c.log.record_replica(LogEntry {
+            seq: 3,
+            op: OpId { session: 7, seq: 1 },
+            ..c.log_entry_for_test()
+        });
+        let retry = write(&mut c, 1, 0, 9);
+        assert_eq!(
+            c.decide(&retry, P, &SET),
+            Decision::Duplicate {
+                applied_seq: 3,
+                copy_to: vec![R1, R2]
+            }
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "acknowledged without every member")]
+    fn acknowledging_without_a_recovering_member_is_caught() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        c.decide(&w, P, &SET);
+        // R2 is in the write set (recovering) but was not sent the write.
+        let roles = WriteSetRoles {
+            acting: &SET[..2],
+            recovering: &SET[2..],
+        };
+        c.complete(w, P, status::OK, &[(R1, status::OK)], &roles);
+    }
+
+    fn facts(sender: u64, mine: u64, interval: u64) -> ForwardFacts {
+        ForwardFacts {
+            sender_epoch: Epoch(sender),
+            my_epoch: Epoch(mine),
+            my_interval: Epoch(interval),
+            seq: 1,
+        }
+    }
+
+    #[test]
+    fn a_forward_under_the_current_roles_is_admitted() {
+        let mut c = PgCore::new(16);
+        assert_eq!(c.admit_forward(facts(10, 10, 4)), Ok(ForwardAdmit::Current));
+        // Older map, same roles (interval 4 ≤ 8).
+        assert_eq!(c.admit_forward(facts(8, 10, 4)), Ok(ForwardAdmit::Current));
+        // Newer map: admitted, fetch it.
+        assert_eq!(c.admit_forward(facts(12, 10, 4)), Ok(ForwardAdmit::Newer));
+    }
+
+    #[test]
+    fn a_forward_from_before_the_groups_roles_changed_is_refused() {
+        let mut c = PgCore::new(16);
+        assert_eq!(c.admit_forward(facts(8, 10, 9)), Err(status::ESTALE));
+    }
+
+    /// Suspect 1 of issue 13: a replica whose map lags applied a forward of the
+    /// new primary (newer map); the old primary, which has not seen the new map
+    /// either, forwards under the old one — same epoch as the replica's own map,
+    /// so the interval check alone lets it in, over the newer write.
+    #[test]
+    fn an_old_primarys_forward_after_a_newer_primarys_is_refused_while_the_map_lags() {
+        let mut c = PgCore::new(16);
+        assert_eq!(c.admit_forward(facts(11, 10, 4)), Ok(ForwardAdmit::Newer));
+        assert_eq!(c.admit_forward(facts(10, 10, 4)), Err(status::ESTALE));
+        assert_eq!(c.forward_fence(), Epoch(11));
+        // Once this shard has the newer map, its interval decides.
+        assert_eq!(c.admit_forward(facts(10, 11, 4)), Ok(ForwardAdmit::Current));
+        assert_eq!(c.admit_forward(facts(10, 11, 11)), Err(status::ESTALE));
+    }
+
+    #[test]
+    fn a_forward_with_a_seq_beyond_the_bound_is_refused() {
+        let mut c = PgCore::new(16);
+        let f = ForwardFacts {
+            seq: u64::MAX,
+            ..facts(10, 10, 4)
+        };
+        assert_eq!(c.admit_forward(f), Err(status::EINVAL));
+        assert_eq!(
+            c.forward_fence(),
+            Epoch(0),
+            "a refused forward raises nothing"
+        );
+    }
+
+    #[test]
+    fn a_primacy_change_resets_tracking_and_bumps_the_generation() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        c.decide(&w, P, &SET);
+        c.complete(w, P, status::OK, &all_ok(), &roles());
+        assert!(c.log.tracks(R2));
+        let g = c.primacy();
+        c.primacy_changed();
+        assert!(c.primacy() > g);
+        assert!(!c.log.tracks(R2));
+        assert_eq!(
+            c.log.missed_by(R2, 0),
+            None,
+            "backfill after a primacy change"
+        );
+    }
+
+    fn change(prev: u64, was: bool, now_epoch: u64, now: bool, interval: u64) -> PrimacyChange {
+        PrimacyChange {
+            prev_epoch: Epoch(prev),
+            was_primary: was,
+            epoch: Epoch(now_epoch),
+            now_primary: now,
+            interval: Epoch(interval),
+        }
+    }
+
+    #[test]
+    fn primacy_is_interrupted_when_it_changes_or_may_have_changed_unseen() {
+        // Became or stopped being the primary.
+        assert!(change(5, false, 6, true, 6).interrupts_primacy());
+        assert!(change(5, true, 6, false, 6).interrupts_primacy());
+        // Primary in both, consecutive epochs: uninterrupted, whatever the roles
+        // of the others did (a replica going down is a new interval).
+        assert!(!change(5, true, 6, true, 6).interrupts_primacy());
+        // Primary in both, epochs skipped, roles changed since: P→Q→P may have
+        // happened unseen.
+        assert!(change(5, true, 8, true, 7).interrupts_primacy());
+        // Epochs skipped but the roles are older than the map it had.
+        assert!(!change(5, true, 8, true, 4).interrupts_primacy());
+        // Never primary: nothing to interrupt.
+        assert!(!change(5, false, 8, false, 7).interrupts_primacy());
+    }
+
+    impl PgCore {
+        fn log_entry_for_test(&self) -> LogEntry {
+            LogEntry {
+                seq: 1,
+                op: OpId::NONE,
+                interval: Epoch(0),
+                object: ObjectId {
+                    volume: VolumeId(1),
+                    index: 0,
+                },
+                offset: 0,
+                length: 4096,
+                kind: EntryKind::Write,
+                applied: Vec::new(),
+            }
+        }
+    }
+}
