@@ -883,6 +883,21 @@ impl Shard {
         }
         let mut through = admitted;
         if kind == "backfill" {
+            // Writes admitted before the job (numbered up to `admitted`) may have
+            // been admitted under a map without the member: one still in flight
+            // could create an object after the listing below, which would then
+            // never be compared. Wait for them first (bounded).
+            while self
+                .pgs
+                .borrow()
+                .log(pg)
+                .is_some_and(|l| l.inflight_through(admitted))
+            {
+                if Instant::now() > deadline {
+                    return Err(JobError::Failed(status::EAGAIN));
+                }
+                reactor::sleep(Duration::from_millis(10)).await;
+            }
             // Entries recorded from now on are covered by the member getting every
             // write; the ones before by comparing everything.
             through = self.pgs.borrow().log(pg).map_or(0, |l| l.last_seq());
