@@ -342,6 +342,7 @@ impl Shard {
             my_epoch: view.map.epoch,
             my_interval: view.map.interval_since(pg),
             seq,
+            newer_map_pending: self.wanted_epoch.load(Ordering::Relaxed) > view.map.epoch.0,
         };
         let (admitted, fence) = {
             let mut pgs = self.pgs.borrow_mut();

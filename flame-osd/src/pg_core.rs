@@ -96,6 +96,11 @@ pub struct ForwardFacts {
     /// The forward's placement-group sequence number (0: a recovery or repair
     /// copy, not logged).
     pub seq: u64,
+    /// Whether this OSD still expects a newer map than its own (a client or peer
+    /// showed it one and the control thread has not fetched it yet). Once the
+    /// manager has answered that there is nothing newer, a fence raised by a
+    /// bogus epoch no longer refuses anything.
+    pub newer_map_pending: bool,
 }
 
 /// A forward [`PgCore::admit_forward`] let in.
@@ -283,10 +288,10 @@ impl PgCore {
     /// * it was sent under an older map and this shard's map shows the group's
     ///   roles changed since (the sender may no longer be the primary), or
     /// * it was sent under an older map than a forward already admitted for this
-    ///   group while this shard's own map is older than that forward's: a primary
-    ///   with a newer map has written here, and this shard cannot tell whether the
-    ///   older sender is still the primary (it retries once this shard fetched the
-    ///   newer map);
+    ///   group while this shard's own map is older than that forward's and the
+    ///   newer map is still to be fetched: a primary with a newer map has written
+    ///   here, and this shard cannot tell whether the older sender is still the
+    ///   primary (it retries once this shard fetched the newer map);
     ///
     /// and with EINVAL when its sequence number is beyond [`PG_SEQ_MAX`].
     /// Admitting raises the fence to the sender's epoch.
@@ -297,7 +302,10 @@ impl PgCore {
         if f.sender_epoch < f.my_epoch && f.sender_epoch < f.my_interval {
             return Err(status::ESTALE);
         }
-        if f.sender_epoch < self.forward_fence && f.my_epoch < self.forward_fence {
+        if f.sender_epoch < self.forward_fence
+            && f.my_epoch < self.forward_fence
+            && f.newer_map_pending
+        {
             return Err(status::ESTALE);
         }
         self.forward_fence = self.forward_fence.max(f.sender_epoch);
@@ -615,6 +623,7 @@ mod tests {
             my_epoch: Epoch(mine),
             my_interval: Epoch(interval),
             seq: 1,
+            newer_map_pending: sender > mine,
         }
     }
 
@@ -642,11 +651,24 @@ mod tests {
     fn an_old_primarys_forward_after_a_newer_primarys_is_refused_while_the_map_lags() {
         let mut c = PgCore::new(16);
         assert_eq!(c.admit_forward(facts(11, 10, 4)), Ok(ForwardAdmit::Newer));
-        assert_eq!(c.admit_forward(facts(10, 10, 4)), Err(status::ESTALE));
+        let pending = ForwardFacts {
+            newer_map_pending: true,
+            ..facts(10, 10, 4)
+        };
+        assert_eq!(c.admit_forward(pending), Err(status::ESTALE));
         assert_eq!(c.forward_fence(), Epoch(11));
         // Once this shard has the newer map, its interval decides.
         assert_eq!(c.admit_forward(facts(10, 11, 4)), Ok(ForwardAdmit::Current));
         assert_eq!(c.admit_forward(facts(10, 11, 11)), Err(status::ESTALE));
+    }
+
+    #[test]
+    fn a_fence_raised_by_an_epoch_the_manager_does_not_have_expires() {
+        // A peer claimed epoch 1000; the manager answered that 10 is the newest,
+        // so nothing is pending any more: forwards of epoch 10 are admitted.
+        let mut c = PgCore::new(16);
+        assert_eq!(c.admit_forward(facts(1000, 10, 4)), Ok(ForwardAdmit::Newer));
+        assert_eq!(c.admit_forward(facts(10, 10, 4)), Ok(ForwardAdmit::Current));
     }
 
     #[test]
