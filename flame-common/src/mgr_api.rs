@@ -120,10 +120,19 @@ pub struct OsdHeartbeat {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RecoveryProgress {
-    /// Objects this OSD currently knows it still has to copy to recovering members
-    /// of the groups it is primary of (0 when it has nothing to do, or has not
-    /// worked out the amount yet).
+    /// Objects this OSD still has to bring up to date on recovering members of
+    /// the groups it is primary of, over every such group (not only the one being
+    /// worked on): a log catch-up counts the objects of the log entries the
+    /// member missed, a backfill the objects of the group (then the number being
+    /// compared). Groups it cannot estimate yet are counted in `pgs_unestimated`
+    /// instead, so 0 here with `pgs_recovering > 0` is not "nothing left".
     pub objects_to_recover: u64,
+    /// Groups this OSD is the primary of that have recovering members in its map.
+    pub pgs_recovering: u32,
+    /// Of those, groups whose remaining work it cannot tell yet (a backfill whose
+    /// objects are not counted yet): their objects are missing from
+    /// `objects_to_recover`.
+    pub pgs_unestimated: u32,
     /// Objects copied to recovering members since the OSD started.
     pub objects_recovered_total: u64,
     /// Bytes copied to recovering members since the OSD started.
@@ -335,21 +344,39 @@ pub struct PgSummary {
 pub struct RecoverySummary {
     /// OSDs whose last heartbeat carried recovery figures.
     pub osds_reporting: u32,
-    /// Objects the primaries still know they have to copy.
+    /// Whether a recovery is under way: some group of the map is recovering, or
+    /// some up OSD reports recovery work (objects left or recovering groups).
+    /// While it is, the figures never read "done" or "idle".
+    pub recovering: bool,
+    /// Objects the primaries still have to bring up to date (every recovering
+    /// group they can estimate, log catch-up and backfill alike).
     pub objects_to_recover: u64,
-    /// Objects copied since the current recovery began (when the count to recover
-    /// last rose from zero, or the manager started): the progress bar shows this
-    /// against `objects_to_recover`.
+    /// Recovering groups whose remaining work is not in `objects_to_recover`: their
+    /// primary cannot estimate it yet, or has not reported the group (its map is
+    /// older than the manager's). While nonzero, the amount left is unknown.
+    pub pgs_unestimated: u32,
+    /// Objects brought up to date since the current recovery began (when the
+    /// cluster went from no recovery work to some; 0 before the first one after the
+    /// manager started): the progress bar shows this against
+    /// `objects_to_recover`. The OSDs' lifetime counters are the
+    /// `flame_osd_recovery_objects_total` metric.
     pub objects_recovered: u64,
     /// Bytes copied since the current recovery began.
     pub bytes_recovered: u64,
-    /// Objects copied per second over the last [`RECOVERY_RATE_WINDOW_S`].
+    /// Objects copied per second over the last [`RECOVERY_RATE_WINDOW_S`] (of the
+    /// current recovery only, while one is under way).
     pub objects_per_second: f64,
-    /// Bytes copied per second over the last [`RECOVERY_RATE_WINDOW_S`].
+    /// Bytes copied per second over the last [`RECOVERY_RATE_WINDOW_S`] (of the
+    /// current recovery only, while one is under way).
     pub bytes_per_second: f64,
-    /// `objects_to_recover / objects_per_second`, rounded up; `None` when nothing
-    /// is left or nothing moved during the window (no estimate possible).
+    /// `objects_to_recover / objects_per_second`, rounded up, whenever objects are
+    /// left and the rate is known; `None` otherwise (see `eta_estimating`).
     pub eta_seconds: Option<u64>,
+    /// A recovery is under way but has no ETA yet because it began less than
+    /// [`RECOVERY_RATE_WINDOW_S`] ago and no rate is known yet, or the amount left
+    /// is unknown. `false` with no ETA while recovering: nothing moved during the
+    /// last window (stalled).
+    pub eta_estimating: bool,
     /// Scrub errors found (sum of the OSDs' counters since they started).
     pub scrub_errors: u64,
     /// Scrub errors repaired.
@@ -378,14 +405,63 @@ pub struct RecoverySummary {
     pub pgs_uncounted: u32,
 }
 
+/// Where the cluster's recovery stands, as [`RecoverySummary::phase`] reads its
+/// figures: the one place that decides whether "done" may be said.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RecoveryPhase {
+    /// No recovery under way. `last_recovered`: objects the last recovery since
+    /// the manager started brought up to date (0: none).
+    Idle { last_recovered: u64 },
+    /// A recovery is under way but how much is left is not known yet (no
+    /// estimate for some recovering group, and none for any other).
+    Estimating,
+    /// A recovery is under way with objects known to be left. `fraction`:
+    /// recovered / (recovered + left), always below 1; `partial`: some recovering
+    /// groups are not estimated yet, so more may be left.
+    Recovering { fraction: f64, partial: bool },
+    /// A recovery is under way, nothing is left to copy, and the map still shows
+    /// groups recovering: their primaries are flushing or reporting them complete.
+    Finishing,
+}
+
+/// The largest fraction shown while a recovery is under way: rounding must not
+/// print 100.0 %.
+const FRACTION_WHILE_RECOVERING_MAX: f64 = 0.999;
+
 impl RecoverySummary {
-    /// Fraction of the current recovery done, `recovered / (recovered +
-    /// remaining)`, in `[0, 1]`; `None` when nothing was or is to be recovered.
+    /// Where the recovery stands; never [`RecoveryPhase::Idle`] while
+    /// `recovering`, nor a full fraction.
+    pub fn phase(&self) -> RecoveryPhase {
+        if !self.recovering && self.objects_to_recover == 0 && self.pgs_unestimated == 0 {
+            return RecoveryPhase::Idle {
+                last_recovered: self.objects_recovered,
+            };
+        }
+        if self.objects_to_recover > 0 {
+            let all = self
+                .objects_recovered
+                .saturating_add(self.objects_to_recover);
+            let f = self.objects_recovered as f64 / all as f64;
+            return RecoveryPhase::Recovering {
+                fraction: f.min(FRACTION_WHILE_RECOVERING_MAX),
+                partial: self.pgs_unestimated > 0,
+            };
+        }
+        if self.pgs_unestimated > 0 {
+            RecoveryPhase::Estimating
+        } else {
+            RecoveryPhase::Finishing
+        }
+    }
+
+    /// Fraction of the current recovery done, in `[0, 1)`; `None` when no
+    /// recovery with a known amount left is under way (idle, estimating or
+    /// finishing: see [`Self::phase`]).
     pub fn progress(&self) -> Option<f64> {
-        let all = self
-            .objects_recovered
-            .saturating_add(self.objects_to_recover);
-        (all > 0).then(|| self.objects_recovered as f64 / all as f64)
+        match self.phase() {
+            RecoveryPhase::Recovering { fraction, .. } => Some(fraction),
+            _ => None,
+        }
     }
 }
 
@@ -493,5 +569,59 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(format_size(4 << 30), "4.0 GiB");
+    }
+
+    fn summary(recovering: bool, left: u64, unestimated: u32, done: u64) -> RecoverySummary {
+        RecoverySummary {
+            recovering,
+            objects_to_recover: left,
+            pgs_unestimated: unestimated,
+            objects_recovered: done,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn idle_only_when_nothing_recovers_and_nothing_is_left() {
+        assert_eq!(
+            summary(false, 0, 0, 7).phase(),
+            RecoveryPhase::Idle { last_recovered: 7 }
+        );
+        assert_eq!(summary(false, 0, 0, 7).progress(), None);
+        // Groups recovering with nothing left to copy: finishing, not done.
+        assert_eq!(summary(true, 0, 0, 7).phase(), RecoveryPhase::Finishing);
+        assert_eq!(summary(true, 0, 0, 7).progress(), None);
+        // Work reported while the map (not yet) shows groups recovering.
+        assert!(matches!(
+            summary(false, 3, 0, 0).phase(),
+            RecoveryPhase::Recovering { .. }
+        ));
+        assert_eq!(summary(false, 0, 2, 0).phase(), RecoveryPhase::Estimating);
+    }
+
+    #[test]
+    fn unknown_amount_is_estimating_or_partial() {
+        assert_eq!(summary(true, 0, 4, 10).phase(), RecoveryPhase::Estimating);
+        assert_eq!(
+            summary(true, 30, 4, 10).phase(),
+            RecoveryPhase::Recovering {
+                fraction: 0.25,
+                partial: true
+            }
+        );
+        assert_eq!(
+            summary(true, 30, 0, 10).phase(),
+            RecoveryPhase::Recovering {
+                fraction: 0.25,
+                partial: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_fraction_never_reaches_one_while_objects_are_left() {
+        let f = summary(true, 1, 0, 1_000_000).progress().unwrap();
+        assert!(f < 1.0 && format!("{:.1}", f * 100.0) != "100.0", "{f}");
+        assert_eq!(summary(true, 5, 0, 0).progress(), Some(0.0));
     }
 }

@@ -262,8 +262,11 @@ pub struct RecoveryTracker {
     /// `objects`/`bytes` when the current recovery began.
     episode_objects: u64,
     episode_bytes: u64,
-    /// Whether nothing was left to recover at the last report.
+    /// Whether no up OSD reported recovery work (objects left or recovering
+    /// groups) at the last report.
     idle: bool,
+    /// When the current recovery began (`None`: none since the manager started).
+    episode_at: Option<Instant>,
     samples: VecDeque<Sample>,
     last_report: Option<Instant>,
     /// Objects per group, as its primary last reported them. Kept when the
@@ -324,13 +327,17 @@ impl RecoveryTracker {
                         progress: p.clone(),
                     },
                 );
-                let left = self.remaining(map);
-                if self.idle && left > 0 {
+                let busy = self.busy(map);
+                let grew = self.objects > before.0;
+                if self.idle && (busy || grew) {
                     // A recovery begins: progress counts from the report that
-                    // showed work left (including what that report recovered).
+                    // showed work (including what that report recovered). A
+                    // recovery over before any report showed work left still
+                    // starts a new count rather than adding to the last one.
                     (self.episode_objects, self.episode_bytes) = before;
+                    self.episode_at = Some(now);
                 }
-                self.idle = left == 0;
+                self.idle = !busy;
             }
         }
         self.last_report = Some(now);
@@ -363,14 +370,13 @@ impl RecoveryTracker {
         debug_assert!(self.samples.len() <= SAMPLES_MAX);
     }
 
-    /// Objects the up OSDs still report to recover.
-    fn remaining(&self, map: &ClusterMap) -> u64 {
+    /// Whether some up OSD reports recovery work: objects left, or groups
+    /// recovering (whether or not it could estimate them).
+    fn busy(&self, map: &ClusterMap) -> bool {
         self.osds
             .iter()
             .filter(|(id, _)| map.osds.get(id).is_some_and(|o| o.up))
-            .fold(0u64, |a, (_, r)| {
-                a.saturating_add(r.progress.objects_to_recover)
-            })
+            .any(|(_, r)| r.progress.objects_to_recover > 0 || r.progress.pgs_recovering > 0)
     }
 
     /// The object-copy figures of [`RecoverySummary`]: each group's reported
@@ -404,6 +410,12 @@ impl RecoveryTracker {
     pub fn summary(&self, table: &PgTable, map: &ClusterMap, now: Instant) -> RecoverySummary {
         let mut s = RecoverySummary::default();
         self.object_figures(table, map, &mut s);
+        // Recovering groups in the map, and those the OSDs account for.
+        let in_map = table
+            .iter()
+            .filter(|(_, m)| !m.recovering.is_empty())
+            .count() as u32;
+        let mut reported = 0u32;
         for (id, r) in &self.osds {
             if !map.osds.get(id).is_some_and(|o| o.up) {
                 continue;
@@ -411,6 +423,9 @@ impl RecoveryTracker {
             let p = &r.progress;
             s.osds_reporting += 1;
             s.objects_to_recover = s.objects_to_recover.saturating_add(p.objects_to_recover);
+            s.pgs_unestimated = s.pgs_unestimated.saturating_add(p.pgs_unestimated);
+            reported = reported.saturating_add(p.pgs_recovering);
+            s.recovering |= p.objects_to_recover > 0 || p.pgs_recovering > 0;
             s.scrub_errors = s.scrub_errors.saturating_add(p.scrub_errors_total);
             s.scrub_repaired = s.scrub_repaired.saturating_add(p.scrub_repaired_total);
             if p.last_scrub_unix > 0 {
@@ -420,15 +435,28 @@ impl RecoveryTracker {
                 );
             }
         }
-        s.objects_recovered = self.objects.saturating_sub(self.episode_objects);
-        s.bytes_recovered = self.bytes.saturating_sub(self.episode_bytes);
+        // Groups the map shows recovering that no primary reported (its map is
+        // older, or it reports no figures): how much they hold back is unknown.
+        s.pgs_unestimated = s
+            .pgs_unestimated
+            .saturating_add(in_map.saturating_sub(reported));
+        s.recovering |= in_map > 0;
+        if self.idle && s.recovering {
+            // The map shows a new recovery no OSD reported yet: it has done nothing
+            // so far; the last recovery's count is not this one's.
+        } else {
+            s.objects_recovered = self.objects.saturating_sub(self.episode_objects);
+            s.bytes_recovered = self.bytes.saturating_sub(self.episode_bytes);
+        }
         let window = Duration::from_secs(RECOVERY_RATE_WINDOW_S);
+        // While a recovery is under way its rate counts from its start only (not
+        // the idle time before it).
+        let since = self.episode_at.filter(|_| !self.idle);
         if let Some(last) = self.last_report
             && now.saturating_duration_since(last) <= window
-            && let Some(first) = self
-                .samples
-                .iter()
-                .find(|x| now.saturating_duration_since(x.at) <= window)
+            && let Some(first) = self.samples.iter().find(|x| {
+                now.saturating_duration_since(x.at) <= window && since.is_none_or(|t| x.at >= t)
+            })
         {
             let dt = last.saturating_duration_since(first.at).as_secs_f64();
             if dt >= SAMPLE_SPACING.as_secs_f64() {
@@ -440,6 +468,16 @@ impl RecoveryTracker {
             let eta = (s.objects_to_recover as f64 / s.objects_per_second).ceil();
             // `as` saturates: an absurd estimate shows as a huge number, never wraps.
             s.eta_seconds = Some(eta as u64);
+        }
+        if s.eta_seconds.is_none() && (s.objects_to_recover > 0 || s.pgs_unestimated > 0) {
+            // No rate yet because the recovery just began (or the tracker has not
+            // seen it begin), or nothing known to divide by: estimating. Else
+            // nothing moved for a whole window: stalled, not estimating.
+            let young = self
+                .episode_at
+                .filter(|_| !self.idle)
+                .is_none_or(|t| now.saturating_duration_since(t) < window);
+            s.eta_estimating = young || s.objects_to_recover == 0;
         }
         s
     }
@@ -534,6 +572,169 @@ mod tests {
         assert_eq!(s.objects_per_second, 0.0);
         assert_eq!(s.eta_seconds, None);
         assert_eq!(s.objects_to_recover, 35);
+    }
+
+    /// `map` with pg 5's third placed member not complete (recovering).
+    fn with_pg5_recovering(m: &ClusterMap) -> ClusterMap {
+        let mut m = m.clone();
+        let placed = PgTable::new(&m).pg(PgId(5)).placed.clone();
+        m.pg_complete.insert(PgId(5), vec![placed[0], placed[1]]);
+        assert_eq!(PgTable::new(&m).pg(PgId(5)).recovering, vec![placed[2]]);
+        m
+    }
+
+    fn working(left: u64, done: u64, recovering: u32, unestimated: u32) -> RecoveryProgress {
+        RecoveryProgress {
+            pgs_recovering: recovering,
+            pgs_unestimated: unestimated,
+            ..progress(left, done)
+        }
+    }
+
+    #[test]
+    fn each_recovery_counts_from_zero() {
+        let m = map(3);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        t.record(OsdId(0), Some(&progress(0, 0)), &m, t0);
+        // First recovery: 20 objects, then clean.
+        let t1 = t0 + Duration::from_secs(1);
+        t.record(OsdId(0), Some(&working(20, 0, 1, 0)), &m, t1);
+        let t2 = t0 + Duration::from_secs(3);
+        t.record(OsdId(0), Some(&progress(0, 20)), &m, t2);
+        let s = t.summary(&PgTable::new(&m), &m, t2);
+        assert_eq!(s.objects_recovered, 20);
+        assert!(!s.recovering);
+        // Second recovery: counts from 0, not from 20.
+        let t3 = t0 + Duration::from_secs(10);
+        t.record(OsdId(0), Some(&working(8, 22, 1, 0)), &m, t3);
+        let s = t.summary(&PgTable::new(&m), &m, t3);
+        assert_eq!((s.objects_recovered, s.objects_to_recover), (2, 8));
+        assert!(s.recovering);
+        // A third recovery that was over before any report showed work left
+        // still is a recovery of its own.
+        t.record(
+            OsdId(0),
+            Some(&progress(0, 30)),
+            &m,
+            t3 + Duration::from_secs(1),
+        );
+        let t4 = t3 + Duration::from_secs(10);
+        t.record(OsdId(0), Some(&progress(0, 33)), &m, t4);
+        assert_eq!(t.summary(&PgTable::new(&m), &m, t4).objects_recovered, 3);
+        // Groups recovering with nothing left to copy (flushing, reporting)
+        // keep the recovery going: no new count when the next objects come.
+        let t5 = t4 + Duration::from_secs(10);
+        t.record(OsdId(0), Some(&working(5, 33, 1, 0)), &m, t5);
+        t.record(
+            OsdId(0),
+            Some(&working(0, 38, 1, 0)),
+            &m,
+            t5 + Duration::from_secs(1),
+        );
+        let t6 = t5 + Duration::from_secs(2);
+        t.record(OsdId(0), Some(&working(4, 38, 1, 0)), &m, t6);
+        assert_eq!(t.summary(&PgTable::new(&m), &m, t6).objects_recovered, 5);
+    }
+
+    #[test]
+    fn groups_recovering_in_the_map_are_never_idle_or_done() {
+        let m = map(3);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        for id in 0..3 {
+            t.record(OsdId(id), Some(&progress(0, 0)), &m, t0);
+        }
+        // An earlier recovery of 9 objects.
+        let t1 = t0 + Duration::from_secs(1);
+        t.record(OsdId(0), Some(&working(9, 0, 1, 0)), &m, t1);
+        t.record(
+            OsdId(0),
+            Some(&progress(0, 9)),
+            &m,
+            t1 + Duration::from_secs(1),
+        );
+        assert_eq!(t.summary(&PgTable::new(&m), &m, t1).objects_recovered, 9);
+        // The map shows pg 5 recovering; no OSD has reported it yet.
+        let r = with_pg5_recovering(&m);
+        let table = PgTable::new(&r);
+        let now = t1 + Duration::from_secs(2);
+        let s = t.summary(&table, &r, now);
+        assert!(s.recovering);
+        assert_eq!((s.objects_to_recover, s.pgs_unestimated), (0, 1));
+        assert_eq!(
+            s.objects_recovered, 0,
+            "the last recovery's count is not this one's"
+        );
+        assert!(s.eta_estimating && s.eta_seconds.is_none());
+        assert_eq!(s.phase(), flame_common::mgr_api::RecoveryPhase::Estimating);
+        // Its primary reports it, not estimated yet: still unknown, once.
+        t.record(OsdId(0), Some(&working(0, 9, 1, 1)), &r, now);
+        let s = t.summary(&table, &r, now);
+        assert_eq!((s.objects_to_recover, s.pgs_unestimated), (0, 1));
+        // Estimated, and then only flushing: finishing, never idle.
+        t.record(OsdId(0), Some(&working(0, 12, 1, 0)), &r, now);
+        let s = t.summary(&table, &r, now);
+        assert_eq!((s.objects_to_recover, s.pgs_unestimated), (0, 0));
+        assert!(s.recovering);
+        assert_eq!(s.phase(), flame_common::mgr_api::RecoveryPhase::Finishing);
+        assert_eq!(s.objects_recovered, 3);
+        // Complete in the map and reported idle: idle again.
+        t.record(OsdId(0), Some(&progress(0, 12)), &m, now);
+        let s = t.summary(&PgTable::new(&m), &m, now);
+        assert!(!s.recovering);
+        assert_eq!(
+            s.phase(),
+            flame_common::mgr_api::RecoveryPhase::Idle { last_recovered: 3 }
+        );
+    }
+
+    #[test]
+    fn eta_whenever_objects_are_left_and_a_rate_is_known() {
+        let m = with_pg5_recovering(&map(3));
+        let table = PgTable::new(&m);
+        let t0 = Instant::now();
+        let mut t = RecoveryTracker::new();
+        t.record(OsdId(0), Some(&progress(0, 0)), &m, t0);
+        // Idle for a long time before: that time is not part of the rate.
+        for sec in 1..=20u64 {
+            t.record(
+                OsdId(0),
+                Some(&progress(0, 0)),
+                &m,
+                t0 + Duration::from_secs(sec),
+            );
+        }
+        let start = t0 + Duration::from_secs(21);
+        t.record(OsdId(0), Some(&working(100, 0, 1, 0)), &m, start);
+        let s = t.summary(&table, &m, start);
+        assert_eq!(s.eta_seconds, None);
+        assert!(s.eta_estimating, "no rate yet: estimating");
+        for sec in 1..=4u64 {
+            let at = start + Duration::from_secs(sec);
+            t.record(
+                OsdId(0),
+                Some(&working(100 - 5 * sec, 5 * sec, 1, 0)),
+                &m,
+                at,
+            );
+        }
+        let now = start + Duration::from_secs(4);
+        let s = t.summary(&table, &m, now);
+        assert!((s.objects_per_second - 5.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(s.eta_seconds, Some(16));
+        assert!(!s.eta_estimating);
+        // Objects left and some groups not estimated: an ETA for what is known.
+        t.record(OsdId(0), Some(&working(80, 20, 2, 1)), &m, now);
+        let s = t.summary(&table, &m, now);
+        assert_eq!(s.eta_seconds, Some(16));
+        assert_eq!(s.pgs_unestimated, 1);
+        // Nothing moves for longer than the window: stalled, not estimating.
+        let late = now + Duration::from_secs(RECOVERY_RATE_WINDOW_S + 5);
+        t.record(OsdId(0), Some(&working(80, 20, 1, 0)), &m, late);
+        let s = t.summary(&table, &m, late);
+        assert_eq!(s.eta_seconds, None);
+        assert!(!s.eta_estimating);
     }
 
     #[test]

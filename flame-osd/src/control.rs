@@ -344,6 +344,8 @@ impl Control {
                     let p = recovery.progress();
                     flame_common::mgr_api::RecoveryProgress {
                         objects_to_recover: p.objects_to_recover,
+                        pgs_recovering: p.pgs_recovering,
+                        pgs_unestimated: p.pgs_unestimated,
                         objects_recovered_total: p.objects_recovered_total,
                         bytes_recovered_total: p.bytes_recovered_total,
                         scrub_errors_total: p.scrub_errors_total,

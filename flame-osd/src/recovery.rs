@@ -103,8 +103,8 @@ pub struct RecoveryShared {
     reports: Mutex<Vec<(Epoch, PgId, OsdId)>>,
     /// Per-group status, published by the shard that holds the group.
     pgs: Mutex<BTreeMap<PgId, PgStatus>>,
-    /// Objects recovery still has to do, per shard (summed for the heartbeat).
-    remaining: Mutex<HashMap<u16, u64>>,
+    /// What recovery still has to do, per shard (summed for the heartbeat).
+    remaining: Mutex<HashMap<u16, ShardWork>>,
     /// Objects copied or compared-and-fixed since start.
     pub objects_recovered: AtomicU64,
     /// Bytes copied since start.
@@ -117,11 +117,50 @@ pub struct RecoveryShared {
     pub last_scrub_unix: AtomicU64,
 }
 
+/// What one shard's recovery still has to do, as last published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardWork {
+    /// Objects left over every recovering group it can estimate.
+    pub objects: u64,
+    /// Groups it is the primary of with recovering members.
+    pub pgs_recovering: u32,
+    /// Of those, groups it cannot estimate yet.
+    pub pgs_unestimated: u32,
+}
+
+/// What recovery still has to do for one recovering member of a group, as far as
+/// the primary can tell (`None`: it cannot yet).
+///
+/// * `reported`: the member was caught up and reported; the map has not caught up
+///   yet. Nothing left.
+/// * `job`: a job is running for it: what that job has left (its current log
+///   round, or its backfill's listed objects).
+/// * `log_objects`: the distinct objects of the log entries it missed, when the
+///   log can tell (a log catch-up will copy only those).
+/// * `counted`: the objects of this copy of the group, when counted: a backfill
+///   compares every one.
+pub(crate) fn member_pending(
+    reported: bool,
+    job: Option<u64>,
+    log_objects: Option<u64>,
+    counted: Option<u64>,
+) -> Option<u64> {
+    if reported {
+        return Some(0);
+    }
+    job.or(log_objects).or(counted)
+}
+
 /// This OSD's recovery and scrub figures, for the heartbeat's `RecoveryProgress`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProgressFigures {
-    /// Objects recovery still has to do (current jobs).
+    /// Objects recovery still has to do, over every recovering group it can
+    /// estimate (not only the running jobs).
     pub objects_to_recover: u64,
+    /// Groups this OSD is the primary of with recovering members.
+    pub pgs_recovering: u32,
+    /// Of those, groups it cannot estimate yet.
+    pub pgs_unestimated: u32,
     /// Objects brought up to date on members since start.
     pub objects_recovered_total: u64,
     /// Bytes copied since start.
@@ -160,8 +199,13 @@ pub struct PgStatus {
     pub log_entries: usize,
     /// Objects this shard brought up to date on other members, since start.
     pub objects_recovered_total: u64,
-    /// Objects still to do for this group's current recovery job.
+    /// Objects recovery still has to do for this group: its running job's, else
+    /// what its recovering members missed by the log, else (backfill) the
+    /// group's objects; the part it can estimate (see `remaining_unknown`).
     pub objects_remaining: u64,
+    /// Some recovering member's remaining work cannot be estimated yet (a
+    /// backfill of a group not counted yet).
+    pub remaining_unknown: bool,
     /// Objects this copy holds, counted at most [`OBJECT_COUNT_INTERVAL`] ago
     /// (`None`: not counted; counted only where this OSD is the primary).
     pub objects: Option<u64>,
@@ -188,8 +232,11 @@ impl RecoveryShared {
 
     /// The figures the heartbeat reports.
     pub fn progress(&self) -> ProgressFigures {
+        let work = self.work();
         ProgressFigures {
-            objects_to_recover: self.objects_remaining(),
+            objects_to_recover: work.objects,
+            pgs_recovering: work.pgs_recovering,
+            pgs_unestimated: work.pgs_unestimated,
             objects_recovered_total: self.objects_recovered.load(Ordering::Relaxed),
             bytes_recovered_total: self.bytes_recovered.load(Ordering::Relaxed),
             scrub_errors_total: self.scrub_errors.load(Ordering::Relaxed),
@@ -213,12 +260,21 @@ impl RecoveryShared {
             .unwrap_or_default()
     }
 
-    /// Objects recovery still has to do on this OSD.
-    pub fn objects_remaining(&self) -> u64 {
-        self.remaining.lock().map(|m| m.values().sum()).unwrap_or(0)
+    /// What recovery still has to do on this OSD, summed over its shards.
+    pub fn work(&self) -> ShardWork {
+        self.remaining
+            .lock()
+            .map(|m| {
+                m.values().fold(ShardWork::default(), |a, w| ShardWork {
+                    objects: a.objects.saturating_add(w.objects),
+                    pgs_recovering: a.pgs_recovering.saturating_add(w.pgs_recovering),
+                    pgs_unestimated: a.pgs_unestimated.saturating_add(w.pgs_unestimated),
+                })
+            })
+            .unwrap_or_default()
     }
 
-    fn publish(&self, shard: u16, statuses: Vec<PgStatus>, remaining: u64) {
+    fn publish(&self, shard: u16, statuses: Vec<PgStatus>, remaining: ShardWork) {
         if let Ok(mut pgs) = self.pgs.lock() {
             pgs.retain(|_, s| s.shard != shard);
             for s in statuses {
@@ -277,7 +333,9 @@ pub struct RecoveryState {
     /// [`RETRY_DELAY`], not one per poll.
     retry_after: RefCell<HashMap<PgId, Instant>>,
     recovered_per_pg: RefCell<HashMap<PgId, u64>>,
-    remaining_per_pg: RefCell<HashMap<PgId, u64>>,
+    /// Objects the running job for (group, member) has left; 0 once its copying
+    /// is over (flush and report to go). Removed when the job ends.
+    remaining_per_job: RefCell<HashMap<(PgId, OsdId), u64>>,
     /// Objects of each group this shard is the primary of, and when all of them
     /// were last counted.
     object_counts: RefCell<HashMap<PgId, u64>>,
@@ -746,9 +804,9 @@ impl Shard {
                 return Err(JobError::Abandoned);
             }
             self.recovery
-                .remaining_per_pg
+                .remaining_per_job
                 .borrow_mut()
-                .insert(pg, total.saturating_sub((done * width) as u64));
+                .insert((pg, member), total.saturating_sub((done * width) as u64));
             let tasks: Vec<_> = batch
                 .iter()
                 .cloned()
@@ -776,14 +834,15 @@ impl Shard {
                             .or_default() += 1;
                     }
                     Ok(false) => {}
-                    Err(st) => {
-                        self.recovery.remaining_per_pg.borrow_mut().remove(&pg);
-                        return Err(JobError::Failed(st));
-                    }
+                    Err(st) => return Err(JobError::Failed(st)),
                 }
             }
         }
-        self.recovery.remaining_per_pg.borrow_mut().remove(&pg);
+        // The caller removes the entry when the whole job ends (after the flush).
+        self.recovery
+            .remaining_per_job
+            .borrow_mut()
+            .insert((pg, member), 0);
         Ok(changed)
     }
 
@@ -961,6 +1020,10 @@ impl Shard {
                             all_ok = false;
                         }
                     }
+                    self.recovery
+                        .remaining_per_job
+                        .borrow_mut()
+                        .remove(&(pg, member));
                 }
                 if all_ok {
                     self.recovery.peered.borrow_mut().insert(pg, primacy);
@@ -995,7 +1058,12 @@ impl Shard {
                     );
                     continue;
                 }
-                match self.recover_member(view, pg, member).await {
+                let result = self.recover_member(view, pg, member).await;
+                self.recovery
+                    .remaining_per_job
+                    .borrow_mut()
+                    .remove(&(pg, member));
+                match result {
                     Ok(kind) => {
                         tracing::info!(%pg, %member, kind, "member recovered");
                         self.recovery_shared.push_report(view.map.epoch, pg, member);
@@ -1140,13 +1208,69 @@ impl Shard {
         }
     }
 
+    /// What recovery still has to do for `pg` (roles `m`, primary here): the
+    /// objects it can estimate, and whether some recovering member it cannot.
+    fn pg_pending(
+        &self,
+        view: &MapView,
+        pg: PgId,
+        m: &PgMembers,
+        state: &PendingState<'_>,
+    ) -> (u64, bool) {
+        let PendingState {
+            logs,
+            jobs,
+            reported,
+            counts,
+        } = *state;
+        let mut objects = 0u64;
+        let mut unknown = false;
+        for &member in &m.recovering {
+            let up_from = view.map.osds.get(&member).map(|o| o.up_from);
+            let done = reported
+                .get(&(pg, member))
+                .is_some_and(|r| Some(r.up_from) == up_from);
+            let log_objects = logs.log(pg).and_then(|l| l.missed_by(member, 0)).map(|e| {
+                e.iter()
+                    .map(|(_, object, ..)| *object)
+                    .collect::<HashSet<_>>()
+                    .len() as u64
+            });
+            match member_pending(
+                done,
+                jobs.get(&(pg, member)).copied(),
+                log_objects,
+                counts.get(&pg).copied(),
+            ) {
+                Some(n) => objects = objects.saturating_add(n),
+                None => unknown = true,
+            }
+        }
+        // Peering of the other acting copies (a new interval) is work too.
+        for ((p, member), n) in jobs {
+            if *p == pg && !m.recovering.contains(member) {
+                objects = objects.saturating_add(*n);
+            }
+        }
+        (objects, unknown)
+    }
+
+    /// Publishes this shard's per-group status and what its recovery still has
+    /// to do. Runs from its own task, also while a recovery pass is under way;
+    /// skips a round if some state is borrowed at that instant.
     fn publish_status(&self, view: &MapView) {
-        let logs = self.pgs.borrow();
-        let recovered = self.recovery.recovered_per_pg.borrow();
-        let remaining = self.recovery.remaining_per_pg.borrow();
-        let stray = self.recovery.stray_since.borrow();
-        let counts = self.recovery.object_counts.borrow();
+        let (Ok(logs), Ok(recovered), Ok(jobs), Ok(reported), Ok(stray), Ok(counts)) = (
+            self.pgs.try_borrow(),
+            self.recovery.recovered_per_pg.try_borrow(),
+            self.recovery.remaining_per_job.try_borrow(),
+            self.recovery.reported.try_borrow(),
+            self.recovery.stray_since.try_borrow(),
+            self.recovery.object_counts.try_borrow(),
+        ) else {
+            return;
+        };
         let mut out = Vec::new();
+        let mut work = ShardWork::default();
         for (pg, m) in view.table.iter() {
             if !self.owns(view, pg) {
                 continue;
@@ -1166,6 +1290,22 @@ impl Shard {
             if role == "none" && log.is_none() {
                 continue;
             }
+            let (pending, unknown) = if role == "primary" {
+                let state = PendingState {
+                    logs: &logs,
+                    jobs: &jobs,
+                    reported: &reported,
+                    counts: &counts,
+                };
+                self.pg_pending(view, pg, m, &state)
+            } else {
+                (0, false)
+            };
+            if role == "primary" && !m.recovering.is_empty() {
+                work.pgs_recovering += 1;
+                work.pgs_unestimated += u32::from(unknown);
+            }
+            work.objects = work.objects.saturating_add(pending);
             out.push(PgStatus {
                 pg: pg.0,
                 shard: self.id,
@@ -1178,20 +1318,38 @@ impl Shard {
                 log_last_seq: log.map_or(0, |l| l.last_seq()),
                 log_entries: log.map_or(0, |l| l.len()),
                 objects_recovered_total: recovered.get(&pg).copied().unwrap_or(0),
-                objects_remaining: remaining.get(&pg).copied().unwrap_or(0),
+                objects_remaining: pending,
+                remaining_unknown: unknown,
                 objects: counts.get(&pg).copied().filter(|_| role == "primary"),
             });
         }
-        let total_remaining: u64 = remaining.values().sum();
-        crate::metrics::recovery_remaining(self.id, total_remaining);
-        self.recovery_shared.publish(self.id, out, total_remaining);
+        crate::metrics::recovery_remaining(self.id, work.objects);
+        self.recovery_shared.publish(self.id, out, work);
+    }
+}
+
+/// What [`Shard::pg_pending`] reads, borrowed once per publish.
+#[derive(Clone, Copy)]
+struct PendingState<'a> {
+    logs: &'a crate::pg_core::PgCores,
+    jobs: &'a HashMap<(PgId, OsdId), u64>,
+    reported: &'a HashMap<(PgId, OsdId), Reported>,
+    counts: &'a HashMap<PgId, u64>,
+}
+
+/// Publishes the shard's status every [`PUBLISH_INTERVAL`], whatever recovery is
+/// doing (a pass can run for as long as the whole recovery).
+async fn publish_loop(shard: Rc<Shard>) {
+    loop {
+        shard.publish_status(&shard.view());
+        reactor::sleep(PUBLISH_INTERVAL).await;
     }
 }
 
 /// The shard's recovery task: runs for the life of the shard.
 pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
     crate::metrics::register_recovery_metrics(shard.id);
-    let mut last_publish: Option<Instant> = None;
+    reactor::spawn(publish_loop(shard.clone())).detach();
     let mut last_stray: Option<Instant> = None;
     loop {
         let view = shard.view();
@@ -1206,10 +1364,6 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
         }
         shard.background_scrub(&view).await;
         shard.count_objects(&shard.view()).await;
-        if last_publish.is_none_or(|t| t.elapsed() >= PUBLISH_INTERVAL) {
-            shard.publish_status(&shard.view());
-            last_publish = Some(Instant::now());
-        }
         reactor::sleep(POLL_INTERVAL).await;
     }
 }
@@ -1238,6 +1392,22 @@ mod tests {
         // The member has blocks beyond this copy's end: they must become zero.
         assert_eq!(differing_ranges(&[], &[b(0), b(7)]), vec![(4096, 4096)]);
         assert!(differing_ranges(&local, &local).is_empty());
+    }
+
+    #[test]
+    fn pending_work_of_a_recovering_member() {
+        // Reported recovered, the map not caught up: nothing left.
+        assert_eq!(member_pending(true, Some(5), Some(3), Some(9)), Some(0));
+        // A running job knows best.
+        assert_eq!(member_pending(false, Some(5), Some(3), Some(9)), Some(5));
+        assert_eq!(member_pending(false, Some(0), None, Some(9)), Some(0));
+        // Not started: a log catch-up copies the objects of the entries missed...
+        assert_eq!(member_pending(false, None, Some(3), Some(9)), Some(3));
+        assert_eq!(member_pending(false, None, Some(0), Some(9)), Some(0));
+        // ...else a backfill compares every object of the group...
+        assert_eq!(member_pending(false, None, None, Some(9)), Some(9));
+        // ...unless they are not counted yet: unknown, not 0.
+        assert_eq!(member_pending(false, None, None, None), None);
     }
 
     #[test]

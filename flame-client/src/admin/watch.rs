@@ -9,7 +9,7 @@
 use super::format::{fields, utc_time};
 use super::{AdminError, Result, osds_line, usage_line};
 use crate::MgrClient;
-use flame_common::mgr_api::{ClusterStatus, RecoverySummary, format_size};
+use flame_common::mgr_api::{ClusterStatus, RecoveryPhase, RecoverySummary, format_size};
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -62,6 +62,7 @@ fn rate_text(r: &RecoverySummary) -> String {
     );
     match r.eta_seconds {
         Some(eta) => t.push_str(&format!(", ETA {}", human_duration(eta))),
+        None if r.eta_estimating => t.push_str(", ETA estimating"),
         None if r.objects_to_recover > 0 => {
             t.push_str(", ETA unknown (no progress in the last 30 s)")
         }
@@ -70,28 +71,73 @@ fn rate_text(r: &RecoverySummary) -> String {
     t
 }
 
+/// Where the recovery of `s` stands. A group recovering in the map means a
+/// recovery is under way even from a manager that does not say so itself.
+pub fn phase(s: &ClusterStatus) -> RecoveryPhase {
+    let mut r = s.recovery.clone();
+    r.recovering |= s.pg_summary.recovering > 0;
+    r.phase()
+}
+
+/// How many objects are left: `40`, `40+` (some groups not estimated yet) or
+/// `unknown`.
+fn left_text(s: &ClusterStatus) -> String {
+    match phase(s) {
+        RecoveryPhase::Estimating => "unknown".into(),
+        RecoveryPhase::Recovering { partial: true, .. } => {
+            format!("{}+", s.recovery.objects_to_recover)
+        }
+        _ => s.recovery.objects_to_recover.to_string(),
+    }
+}
+
+/// ` (3 placement groups not estimated yet)`, or nothing.
+fn unestimated_text(r: &RecoverySummary) -> String {
+    match r.pgs_unestimated {
+        0 => String::new(),
+        1 => " (1 placement group not estimated yet)".into(),
+        n => format!(" ({n} placement groups not estimated yet)"),
+    }
+}
+
 /// The `recovery` value of `status`: what is left, the rate and the ETA.
 pub fn recovery_line(s: &ClusterStatus) -> String {
     let r = &s.recovery;
+    let groups = s.pg_summary.recovering;
     if r.osds_reporting == 0 {
-        return "no figures: no OSD reports recovery progress".into();
-    }
-    if r.objects_to_recover == 0 && r.objects_per_second == 0.0 {
-        if s.pg_summary.recovering > 0 {
+        if groups > 0 {
             return format!(
-                "{} placement groups recovering; the primaries report no object count yet",
-                s.pg_summary.recovering
+                "{groups} placement groups recovering; no OSD reports recovery progress \
+                 (amount left unknown)"
             );
         }
-        return "idle: nothing to recover".into();
+        return "no figures: no OSD reports recovery progress".into();
     }
-    format!(
-        "{} objects to recover, {} recovered ({}); {}",
-        r.objects_to_recover,
-        r.objects_recovered,
-        format_size(r.bytes_recovered),
-        rate_text(r)
-    )
+    match phase(s) {
+        RecoveryPhase::Idle { .. } => "idle: nothing to recover".into(),
+        RecoveryPhase::Estimating => format!(
+            "{groups} placement groups recovering, objects to recover unknown{}, {} \
+             recovered ({}); {}",
+            unestimated_text(r),
+            r.objects_recovered,
+            format_size(r.bytes_recovered),
+            rate_text(r)
+        ),
+        RecoveryPhase::Recovering { .. } => format!(
+            "{} objects to recover{}, {} recovered ({}); {}",
+            left_text(s),
+            unestimated_text(r),
+            r.objects_recovered,
+            format_size(r.bytes_recovered),
+            rate_text(r)
+        ),
+        RecoveryPhase::Finishing => format!(
+            "finishing: 0 objects to recover, {} recovered ({}); {groups} placement groups \
+             still recovering until their primaries report them complete",
+            r.objects_recovered,
+            format_size(r.bytes_recovered),
+        ),
+    }
 }
 
 /// The `pgs` value of `status`: the total, then one `count state` per line.
@@ -127,7 +173,7 @@ pub fn objects_line(s: &ClusterStatus) -> String {
         share(r.degraded_copies, r.object_copies),
         share(r.misplaced_copies, r.object_copies),
         share(r.recovering_copies, r.object_copies),
-        r.objects_to_recover,
+        left_text(s),
     );
     if r.pgs_uncounted > 0 {
         t.push_str(&format!(
@@ -194,21 +240,33 @@ pub fn status_text(s: &ClusterStatus) -> String {
 /// The progress line under the status on a terminal.
 pub fn progress_line(s: &ClusterStatus) -> String {
     let r = &s.recovery;
-    match r.progress() {
-        Some(f) if r.objects_to_recover > 0 => format!(
-            "progress  {} {} of {} objects; {}",
-            progress_bar(f, BAR_WIDTH),
+    let groups = s.pg_summary.recovering;
+    match phase(s) {
+        RecoveryPhase::Recovering { fraction, .. } => format!(
+            "progress  {} {} of {}{} objects; {}",
+            progress_bar(fraction, BAR_WIDTH),
             r.objects_recovered,
             r.objects_recovered.saturating_add(r.objects_to_recover),
+            if r.pgs_unestimated > 0 { "+" } else { "" },
             rate_text(r)
         ),
-        Some(_) => format!(
+        RecoveryPhase::Estimating => format!(
+            "progress  estimating: {groups} placement groups recovering, amount left not \
+             known yet ({} objects recovered so far)",
+            r.objects_recovered
+        ),
+        RecoveryPhase::Finishing => format!(
+            "progress  finishing: every object copied ({} objects); {groups} placement \
+             groups still recovering",
+            r.objects_recovered
+        ),
+        RecoveryPhase::Idle { last_recovered } if last_recovered > 0 => format!(
             "progress  {} recovery done ({} objects, {})",
             progress_bar(1.0, BAR_WIDTH),
-            r.objects_recovered,
+            last_recovered,
             format_size(r.bytes_recovered)
         ),
-        None => "progress  nothing to recover".into(),
+        RecoveryPhase::Idle { .. } => "progress  nothing to recover".into(),
     }
 }
 
@@ -222,14 +280,23 @@ pub fn watch_line(s: &ClusterStatus, unix_s: u64) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     let r = &s.recovery;
-    let recovery = match r.progress() {
-        Some(f) if r.objects_to_recover > 0 => format!(
+    let groups = s.pg_summary.recovering;
+    let recovery = match phase(s) {
+        RecoveryPhase::Recovering { fraction, .. } => format!(
             "recovery {:.1}% ({} to recover); {}",
-            f * 100.0,
-            r.objects_to_recover,
+            fraction * 100.0,
+            left_text(s),
             rate_text(r)
         ),
-        _ => "recovery idle".into(),
+        RecoveryPhase::Estimating => format!(
+            "recovery estimating ({groups} placement groups recovering, amount left \
+             unknown); {}",
+            rate_text(r)
+        ),
+        RecoveryPhase::Finishing => {
+            format!("recovery finishing (0 to recover, {groups} placement groups recovering)")
+        }
+        RecoveryPhase::Idle { .. } => "recovery idle".into(),
     };
     format!(
         "{} {} epoch {}; osds {} up, {} in of {}; pgs {}; {}",
@@ -420,11 +487,73 @@ mod tests {
         assert!(status_text(&s).contains("40 to recover (3 placement groups not counted yet)"));
         s.recovery = RecoverySummary::default();
         assert!(status_text(&s).contains("objects   0 objects, 0 copies; 0 degraded, 0 misplaced"));
+        assert!(
+            status_text(&s).contains(
+                "recovery  8 placement groups recovering; no OSD reports recovery progress \
+                 (amount left unknown)"
+            ),
+            "{}",
+            status_text(&s)
+        );
+        s.pg_summary.recovering = 0;
         assert!(status_text(&s).contains("recovery  no figures: no OSD reports recovery progress"));
         s.recovery.osds_reporting = 3;
-        assert!(status_text(&s).contains("the primaries report no object count yet"));
-        s.pg_summary.recovering = 0;
         assert!(status_text(&s).contains("recovery  idle: nothing to recover"));
+    }
+
+    #[test]
+    fn recovery_line_per_phase() {
+        // Groups recovering, none estimated: unknown, never 0 or idle.
+        let mut s = status();
+        s.recovery.objects_to_recover = 0;
+        s.recovery.pgs_unestimated = 8;
+        s.recovery.eta_seconds = None;
+        s.recovery.eta_estimating = true;
+        let t = recovery_line(&s);
+        assert_eq!(
+            t,
+            "8 placement groups recovering, objects to recover unknown (8 placement groups \
+             not estimated yet), 60 recovered (240.0 MiB); 40.0 MiB/s, 10.0 objects/s, ETA \
+             estimating"
+        );
+        assert!(
+            objects_line(&s).ends_with("; unknown to recover"),
+            "{}",
+            objects_line(&s)
+        );
+        // Some estimated: a lower bound.
+        s.recovery.objects_to_recover = 40;
+        s.recovery.pgs_unestimated = 1;
+        let t = recovery_line(&s);
+        assert!(
+            t.starts_with("40+ objects to recover (1 placement group not estimated yet), 60"),
+            "{t}"
+        );
+        assert!(
+            objects_line(&s).ends_with("; 40+ to recover"),
+            "{}",
+            objects_line(&s)
+        );
+        // Estimated, no rate yet.
+        s.recovery.pgs_unestimated = 0;
+        assert!(recovery_line(&s).ends_with("ETA estimating"));
+        // Stalled.
+        s.recovery.eta_estimating = false;
+        assert!(recovery_line(&s).ends_with("ETA unknown (no progress in the last 30 s)"));
+        // Everything copied, groups still recovering in the map.
+        s.recovery.objects_to_recover = 0;
+        let t = recovery_line(&s);
+        assert!(
+            t.starts_with("finishing: 0 objects to recover, 60 recovered"),
+            "{t}"
+        );
+        // The manager says a recovery is under way though the map copy it sent
+        // shows none recovering: still not idle.
+        s.pg_summary.recovering = 0;
+        s.recovery.recovering = true;
+        assert!(recovery_line(&s).starts_with("finishing"));
+        s.recovery.recovering = false;
+        assert_eq!(recovery_line(&s), "idle: nothing to recover");
     }
 
     #[test]
@@ -439,8 +568,40 @@ mod tests {
         );
         let mut s = status();
         s.recovery.objects_to_recover = 0;
-        let t = render(WatchMode::Terminal, &Ok(s));
+        // Groups still recovering: never done, never 100 %.
+        let t = render(WatchMode::Terminal, &Ok(s.clone()));
+        assert!(
+            t.contains("progress  finishing: every object copied (60 objects); 8 placement"),
+            "{t}"
+        );
+        assert!(!t.contains("100.0%") && !t.contains("done"), "{t}");
+        s.recovery.pgs_unestimated = 8;
+        let t = render(WatchMode::Terminal, &Ok(s.clone()));
+        assert!(
+            t.contains("progress  estimating: 8 placement groups recovering"),
+            "{t}"
+        );
+        assert!(!t.contains("100.0%"), "{t}");
+        // Some groups not estimated: the total is a lower bound.
+        s.recovery.objects_to_recover = 40;
+        s.recovery.pgs_unestimated = 2;
+        let t = render(WatchMode::Terminal, &Ok(s.clone()));
+        assert!(t.contains("60 of 100+ objects"), "{t}");
+        // One object left of a million: not 100.0 %.
+        s.recovery.objects_to_recover = 1;
+        s.recovery.objects_recovered = 1_000_000;
+        let t = render(WatchMode::Terminal, &Ok(s.clone()));
+        assert!(t.contains(" 99.9% ") && !t.contains("100.0%"), "{t}");
+        // Clean: done, with the last recovery's count.
+        s.recovery.objects_to_recover = 0;
+        s.recovery.pgs_unestimated = 0;
+        s.recovery.objects_recovered = 60;
+        s.pg_summary.recovering = 0;
+        let t = render(WatchMode::Terminal, &Ok(s.clone()));
         assert!(t.contains("100.0% recovery done (60 objects"), "{t}");
+        s.recovery.objects_recovered = 0;
+        let t = render(WatchMode::Terminal, &Ok(s));
+        assert!(t.contains("progress  nothing to recover"), "{t}");
         let t = render(WatchMode::Terminal, &Err("refused".into()));
         assert!(t.starts_with(CLEAR_SCREEN) && t.contains("cannot get the status: refused"));
     }
@@ -457,6 +618,28 @@ mod tests {
             ),
             "{t}"
         );
+        // Never idle while groups recover.
+        let mut s = status();
+        s.recovery.objects_to_recover = 0;
+        s.recovery.pgs_unestimated = 8;
+        s.recovery.eta_seconds = None;
+        s.recovery.eta_estimating = true;
+        let t = watch_line(&s, 0);
+        assert!(
+            t.ends_with(
+                "; recovery estimating (8 placement groups recovering, amount left unknown); \
+                 40.0 MiB/s, 10.0 objects/s, ETA estimating"
+            ),
+            "{t}"
+        );
+        s.recovery.pgs_unestimated = 0;
+        let t = watch_line(&s, 0);
+        assert!(
+            t.ends_with("; recovery finishing (0 to recover, 8 placement groups recovering)"),
+            "{t}"
+        );
+        s.pg_summary.recovering = 0;
+        assert!(watch_line(&s, 0).ends_with("; recovery idle"));
         let t = render(WatchMode::Lines, &Err("refused".into()));
         assert!(
             t.ends_with(" error: refused\n") && !t.contains('\x1b'),
