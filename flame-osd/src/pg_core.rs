@@ -17,8 +17,8 @@
 //! module owns it per group together with the replica's fence and the primacy
 //! generation.
 
-use crate::pg_log::{EntryKind, LogEntry, OpCheck, PgLog, WriteSetRoles};
-use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId};
+use crate::pg_log::{LogEntry, OpCheck, PgLog, WriteSetRoles};
+use flame_common::ids::{Epoch, OsdId, PgId};
 use flame_common::protocol::status;
 use std::collections::HashMap;
 
@@ -45,25 +45,9 @@ pub struct PgCore {
     primacy: u64,
 }
 
-/// A client write the primary is about to run, once every earlier overlapping
-/// write completed (the write gate).
-#[derive(Clone, Debug)]
-pub struct PrimaryWrite {
-    /// The sequence number [`PgCore::begin_write`] gave it.
-    pub seq: u64,
-    /// The client's op id (`OpId::NONE`: none).
-    pub op: OpId,
-    /// The group's interval in the primary's map.
-    pub interval: Epoch,
-    /// The object written.
-    pub object: ObjectId,
-    /// Byte range within the object.
-    pub offset: u32,
-    /// Bytes.
-    pub length: u32,
-    /// What it does.
-    pub kind: EntryKind,
-}
+/// A client write the primary is about to run, described as the log entry it
+/// will become: [`PgCore::complete`] fills in `applied`.
+pub type PrimaryWrite = LogEntry;
 
 /// What the primary does with a client write ([`PgCore::decide`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,19 +241,7 @@ impl PgCore {
             w.seq
         );
         let (op, object) = (w.op, w.object);
-        self.log.record_primary(
-            LogEntry {
-                seq: w.seq,
-                op,
-                interval: w.interval,
-                object,
-                offset: w.offset,
-                length: w.length,
-                kind: w.kind,
-                applied,
-            },
-            roles,
-        );
+        self.log.record_primary(LogEntry { applied, ..w }, roles);
         if local != status::OK {
             self.log.unprove_op(object, op);
         }
@@ -410,7 +382,8 @@ impl PgCores {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flame_common::ids::VolumeId;
+    use crate::pg_log::EntryKind;
+    use flame_common::ids::{ObjectId, OpId, VolumeId};
 
     const P: OsdId = OsdId(1);
     const R1: OsdId = OsdId(2);
@@ -439,6 +412,7 @@ mod tests {
             offset,
             length: 4096,
             kind: EntryKind::Write,
+            applied: Vec::new(),
         }
     }
 

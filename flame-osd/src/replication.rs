@@ -79,6 +79,7 @@ impl Shard {
             offset: target.offset,
             length: target.length,
             kind,
+            applied: Vec::new(),
         };
         // Every member that is up and takes writes — the other acting members and
         // those being recovered — applies the write before it is acknowledged.
