@@ -8,6 +8,8 @@
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager;
 //! [`liveness`] is the lease and the health state the two share.
+//! [`pg_core`] makes every decision about a group's writes (admission, retries,
+//! acknowledgement, a replica's fence, primacy) without I/O;
 //! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
 //! date (from the log or by backfill) and removes stray copies; [`scrub`] compares
 //! and repairs the copies of a group.
