@@ -122,15 +122,18 @@ impl Shard {
             }
             // A forward by a primary with a newer map: admitted (or not) by the
             // group's core below, after the role check.
+            self.peer_epoch
+                .set(self.peer_epoch.get().max(sender_epoch.0));
         } else if !replica
             && is_io(msg.op())
+            && self.peer_epoch.get() > map.epoch.0
             && self.wanted_epoch.load(Ordering::Relaxed) > map.epoch.0
         {
-            // A client or a peer showed this OSD a newer map than the one it
-            // acts on: its roles may have moved (a primary replaced without being
-            // down, say), so it serves no client I/O under the old map until the
-            // control thread fetched the new one (milliseconds). The client
-            // refreshes its map and retries.
+            // A peer OSD acts on a newer map than this shard's: its roles may
+            // have moved (a primary replaced without being down, say), so it
+            // serves no client I/O under the old map until the control thread
+            // fetched the new one (milliseconds; `wanted_epoch` falls back when
+            // the manager has nothing newer). The client retries.
             return (status::ESTALE, PayloadBuf::empty());
         }
         if let Message::Read {

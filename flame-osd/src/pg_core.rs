@@ -34,11 +34,12 @@ pub struct PgCore {
     pub log: PgLog,
     /// Replica side: the highest sender epoch of a forward admitted for this
     /// group. A forward from an older map is refused while this shard's own map
-    /// is older than that (it cannot tell whether the group's roles changed in
-    /// between, and the older sender may be a primary that was replaced).
+    /// is older than that and the newer map is still to be fetched (it cannot
+    /// tell whether the group's roles changed in between, and the older sender
+    /// may be a primary that was replaced); see [`PgCore::admit_forward`].
     forward_fence: Epoch,
-    /// Bumped whenever this shard's primacy of the group may have been
-    /// interrupted (it became, or stopped being, the primary, or a map with a
+    /// Changed (to a value unique on this shard) whenever this shard's primacy of
+    /// the group may have been interrupted (it became, or stopped being, the primary, or a map with a
     /// new interval arrived after skipped epochs). A recovery job that started
     /// under one generation must not report a member recovered under another:
     /// writes acknowledged by another primary in between are not in this log.
@@ -130,8 +131,10 @@ impl PgCore {
 
     /// This shard's primacy of the group may have been interrupted: the log's
     /// member tracking no longer covers every write acknowledged for the group.
-    pub fn primacy_changed(&mut self) {
-        self.primacy += 1;
+    /// `generation` is the shard's next unique generation ([`PgCores`]).
+    fn primacy_changed(&mut self, generation: u64) {
+        debug_assert!(generation > self.primacy);
+        self.primacy = generation;
         self.log.reset_tracking();
     }
 
@@ -201,9 +204,15 @@ impl PgCore {
     /// sent to `replicas` (each with its status), under `roles`; returns the
     /// client's status. A copy that failed keeps no proof of the op, so a retry
     /// of it is applied again instead of being answered from this copy.
+    ///
+    /// `primacy` is the generation [`Self::primacy`] had when the write was
+    /// admitted: if it changed while the write ran, the roles it was sent under
+    /// say nothing about this primary's tracking any more, so the entry is kept
+    /// (for retries and numbering) but tracks no member.
     pub fn complete(
         &mut self,
         w: PrimaryWrite,
+        primacy: u64,
         me: OsdId,
         local: i32,
         replicas: &[(OsdId, i32)],
@@ -241,7 +250,12 @@ impl PgCore {
             w.seq
         );
         let (op, object) = (w.op, w.object);
-        self.log.record_primary(LogEntry { applied, ..w }, roles);
+        let entry = LogEntry { applied, ..w };
+        if primacy == self.primacy {
+            self.log.record_primary(entry, roles);
+        } else {
+            self.log.record_untracked(entry);
+        }
         if local != status::OK {
             self.log.unprove_op(object, op);
         }
@@ -270,6 +284,11 @@ impl PgCore {
     pub fn admit_forward(&mut self, f: ForwardFacts) -> Result<ForwardAdmit, i32> {
         if f.seq > PG_SEQ_MAX {
             return Err(status::EINVAL);
+        }
+        if !f.newer_map_pending {
+            // The manager has nothing newer than this shard's map: a fence above
+            // it came from an epoch that was never published.
+            self.forward_fence = self.forward_fence.min(f.my_epoch);
         }
         if f.sender_epoch < f.my_epoch && f.sender_epoch < f.my_interval {
             return Err(status::ESTALE);
@@ -326,6 +345,10 @@ impl PrimacyChange {
 pub struct PgCores {
     groups: HashMap<PgId, PgCore>,
     log_max: usize,
+    /// The last primacy generation handed out on this shard: every core gets a
+    /// new one when created and when its primacy changes, so a generation is
+    /// never reused, also across a group's removal and return.
+    generation: u64,
 }
 
 impl PgCores {
@@ -334,13 +357,33 @@ impl PgCores {
         PgCores {
             groups: HashMap::new(),
             log_max,
+            generation: 0,
         }
     }
 
     /// The core of `pg`, created empty.
     pub fn get_mut(&mut self, pg: PgId) -> &mut PgCore {
         let max = self.log_max;
-        self.groups.entry(pg).or_insert_with(|| PgCore::new(max))
+        let generation = &mut self.generation;
+        self.groups.entry(pg).or_insert_with(|| {
+            *generation += 1;
+            PgCore {
+                primacy: *generation,
+                ..PgCore::new(max)
+            }
+        })
+    }
+
+    /// This shard's primacy of `pg` may have been interrupted
+    /// ([`crate::pg_core::PrimacyChange`]): its tracking is reset and it gets a
+    /// new primacy generation.
+    pub fn primacy_changed(&mut self, pg: PgId) {
+        self.get_mut(pg);
+        self.generation += 1;
+        let generation = self.generation;
+        if let Some(core) = self.groups.get_mut(&pg) {
+            core.primacy_changed(generation);
+        }
     }
 
     /// The core of `pg`, if any, to change it.
@@ -443,7 +486,7 @@ mod tests {
         let w = write(&mut c, 1, 0, 5);
         assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
         assert_eq!(
-            c.complete(w, P, status::OK, &all_ok(), &roles()),
+            c.complete(w, c.primacy(), P, status::OK, &all_ok(), &roles()),
             status::OK
         );
         assert_eq!(c.log.missed_by(R2, 0), Some(vec![]));
@@ -456,7 +499,7 @@ mod tests {
         assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
         let replicas = [(R1, status::OK), (R2, status::EIO)];
         assert_eq!(
-            c.complete(w, P, status::OK, &replicas, &roles()),
+            c.complete(w, c.primacy(), P, status::OK, &replicas, &roles()),
             status::EIO
         );
         assert_eq!(c.log.missed_by(R2, 0).map(|m| m.len()), Some(1));
@@ -494,13 +537,13 @@ mod tests {
         let w = write(&mut c, 1, 0, 5);
         assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
         assert_eq!(
-            c.complete(w, P, status::EAGAIN, &all_ok(), &roles()),
+            c.complete(w, c.primacy(), P, status::EAGAIN, &all_ok(), &roles()),
             status::EAGAIN
         );
         let retry = write(&mut c, 1, 0, 5);
         assert_eq!(c.decide(&retry, P, &SET), Decision::Apply);
         assert_eq!(
-            c.complete(retry, P, status::OK, &all_ok(), &roles()),
+            c.complete(retry, c.primacy(), P, status::OK, &all_ok(), &roles()),
             status::OK
         );
         // Now it is held everywhere: a further retry is answered at once.
@@ -519,7 +562,7 @@ mod tests {
         let mut c = PgCore::new(16);
         let newer = write(&mut c, 9, 0, 5);
         assert_eq!(c.decide(&newer, P, &SET), Decision::Apply);
-        c.complete(newer, P, status::OK, &all_ok(), &roles());
+        c.complete(newer, c.primacy(), P, status::OK, &all_ok(), &roles());
         let older = write(&mut c, 8, 0, 5);
         let seq = older.seq;
         assert_eq!(c.decide(&older, P, &SET), Decision::Superseded);
@@ -537,7 +580,7 @@ mod tests {
         let mut c = PgCore::new(16);
         let w = write(&mut c, 1, 0, 5);
         c.decide(&w, P, &SET);
-        c.complete(w, P, status::OK, &all_ok(), &roles());
+        c.complete(w, c.primacy(), P, status::OK, &all_ok(), &roles());
         // The roles changed since (interval 6): the log proves nothing about them.
         let retry = write(&mut c, 1, 0, 6);
         assert_eq!(
@@ -588,7 +631,7 @@ mod tests {
             acting: &SET[..2],
             recovering: &SET[2..],
         };
-        c.complete(w, P, status::OK, &[(R1, status::OK)], &roles);
+        c.complete(w, c.primacy(), P, status::OK, &[(R1, status::OK)], &roles);
     }
 
     fn facts(sender: u64, mine: u64, interval: u64) -> ForwardFacts {
@@ -665,10 +708,10 @@ mod tests {
         let mut c = PgCore::new(16);
         let w = write(&mut c, 1, 0, 5);
         c.decide(&w, P, &SET);
-        c.complete(w, P, status::OK, &all_ok(), &roles());
+        c.complete(w, c.primacy(), P, status::OK, &all_ok(), &roles());
         assert!(c.log.tracks(R2));
         let g = c.primacy();
-        c.primacy_changed();
+        c.primacy_changed(g + 1);
         assert!(c.primacy() > g);
         assert!(!c.log.tracks(R2));
         assert_eq!(

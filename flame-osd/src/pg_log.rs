@@ -343,10 +343,16 @@ impl PgLog {
     pub fn record_primary(&mut self, entry: LogEntry, roles: &WriteSetRoles<'_>) {
         let seq = entry.seq;
         let was_inflight = self.inflight.remove(&seq);
-        assert!(
+        debug_assert!(
             was_inflight,
             "pg log: entry {seq} recorded but never admitted"
         );
+        if !was_inflight {
+            tracing::warn!(
+                seq,
+                "pg log: an entry recorded that was never admitted (group state reset?)"
+            );
+        }
         let applied = |id: &OsdId| entry.applied.contains(id);
         // Writes complete out of their admission order (a dead replica's pending
         // forwards fail in any order; overlapping-free writes finish as their I/O
@@ -378,6 +384,14 @@ impl PgLog {
                 note_miss(t, seq);
             }
         }
+        self.insert(entry);
+    }
+
+    /// Records a completed write on the primary without touching member
+    /// tracking: its primacy changed while the write ran (see
+    /// `PgCore::complete`).
+    pub fn record_untracked(&mut self, entry: LogEntry) {
+        self.inflight.remove(&entry.seq);
         self.insert(entry);
     }
 

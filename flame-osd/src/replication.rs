@@ -58,7 +58,11 @@ impl Shard {
         }
         // The group's next sequence number, also before the first await: the log's
         // order is the admission order. Replicas record it with the entry.
-        let seq = self.pgs.borrow_mut().get_mut(target.pg).begin_write();
+        let (seq, primacy) = {
+            let mut pgs = self.pgs.borrow_mut();
+            let core = pgs.get_mut(target.pg);
+            (core.begin_write(), core.primacy())
+        };
         let (op, fua) = match &msg {
             Message::Write { op, flags: f, .. }
             | Message::WriteZeroes { op, flags: f, .. }
@@ -149,11 +153,13 @@ impl Shard {
                 // The replica has a newer map (it refuses forwards from older
                 // epochs): fetch it, so the client's retry meets current roles.
                 self.wanted_epoch.fetch_max(e.0, Ordering::Relaxed);
+                self.peer_epoch.set(self.peer_epoch.get().max(e.0));
             }
             results.push((id, st));
         }
         self.pgs.borrow_mut().get_mut(target.pg).complete(
             write,
+            primacy,
             self.osd,
             local,
             &results,

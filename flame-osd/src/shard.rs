@@ -39,6 +39,12 @@ pub struct Shard {
     pub(crate) map_source: Arc<ArcSwap<ClusterMap>>,
     /// Highest epoch seen in a request (shared with the control thread).
     pub(crate) wanted_epoch: Arc<AtomicU64>,
+    /// Highest epoch a peer OSD showed this shard (a forward or a replica's
+    /// reply). While it and `wanted_epoch` are both above this shard's map, the
+    /// shard serves no client I/O: another OSD acts on a newer map, in which
+    /// this one may no longer be the primary. A client's epoch only asks for a
+    /// fetch (one client's odd map must not stall everyone's I/O).
+    pub(crate) peer_epoch: Cell<u64>,
     /// This shard's own copy of the current map and its placement table, refreshed
     /// when the epoch changes. `Rc`, not `Arc`: cloning it per request touches no
     /// cache line shared with other shards.
@@ -133,7 +139,7 @@ impl Shard {
                 interval: fresh.map.interval_since(pg),
             };
             if change.interrupts_primacy() {
-                pgs.get_mut(pg).primacy_changed();
+                pgs.primacy_changed(pg);
             }
         }
     }

@@ -83,6 +83,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 view: RefCell::new(Rc::new(MapView::new(&setup.map.load()))),
                 map_source: setup.map,
                 wanted_epoch: setup.wanted_epoch,
+                peer_epoch: Cell::new(0),
                 store: ObjectStore::new(
                     &cfg.data_dir,
                     id,

@@ -130,6 +130,7 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         view: RefCell::new(Rc::new(MapView::new(&map))),
         map_source: Arc::new(ArcSwap::from_pointee(map)),
         wanted_epoch: Arc::default(),
+        peer_epoch: Cell::new(0),
         store: ObjectStore::new(
             dir,
             0,
