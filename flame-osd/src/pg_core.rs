@@ -686,6 +686,53 @@ mod tests {
         let mut c = PgCore::new(16);
         assert_eq!(c.admit_forward(facts(1000, 10, 4)), Ok(ForwardAdmit::Newer));
         assert_eq!(c.admit_forward(facts(10, 10, 4)), Ok(ForwardAdmit::Current));
+        assert_eq!(c.forward_fence(), Epoch(10), "the bogus fence fell back");
+        // Later, while a real newer map is pending, the old bogus value does not
+        // refuse a sender at this shard's epoch.
+        let pending = ForwardFacts {
+            newer_map_pending: true,
+            ..facts(10, 10, 4)
+        };
+        assert_eq!(c.admit_forward(pending), Ok(ForwardAdmit::Current));
+    }
+
+    #[test]
+    fn a_write_whose_primacy_changed_while_it_ran_tracks_no_member() {
+        let mut cores = PgCores::new(16);
+        let pg = PgId(3);
+        let c = cores.get_mut(pg);
+        let w = write(c, 1, 0, 5);
+        let admitted_under = c.primacy();
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        // The shard saw a map in which it stopped (or may have stopped) being the
+        // primary while the write was in flight.
+        cores.primacy_changed(pg);
+        let c = cores.get_mut(pg);
+        assert_ne!(c.primacy(), admitted_under);
+        assert_eq!(
+            c.complete(w, admitted_under, P, status::OK, &all_ok(), &roles()),
+            status::OK
+        );
+        assert!(!c.log.tracks(R2), "tracking must restart from backfill");
+        assert_eq!(c.log.missed_by(R2, 0), None);
+        // The entry itself is kept: a retry of it is still recognised.
+        let retry = write(c, 1, 0, 5);
+        assert!(matches!(
+            c.decide(&retry, P, &SET),
+            Decision::Duplicate { .. }
+        ));
+    }
+
+    #[test]
+    fn primacy_generations_are_never_reused_across_a_groups_removal() {
+        let mut cores = PgCores::new(16);
+        let pg = PgId(1);
+        let first = cores.get_mut(pg).primacy();
+        cores.remove(pg);
+        let again = cores.get_mut(pg).primacy();
+        assert_ne!(first, again);
+        cores.primacy_changed(pg);
+        assert!(cores.primacy(pg) > again);
     }
 
     #[test]
