@@ -208,6 +208,7 @@ impl Shard {
                     let st = self.apply_local(msg).await;
                     match logged {
                         Some(entry) if st == status::OK => {
+                            self.store.pg_log().note(pg, &entry);
                             self.pgs.borrow_mut().get_mut(pg).log.record_replica(entry);
                         }
                         Some(_) => {}

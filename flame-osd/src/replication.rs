@@ -144,6 +144,10 @@ impl Shard {
             })
             .collect();
         let local = self.apply_local(msg).await;
+        if local == status::OK {
+            // Made stable with the next FLUSH of the volume (store/pg_log_file.rs).
+            self.store.pg_log().note(target.pg, &write);
+        }
         let mut results = Vec::with_capacity(replicas.len());
         for (c, &id) in calls.into_iter().zip(replicas) {
             let (st, replica_epoch) = c.await;

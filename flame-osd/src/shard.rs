@@ -159,6 +159,40 @@ impl Shard {
         }
     }
 
+    /// Loads the stable copy of this shard's placement-group logs (before the
+    /// shard serves anything): the groups it holds continue their numbering above
+    /// every seq this copy applied and recognise retries and superseded writes of
+    /// the ops it holds, across the restart. An unreadable copy is reported and
+    /// the logs start empty (as if the records had been lost: ops unknown).
+    pub(crate) async fn load_pg_logs(&self) {
+        let view = self.view();
+        let stored = match self.store.pg_log().load().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(shard = self.id, "cannot read the placement-group log: {e}");
+                return;
+            }
+        };
+        let stored_len = stored.len();
+        let me = view.map.osds.get(&self.osd);
+        let mut pgs = self.pgs.borrow_mut();
+        let mut loaded = 0usize;
+        for s in stored {
+            let held =
+                s.pg.0 < view.map.pool.pg_count && me.is_some_and(|m| m.shard_of(s.pg) == self.id);
+            if held {
+                pgs.get_mut(s.pg).log.record_replica(s.entry);
+                loaded += 1;
+            }
+        }
+        tracing::info!(
+            shard = self.id,
+            entries = loaded,
+            stored = stored_len,
+            "placement-group log loaded"
+        );
+    }
+
     pub(crate) fn epoch(&self) -> Epoch {
         self.view().map.epoch
     }

@@ -125,6 +125,10 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
                 stray_delete_delay: Duration::from_millis(cfg.stray_delete_delay_ms),
             });
+            shard
+                .store
+                .pg_log()
+                .set_keep_per_pg(cfg.pg_log_entries_max as usize);
             let handle = reactor.handle();
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.intake, handle)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
@@ -188,6 +192,7 @@ async fn accept_loop(shard: Rc<Shard>, intake: Intake, handle: reactor::Handle) 
         }
     })
     .detach();
+    shard.load_pg_logs().await;
     reactor::spawn(crate::tombstones::run(shard.clone())).detach();
     reactor::spawn(crate::recovery::recovery_loop(shard.clone())).detach();
     let listener = match intake {

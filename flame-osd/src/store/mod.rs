@@ -23,6 +23,7 @@ pub mod fs;
 pub mod journal;
 pub mod layout;
 pub mod meta;
+pub mod pg_log_file;
 mod pg_ops;
 pub mod wait_list;
 
@@ -341,6 +342,8 @@ pub struct ObjectStore {
     /// creates or removes its objects; cleared when it grows past its bound.
     absent: RefCell<HashSet<ObjectId>>,
     journal: Journal,
+    /// The stable copy of the placement-group logs (pg_log_file.rs).
+    pg_log: pg_log_file::PgLogFile,
     /// Write-like operations in flight on this shard (the journal is reset only
     /// when there are none).
     writes_inflight: Cell<u64>,
@@ -411,6 +414,7 @@ impl ObjectStore {
         ObjectStore {
             root: root.to_path_buf(),
             journal: Journal::new(fs.clone(), layout::journal_path(root, shard)),
+            pg_log: pg_log_file::PgLogFile::new(fs.clone(), root, shard),
             fs,
             checksums: options.checksums,
             open_max: options.open_max.max(16),
@@ -868,6 +872,26 @@ impl ObjectStore {
     ///
     /// A failed sync is fatal to the process (see `sync_failed`).
     pub async fn flush(&self, volume: Option<VolumeId>) -> Result<(), StoreError> {
+        // The log records of the writes this flush covers: taken before their
+        // data is synced, made stable after (pg_log_file.rs).
+        let records = self.pg_log.take(volume);
+        let result = self.flush_data(volume).await;
+        if result.is_err() {
+            self.pg_log.put_back(records);
+            return result;
+        }
+        if let Err(e) = self.pg_log.persist(&records).await {
+            return Err(self.sync_failed("placement-group log write", e));
+        }
+        Ok(())
+    }
+
+    /// The stable copy of this shard's placement-group logs.
+    pub fn pg_log(&self) -> &pg_log_file::PgLogFile {
+        &self.pg_log
+    }
+
+    async fn flush_data(&self, volume: Option<VolumeId>) -> Result<(), StoreError> {
         let snapshot: Vec<(ObjectId, u64, Rc<ObjectState>)> = self
             .dirty
             .borrow()

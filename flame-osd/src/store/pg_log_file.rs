@@ -1,0 +1,574 @@
+//! The stable copy of one shard's placement-group logs: which writes (group
+//! sequence number, client op id, object, range) this copy holds, kept across
+//! restarts so that numbering continues above every seq seen, a retry is still
+//! recognised and a write older than one of its session's is still refused
+//! after the OSD restarted (`crate::pg_log`, `crate::pg_core`).
+//!
+//! **When a record becomes stable.** A write's data is stable only once a FLUSH
+//! (or its FUA) made it so, and a record must never claim a write whose bytes a
+//! power cut could still take away (a retry would be answered "applied" from a
+//! copy that lost it). So records wait in memory, per volume, and
+//! [`ObjectStore::flush`](super::ObjectStore::flush) writes those of the writes
+//! it covers — taken *before* it syncs the data — *after* the data is stable,
+//! with one appended write and one `fdatasync`. A 4 KiB write costs no device
+//! write of its own; a FLUSH costs one more write and sync. Records of a FUA write
+//! become stable at the next FLUSH of its volume; records still in memory at a
+//! crash are lost, which only means that their ops are unknown after the restart
+//! (applied again if retried: correct, as before this file existed).
+//!
+//! **Format.** Two files per shard, `pglog/<shard>.0` and `.1`, each a
+//! 4096-byte header (magic, generation, crc32c) followed by 68-byte records (each
+//! with the file's generation and a crc32c). The file with the higher valid
+//! generation is the current one; its records are read up to the first torn or
+//! older one. When the current file grows past [`FILE_BYTES_MAX`], the newest
+//! `keep_per_pg` records of every group are written to the other file, which is
+//! synced and then given the next generation (its header written and synced
+//! last): a crash at any point leaves one whole current file.
+//!
+//! Bounded: at most [`PENDING_MAX`] records wait in memory (beyond that the
+//! oldest are dropped: those ops are then unknown after a restart), a file holds
+//! at most [`FILE_BYTES_MAX`] plus one flush's records, and loading reads at most
+//! that.
+
+use super::fs::{File, Fs};
+use crate::pg_log::{EntryKind, LogEntry};
+use flame_common::ids::{Epoch, ObjectId, OpId, PgId, VolumeId};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// First bytes of a log file's header.
+pub const PG_LOG_MAGIC: &[u8; 8] = b"FLAMEPGL";
+/// Size of a log file's header; records follow it.
+pub const HEADER_LEN: u64 = 4096;
+/// Size of one record: generation, seq, op session, op seq, volume, object
+/// index (u64 each), offset, length, group (u32 each), kind (u8), 3 zero bytes,
+/// crc32c of the 64 bytes before it.
+pub const RECORD_LEN: usize = 68;
+/// Size past which the current file is compacted into the other one.
+pub const FILE_BYTES_MAX: u64 = 64 << 20;
+/// Records waiting for a FLUSH, at most (4.25 MiB).
+pub const PENDING_MAX: usize = 65_536;
+/// Bytes read at once when loading.
+const READ_CHUNK: usize = 1 << 20;
+
+/// One group's log entry as stored: what a restarted copy knows of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// Its group.
+    pub pg: PgId,
+    /// The entry (`interval` 0, `applied` empty: it proves only that this copy
+    /// holds it).
+    pub entry: LogEntry,
+}
+
+fn encode_header(generation: u64) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER_LEN as usize];
+    b[0..8].copy_from_slice(PG_LOG_MAGIC);
+    b[8..12].copy_from_slice(&super::layout::FORMAT.to_le_bytes());
+    b[16..24].copy_from_slice(&generation.to_le_bytes());
+    let n = b.len();
+    let crc = crc32c::crc32c(&b[..n - 4]);
+    b[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn decode_header(b: &[u8]) -> Option<u64> {
+    let n = HEADER_LEN as usize;
+    if b.len() < n || &b[0..8] != PG_LOG_MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
+    if crc32c::crc32c(&b[..n - 4]) != crc {
+        return None;
+    }
+    Some(u64_at(b, 16))
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+fn kind_code(kind: EntryKind) -> u8 {
+    match kind {
+        EntryKind::Write => 1,
+        EntryKind::Zero => 2,
+        EntryKind::Discard => 3,
+    }
+}
+
+/// A record without its file generation (filled in when written).
+fn encode_record(pg: PgId, e: &LogEntry) -> [u8; RECORD_LEN] {
+    let mut b = [0u8; RECORD_LEN];
+    b[8..16].copy_from_slice(&e.seq.to_le_bytes());
+    b[16..24].copy_from_slice(&e.op.session.to_le_bytes());
+    b[24..32].copy_from_slice(&e.op.seq.to_le_bytes());
+    b[32..40].copy_from_slice(&e.object.volume.0.to_le_bytes());
+    b[40..48].copy_from_slice(&e.object.index.to_le_bytes());
+    b[48..52].copy_from_slice(&e.offset.to_le_bytes());
+    b[52..56].copy_from_slice(&e.length.to_le_bytes());
+    b[56..60].copy_from_slice(&pg.0.to_le_bytes());
+    b[60] = kind_code(e.kind);
+    b
+}
+
+/// Stamps `generation` and the checksum (crc32c of bytes 0..64) into a record.
+fn seal(mut b: [u8; RECORD_LEN], generation: u64) -> [u8; RECORD_LEN] {
+    b[0..8].copy_from_slice(&generation.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..64]);
+    b[64..68].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn decode_record(b: &[u8], generation: u64) -> Option<StoredEntry> {
+    if crc32c::crc32c(&b[..64]) != u32_at(b, 64) || u64_at(b, 0) != generation {
+        return None;
+    }
+    let kind = match b[60] {
+        1 => EntryKind::Write,
+        2 => EntryKind::Zero,
+        3 => EntryKind::Discard,
+        _ => return None,
+    };
+    let seq = u64_at(b, 8);
+    let (offset, length) = (u32_at(b, 48), u32_at(b, 52));
+    // Bounded before use: a record that could not have been written is the end.
+    if seq == 0
+        || seq > crate::pg_core::PG_SEQ_MAX
+        || u64::from(offset) + u64::from(length) > 1 << 32
+    {
+        return None;
+    }
+    Some(StoredEntry {
+        pg: PgId(u32_at(b, 56)),
+        entry: LogEntry {
+            seq,
+            op: OpId {
+                session: u64_at(b, 16),
+                seq: u64_at(b, 24),
+            },
+            interval: Epoch(0),
+            object: ObjectId {
+                volume: VolumeId(u64_at(b, 32)),
+                index: u64_at(b, 40),
+            },
+            offset,
+            length,
+            kind,
+            applied: Vec::new(),
+        },
+    })
+}
+
+/// The directory of the log files (created on the first write).
+pub fn dir(root: &Path) -> PathBuf {
+    root.join("pglog")
+}
+
+/// The two files of one shard.
+fn paths(root: &Path, shard: u16) -> [PathBuf; 2] {
+    let dir = dir(root);
+    [0, 1].map(|i| dir.join(format!("{shard:04x}.{i}")))
+}
+
+/// The current file of a shard: which of the two, its generation, where its
+/// valid records end.
+struct Current {
+    index: usize,
+    generation: u64,
+    end: u64,
+}
+
+/// One shard's stable placement-group logs and the records waiting for a FLUSH.
+pub struct PgLogFile {
+    fs: Fs,
+    root: PathBuf,
+    dir: PathBuf,
+    paths: [PathBuf; 2],
+    current: RefCell<Option<Current>>,
+    /// Records of applied writes not yet made stable, per volume, oldest first.
+    pending: RefCell<HashMap<VolumeId, VecDeque<[u8; RECORD_LEN]>>>,
+    pending_len: Cell<usize>,
+    /// Newest records of each group a compaction keeps (`pg_log_entries_max`).
+    keep_per_pg: Cell<usize>,
+    /// One persist or compaction at a time (they append at the file's end).
+    writing: Cell<bool>,
+    writer_free: super::wait_list::WaitList,
+}
+
+/// The writer role of a [`PgLogFile`], given back when dropped (also when the
+/// flush waiting on it is cancelled).
+struct Writer<'a>(&'a PgLogFile);
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        self.0.writing.set(false);
+        self.0.writer_free.wake_all();
+    }
+}
+
+impl PgLogFile {
+    /// The log files of shard `shard` under data directory `root` (nothing is read
+    /// until [`PgLogFile::load`]).
+    pub fn new(fs: Fs, root: &Path, shard: u16) -> PgLogFile {
+        PgLogFile {
+            fs,
+            root: root.to_path_buf(),
+            dir: dir(root),
+            paths: paths(root, shard),
+            current: RefCell::new(None),
+            pending: RefCell::new(HashMap::new()),
+            pending_len: Cell::new(0),
+            keep_per_pg: Cell::new(2048),
+            writing: Cell::new(false),
+            writer_free: super::wait_list::WaitList::default(),
+        }
+    }
+
+    /// Sets how many records of each group a compaction keeps.
+    pub fn set_keep_per_pg(&self, n: usize) {
+        self.keep_per_pg.set(n.max(1));
+    }
+
+    /// Records waiting for a FLUSH.
+    pub fn pending(&self) -> usize {
+        self.pending_len.get()
+    }
+
+    /// A write this copy applied: its record waits for the next FLUSH of its
+    /// volume.
+    pub fn note(&self, pg: PgId, entry: &LogEntry) {
+        if entry.seq == 0 {
+            return;
+        }
+        let mut pending = self.pending.borrow_mut();
+        if self.pending_len.get() >= PENDING_MAX {
+            // Bounded: drop the oldest record of the fullest volume.
+            if let Some(q) = pending.values_mut().max_by_key(|q| q.len())
+                && q.pop_front().is_some()
+            {
+                self.pending_len.set(self.pending_len.get() - 1);
+            }
+        }
+        pending
+            .entry(entry.object.volume)
+            .or_default()
+            .push_back(encode_record(pg, entry));
+        self.pending_len.set(self.pending_len.get() + 1);
+    }
+
+    /// Takes the records a FLUSH of `volume` (every volume: `None`) will make
+    /// stable: call before the FLUSH syncs the data.
+    pub fn take(&self, volume: Option<VolumeId>) -> Vec<[u8; RECORD_LEN]> {
+        let mut pending = self.pending.borrow_mut();
+        let mut out = Vec::new();
+        match volume {
+            Some(v) => {
+                if let Some(q) = pending.remove(&v) {
+                    out.extend(q);
+                }
+            }
+            None => {
+                for (_, q) in pending.drain() {
+                    out.extend(q);
+                }
+            }
+        }
+        self.pending_len
+            .set(self.pending_len.get().saturating_sub(out.len()));
+        out
+    }
+
+    /// Records taken for a FLUSH that failed go back (they are still not stable).
+    pub fn put_back(&self, records: Vec<[u8; RECORD_LEN]>) {
+        for r in records {
+            let volume = VolumeId(u64_at(&r, 32));
+            self.pending
+                .borrow_mut()
+                .entry(volume)
+                .or_default()
+                .push_front(r);
+            self.pending_len.set(self.pending_len.get() + 1);
+        }
+    }
+
+    async fn open(&self, index: usize) -> io::Result<File> {
+        if self.fs.mkdir(&self.dir).await? {
+            self.fs.sync_dir(&self.root).await?;
+        }
+        match self.fs.open(&self.paths[index], true).await? {
+            Some((f, created)) => {
+                if created {
+                    self.fs.sync_dir(&self.dir).await?;
+                }
+                Ok(f)
+            }
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{}: not created", self.paths[index].display()),
+            )),
+        }
+    }
+
+    /// Reads the stable records, oldest first, and makes the current file ready
+    /// for appending. Missing files hold none; a file whose header does not
+    /// verify is not current.
+    pub async fn load(&self) -> io::Result<Vec<StoredEntry>> {
+        let mut best: Option<(usize, u64, File)> = None;
+        for index in 0..2 {
+            let Some((file, _)) = self.fs.open(&self.paths[index], false).await? else {
+                continue;
+            };
+            let head = file.read(0, HEADER_LEN as usize).await?;
+            if let Some(g) = decode_header(&head)
+                && best.as_ref().is_none_or(|(_, bg, _)| g > *bg)
+            {
+                best = Some((index, g, file));
+            }
+        }
+        let Some((index, generation, file)) = best else {
+            *self.current.borrow_mut() = None;
+            return Ok(Vec::new());
+        };
+        let size = file
+            .size()
+            .await?
+            .min(FILE_BYTES_MAX + (PENDING_MAX * RECORD_LEN) as u64);
+        let mut out = Vec::new();
+        let mut end = HEADER_LEN;
+        // Bounded by the size read above; stops at the first torn or older record.
+        'read: while end + RECORD_LEN as u64 <= size {
+            let chunk = file.read(end, READ_CHUNK).await?;
+            if chunk.len() < RECORD_LEN {
+                break;
+            }
+            for r in chunk.chunks_exact(RECORD_LEN) {
+                match decode_record(r, generation) {
+                    Some(e) => {
+                        out.push(e);
+                        end += RECORD_LEN as u64;
+                    }
+                    None => break 'read,
+                }
+            }
+        }
+        *self.current.borrow_mut() = Some(Current {
+            index,
+            generation,
+            end,
+        });
+        Ok(out)
+    }
+
+    /// Makes `records` (taken by [`PgLogFile::take`] before the data they describe
+    /// was synced, and synced since) stable: one write and one `fdatasync`;
+    /// compacts first when the current file is full.
+    pub async fn persist(&self, records: &[[u8; RECORD_LEN]]) -> io::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        // Bounded: each wake-up is a writer that finished.
+        while self.writing.get() {
+            self.writer_free.wait().await;
+        }
+        self.writing.set(true);
+        let _writer = Writer(self);
+        let full = self
+            .current
+            .borrow()
+            .as_ref()
+            .is_none_or(|c| c.end >= FILE_BYTES_MAX);
+        if full {
+            self.compact().await?;
+        }
+        let (index, generation, end) = match self.current.borrow().as_ref() {
+            Some(c) => (c.index, c.generation, c.end),
+            None => return Err(io::Error::other("pg log file not started")),
+        };
+        let mut buf = Vec::with_capacity(records.len() * RECORD_LEN);
+        for r in records {
+            buf.extend_from_slice(&seal(*r, generation));
+        }
+        let file = self.open(index).await?;
+        file.write(end, buf, None).await?;
+        file.datasync().await?;
+        if let Some(c) = self.current.borrow_mut().as_mut() {
+            c.end = end + (records.len() * RECORD_LEN) as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes the newest `keep_per_pg` records of every group of the current file
+    /// (none: a first start) into the other file and makes it current.
+    async fn compact(&self) -> io::Result<()> {
+        let started = self.current.borrow().is_some();
+        let kept: Vec<StoredEntry> = match started {
+            true => {
+                let mut per_pg: BTreeMap<u32, VecDeque<StoredEntry>> = BTreeMap::new();
+                let keep = self.keep_per_pg.get();
+                for e in self.load().await? {
+                    let q = per_pg.entry(e.pg.0).or_default();
+                    q.push_back(e);
+                    if q.len() > keep {
+                        q.pop_front();
+                    }
+                }
+                per_pg.into_values().flatten().collect()
+            }
+            false => Vec::new(),
+        };
+        let (index, generation) = match self.current.borrow().as_ref() {
+            Some(c) => (1 - c.index, c.generation + 1),
+            None => (0, 1),
+        };
+        let file = self.open(index).await?;
+        let mut buf = Vec::with_capacity(kept.len() * RECORD_LEN);
+        for e in &kept {
+            buf.extend_from_slice(&seal(encode_record(e.pg, &e.entry), generation));
+        }
+        if !buf.is_empty() {
+            file.write(HEADER_LEN, buf, None).await?;
+            file.datasync().await?;
+        }
+        // Last: the header makes the file current.
+        file.write(0, encode_header(generation), None).await?;
+        file.datasync().await?;
+        *self.current.borrow_mut() = Some(Current {
+            index,
+            generation,
+            end: HEADER_LEN + (kept.len() * RECORD_LEN) as u64,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::fs::SimFs;
+    use flame_common::reactor::Reactor;
+
+    fn entry(seq: u64, volume: u64, op_seq: u64) -> LogEntry {
+        LogEntry {
+            seq,
+            op: OpId {
+                session: 9,
+                seq: op_seq,
+            },
+            interval: Epoch(0),
+            object: ObjectId {
+                volume: VolumeId(volume),
+                index: seq % 3,
+            },
+            offset: 4096,
+            length: 8192,
+            kind: EntryKind::Write,
+            applied: Vec::new(),
+        }
+    }
+
+    fn run<F: std::future::Future + 'static>(f: F) -> F::Output {
+        Reactor::new(Default::default())
+            .unwrap()
+            .block_on(f)
+            .unwrap()
+    }
+
+    fn sim(root: &Path) -> (std::rc::Rc<SimFs>, Fs) {
+        let sim = SimFs::new(&[root.to_path_buf()]);
+        (sim.clone(), Fs::Sim(sim))
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_one_ends_the_log() {
+        let e = entry(7, 1, 3);
+        let sealed = seal(encode_record(PgId(5), &e), 4);
+        assert_eq!(
+            decode_record(&sealed, 4),
+            Some(StoredEntry {
+                pg: PgId(5),
+                entry: e
+            })
+        );
+        assert_eq!(decode_record(&sealed, 5), None, "another generation");
+        let mut torn = sealed;
+        torn[20] ^= 1;
+        assert_eq!(decode_record(&torn, 4), None);
+        assert_eq!(decode_record(&[0u8; RECORD_LEN], 0), None, "zeroes");
+    }
+
+    #[test]
+    fn only_flushed_records_survive_and_a_flush_takes_only_its_volume() {
+        let root = PathBuf::from("/sim/osd");
+        let (sim, fs) = sim(&root);
+        let log = PgLogFile::new(fs.clone(), &root, 0);
+        run(async move {
+            assert!(log.load().await.unwrap().is_empty());
+            log.note(PgId(1), &entry(1, 1, 1));
+            log.note(PgId(1), &entry(2, 2, 2));
+            log.note(PgId(2), &entry(3, 1, 3));
+            let v1 = log.take(Some(VolumeId(1)));
+            assert_eq!(v1.len(), 2);
+            assert_eq!(log.pending(), 1, "volume 2's record waits for its flush");
+            log.persist(&v1).await.unwrap();
+        });
+        // Power cut: what was synced stays.
+        sim.power_cut(&mut || false);
+        let log = PgLogFile::new(fs, &root, 0);
+        let got = run(async move { log.load().await.unwrap() });
+        let seqs: Vec<u64> = got.iter().map(|e| e.entry.seq).collect();
+        assert_eq!(seqs, vec![1, 3]);
+        assert_eq!(got[1].pg, PgId(2));
+    }
+
+    #[test]
+    fn compaction_keeps_the_newest_records_of_every_group_and_survives_a_cut() {
+        let root = PathBuf::from("/sim/osd");
+        let (sim, fs) = sim(&root);
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 3));
+        log.set_keep_per_pg(2);
+        let l = log.clone();
+        run(async move {
+            l.load().await.unwrap();
+            for s in 1..=5 {
+                l.note(PgId(1), &entry(s, 1, s));
+                l.note(PgId(2), &entry(s + 100, 1, s));
+            }
+            let r = l.take(None);
+            l.persist(&r).await.unwrap();
+            l.compact().await.unwrap();
+            l.note(PgId(1), &entry(6, 1, 6));
+            let r = l.take(None);
+            l.persist(&r).await.unwrap();
+        });
+        sim.power_cut(&mut || false);
+        let log = PgLogFile::new(fs, &root, 3);
+        let got = run(async move { log.load().await.unwrap() });
+        let mut seqs: Vec<(u32, u64)> = got.iter().map(|e| (e.pg.0, e.entry.seq)).collect();
+        seqs.sort();
+        assert_eq!(seqs, vec![(1, 4), (1, 5), (1, 6), (2, 104), (2, 105)]);
+    }
+
+    #[test]
+    fn the_pending_records_are_bounded() {
+        let root = PathBuf::from("/sim/osd");
+        let (_sim, fs) = sim(&root);
+        let log = PgLogFile::new(fs, &root, 0);
+        for s in 1..=(PENDING_MAX as u64 + 10) {
+            log.note(PgId(1), &entry(s, 1, s));
+        }
+        assert_eq!(log.pending(), PENDING_MAX);
+        let r = log.take(None);
+        assert_eq!(
+            decode_record(&seal(r[0], 1), 1).map(|e| e.entry.seq),
+            Some(11)
+        );
+    }
+}
