@@ -20,15 +20,16 @@
 //! 4096-byte header (magic, generation, crc32c) followed by 68-byte records (each
 //! with the file's generation and a crc32c). The file with the higher valid
 //! generation is the current one; its records are read up to the first torn or
-//! older one. When the current file grows past [`FILE_BYTES_MAX`], the newest
+//! older one. When the current file grows past [`FILE_BYTES_MAX`] (or twice what
+//! the last compaction kept), the newest
 //! `keep_per_pg` records of every group are written to the other file, which is
 //! synced and then given the next generation (its header written and synced
 //! last): a crash at any point leaves one whole current file.
 //!
 //! Bounded: at most [`PENDING_MAX`] records wait in memory (beyond that the
-//! oldest are dropped: those ops are then unknown after a restart), a file holds
-//! at most [`FILE_BYTES_MAX`] plus one flush's records, and loading reads at most
-//! that.
+//! oldest are dropped: those ops are then unknown after a restart), a file is
+//! compacted before it passes half of [`LOAD_BYTES_MAX`] (plus one flush's
+//! records), and loading reads at most [`LOAD_BYTES_MAX`].
 
 use super::fs::{File, Fs};
 use crate::pg_log::{EntryKind, LogEntry};
@@ -46,8 +47,14 @@ pub const HEADER_LEN: u64 = 4096;
 /// index (u64 each), offset, length, group (u32 each), kind (u8), 3 zero bytes,
 /// crc32c of the 64 bytes before it.
 pub const RECORD_LEN: usize = 68;
-/// Size past which the current file is compacted into the other one.
+/// Size past which the current file is compacted into the other one (or twice
+/// what the last compaction kept, if that is more: many groups times
+/// `pg_log_entries_max` records can exceed this, and compacting at every FLUSH
+/// would then cost a rewrite each).
 pub const FILE_BYTES_MAX: u64 = 64 << 20;
+/// Most bytes of a log file read when loading (a bound on what a damaged or
+/// foreign file can make a shard read and hold).
+pub const LOAD_BYTES_MAX: u64 = 256 << 20;
 /// Records waiting for a FLUSH, at most (4.25 MiB).
 pub const PENDING_MAX: usize = 65_536;
 /// Bytes read at once when loading.
@@ -198,6 +205,8 @@ pub struct PgLogFile {
     pending_len: Cell<usize>,
     /// Newest records of each group a compaction keeps (`pg_log_entries_max`).
     keep_per_pg: Cell<usize>,
+    /// The current file's size at which it is compacted.
+    compact_at: Cell<u64>,
     /// One persist or compaction at a time (they append at the file's end).
     writing: Cell<bool>,
     writer_free: super::wait_list::WaitList,
@@ -227,6 +236,7 @@ impl PgLogFile {
             pending: RefCell::new(HashMap::new()),
             pending_len: Cell::new(0),
             keep_per_pg: Cell::new(2048),
+            compact_at: Cell::new(FILE_BYTES_MAX),
             writing: Cell::new(false),
             writer_free: super::wait_list::WaitList::default(),
         }
@@ -337,10 +347,7 @@ impl PgLogFile {
             *self.current.borrow_mut() = None;
             return Ok(Vec::new());
         };
-        let size = file
-            .size()
-            .await?
-            .min(FILE_BYTES_MAX + (PENDING_MAX * RECORD_LEN) as u64);
+        let size = file.size().await?.min(LOAD_BYTES_MAX);
         let mut out = Vec::new();
         let mut end = HEADER_LEN;
         // Bounded by the size read above; stops at the first torn or older record.
@@ -384,7 +391,7 @@ impl PgLogFile {
             .current
             .borrow()
             .as_ref()
-            .is_none_or(|c| c.end >= FILE_BYTES_MAX);
+            .is_none_or(|c| c.end >= self.compact_at.get());
         if full {
             self.compact().await?;
         }
@@ -440,10 +447,16 @@ impl PgLogFile {
         // Last: the header makes the file current.
         file.write(0, encode_header(generation), None).await?;
         file.datasync().await?;
+        let end = HEADER_LEN + (kept.len() * RECORD_LEN) as u64;
+        self.compact_at.set(
+            FILE_BYTES_MAX
+                .max(end.saturating_mul(2))
+                .min(LOAD_BYTES_MAX / 2),
+        );
         *self.current.borrow_mut() = Some(Current {
             index,
             generation,
-            end: HEADER_LEN + (kept.len() * RECORD_LEN) as u64,
+            end,
         });
         Ok(())
     }
