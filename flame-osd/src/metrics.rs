@@ -309,16 +309,19 @@ pub enum SyncKind {
     Fua,
     /// A synced intent-journal write (group commit or reset).
     Journal,
+    /// A synced write of placement-group log records (one per FLUSH that had
+    /// records to make stable; `store/pg_log_file.rs`).
+    PgLog,
 }
 
-static SYNCS: LazyLock<[IntCounter; 4]> = LazyLock::new(|| {
+static SYNCS: LazyLock<[IntCounter; 5]> = LazyLock::new(|| {
     let v = register_int_counter_vec!(
         "flame_osd_syncs_total",
-        "Operations that made data stable, by kind (fdatasync|dir|fua|journal): shows that FLUSH and FUA reach this OSD's disk",
+        "Operations that made data stable, by kind (fdatasync|dir|fua|journal|pg_log): shows that FLUSH and FUA reach this OSD's disk",
         &["kind"]
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"));
-    ["fdatasync", "dir", "fua", "journal"].map(|k| v.with_label_values(&[k]))
+    ["fdatasync", "dir", "fua", "journal", "pg_log"].map(|k| v.with_label_values(&[k]))
 });
 
 /// Counts one operation that made data stable (issued; a failed one stops the OSD).

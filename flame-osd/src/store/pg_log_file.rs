@@ -10,8 +10,8 @@
 //! copy that lost it). So records wait in memory, per volume, and
 //! [`ObjectStore::flush`](super::ObjectStore::flush) writes those of the writes
 //! it covers — taken *before* it syncs the data — *after* the data is stable,
-//! with one appended write and one `fdatasync`. A 4 KiB write costs no device
-//! write of its own; a FLUSH costs one more write and sync. Records of a FUA write
+//! with one appended synced write (`RWF_DSYNC`). A 4 KiB write costs no device
+//! write of its own; a FLUSH costs one more synced write. Records of a FUA write
 //! become stable at the next FLUSH of its volume; records still in memory at a
 //! crash are lost, which only means that their ops are unknown after the restart
 //! (applied again if retried: correct, as before this file existed).
@@ -32,6 +32,7 @@
 //! records), and loading reads at most [`LOAD_BYTES_MAX`].
 
 use super::fs::{File, Fs};
+use crate::metrics::SyncKind;
 use crate::pg_log::{EntryKind, LogEntry};
 use flame_common::ids::{Epoch, ObjectId, OpId, PgId, VolumeId};
 use std::cell::{Cell, RefCell};
@@ -375,7 +376,7 @@ impl PgLogFile {
     }
 
     /// Makes `records` (taken by [`PgLogFile::take`] before the data they describe
-    /// was synced, and synced since) stable: one write and one `fdatasync`;
+    /// was synced, and synced since) stable: one synced write (`RWF_DSYNC`);
     /// compacts first when the current file is full.
     pub async fn persist(&self, records: &[[u8; RECORD_LEN]]) -> io::Result<()> {
         if records.is_empty() {
@@ -404,8 +405,8 @@ impl PgLogFile {
             buf.extend_from_slice(&seal(*r, generation));
         }
         let file = self.open(index).await?;
-        file.write(end, buf, None).await?;
-        file.datasync().await?;
+        // One synced write (RWF_DSYNC): the records and nothing else.
+        file.write(end, buf, Some(SyncKind::PgLog)).await?;
         if let Some(c) = self.current.borrow_mut().as_mut() {
             c.end = end + (records.len() * RECORD_LEN) as u64;
         }
@@ -441,12 +442,11 @@ impl PgLogFile {
             buf.extend_from_slice(&seal(encode_record(e.pg, &e.entry), generation));
         }
         if !buf.is_empty() {
-            file.write(HEADER_LEN, buf, None).await?;
-            file.datasync().await?;
+            file.write(HEADER_LEN, buf, Some(SyncKind::PgLog)).await?;
         }
         // Last: the header makes the file current.
-        file.write(0, encode_header(generation), None).await?;
-        file.datasync().await?;
+        file.write(0, encode_header(generation), Some(SyncKind::PgLog))
+            .await?;
         let end = HEADER_LEN + (kept.len() * RECORD_LEN) as u64;
         self.compact_at.set(
             FILE_BYTES_MAX
