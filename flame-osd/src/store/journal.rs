@@ -40,8 +40,19 @@ const JOURNAL_RESERVE_BYTES: u64 =
 const REPLAY_CHUNK: usize = 1 << 20;
 
 fn encode_header(generation: u64) -> Vec<u8> {
+    encode_generation_header(JOURNAL_MAGIC, generation)
+}
+
+fn decode_header(b: &[u8]) -> Option<u64> {
+    decode_generation_header(JOURNAL_MAGIC, b)
+}
+
+/// A 4096-byte header of a generation-numbered file of the store (the intent
+/// journal, the placement-group log): `magic` (0..8), the format (8..12), zero,
+/// the generation (16..24), zero, crc32c of bytes 0..4092 at 4092.
+pub(super) fn encode_generation_header(magic: &[u8; 8], generation: u64) -> Vec<u8> {
     let mut b = vec![0u8; JOURNAL_HEADER_LEN as usize];
-    b[0..8].copy_from_slice(JOURNAL_MAGIC);
+    b[0..8].copy_from_slice(magic);
     b[8..12].copy_from_slice(&super::layout::FORMAT.to_le_bytes());
     b[16..24].copy_from_slice(&generation.to_le_bytes());
     let n = b.len();
@@ -50,9 +61,11 @@ fn encode_header(generation: u64) -> Vec<u8> {
     b
 }
 
-fn decode_header(b: &[u8]) -> Option<u64> {
+/// The generation of a header written by [`encode_generation_header`] with
+/// `magic`; `None` if it is not one (another magic, torn, too short).
+pub(super) fn decode_generation_header(magic: &[u8; 8], b: &[u8]) -> Option<u64> {
     let n = JOURNAL_HEADER_LEN as usize;
-    if b.len() < n || &b[0..8] != JOURNAL_MAGIC {
+    if b.len() < n || &b[0..8] != magic {
         return None;
     }
     let crc = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);

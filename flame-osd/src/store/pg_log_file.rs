@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 /// First bytes of a log file's header.
 pub const PG_LOG_MAGIC: &[u8; 8] = b"FLAMEPGL";
 /// Size of a log file's header; records follow it.
-pub const HEADER_LEN: u64 = 4096;
+pub const HEADER_LEN: u64 = super::journal::JOURNAL_HEADER_LEN;
 /// Size of one record: generation, seq, op session, op seq, volume, object
 /// index (u64 each), offset, length, group (u32 each), kind (u8), 3 zero bytes,
 /// crc32c of the 64 bytes before it.
@@ -72,26 +72,11 @@ pub struct StoredEntry {
 }
 
 fn encode_header(generation: u64) -> Vec<u8> {
-    let mut b = vec![0u8; HEADER_LEN as usize];
-    b[0..8].copy_from_slice(PG_LOG_MAGIC);
-    b[8..12].copy_from_slice(&super::layout::FORMAT.to_le_bytes());
-    b[16..24].copy_from_slice(&generation.to_le_bytes());
-    let n = b.len();
-    let crc = crc32c::crc32c(&b[..n - 4]);
-    b[n - 4..].copy_from_slice(&crc.to_le_bytes());
-    b
+    super::journal::encode_generation_header(PG_LOG_MAGIC, generation)
 }
 
 fn decode_header(b: &[u8]) -> Option<u64> {
-    let n = HEADER_LEN as usize;
-    if b.len() < n || &b[0..8] != PG_LOG_MAGIC {
-        return None;
-    }
-    let crc = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
-    if crc32c::crc32c(&b[..n - 4]) != crc {
-        return None;
-    }
-    Some(u64_at(b, 16))
+    super::journal::decode_generation_header(PG_LOG_MAGIC, b)
 }
 
 fn u64_at(b: &[u8], o: usize) -> u64 {
