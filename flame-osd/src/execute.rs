@@ -373,16 +373,6 @@ impl Shard {
         Ok(())
     }
 
-    /// Whether this shard is the one of this OSD that holds `pg` in `view`.
-    fn holds(&self, view: &MapView, pg: PgId) -> bool {
-        pg.0 < view.map.pool.pg_count
-            && view
-                .map
-                .osds
-                .get(&self.osd)
-                .is_some_and(|me| me.shard_of(pg) == self.id)
-    }
-
     /// The log entry a replica records for a forwarded write (`None` without a
     /// sequence number: recovery and repair copies are not logged).
     fn replica_log_entry(&self, msg: &Message) -> Option<LogEntry> {

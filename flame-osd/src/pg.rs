@@ -19,6 +19,18 @@ pub struct MapView {
 }
 
 impl MapView {
+    /// Whether shard `shard` of OSD `osd` is the one that holds `pg` in this map
+    /// (the one place that answers "is this group mine"; the role is
+    /// [`MapView::check`]'s).
+    pub(crate) fn held_by(&self, osd: OsdId, shard: u16, pg: flame_common::ids::PgId) -> bool {
+        pg.0 < self.map.pool.pg_count
+            && self
+                .map
+                .osds
+                .get(&osd)
+                .is_some_and(|me| me.shard_of(pg) == shard)
+    }
+
     pub(crate) fn new(map: &ClusterMap) -> MapView {
         MapView {
             map: map.clone(),

@@ -429,13 +429,6 @@ fn merge_ranges(mut ranges: Vec<(u32, u32)>, object_size: u32) -> Vec<(u32, u32)
 }
 
 impl Shard {
-    fn owns(&self, view: &MapView, pg: PgId) -> bool {
-        view.map
-            .osds
-            .get(&self.osd)
-            .is_some_and(|me| me.shard_of(pg) == self.id)
-    }
-
     /// Whether this shard is still the primary of `pg` with `member` in its write
     /// set (and not restarted since `up_from`), under the current map, and has
     /// been without a break since the job started (its primacy generation is
@@ -982,7 +975,7 @@ impl Shard {
         let pgs: Vec<(PgId, PgMembers)> = view
             .table
             .iter()
-            .filter(|(pg, m)| m.primary() == Some(self.osd) && self.owns(view, *pg))
+            .filter(|(pg, m)| m.primary() == Some(self.osd) && self.holds(view, *pg))
             .map(|(pg, m)| (pg, m.clone()))
             .collect();
         for (pg, members) in pgs {
@@ -1133,7 +1126,7 @@ impl Shard {
         let mut stray = self.recovery.stray_since.borrow_mut().clone();
         stray.retain(|pg, _| present.contains(pg));
         for pg in dirs {
-            if !self.owns(view, pg) || pg.0 >= view.table.pg_count() {
+            if !self.holds(view, pg) || pg.0 >= view.table.pg_count() {
                 continue;
             }
             let m = view.table.pg(pg);
@@ -1173,7 +1166,7 @@ impl Shard {
         let primary: HashSet<PgId> = view
             .table
             .iter()
-            .filter(|(pg, m)| m.primary() == Some(self.osd) && self.owns(view, *pg))
+            .filter(|(pg, m)| m.primary() == Some(self.osd) && self.holds(view, *pg))
             .map(|(pg, _)| pg)
             .collect();
         let due = self
@@ -1272,7 +1265,7 @@ impl Shard {
         let mut out = Vec::new();
         let mut work = ShardWork::default();
         for (pg, m) in view.table.iter() {
-            if !self.owns(view, pg) {
+            if !self.holds(view, pg) {
                 continue;
             }
             let log = logs.log(pg);

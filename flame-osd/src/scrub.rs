@@ -346,12 +346,7 @@ impl Shard {
             .iter()
             .filter(|(_, m)| m.primary() == Some(self.osd) && m.active)
             .map(|(pg, _)| pg)
-            .filter(|pg| {
-                view.map
-                    .osds
-                    .get(&self.osd)
-                    .is_some_and(|me| me.shard_of(*pg) == self.id)
-            })
+            .filter(|pg| self.holds(view, *pg))
             .find(|pg| {
                 let last = self.recovery.last_scrub.borrow().get(pg).copied();
                 // Groups never scrubbed wait one interval from the start.

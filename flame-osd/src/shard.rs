@@ -123,12 +123,7 @@ impl Shard {
         let same_pgs = prev.table.pg_count() == fresh.table.pg_count();
         let mut pgs = self.pgs.borrow_mut();
         for (pg, m) in fresh.table.iter() {
-            let mine = fresh
-                .map
-                .osds
-                .get(&self.osd)
-                .is_some_and(|me| me.shard_of(pg) == self.id);
-            if !mine {
+            if !fresh.held_by(self.osd, self.id, pg) {
                 continue;
             }
             let change = crate::pg_core::PrimacyChange {
@@ -174,13 +169,10 @@ impl Shard {
             }
         };
         let stored_len = stored.len();
-        let me = view.map.osds.get(&self.osd);
         let mut pgs = self.pgs.borrow_mut();
         let mut loaded = 0usize;
         for s in stored {
-            let held =
-                s.pg.0 < view.map.pool.pg_count && me.is_some_and(|m| m.shard_of(s.pg) == self.id);
-            if held {
+            if view.held_by(self.osd, self.id, s.pg) {
                 pgs.get_mut(s.pg).log.record_replica(s.entry);
                 loaded += 1;
             }
@@ -191,6 +183,11 @@ impl Shard {
             stored = stored_len,
             "placement-group log loaded"
         );
+    }
+
+    /// Whether this shard is the one of this OSD that holds `pg` in `view`.
+    pub(crate) fn holds(&self, view: &MapView, pg: PgId) -> bool {
+        view.held_by(self.osd, self.id, pg)
     }
 
     pub(crate) fn epoch(&self) -> Epoch {
