@@ -234,6 +234,7 @@ impl Control {
     /// Fetches the current map.
     pub fn fetch_map(&self) -> Result<ClusterMap, String> {
         let url = format!("{}/v1/map", self.base);
+        crate::failpoints::check("map_fetch").map_err(|e| format!("GET {url}: {e}"))?;
         let mut resp = self
             .agent
             .get(&url)

@@ -114,6 +114,12 @@ impl Shard {
             // The sender knows a newer map: fetch it now.
             self.wanted_epoch
                 .fetch_max(sender_epoch.0, Ordering::Relaxed);
+            if replica {
+                // Another OSD acts on a newer map (a forward, or a new primary
+                // telling this one about its map: crate::activation).
+                self.peer_epoch
+                    .set(self.peer_epoch.get().max(sender_epoch.0));
+            }
             if !forwarded_change {
                 // Do not act on the old map meanwhile (placement may have moved;
                 // two OSDs must never both believe they are primary). The sender
@@ -122,8 +128,6 @@ impl Shard {
             }
             // A forward by a primary with a newer map: admitted (or not) by the
             // group's core below, after the role check.
-            self.peer_epoch
-                .set(self.peer_epoch.get().max(sender_epoch.0));
         } else if !replica
             && is_io(msg.op())
             && self.peer_epoch.get() > map.epoch.0
@@ -154,6 +158,9 @@ impl Shard {
                     return (st, PayloadBuf::empty());
                 }
                 if !replica {
+                    if !self.serves_clients(target.pg) {
+                        return (status::EAGAIN, PayloadBuf::empty());
+                    }
                     return self.read_repairing(&view, target).await;
                 }
                 // A replica-flagged read comes from a primary repairing a block: a
@@ -223,6 +230,9 @@ impl Shard {
                         }
                     }
                     return (st, PayloadBuf::empty());
+                }
+                if !self.serves_clients(target.pg) {
+                    return (status::EAGAIN, PayloadBuf::empty());
                 }
                 (self.replicate(&view, msg).await, PayloadBuf::empty())
             }
@@ -327,6 +337,15 @@ impl Shard {
             | Message::ReplyArea { .. }
             | Message::PushReply { .. } => (status::EINVAL, PayloadBuf::empty()),
         }
+    }
+
+    /// Whether this shard, the group's primary, may serve client I/O of `pg` yet
+    /// (a new primary waits for the previous one: [`crate::activation`]).
+    fn serves_clients(&self, pg: PgId) -> bool {
+        self.pgs
+            .borrow()
+            .get(pg)
+            .is_none_or(|c| c.may_serve_clients(Instant::now))
     }
 
     /// A replica asks the group's core whether a forward that changes data may be

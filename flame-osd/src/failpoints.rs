@@ -17,7 +17,9 @@
 //! resends it: tests of retry de-duplication), and `write_hold`, whose
 //! `return(MS)` holds a client's write for `MS` milliseconds before it is executed,
 //! as if it sat in the network ([`write_hold_ms`]: tests of writes a client gave
-//! up on).
+//! up on), and `map_fetch` (the control thread's fetch of a newer map: an OSD
+//! that cannot learn new maps, for tests of a primary replaced while it still
+//! runs).
 //!
 //! Actions are the `fail` crate's strings (<https://docs.rs/fail>): `return(EIO)`,
 //! `1*return(ENOSPC)`, `10%return(EIO)`, `off`. The convention for errors: the
@@ -35,7 +37,7 @@
 use std::io;
 
 /// Every failpoint the OSD has.
-pub const POINTS: [&str; 9] = [
+pub const POINTS: [&str; 10] = [
     "store_read",
     "store_write",
     "store_sync",
@@ -45,6 +47,7 @@ pub const POINTS: [&str; 9] = [
     "disk_usage",
     "reply_drop",
     "write_hold",
+    "map_fetch",
 ];
 
 /// The error an action's `return(ARG)` stands for: an errno name or number; none

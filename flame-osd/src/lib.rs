@@ -8,6 +8,7 @@
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
 //! [`shard`] is what one thread owns; [`control`] talks to the manager;
 //! [`liveness`] is the lease and the health state the two share.
+//! [`activation`] has a new primary tell the previous one about its map;
 //! [`pg_core`] makes every decision about a group's writes (admission, retries,
 //! acknowledgement, a replica's fence, primacy) without I/O;
 //! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
@@ -16,6 +17,7 @@
 //! [`failpoints`] injects disk and network faults in test builds (feature
 //! `failpoints`).
 
+pub mod activation;
 pub mod config;
 pub mod connection;
 pub mod control;

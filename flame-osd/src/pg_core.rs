@@ -44,6 +44,23 @@ pub struct PgCore {
     /// under one generation must not report a member recovered under another:
     /// writes acknowledged by another primary in between are not in this log.
     primacy: u64,
+    /// Primary side: whether client I/O may be served yet (see
+    /// [`PgCore::await_previous_primary`]).
+    activation: Activation,
+}
+
+/// Whether a new primary serves client I/O yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Activation {
+    /// It does.
+    Active,
+    /// Not until `previous` (the group's primary in the map this shard had
+    /// before, still up) has seen this shard's map, or until `until`, when it can
+    /// no longer be serving under the old one.
+    Waiting {
+        previous: OsdId,
+        until: std::time::Instant,
+    },
 }
 
 /// A client write the primary is about to run, described as the log entry it
@@ -120,6 +137,7 @@ impl PgCore {
             log: PgLog::new(log_max),
             forward_fence: Epoch(0),
             primacy: 0,
+            activation: Activation::Active,
         }
     }
 
@@ -305,6 +323,45 @@ impl PgCore {
         } else {
             ForwardAdmit::Current
         })
+    }
+
+    /// This shard just became the group's primary while `previous`, the primary
+    /// of the map it had before, is still up: that OSD may still be serving reads
+    /// to clients with the old map, and this one would acknowledge writes they
+    /// do not see (a stale read, with no failure anywhere). So this shard serves
+    /// no client I/O of the group until `previous` has seen the new map
+    /// ([`Self::previous_primary_saw_map`]: it then serves nothing under the old
+    /// one) or until `until` — now plus the lease, after which `previous`, if it
+    /// reaches the manager, has learnt the new map from a heartbeat answer, and
+    /// if it does not, its lease ran out (Ceph's read lease, in short).
+    pub fn await_previous_primary(&mut self, previous: OsdId, until: std::time::Instant) {
+        self.activation = Activation::Waiting { previous, until };
+    }
+
+    /// `previous` answered a request carrying this shard's map (any answer: it
+    /// either has that map or has seen that it exists, and serves no client I/O
+    /// until it has fetched it).
+    pub fn previous_primary_saw_map(&mut self, previous: OsdId) {
+        if matches!(self.activation, Activation::Waiting { previous: p, .. } if p == previous) {
+            self.activation = Activation::Active;
+        }
+    }
+
+    /// The previous primary this shard waits for, if any.
+    pub fn waiting_for(&self) -> Option<OsdId> {
+        match self.activation {
+            Activation::Active => None,
+            Activation::Waiting { previous, .. } => Some(previous),
+        }
+    }
+
+    /// Whether this shard may serve client I/O of the group as its primary
+    /// (`now` is asked only while it waits).
+    pub fn may_serve_clients(&self, now: impl FnOnce() -> std::time::Instant) -> bool {
+        match self.activation {
+            Activation::Active => true,
+            Activation::Waiting { until, .. } => now() >= until,
+        }
     }
 
     /// The highest sender epoch of a forward admitted for this group.
@@ -721,6 +778,28 @@ mod tests {
             c.decide(&retry, P, &SET),
             Decision::Duplicate { .. }
         ));
+    }
+
+    #[test]
+    fn a_new_primary_serves_clients_once_the_previous_one_saw_its_map_or_the_lease_ran_out() {
+        use std::time::{Duration, Instant};
+        let mut c = PgCore::new(16);
+        let t0 = Instant::now();
+        assert!(c.may_serve_clients(|| t0), "a group starts active");
+        c.await_previous_primary(R1, t0 + Duration::from_secs(4));
+        assert_eq!(c.waiting_for(), Some(R1));
+        assert!(!c.may_serve_clients(|| t0));
+        assert!(!c.may_serve_clients(|| t0 + Duration::from_secs(3)));
+        assert!(
+            c.may_serve_clients(|| t0 + Duration::from_secs(4)),
+            "its lease ran out"
+        );
+        // Another OSD's answer does not count; the previous primary's does.
+        c.previous_primary_saw_map(R2);
+        assert!(!c.may_serve_clients(|| t0));
+        c.previous_primary_saw_map(R1);
+        assert!(c.may_serve_clients(|| t0));
+        assert_eq!(c.waiting_for(), None);
     }
 
     #[test]

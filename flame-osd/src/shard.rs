@@ -45,6 +45,12 @@ pub struct Shard {
     /// this one may no longer be the primary. A client's epoch only asks for a
     /// fetch (one client's odd map must not stall everyone's I/O).
     pub(crate) peer_epoch: Cell<u64>,
+    /// `lease_ms`: how long a new primary waits at most for the previous one to
+    /// see its map ([`crate::pg_core::PgCore::await_previous_primary`]).
+    pub(crate) lease: std::time::Duration,
+    /// Wakes the task that tells previous primaries about new maps
+    /// ([`crate::activation`]).
+    pub(crate) activation_wake: crate::store::wait_list::WaitList,
     /// This shard's own copy of the current map and its placement table, refreshed
     /// when the epoch changes. `Rc`, not `Arc`: cloning it per request touches no
     /// cache line shared with other shards.
@@ -121,6 +127,7 @@ impl Shard {
     /// (another primary may have served the epochs this shard never saw).
     fn primacy_on_new_map(&self, prev: &MapView, fresh: &MapView) {
         let same_pgs = prev.table.pg_count() == fresh.table.pg_count();
+        let mut waiting = false;
         let mut pgs = self.pgs.borrow_mut();
         for (pg, m) in fresh.table.iter() {
             if !fresh.held_by(self.osd, self.id, pg) {
@@ -136,6 +143,23 @@ impl Shard {
             if change.interrupts_primacy() {
                 pgs.primacy_changed(pg);
             }
+            if change.now_primary && !change.was_primary && same_pgs {
+                // The previous primary, if still up, may serve reads under the
+                // old map: no client I/O here until it has seen this one.
+                let previous = prev.table.pg(pg).primary();
+                if let Some(p) = previous
+                    && p != self.osd
+                    && fresh.map.osds.get(&p).is_some_and(|o| o.up)
+                {
+                    let until = std::time::Instant::now() + self.lease;
+                    pgs.get_mut(pg).await_previous_primary(p, until);
+                    waiting = true;
+                }
+            }
+        }
+        drop(pgs);
+        if waiting {
+            self.activation_wake.wake_all();
         }
     }
 

@@ -84,6 +84,8 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 map_source: setup.map,
                 wanted_epoch: setup.wanted_epoch,
                 peer_epoch: Cell::new(0),
+                lease: Duration::from_millis(cfg.lease_ms),
+                activation_wake: Default::default(),
                 store: ObjectStore::new(
                     &cfg.data_dir,
                     id,
@@ -195,6 +197,7 @@ async fn accept_loop(shard: Rc<Shard>, intake: Intake, handle: reactor::Handle) 
     shard.load_pg_logs().await;
     reactor::spawn(crate::tombstones::run(shard.clone())).detach();
     reactor::spawn(crate::recovery::recovery_loop(shard.clone())).detach();
+    reactor::spawn(crate::activation::activation_loop(shard.clone())).detach();
     let listener = match intake {
         Intake::Listener(l) => l,
         Intake::Queue(q) => {

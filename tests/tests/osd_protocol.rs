@@ -762,3 +762,94 @@ fn an_ops_history_survives_a_restart_of_every_copy() {
         "the retry of the flushed op must be recognised after the restart"
     );
 }
+
+/// A primary replaced while it still runs — taken out, not down — and unable to
+/// learn the new map (failpoint `map_fetch`) serves no read under its old map once
+/// its successor acknowledges writes: the successor first tells it about the new
+/// map (`flame-osd/src/activation.rs`), after which it refuses client I/O until it
+/// has fetched that map. Before, it served the old bytes to a client with the old
+/// map while the new primary had acknowledged newer ones.
+#[test]
+fn a_replaced_primary_that_cannot_learn_the_new_map_serves_no_stale_read() {
+    use flame_common::placement::PgMembers;
+    let cluster = TestCluster::start_with(ClusterOptions {
+        osds: 4,
+        ..ClusterOptions::default()
+    });
+    let vol = cluster.create_volume("replaced", 16 << 20);
+    let old = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let pg = locate(&old, object).pg;
+    let p = PgMembers::compute(&old, pg)
+        .primary()
+        .expect("the group has a primary");
+    let pi = process_of(&cluster, &old, p);
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    {
+        let m = old.clone();
+        reactor
+            .block_on(async move {
+                let conn = connect(&m, p, m.osds[&p].shard_of(pg)).await;
+                let st = status_of(
+                    &call_retry(&conn, write(&m, 1, object, 0, vec![0x11; 4096]), true).await,
+                );
+                assert_eq!(st, status::OK);
+            })
+            .unwrap();
+    }
+    cluster.set_failpoint(pi, "map_fetch", "return");
+    let resp = ureq::post(cluster.mgr_url(&format!("/v1/osds/{}/out", p.0))).send_empty();
+    assert!(resp.is_ok(), "osd out: {resp:?}");
+    // Bounded: until the group's write set no longer has the old primary.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let new = loop {
+        let m = cluster.map();
+        if !PgMembers::compute(&m, pg).write_set().any(|id| id == p) {
+            break m;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "osd.{} never left the write set of {pg}",
+            p.0
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let q = PgMembers::compute(&new, pg)
+        .primary()
+        .expect("a new primary");
+    assert_ne!(q, p);
+    let got = reactor
+        .block_on(async move {
+            // The new primary acknowledges newer bytes.
+            let conn = connect(&new, q, new.osds[&q].shard_of(pg)).await;
+            let st = status_of(
+                &call_retry(&conn, write(&new, 2, object, 0, vec![0x22; 4096]), true).await,
+            );
+            assert_eq!(st, status::OK);
+            // A client that still has the old map reads from the old primary.
+            let conn = connect(&old, p, old.osds[&p].shard_of(pg)).await;
+            call(&conn, read(&old, 3, object, 0, 4096)).await
+        })
+        .unwrap();
+    cluster.clear_failpoint(pi, "map_fetch");
+    match got {
+        Message::Reply {
+            status: 0, data, ..
+        } => assert!(
+            data.as_slice() == [0x22u8; 4096].as_slice(),
+            "stale read: the replaced primary served bytes {:#x} after its successor \
+             acknowledged 0x22",
+            data.as_slice()[0]
+        ),
+        Message::Reply { status: st, .. } => {
+            assert!(
+                st == status::ESTALE || st == status::EAGAIN,
+                "the replaced primary answered {st}"
+            );
+        }
+        other => panic!("not a reply: {other:?}"),
+    }
+}

@@ -131,6 +131,8 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         map_source: Arc::new(ArcSwap::from_pointee(map)),
         wanted_epoch: Arc::default(),
         peer_epoch: Cell::new(0),
+        lease: Duration::from_secs(4),
+        activation_wake: Default::default(),
         store: ObjectStore::new(
             dir,
             0,
