@@ -31,6 +31,7 @@ pub(crate) async fn activation_loop(shard: Rc<Shard>) {
             .iter()
             .filter_map(|(pg, c)| c.waiting_for().map(|p| (*pg, p)))
             .collect();
+        let idle = waiting.is_empty();
         // Bounded: at most one probe per group in flight.
         for (pg, previous) in waiting {
             if !probing.borrow_mut().insert(pg) {
@@ -47,8 +48,13 @@ pub(crate) async fn activation_loop(shard: Rc<Shard>) {
             })
             .detach();
         }
-        futures_lite::future::or(shard.activation_wake.wait(), reactor::sleep(RETRY_INTERVAL))
-            .await;
+        if idle {
+            // Nothing to tell anyone: no timer, only the next primacy change.
+            shard.activation_wake.wait().await;
+        } else {
+            futures_lite::future::or(shard.activation_wake.wait(), reactor::sleep(RETRY_INTERVAL))
+                .await;
+        }
     }
 }
 

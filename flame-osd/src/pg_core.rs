@@ -39,8 +39,8 @@ pub struct PgCore {
     /// may be a primary that was replaced); see [`PgCore::admit_forward`].
     forward_fence: Epoch,
     /// Changed (to a value unique on this shard) whenever this shard's primacy of
-    /// the group may have been interrupted (it became, or stopped being, the primary, or a map with a
-    /// new interval arrived after skipped epochs). A recovery job that started
+    /// the group may have been interrupted (it became, or stopped being, the
+    /// primary, or a map with a new interval arrived after skipped epochs). A recovery job that started
     /// under one generation must not report a member recovered under another:
     /// writes acknowledged by another primary in between are not in this log.
     primacy: u64,
@@ -163,12 +163,6 @@ impl PgCore {
         let seq = self.log.next_seq();
         assert!(seq > before, "pg seq did not increase: {before} -> {seq}");
         seq
-    }
-
-    /// A write numbered by [`Self::begin_write`] that will not be applied (refused
-    /// before it was sent).
-    pub fn abandon(&mut self, seq: u64) {
-        self.log.abandon(seq);
     }
 
     /// What the primary `me` does with `w`, every earlier overlapping write being

@@ -18,8 +18,9 @@
 //! shows it may have stopped being, or newly become, the group's primary.
 //!
 //! Bounded: at most `pg_log_entries_max` entries per group (the oldest go first),
-//! and a member's tracking is one integer. In memory only: a restarted OSD starts
-//! with empty logs (its recovering members are backfilled).
+//! and a member's tracking is one integer. The entries (not the tracking) are
+//! made stable at FLUSH by `crate::store::pg_log_file` and loaded at start; a
+//! restarted primary's recovering members are backfilled.
 //!
 //! **Retries and superseded writes.** Every entry carries the client operation
 //! that produced it ([`OpId`]: the client's session and the op's sequence number,

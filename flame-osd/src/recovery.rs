@@ -878,7 +878,10 @@ impl Shard {
             .get(&member)
             .map(|o| o.up_from)
             .ok_or(JobError::Abandoned)?;
-        let job = (up_from, self.pgs.borrow().primacy(pg));
+        // The group's core is made now if it has none, so that its generation
+        // stays put unless the primacy really changes (a first write mid-job
+        // must not look like one).
+        let job = (up_from, self.pgs.borrow_mut().get_mut(pg).primacy());
         // Writes numbered up to here may have been admitted under a map without the
         // member in the write set; all later ones have it (see `inflight_through`).
         let admitted = self.pgs.borrow().log(pg).map_or(0, |l| l.last_seq());
@@ -993,7 +996,7 @@ impl Shard {
                 continue;
             }
             let mut failed = false;
-            let primacy = self.pgs.borrow().primacy(pg);
+            let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
             if self.recovery.peered.borrow().get(&pg) != Some(&primacy) {
                 let mut all_ok = true;
                 for &member in members.acting.iter().skip(1) {

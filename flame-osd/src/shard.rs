@@ -188,7 +188,11 @@ impl Shard {
         let stored = match self.store.pg_log().load().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(shard = self.id, "cannot read the placement-group log: {e}");
+                tracing::error!(
+                    shard = self.id,
+                    "cannot read the placement-group log; not writing it this run: {e}"
+                );
+                self.store.pg_log().disable();
                 return;
             }
         };

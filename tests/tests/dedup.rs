@@ -52,6 +52,21 @@ fn log_entries(cluster: &TestCluster, i: usize, pg: PgId) -> u64 {
     v["log_entries"].as_u64().unwrap_or(0)
 }
 
+/// A fresh cluster with a 16 MiB volume `name`: the cluster, the volume's first
+/// object, the index of that object's primary OSD process and the manager's
+/// address.
+fn volume_on_a_cluster(name: &str) -> (TestCluster, ObjectId, usize, String) {
+    let cluster = TestCluster::start_with(ClusterOptions::default());
+    let vol = cluster.create_volume(name, 16 * MIB);
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let primary = cluster.object_osds(object)[0];
+    let mgr = cluster.mgr_addr().to_string();
+    (cluster, object, primary, mgr)
+}
+
 const REPLICA_WRITES: &str = "flame_osd_ops_total{op=\"write\",role=\"replica\"";
 
 #[test]
@@ -120,15 +135,7 @@ fn a_write_whose_reply_was_lost_is_resent_and_not_applied_again() {
 
 #[test]
 fn a_write_the_client_gave_up_on_never_lands_after_a_newer_one() {
-    let cluster = TestCluster::start_with(ClusterOptions::default());
-    let vol = cluster.create_volume("gaveup", 16 * MIB);
-    let object = ObjectId {
-        volume: vol.id,
-        index: 0,
-    };
-    let osds = cluster.object_osds(object);
-    let primary = osds[0];
-    let mgr = cluster.mgr_addr().to_string();
+    let (cluster, object, primary, mgr) = volume_on_a_cluster("gaveup");
     let superseded = "flame_osd_superseded_ops_total";
     let before = cluster.osd_metric(primary, superseded);
     // The primary holds the next client write for 3 s, as if it sat in the
@@ -160,8 +167,8 @@ fn a_write_the_client_gave_up_on_never_lands_after_a_newer_one() {
         got == pattern(2, 4096),
         "the abandoned older write landed over the newer one"
     );
-    for &i in &osds {
-        let data = cluster.object_data(i, vol.id, 0).unwrap_or_default();
+    for &i in &cluster.object_osds(object) {
+        let data = cluster.object_data(i, object.volume, 0).unwrap_or_default();
         assert!(
             data.len() >= 4096 && data[..4096] == pattern(2, 4096)[..],
             "osd process {i}'s copy does not hold the newer write"
@@ -177,15 +184,7 @@ fn a_write_the_client_gave_up_on_never_lands_after_a_newer_one() {
 
 #[test]
 fn a_write_the_primary_failed_itself_is_applied_again_on_retry() {
-    let cluster = TestCluster::start_with(ClusterOptions::default());
-    let vol = cluster.create_volume("ownfail", 16 * MIB);
-    let object = ObjectId {
-        volume: vol.id,
-        index: 0,
-    };
-    let osds = cluster.object_osds(object);
-    let primary = osds[0];
-    let mgr = cluster.mgr_addr().to_string();
+    let (cluster, _, primary, mgr) = volume_on_a_cluster("ownfail");
     let old = vec![0x11u8; 4096];
     let new = vec![0x22u8; 4096];
     {

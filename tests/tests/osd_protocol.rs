@@ -639,28 +639,11 @@ fn op_write(
     op: flame_common::ids::OpId,
     data: Vec<u8>,
 ) -> Message {
-    match write(map, id, object, 0, data) {
-        Message::Write {
-            id,
-            epoch,
-            target,
-            flags,
-            seq,
-            remote,
-            data,
-            ..
-        } => Message::Write {
-            id,
-            epoch,
-            target,
-            flags,
-            seq,
-            op,
-            remote,
-            data,
-        },
-        other => other,
+    let mut m = write(map, id, object, 0, data);
+    if let Message::Write { op: o, .. } = &mut m {
+        *o = op;
     }
+    m
 }
 
 /// The placement-group log is stable (issue 13): after every OSD of a group was

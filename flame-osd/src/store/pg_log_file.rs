@@ -39,6 +39,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 /// First bytes of a log file's header.
 pub const PG_LOG_MAGIC: &[u8; 8] = b"FLAMEPGL";
@@ -171,10 +172,11 @@ fn paths(root: &Path, shard: u16) -> [PathBuf; 2] {
     [0, 1].map(|i| dir.join(format!("{shard:04x}.{i}")))
 }
 
-/// The current file of a shard: which of the two, its generation, where its
-/// valid records end.
+/// The current file of a shard: which of the two, kept open, its generation,
+/// where its valid records end.
 struct Current {
     index: usize,
+    file: Rc<File>,
     generation: u64,
     end: u64,
 }
@@ -196,6 +198,11 @@ pub struct PgLogFile {
     /// One persist or compaction at a time (they append at the file's end).
     writing: Cell<bool>,
     writer_free: super::wait_list::WaitList,
+    /// The stable copy could not be read at start: nothing is written this run
+    /// (a new file would get a generation below the unread one's, which would win
+    /// at the next start). Records are dropped: their ops are unknown after a
+    /// restart, as if there were no stable log.
+    disabled: Cell<bool>,
 }
 
 /// The writer role of a [`PgLogFile`], given back when dropped (also when the
@@ -225,6 +232,7 @@ impl PgLogFile {
             compact_at: Cell::new(FILE_BYTES_MAX),
             writing: Cell::new(false),
             writer_free: super::wait_list::WaitList::default(),
+            disabled: Cell::new(false),
         }
     }
 
@@ -241,7 +249,7 @@ impl PgLogFile {
     /// A write this copy applied: its record waits for the next FLUSH of its
     /// volume.
     pub fn note(&self, pg: PgId, entry: &LogEntry) {
-        if entry.seq == 0 {
+        if entry.seq == 0 || self.disabled.get() {
             return;
         }
         let mut pending = self.pending.borrow_mut();
@@ -284,7 +292,8 @@ impl PgLogFile {
 
     /// Records taken for a FLUSH that failed go back (they are still not stable).
     pub fn put_back(&self, records: Vec<[u8; RECORD_LEN]>) {
-        for r in records {
+        // In reverse, so that each volume's queue keeps its order (oldest first).
+        for r in records.into_iter().rev() {
             let volume = VolumeId(u64_at(&r, 32));
             self.pending
                 .borrow_mut()
@@ -293,6 +302,12 @@ impl PgLogFile {
                 .push_front(r);
             self.pending_len.set(self.pending_len.get() + 1);
         }
+    }
+
+    /// Stops writing the stable copy for the rest of this run (see `disabled`).
+    pub fn disable(&self) {
+        self.disabled.set(true);
+        self.take(None);
     }
 
     async fn open(&self, index: usize) -> io::Result<File> {
@@ -354,6 +369,7 @@ impl PgLogFile {
         }
         *self.current.borrow_mut() = Some(Current {
             index,
+            file: Rc::new(file),
             generation,
             end,
         });
@@ -364,7 +380,7 @@ impl PgLogFile {
     /// was synced, and synced since) stable: one synced write (`RWF_DSYNC`);
     /// compacts first when the current file is full.
     pub async fn persist(&self, records: &[[u8; RECORD_LEN]]) -> io::Result<()> {
-        if records.is_empty() {
+        if records.is_empty() || self.disabled.get() {
             return Ok(());
         }
         // Bounded: each wake-up is a writer that finished.
@@ -381,16 +397,16 @@ impl PgLogFile {
         if full {
             self.compact().await?;
         }
-        let (index, generation, end) = match self.current.borrow().as_ref() {
-            Some(c) => (c.index, c.generation, c.end),
+        let (file, generation, end) = match self.current.borrow().as_ref() {
+            Some(c) => (c.file.clone(), c.generation, c.end),
             None => return Err(io::Error::other("pg log file not started")),
         };
         let mut buf = Vec::with_capacity(records.len() * RECORD_LEN);
         for r in records {
             buf.extend_from_slice(&seal(*r, generation));
         }
-        let file = self.open(index).await?;
-        // One synced write (RWF_DSYNC): the records and nothing else.
+        // One synced write (RWF_DSYNC) to the open file: the records and nothing
+        // else (no open, close or directory work per FLUSH).
         file.write(end, buf, Some(SyncKind::PgLog)).await?;
         if let Some(c) = self.current.borrow_mut().as_mut() {
             c.end = end + (records.len() * RECORD_LEN) as u64;
@@ -440,6 +456,7 @@ impl PgLogFile {
         );
         *self.current.borrow_mut() = Some(Current {
             index,
+            file: Rc::new(file),
             generation,
             end,
         });
@@ -552,6 +569,45 @@ mod tests {
         let mut seqs: Vec<(u32, u64)> = got.iter().map(|e| (e.pg.0, e.entry.seq)).collect();
         seqs.sort();
         assert_eq!(seqs, vec![(1, 4), (1, 5), (1, 6), (2, 104), (2, 105)]);
+    }
+
+    #[test]
+    fn records_put_back_after_a_failed_flush_keep_their_order() {
+        let root = PathBuf::from("/sim/osd");
+        let (_sim, fs) = sim(&root);
+        let log = PgLogFile::new(fs, &root, 0);
+        for s in 1..=3 {
+            log.note(PgId(1), &entry(s, 1, s));
+        }
+        let taken = log.take(Some(VolumeId(1)));
+        log.put_back(taken);
+        log.note(PgId(1), &entry(4, 1, 4));
+        let seqs: Vec<u64> = log
+            .take(None)
+            .iter()
+            .filter_map(|r| decode_record(&seal(*r, 1), 1).map(|e| e.entry.seq))
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_disabled_log_writes_nothing() {
+        // The stable copy could not be read: a new file would get generation 1
+        // and lose to the unread one at the next start, so nothing is written.
+        let root = PathBuf::from("/sim/osd");
+        let (_sim, fs) = sim(&root);
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 0));
+        log.disable();
+        log.note(PgId(1), &entry(1, 1, 1));
+        assert_eq!(log.pending(), 0);
+        let l = log.clone();
+        run(async move {
+            l.persist(&[encode_record(PgId(1), &entry(2, 1, 2))])
+                .await
+                .unwrap()
+        });
+        let fresh = PgLogFile::new(fs, &root, 0);
+        assert!(run(async move { fresh.load().await.unwrap() }).is_empty());
     }
 
     #[test]
