@@ -465,6 +465,10 @@ impl Shard {
                 tracing::warn!("local write deferred: {e}");
                 status::EAGAIN
             }
+            Err(e @ crate::store::StoreError::VolumeRemoved(_)) => {
+                tracing::debug!("local write refused: {e}");
+                status::EIO
+            }
             Err(e) => {
                 tracing::error!("local write failed: {e}");
                 status::EIO

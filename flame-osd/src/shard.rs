@@ -116,6 +116,8 @@ impl Shard {
         }
         let fresh = Rc::new(MapView::new(&source));
         self.primacy_on_new_map(&cached, &fresh);
+        self.store
+            .note_removed_volumes(fresh.map.deleted_volumes.iter().copied());
         *self.view.borrow_mut() = fresh.clone();
         fresh
     }

@@ -31,13 +31,13 @@ use crate::config::DirectIo;
 use crate::metrics::SyncKind;
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::ids::{ObjectId, PgId, VolumeId};
-use flame_common::map::OBJECT_SIZE_MAX;
+use flame_common::map::{DELETED_VOLUMES_MAX, OBJECT_SIZE_MAX};
 use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN};
 use fs::{File, Fs};
 use journal::Journal;
 use meta::{BLOCK, BLOCKS_MAX, DATA_OFFSET, HEADER_LEN, Header, Loaded};
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -60,6 +60,10 @@ pub enum StoreError {
         /// Block numbers within the object (offset / 4096).
         blocks: Vec<u32>,
     },
+    /// The object's volume was removed: no object of it is created any more (a
+    /// recovery copy or a late write racing `volume rm` would otherwise bring one
+    /// back on a copy that had already deleted its own).
+    VolumeRemoved(VolumeId),
 }
 
 impl StoreError {
@@ -67,7 +71,7 @@ impl StoreError {
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             StoreError::Io(e) => e.raw_os_error(),
-            StoreError::Checksum { .. } => None,
+            StoreError::Checksum { .. } | StoreError::VolumeRemoved(_) => None,
         }
     }
 }
@@ -79,6 +83,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Checksum { object, blocks } => {
                 write!(f, "checksum mismatch in object {object}, blocks {blocks:?}")
             }
+            StoreError::VolumeRemoved(v) => write!(f, "volume {v} was removed"),
         }
     }
 }
@@ -341,6 +346,10 @@ pub struct ObjectStore {
     /// would otherwise cost a failing `open` each). Exact, because only this shard
     /// creates or removes its objects; cleared when it grows past its bound.
     absent: RefCell<HashSet<ObjectId>>,
+    /// Volumes removed (by a DeleteVolume request or a tombstone in the map): no
+    /// object of theirs is created again. Volume ids are never reused. Bounded by
+    /// [`DELETED_VOLUMES_MAX`] (the newest ids, like the map's tombstones).
+    removed_volumes: RefCell<BTreeSet<VolumeId>>,
     journal: Journal,
     /// The stable copy of the placement-group logs (pg_log_file.rs).
     pg_log: pg_log_file::PgLogFile,
@@ -424,6 +433,7 @@ impl ObjectStore {
             generation: Cell::new(0),
             known_dirs: RefCell::new(HashSet::new()),
             absent: RefCell::new(HashSet::new()),
+            removed_volumes: RefCell::new(BTreeSet::new()),
             writes_inflight: Cell::new(0),
             journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
             draining: Cell::new(false),
@@ -465,6 +475,9 @@ impl ObjectStore {
         if !create && self.absent.borrow().contains(&object) {
             return Ok(None);
         }
+        if create && self.is_removed(object.volume) {
+            return Err(StoreError::VolumeRemoved(object.volume));
+        }
         if create && !self.known_dirs.borrow().contains(&pg) {
             if self.fs.mkdir(&layout::pg_dir(&self.root, pg)).await? {
                 self.mark_dir_dirty(layout::pgs_dir(&self.root));
@@ -481,6 +494,14 @@ impl ObjectStore {
             return Ok(None);
         };
         self.absent.borrow_mut().remove(&object);
+        if created && self.is_removed(object.volume) {
+            // Removed while this open waited: `delete_volume` marks the volume
+            // before it lists, so either its listing sees this file or this check
+            // sees the mark. Take the file back.
+            drop(file);
+            self.fs.unlink(&path, false).await?;
+            return Err(StoreError::VolumeRemoved(object.volume));
+        }
         if created {
             self.mark_dir_dirty(layout::pg_dir(&self.root, pg));
         }
@@ -1015,6 +1036,7 @@ impl ObjectStore {
         volume: VolumeId,
         owned: impl Fn(PgId) -> bool,
     ) -> Result<u64, StoreError> {
+        self.note_removed_volumes([volume]);
         let mut removed = 0;
         let dirs: Vec<PathBuf> = self
             .fs
@@ -1046,6 +1068,20 @@ impl ObjectStore {
             }
         }
         Ok(removed)
+    }
+
+    /// Remembers removed volumes (a DeleteVolume request, or the map's tombstones
+    /// with every new map): creating an object of one fails from now on.
+    pub fn note_removed_volumes(&self, volumes: impl IntoIterator<Item = VolumeId>) {
+        let mut removed = self.removed_volumes.borrow_mut();
+        removed.extend(volumes);
+        while removed.len() > DELETED_VOLUMES_MAX {
+            removed.pop_first();
+        }
+    }
+
+    fn is_removed(&self, volume: VolumeId) -> bool {
+        self.removed_volumes.borrow().contains(&volume)
     }
 
     /// Open objects (for tests of the cache bound).

@@ -126,10 +126,72 @@ fn absent_cache_never_hides_a_written_object() {
         assert_eq!(s.read(PG, obj(7), 0, 8).await.unwrap(), vec![5; 8]);
         s.delete_volume(VolumeId(5), |_| true).await.unwrap();
         assert_eq!(s.read(PG, obj(7), 0, 8).await.unwrap(), vec![0; 8]);
-        s.write(PG, obj(7), 0, PayloadBuf::copy_from(&[6; 8]), false)
+        // Absent after a delete, then written again (another volume: a removed
+        // one gets no new objects).
+        let other = ObjectId {
+            volume: VolumeId(6),
+            index: 7,
+        };
+        assert_eq!(s.read(PG, other, 0, 8).await.unwrap(), vec![0; 8]);
+        s.write(PG, other, 0, PayloadBuf::copy_from(&[6; 8]), false)
             .await
             .unwrap();
-        assert_eq!(s.read(PG, obj(7), 0, 8).await.unwrap(), vec![6; 8]);
+        assert_eq!(s.read(PG, other, 0, 8).await.unwrap(), vec![6; 8]);
+    });
+}
+
+/// A copy racing `volume rm` (recovery from a member that has not deleted yet, or
+/// a late forward) must not bring an object of the removed volume back on a copy
+/// that already deleted its own: the CI run where one came back between the
+/// deletes on two OSDs, and `volume rm` returned with it on disk.
+#[test]
+fn a_removed_volume_gets_no_new_objects() {
+    with_store(opts(false, true), async |s, root| {
+        s.write(PG, obj(1), 0, PayloadBuf::copy_from(&[9; 4096]), false)
+            .await
+            .unwrap();
+        s.delete_volume(VolumeId(5), |_| true).await.unwrap();
+        for res in [
+            s.write(PG, obj(1), 0, PayloadBuf::copy_from(&[1; 4096]), false)
+                .await,
+            s.write(PG, obj(2), 0, PayloadBuf::copy_from(&[1; 8]), true)
+                .await,
+        ] {
+            assert!(
+                matches!(res, Err(StoreError::VolumeRemoved(VolumeId(5)))),
+                "{res:?}"
+            );
+        }
+        assert!(
+            !root
+                .join("pgs/00000003/0000000000000005.0000000000000001")
+                .exists()
+        );
+        assert!(
+            !root
+                .join("pgs/00000003/0000000000000005.0000000000000002")
+                .exists()
+        );
+        // A tombstone of the map marks a volume the same way, before any delete.
+        s.note_removed_volumes([VolumeId(8)]);
+        let tombstoned = ObjectId {
+            volume: VolumeId(8),
+            index: 0,
+        };
+        let res = s
+            .write(PG, tombstoned, 0, PayloadBuf::copy_from(&[1; 8]), false)
+            .await;
+        assert!(
+            matches!(res, Err(StoreError::VolumeRemoved(VolumeId(8)))),
+            "{res:?}"
+        );
+        // Other volumes are untouched; the set keeps the newest ids only.
+        s.note_removed_volumes((100..100 + DELETED_VOLUMES_MAX as u64).map(VolumeId));
+        assert_eq!(s.removed_volumes.borrow().len(), DELETED_VOLUMES_MAX);
+        assert!(!s.is_removed(VolumeId(5)));
+        s.write(PG, obj(3), 0, PayloadBuf::copy_from(&[1; 8]), false)
+            .await
+            .unwrap();
     });
 }
 
