@@ -23,6 +23,7 @@ use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::mgr_client::MgrClient;
 use arc_swap::ArcSwap;
+use flame_common::clock;
 use flame_common::ids::{Epoch, OpId};
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::reactor;
@@ -249,7 +250,7 @@ impl Cluster {
     /// sleeps, never blocking the thread, and gives up after a bounded time.
     pub async fn refresh_map_now(&self) -> Arc<ClusterMap> {
         let ticket = self.request_map_refresh();
-        self.wait_refreshed(ticket, Instant::now() + REFRESH_WAIT_MAX)
+        self.wait_refreshed(ticket, clock::now() + REFRESH_WAIT_MAX)
             .await;
         self.map()
     }
@@ -257,9 +258,9 @@ impl Cluster {
     /// Waits (on the reactor) until `ticket` is served or `until` passes.
     pub(crate) async fn wait_refreshed(&self, ticket: u64, until: Instant) {
         let mut nap = Duration::from_millis(1);
-        let until = until.min(Instant::now() + REFRESH_WAIT_MAX);
+        let until = until.min(clock::now() + REFRESH_WAIT_MAX);
         while !self.refreshed(ticket) {
-            let now = Instant::now();
+            let now = clock::now();
             let Some(left) = until.checked_duration_since(now) else {
                 return;
             };
@@ -314,7 +315,7 @@ fn watch_loop(s: Arc<Shared>) {
     let refresh = Duration::from_millis(s.config.map_refresh_ms);
     let mut failures: u32 = 0;
     while !s.stopped() {
-        let started = Instant::now();
+        let started = clock::now();
         let cur = s.map.load().epoch.0;
         match s.mgr.wait_map(cur + 1, s.config.map_wait_ms) {
             Ok(map) => {
@@ -332,7 +333,7 @@ fn watch_loop(s: Arc<Shared>) {
                 }
             }
         }
-        if let Some(left) = refresh.checked_sub(started.elapsed()) {
+        if let Some(left) = refresh.checked_sub(clock::elapsed(started)) {
             s.sleep(left);
         }
     }
@@ -354,13 +355,13 @@ fn refresh_loop(s: Arc<Shared>) {
             return;
         }
         if let Some(t) = last_fetch
-            && let Some(left) = REFRESH_INTERVAL_MIN.checked_sub(t.elapsed())
+            && let Some(left) = REFRESH_INTERVAL_MIN.checked_sub(clock::elapsed(t))
         {
             std::thread::sleep(left);
         }
         // Every ticket handed out up to here is covered by this fetch.
         let ticket = ticket.max(*s.refresh_requested.lock());
-        last_fetch = Some(Instant::now());
+        last_fetch = Some(clock::now());
         match s.mgr.map() {
             Ok(map) => {
                 s.publish(map);

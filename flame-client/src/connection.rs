@@ -35,6 +35,7 @@ use crate::deadline::Deadline;
 use crate::metrics;
 use crate::retry::RetryReason;
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::clock;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::protocol::{
     self, HEADER_LEN, Header, Message, OpCode, ReplyAreaInfo, Versions, flags, status,
@@ -47,7 +48,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Requests in flight on one connection at most; matches the OSD's default
 /// `max_inflight_per_connection`, so a busy client queues here instead of being
@@ -866,7 +867,7 @@ pub(crate) async fn get(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
 async fn connect_task(target: Target) {
     let attempt = open(&target);
     let expire = async {
-        Deadline::at(Instant::now() + target.timeout).await;
+        Deadline::at(clock::now() + target.timeout).await;
         Err(ConnError::lost(format!(
             "connecting to {} ({} shard {}) timed out",
             target.addr, target.key.osd, target.key.shard

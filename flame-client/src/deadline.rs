@@ -11,6 +11,7 @@
 //! is dropped (the request finished first) removes its entry at once. Deadlines are
 //! therefore up to one tick late, which is fine for timeouts measured in seconds.
 
+use flame_common::clock;
 use flame_common::reactor;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -53,7 +54,7 @@ impl Future for Deadline {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.at {
+        if clock::now() >= self.at {
             if let Some(k) = self.key.take() {
                 TABLE.with(|t| t.borrow_mut().entries.remove(&k));
             }
@@ -113,7 +114,7 @@ async fn ticker() {
     loop {
         reactor::sleep(TICK).await;
         TICKS.with(|n| n.set(n.get() + 1));
-        let now = Instant::now();
+        let now = clock::now();
         let (expired, stop) = TABLE.with(|t| {
             let mut t = t.borrow_mut();
             if t.ticker != me {
@@ -160,9 +161,9 @@ mod tests {
     fn fires_late_by_at_most_a_few_ticks_and_cleans_up() {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async {
-            let t0 = Instant::now();
+            let t0 = clock::now();
             Deadline::at(t0 + Duration::from_millis(50)).await;
-            let took = t0.elapsed();
+            let took = clock::elapsed(t0);
             assert!(took >= Duration::from_millis(50), "{took:?}");
             assert!(took < Duration::from_millis(500), "{took:?}");
             assert_eq!(pending(), 0);
@@ -170,7 +171,7 @@ mod tests {
             // A deadline that loses a race is removed at once.
             let fast = async { 1 };
             let slow = async {
-                Deadline::at(Instant::now() + Duration::from_secs(30)).await;
+                Deadline::at(clock::now() + Duration::from_secs(30)).await;
                 2
             };
             // Poll the slow one first so it registers, then let the fast one win.
@@ -192,7 +193,7 @@ mod tests {
             assert_eq!(ticks(), before, "ticker kept running while idle");
 
             // Already expired: ready at once, nothing registered.
-            Deadline::at(Instant::now() - Duration::from_millis(1)).await;
+            Deadline::at(clock::now() - Duration::from_millis(1)).await;
             assert_eq!(pending(), 0);
         })
         .unwrap();

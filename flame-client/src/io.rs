@@ -24,6 +24,7 @@ use crate::metrics::{self, Op};
 use crate::retry::{Backoff, RetryReason, Verdict, classify};
 use crate::split::Piece;
 use flame_common::buffer::PayloadBuf;
+use flame_common::clock;
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig};
 use flame_common::placement;
@@ -93,7 +94,7 @@ async fn back_off(
     t: Transient,
 ) -> Result<(), ClientError> {
     metrics::record_retry(t.reason);
-    let Some(delay) = backoff.next_delay(Instant::now()) else {
+    let Some(delay) = backoff.next_delay(clock::now()) else {
         return Err(timeout(cluster, op, t.message));
     };
     tracing::trace!(op, reason = t.reason.name(), msg = %t.message, ?delay, "retrying");
@@ -125,7 +126,7 @@ async fn bounded<T>(
     deadline: Instant,
     attempt: impl std::future::Future<Output = Try<T>>,
 ) -> Option<Try<T>> {
-    if Instant::now() >= deadline {
+    if clock::now() >= deadline {
         return None;
     }
     let expire = async {
@@ -661,7 +662,7 @@ pub(crate) async fn flush_volume_objects(
     volume: VolumeId,
     size_bytes: Option<u64>,
 ) -> Result<(), ClientError> {
-    let started = Instant::now();
+    let started = clock::now();
     let deadline = started + cluster.config().io_timeout();
     let map = cluster.map();
     let targets = flush_targets(cluster, &map, volume, size_bytes);
@@ -682,7 +683,7 @@ pub(crate) async fn flush_volume_objects(
     )
     .await
     .map(|_| ());
-    metrics::record_op(Op::Flush, res.is_ok(), 0, started.elapsed());
+    metrics::record_op(Op::Flush, res.is_ok(), 0, clock::elapsed(started));
     res
 }
 
@@ -702,7 +703,7 @@ pub(crate) async fn delete_volume_objects(
     cluster: &Cluster,
     volume: VolumeId,
 ) -> Result<(), ClientError> {
-    let started = Instant::now();
+    let started = clock::now();
     let deadline = started + cluster.config().io_timeout();
     let map = cluster.map();
     let targets: Vec<(OsdId, u16)> = map
@@ -724,13 +725,13 @@ pub(crate) async fn delete_volume_objects(
     })
     .await
     .map(|_| ());
-    metrics::record_op(Op::DeleteVolume, res.is_ok(), 0, started.elapsed());
+    metrics::record_op(Op::DeleteVolume, res.is_ok(), 0, clock::elapsed(started));
     res
 }
 
 /// Deadline of a request starting now.
 pub(crate) fn deadline_from_now(cluster: &Cluster) -> Instant {
-    Instant::now() + cluster.config().io_timeout()
+    clock::now() + cluster.config().io_timeout()
 }
 
 #[cfg(test)]

@@ -14,10 +14,10 @@ use crate::join::try_join_bounded;
 use crate::metrics::{self, Op};
 use crate::split::{Piece, split};
 use flame_common::buffer::PayloadBuf;
+use flame_common::clock;
 use flame_common::ids::VolumeId;
 use flame_common::map::VolumeInfo;
 use flame_common::protocol::IO_BYTES_MAX;
-use std::time::Instant;
 
 /// Largest single read: the result is one buffer, so bound what one call may
 /// allocate. (NBD requests are at most 32 MiB.)
@@ -147,9 +147,14 @@ impl Volume {
         offset: u64,
         length: usize,
     ) -> Result<Vec<PayloadBuf>, ClientError> {
-        let started = Instant::now();
+        let started = clock::now();
         let res = self.read_inner(offset, length as u64).await;
-        metrics::record_op(Op::Read, res.is_ok(), length as u64, started.elapsed());
+        metrics::record_op(
+            Op::Read,
+            res.is_ok(),
+            length as u64,
+            clock::elapsed(started),
+        );
         res
     }
 
@@ -198,10 +203,10 @@ impl Volume {
         data: PayloadBuf,
         fua: bool,
     ) -> Result<(), ClientError> {
-        let started = Instant::now();
+        let started = clock::now();
         let len = data.len() as u64;
         let res = self.write_inner(offset, data, fua).await;
-        metrics::record_op(Op::Write, res.is_ok(), len, started.elapsed());
+        metrics::record_op(Op::Write, res.is_ok(), len, clock::elapsed(started));
         res
     }
 
@@ -248,20 +253,25 @@ impl Volume {
         length: u64,
         fua: bool,
     ) -> Result<(), ClientError> {
-        let started = Instant::now();
+        let started = clock::now();
         let res = self
             .range_op(offset, length, || PieceOp::WriteZeroes { fua })
             .await;
-        metrics::record_op(Op::WriteZeroes, res.is_ok(), length, started.elapsed());
+        metrics::record_op(
+            Op::WriteZeroes,
+            res.is_ok(),
+            length,
+            clock::elapsed(started),
+        );
         res
     }
 
     /// Tells the cluster the range is no longer needed; it reads back as zeroes
     /// afterwards (Flame guarantees that, so TRIM can be used as cheap zeroing).
     pub async fn discard(&self, offset: u64, length: u64) -> Result<(), ClientError> {
-        let started = Instant::now();
+        let started = clock::now();
         let res = self.range_op(offset, length, || PieceOp::Discard).await;
-        metrics::record_op(Op::Discard, res.is_ok(), length, started.elapsed());
+        metrics::record_op(Op::Discard, res.is_ok(), length, clock::elapsed(started));
         res
     }
 

@@ -10,6 +10,7 @@
 //! write and read travels in, and the [`metrics`] endpoint.
 
 pub mod buffer;
+pub mod clock;
 pub mod config;
 pub mod http;
 pub mod ids;

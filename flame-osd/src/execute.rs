@@ -7,6 +7,7 @@ use crate::pg_core::{ForwardAdmit, ForwardFacts};
 use crate::pg_log::{EntryKind, LogEntry};
 use crate::shard::Shard;
 use flame_common::buffer::PayloadBuf;
+use flame_common::clock;
 use flame_common::ids::PgId;
 use flame_common::placement::object_pg;
 use flame_common::protocol::{self, Message, OpCode, flags, status};
@@ -54,7 +55,7 @@ fn changes_data(msg: &Message) -> bool {
 impl Shard {
     /// Runs one request and builds its reply.
     pub async fn execute(self: &Rc<Self>, msg: Message) -> Message {
-        let started = Instant::now();
+        let started = clock::now();
         let op = msg.op();
         let is_replica = is_forwarded(&msg);
         let bytes = match &msg {
@@ -87,7 +88,7 @@ impl Shard {
             let c = &self.metrics.by_op[usize::from(is_replica)][i];
             c.ops.inc();
             c.bytes.inc_by(bytes);
-            c.latency.observe(started.elapsed().as_secs_f64());
+            c.latency.observe(clock::elapsed(started).as_secs_f64());
             if st != status::OK {
                 self.metrics.errors[i].inc();
             }

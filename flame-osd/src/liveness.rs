@@ -11,6 +11,7 @@
 //! docs/guarantees.md). Every time here is monotonic (`Instant`), in
 //! milliseconds since [`Liveness::new`].
 
+use flame_common::clock;
 use flame_common::ids::OsdId;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +41,7 @@ impl Liveness {
     /// No lease, every shard counted as having just made progress.
     pub fn new(shards: u16) -> Liveness {
         Liveness {
-            base: Instant::now(),
+            base: clock::now(),
             lease_until_ms: AtomicU64::new(0),
             progress_ms: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             failed_peers: Mutex::new(Vec::new()),
@@ -53,7 +54,7 @@ impl Liveness {
 
     /// Milliseconds since this state was created (monotonic).
     pub fn now_ms(&self) -> u64 {
-        self.base.elapsed().as_millis() as u64
+        clock::elapsed(self.base).as_millis() as u64
     }
 
     /// Whether this OSD may serve and acknowledge I/O now.

@@ -32,6 +32,7 @@
 
 use crate::pg::MapView;
 use crate::shard::Shard;
+use flame_common::clock;
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::placement::PgMembers;
 use flame_common::protocol::{
@@ -378,7 +379,7 @@ pub(crate) async fn throttle(next: &Cell<Option<Instant>>, bytes: u64, bytes_per
     if bytes_per_sec == 0 {
         return;
     }
-    let now = Instant::now();
+    let now = clock::now();
     let start = next.get().filter(|t| *t > now).unwrap_or(now);
     let cost = Duration::from_secs_f64(bytes as f64 / bytes_per_sec as f64);
     next.set(Some(start + cost));
@@ -885,7 +886,7 @@ impl Shard {
         // Writes numbered up to here may have been admitted under a map without the
         // member in the write set; all later ones have it (see `inflight_through`).
         let admitted = self.pgs.borrow().log(pg).map_or(0, |l| l.last_seq());
-        let deadline = Instant::now() + INFLIGHT_WAIT_MAX;
+        let deadline = clock::now() + INFLIGHT_WAIT_MAX;
         let mut copied: HashSet<u64> = HashSet::new();
         let mut volumes = BTreeSet::new();
         let mut kind = "log";
@@ -916,7 +917,7 @@ impl Shard {
                 if !inflight {
                     break;
                 }
-                if Instant::now() > deadline {
+                if clock::now() > deadline {
                     return Err(JobError::Failed(status::EAGAIN));
                 }
                 reactor::sleep(Duration::from_millis(10)).await;
@@ -948,7 +949,7 @@ impl Shard {
                 .log(pg)
                 .is_some_and(|l| l.inflight_through(admitted))
             {
-                if Instant::now() > deadline {
+                if clock::now() > deadline {
                     return Err(JobError::Failed(status::EAGAIN));
                 }
                 reactor::sleep(Duration::from_millis(10)).await;
@@ -991,7 +992,7 @@ impl Shard {
                 .retry_after
                 .borrow()
                 .get(&pg)
-                .is_some_and(|t| *t > Instant::now())
+                .is_some_and(|t| *t > clock::now())
             {
                 continue;
             }
@@ -1034,7 +1035,7 @@ impl Shard {
                 let key = (pg, member);
                 let retry = match self.recovery.reported.borrow().get(&key) {
                     Some(r) if r.up_from == up_from => {
-                        if r.at.elapsed() < REPORT_RETRY {
+                        if clock::elapsed(r.at) < REPORT_RETRY {
                             continue;
                         }
                         true
@@ -1049,7 +1050,7 @@ impl Shard {
                         Reported {
                             up_from,
                             primacy: self.pgs.borrow().primacy(pg),
-                            at: Instant::now(),
+                            at: clock::now(),
                         },
                     );
                     continue;
@@ -1068,7 +1069,7 @@ impl Shard {
                             Reported {
                                 up_from,
                                 primacy: self.pgs.borrow().primacy(pg),
-                                at: Instant::now(),
+                                at: clock::now(),
                             },
                         );
                     }
@@ -1085,7 +1086,7 @@ impl Shard {
                 self.recovery
                     .retry_after
                     .borrow_mut()
-                    .insert(pg, Instant::now() + RETRY_DELAY);
+                    .insert(pg, clock::now() + RETRY_DELAY);
             } else {
                 self.recovery.retry_after.borrow_mut().remove(&pg);
             }
@@ -1124,7 +1125,7 @@ impl Shard {
                 return;
             }
         };
-        let now = Instant::now();
+        let now = clock::now();
         let present: HashSet<PgId> = dirs.iter().copied().collect();
         let mut stray = self.recovery.stray_since.borrow_mut().clone();
         stray.retain(|pg, _| present.contains(pg));
@@ -1176,7 +1177,7 @@ impl Shard {
             .recovery
             .object_counts_at
             .get()
-            .is_none_or(|t| t.elapsed() >= OBJECT_COUNT_INTERVAL);
+            .is_none_or(|t| clock::elapsed(t) >= OBJECT_COUNT_INTERVAL);
         let todo: Vec<PgId> = if due {
             primary.iter().copied().collect()
         } else {
@@ -1197,7 +1198,7 @@ impl Shard {
                 counts.retain(|pg, _| primary.contains(pg));
                 counts.extend(todo.into_iter().zip(n));
                 if due {
-                    self.recovery.object_counts_at.set(Some(Instant::now()));
+                    self.recovery.object_counts_at.set(Some(clock::now()));
                 }
             }
             Err(e) => tracing::warn!("cannot count the objects of placement groups: {e}"),
@@ -1354,9 +1355,9 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
             shard.recovery.last_epoch.set(Some(view.map.epoch));
         }
         shard.recovery_pass(&view).await;
-        if last_stray.is_none_or(|t| t.elapsed() >= STRAY_CHECK_INTERVAL) {
+        if last_stray.is_none_or(|t| clock::elapsed(t) >= STRAY_CHECK_INTERVAL) {
             shard.remove_strays(&view).await;
-            last_stray = Some(Instant::now());
+            last_stray = Some(clock::now());
         }
         shard.background_scrub(&view).await;
         shard.count_objects(&shard.view()).await;
@@ -1421,7 +1422,7 @@ mod tests {
     #[test]
     fn the_byte_throttle_spaces_copies_out() {
         let mut r = reactor::Reactor::new(Default::default()).unwrap();
-        let started = Instant::now();
+        let started = clock::now();
         r.block_on(async {
             let next = Cell::new(None);
             for _ in 0..3 {
@@ -1430,6 +1431,6 @@ mod tests {
         })
         .unwrap();
         // 3 MiB at 20 MiB/s: the third waits for the first two (~100 ms).
-        assert!(started.elapsed() >= Duration::from_millis(90));
+        assert!(clock::elapsed(started) >= Duration::from_millis(90));
     }
 }

@@ -20,6 +20,7 @@
 use crate::pg::MapView;
 use crate::recovery::throttle;
 use crate::shard::Shard;
+use flame_common::clock;
 use flame_common::ids::{ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{BlockSum, IoTarget, Message, ScrubCounts, flags, status};
 use std::collections::{BTreeSet, HashMap};
@@ -323,7 +324,7 @@ impl Shard {
         self.recovery
             .last_scrub
             .borrow_mut()
-            .insert(pg, Instant::now());
+            .insert(pg, clock::now());
         let unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -350,7 +351,7 @@ impl Shard {
             .find(|pg| {
                 let last = self.recovery.last_scrub.borrow().get(pg).copied();
                 // Groups never scrubbed wait one interval from the start.
-                last.unwrap_or(started).elapsed() >= self.scrub_interval
+                clock::elapsed(last.unwrap_or(started)) >= self.scrub_interval
             });
         if let Some(pg) = due
             && let Err(st) = self.scrub_pg(view, pg, false).await
@@ -358,7 +359,7 @@ impl Shard {
             tracing::warn!(%pg, st, "background scrub failed");
             self.recovery.last_scrub.borrow_mut().insert(
                 pg,
-                Instant::now() - self.scrub_interval
+                clock::now() - self.scrub_interval
                     + Duration::from_secs(60).min(self.scrub_interval),
             );
         }

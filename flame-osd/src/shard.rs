@@ -21,6 +21,7 @@ use crate::pg_core::PgCores;
 use crate::recovery::{RecoveryShared, RecoveryState};
 use crate::store::ObjectStore;
 use arc_swap::ArcSwap;
+use flame_common::clock;
 use flame_common::ids::{Epoch, OsdId, PgId};
 use flame_common::map::ClusterMap;
 use std::cell::{Cell, RefCell};
@@ -153,7 +154,7 @@ impl Shard {
                     && p != self.osd
                     && fresh.map.osds.get(&p).is_some_and(|o| o.up)
                 {
-                    let until = std::time::Instant::now() + self.lease;
+                    let until = clock::now() + self.lease;
                     pgs.get_mut(pg).await_previous_primary(p, until);
                     waiting = true;
                 }

@@ -5,6 +5,7 @@ use super::{Try, back_off, bounded, exchange, target_for, timeout};
 use crate::cluster::Cluster;
 use crate::error::ClientError;
 use crate::retry::{Backoff, RetryReason, Verdict, classify};
+use flame_common::clock;
 use flame_common::ids::{PgId, RequestId, VolumeId};
 use flame_common::placement;
 use flame_common::protocol::{Message, ScrubCounts};
@@ -18,7 +19,7 @@ impl Cluster {
     /// `dry_run`, repair the ones that differ from the agreeing majority. Retries
     /// while the group has no primary or the map is moving, until the deadline.
     pub async fn scrub_pg(&self, pg: PgId, dry_run: bool) -> Result<ScrubCounts, ClientError> {
-        let deadline = std::time::Instant::now() + SCRUB_TIMEOUT.max(self.config().io_timeout());
+        let deadline = clock::now() + SCRUB_TIMEOUT.max(self.config().io_timeout());
         let mut backoff = Backoff::new(deadline);
         let mut last: Option<String> = None;
         loop {

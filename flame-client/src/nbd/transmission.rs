@@ -13,12 +13,12 @@ use super::conn::{Conn, Reader};
 use super::metrics::{Op, OpMetrics};
 use super::proto::{self, *};
 use flame_common::buffer::PayloadBuf;
+use flame_common::clock;
 use flame_common::reactor;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::Instant;
 
 /// Requests in flight per connection; the reader waits at this bound.
 pub const INFLIGHT_REQUESTS_MAX: usize = 128;
@@ -254,7 +254,7 @@ async fn run_request<B: Backend>(
     data: PayloadBuf,
     payload_bytes: u64,
 ) {
-    let t0 = Instant::now();
+    let t0 = clock::now();
     let b = &*s.backend;
     let (op, bytes, result): (Op, u64, Result<ReadData, Errno>) = match cmd {
         Command::Read { offset, len } => (
@@ -317,7 +317,7 @@ async fn run_request<B: Backend>(
     }
     let done_bytes = if failed { 0 } else { bytes };
     s.metrics
-        .record(op, done_bytes, t0.elapsed().as_secs_f64(), failed);
+        .record(op, done_bytes, clock::elapsed(t0).as_secs_f64(), failed);
     s.inflight.finish(payload_bytes);
 }
 

@@ -38,6 +38,7 @@
 
 pub mod registered;
 
+use crate::clock;
 use crate::reactor::{DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::cell::{Cell, RefCell};
@@ -416,11 +417,11 @@ impl PayloadBufMut {
             return Ok(b);
         }
         let wait = std::time::Duration::from_millis(registered::thread_wait_ms());
-        let start = std::time::Instant::now();
+        let start = clock::now();
         let mut backoff_us = 50;
         // Bounded by `wait`: every round sleeps at least 50 µs.
         loop {
-            if crate::reactor::current_id().is_none() || start.elapsed() >= wait {
+            if crate::reactor::current_id().is_none() || clock::elapsed(start) >= wait {
                 return Err(PoolExhausted { len });
             }
             crate::reactor::sleep(std::time::Duration::from_micros(backoff_us)).await;

@@ -421,6 +421,32 @@ pub struct Reactor {
 impl Reactor {
     /// Creates the ring and installs this reactor as the thread's current one.
     pub fn new(config: ReactorConfig) -> io::Result<Reactor> {
+        let reactor = Self::build(config)?;
+        CURRENT.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.is_some() {
+                return Err(io::Error::other("this thread already has a reactor"));
+            }
+            *c = Some(reactor.inner.clone());
+            Ok(())
+        })?;
+        Ok(reactor)
+    }
+
+    /// A reactor of the deterministic simulator: one of several on the simulator's
+    /// thread (one per simulated process, so that a crash drops exactly that
+    /// process's tasks), current only inside [`Reactor::enter`] and
+    /// [`Reactor::run_ready`], and never waiting in the kernel — the simulator
+    /// advances the virtual clock ([`crate::clock`]) to [`Reactor::next_timer`]
+    /// when every reactor is idle.
+    pub fn new_simulated() -> io::Result<Reactor> {
+        Self::build(ReactorConfig {
+            ring_entries: 8,
+            poll_mode: PollMode::Interrupt,
+        })
+    }
+
+    fn build(config: ReactorConfig) -> io::Result<Reactor> {
         let entries = config.ring_entries.clamp(8, 32768);
         let ring = IoUring::builder()
             .setup_cqsize(entries * 2)
@@ -452,14 +478,6 @@ impl Reactor {
             timers: super::timer::Timers::default(),
         });
         inner.arm_wake();
-        CURRENT.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.is_some() {
-                return Err(io::Error::other("this thread already has a reactor"));
-            }
-            *c = Some(inner.clone());
-            Ok(())
-        })?;
         Ok(Reactor {
             inner,
             poller: Poller::new(config.poll_mode),
@@ -476,6 +494,69 @@ impl Reactor {
     /// Idle-loop statistics of this reactor's poller.
     pub fn poll_stats(&self) -> super::poll::PollStats {
         self.poller.stats()
+    }
+
+    /// Runs `f` with this reactor as the thread's current one (a simulated
+    /// reactor: to spawn its process's tasks), then restores the previous one.
+    pub fn enter<T>(&self, f: impl FnOnce() -> T) -> T {
+        let prev = CURRENT.with(|c| c.borrow_mut().replace(self.inner.clone()));
+        /// Restores the previous reactor even if `f` unwinds.
+        struct Restore(Option<Rc<Inner>>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let prev = self.0.take();
+                CURRENT.with(|c| *c.borrow_mut() = prev);
+            }
+        }
+        let _restore = Restore(prev);
+        f()
+    }
+
+    /// Runs every task that is ready, fires the timers that are due by
+    /// [`crate::clock::now`], and repeats until nothing is ready or `tasks_max`
+    /// tasks ran; never waits. Returns how many tasks and jobs ran. The
+    /// simulator's step: with the virtual clock, the same ready tasks run in the
+    /// same order every time.
+    pub fn run_ready(&mut self, tasks_max: usize) -> io::Result<usize> {
+        let inner = self.inner.clone();
+        self.enter(|| {
+            let mut total = 0;
+            loop {
+                let mut ran = 0;
+                while total + ran < tasks_max {
+                    let Some(r) = inner.shared.runnable.pop() else {
+                        break;
+                    };
+                    r.run();
+                    ran += 1;
+                }
+                while let Some(job) = inner.shared.remote.pop() {
+                    job();
+                    ran += 1;
+                }
+                inner.submit()?;
+                let reaped = inner.reap();
+                let sourced = inner.sources.poll();
+                let fired = inner.timers.fire();
+                total += ran;
+                if total >= tasks_max
+                    || (ran == 0 && reaped == 0 && !sourced && fired == 0)
+                        && inner.shared.runnable.is_empty()
+                {
+                    return Ok(total);
+                }
+            }
+        })
+    }
+
+    /// The deadline of this reactor's earliest timer (`None`: none armed).
+    pub fn next_timer(&self) -> Option<std::time::Instant> {
+        self.inner.timers.earliest()
+    }
+
+    /// Whether a task is ready to run.
+    pub fn has_ready(&self) -> bool {
+        !self.inner.shared.runnable.is_empty() || !self.inner.shared.remote.is_empty()
     }
 
     /// Runs tasks until `fut` completes, and returns its output. Other spawned tasks
@@ -594,6 +675,17 @@ impl Drop for Reactor {
     /// operation in flight, wait (bounded) for their completions, leak the buffers
     /// of any that never complete, then drop every task.
     fn drop(&mut self) {
+        // A simulated reactor is dropped while another (or none) is current: be
+        // the current one while tasks are dropped (their timers disarm here).
+        let prev = CURRENT.with(|c| c.borrow_mut().replace(self.inner.clone()));
+        let mine = prev.as_ref().is_some_and(|p| Rc::ptr_eq(p, &self.inner));
+        self.teardown();
+        CURRENT.with(|c| *c.borrow_mut() = if mine { None } else { prev });
+    }
+}
+
+impl Reactor {
+    fn teardown(&mut self) {
         let inner = self.inner.clone();
         // Sources first: their doorbell tasks cancel their reads below.
         inner.sources.clear();
@@ -642,7 +734,6 @@ impl Drop for Reactor {
                 break;
             }
         }
-        CURRENT.with(|c| c.borrow_mut().take());
     }
 }
 
@@ -684,6 +775,54 @@ mod tests {
     use std::net::TcpListener;
     use std::os::fd::IntoRawFd;
     use std::time::{Duration, Instant};
+
+    /// Two simulated reactors on one thread in virtual time: an hour of sleeps
+    /// takes no real time, timers of both fire in deadline order as the clock is
+    /// advanced to the earliest, and dropping one reactor drops its tasks only.
+    #[test]
+    fn simulated_reactors_share_a_thread_and_a_virtual_clock() {
+        std::thread::spawn(|| {
+            crate::clock::simulated();
+            let t0 = crate::clock::now();
+            let log = Rc::new(RefCell::new(Vec::new()));
+            let mut a = Reactor::new_simulated().unwrap();
+            let mut b = Reactor::new_simulated().unwrap();
+            for (r, name, secs) in [(&a, "a", 3600u64), (&b, "b", 60), (&a, "a2", 120)] {
+                let log = log.clone();
+                r.enter(|| {
+                    spawn(async move {
+                        sleep(Duration::from_secs(secs)).await;
+                        log.borrow_mut()
+                            .push((name, crate::clock::elapsed(t0).as_secs()));
+                    })
+                    .detach()
+                });
+            }
+            let started = Instant::now();
+            let mut steps = 0;
+            loop {
+                a.run_ready(1000).unwrap();
+                b.run_ready(1000).unwrap();
+                let next = [a.next_timer(), b.next_timer()].into_iter().flatten().min();
+                let Some(next) = next else { break };
+                crate::clock::advance_to(next);
+                steps += 1;
+                assert!(steps < 10);
+                if log.borrow().len() == 2 {
+                    break;
+                }
+            }
+            assert_eq!(*log.borrow(), vec![("b", 60), ("a2", 120)]);
+            assert!(started.elapsed() < Duration::from_secs(5));
+            assert!(current_id().is_none(), "no reactor left current");
+            drop(a); // the one-hour sleeper goes with it
+            assert!(b.next_timer().is_none());
+            assert!(current_id().is_none());
+            crate::clock::real();
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn spawn_and_sleep() {

@@ -14,6 +14,7 @@
 //! thread whose reactor armed it.
 
 use super::executor::{try_with_current, with_current};
+use crate::clock;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -64,7 +65,7 @@ impl Timers {
         if self.map.borrow().is_empty() {
             return 0;
         }
-        let now = Instant::now();
+        let now = clock::now();
         let mut fired = 0;
         loop {
             // Take one entry at a time: waking runs no task code (it only queues
@@ -89,7 +90,7 @@ impl Timers {
         self.map
             .borrow()
             .first_key_value()
-            .is_some_and(|(&(deadline, _), _)| deadline <= Instant::now())
+            .is_some_and(|(&(deadline, _), _)| deadline <= clock::now())
     }
 
     /// How long the reactor may sleep before the earliest timer is due (`None`:
@@ -98,7 +99,12 @@ impl Timers {
         self.map
             .borrow()
             .first_key_value()
-            .map(|(&(deadline, _), _)| deadline.saturating_duration_since(Instant::now()))
+            .map(|(&(deadline, _), _)| deadline.saturating_duration_since(clock::now()))
+    }
+
+    /// The earliest armed deadline.
+    pub(crate) fn earliest(&self) -> Option<Instant> {
+        self.map.borrow().first_key_value().map(|(&(d, _), _)| d)
     }
 
     /// Drops every waker (reactor teardown).
@@ -123,7 +129,7 @@ impl Future for Sleep {
         let Some(deadline) = self.deadline else {
             return Poll::Pending;
         };
-        if Instant::now() >= deadline {
+        if clock::now() >= deadline {
             if let Some(key) = self.key.take() {
                 with_current(|r| r.timers().disarm(key));
             }
@@ -154,7 +160,7 @@ impl Drop for Sleep {
 /// then disarms it (no system call either way). Call it on a reactor thread.
 pub fn sleep(duration: Duration) -> Sleep {
     Sleep {
-        deadline: Instant::now().checked_add(duration),
+        deadline: clock::now().checked_add(duration),
         key: None,
     }
 }
@@ -178,18 +184,18 @@ mod tests {
                 }));
             }
             // A long timer raced by a short one: dropped, it must leave no entry.
-            let start = Instant::now();
+            let start = clock::now();
             futures_lite::future::or(
                 sleep(Duration::from_secs(3600)),
                 sleep(Duration::from_millis(5)),
             )
             .await;
-            assert!(start.elapsed() < Duration::from_secs(1));
+            assert!(clock::elapsed(start) < Duration::from_secs(1));
             for t in tasks {
                 t.await;
             }
             assert_eq!(*order.borrow(), vec![1, 2, 0]);
-            assert!(start.elapsed() >= Duration::from_millis(30));
+            assert!(clock::elapsed(start) >= Duration::from_millis(30));
             with_current(|r| assert!(r.timers().until_next().is_none(), "a timer left armed"));
             // Never (overflowing) and zero durations.
             futures_lite::future::or(sleep(Duration::MAX), sleep(Duration::ZERO)).await;

@@ -11,6 +11,7 @@ use crate::shard::Shard;
 use crate::store::{ObjectStore, StoreOptions};
 use arc_swap::ArcSwap;
 use flame_common::buffer::PayloadBuf;
+use flame_common::clock;
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig, VolumeInfo};
 use flame_common::protocol::{HEADER_LEN, Header, IoTarget, Message, VERSIONS, status};
@@ -68,13 +69,13 @@ fn scripted_member(delay: Duration) -> (SocketAddr, Seen) {
             };
             let i = {
                 let mut v = s2.lock().unwrap();
-                v.push((seq, Instant::now(), None));
+                v.push((seq, clock::now(), None));
                 v.len() - 1
             };
             let (out, s3) = (out.clone(), s2.clone());
             std::thread::spawn(move || {
                 std::thread::sleep(delay);
-                s3.lock().unwrap()[i].2 = Some(Instant::now());
+                s3.lock().unwrap()[i].2 = Some(clock::now());
                 let _ = out.lock().unwrap().write_all(&reply.encode());
             });
         }
