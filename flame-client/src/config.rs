@@ -141,6 +141,8 @@ impl ConvertThresholds {
             TransportKind::Tcp => self.tcp,
             TransportKind::Shm => self.shm,
             TransportKind::Rdma => self.rdma,
+            // No one-sided access on the simulator's network.
+            TransportKind::Sim => u32::MAX,
         }
     }
 }
@@ -149,7 +151,7 @@ impl ConvertThresholds {
 /// remote fetching needs to pay off.
 fn fetch_supported(kind: TransportKind) -> bool {
     match kind {
-        TransportKind::Tcp => false,
+        TransportKind::Tcp | TransportKind::Sim => false,
         TransportKind::Shm | TransportKind::Rdma => true,
     }
 }

@@ -18,6 +18,7 @@ pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
+pub mod sim;
 pub mod tcp;
 
 pub use crate::protocol::RemoteBuf;
@@ -44,6 +45,9 @@ pub enum TransportKind {
     /// Soft-RoCE). Accepted in every build's configuration so that a build without
     /// the feature can say so instead of rejecting the word.
     Rdma,
+    /// The deterministic simulator's network ([`sim`]): only on a thread where a
+    /// simulated network is installed.
+    Sim,
 }
 
 /// Why `kind` cannot be used by this process, or `Ok` when it can: a daemon calls
@@ -52,6 +56,7 @@ pub enum TransportKind {
 pub fn check_available(kind: TransportKind) -> Result<(), String> {
     match kind {
         TransportKind::Tcp | TransportKind::Shm => Ok(()),
+        TransportKind::Sim => sim::check_installed(),
         #[cfg(feature = "rdma")]
         TransportKind::Rdma => rdma::device::device().map(|_| ()),
         #[cfg(not(feature = "rdma"))]
@@ -71,6 +76,7 @@ impl TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Shm => "shm",
             TransportKind::Rdma => "rdma",
+            TransportKind::Sim => "sim",
         }
     }
 }
@@ -116,6 +122,8 @@ pub enum Conn {
     /// RDMA.
     #[cfg(feature = "rdma")]
     Rdma(Rc<rdma::RdmaConn>),
+    /// The simulator's network.
+    Sim(Rc<sim::SimConn>),
 }
 
 impl Conn {
@@ -128,6 +136,7 @@ impl Conn {
             Conn::Shm(c) => c.send(msg),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.send(msg),
+            Conn::Sim(c) => c.send(msg),
         }
     }
 
@@ -139,6 +148,7 @@ impl Conn {
             Conn::Shm(c) => c.send(&msg),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.send_owned(msg),
+            Conn::Sim(c) => c.send(&msg),
         }
     }
 
@@ -150,6 +160,7 @@ impl Conn {
             Conn::Shm(c) => c.send_raw(bytes),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.send_raw(bytes),
+            Conn::Sim(c) => c.send_raw(bytes),
         }
     }
 
@@ -160,6 +171,7 @@ impl Conn {
             Conn::Shm(c) => c.recv().await,
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.recv().await,
+            Conn::Sim(c) => c.recv().await,
         }
     }
 
@@ -171,6 +183,7 @@ impl Conn {
             Conn::Shm(c) => c.close(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.close(),
+            Conn::Sim(c) => c.close(),
         }
     }
 
@@ -182,6 +195,7 @@ impl Conn {
             Conn::Shm(c) => c.close_after_send(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.close_after_send(),
+            Conn::Sim(c) => c.close_after_send(),
         }
     }
 
@@ -201,6 +215,7 @@ impl Conn {
             // like tcp and shm is left to do.
             #[cfg(feature = "rdma")]
             Conn::Rdma(_) => {}
+            Conn::Sim(_) => {}
         }
     }
 
@@ -211,6 +226,7 @@ impl Conn {
             Conn::Shm(c) => c.is_closed(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.is_closed(),
+            Conn::Sim(c) => c.is_closed(),
         }
     }
 
@@ -221,6 +237,7 @@ impl Conn {
             Conn::Shm(c) => c.peer(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.peer(),
+            Conn::Sim(c) => c.peer(),
         }
     }
 
@@ -233,6 +250,7 @@ impl Conn {
             Conn::Shm(_) => true,
             #[cfg(feature = "rdma")]
             Conn::Rdma(_) => true,
+            Conn::Sim(_) => false,
         }
     }
 
@@ -244,6 +262,7 @@ impl Conn {
             Conn::Shm(_) => TransportKind::Shm,
             #[cfg(feature = "rdma")]
             Conn::Rdma(_) => TransportKind::Rdma,
+            Conn::Sim(_) => TransportKind::Sim,
         }
     }
 
@@ -256,6 +275,7 @@ impl Conn {
             Conn::Shm(c) => c.grant_read(buf),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.grant_read(buf),
+            Conn::Sim(_) => Err(sim::no_one_sided()),
         }
     }
 
@@ -268,6 +288,7 @@ impl Conn {
             Conn::Shm(c) => c.grant_write(buf),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.grant_write(buf),
+            Conn::Sim(_) => Err(sim::no_one_sided()),
         }
     }
 
@@ -280,6 +301,7 @@ impl Conn {
             Conn::Shm(c) => c.grant_area(len),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.grant_area(len),
+            Conn::Sim(_) => Err(sim::no_one_sided()),
         }
     }
 
@@ -292,6 +314,7 @@ impl Conn {
             Conn::Shm(c) => c.read_remote(remote),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.read_remote(remote).await,
+            Conn::Sim(_) => Err(sim::no_one_sided()),
         }
     }
 
@@ -310,6 +333,7 @@ impl Conn {
             Conn::Shm(c) => c.write_remote(remote.key, addr, data),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.write_remote(remote.key, addr, data).await,
+            Conn::Sim(_) => Err(sim::no_one_sided()),
         }
     }
 
@@ -330,6 +354,9 @@ impl Conn {
         source: Option<std::net::IpAddr>,
         timeout: Duration,
     ) -> Result<Conn, TransportError> {
+        if kind == TransportKind::Sim {
+            return Ok(Conn::Sim(sim::SimConn::connect(addr, timeout).await?));
+        }
         if kind == TransportKind::Rdma {
             #[cfg(feature = "rdma")]
             return Ok(Conn::Rdma(
@@ -375,6 +402,8 @@ pub enum Listener {
     /// RDMA (a TCP listener for the bootstrap exchange).
     #[cfg(feature = "rdma")]
     Rdma(rdma::RdmaListener),
+    /// The simulator's network.
+    Sim(sim::SimListener),
 }
 
 impl Listener {
@@ -391,6 +420,7 @@ impl Listener {
             TransportKind::Rdma => Ok(Listener::Rdma(rdma::RdmaListener::bind(addr)?)),
             #[cfg(not(feature = "rdma"))]
             TransportKind::Rdma => Err(TransportError::Unavailable(NO_RDMA_BUILD.to_string())),
+            TransportKind::Sim => Ok(Listener::Sim(sim::SimListener::bind(addr)?)),
         }
     }
 
@@ -401,6 +431,7 @@ impl Listener {
             Listener::Shm(l) => l.accept().await,
             #[cfg(feature = "rdma")]
             Listener::Rdma(l) => Ok(Conn::Rdma(l.accept().await?)),
+            Listener::Sim(l) => Ok(Conn::Sim(l.accept().await?)),
         }
     }
 
@@ -411,6 +442,7 @@ impl Listener {
             Listener::Shm(l) => l.local_addr(),
             #[cfg(feature = "rdma")]
             Listener::Rdma(l) => l.local_addr(),
+            Listener::Sim(l) => l.local_addr(),
         }
     }
 }

@@ -1,0 +1,753 @@
+//! The simulated network of the deterministic simulator: every connection between
+//! simulated processes on the simulator's one thread, in virtual time
+//! ([`crate::clock`]).
+//!
+//! It behaves like TCP where the OSD and the client can tell: messages of one
+//! connection arrive whole and in order, each after a latency drawn from the
+//! network's seeded generator; a connection to an address nobody listens on is
+//! refused; a process that dies resets its connections after what it had already
+//! sent has arrived. On top of that the simulator injects what TCP on a real
+//! network does when it goes wrong, between any two addresses and in one
+//! direction or both:
+//!
+//! * [`LinkFault::Reject`] — the path refuses (an iptables `REJECT`): connects
+//!   are refused, and a connection used across it is reset at once;
+//! * [`LinkFault::BlackHole`] — the path drops everything silently (a cable cut,
+//!   iptables `DROP`): connects time out, sends vanish, and nothing is reported —
+//!   only the peers' own timeouts notice.
+//!
+//! Messages go through the real codec ([`Message::encode`] and
+//! [`Message::decode`]), so the receiver owns its own bytes, as over a socket.
+//! One-sided access (grants) is not simulated: a simulated client runs with
+//! conversion off. The network belongs to the thread that [`install`]ed it;
+//! every message delivered is folded into its trace hash ([`trace_hash`]), which
+//! a determinism test compares between two runs of one seed.
+//!
+//! Which process a task belongs to is [`set_current_node`], set by the simulator
+//! before it steps that process's reactor: a connection made by a task leaves
+//! from that address, and [`crash`] of that address resets exactly its
+//! connections.
+
+use super::TransportError;
+use crate::clock;
+use crate::protocol::{Message, ProtocolError};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::future::poll_fn;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::{Rc, Weak};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// What a faulty path between two addresses does (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkFault {
+    /// Refuses: connects fail at once, a connection used across it is reset.
+    Reject,
+    /// Drops everything silently: connects time out, sends vanish.
+    BlackHole,
+}
+
+/// How the network behaves when no fault is injected.
+#[derive(Clone, Copy, Debug)]
+pub struct NetConfig {
+    /// The generator's seed (latencies).
+    pub seed: u64,
+    /// One-way latency of a message, drawn uniformly from this range (µs).
+    pub latency_us_min: u64,
+    /// See `latency_us_min`.
+    pub latency_us_max: u64,
+}
+
+/// One end of a direction of a connection: the bytes that arrived, in order.
+#[derive(Default)]
+struct Pipe {
+    frames: RefCell<VecDeque<Vec<u8>>>,
+    /// The peer closed (or reset) this direction; arrives after its frames.
+    closed: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Pipe {
+    fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+/// What travels: a frame, or the end of the direction (FIN or RST).
+enum Cargo {
+    Frame(Vec<u8>),
+    End,
+}
+
+struct Delivery {
+    to: Weak<Pipe>,
+    cargo: Cargo,
+    from: SocketAddr,
+    dest: SocketAddr,
+}
+
+struct ListenerState {
+    id: u64,
+    backlog: RefCell<VecDeque<Rc<SimConn>>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+/// The network: listeners, faults, and the messages on the wire.
+struct Net {
+    config: NetConfig,
+    rng: RefCell<StdRng>,
+    listeners: RefCell<BTreeMap<SocketAddr, Rc<ListenerState>>>,
+    faults: RefCell<BTreeMap<(IpAddr, IpAddr), LinkFault>>,
+    /// On the wire, by arrival time (then send order).
+    wire: RefCell<BTreeMap<(Instant, u64), Delivery>>,
+    seq: Cell<u64>,
+    /// Every connection end, to reset a crashed process's (pruned as they go).
+    ends: RefCell<Vec<Weak<SimConn>>>,
+    next_port: Cell<u16>,
+    current_node: Cell<Option<IpAddr>>,
+    trace: Cell<u64>,
+    delivered: Cell<u64>,
+    /// Virtual time zero of the trace (instants are folded in relative to it).
+    epoch: Instant,
+}
+
+thread_local! {
+    static NET: RefCell<Option<Rc<Net>>> = const { RefCell::new(None) };
+}
+
+fn net() -> Result<Rc<Net>, TransportError> {
+    NET.with(|n| n.borrow().clone()).ok_or_else(|| {
+        TransportError::Unavailable("transport sim: no simulated network on this thread".into())
+    })
+}
+
+/// `Ok` on a thread with a simulated network ([`super::check_available`]).
+pub fn check_installed() -> Result<(), String> {
+    net().map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Installs a fresh simulated network on this thread (replacing any earlier one).
+pub fn install(config: NetConfig) {
+    let net = Net {
+        config,
+        rng: RefCell::new(StdRng::seed_from_u64(config.seed)),
+        listeners: RefCell::default(),
+        faults: RefCell::default(),
+        wire: RefCell::default(),
+        seq: Cell::new(0),
+        ends: RefCell::default(),
+        next_port: Cell::new(40_000),
+        current_node: Cell::new(None),
+        trace: Cell::new(FNV_OFFSET),
+        delivered: Cell::new(0),
+        epoch: clock::now(),
+    };
+    NET.with(|n| *n.borrow_mut() = Some(Rc::new(net)));
+}
+
+/// Removes this thread's network (the end of a simulation): listeners and
+/// connections left are dropped.
+pub fn uninstall() {
+    let net = NET.with(|n| n.borrow_mut().take());
+    drop(net);
+}
+
+/// The process whose tasks run next (its address): connections they make leave
+/// from it.
+pub fn set_current_node(ip: Option<IpAddr>) {
+    if let Ok(n) = net() {
+        n.current_node.set(ip);
+    }
+}
+
+/// Sets (or with `None` clears) the fault of the path from `from` to `to` (one
+/// direction: call it twice for a symmetric partition).
+pub fn set_fault(from: IpAddr, to: IpAddr, fault: Option<LinkFault>) {
+    if let Ok(n) = net() {
+        match fault {
+            Some(f) => n.faults.borrow_mut().insert((from, to), f),
+            None => n.faults.borrow_mut().remove(&(from, to)),
+        };
+    }
+}
+
+/// Clears every fault.
+pub fn heal_all() {
+    if let Ok(n) = net() {
+        n.faults.borrow_mut().clear();
+    }
+}
+
+/// The process at `ip` died: its listeners go away, and each of its connections
+/// ends for the peer once what it had already sent has arrived.
+pub fn crash(ip: IpAddr) {
+    let Ok(n) = net() else { return };
+    n.listeners.borrow_mut().retain(|a, _| a.ip() != ip);
+    let ends: Vec<Rc<SimConn>> = n
+        .ends
+        .borrow()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| c.local.ip() == ip)
+        .collect();
+    for c in ends {
+        c.shut();
+    }
+    n.prune();
+}
+
+/// Delivers every message due by [`clock::now`]; returns how many.
+pub fn deliver_due() -> usize {
+    let Ok(n) = net() else { return 0 };
+    let now = clock::now();
+    let mut count = 0;
+    loop {
+        let due = {
+            let mut wire = n.wire.borrow_mut();
+            match wire.first_key_value() {
+                Some((&(at, _), _)) if at <= now => wire.pop_first(),
+                _ => None,
+            }
+        };
+        let Some(((at, _), d)) = due else {
+            return count;
+        };
+        count += 1;
+        let Some(pipe) = d.to.upgrade() else { continue };
+        if pipe.closed.get() {
+            continue;
+        }
+        let mut h = n.trace.get();
+        h = fnv(h, &(at - n.epoch).as_nanos().to_le_bytes());
+        h = fnv(h, d.from.to_string().as_bytes());
+        h = fnv(h, d.dest.to_string().as_bytes());
+        match d.cargo {
+            Cargo::Frame(bytes) => {
+                h = fnv(h, &bytes);
+                pipe.frames.borrow_mut().push_back(bytes);
+            }
+            Cargo::End => {
+                h = fnv(h, b"end");
+                pipe.closed.set(true);
+            }
+        }
+        n.trace.set(h);
+        n.delivered.set(n.delivered.get() + 1);
+        pipe.wake();
+    }
+}
+
+/// When the next message arrives (`None`: nothing on the wire).
+pub fn next_delivery() -> Option<Instant> {
+    net()
+        .ok()?
+        .wire
+        .borrow()
+        .first_key_value()
+        .map(|(&(at, _), _)| at)
+}
+
+/// The hash of every delivery so far (time, ends, bytes), and how many: equal
+/// for two runs of one seed.
+pub fn trace_hash() -> (u64, u64) {
+    net().map_or((0, 0), |n| (n.trace.get(), n.delivered.get()))
+}
+
+/// Folds `extra` into the trace (the simulator's own events: faults, crashes).
+pub fn trace_event(extra: &[u8]) {
+    if let Ok(n) = net() {
+        n.trace.set(fnv(n.trace.get(), extra));
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+impl Net {
+    fn fault(&self, from: IpAddr, to: IpAddr) -> Option<LinkFault> {
+        self.faults.borrow().get(&(from, to)).copied()
+    }
+
+    fn latency(&self) -> Duration {
+        let (lo, hi) = (self.config.latency_us_min, self.config.latency_us_max);
+        let us = if hi > lo {
+            self.rng.borrow_mut().random_range(lo..=hi)
+        } else {
+            lo
+        };
+        Duration::from_micros(us)
+    }
+
+    /// Puts `cargo` on the wire to arrive no earlier than anything sent before it
+    /// on the same direction (`last`).
+    fn post(&self, last: &Cell<Instant>, d: Delivery) {
+        let at = (clock::now() + self.latency()).max(last.get());
+        last.set(at);
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        self.wire.borrow_mut().insert((at, seq), d);
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        let ip = self
+            .current_node
+            .get()
+            .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        let port = self.next_port.get();
+        self.next_port.set(port.checked_add(1).unwrap_or(40_000));
+        SocketAddr::new(ip, port)
+    }
+
+    fn prune(&self) {
+        self.ends.borrow_mut().retain(|w| w.strong_count() > 0);
+    }
+}
+
+/// One end of a simulated connection.
+pub struct SimConn {
+    local: SocketAddr,
+    peer: SocketAddr,
+    inbox: Rc<Pipe>,
+    /// The peer's inbox.
+    outbox: Weak<Pipe>,
+    /// Arrival time of the last thing sent (keeps the direction in order).
+    last_arrival: Cell<Instant>,
+    /// This end is closed: receives fail, sends are refused.
+    closed: Cell<bool>,
+    net: Weak<Net>,
+}
+
+impl SimConn {
+    /// Connects to `addr` from this process's address, after one latency (a
+    /// black-holed path: after `timeout`).
+    pub async fn connect(
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Rc<SimConn>, TransportError> {
+        let net = net()?;
+        let local = net.local_addr();
+        let fault = net
+            .fault(local.ip(), addr.ip())
+            .or(net.fault(addr.ip(), local.ip()));
+        match fault {
+            Some(LinkFault::BlackHole) => {
+                crate::reactor::sleep(timeout).await;
+                return Err(TransportError::ConnectTimeout(addr));
+            }
+            Some(LinkFault::Reject) => {
+                return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+            }
+            None => {}
+        }
+        let rtt = net.latency() + net.latency();
+        if rtt >= timeout {
+            crate::reactor::sleep(timeout).await;
+            return Err(TransportError::ConnectTimeout(addr));
+        }
+        crate::reactor::sleep(rtt).await;
+        let Some(listener) = net.listeners.borrow().get(&addr).cloned() else {
+            return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+        };
+        let now = clock::now();
+        let a = Rc::new(Pipe::default());
+        let b = Rc::new(Pipe::default());
+        let mine = Rc::new(SimConn {
+            local,
+            peer: addr,
+            inbox: a.clone(),
+            outbox: Rc::downgrade(&b),
+            last_arrival: Cell::new(now),
+            closed: Cell::new(false),
+            net: Rc::downgrade(&net),
+        });
+        let theirs = Rc::new(SimConn {
+            local: addr,
+            peer: local,
+            inbox: b,
+            outbox: Rc::downgrade(&a),
+            last_arrival: Cell::new(now),
+            closed: Cell::new(false),
+            net: Rc::downgrade(&net),
+        });
+        // The accepting side keeps the other pipe alive through its end.
+        {
+            let mut ends = net.ends.borrow_mut();
+            ends.push(Rc::downgrade(&mine));
+            ends.push(Rc::downgrade(&theirs));
+        }
+        listener.backlog.borrow_mut().push_back(theirs);
+        if let Some(w) = listener.waker.borrow_mut().take() {
+            w.wake();
+        }
+        Ok(mine)
+    }
+
+    /// Queues `msg`: it arrives after a latency, after everything sent before it.
+    pub fn send(&self, msg: &Message) -> Result<(), TransportError> {
+        self.send_raw(msg.encode())
+    }
+
+    /// Queues raw bytes (a refusal in another version's format).
+    pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
+        if self.closed.get() {
+            return Err(TransportError::Closed);
+        }
+        let Some(net) = self.net.upgrade() else {
+            return Err(TransportError::Closed);
+        };
+        match net.fault(self.local.ip(), self.peer.ip()) {
+            Some(LinkFault::BlackHole) => return Ok(()),
+            Some(LinkFault::Reject) => {
+                self.shut();
+                return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into());
+            }
+            None => {}
+        }
+        net.post(
+            &self.last_arrival,
+            Delivery {
+                to: self.outbox.clone(),
+                cargo: Cargo::Frame(bytes),
+                from: self.local,
+                dest: self.peer,
+            },
+        );
+        Ok(())
+    }
+
+    /// Receives the next message (one receiver at a time).
+    pub async fn recv(&self) -> Result<Message, TransportError> {
+        poll_fn(|cx| {
+            if self.closed.get() {
+                return Poll::Ready(Err(TransportError::Closed));
+            }
+            if let Some(frame) = self.inbox.frames.borrow_mut().pop_front() {
+                return Poll::Ready(decode(&frame));
+            }
+            if self.inbox.closed.get() {
+                self.closed.set(true);
+                return Poll::Ready(Err(TransportError::Closed));
+            }
+            *self.inbox.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Closes this end: receives fail; the peer's end closes once what was sent
+    /// before has arrived.
+    pub fn close(&self) {
+        self.shut();
+    }
+
+    /// Closes after what was queued has been sent — here at once, since a send
+    /// is on the wire as soon as it is queued.
+    pub fn close_after_send(&self) {
+        self.shut();
+    }
+
+    fn shut(&self) {
+        if self.closed.replace(true) {
+            return;
+        }
+        self.inbox.wake();
+        if let Some(net) = self.net.upgrade() {
+            net.post(
+                &self.last_arrival,
+                Delivery {
+                    to: self.outbox.clone(),
+                    cargo: Cargo::End,
+                    from: self.local,
+                    dest: self.peer,
+                },
+            );
+        }
+    }
+
+    /// Whether this end is closed (or the peer's end arrived).
+    pub fn is_closed(&self) -> bool {
+        self.closed.get() || (self.inbox.closed.get() && self.inbox.frames.borrow().is_empty())
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+}
+
+impl Drop for SimConn {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+fn decode(frame: &[u8]) -> Result<Message, TransportError> {
+    match Message::decode(frame)? {
+        Some((msg, used)) if used == frame.len() => Ok(msg),
+        _ => Err(TransportError::Protocol(ProtocolError::Inconsistent(
+            "a simulated frame is not exactly one message",
+        ))),
+    }
+}
+
+/// A bound simulated address. Holds no reference into the network (so that it is
+/// `Send` like the other listeners): it finds its state by address and bind id.
+pub struct SimListener {
+    addr: SocketAddr,
+    id: u64,
+}
+
+impl SimListener {
+    /// Binds `addr` (refused while another listener holds it).
+    pub fn bind(addr: SocketAddr) -> Result<SimListener, TransportError> {
+        let net = net()?;
+        let mut listeners = net.listeners.borrow_mut();
+        if listeners.contains_key(&addr) {
+            return Err(std::io::Error::from(std::io::ErrorKind::AddrInUse).into());
+        }
+        let id = net.seq.get();
+        net.seq.set(id + 1);
+        listeners.insert(
+            addr,
+            Rc::new(ListenerState {
+                id,
+                backlog: RefCell::default(),
+                waker: RefCell::default(),
+            }),
+        );
+        Ok(SimListener { addr, id })
+    }
+
+    fn state(&self) -> Option<Rc<ListenerState>> {
+        let net = net().ok()?;
+        let listeners = net.listeners.borrow();
+        listeners
+            .get(&self.addr)
+            .filter(|s| s.id == self.id)
+            .cloned()
+    }
+
+    /// The next connection. Fails once the address is gone (its process crashed).
+    pub async fn accept(&self) -> Result<Rc<SimConn>, TransportError> {
+        poll_fn(|cx| {
+            let Some(state) = self.state() else {
+                return Poll::Ready(Err(TransportError::Closed));
+            };
+            if let Some(c) = state.backlog.borrow_mut().pop_front() {
+                return Poll::Ready(Ok(c));
+            }
+            *state.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for SimListener {
+    fn drop(&mut self) {
+        if let Ok(net) = net() {
+            let mut listeners = net.listeners.borrow_mut();
+            if listeners.get(&self.addr).is_some_and(|s| s.id == self.id) {
+                listeners.remove(&self.addr);
+            }
+        }
+    }
+}
+
+/// What grants answer on the simulated transport.
+pub(crate) fn no_one_sided() -> TransportError {
+    TransportError::Grant("the simulated transport has no one-sided access".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Message;
+    use crate::reactor::{Reactor, spawn};
+
+    fn ping(id: u64) -> Message {
+        Message::Ping {
+            id: crate::ids::RequestId(id),
+            epoch: crate::ids::Epoch(1),
+        }
+    }
+
+    /// Runs two simulated processes until both are idle and nothing is on the
+    /// wire, advancing the virtual clock; returns the virtual time taken.
+    fn run(reactors: &mut [(&mut Reactor, IpAddr)]) -> Duration {
+        let t0 = clock::now();
+        for _ in 0..10_000 {
+            let mut ran = 0;
+            for (r, ip) in reactors.iter_mut() {
+                set_current_node(Some(*ip));
+                ran += r.run_ready(1000).unwrap();
+            }
+            ran += deliver_due();
+            if ran > 0 {
+                continue;
+            }
+            let next = reactors
+                .iter()
+                .filter_map(|(r, _)| r.next_timer())
+                .chain(next_delivery())
+                .min();
+            match next {
+                Some(t) => clock::advance_to(t),
+                None => return clock::now() - t0,
+            }
+        }
+        panic!("did not settle");
+    }
+
+    fn sim_thread(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            clock::simulated();
+            install(NetConfig {
+                seed: 7,
+                latency_us_min: 50,
+                latency_us_max: 500,
+            });
+            f();
+            uninstall();
+            clock::real();
+        })
+        .join()
+        .unwrap();
+    }
+
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 3));
+
+    /// Messages arrive whole and in order despite random latencies; a crash ends
+    /// the peer's connection after what was sent before it; the trace hash is
+    /// the same for the same seed.
+    #[test]
+    fn in_order_delivery_crash_reset_and_a_repeatable_trace() {
+        let mut hashes = Vec::new();
+        for _ in 0..2 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            sim_thread(move || {
+                let mut a = Reactor::new_simulated().unwrap();
+                let mut b = Reactor::new_simulated().unwrap();
+                let addr = SocketAddr::new(B, 7000);
+                let got = Rc::new(RefCell::new(Vec::new()));
+                let g = got.clone();
+                let l = b.enter(|| SimListener::bind(addr)).unwrap();
+                b.enter(|| {
+                    spawn(async move {
+                        let c = l.accept().await.unwrap();
+                        loop {
+                            match c.recv().await {
+                                Ok(m) => g.borrow_mut().push(m.id().0),
+                                Err(TransportError::Closed) => {
+                                    g.borrow_mut().push(u64::MAX);
+                                    return;
+                                }
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    })
+                    .detach()
+                });
+                set_current_node(Some(A));
+                a.enter(|| {
+                    spawn(async move {
+                        let c = SimConn::connect(addr, Duration::from_secs(1))
+                            .await
+                            .unwrap();
+                        for i in 0..100 {
+                            c.send(&ping(i)).unwrap();
+                        }
+                        std::future::pending::<()>().await;
+                        drop(c);
+                    })
+                    .detach()
+                });
+                let took = run(&mut [(&mut a, A), (&mut b, B)]);
+                assert!(took < Duration::from_millis(50), "{took:?}");
+                assert_eq!(*got.borrow(), (0..100).collect::<Vec<_>>());
+                crash(A);
+                run(&mut [(&mut a, A), (&mut b, B)]);
+                assert_eq!(got.borrow().last(), Some(&u64::MAX), "the crash reset it");
+                tx.send(trace_hash()).unwrap();
+            });
+            hashes.push(rx.recv().unwrap());
+        }
+        assert_eq!(hashes[0], hashes[1]);
+        assert!(hashes[0].1 >= 101);
+    }
+
+    /// A rejected path refuses connects; a black hole makes them time out after
+    /// the caller's timeout and swallows sends on an existing connection.
+    #[test]
+    fn rejected_and_black_holed_paths() {
+        sim_thread(|| {
+            let mut a = Reactor::new_simulated().unwrap();
+            let mut b = Reactor::new_simulated().unwrap();
+            let addr = SocketAddr::new(B, 7000);
+            let l = b.enter(|| SimListener::bind(addr)).unwrap();
+            let got = Rc::new(Cell::new(0u32));
+            let g = got.clone();
+            b.enter(|| {
+                spawn(async move {
+                    let c = l.accept().await.unwrap();
+                    while c.recv().await.is_ok() {
+                        g.set(g.get() + 1);
+                    }
+                })
+                .detach()
+            });
+            let out = Rc::new(RefCell::new(Vec::new()));
+            let o = out.clone();
+            set_fault(A, B, Some(LinkFault::Reject));
+            a.enter(|| {
+                spawn(async move {
+                    let r = SimConn::connect(addr, Duration::from_secs(1)).await;
+                    o.borrow_mut()
+                        .push(format!("{:?}", r.err().map(|e| e.to_string())));
+                    set_fault(A, B, Some(LinkFault::BlackHole));
+                    let t = clock::now();
+                    let r = SimConn::connect(addr, Duration::from_secs(2)).await;
+                    assert!(matches!(r, Err(TransportError::ConnectTimeout(_))));
+                    o.borrow_mut()
+                        .push(format!("{}", clock::elapsed(t).as_secs()));
+                    set_fault(A, B, None);
+                    let c = SimConn::connect(addr, Duration::from_secs(1))
+                        .await
+                        .unwrap();
+                    c.send(&ping(1)).unwrap();
+                    crate::reactor::sleep(Duration::from_millis(10)).await;
+                    set_fault(A, B, Some(LinkFault::BlackHole));
+                    c.send(&ping(2)).unwrap(); // vanishes
+                    crate::reactor::sleep(Duration::from_millis(10)).await;
+                    set_fault(A, B, Some(LinkFault::Reject));
+                    assert!(c.send(&ping(3)).is_err(), "reset");
+                    assert!(c.is_closed());
+                })
+                .detach()
+            });
+            run(&mut [(&mut a, A), (&mut b, B)]);
+            let out = out.borrow();
+            assert!(out[0].contains("refused"), "{out:?}");
+            assert_eq!(out[1], "2");
+            assert_eq!(got.get(), 1, "only the message sent before the black hole");
+        });
+    }
+}
