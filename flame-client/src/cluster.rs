@@ -189,6 +189,65 @@ impl Cluster {
         })
     }
 
+    /// A handle for the deterministic simulator: no threads and no manager
+    /// connection. It starts with `map`, the simulator publishes newer maps with
+    /// [`Cluster::publish_map`] and serves refresh requests
+    /// ([`Cluster::pending_refresh`], [`Cluster::refresh_served`]) in virtual
+    /// time; `op_session` replaces the random session so a seed replays exactly.
+    pub fn simulated(
+        config: ClientConfig,
+        map: ClusterMap,
+        op_session: u64,
+    ) -> Result<Cluster, ClientError> {
+        config.validate()?;
+        check_first_map(&map)?;
+        let mgr = MgrClient::new_from(&config.mgr, config.bind_addr)?;
+        let shared = Arc::new(Shared {
+            fsid: map.fsid.clone(),
+            map: ArcSwap::from_pointee(map),
+            config,
+            mgr,
+            publish_lock: Mutex::new(()),
+            refresh_requested: Mutex::new(0),
+            refresh_cv: Condvar::new(),
+            refresh_done: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            stop_lock: Mutex::new(()),
+            stop_cv: Condvar::new(),
+        });
+        Ok(Cluster {
+            inner: Arc::new(Inner {
+                shared,
+                // Drawn from the seed, not the process's counter: a seed's run
+                // must not depend on the runs before it in the process.
+                uid: flame_common::entropy::u64(),
+                op_session: op_session.max(1),
+                op_seq: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Publishes `map` if it is newer and valid (what the map threads do with a
+    /// fetched map); returns whether it was. For the simulator.
+    pub fn publish_map(&self, map: ClusterMap) -> bool {
+        self.inner.shared.publish(map)
+    }
+
+    /// The newest refresh ticket not yet served, if any. For the simulator.
+    pub fn pending_refresh(&self) -> Option<u64> {
+        let requested = *self.inner.shared.refresh_requested.lock();
+        (requested > self.inner.shared.refresh_done.load(Ordering::Acquire)).then_some(requested)
+    }
+
+    /// Marks refresh tickets up to `ticket` served (after the simulator published
+    /// the manager's map, or failed to reach it).
+    pub fn refresh_served(&self, ticket: u64) {
+        self.inner
+            .shared
+            .refresh_done
+            .fetch_max(ticket, Ordering::AcqRel);
+    }
+
     /// The settings this handle was made with.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.shared.config

@@ -36,6 +36,7 @@ use crate::metrics;
 use crate::retry::RetryReason;
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::clock;
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::protocol::{
     self, HEADER_LEN, Header, Message, OpCode, ReplyAreaInfo, Versions, flags, status,
@@ -44,7 +45,7 @@ use flame_common::reactor;
 use flame_common::transport::{Conn, Grant, TransportKind, WriteGrant};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -233,10 +234,6 @@ enum Slot {
     Connecting(Vec<oneshot::Sender<Result<Rc<OsdConn>, ConnError>>>),
 }
 
-/// Generation of the next connection this process opens (see `Message::Hello`):
-/// increasing, so an OSD can tell a reconnection from the connection it replaces.
-static NEXT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 /// The fencing session of this thread's connections to one cluster: unique per
 /// (thread, cluster handle), since each such pair has at most one live connection
 /// per OSD shard. When it reconnects, the OSD stops executing requests still
@@ -247,8 +244,13 @@ fn session_of(key: &ConnKey) -> u64 {
 }
 
 thread_local! {
-    static SESSION_SEED: u64 = rand::random();
-    static TABLE: RefCell<HashMap<ConnKey, Slot>> = RefCell::new(HashMap::new());
+    static SESSION_SEED: u64 = flame_common::entropy::u64();
+    /// Generation of the next connection this thread opens (see `Message::Hello`):
+    /// increasing, so an OSD can tell a reconnection from the connection it
+    /// replaces. Per thread, like the sessions it numbers (and so a simulated
+    /// run does not depend on the runs before it in the process).
+    static NEXT_GENERATION: Cell<u64> = const { Cell::new(1) };
+    static TABLE: RefCell<HashMap<ConnKey, Slot>> = RefCell::new(HashMap::default());
     /// The reactor the table's connections were made on (see [`check_reactor`]).
     static TABLE_REACTOR: Cell<Option<u64>> = const { Cell::new(None) };
 }
@@ -909,8 +911,8 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         addr: target.addr,
         conn,
         next_id: Cell::new(1),
-        pending: RefCell::new(HashMap::new()),
-        orphans: RefCell::new(HashMap::new()),
+        pending: RefCell::new(HashMap::default()),
+        orphans: RefCell::new(HashMap::default()),
         id_modulus: Cell::new(1),
         fetch: RefCell::new(None),
         slot_waiters: RefCell::new(Vec::new()),
@@ -926,7 +928,7 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         shard: target.key.shard,
         peer: false,
         session: session_of(&target.key),
-        generation: NEXT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        generation: NEXT_GENERATION.with(|g| g.replace(g.get() + 1)),
     };
     // If the timeout fires first, this future is dropped; close the connection then
     // so its reader task ends.

@@ -12,9 +12,10 @@
 //! therefore up to one tick late, which is fine for timeouts measured in seconds.
 
 use flame_common::clock;
+use flame_common::collections::HashMap;
 use flame_common::reactor;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};

@@ -25,13 +25,14 @@ use crate::retry::{Backoff, RetryReason, Verdict, classify};
 use crate::split::Piece;
 use flame_common::buffer::PayloadBuf;
 use flame_common::clock;
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig};
 use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, flags};
 use flame_common::reactor;
 use std::cell::RefCell;
-use std::collections::HashMap;
+
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -214,7 +215,7 @@ thread_local! {
     static FLUSH_TARGETS: RefCell<FlushTargetCache> = RefCell::new(FlushTargetCache {
         cluster: 0,
         epoch: Epoch(0),
-        targets: HashMap::new(),
+        targets: HashMap::default(),
     });
 }
 

@@ -11,7 +11,9 @@
 
 pub mod buffer;
 pub mod clock;
+pub mod collections;
 pub mod config;
+pub mod entropy;
 pub mod http;
 pub mod ids;
 pub mod logging;

@@ -9,14 +9,7 @@
 //! logic), [`store`] (crash-safe `state.json`), [`shared`] (lock, persist-then-
 //! publish), [`api`] (axum routes), [`failure`] (heartbeat grace), [`metrics`].
 
-mod api;
-mod config;
-mod failure;
-mod metrics;
-mod pg_status;
-mod shared;
-mod state;
-mod store;
+use flame_mgr::{api, config, failure, metrics, shared, state, store};
 
 use clap::Parser;
 use config::MgrConfig;

@@ -11,10 +11,11 @@
 //! zero-length read of the group, whose answer — any answer — is the proof.
 
 use crate::shard::Shard;
+use flame_common::collections::HashSet;
 use flame_common::ids::{ObjectId, OsdId, PgId, RequestId, VolumeId};
 use flame_common::protocol::{IoTarget, Message, flags};
 use flame_common::reactor;
-use std::collections::HashSet;
+
 use std::rc::Rc;
 use std::time::Duration;
 

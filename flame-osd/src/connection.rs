@@ -22,13 +22,14 @@
 
 use crate::metrics::FetchReply;
 use crate::shard::Shard;
+use flame_common::collections::HashSet;
 use flame_common::protocol::{
     self, HEADER_LEN, Message, OpCode, ProtocolError, RemoteBuf, ReplyAreaInfo, flags, status,
 };
 use flame_common::reactor;
 use flame_common::transport::{Conn, SharedArea, TransportError};
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -418,7 +419,7 @@ impl Shard {
             area,
             info,
             slots: (0..slots).map(|_| (0, None)).collect(),
-            push_wanted: HashSet::new(),
+            push_wanted: HashSet::default(),
         });
         self.metrics.reply_areas.inc();
         Message::Reply {

@@ -284,7 +284,7 @@ impl Control {
         }
         self.tombstones.on_map(&self.cfg.data_dir, &map.load());
         let mut last_heartbeat = Instant::now();
-        let mut reported = std::collections::HashMap::new();
+        let mut reported = flame_common::collections::HashMap::default();
         loop {
             std::thread::sleep(MAP_CHECK_INTERVAL);
             let wanted = wanted_epoch.load(Ordering::Relaxed);
@@ -410,7 +410,7 @@ impl Control {
         &self,
         id: OsdId,
         map: &ArcSwap<ClusterMap>,
-        reported: &mut std::collections::HashMap<OsdId, Instant>,
+        reported: &mut flame_common::collections::HashMap<OsdId, Instant>,
     ) {
         reported.retain(|_, at| at.elapsed() < FAILURE_REPORT_INTERVAL);
         for failed in self.liveness.take_failed_peers() {

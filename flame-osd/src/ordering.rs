@@ -8,9 +8,10 @@
 //! overlapping writes outstanding, so a replica never sees them concurrently either.
 //! Non-overlapping writes run in parallel.
 
+use flame_common::collections::HashMap;
 use flame_common::ids::ObjectId;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 

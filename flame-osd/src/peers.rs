@@ -8,6 +8,7 @@
 
 use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::map::OsdInfo;
 use flame_common::protocol::{Message, status};
@@ -15,7 +16,7 @@ use flame_common::reactor;
 use flame_common::transport::{Conn, TransportKind};
 use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -67,10 +68,10 @@ impl Peers {
             liveness,
             connect_timeout,
             call_timeout,
-            conns: RefCell::new(HashMap::new()),
-            connecting: RefCell::new(HashMap::new()),
+            conns: RefCell::new(HashMap::default()),
+            connecting: RefCell::new(HashMap::default()),
             metrics,
-            session: rand::random::<u64>() | 1,
+            session: flame_common::entropy::u64() | 1,
             generation: Cell::new(0),
         }
     }
@@ -280,7 +281,7 @@ impl Peers {
         }
         let peer = Rc::new(Peer {
             conn,
-            pending: RefCell::new(HashMap::new()),
+            pending: RefCell::new(HashMap::default()),
             next_id: Cell::new(1),
         });
         let replaced = self

@@ -3,11 +3,11 @@
 //! may serve a request for a group in the role it asks for. Per-group state
 //! (the write sequence, and later the recovery log and object versions) lives here.
 
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, VolumeId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgTable, object_pg};
 use flame_common::protocol::{IoTarget, status};
-use std::collections::HashMap;
 
 /// A map and the acting sets computed from it.
 pub struct MapView {

@@ -18,9 +18,9 @@
 //! generation.
 
 use crate::pg_log::{LogEntry, OpCheck, PgLog, WriteSetRoles};
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, PgId};
 use flame_common::protocol::status;
-use std::collections::HashMap;
 
 /// Highest placement-group sequence number a forward may carry. A replica that
 /// later becomes primary numbers above every seq it has seen, so a forged
@@ -406,7 +406,7 @@ impl PgCores {
     /// No groups yet; each log keeps at most `log_max` entries.
     pub fn new(log_max: usize) -> PgCores {
         PgCores {
-            groups: HashMap::new(),
+            groups: HashMap::default(),
             log_max,
             generation: 0,
         }

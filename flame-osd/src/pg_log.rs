@@ -40,9 +40,10 @@
 //! holds their op ([`PgLog::forget_proof`]), so a later retry of such an op is
 //! applied, not answered from the log.
 
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Sessions per group whose trimmed ops are remembered ([`PgLog::check_op`]); the
 /// least recently trimmed is forgotten first.

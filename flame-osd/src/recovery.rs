@@ -33,6 +33,7 @@
 use crate::pg::MapView;
 use crate::shard::Shard;
 use flame_common::clock;
+use flame_common::collections::{HashMap, HashSet};
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::placement::PgMembers;
 use flame_common::protocol::{
@@ -41,7 +42,7 @@ use flame_common::protocol::{
 use flame_common::reactor;
 use serde::Serialize;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -887,7 +888,7 @@ impl Shard {
         // member in the write set; all later ones have it (see `inflight_through`).
         let admitted = self.pgs.borrow().log(pg).map_or(0, |l| l.last_seq());
         let deadline = clock::now() + INFLIGHT_WAIT_MAX;
-        let mut copied: HashSet<u64> = HashSet::new();
+        let mut copied: HashSet<u64> = HashSet::default();
         let mut volumes = BTreeSet::new();
         let mut kind = "log";
         let mut rounds = 0u32;

@@ -21,9 +21,10 @@ use crate::pg::MapView;
 use crate::recovery::throttle;
 use crate::shard::Shard;
 use flame_common::clock;
+use flame_common::collections::HashMap;
 use flame_common::ids::{ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{BlockSum, IoTarget, Message, ScrubCounts, flags, status};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -44,7 +45,7 @@ pub(crate) struct Vote {
 
 /// Votes on one block held by `copies` (index 0 = the primary).
 pub(crate) fn vote(copies: &[BlockSum]) -> Vote {
-    let mut counts: HashMap<u32, usize> = HashMap::new();
+    let mut counts: HashMap<u32, usize> = HashMap::default();
     for c in copies.iter().filter(|c| !c.bad) {
         *counts.entry(c.sum).or_default() += 1;
     }

@@ -77,7 +77,7 @@ pub struct Shard {
     /// Connection readers waiting for `inflight_bytes` to drop below the bound.
     pub(crate) byte_waiters: RefCell<Vec<std::task::Waker>>,
     /// Newest connection generation of each session (see `Message::Hello`).
-    pub(crate) sessions: RefCell<std::collections::HashMap<u64, Rc<Cell<u64>>>>,
+    pub(crate) sessions: RefCell<flame_common::collections::HashMap<u64, Rc<Cell<u64>>>>,
     /// The decision core of each placement group this shard has seen writes for
     /// ([`crate::pg_core`]: its log, its replica fence, its primacy generation).
     pub(crate) pgs: RefCell<PgCores>,

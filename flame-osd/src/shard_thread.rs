@@ -76,67 +76,114 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 tracing::error!(shard = id, "cannot set up the memory pool: {e}");
                 std::process::exit(1);
             }
-            let metrics = Rc::new(ShardMetrics::new(id));
-            let shard = Rc::new(Shard {
+            let store = ObjectStore::new(
+                &cfg.data_dir,
                 id,
-                osd: setup.osd,
-                view: RefCell::new(Rc::new(MapView::new(&setup.map.load()))),
-                map_source: setup.map,
-                wanted_epoch: setup.wanted_epoch,
-                peer_epoch: Cell::new(0),
-                lease: Duration::from_millis(cfg.lease_ms),
-                activation_wake: Default::default(),
-                store: ObjectStore::new(
-                    &cfg.data_dir,
+                crate::store::StoreOptions {
+                    direct_io: setup.direct_io,
+                    open_max: cfg.open_files_per_shard_max as usize,
+                    checksums: cfg.checksums,
+                },
+            );
+            let shard = build_shard(
+                ShardParts {
                     id,
-                    crate::store::StoreOptions {
-                        direct_io: setup.direct_io,
-                        open_max: cfg.open_files_per_shard_max as usize,
-                        checksums: cfg.checksums,
-                    },
-                ),
-                gate: Rc::new(WriteGate::default()),
-                peers: Rc::new(Peers::new(
-                    cfg.transport,
-                    Some(cfg.source_ip()),
-                    Duration::from_millis(cfg.connect_timeout_ms),
-                    Duration::from_millis(cfg.replica_timeout_ms),
-                    metrics.clone(),
-                    setup.liveness.clone(),
-                )),
-                liveness: setup.liveness,
-                metrics,
-                max_connections: cfg.max_connections_per_shard,
-                max_inflight: cfg.max_inflight_per_connection,
-                reply_slots_max: cfg.reply_slots_per_connection_max,
-                reply_slot_payload_max: cfg.reply_slot_payload_bytes_max,
-                reply_area_over_emulated: cfg.reply_area_over_emulated,
-                connections: Cell::new(0),
-                inflight_bytes: Cell::new(0),
-                inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
-                byte_waiters: RefCell::new(Vec::new()),
-                sessions: RefCell::new(std::collections::HashMap::new()),
-                pgs: RefCell::new(crate::pg_core::PgCores::new(
-                    cfg.pg_log_entries_max as usize,
-                )),
-                recovery: crate::recovery::RecoveryState::default(),
-                recovery_shared: setup.recovery,
-                recovery_max_active: cfg.recovery_max_active.max(1),
-                recovery_bytes_per_sec: cfg.recovery_bytes_per_sec,
-                scrub_interval: Duration::from_secs(cfg.scrub_interval_s),
-                scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
-                stray_delete_delay: Duration::from_millis(cfg.stray_delete_delay_ms),
-            });
-            shard
-                .store
-                .pg_log()
-                .set_keep_per_pg(cfg.pg_log_entries_max as usize);
+                    osd: setup.osd,
+                    map: setup.map,
+                    wanted_epoch: setup.wanted_epoch,
+                    config: cfg.clone(),
+                    recovery: setup.recovery,
+                    liveness: setup.liveness,
+                },
+                store,
+            );
             let handle = reactor.handle();
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.intake, handle)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
                 std::process::exit(1);
             }
         })
+}
+
+/// What a shard's state is made of, apart from its store.
+pub struct ShardParts {
+    /// Shard number.
+    pub id: u16,
+    /// This OSD's id.
+    pub osd: OsdId,
+    /// The live map.
+    pub map: Arc<ArcSwap<ClusterMap>>,
+    /// Highest epoch seen in a request; the control thread fetches it.
+    pub wanted_epoch: Arc<AtomicU64>,
+    /// Configuration.
+    pub config: Arc<OsdConfig>,
+    /// Shared with the control thread (recovery reports, status).
+    pub recovery: Arc<crate::recovery::RecoveryShared>,
+    /// Lease, shard progress and unreachable peers, shared with the control thread.
+    pub liveness: Arc<Liveness>,
+}
+
+/// Builds a shard's state around `store`, on the thread (reactor) that will run
+/// it: the shard thread, or a simulated OSD process of the deterministic
+/// simulator (which gives it a store on the simulated disk).
+pub fn build_shard(parts: ShardParts, store: ObjectStore) -> Rc<Shard> {
+    let id = parts.id;
+    let cfg = parts.config;
+    let metrics = Rc::new(ShardMetrics::new(id));
+    let shard = Rc::new(Shard {
+        id,
+        osd: parts.osd,
+        view: RefCell::new(Rc::new(MapView::new(&parts.map.load()))),
+        map_source: parts.map,
+        wanted_epoch: parts.wanted_epoch,
+        peer_epoch: Cell::new(0),
+        lease: Duration::from_millis(cfg.lease_ms),
+        activation_wake: Default::default(),
+        store,
+        gate: Rc::new(WriteGate::default()),
+        peers: Rc::new(Peers::new(
+            cfg.transport,
+            Some(cfg.source_ip()),
+            Duration::from_millis(cfg.connect_timeout_ms),
+            Duration::from_millis(cfg.replica_timeout_ms),
+            metrics.clone(),
+            parts.liveness.clone(),
+        )),
+        liveness: parts.liveness,
+        metrics,
+        max_connections: cfg.max_connections_per_shard,
+        max_inflight: cfg.max_inflight_per_connection,
+        reply_slots_max: cfg.reply_slots_per_connection_max,
+        reply_slot_payload_max: cfg.reply_slot_payload_bytes_max,
+        reply_area_over_emulated: cfg.reply_area_over_emulated,
+        connections: Cell::new(0),
+        inflight_bytes: Cell::new(0),
+        inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
+        byte_waiters: RefCell::new(Vec::new()),
+        sessions: RefCell::new(flame_common::collections::HashMap::default()),
+        pgs: RefCell::new(crate::pg_core::PgCores::new(
+            cfg.pg_log_entries_max as usize,
+        )),
+        recovery: crate::recovery::RecoveryState::default(),
+        recovery_shared: parts.recovery,
+        recovery_max_active: cfg.recovery_max_active.max(1),
+        recovery_bytes_per_sec: cfg.recovery_bytes_per_sec,
+        scrub_interval: Duration::from_secs(cfg.scrub_interval_s),
+        scrub_bytes_per_sec: cfg.scrub_bytes_per_sec,
+        stray_delete_delay: Duration::from_millis(cfg.stray_delete_delay_ms),
+    });
+    shard
+        .store
+        .pg_log()
+        .set_keep_per_pg(cfg.pg_log_entries_max as usize);
+    shard
+}
+
+/// Serves a shard: loads its log, starts its background tasks and accepts on
+/// `listener` until the reactor is dropped (what a shard thread runs; the
+/// simulator runs it on a simulated OSD's reactor).
+pub async fn serve(shard: Rc<Shard>, listener: Listener, handle: reactor::Handle) {
+    accept_loop(shard, Intake::Listener(listener), handle).await
 }
 
 /// Makes the configured pool this thread's payload memory and, if configured,

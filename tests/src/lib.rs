@@ -21,6 +21,7 @@ pub mod failover;
 pub mod faults;
 pub mod net;
 pub mod oracle;
+pub mod sim;
 
 use flame_common::ids::VolumeId;
 use flame_common::map::{ClusterMap, VolumeInfo};

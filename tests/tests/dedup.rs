@@ -270,39 +270,6 @@ fn writes_are_not_refused_for_their_epoch_when_other_groups_change() {
             })
         })
     };
-    // Map churn: volumes created and removed, and the outsider reweighted down
-    // and back (other groups move, recover and are reported: more epochs).
-    let outsider_name = outsider.0.to_string();
-    for round in 0..6 {
-        for k in 0..10 {
-            let name = format!("churn{round}x{k}");
-            cluster.create_volume(&name, MIB);
-            let (code, body) = http_request(
-                cluster.mgr_addr(),
-                "DELETE",
-                &format!("/v1/volumes/{name}"),
-                "",
-            )
-            .unwrap();
-            assert_eq!(code, 200, "{body}");
-        }
-        let w = if round % 2 == 0 { "0.5" } else { "1" };
-        cluster.admin_ok(&["osd", "reweight", &outsider_name, w]);
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let n = writer
-        .join()
-        .unwrap()
-        .unwrap()
-        .unwrap_or_else(|e| panic!("writes failed: {e}"));
-    let map = cluster.map();
-    assert_eq!(
-        map.interval_since(pg),
-        since,
-        "the test's group changed roles: the test proves nothing"
-    );
-    assert!(map.epoch.0 >= epoch_before.0 + 60, "the map barely moved");
     // Lines of `flame_osd_forwards_other_epoch_total` with both labels, summed
     // over every OSD and shard.
     let sum = |sender: &str, result: &str| -> f64 {
@@ -319,6 +286,45 @@ fn writes_are_not_refused_for_their_epoch_when_other_groups_change() {
             })
             .sum()
     };
+    let outsider_name = outsider.0.to_string();
+    // Map churn: volumes created and removed, and the outsider reweighted down
+    // and back (other groups move, recover and are reported: more epochs).
+    // Rounds until a forward has met a replica on another epoch (a race the
+    // churn makes likely, not certain: under load one batch of rounds may see
+    // none), at least 6 and at most 16.
+    for round in 0..16 {
+        for k in 0..10 {
+            let name = format!("churn{round}x{k}");
+            cluster.create_volume(&name, MIB);
+            let (code, body) = http_request(
+                cluster.mgr_addr(),
+                "DELETE",
+                &format!("/v1/volumes/{name}"),
+                "",
+            )
+            .unwrap();
+            assert_eq!(code, 200, "{body}");
+        }
+        let w = if round % 2 == 0 { "0.5" } else { "1" };
+        cluster.admin_ok(&["osd", "reweight", &outsider_name, w]);
+        std::thread::sleep(Duration::from_millis(300));
+        if round >= 5 && sum("older", "accepted") + sum("newer", "accepted") > 0.0 {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = writer
+        .join()
+        .unwrap()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("writes failed: {e}"));
+    let map = cluster.map();
+    assert_eq!(
+        map.interval_since(pg),
+        since,
+        "the test's group changed roles: the test proves nothing"
+    );
+    assert!(map.epoch.0 >= epoch_before.0 + 60, "the map barely moved");
     let older_ok = sum("older", "accepted");
     let newer_ok = sum("newer", "accepted");
     let refused = sum("older", "refused") + sum("newer", "refused");

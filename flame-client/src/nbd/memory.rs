@@ -11,8 +11,9 @@
 
 use super::backend::{Backend, Errno, Exports, OpenError};
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::collections::HashMap;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+
 use std::sync::Arc;
 
 /// Block size of the sparse map.
@@ -37,7 +38,9 @@ impl MemoryDisk {
         MemoryDisk {
             size,
             read_only,
-            stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
+            stripes: (0..STRIPES)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
         }
     }
 

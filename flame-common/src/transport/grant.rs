@@ -15,9 +15,10 @@
 
 use super::TransportError;
 use crate::buffer::{PayloadBuf, PayloadBufMut};
+use crate::collections::HashMap;
 use crate::protocol::{PAYLOAD_BYTES_MAX, RemoteBuf};
 use std::cell::RefCell;
-use std::collections::HashMap;
+
 use std::rc::Rc;
 
 /// Live grants one connection may hold at once. A caller that leaks grants hits

@@ -256,7 +256,7 @@ struct Local {
     /// Free staging extents: offset (from STAGING_OFF) → length, coalesced.
     free: RefCell<BTreeMap<usize, usize>>,
     /// Live grants: slot → what backs it.
-    grants: RefCell<std::collections::HashMap<usize, Backing>>,
+    grants: RefCell<crate::collections::HashMap<usize, Backing>>,
     /// The pool regions shared with the peer (their memfds stay open while the
     /// connection lives; the peer maps them by address).
     shared: Vec<RegionInfo>,
@@ -306,7 +306,7 @@ impl Local {
             data_efd: Rc::new(eventfd()?),
             space_efd: eventfd()?,
             free: RefCell::new(free),
-            grants: RefCell::new(std::collections::HashMap::new()),
+            grants: RefCell::new(crate::collections::HashMap::default()),
             shared: shared_regions(),
             quarantine: RefCell::new(VecDeque::new()),
         })
@@ -446,7 +446,7 @@ impl Drop for PeerMapping {
 /// Live peer mappings by the memfd's identity (device, inode) and length. An
 /// inode cannot be reused while a mapping of it lives, so an entry that upgrades
 /// is the same memory. Only handshakes touch it.
-type PeerMappings = std::collections::HashMap<(u64, u64, u64), std::sync::Weak<PeerMapping>>;
+type PeerMappings = crate::collections::HashMap<(u64, u64, u64), std::sync::Weak<PeerMapping>>;
 
 fn peer_mappings() -> &'static std::sync::Mutex<PeerMappings> {
     static MAPPINGS: std::sync::OnceLock<std::sync::Mutex<PeerMappings>> =

@@ -112,6 +112,9 @@ struct Net {
     current_node: Cell<Option<IpAddr>>,
     trace: Cell<u64>,
     delivered: Cell<u64>,
+    /// `FLAME_SIM_DUMP` was set: every delivery is printed to stderr (to diff two
+    /// runs that should have been identical).
+    dump: bool,
     /// Virtual time zero of the trace (instants are folded in relative to it).
     epoch: Instant,
 }
@@ -146,6 +149,7 @@ pub fn install(config: NetConfig) {
         trace: Cell::new(FNV_OFFSET),
         delivered: Cell::new(0),
         epoch: clock::now(),
+        dump: std::env::var_os("FLAME_SIM_DUMP").is_some(),
     };
     NET.with(|n| *n.borrow_mut() = Some(Rc::new(net)));
 }
@@ -174,6 +178,12 @@ pub fn set_fault(from: IpAddr, to: IpAddr, fault: Option<LinkFault>) {
             None => n.faults.borrow_mut().remove(&(from, to)),
         };
     }
+}
+
+/// The fault of the path from `from` to `to`, if any (the simulator consults it
+/// for paths it models itself, such as a process's to the manager).
+pub fn fault(from: IpAddr, to: IpAddr) -> Option<LinkFault> {
+    net().ok()?.fault(from, to)
 }
 
 /// Clears every fault.
@@ -229,6 +239,15 @@ pub fn deliver_due() -> usize {
         match d.cargo {
             Cargo::Frame(bytes) => {
                 h = fnv(h, &bytes);
+                if n.dump {
+                    eprintln!(
+                        "{:?} {} {} {:02x?}",
+                        at - n.epoch,
+                        d.from,
+                        d.dest,
+                        &bytes[..bytes.len().min(128)]
+                    );
+                }
                 pipe.frames.borrow_mut().push_back(bytes);
             }
             Cargo::End => {

@@ -20,13 +20,14 @@ use super::grant::{
     Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
+use crate::collections::HashMap;
 use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
 };
 use crate::reactor;
 use std::cell::RefCell as StdRefCell;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -144,7 +145,7 @@ impl TcpConn {
             closed: Cell::new(false),
             closing: Cell::new(false),
             grants: Rc::new(GrantTable::default()),
-            pending: StdRefCell::new(HashMap::new()),
+            pending: StdRefCell::new(HashMap::default()),
             next_op: Cell::new(1),
             never_wait: Cell::new(false),
         });

@@ -12,9 +12,10 @@
 //! survives and that every block verifies after recovery.
 
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::collections::HashMap;
 use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN, IoBuf};
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -554,7 +555,9 @@ unsafe impl<B: reactor::IoBuf> reactor::IoBuf for TailRef<B> {
 /// The simulated disk.
 #[derive(Default)]
 pub struct SimFs {
-    files: RefCell<HashMap<PathBuf, Rc<SimFile>>>,
+    /// Ordered, so a listing and a power cut visit files in the same order every
+    /// run (the deterministic simulator).
+    files: RefCell<BTreeMap<PathBuf, Rc<SimFile>>>,
     /// Directories (always stable: the store creates them before files in them
     /// and never depends on a directory's own name surviving without its fsync).
     dirs: RefCell<BTreeSet<PathBuf>>,
@@ -608,6 +611,25 @@ impl SimFs {
         Ok(())
     }
 
+    /// Every file's path, in order (the simulator's comparison of copies).
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.borrow().keys().cloned().collect()
+    }
+
+    /// The current contents of `path` (what a read would see), up to its last
+    /// written page; `None` if there is no such file.
+    pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let files = self.files.borrow();
+        let f = files.get(path)?;
+        let end = f
+            .current
+            .borrow()
+            .keys()
+            .max()
+            .map_or(0, |&p| (p + 1) * SIM_PAGE as u64);
+        Some(f.read(0, end as usize))
+    }
+
     /// The power comes back: every page not made stable was either written by the
     /// disk before the cut or lost (chosen by `keep`, called once per such page), a
     /// file whose name was never made stable is lost, and operations work again.
@@ -628,8 +650,8 @@ impl SimFile {
     fn new(parent: PathBuf) -> SimFile {
         SimFile {
             parent,
-            stable: RefCell::new(HashMap::new()),
-            current: RefCell::new(HashMap::new()),
+            stable: RefCell::new(HashMap::default()),
+            current: RefCell::new(HashMap::default()),
             dirty: RefCell::new(BTreeSet::new()),
             name_stable: Cell::new(false),
         }

@@ -13,9 +13,10 @@
 
 use super::fs::{File, Fs};
 use crate::metrics::SyncKind;
+use flame_common::collections::HashMap;
 use flame_common::ids::{ObjectId, PgId, VolumeId};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -176,7 +177,7 @@ impl Journal {
             path,
             file: RefCell::new(None),
             generation: Cell::new(0),
-            entries: RefCell::new(HashMap::new()),
+            entries: RefCell::new(HashMap::default()),
             pending: RefCell::new(Vec::new()),
             next_seq: Cell::new(1),
             durable_seq: Cell::new(0),

@@ -30,6 +30,7 @@ pub mod wait_list;
 use crate::config::DirectIo;
 use crate::metrics::SyncKind;
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::collections::{HashMap, HashSet};
 use flame_common::ids::{ObjectId, PgId, VolumeId};
 use flame_common::map::{DELETED_VOLUMES_MAX, OBJECT_SIZE_MAX};
 use flame_common::reactor::{self, AlignedBuf, DIRECT_IO_ALIGN};
@@ -37,7 +38,7 @@ use fs::{File, Fs};
 use journal::Journal;
 use meta::{BLOCK, BLOCKS_MAX, DATA_OFFSET, HEADER_LEN, Header, Loaded};
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -428,11 +429,11 @@ impl ObjectStore {
             checksums: options.checksums,
             open_max: options.open_max.max(16),
             files: RefCell::new(Lru::default()),
-            dirty: RefCell::new(HashMap::new()),
-            dirty_dirs: RefCell::new(HashMap::new()),
+            dirty: RefCell::new(HashMap::default()),
+            dirty_dirs: RefCell::new(HashMap::default()),
             generation: Cell::new(0),
-            known_dirs: RefCell::new(HashSet::new()),
-            absent: RefCell::new(HashSet::new()),
+            known_dirs: RefCell::new(HashSet::default()),
+            absent: RefCell::new(HashSet::default()),
             removed_volumes: RefCell::new(BTreeSet::new()),
             writes_inflight: Cell::new(0),
             journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
@@ -1158,7 +1159,7 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
 pub async fn recover(fs: &Fs, root: &Path) -> io::Result<u64> {
     let jdir = layout::journal_dir(root);
     let journals = fs.list_dir(&jdir).await?;
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let mut recomputed = 0;
     for name in &journals {
         for (pg, object) in journal::replay(fs, &jdir.join(name)).await? {

@@ -34,9 +34,10 @@
 use super::fs::{File, Fs};
 use crate::metrics::SyncKind;
 use crate::pg_log::{EntryKind, LogEntry};
+use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, ObjectId, OpId, PgId, VolumeId};
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -226,7 +227,7 @@ impl PgLogFile {
             dir: dir(root),
             paths: paths(root, shard),
             current: RefCell::new(None),
-            pending: RefCell::new(HashMap::new()),
+            pending: RefCell::new(HashMap::default()),
             pending_len: Cell::new(0),
             keep_per_pg: Cell::new(2048),
             compact_at: Cell::new(FILE_BYTES_MAX),

@@ -821,7 +821,7 @@ mod power_loss {
                 0..6 => {
                     // Concurrent writes to distinct blocks (some partial).
                     let mut tasks = Vec::new();
-                    let mut used = HashSet::new();
+                    let mut used = HashSet::default();
                     for _ in 0..rng.random_range(1..5) {
                         let o = rng.random_range(0..OBJECTS);
                         let b = rng.random_range(0..BLOCKS);

@@ -51,6 +51,7 @@ use super::wire::{
     StreamDecoder, WrId, WrKind,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut};
+use crate::collections::HashMap;
 use crate::protocol::{Message, PAYLOAD_BYTES_MAX, ProtocolError, RemoteBuf};
 use crate::reactor;
 use crate::transport::TransportError;
@@ -71,7 +72,7 @@ use sideway::ibverbs::queue_pair::{
     SetScatterGatherEntry, WorkRequestFlags,
 };
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -272,7 +273,7 @@ impl ThreadCq {
         let t = Rc::new(ThreadCq {
             cq,
             channel,
-            conns: RefCell::new(HashMap::new()),
+            conns: RefCell::new(HashMap::default()),
             next_conn: Cell::new(1),
             reserved_cqe: Cell::new(0),
             // Half the entries: completions of destroyed queue pairs may linger.
@@ -695,7 +696,7 @@ impl RdmaConn {
             closed: Cell::new(false),
             closing: Cell::new(false),
             failure: RefCell::new(None),
-            grants: RefCell::new(HashMap::new()),
+            grants: RefCell::new(HashMap::default()),
         });
         thread.conns.borrow_mut().insert(id, Rc::downgrade(&conn));
         let conn = Self::bring_up(conn, initiator).await?;

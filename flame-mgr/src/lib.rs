@@ -1,0 +1,16 @@
+//! The Flame manager as a library: `flame-mgr`'s `main` starts the HTTP server
+//! around it, and the deterministic simulator (`tests/src/sim/`) drives its pure
+//! state machine ([`state::ClusterState`]) directly, in virtual time.
+//!
+//! Layout: [`config`] (YAML settings), [`state`] (the map and every rule on it, pure
+//! logic), [`store`] (crash-safe `state.json`), [`shared`] (lock, persist-then-
+//! publish), [`api`] (axum routes), [`failure`] (heartbeat grace), [`metrics`].
+
+pub mod api;
+pub mod config;
+pub mod failure;
+pub mod metrics;
+pub mod pg_status;
+pub mod shared;
+pub mod state;
+pub mod store;

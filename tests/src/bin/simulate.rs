@@ -1,0 +1,108 @@
+//! `simulate`: runs seeds of the deterministic simulator (`flame_tests::sim`) and
+//! prints one line per seed (a failing one with its errors, last events and the
+//! command that replays it). `scripts/simulate.sh` wraps it.
+//!
+//! ```text
+//! simulate --seed 42                 # one seed (replay)
+//! simulate --seeds 200 --from 1000   # seeds 1000..1200
+//! simulate --seeds 50 --no-faults --ops 1000
+//! ```
+//! `RUST_LOG=debug` prints the simulated daemons' logs (one seed at a time).
+
+use flame_tests::sim::{SimConfig, run};
+use std::process::ExitCode;
+use std::time::Instant;
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--writers N] [--no-faults] [--twice] [--events]"
+    );
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let (mut first, mut count) = (1u64, 1u64);
+    let (mut ops, mut writers, mut faults, mut twice) = (None, None, true, false);
+    let mut events = false;
+    while let Some(a) = args.next() {
+        let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
+        match a.as_str() {
+            "--seed" => match num() {
+                Some(s) => (first, count) = (s, 1),
+                None => return usage(),
+            },
+            "--seeds" => match num() {
+                Some(n) => count = n,
+                None => return usage(),
+            },
+            "--from" => match num() {
+                Some(s) => first = s,
+                None => return usage(),
+            },
+            "--ops" => match num() {
+                Some(n) => ops = Some(n),
+                None => return usage(),
+            },
+            "--writers" => match num() {
+                Some(n) => writers = Some(n as usize),
+                None => return usage(),
+            },
+            "--no-faults" => faults = false,
+            "--twice" => twice = true,
+            "--events" => events = true,
+            _ => return usage(),
+        }
+    }
+    if std::env::var_os("RUST_LOG").is_some() {
+        flame_common::logging::init();
+    }
+    let started = Instant::now();
+    let (mut passed, mut failed) = (0u64, Vec::new());
+    let mut virtual_secs = 0.0;
+    for seed in first..first.saturating_add(count) {
+        let mut cfg = SimConfig::new(seed);
+        cfg.faults = faults;
+        if let Some(n) = ops {
+            cfg.ops = n;
+        }
+        if let Some(n) = writers {
+            cfg.writers = n;
+        }
+        let report = run(cfg.clone());
+        print!("{report}");
+        if events && report.passed() {
+            for e in &report.events {
+                println!("    {e}");
+            }
+        }
+        virtual_secs += report.virtual_time.as_secs_f64();
+        let mut ok = report.passed();
+        if twice {
+            let again = run(cfg);
+            if again.trace_hash != report.trace_hash || again.deliveries != report.deliveries {
+                println!(
+                    "seed {seed}: NOT DETERMINISTIC: trace {:016x} ({} deliveries) then {:016x} ({})",
+                    report.trace_hash, report.deliveries, again.trace_hash, again.deliveries
+                );
+                ok = false;
+            }
+        }
+        if ok {
+            passed += 1;
+        } else {
+            failed.push(seed);
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "{passed} of {count} seeds passed in {wall:.1} s ({:.0} seeds/min, {virtual_secs:.0} s virtual)",
+        count as f64 / wall.max(1e-9) * 60.0
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("failed seeds: {failed:?}");
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,956 @@
+//! The deterministic simulator: a whole Flame cluster — OSD processes, the
+//! manager's state machine and client processes — in one process, on one thread,
+//! in virtual time, driven by one seed.
+//!
+//! What runs is the real code: each simulated OSD is the real shard
+//! (`flame_osd::shard_thread::build_shard` and `serve`: execute, replication,
+//! the decision core, recovery, activation, scrub, the store and its journal and
+//! placement-group log) on its own simulated reactor, with its store on the
+//! simulated disk (`Fs::Sim`); the client is the real `flame-client` library
+//! (placement, retries, resends, map refreshes) on its own reactor; the manager is
+//! the real `ClusterState` (registration, heartbeats, failure detection,
+//! intervals, volumes). They talk over the simulated network
+//! (`flame_common::transport::sim`), and every timer reads the virtual clock
+//! (`flame_common::clock`), which jumps to the next timer or delivery whenever
+//! every process is idle.
+//!
+//! What is modelled rather than run: the OSD's control thread and the manager's
+//! HTTP layer. The simulator calls the manager's state machine directly where the
+//! control thread would post (boot, heartbeat, recovered members, failed peers),
+//! renews the OSD's lease as the control thread does on an answered heartbeat,
+//! and hands out maps where the long-poll and on-demand fetches would — each only
+//! while the path between that process and the manager is not cut.
+//!
+//! Faults, drawn from the seed: an OSD crashes (its reactor and every task on it
+//! dropped, its disk kept as the kernel's page cache keeps it) and restarts
+//! later; an OSD loses power (its disk keeps a random part of what was not made
+//! stable); an OSD is cut off from some or all of the others and the manager,
+//! by refusal or by a black hole. At most one OSD is impaired at a time, so every
+//! group keeps `min_size` copies and no I/O may fail.
+//!
+//! Checkers: every read against the per-block write oracle (`crate::oracle`): no
+//! block older than its last acknowledged write or newer than its last issued
+//! one; no client operation fails; no panic or assertion anywhere; after the
+//! faults stop, every group's copies converge and a full read-back verifies. A
+//! failing seed is replayed with `scripts/simulate.sh --seed N` (the same events,
+//! in the same order: the trace hash says so).
+
+mod workload;
+
+use arc_swap::ArcSwap;
+use flame_client::{ClientConfig, Cluster};
+use flame_common::clock;
+use flame_common::ids::{Epoch, OsdId};
+use flame_common::map::{ClusterMap, PoolConfig};
+use flame_common::mgr_api::{
+    OsdBoot, OsdFailureReport, OsdHeartbeat, PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport,
+    VolumeCreate,
+};
+use flame_common::reactor::{self, Reactor};
+use flame_common::transport::sim::{self as net, LinkFault, NetConfig};
+use flame_common::transport::{Listener, TransportKind};
+use flame_mgr::state::{ClusterState, PersistedState};
+use flame_osd::config::OsdConfig;
+use flame_osd::liveness::Liveness;
+use flame_osd::recovery::RecoveryShared;
+use flame_osd::shard_thread::{ShardParts, build_shard, serve};
+use flame_osd::store::fs::{Fs, SimFs};
+use flame_osd::store::{ObjectStore, StoreOptions, layout};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use workload::WorkloadFigures;
+
+/// The manager's address on the simulated network (for cutting paths to it).
+const MGR_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 9, 1));
+/// The client process's address.
+const CLIENT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 8, 1));
+/// Every OSD's data port.
+const OSD_PORT: u16 = 6900;
+/// How often the modelled control plane runs: map pushes, heartbeats due,
+/// reports, the manager's failure check.
+const TICK: Duration = Duration::from_millis(50);
+/// Heartbeat grace of the manager (and the OSDs' heartbeat interval and lease).
+const HEARTBEAT_GRACE: Duration = Duration::from_millis(2000);
+const HEARTBEAT_INTERVAL_MS: u64 = 500;
+const LEASE_MS: u64 = 1500;
+/// Tasks one reactor runs per step before the others get a turn.
+const TASKS_PER_STEP_MAX: usize = 4096;
+/// Events kept for the report of a failing seed.
+const EVENTS_KEPT: usize = 64;
+
+/// What one simulated run does.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Everything random in the run derives from it.
+    pub seed: u64,
+    /// OSD processes (pool size 3, `min_size` 2).
+    pub osds: usize,
+    /// Client tasks, each writing its own blocks and reading any.
+    pub writers: usize,
+    /// Client operations in all (the workload's bound).
+    pub ops: u64,
+    /// Inject faults (crashes, power loss, partitions).
+    pub faults: bool,
+    /// Placement groups.
+    pub pg_count: u32,
+    /// Volume size in bytes.
+    pub volume_bytes: u64,
+    /// Virtual time after which the run fails as stuck.
+    pub virtual_time_max: Duration,
+}
+
+impl SimConfig {
+    /// The defaults CI runs, for `seed`.
+    pub fn new(seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            osds: 3,
+            writers: 4,
+            ops: 300,
+            faults: true,
+            pg_count: 8,
+            volume_bytes: 4 << 20,
+            virtual_time_max: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Default)]
+pub struct SimReport {
+    /// The seed.
+    pub seed: u64,
+    /// Hash of every message delivered and every fault injected, in order: two
+    /// runs of one seed must agree.
+    pub trace_hash: u64,
+    /// Messages delivered.
+    pub deliveries: u64,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+    /// What the workload did.
+    pub workload: WorkloadFigures,
+    /// Faults injected.
+    pub faults: u64,
+    /// Every checker's complaint (empty: the seed passed).
+    pub errors: Vec<String>,
+    /// The last events before the end (faults, restarts, epochs), for a failure.
+    pub events: Vec<String>,
+}
+
+impl SimReport {
+    /// Whether every checker passed.
+    pub fn passed(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+impl std::fmt::Display for SimReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}",
+            self.seed,
+            if self.passed() { "passed" } else { "FAILED" },
+            self.virtual_time.as_secs_f64(),
+            self.deliveries,
+            self.faults,
+            self.trace_hash,
+            self.workload,
+        )?;
+        for e in &self.errors {
+            writeln!(f, "  error: {e}")?;
+        }
+        if !self.passed() {
+            writeln!(f, "  last events:")?;
+            for e in &self.events {
+                writeln!(f, "    {e}")?;
+            }
+            writeln!(f, "  replay: scripts/simulate.sh --seed {}", self.seed)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs one seed on a fresh thread (the virtual clock and the network are the
+/// thread's) and returns its report. A panic in any simulated process is caught
+/// and reported as the seed's failure.
+pub fn run(config: SimConfig) -> SimReport {
+    let seed = config.seed;
+    let res = std::thread::Builder::new()
+        .name(format!("sim-{seed}"))
+        .spawn(move || {
+            clock::simulated();
+            flame_common::entropy::seed_thread(Some(seed));
+            net::install(NetConfig {
+                seed,
+                latency_us_min: 20,
+                latency_us_max: 400,
+            });
+            let report = Sim::new(config).run();
+            net::uninstall();
+            report
+        })
+        .map_err(|e| e.to_string())
+        .and_then(|h| {
+            h.join().map_err(|p| {
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic".into())
+            })
+        });
+    res.unwrap_or_else(|panic| SimReport {
+        seed,
+        errors: vec![format!("panicked: {panic}")],
+        ..SimReport::default()
+    })
+}
+
+/// One OSD process while it runs: what dies with it.
+struct LiveOsd {
+    reactor: Reactor,
+    map: Arc<ArcSwap<ClusterMap>>,
+    wanted_epoch: Arc<AtomicU64>,
+    liveness: Arc<Liveness>,
+    recovery: Arc<RecoveryShared>,
+    next_heartbeat: Instant,
+}
+
+/// One simulated OSD: its identity and disk outlive its processes.
+struct SimOsd {
+    index: usize,
+    ip: IpAddr,
+    uuid: String,
+    id: Option<OsdId>,
+    fs: Rc<SimFs>,
+    root: PathBuf,
+    config: Arc<OsdConfig>,
+    incarnation: u64,
+    live: Option<LiveOsd>,
+    /// When a crashed or powered-off OSD starts again.
+    restart_at: Option<Instant>,
+}
+
+/// The client process.
+struct SimClient {
+    reactor: Reactor,
+    cluster: Cluster,
+    workload: Rc<workload::Workload>,
+}
+
+/// An impairment in force, undone at `until`.
+struct Impairment {
+    osd: usize,
+    until: Instant,
+    cut: Vec<(IpAddr, IpAddr)>,
+}
+
+struct Sim {
+    config: SimConfig,
+    rng: StdRng,
+    mgr: ClusterState,
+    osds: Vec<SimOsd>,
+    client: Option<SimClient>,
+    impaired: Option<Impairment>,
+    next_fault: Instant,
+    next_tick: Instant,
+    started: Instant,
+    events: VecDeque<String>,
+    errors: Vec<String>,
+    faults: u64,
+    last_epoch: Epoch,
+}
+
+impl Sim {
+    fn new(config: SimConfig) -> Sim {
+        let now = clock::now();
+        let pool = PoolConfig {
+            size: 3,
+            min_size: 2,
+            pg_count: config.pg_count,
+            object_size: 1 << 20,
+        };
+        let fsid = format!("sim-{:016x}", config.seed);
+        let mgr = ClusterState::new(PersistedState::new_cluster(fsid, pool), now);
+        let osds = (0..config.osds)
+            .map(|i| {
+                let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 1, 10 + i as u8));
+                let root = PathBuf::from(format!("/sim/osd.{i}"));
+                let fs = SimFs::new(&[
+                    root.clone(),
+                    layout::pgs_dir(&root),
+                    layout::journal_dir(&root),
+                ]);
+                let config = OsdConfig {
+                    mgr: "sim".into(),
+                    listen: SocketAddr::new(ip, OSD_PORT),
+                    data_dir: root.clone(),
+                    host: Some(format!("host-{i}")),
+                    shards: 1,
+                    transport: TransportKind::Sim,
+                    heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
+                    lease_ms: LEASE_MS,
+                    connect_timeout_ms: 1000,
+                    replica_timeout_ms: 3000,
+                    stray_delete_delay_ms: 2000,
+                    ..OsdConfig::default()
+                };
+                SimOsd {
+                    index: i,
+                    ip,
+                    uuid: format!("osd-uuid-{i}"),
+                    id: None,
+                    fs,
+                    root,
+                    config: Arc::new(config),
+                    incarnation: 0,
+                    live: None,
+                    restart_at: None,
+                }
+            })
+            .collect();
+        Sim {
+            rng: StdRng::seed_from_u64(config.seed ^ 0x5eed_f1a3e),
+            config,
+            mgr,
+            osds,
+            client: None,
+            impaired: None,
+            next_fault: now + Duration::from_millis(200),
+            next_tick: now,
+            started: now,
+            events: VecDeque::new(),
+            errors: Vec::new(),
+            faults: 0,
+            last_epoch: Epoch(0),
+        }
+    }
+
+    fn event(&mut self, what: String) {
+        net::trace_event(what.as_bytes());
+        let at = clock::elapsed(self.started).as_secs_f64();
+        if self.events.len() == EVENTS_KEPT {
+            self.events.pop_front();
+        }
+        self.events.push_back(format!("{at:9.3} s  {what}"));
+    }
+
+    fn run(mut self) -> SimReport {
+        for i in 0..self.osds.len() {
+            self.start_osd(i);
+        }
+        if let Err(e) = self.start_client() {
+            self.errors.push(e);
+            return self.report();
+        }
+        // The workload, with faults.
+        let deadline = self.started + self.config.virtual_time_max;
+        let finished = self.drive(deadline, true, |s| {
+            s.client.as_ref().is_some_and(|c| c.workload.finished())
+        });
+        if !finished {
+            self.errors.push(format!(
+                "the workload did not finish within {:?} of virtual time",
+                self.config.virtual_time_max
+            ));
+            return self.report();
+        }
+        // The faults stop: everything comes back and settles.
+        self.heal_all();
+        for i in 0..self.osds.len() {
+            if self.osds[i].live.is_none() {
+                self.start_osd(i);
+            }
+        }
+        let settle = clock::now() + Duration::from_secs(60);
+        let clean = self.drive(settle, false, |s| s.all_clean());
+        if !clean {
+            self.errors
+                .push("the cluster did not return to clean within 60 s after the faults".into());
+        }
+        let differing = if clean {
+            self.compare_copies()
+        } else {
+            Vec::new()
+        };
+        // Read every block back through the client.
+        if let Some(c) = &self.client {
+            c.workload.start_verify();
+        }
+        let verify_by = clock::now() + Duration::from_secs(120);
+        let verified = self.drive(verify_by, false, |s| {
+            s.client.as_ref().is_some_and(|c| c.workload.verified())
+        });
+        if !verified {
+            self.errors
+                .push("the final read-back did not finish within 120 s".into());
+        }
+        self.errors.extend(differing);
+        self.report()
+    }
+
+    fn report(mut self) -> SimReport {
+        let (trace_hash, deliveries) = net::trace_hash();
+        let workload = self
+            .client
+            .as_ref()
+            .map(|c| c.workload.figures())
+            .unwrap_or_default();
+        if let Some(c) = &self.client {
+            self.errors.extend(c.workload.errors());
+        }
+        let virtual_time = clock::elapsed(self.started);
+        // Drop every process before the network goes.
+        self.client = None;
+        for o in &mut self.osds {
+            o.live = None;
+        }
+        SimReport {
+            seed: self.config.seed,
+            trace_hash,
+            deliveries,
+            virtual_time,
+            workload,
+            faults: self.faults,
+            errors: std::mem::take(&mut self.errors),
+            events: self.events.drain(..).collect(),
+        }
+    }
+
+    /// Steps every process until `done` holds (true) or virtual time reaches
+    /// `deadline` (false). With `faults`, injects them on schedule.
+    fn drive(&mut self, deadline: Instant, faults: bool, done: impl Fn(&Sim) -> bool) -> bool {
+        loop {
+            let mut ran = 0;
+            for o in &mut self.osds {
+                if let Some(live) = &mut o.live {
+                    net::set_current_node(Some(o.ip));
+                    ran += step(&mut live.reactor);
+                }
+            }
+            if let Some(c) = &mut self.client {
+                net::set_current_node(Some(CLIENT_IP));
+                ran += step(&mut c.reactor);
+            }
+            net::set_current_node(None);
+            ran += net::deliver_due();
+            let now = clock::now();
+            if now >= self.next_tick {
+                self.tick();
+                self.next_tick = now + TICK;
+                ran += 1;
+            }
+            if faults && now >= self.next_fault {
+                self.fault();
+                ran += 1;
+            }
+            if !self.errors.is_empty() {
+                return false;
+            }
+            if ran > 0 {
+                continue;
+            }
+            if done(self) {
+                return true;
+            }
+            if now >= deadline {
+                return false;
+            }
+            let mut next = self.next_tick.min(deadline);
+            if faults {
+                next = next.min(self.next_fault);
+            }
+            for o in &self.osds {
+                if let Some(t) = o.live.as_ref().and_then(|l| l.reactor.next_timer()) {
+                    next = next.min(t);
+                }
+            }
+            if let Some(t) = self.client.as_ref().and_then(|c| c.reactor.next_timer()) {
+                next = next.min(t);
+            }
+            if let Some(t) = net::next_delivery() {
+                next = next.min(t);
+            }
+            clock::advance_to(next);
+        }
+    }
+
+    fn reaches_mgr(ip: IpAddr) -> bool {
+        net::fault(ip, MGR_IP).is_none() && net::fault(MGR_IP, ip).is_none()
+    }
+
+    /// The modelled control plane: the manager's failure check, every OSD's
+    /// heartbeat, reports and map fetch, the client's map.
+    fn tick(&mut self) {
+        let now = clock::now();
+        let (down, out) = self
+            .mgr
+            .check_failures(now, HEARTBEAT_GRACE, Duration::ZERO);
+        for id in down {
+            self.event(format!("manager marks {id} down"));
+        }
+        for id in out {
+            self.event(format!("manager marks {id} out"));
+        }
+        for i in 0..self.osds.len() {
+            self.control(i, now);
+        }
+        if let Some(c) = &self.client
+            && Self::reaches_mgr(CLIENT_IP)
+        {
+            c.cluster.publish_map(self.mgr.map().clone());
+            if let Some(ticket) = c.cluster.pending_refresh() {
+                c.cluster.refresh_served(ticket);
+            }
+        }
+        let epoch = self.mgr.epoch();
+        if epoch != self.last_epoch {
+            self.last_epoch = epoch;
+            let m = self.mgr.map();
+            let up: Vec<String> = m
+                .osds
+                .values()
+                .map(|o| {
+                    format!(
+                        "{}{}{}",
+                        o.id,
+                        if o.up { "" } else { "↓" },
+                        if o.r#in { "" } else { "(out)" }
+                    )
+                })
+                .collect();
+            self.event(format!("map {epoch}: {}", up.join(" ")));
+        }
+    }
+
+    /// One OSD's control thread, as far as the manager sees it.
+    fn control(&mut self, i: usize, now: Instant) {
+        let ip = self.osds[i].ip;
+        if !Self::reaches_mgr(ip) {
+            return;
+        }
+        let o = &mut self.osds[i];
+        let (Some(live), Some(id)) = (&mut o.live, o.id) else {
+            return;
+        };
+        let mgr_map = self.mgr.map();
+        if mgr_map.epoch > live.map.load().epoch {
+            live.map.store(Arc::new(mgr_map.clone()));
+        }
+        let wanted = live.wanted_epoch.load(Ordering::Relaxed);
+        if wanted > 0 && wanted <= live.map.load().epoch.0 {
+            live.wanted_epoch.store(0, Ordering::Relaxed);
+        }
+        let reports = live.recovery.take_reports();
+        let failed = live.liveness.take_failed_peers();
+        let hb_due = now >= live.next_heartbeat;
+        let epoch = live.map.load().epoch;
+        if hb_due {
+            live.next_heartbeat = now + Duration::from_millis(HEARTBEAT_INTERVAL_MS);
+        }
+        let liveness = live.liveness.clone();
+        let uuid = o.uuid.clone();
+        let mut by_epoch: std::collections::BTreeMap<Epoch, Vec<_>> = Default::default();
+        for (e, pg, member) in reports {
+            by_epoch.entry(e).or_default().push((pg, member));
+        }
+        for (e, entries) in by_epoch {
+            for chunk in entries.chunks(PG_RECOVERED_ENTRIES_MAX) {
+                let r = PgRecoveredReport {
+                    reporter: id,
+                    uuid: uuid.clone(),
+                    epoch: e,
+                    recovered: chunk.to_vec(),
+                };
+                let _ = self.mgr.pg_recovered(&r);
+            }
+        }
+        for f in failed {
+            let r = OsdFailureReport {
+                reporter: id,
+                uuid: uuid.clone(),
+                failed: f,
+                epoch,
+            };
+            let _ = self.mgr.failure_report(&r, now);
+        }
+        if hb_due {
+            let sent_ms = liveness.now_ms();
+            let hb = OsdHeartbeat {
+                id,
+                uuid,
+                epoch,
+                used_bytes: 0,
+                capacity_bytes: 1 << 40,
+                object_bytes: 0,
+                recovery: None,
+            };
+            if self.mgr.heartbeat(&hb, now).is_ok() {
+                liveness.renew(sent_ms, LEASE_MS);
+            }
+        }
+    }
+
+    fn start_osd(&mut self, i: usize) {
+        let now = clock::now();
+        let fsid = self.mgr.map().fsid.clone();
+        let o = &mut self.osds[i];
+        o.incarnation += 1;
+        o.restart_at = None;
+        let mut reactor = match Reactor::new_simulated() {
+            Ok(r) => r,
+            Err(e) => {
+                self.errors.push(format!("simulated reactor: {e}"));
+                return;
+            }
+        };
+        net::set_current_node(Some(o.ip));
+        // The daemon's start: recover the store from its journal, then boot.
+        let fs = Fs::Sim(o.fs.clone());
+        let root = o.root.clone();
+        let fs2 = fs.clone();
+        if let Err(e) = run_to_end(&mut reactor, async move {
+            flame_osd::store::recover(&fs2, &root).await
+        }) {
+            self.errors
+                .push(format!("osd.{i}: store recovery failed: {e}"));
+            return;
+        }
+        let boot = OsdBoot {
+            uuid: o.uuid.clone(),
+            id: o.id,
+            addr: SocketAddr::new(o.ip, OSD_PORT),
+            shards: 1,
+            host: format!("host-{i}"),
+            weight: 1.0,
+            metrics_addr: None,
+            fsid: o.id.map(|_| fsid),
+            incarnation: o.incarnation,
+        };
+        let id = match self.mgr.boot(&boot, now) {
+            Ok(id) => id,
+            Err(e) => {
+                self.errors.push(format!("osd.{i}: boot refused: {e}"));
+                return;
+            }
+        };
+        o.id = Some(id);
+        let map = Arc::new(ArcSwap::from_pointee(self.mgr.map().clone()));
+        let wanted_epoch = Arc::new(AtomicU64::new(0));
+        let liveness = Arc::new(Liveness::new(1));
+        liveness.renew(liveness.now_ms(), LEASE_MS);
+        let recovery = Arc::new(RecoveryShared::default());
+        let cfg = o.config.clone();
+        let store = ObjectStore::with_fs(
+            fs,
+            &o.root,
+            0,
+            StoreOptions {
+                direct_io: false,
+                open_max: 64,
+                checksums: true,
+            },
+        );
+        let parts = ShardParts {
+            id: 0,
+            osd: id,
+            map: map.clone(),
+            wanted_epoch: wanted_epoch.clone(),
+            config: cfg.clone(),
+            recovery: recovery.clone(),
+            liveness: liveness.clone(),
+        };
+        let handle = reactor.handle();
+        let started = reactor.enter(|| -> Result<(), String> {
+            let shard = build_shard(parts, store);
+            let listener =
+                Listener::bind(TransportKind::Sim, cfg.listen).map_err(|e| e.to_string())?;
+            reactor::spawn(serve(shard, listener, handle)).detach();
+            Ok(())
+        });
+        if let Err(e) = started {
+            self.errors.push(format!("osd.{i}: cannot start: {e}"));
+            return;
+        }
+        o.live = Some(LiveOsd {
+            reactor,
+            map,
+            wanted_epoch,
+            liveness,
+            recovery,
+            next_heartbeat: now + Duration::from_millis(HEARTBEAT_INTERVAL_MS),
+        });
+        let what = format!(
+            "osd.{i} starts as {id} (incarnation {})",
+            self.osds[i].incarnation
+        );
+        self.event(what);
+    }
+
+    fn start_client(&mut self) -> Result<(), String> {
+        let now_unix = 1_700_000_000;
+        let size = self.config.volume_bytes;
+        self.mgr
+            .create_volume(
+                &VolumeCreate {
+                    name: "sim".into(),
+                    size,
+                },
+                now_unix,
+            )
+            .map_err(|e| format!("create volume: {e}"))?;
+        let config = ClientConfig {
+            mgr: "127.0.9.1:1".into(),
+            transport: TransportKind::Sim,
+            io_timeout_ms: 0,
+            connect_timeout_ms: 1000,
+            ..ClientConfig::default()
+        };
+        let cluster = Cluster::simulated(config, self.mgr.map().clone(), self.config.seed | 1)
+            .map_err(|e| e.to_string())?;
+        let mut reactor = Reactor::new_simulated().map_err(|e| e.to_string())?;
+        let workload = Rc::new(workload::Workload::new(
+            self.config.seed,
+            self.config.writers,
+            self.config.ops,
+            size,
+        ));
+        net::set_current_node(Some(CLIENT_IP));
+        let w = workload.clone();
+        let c = cluster.clone();
+        reactor.enter(|| reactor::spawn(workload::run(c, w)).detach());
+        let _ = step(&mut reactor);
+        self.client = Some(SimClient {
+            reactor,
+            cluster,
+            workload,
+        });
+        Ok(())
+    }
+
+    /// Whether every placement group has every member complete and up.
+    fn all_clean(&self) -> bool {
+        let m = self.mgr.map();
+        if m.osds.values().any(|o| !o.up || !o.r#in) {
+            return false;
+        }
+        let table = flame_common::placement::PgTable::new(m);
+        (0..m.pool.pg_count).all(|pg| {
+            let members = table.pg(flame_common::ids::PgId(pg));
+            members.recovering.is_empty() && members.acting.len() == m.pool.size as usize
+        })
+    }
+
+    /// After the cluster is clean: every object's data is the same on every
+    /// OSD (each OSD holds every group: three OSDs, three copies). Bytes past a
+    /// copy's end read as zeroes; the checksum area is written at FLUSH and may
+    /// lag, so the data area is compared.
+    fn compare_copies(&self) -> Vec<String> {
+        let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
+        let mut paths = std::collections::BTreeSet::new();
+        let mut roots = Vec::new();
+        for o in &self.osds {
+            let pgs = layout::pgs_dir(&o.root);
+            for p in o.fs.paths() {
+                if let Ok(rel) = p.strip_prefix(&pgs) {
+                    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    if layout::parse_object_name(name).is_some() {
+                        paths.insert(rel.to_path_buf());
+                    }
+                }
+            }
+            roots.push(pgs);
+        }
+        let mut complaints = Vec::new();
+        for rel in &paths {
+            let copies: Vec<Vec<u8>> = self
+                .osds
+                .iter()
+                .zip(&roots)
+                .map(|(o, pgs)| {
+                    let mut d = o.fs.contents(&pgs.join(rel)).unwrap_or_default();
+                    d.drain(..data_at.min(d.len()));
+                    d
+                })
+                .collect();
+            let len = copies.iter().map(Vec::len).max().unwrap_or(0);
+            let padded: Vec<Vec<u8>> = copies
+                .into_iter()
+                .map(|mut d| {
+                    d.resize(len, 0);
+                    d
+                })
+                .collect();
+            for (i, c) in padded.iter().enumerate().skip(1) {
+                if *c != padded[0] {
+                    let at = c
+                        .iter()
+                        .zip(&padded[0])
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(0);
+                    let block = at / 4096;
+                    // The oracle's write counter of that block in each copy.
+                    let counter = |d: &[u8]| {
+                        d.get(block * 4096 + 16..block * 4096 + 24)
+                            .and_then(|b| b.try_into().ok())
+                            .map_or(0, u64::from_le_bytes)
+                    };
+                    complaints.push(format!(
+                        "object {} differs between osd.0 and osd.{i} from data byte {at} \
+                         (block {block}: write {} there, {} on osd.0)",
+                        rel.display(),
+                        counter(c),
+                        counter(&padded[0]),
+                    ));
+                }
+            }
+        }
+        complaints
+    }
+
+    fn heal_all(&mut self) {
+        net::heal_all();
+        self.impaired = None;
+        self.event("faults stop; every path healed".into());
+    }
+
+    /// Injects the next fault (or ends the current impairment).
+    fn fault(&mut self) {
+        let now = clock::now();
+        if let Some(imp) = &self.impaired {
+            if now < imp.until {
+                self.next_fault = imp.until;
+                return;
+            }
+            let imp = self.impaired.take().unwrap_or_else(|| unreachable!());
+            for (a, b) in imp.cut {
+                net::set_fault(a, b, None);
+            }
+            if self.osds[imp.osd].live.is_none() {
+                self.start_osd(imp.osd);
+            } else {
+                self.event(format!("osd.{} reconnected", imp.osd));
+            }
+            self.next_fault = now + Duration::from_millis(self.rng.random_range(500..4000));
+            return;
+        }
+        let i = self.rng.random_range(0..self.osds.len());
+        let hold = Duration::from_millis(self.rng.random_range(300..6000));
+        let ip = self.osds[i].ip;
+        self.faults += 1;
+        let kind = self.rng.random_range(0..10);
+        let mut cut = Vec::new();
+        match kind {
+            0..3 => {
+                self.crash(i, false);
+            }
+            3 => {
+                self.crash(i, true);
+            }
+            _ => {
+                let fault = if self.rng.random_bool(0.5) {
+                    LinkFault::Reject
+                } else {
+                    LinkFault::BlackHole
+                };
+                let from_mgr = self.rng.random_bool(0.5);
+                let one_way = self.rng.random_bool(0.3);
+                let mut peers: Vec<IpAddr> = self
+                    .osds
+                    .iter()
+                    .filter(|o| o.index != i)
+                    .map(|o| o.ip)
+                    .collect();
+                peers.push(CLIENT_IP);
+                if from_mgr {
+                    peers.push(MGR_IP);
+                }
+                for p in peers {
+                    cut.push((ip, p));
+                    if !one_way {
+                        cut.push((p, ip));
+                    }
+                }
+                for &(a, b) in &cut {
+                    net::set_fault(a, b, Some(fault));
+                }
+                self.event(format!(
+                    "osd.{i} cut off ({fault:?}{}{}) for {} ms",
+                    if one_way { ", its sends only" } else { "" },
+                    if from_mgr { ", manager too" } else { "" },
+                    hold.as_millis()
+                ));
+            }
+        }
+        self.impaired = Some(Impairment {
+            osd: i,
+            until: now + hold,
+            cut,
+        });
+        self.next_fault = now + hold;
+    }
+
+    /// Kills OSD `i`'s process (kill -9: the page cache survives), or with
+    /// `power` cuts its power (the disk keeps a random part of what was not
+    /// stable).
+    fn crash(&mut self, i: usize, power: bool) {
+        let ip = self.osds[i].ip;
+        net::crash(ip);
+        let live = self.osds[i].live.take();
+        drop(live);
+        if power {
+            let rng = &mut self.rng;
+            self.osds[i].fs.power_cut(&mut || rng.random_bool(0.5));
+        }
+        self.event(format!(
+            "osd.{i} {}",
+            if power {
+                "loses power"
+            } else {
+                "crashes (kill -9)"
+            }
+        ));
+    }
+}
+
+/// Runs one reactor's ready tasks; a reactor error is a simulator bug.
+fn step(r: &mut Reactor) -> usize {
+    r.run_ready(TASKS_PER_STEP_MAX)
+        .unwrap_or_else(|e| panic!("simulated reactor failed: {e}"))
+}
+
+/// Runs `fut` on `reactor` to its end, advancing virtual time to the reactor's
+/// own timers only (a process's start-up, before it talks to anyone).
+fn run_to_end<T: 'static>(reactor: &mut Reactor, fut: impl Future<Output = T> + 'static) -> T {
+    let out: Rc<RefCell<Option<T>>> = Rc::new(RefCell::new(None));
+    let o = out.clone();
+    reactor.enter(|| {
+        reactor::spawn(async move {
+            let v = fut.await;
+            *o.borrow_mut() = Some(v);
+        })
+        .detach()
+    });
+    for _ in 0..100_000 {
+        step(reactor);
+        if let Some(v) = out.borrow_mut().take() {
+            return v;
+        }
+        match reactor.next_timer() {
+            Some(t) => clock::advance_to(t),
+            None if !reactor.has_ready() => panic!("a start-up task waits for nothing"),
+            None => {}
+        }
+    }
+    panic!("a start-up task did not finish");
+}

@@ -1,0 +1,234 @@
+//! The simulated client's workload: writers on disjoint blocks with the per-block
+//! write oracle, reads of any block, FLUSHes; then a full read-back.
+//!
+//! Each writer has one request in flight, so "issued" and "acknowledged" are
+//! well defined per block (`crate::oracle`). Every operation's result is
+//! checked: a failed operation is an error (the simulator keeps `min_size`
+//! copies), a read is checked block by block against the oracle.
+
+use crate::oracle::OracleState;
+use flame_client::{Cluster, Volume};
+use flame_common::reactor;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+const BLOCK: u64 = crate::oracle::BLOCK as u64;
+/// Blocks per read of the final read-back.
+const VERIFY_BLOCKS: u64 = 16;
+/// Longest pause of a writer between two operations.
+const THINK_MS_MAX: u64 = 80;
+/// Complaints kept in full (the count is exact).
+const ERRORS_KEPT: usize = 20;
+
+/// What the workload did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkloadFigures {
+    /// Writes acknowledged.
+    pub writes: u64,
+    /// Reads that returned (and were checked).
+    pub reads: u64,
+    /// FLUSHes acknowledged.
+    pub flushes: u64,
+    /// Blocks checked against the oracle (reads and the read-back).
+    pub blocks_checked: u64,
+    /// Operations that failed.
+    pub failed: u64,
+}
+
+impl std::fmt::Display for WorkloadFigures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} writes, {} reads, {} flushes, {} blocks checked, {} failed",
+            self.writes, self.reads, self.flushes, self.blocks_checked, self.failed
+        )
+    }
+}
+
+/// The workload's state, shared by its tasks and the simulator.
+pub struct Workload {
+    seed: u64,
+    writers: usize,
+    ops_per_writer: u64,
+    blocks: u64,
+    oracle: RefCell<OracleState>,
+    figures: Cell<WorkloadFigures>,
+    errors: RefCell<Vec<String>>,
+    error_count: Cell<u64>,
+    finished: Cell<bool>,
+    verify: Cell<bool>,
+    verify_waker: RefCell<Option<Waker>>,
+    verified: Cell<bool>,
+}
+
+impl Workload {
+    /// `ops` operations in all over `writers` writers, on a volume of `size` bytes.
+    pub fn new(seed: u64, writers: usize, ops: u64, size: u64) -> Workload {
+        let writers = writers.max(1);
+        Workload {
+            seed,
+            writers,
+            ops_per_writer: ops.div_ceil(writers as u64),
+            blocks: size / BLOCK,
+            oracle: RefCell::new(OracleState::new(seed | 1, size)),
+            figures: Cell::new(WorkloadFigures::default()),
+            errors: RefCell::new(Vec::new()),
+            error_count: Cell::new(0),
+            finished: Cell::new(false),
+            verify: Cell::new(false),
+            verify_waker: RefCell::new(None),
+            verified: Cell::new(false),
+        }
+    }
+
+    /// Every writer has done its operations.
+    pub fn finished(&self) -> bool {
+        self.finished.get()
+    }
+
+    /// Starts the final read-back.
+    pub fn start_verify(&self) {
+        self.verify.set(true);
+        if let Some(w) = self.verify_waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// The read-back is done.
+    pub fn verified(&self) -> bool {
+        self.verified.get()
+    }
+
+    /// What it did so far.
+    pub fn figures(&self) -> WorkloadFigures {
+        self.figures.get()
+    }
+
+    /// Every complaint (the first ones in full, then a count).
+    pub fn errors(&self) -> Vec<String> {
+        let mut e = self.errors.borrow().clone();
+        let n = self.error_count.get();
+        if n > e.len() as u64 {
+            e.push(format!("… {} more", n - e.len() as u64));
+        }
+        e
+    }
+
+    fn complain(&self, what: String) {
+        self.error_count.set(self.error_count.get() + 1);
+        let mut e = self.errors.borrow_mut();
+        if e.len() < ERRORS_KEPT {
+            e.push(what);
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut WorkloadFigures)) {
+        let mut v = self.figures.get();
+        f(&mut v);
+        self.figures.set(v);
+    }
+
+    /// Reads `blocks` and checks them against the oracle.
+    async fn checked_read(&self, vol: &Volume, first: u64, n: u64) {
+        let range = first..first + n;
+        let lower = self.oracle.borrow().lower_bounds(range.clone());
+        match vol.read_at(first * BLOCK, (n * BLOCK) as usize).await {
+            Ok(data) => {
+                let errs = self.oracle.borrow().check_read(range, &lower, &data);
+                self.count(|f| {
+                    f.reads += 1;
+                    f.blocks_checked += n;
+                });
+                for e in errs {
+                    self.complain(format!("read of blocks {first}+{n}: {e}"));
+                }
+            }
+            Err(e) => {
+                self.count(|f| f.failed += 1);
+                self.complain(format!("read of blocks {first}+{n} failed: {e}"));
+            }
+        }
+    }
+
+    async fn writer(self: Rc<Self>, vol: Rc<Volume>, index: usize) {
+        let mut rng = StdRng::seed_from_u64(self.seed.wrapping_mul(31).wrapping_add(index as u64));
+        let per = (self.blocks / self.writers as u64).max(1);
+        let own = index as u64 * per..((index as u64 + 1) * per).min(self.blocks);
+        for _ in 0..self.ops_per_writer {
+            // Think time: spreads the operations over the faults' schedule (it
+            // costs nothing in virtual time).
+            reactor::sleep(Duration::from_millis(rng.random_range(0..THINK_MS_MAX))).await;
+            match rng.random_range(0..10) {
+                0..6 => {
+                    let n = rng.random_range(1..=4u64).min(own.end - own.start);
+                    let first = rng.random_range(own.start..=own.end - n);
+                    let (data, counters) = self.oracle.borrow_mut().issue_write(first..first + n);
+                    let fua = rng.random_bool(0.1);
+                    match vol.write_at(first * BLOCK, &data, fua).await {
+                        Ok(()) => {
+                            self.oracle.borrow_mut().ack_write(first, &counters);
+                            self.count(|f| f.writes += 1);
+                        }
+                        Err(e) => {
+                            self.count(|f| f.failed += 1);
+                            self.complain(format!("write of blocks {first}+{n} failed: {e}"));
+                        }
+                    }
+                }
+                6..9 => {
+                    let n = rng.random_range(1..=8u64).min(self.blocks);
+                    let first = rng.random_range(0..=self.blocks - n);
+                    self.checked_read(&vol, first, n).await;
+                }
+                _ => match vol.flush().await {
+                    Ok(()) => self.count(|f| f.flushes += 1),
+                    Err(e) => {
+                        self.count(|f| f.failed += 1);
+                        self.complain(format!("flush failed: {e}"));
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// The client process's main task.
+pub async fn run(cluster: Cluster, w: Rc<Workload>) {
+    let vol = match cluster.open_volume("sim").await {
+        Ok(v) => Rc::new(v),
+        Err(e) => {
+            w.complain(format!("cannot open the volume: {e}"));
+            w.finished.set(true);
+            w.verified.set(true);
+            return;
+        }
+    };
+    let tasks: Vec<_> = (0..w.writers)
+        .map(|i| reactor::spawn(w.clone().writer(vol.clone(), i)))
+        .collect();
+    for t in tasks {
+        t.await;
+    }
+    w.finished.set(true);
+    poll_fn(|cx| {
+        if w.verify.get() {
+            Poll::Ready(())
+        } else {
+            *w.verify_waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    })
+    .await;
+    let mut first = 0;
+    while first < w.blocks {
+        let n = VERIFY_BLOCKS.min(w.blocks - first);
+        w.checked_read(&vol, first, n).await;
+        first += n;
+    }
+    w.verified.set(true);
+}
