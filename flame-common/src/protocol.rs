@@ -188,6 +188,12 @@ pub enum OpCode {
     /// [`flags::FETCH_REPLY`]) instead of leaving it for a fetch that keeps coming
     /// back empty. Not answered itself: the answer is that reply.
     PushReply = 41,
+    /// The objects of one placement group whose copy on the receiving shard may
+    /// have lost writes when its OSD last restarted: the objects its intent
+    /// journal named at start-up (writes no FLUSH covered; a power cut may have
+    /// kept each block old or new). Recovery copies them whole before the member
+    /// counts as complete, whatever the log says it applied.
+    PgSuspects = 42,
 }
 
 impl OpCode {
@@ -210,6 +216,7 @@ impl OpCode {
             14 => OpCode::RemoteWrite,
             40 => OpCode::ReplyArea,
             41 => OpCode::PushReply,
+            42 => OpCode::PgSuspects,
             _ => return None,
         })
     }
@@ -233,6 +240,7 @@ impl OpCode {
             OpCode::RemoteWrite => "remote_write",
             OpCode::ReplyArea => "reply_area",
             OpCode::PushReply => "push_reply",
+            OpCode::PgSuspects => "pg_suspects",
         }
     }
 
@@ -273,6 +281,8 @@ pub mod status {
     /// up on, or one overtaken by a later one). Nothing was applied. A client that
     /// still wants it re-issues it under a new op sequence number (`ECANCELED`).
     pub const SUPERSEDED: i32 = -libc::ECANCELED;
+    /// More than a reply can carry ([`super::Message::PgSuspects`]).
+    pub const E2BIG: i32 = -libc::E2BIG;
 }
 
 /// Why bytes could not be decoded. Always ends the connection: after a bad header the
@@ -726,6 +736,18 @@ pub enum Message {
         /// Most entries in the reply (1..=[`PG_LIST_MAX`]).
         max: u32,
     },
+    /// The objects of placement group `pg` that the receiving shard's restart left
+    /// in doubt ([`OpCode::PgSuspects`]). The reply's payload is
+    /// [`encode_object_list`], at most [`PG_LIST_MAX`] entries; a shard with more
+    /// answers `status::E2BIG` (the primary then backfills). Header: `pg`.
+    PgSuspects {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The placement group.
+        pg: PgId,
+    },
     /// The checksums of every block of one object as its data on disk is now: the
     /// receiver reads the whole object and checksums each block. Reply payload:
     /// [`encode_block_sums`]. `target.offset` and `target.length` are 0.
@@ -845,6 +867,7 @@ impl Message {
             | Message::DeleteVolume { id, .. }
             | Message::Ping { id, .. }
             | Message::PgList { id, .. }
+            | Message::PgSuspects { id, .. }
             | Message::ObjectSums { id, .. }
             | Message::RemoveObject { id, .. }
             | Message::Scrub { id, .. }
@@ -868,6 +891,7 @@ impl Message {
             | Message::DeleteVolume { id, .. }
             | Message::Ping { id, .. }
             | Message::PgList { id, .. }
+            | Message::PgSuspects { id, .. }
             | Message::ObjectSums { id, .. }
             | Message::RemoveObject { id, .. }
             | Message::Scrub { id, .. }
@@ -890,6 +914,7 @@ impl Message {
             | Message::DeleteVolume { epoch, .. }
             | Message::Ping { epoch, .. }
             | Message::PgList { epoch, .. }
+            | Message::PgSuspects { epoch, .. }
             | Message::ObjectSums { epoch, .. }
             | Message::RemoveObject { epoch, .. }
             | Message::Scrub { epoch, .. }
@@ -1016,6 +1041,10 @@ impl Message {
                 object: start.index,
                 length: *max,
                 ..base(OpCode::PgList as u8, *id, *epoch)
+            },
+            Message::PgSuspects { id, epoch, pg } => Header {
+                pg: pg.0,
+                ..base(OpCode::PgSuspects as u8, *id, *epoch)
             },
             Message::ObjectSums { id, epoch, target } => {
                 io(OpCode::ObjectSums, *id, *epoch, target, 0)
@@ -1345,6 +1374,11 @@ impl Message {
                 volume: VolumeId(h.volume),
             },
             OpCode::Ping => Message::Ping { id, epoch },
+            OpCode::PgSuspects => Message::PgSuspects {
+                id,
+                epoch,
+                pg: PgId(h.pg),
+            },
             OpCode::PgList => {
                 if h.length == 0 || h.length > PG_LIST_MAX {
                     return Err(ProtocolError::TooLong {
@@ -1454,6 +1488,7 @@ impl Message {
             Message::DeleteVolume { .. } => OpCode::DeleteVolume,
             Message::Ping { .. } => OpCode::Ping,
             Message::PgList { .. } => OpCode::PgList,
+            Message::PgSuspects { .. } => OpCode::PgSuspects,
             Message::ObjectSums { .. } => OpCode::ObjectSums,
             Message::RemoveObject { .. } => OpCode::RemoveObject,
             Message::Scrub { .. } => OpCode::Scrub,
@@ -1813,6 +1848,11 @@ mod tests {
                 id,
                 epoch,
                 volume: VolumeId(3),
+            },
+            Message::PgSuspects {
+                id,
+                epoch,
+                pg: PgId(4),
             },
             Message::Ping { id, epoch },
             Message::PgList {

@@ -283,6 +283,19 @@ impl Shard {
                     }
                 }
             }
+            Message::PgSuspects { pg, .. } => {
+                if !self.holds(&view, *pg) {
+                    return (status::ESTALE, PayloadBuf::empty());
+                }
+                let suspects = self.store.restart_suspects(*pg);
+                if suspects.len() > protocol::PG_LIST_MAX as usize {
+                    return (status::E2BIG, PayloadBuf::empty());
+                }
+                (
+                    status::OK,
+                    PayloadBuf::copy_from(&protocol::encode_object_list(&suspects)),
+                )
+            }
             Message::ObjectSums { target, .. } => {
                 if !self.holds(&view, target.pg)
                     || object_pg(target.object, map.pool.pg_count) != target.pg

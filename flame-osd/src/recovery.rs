@@ -486,6 +486,32 @@ impl Shard {
         }
     }
 
+    /// The objects of `pg` that `member`'s last restart left in doubt
+    /// ([`Message::PgSuspects`]).
+    async fn member_suspects(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        member: OsdId,
+    ) -> Result<Vec<ObjectId>, i32> {
+        let reply = self
+            .ask(
+                view,
+                member,
+                pg,
+                Message::PgSuspects {
+                    id: RequestId(0),
+                    epoch: view.map.epoch,
+                    pg,
+                },
+            )
+            .await?;
+        let Message::Reply { data, .. } = reply else {
+            return Err(status::EIO);
+        };
+        decode_object_list(&data).ok_or(status::EIO)
+    }
+
     /// Every object of `pg` on `member` (this OSD: the local store).
     pub(crate) async fn list_objects(
         self: &Rc<Self>,
@@ -892,12 +918,29 @@ impl Shard {
         let mut volumes = BTreeSet::new();
         let mut kind = "log";
         let mut rounds = 0u32;
+        // What the member's restart left in doubt: writes it acknowledged but had
+        // not made stable, which a power cut may have taken although this log says
+        // it applied them. Copied whole first (too many: backfill).
+        let mut backfill_anyway = false;
+        match self.member_suspects(view, pg, member).await {
+            Ok(suspects) if !suspects.is_empty() => {
+                let objects = suspects.into_iter().map(|o| (o, None)).collect();
+                volumes.extend(
+                    self.for_each_object(view, pg, member, job, objects, "log")
+                        .await?,
+                );
+            }
+            Ok(_) => {}
+            Err(status::E2BIG) => backfill_anyway = true,
+            Err(st) => return Err(JobError::Failed(st)),
+        }
         // Bounded: at most LOG_ROUNDS_MAX copying rounds, and waiting rounds end at
         // the deadline.
         loop {
             let (missed, inflight) = {
                 let logs = self.pgs.borrow();
                 match logs.log(pg) {
+                    Some(_) if backfill_anyway => (None, false),
                     Some(log) => (log.missed_by(member, 0), log.inflight_through(admitted)),
                     None => (None, false),
                 }

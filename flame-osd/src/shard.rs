@@ -119,6 +119,13 @@ impl Shard {
         self.primacy_on_new_map(&cached, &fresh);
         self.store
             .note_removed_volumes(fresh.map.deleted_volumes.iter().copied());
+        // A group this OSD is a complete member of again (recovered since its
+        // start) has nothing in doubt here any more.
+        for pg in self.store.suspect_pgs() {
+            if fresh.table.pg(pg).acting.contains(&self.osd) {
+                self.store.forget_restart_suspects(pg);
+            }
+        }
         *self.view.borrow_mut() = fresh.clone();
         fresh
     }

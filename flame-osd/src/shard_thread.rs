@@ -45,6 +45,8 @@ pub struct ShardSetup {
     pub liveness: Arc<Liveness>,
     /// Installs the configured memory pool on the shard thread.
     pub pool: Arc<flame_common::buffer::registered::PoolInstaller>,
+    /// What start-up store recovery left in doubt ([`crate::store::recover`]).
+    pub restart_suspects: Arc<Vec<(flame_common::ids::PgId, flame_common::ids::ObjectId)>>,
 }
 
 /// Where a shard thread's requests come from.
@@ -97,6 +99,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                 },
                 store,
             );
+            shard.store.set_restart_suspects(&setup.restart_suspects);
             let handle = reactor.handle();
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.intake, handle)) {
                 tracing::error!(shard = id, "reactor failed: {e}");

@@ -351,6 +351,12 @@ pub struct ObjectStore {
     /// object of theirs is created again. Volume ids are never reused. Bounded by
     /// [`DELETED_VOLUMES_MAX`] (the newest ids, like the map's tombstones).
     removed_volumes: RefCell<BTreeSet<VolumeId>>,
+    /// Objects the intent journal named when this OSD started ([`recover`]):
+    /// writes no FLUSH covered, of which a power cut may have kept each block old
+    /// or new — so this copy may lack acknowledged writes the other copies have.
+    /// Answered to the primary's `PgSuspects` until this OSD is a complete member
+    /// of the group again. Bounded by the journal.
+    restart_suspects: RefCell<BTreeMap<PgId, BTreeSet<ObjectId>>>,
     journal: Journal,
     /// The stable copy of the placement-group logs (pg_log_file.rs).
     pg_log: pg_log_file::PgLogFile,
@@ -435,6 +441,7 @@ impl ObjectStore {
             known_dirs: RefCell::new(HashSet::default()),
             absent: RefCell::new(HashSet::default()),
             removed_volumes: RefCell::new(BTreeSet::new()),
+            restart_suspects: RefCell::new(BTreeMap::new()),
             writes_inflight: Cell::new(0),
             journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
             draining: Cell::new(false),
@@ -1081,6 +1088,33 @@ impl ObjectStore {
         }
     }
 
+    /// Records what [`recover`] found at start-up (see `restart_suspects`).
+    pub fn set_restart_suspects(&self, objects: &[(PgId, ObjectId)]) {
+        let mut s = self.restart_suspects.borrow_mut();
+        for &(pg, object) in objects {
+            s.entry(pg).or_default().insert(object);
+        }
+    }
+
+    /// The objects of `pg` this copy may have lost writes of at its start.
+    pub fn restart_suspects(&self, pg: PgId) -> Vec<ObjectId> {
+        self.restart_suspects
+            .borrow()
+            .get(&pg)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The groups that still have suspects.
+    pub fn suspect_pgs(&self) -> Vec<PgId> {
+        self.restart_suspects.borrow().keys().copied().collect()
+    }
+
+    /// This copy of `pg` is complete again (recovered, or never in doubt).
+    pub fn forget_restart_suspects(&self, pg: PgId) {
+        self.restart_suspects.borrow_mut().remove(&pg);
+    }
+
     fn is_removed(&self, volume: VolumeId) -> bool {
         self.removed_volumes.borrow().contains(&volume)
     }
@@ -1150,17 +1184,18 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
 
 /// Start-up recovery: for every object named by a shard's intent journal, the
 /// checksums are recomputed from the data on disk and written with the metadata
-/// (synced); then the journals are reset. Returns how many objects it recomputed.
+/// (synced); then the journals are reset. Returns the objects it recomputed: they
+/// may lack acknowledged writes the other copies have (`PgSuspects`).
 ///
 /// Those objects had writes that no FLUSH covered; after a crash each of their
 /// blocks holds either the old or the new data (both are valid answers for an
 /// unflushed write), and recomputing makes the checksums agree with whichever it is.
 /// Run before any shard starts, with nothing else touching the directory.
-pub async fn recover(fs: &Fs, root: &Path) -> io::Result<u64> {
+pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
     let jdir = layout::journal_dir(root);
     let journals = fs.list_dir(&jdir).await?;
     let mut seen = HashSet::default();
-    let mut recomputed = 0;
+    let mut recomputed = Vec::new();
     for name in &journals {
         for (pg, object) in journal::replay(fs, &jdir.join(name)).await? {
             if !seen.insert(object) {
@@ -1168,7 +1203,10 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<u64> {
             }
             let path = layout::object_path(root, pg, object);
             let Some((file, _)) = fs.open(&path, false).await? else {
-                continue; // never became durable: nothing to check
+                // Its name never became durable: nothing to recompute, but every
+                // write it had is gone — still in doubt.
+                recomputed.push((pg, object));
+                continue;
             };
             let head = file.read(0, HEADER_LEN).await?;
             let version = match Header::decode(&head, object) {
@@ -1200,7 +1238,7 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<u64> {
             file.write(0, meta::encode_meta(&header, &sums), None)
                 .await?;
             file.datasync().await?;
-            recomputed += 1;
+            recomputed.push((pg, object));
         }
     }
     for name in &journals {

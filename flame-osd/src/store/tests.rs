@@ -534,7 +534,7 @@ fn crash_before_flush_is_recovered_from_the_journal() {
             Err(StoreError::Checksum { .. })
         ));
         drop(s);
-        assert_eq!(recover(&fs, root).await.unwrap(), 2);
+        assert_eq!(recover(&fs, root).await.unwrap().len(), 2);
         let s = ObjectStore::new(root, 0, opts(false, true));
         assert_eq!(
             s.read(PG, obj(1), 0, BLOCK as u32).await.unwrap(),
@@ -551,7 +551,7 @@ fn crash_before_flush_is_recovered_from_the_journal() {
             vec![3; BLOCK]
         );
         // The journals were reset: a second recovery has nothing to do.
-        assert_eq!(recover(&fs, root).await.unwrap(), 0);
+        assert!(recover(&fs, root).await.unwrap().is_empty());
     });
 }
 

@@ -619,13 +619,16 @@ impl Sim {
         let fs = Fs::Sim(o.fs.clone());
         let root = o.root.clone();
         let fs2 = fs.clone();
-        if let Err(e) = run_to_end(&mut reactor, async move {
+        let suspects = match run_to_end(&mut reactor, async move {
             flame_osd::store::recover(&fs2, &root).await
         }) {
-            self.errors
-                .push(format!("osd.{i}: store recovery failed: {e}"));
-            return;
-        }
+            Ok(s) => s,
+            Err(e) => {
+                self.errors
+                    .push(format!("osd.{i}: store recovery failed: {e}"));
+                return;
+            }
+        };
         let boot = OsdBoot {
             uuid: o.uuid.clone(),
             id: o.id,
@@ -661,6 +664,7 @@ impl Sim {
                 checksums: true,
             },
         );
+        store.set_restart_suspects(&suspects);
         let parts = ShardParts {
             id: 0,
             osd: id,

@@ -1,0 +1,93 @@
+//! The deterministic simulator in CI (`flame_tests::sim`; docs/testing.md): a fixed
+//! budget of seeds, each a whole cluster under faults in virtual time, every
+//! checker on; and one seed run twice, which must take the same path event for
+//! event. A failing seed prints its errors, its last events and the command that
+//! replays it (`scripts/simulate.sh --seed N`).
+//!
+//! `FLAME_SIM_SEEDS` (default 200) and `FLAME_SIM_FROM` (default 1) choose the
+//! seeds; the seeds run on two threads.
+
+use flame_tests::sim::{SimConfig, run};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
+        Err(_) => default,
+    }
+}
+
+#[test]
+fn every_seed_of_the_ci_budget_passes_every_checker() {
+    let count = env_u64("FLAME_SIM_SEEDS", 200);
+    let from = env_u64("FLAME_SIM_FROM", 1);
+    let next = Arc::new(AtomicU64::new(from));
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let totals = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0.0f64)));
+    let started = std::time::Instant::now();
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (next, failed, totals) = (next.clone(), failed.clone(), totals.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= from + count {
+                        return;
+                    }
+                    let r = run(SimConfig::new(seed));
+                    {
+                        let mut t = totals.lock().unwrap();
+                        t.0 += r.workload.writes;
+                        t.1 += r.workload.blocks_checked;
+                        t.2 += r.faults;
+                        t.3 += r.virtual_time.as_secs_f64();
+                    }
+                    if !r.passed() {
+                        failed.lock().unwrap().push(r.to_string());
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (writes, blocks, faults, virtual_secs) = *totals.lock().unwrap();
+    println!(
+        "{count} seeds from {from} in {:.1} s: {writes} writes acknowledged, {blocks} blocks \
+         checked, {faults} faults, {virtual_secs:.0} s of virtual time",
+        started.elapsed().as_secs_f64()
+    );
+    let failed = failed.lock().unwrap();
+    assert!(
+        writes > count * 100 && faults > count,
+        "the workload or the faults did not run"
+    );
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn a_seed_replays_event_for_event() {
+    let a = run(SimConfig::new(4242));
+    let b = run(SimConfig::new(4242));
+    assert!(a.passed(), "{a}");
+    assert!(a.deliveries > 1000 && a.faults > 0, "{a}");
+    assert_eq!(
+        (a.trace_hash, a.deliveries, a.virtual_time),
+        (b.trace_hash, b.deliveries, b.virtual_time),
+        "two runs of one seed took different paths"
+    );
+    let c = run(SimConfig::new(4243));
+    assert_ne!(
+        a.trace_hash, c.trace_hash,
+        "the trace does not depend on the seed"
+    );
+}
