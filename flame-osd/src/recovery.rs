@@ -1126,6 +1126,39 @@ impl Shard {
                     }
                 }
             }
+            // A complete member that failed writes of this interval (a forward
+            // that timed out or met a broken connection, while the member stayed
+            // up): those writes were never acknowledged, but the member must not
+            // keep the older bytes while the other copies have the newer ones —
+            // a later failover would serve them, and its copy would differ. The
+            // client's retry repairs it when there is one; a write the client
+            // gave up on has none. Caught up from the log like a recovering
+            // member (it stays complete in the map: it lacks no acknowledged write).
+            for &member in members.acting.iter().skip(1) {
+                let lagging = self
+                    .pgs
+                    .borrow()
+                    .log(pg)
+                    .and_then(|l| l.missed_by(member, 0))
+                    .is_some_and(|m| !m.is_empty());
+                if !lagging {
+                    continue;
+                }
+                match self.recover_member(view, pg, member).await {
+                    Ok(_) => {
+                        tracing::info!(%pg, %member, "complete member caught up on writes it failed");
+                    }
+                    Err(JobError::Abandoned) => {}
+                    Err(JobError::Failed(st)) => {
+                        tracing::debug!(%pg, %member, st, "catching up a complete member did not finish; will retry");
+                        failed = true;
+                    }
+                }
+                self.recovery
+                    .remaining_per_job
+                    .borrow_mut()
+                    .remove(&(pg, member));
+            }
             if failed {
                 self.recovery
                     .retry_after

@@ -38,14 +38,16 @@ pub struct WorkloadFigures {
     pub blocks_checked: u64,
     /// Operations that failed.
     pub failed: u64,
+    /// Writes given up on (the client's I/O timeout): issued, never acknowledged.
+    pub abandoned: u64,
 }
 
 impl std::fmt::Display for WorkloadFigures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} writes, {} reads, {} flushes, {} blocks checked, {} failed",
-            self.writes, self.reads, self.flushes, self.blocks_checked, self.failed
+            "{} writes ({} abandoned), {} reads, {} flushes, {} blocks checked, {} failed",
+            self.writes, self.abandoned, self.reads, self.flushes, self.blocks_checked, self.failed
         )
     }
 }
@@ -64,11 +66,14 @@ pub struct Workload {
     verify: Cell<bool>,
     verify_waker: RefCell<Option<Waker>>,
     verified: Cell<bool>,
+    /// The client has an I/O timeout: an operation that times out is abandoned,
+    /// not an error (any other failure still is).
+    may_time_out: Cell<bool>,
 }
 
 impl Workload {
     /// `ops` operations in all over `writers` writers, on a volume of `size` bytes.
-    pub fn new(seed: u64, writers: usize, ops: u64, size: u64) -> Workload {
+    pub fn new(seed: u64, writers: usize, ops: u64, size: u64, may_time_out: bool) -> Workload {
         let writers = writers.max(1);
         Workload {
             seed,
@@ -83,6 +88,7 @@ impl Workload {
             verify: Cell::new(false),
             verify_waker: RefCell::new(None),
             verified: Cell::new(false),
+            may_time_out: Cell::new(may_time_out),
         }
     }
 
@@ -148,6 +154,9 @@ impl Workload {
                     self.complain(format!("read of blocks {first}+{n}: {e}"));
                 }
             }
+            Err(e) if self.may_time_out.get() && is_timeout(&e) => {
+                self.count(|f| f.failed += 1);
+            }
             Err(e) => {
                 self.count(|f| f.failed += 1);
                 self.complain(format!("read of blocks {first}+{n} failed: {e}"));
@@ -174,6 +183,11 @@ impl Workload {
                             self.oracle.borrow_mut().ack_write(first, &counters);
                             self.count(|f| f.writes += 1);
                         }
+                        Err(e) if self.may_time_out.get() && is_timeout(&e) => {
+                            // Abandoned: the oracle keeps it as issued, never
+                            // acknowledged.
+                            self.count(|f| f.abandoned += 1);
+                        }
                         Err(e) => {
                             self.count(|f| f.failed += 1);
                             self.complain(format!("write of blocks {first}+{n} failed: {e}"));
@@ -187,6 +201,9 @@ impl Workload {
                 }
                 _ => match vol.flush().await {
                     Ok(()) => self.count(|f| f.flushes += 1),
+                    Err(e) if self.may_time_out.get() && is_timeout(&e) => {
+                        self.count(|f| f.failed += 1);
+                    }
                     Err(e) => {
                         self.count(|f| f.failed += 1);
                         self.complain(format!("flush failed: {e}"));
@@ -195,6 +212,11 @@ impl Workload {
             }
         }
     }
+}
+
+/// Whether a client error is its I/O timeout.
+fn is_timeout(e: &flame_client::error::ClientError) -> bool {
+    matches!(e, flame_client::error::ClientError::Timeout { .. })
 }
 
 /// The client process's main task.
@@ -224,6 +246,8 @@ pub async fn run(cluster: Cluster, w: Rc<Workload>) {
         }
     })
     .await;
+    // After the faults nothing may fail, time out included.
+    w.may_time_out.set(false);
     let mut first = 0;
     while first < w.blocks {
         let n = VERIFY_BLOCKS.min(w.blocks - first);
