@@ -266,6 +266,8 @@ struct Impairment {
     osd: usize,
     until: Instant,
     cut: Vec<(IpAddr, IpAddr)>,
+    /// The manager is down: at `until` it restarts from what it had persisted.
+    manager: bool,
 }
 
 struct Sim {
@@ -294,7 +296,7 @@ impl Sim {
             object_size: 1 << 20,
         };
         let fsid = format!("sim-{:016x}", config.seed);
-        let mgr = ClusterState::new(PersistedState::new_cluster(fsid, pool), now);
+        let mgr = manager(PersistedState::new_cluster(fsid, pool), now);
         let osds = (0..config.osds)
             .map(|i| {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 1, 10 + i as u8));
@@ -399,11 +401,6 @@ impl Sim {
             self.errors
                 .push("the cluster did not return to clean within 60 s after the faults".into());
         }
-        let differing = if clean {
-            self.compare_copies()
-        } else {
-            Vec::new()
-        };
         // Read every block back through the client.
         if let Some(c) = &self.client {
             c.workload.start_verify();
@@ -416,7 +413,12 @@ impl Sim {
             self.errors
                 .push("the final read-back did not finish within 120 s".into());
         }
-        self.errors.extend(differing);
+        // The read-back began with a FLUSH: every copy's checksums are on disk too,
+        // so whole files are compared, header and checksums included.
+        if clean && verified {
+            let differing = self.compare_copies();
+            self.errors.extend(differing);
+        }
         self.report()
     }
 
@@ -777,12 +779,18 @@ impl Sim {
         })
     }
 
-    /// After the cluster is clean: every object's data is the same on every
-    /// OSD (each OSD holds every group: three OSDs, three copies). Bytes past a
-    /// copy's end read as zeroes; the checksum area is written at FLUSH and may
-    /// lag, so the data area is compared.
+    /// After the cluster is clean and flushed: every object file is the same on
+    /// every OSD (each OSD holds every group: three OSDs, three copies) — header,
+    /// checksums and data. Bytes past a copy's end read as zeroes.
     fn compare_copies(&self) -> Vec<String> {
         let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
+        let describe = |at: usize| {
+            if at < data_at {
+                format!("header or checksums, byte {at}")
+            } else {
+                format!("data byte {}", at - data_at)
+            }
+        };
         let mut paths = std::collections::BTreeSet::new();
         let mut roots = Vec::new();
         for o in &self.osds {
@@ -803,11 +811,7 @@ impl Sim {
                 .osds
                 .iter()
                 .zip(&roots)
-                .map(|(o, pgs)| {
-                    let mut d = o.fs.contents(&pgs.join(rel)).unwrap_or_default();
-                    d.drain(..data_at.min(d.len()));
-                    d
-                })
+                .map(|(o, pgs)| o.fs.contents(&pgs.join(rel)).unwrap_or_default())
                 .collect();
             let len = copies.iter().map(Vec::len).max().unwrap_or(0);
             let padded: Vec<Vec<u8>> = copies
@@ -824,17 +828,19 @@ impl Sim {
                         .zip(&padded[0])
                         .position(|(a, b)| a != b)
                         .unwrap_or(0);
-                    let block = at / 4096;
+                    let block = at.saturating_sub(data_at) / 4096;
                     // The oracle's write counter of that block in each copy.
                     let counter = |d: &[u8]| {
-                        d.get(block * 4096 + 16..block * 4096 + 24)
+                        let b = data_at + block * 4096;
+                        d.get(b + 16..b + 24)
                             .and_then(|b| b.try_into().ok())
                             .map_or(0, u64::from_le_bytes)
                     };
                     complaints.push(format!(
-                        "object {} differs between osd.0 and osd.{i} from data byte {at} \
+                        "object {} differs between osd.0 and osd.{i} from {} \
                          (block {block}: write {} there, {} on osd.0)",
                         rel.display(),
+                        describe(at),
                         counter(c),
                         counter(&padded[0]),
                     ));
@@ -846,7 +852,10 @@ impl Sim {
 
     fn heal_all(&mut self) {
         net::heal_all();
-        self.impaired = None;
+        if self.impaired.take().is_some_and(|i| i.manager) {
+            self.mgr = manager(self.mgr.persisted.clone(), clock::now());
+            self.event("the manager restarts".into());
+        }
         self.event("faults stop; every path healed".into());
     }
 
@@ -862,7 +871,12 @@ impl Sim {
             for (a, b) in imp.cut {
                 net::set_fault(a, b, None);
             }
-            if self.osds[imp.osd].live.is_none() {
+            if imp.manager {
+                // It lost its runtime state (heartbeat times, failure reports);
+                // every OSD counts as just heard from, as at a real start.
+                self.mgr = manager(self.mgr.persisted.clone(), now);
+                self.event("the manager restarts".into());
+            } else if self.osds[imp.osd].live.is_none() {
                 self.start_osd(imp.osd);
             } else {
                 self.event(format!("osd.{} reconnected", imp.osd));
@@ -874,9 +888,22 @@ impl Sim {
         let hold = Duration::from_millis(self.rng.random_range(300..6000));
         let ip = self.osds[i].ip;
         self.faults += 1;
-        let kind = self.rng.random_range(0..12);
+        let kind = self.rng.random_range(0..13);
         let mut cut = Vec::new();
         match kind {
+            12 => {
+                // The manager stops: nobody reaches it until it restarts.
+                let mut all: Vec<IpAddr> = self.osds.iter().map(|o| o.ip).collect();
+                all.push(CLIENT_IP);
+                for p in all {
+                    cut.push((p, MGR_IP));
+                    cut.push((MGR_IP, p));
+                }
+                for &(a, b) in &cut {
+                    net::set_fault(a, b, Some(LinkFault::Reject));
+                }
+                self.event(format!("the manager stops for {} ms", hold.as_millis()));
+            }
             0..3 => {
                 self.crash(i, false);
             }
@@ -942,6 +969,7 @@ impl Sim {
             osd: i,
             until: now + hold,
             cut,
+            manager: kind == 12,
         });
         self.next_fault = now + hold;
     }
@@ -967,6 +995,15 @@ impl Sim {
             }
         ));
     }
+}
+
+/// The manager's state machine on `persisted` (what `state.json` holds), with the
+/// simulation's timing (as `flame-mgr`'s main sets it from its configuration).
+fn manager(persisted: PersistedState, now: Instant) -> ClusterState {
+    let mut m = ClusterState::new(persisted, now);
+    m.heartbeat_grace = HEARTBEAT_GRACE;
+    m.report_min_silence = Duration::from_millis(LEASE_MS + 100);
+    m
 }
 
 /// Runs one reactor's ready tasks; a reactor error is a simulator bug.

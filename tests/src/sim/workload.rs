@@ -248,6 +248,11 @@ pub async fn run(cluster: Cluster, w: Rc<Workload>) {
     .await;
     // After the faults nothing may fail, time out included.
     w.may_time_out.set(false);
+    // First a FLUSH: every copy's checksums go to disk (the copies are compared
+    // whole after the read-back).
+    if let Err(e) = vol.flush().await {
+        w.complain(format!("the final flush failed: {e}"));
+    }
     let mut first = 0;
     while first < w.blocks {
         let n = VERIFY_BLOCKS.min(w.blocks - first);
