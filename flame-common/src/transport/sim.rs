@@ -103,6 +103,9 @@ struct Net {
     rng: RefCell<StdRng>,
     listeners: RefCell<BTreeMap<SocketAddr, Rc<ListenerState>>>,
     faults: RefCell<BTreeMap<(IpAddr, IpAddr), LinkFault>>,
+    /// Extra one-way latency of everything sent to or from an address (a slow
+    /// or overloaded node).
+    slow: RefCell<BTreeMap<IpAddr, Duration>>,
     /// On the wire, by arrival time (then send order).
     wire: RefCell<BTreeMap<(Instant, u64), Delivery>>,
     seq: Cell<u64>,
@@ -141,6 +144,7 @@ pub fn install(config: NetConfig) {
         rng: RefCell::new(StdRng::seed_from_u64(config.seed)),
         listeners: RefCell::default(),
         faults: RefCell::default(),
+        slow: RefCell::default(),
         wire: RefCell::default(),
         seq: Cell::new(0),
         ends: RefCell::default(),
@@ -186,10 +190,21 @@ pub fn fault(from: IpAddr, to: IpAddr) -> Option<LinkFault> {
     net().ok()?.fault(from, to)
 }
 
+/// Makes everything sent to or from `ip` take `extra` longer (`None`: normal).
+pub fn set_slow(ip: IpAddr, extra: Option<Duration>) {
+    if let Ok(n) = net() {
+        match extra {
+            Some(d) => n.slow.borrow_mut().insert(ip, d),
+            None => n.slow.borrow_mut().remove(&ip),
+        };
+    }
+}
+
 /// Clears every fault.
 pub fn heal_all() {
     if let Ok(n) = net() {
         n.faults.borrow_mut().clear();
+        n.slow.borrow_mut().clear();
     }
 }
 
@@ -312,7 +327,12 @@ impl Net {
     /// Puts `cargo` on the wire to arrive no earlier than anything sent before it
     /// on the same direction (`last`).
     fn post(&self, last: &Cell<Instant>, d: Delivery) {
-        let at = (clock::now() + self.latency()).max(last.get());
+        let extra = {
+            let slow = self.slow.borrow();
+            let of = |ip: IpAddr| slow.get(&ip).copied().unwrap_or_default();
+            of(d.from.ip()) + of(d.dest.ip())
+        };
+        let at = (clock::now() + self.latency() + extra).max(last.get());
         last.set(at);
         let seq = self.seq.get();
         self.seq.set(seq + 1);

@@ -871,6 +871,7 @@ impl Sim {
             for (a, b) in imp.cut {
                 net::set_fault(a, b, None);
             }
+            net::set_slow(self.osds[imp.osd].ip, None);
             if imp.manager {
                 // It lost its runtime state (heartbeat times, failure reports);
                 // every OSD counts as just heard from, as at a real start.
@@ -888,9 +889,20 @@ impl Sim {
         let hold = Duration::from_millis(self.rng.random_range(300..6000));
         let ip = self.osds[i].ip;
         self.faults += 1;
-        let kind = self.rng.random_range(0..13);
+        let kind = self.rng.random_range(0..14);
         let mut cut = Vec::new();
         match kind {
+            13 => {
+                // Slow: everything to and from it takes longer (an overloaded
+                // node or link); nothing is lost.
+                let extra = Duration::from_millis(self.rng.random_range(50..2500));
+                net::set_slow(ip, Some(extra));
+                self.event(format!(
+                    "osd.{i} slow (+{} ms each way) for {} ms",
+                    extra.as_millis(),
+                    hold.as_millis()
+                ));
+            }
             12 => {
                 // The manager stops: nobody reaches it until it restarts.
                 let mut all: Vec<IpAddr> = self.osds.iter().map(|o| o.ip).collect();
