@@ -121,7 +121,9 @@ impl SimConfig {
     pub fn new(seed: u64) -> SimConfig {
         SimConfig {
             seed,
-            osds: 3,
+            // Every other seed has a fourth OSD: placement changes (out/in) move
+            // groups to new members, which backfill.
+            osds: if seed.is_multiple_of(2) { 4 } else { 3 },
             writers: 4,
             ops: 300,
             faults: true,
@@ -268,6 +270,8 @@ struct Impairment {
     cut: Vec<(IpAddr, IpAddr)>,
     /// The manager is down: at `until` it restarts from what it had persisted.
     manager: bool,
+    /// This OSD was marked out: at `until` it is marked in again.
+    out: Option<OsdId>,
 }
 
 struct Sim {
@@ -775,13 +779,14 @@ impl Sim {
         let table = flame_common::placement::PgTable::new(m);
         (0..m.pool.pg_count).all(|pg| {
             let members = table.pg(flame_common::ids::PgId(pg));
-            members.recovering.is_empty() && members.acting.len() == m.pool.size as usize
+            members.recovering.is_empty() && members.acting == members.placed
         })
     }
 
     /// After the cluster is clean and flushed: every object file is the same on
-    /// every OSD (each OSD holds every group: three OSDs, three copies) — header,
-    /// checksums and data. Bytes past a copy's end read as zeroes.
+    /// every member of its group — header, checksums and data. Bytes past a
+    /// copy's end read as zeroes; a member without the file holds zeroes. Copies
+    /// on OSDs that are no longer members (strays, deleted later) are not looked at.
     fn compare_copies(&self) -> Vec<String> {
         let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
         let describe = |at: usize| {
@@ -791,60 +796,80 @@ impl Sim {
                 format!("data byte {}", at - data_at)
             }
         };
-        let mut paths = std::collections::BTreeSet::new();
-        let mut roots = Vec::new();
+        let map = self.mgr.map();
+        let table = flame_common::placement::PgTable::new(map);
+        let index_of = |id: OsdId| self.osds.iter().position(|o| o.id == Some(id));
+        // Every object file anywhere, by group.
+        let mut objects = std::collections::BTreeSet::new();
         for o in &self.osds {
             let pgs = layout::pgs_dir(&o.root);
             for p in o.fs.paths() {
-                if let Ok(rel) = p.strip_prefix(&pgs) {
-                    let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                    if layout::parse_object_name(name).is_some() {
-                        paths.insert(rel.to_path_buf());
-                    }
+                let Ok(rel) = p.strip_prefix(&pgs) else {
+                    continue;
+                };
+                let mut parts = rel.iter().filter_map(|c| c.to_str());
+                let (Some(dir), Some(name)) = (parts.next(), parts.next()) else {
+                    continue;
+                };
+                if let (Some(pg), Some(_)) =
+                    (layout::parse_pg_name(dir), layout::parse_object_name(name))
+                {
+                    objects.insert((pg, rel.to_path_buf()));
                 }
             }
-            roots.push(pgs);
         }
         let mut complaints = Vec::new();
-        for rel in &paths {
-            let copies: Vec<Vec<u8>> = self
-                .osds
+        for (pg, rel) in &objects {
+            let members: Vec<usize> = table
+                .pg(*pg)
+                .acting
                 .iter()
-                .zip(&roots)
-                .map(|(o, pgs)| o.fs.contents(&pgs.join(rel)).unwrap_or_default())
+                .filter_map(|&m| index_of(m))
                 .collect();
-            let len = copies.iter().map(Vec::len).max().unwrap_or(0);
-            let padded: Vec<Vec<u8>> = copies
-                .into_iter()
-                .map(|mut d| {
-                    d.resize(len, 0);
-                    d
+            let copies: Vec<(usize, Vec<u8>)> = members
+                .iter()
+                .map(|&i| {
+                    let o = &self.osds[i];
+                    let path = layout::pgs_dir(&o.root).join(rel);
+                    (i, o.fs.contents(&path).unwrap_or_default())
                 })
                 .collect();
-            for (i, c) in padded.iter().enumerate().skip(1) {
-                if *c != padded[0] {
-                    let at = c
-                        .iter()
-                        .zip(&padded[0])
-                        .position(|(a, b)| a != b)
-                        .unwrap_or(0);
-                    let block = at.saturating_sub(data_at) / 4096;
-                    // The oracle's write counter of that block in each copy.
-                    let counter = |d: &[u8]| {
-                        let b = data_at + block * 4096;
-                        d.get(b + 16..b + 24)
-                            .and_then(|b| b.try_into().ok())
-                            .map_or(0, u64::from_le_bytes)
-                    };
-                    complaints.push(format!(
-                        "object {} differs between osd.0 and osd.{i} from {} \
-                         (block {block}: write {} there, {} on osd.0)",
-                        rel.display(),
-                        describe(at),
-                        counter(c),
-                        counter(&padded[0]),
-                    ));
+            let len = copies.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
+            let padded: Vec<(usize, Vec<u8>)> = copies
+                .into_iter()
+                .map(|(i, mut d)| {
+                    d.resize(len, 0);
+                    (i, d)
+                })
+                .collect();
+            let Some((first, reference)) = padded.first() else {
+                continue;
+            };
+            for (i, c) in padded.iter().skip(1) {
+                if c == reference {
+                    continue;
                 }
+                let at = c
+                    .iter()
+                    .zip(reference)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                let block = at.saturating_sub(data_at) / 4096;
+                // The oracle's write counter of that block in each copy.
+                let counter = |d: &[u8]| {
+                    let b = data_at + block * 4096;
+                    d.get(b + 16..b + 24)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u64::from_le_bytes)
+                };
+                complaints.push(format!(
+                    "object {} differs between osd.{first} and osd.{i} from {} \
+                     (block {block}: write {} on osd.{first}, {} on osd.{i})",
+                    rel.display(),
+                    describe(at),
+                    counter(reference),
+                    counter(c),
+                ));
             }
         }
         complaints
@@ -852,9 +877,15 @@ impl Sim {
 
     fn heal_all(&mut self) {
         net::heal_all();
-        if self.impaired.take().is_some_and(|i| i.manager) {
-            self.mgr = manager(self.mgr.persisted.clone(), clock::now());
-            self.event("the manager restarts".into());
+        if let Some(imp) = self.impaired.take() {
+            if imp.manager {
+                self.mgr = manager(self.mgr.persisted.clone(), clock::now());
+                self.event("the manager restarts".into());
+            }
+            if let Some(id) = imp.out {
+                let _ = self.mgr.set_in(id, true);
+                self.event(format!("{id} marked in"));
+            }
         }
         self.event("faults stop; every path healed".into());
     }
@@ -872,7 +903,10 @@ impl Sim {
                 net::set_fault(a, b, None);
             }
             net::set_slow(self.osds[imp.osd].ip, None);
-            if imp.manager {
+            if let Some(id) = imp.out {
+                let _ = self.mgr.set_in(id, true);
+                self.event(format!("{id} marked in"));
+            } else if imp.manager {
                 // It lost its runtime state (heartbeat times, failure reports);
                 // every OSD counts as just heard from, as at a real start.
                 self.mgr = manager(self.mgr.persisted.clone(), now);
@@ -889,9 +923,21 @@ impl Sim {
         let hold = Duration::from_millis(self.rng.random_range(300..6000));
         let ip = self.osds[i].ip;
         self.faults += 1;
-        let kind = self.rng.random_range(0..14);
+        let kinds = if self.osds.len() > 3 { 15 } else { 14 };
+        let kind = self.rng.random_range(0..kinds);
         let mut cut = Vec::new();
+        let mut out = None;
         match kind {
+            14 => {
+                // Out (operator or down-out): its groups move to the others and
+                // backfill there; it keeps serving its old copies meanwhile.
+                if let Some(id) = self.osds[i].id
+                    && self.mgr.set_in(id, false).is_ok()
+                {
+                    out = Some(id);
+                    self.event(format!("{id} marked out for {} ms", hold.as_millis()));
+                }
+            }
             13 => {
                 // Slow: everything to and from it takes longer (an overloaded
                 // node or link); nothing is lost.
@@ -982,6 +1028,7 @@ impl Sim {
             until: now + hold,
             cut,
             manager: kind == 12,
+            out,
         });
         self.next_fault = now + hold;
     }
