@@ -330,6 +330,11 @@ pub struct RecoveryState {
     peered: RefCell<HashMap<PgId, u64>>,
     reported: RefCell<HashMap<(PgId, OsdId), Reported>>,
     stray_since: RefCell<HashMap<PgId, Instant>>,
+    /// Complete members first seen lacking writes they failed, and since when:
+    /// caught up only once they stayed complete for [`LAGGING_GRACE_LEASES`]
+    /// leases (a member that failed writes because it died is soon marked down,
+    /// and its recovery then does the work — and counts it).
+    lagging_since: RefCell<HashMap<(PgId, OsdId), Instant>>,
     /// Groups whose last job failed (a member unreachable, a map moving) are tried
     /// again only after this instant, so a down peer costs one attempt per
     /// [`RETRY_DELAY`], not one per poll.
@@ -352,6 +357,10 @@ pub struct RecoveryState {
     /// When background scrubbing started counting (the first pass).
     pub(crate) started: std::cell::OnceCell<Instant>,
 }
+
+/// Leases a complete member that failed writes must stay complete before its
+/// primary catches it up without a map change (see `lagging_since`).
+const LAGGING_GRACE_LEASES: u32 = 2;
 
 /// Why a job stopped early.
 #[derive(Debug)]
@@ -1141,9 +1150,21 @@ impl Shard {
                     .log(pg)
                     .and_then(|l| l.missed_by(member, 0))
                     .is_some_and(|m| !m.is_empty());
+                let key = (pg, member);
                 if !lagging {
+                    self.recovery.lagging_since.borrow_mut().remove(&key);
                     continue;
                 }
+                let since = *self
+                    .recovery
+                    .lagging_since
+                    .borrow_mut()
+                    .entry(key)
+                    .or_insert_with(clock::now);
+                if clock::elapsed(since) < self.lease * LAGGING_GRACE_LEASES {
+                    continue;
+                }
+                self.recovery.lagging_since.borrow_mut().remove(&key);
                 match self.recover_member(view, pg, member).await {
                     Ok(_) => {
                         tracing::info!(%pg, %member, "complete member caught up on writes it failed");

@@ -85,7 +85,7 @@ const HEARTBEAT_INTERVAL_MS: u64 = 500;
 const LEASE_MS: u64 = 1500;
 /// Virtual time the cluster runs on after it looks clean, before the copies are
 /// compared (several recovery passes).
-const SETTLE_QUIET: Duration = Duration::from_secs(5);
+const SETTLE_QUIET: Duration = Duration::from_secs(8);
 /// Tasks one reactor runs per step before the others get a turn.
 const TASKS_PER_STEP_MAX: usize = 4096;
 /// Events kept for the report of a failing seed.
