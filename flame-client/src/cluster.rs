@@ -102,6 +102,22 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(config: ClientConfig, mgr: MgrClient, map: ClusterMap) -> Arc<Shared> {
+        Arc::new(Shared {
+            fsid: map.fsid.clone(),
+            map: ArcSwap::from_pointee(map),
+            config,
+            mgr,
+            publish_lock: Mutex::new(()),
+            refresh_requested: Mutex::new(0),
+            refresh_cv: Condvar::new(),
+            refresh_done: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            stop_lock: Mutex::new(()),
+            stop_cv: Condvar::new(),
+        })
+    }
+
     /// Publishes `map` if it is newer and trustworthy. Returns whether it was.
     fn publish(&self, map: ClusterMap) -> bool {
         if map.fsid != self.fsid {
@@ -154,19 +170,7 @@ impl Cluster {
         let mgr = MgrClient::new_from(&config.mgr, config.bind_addr)?;
         let map = mgr.map()?;
         check_first_map(&map)?;
-        let shared = Arc::new(Shared {
-            fsid: map.fsid.clone(),
-            map: ArcSwap::from_pointee(map),
-            config,
-            mgr,
-            publish_lock: Mutex::new(()),
-            refresh_requested: Mutex::new(0),
-            refresh_cv: Condvar::new(),
-            refresh_done: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            stop_lock: Mutex::new(()),
-            stop_cv: Condvar::new(),
-        });
+        let shared = Shared::new(config, mgr, map);
         let spawn = |name: &str, f: fn(Arc<Shared>)| {
             let s = shared.clone();
             std::thread::Builder::new()
@@ -202,19 +206,7 @@ impl Cluster {
         config.validate()?;
         check_first_map(&map)?;
         let mgr = MgrClient::new_from(&config.mgr, config.bind_addr)?;
-        let shared = Arc::new(Shared {
-            fsid: map.fsid.clone(),
-            map: ArcSwap::from_pointee(map),
-            config,
-            mgr,
-            publish_lock: Mutex::new(()),
-            refresh_requested: Mutex::new(0),
-            refresh_cv: Condvar::new(),
-            refresh_done: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            stop_lock: Mutex::new(()),
-            stop_cv: Condvar::new(),
-        });
+        let shared = Shared::new(config, mgr, map);
         Ok(Cluster {
             inner: Arc::new(Inner {
                 shared,
