@@ -117,6 +117,22 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
+    /// The `scripts/simulate.sh` command that runs this configuration.
+    pub fn replay_command(&self) -> String {
+        let d = SimConfig::new(self.seed);
+        let mut c = format!("scripts/simulate.sh --seed {}", self.seed);
+        if self.ops != d.ops {
+            c += &format!(" --ops {}", self.ops);
+        }
+        if self.writers != d.writers {
+            c += &format!(" --writers {}", self.writers);
+        }
+        if !self.faults {
+            c += " --no-faults";
+        }
+        c
+    }
+
     /// The defaults CI runs, for `seed`.
     pub fn new(seed: u64) -> SimConfig {
         SimConfig {
@@ -160,6 +176,9 @@ pub struct SimReport {
     pub errors: Vec<String>,
     /// The last events before the end (faults, restarts, epochs), for a failure.
     pub events: Vec<String>,
+    /// The command that replays this run (with its options that differ from the
+    /// defaults).
+    pub replay: String,
 }
 
 impl SimReport {
@@ -190,7 +209,7 @@ impl std::fmt::Display for SimReport {
             for e in &self.events {
                 writeln!(f, "    {e}")?;
             }
-            writeln!(f, "  replay: scripts/simulate.sh --seed {}", self.seed)?;
+            writeln!(f, "  replay: {}", self.replay)?;
         }
         Ok(())
     }
@@ -201,6 +220,7 @@ impl std::fmt::Display for SimReport {
 /// and reported as the seed's failure.
 pub fn run(config: SimConfig) -> SimReport {
     let seed = config.seed;
+    let replay = config.replay_command();
     let res = std::thread::Builder::new()
         .name(format!("sim-{seed}"))
         .spawn(move || {
@@ -227,6 +247,7 @@ pub fn run(config: SimConfig) -> SimReport {
     res.unwrap_or_else(|panic| SimReport {
         seed,
         errors: vec![format!("panicked: {panic}")],
+        replay,
         ..SimReport::default()
     })
 }
@@ -451,6 +472,7 @@ impl Sim {
             faults: self.faults,
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
+            replay: self.config.replay_command(),
         }
     }
 
@@ -996,13 +1018,19 @@ impl Sim {
                 };
                 let from_mgr = self.rng.random_bool(0.5);
                 let one_way = self.rng.random_bool(0.3);
+                // Sometimes the client still reaches it: cut off from the manager
+                // and its peers only, it must stop serving when its lease runs out
+                // while clients keep sending it requests.
+                let keeps_client = from_mgr && self.rng.random_bool(0.4);
                 let mut peers: Vec<IpAddr> = self
                     .osds
                     .iter()
                     .filter(|o| o.index != i)
                     .map(|o| o.ip)
                     .collect();
-                peers.push(CLIENT_IP);
+                if !keeps_client {
+                    peers.push(CLIENT_IP);
+                }
                 if from_mgr {
                     peers.push(MGR_IP);
                 }
@@ -1016,9 +1044,14 @@ impl Sim {
                     net::set_fault(a, b, Some(fault));
                 }
                 self.event(format!(
-                    "osd.{i} cut off ({fault:?}{}{}) for {} ms",
+                    "osd.{i} cut off ({fault:?}{}{}{}) for {} ms",
                     if one_way { ", its sends only" } else { "" },
                     if from_mgr { ", manager too" } else { "" },
+                    if keeps_client {
+                        ", not from the client"
+                    } else {
+                        ""
+                    },
                     hold.as_millis()
                 ));
             }
