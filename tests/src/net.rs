@@ -301,7 +301,17 @@ mod tests {
         let again = OpenOptions::new().write(true).open(&path).unwrap();
         assert!(matches!(again.try_lock(), Err(TryLockError::WouldBlock)));
         drop(lease);
-        assert!(again.try_lock().is_ok(), "released on drop");
+        // A child another test thread forks (iptables) holds a copy of every
+        // descriptor until its exec closes them (close-on-exec), and with it the
+        // lock: released on drop means free within moments, not at once (a CI run
+        // lost that race).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut released = again.try_lock().is_ok();
+        while !released && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            released = again.try_lock().is_ok();
+        }
+        assert!(released, "released on drop");
     }
 
     /// A run killed while partitioned (simulated: the partition is forgotten, so
