@@ -503,19 +503,24 @@ impl Shard {
         pg: PgId,
         member: OsdId,
     ) -> Result<Vec<ObjectId>, i32> {
-        let reply = self
-            .ask(
-                view,
-                member,
-                pg,
-                Message::PgSuspects {
-                    id: RequestId(0),
-                    epoch: view.map.epoch,
-                    pg,
-                },
-            )
-            .await?;
-        let Message::Reply { data, .. } = reply else {
+        let msg = Message::PgSuspects {
+            id: RequestId(0),
+            epoch: view.map.epoch,
+            pg,
+        };
+        self.ask_object_list(view, member, pg, msg).await
+    }
+
+    /// Sends `msg` (PG_LIST, PG_SUSPECTS) to `member` and decodes the object
+    /// list its reply carries.
+    async fn ask_object_list(
+        self: &Rc<Self>,
+        view: &MapView,
+        member: OsdId,
+        pg: PgId,
+        msg: Message,
+    ) -> Result<Vec<ObjectId>, i32> {
+        let Message::Reply { data, .. } = self.ask(view, member, pg, msg).await? else {
             return Err(status::EIO);
         };
         decode_object_list(&data).ok_or(status::EIO)
@@ -540,24 +545,14 @@ impl Shard {
             index: 0,
         };
         for _ in 0..LIST_PAGES_MAX {
-            let reply = self
-                .ask(
-                    view,
-                    member,
-                    pg,
-                    Message::PgList {
-                        id: RequestId(0),
-                        epoch: view.map.epoch,
-                        pg,
-                        start,
-                        max: PG_LIST_MAX,
-                    },
-                )
-                .await?;
-            let Message::Reply { data, .. } = reply else {
-                return Err(status::EIO);
+            let msg = Message::PgList {
+                id: RequestId(0),
+                epoch: view.map.epoch,
+                pg,
+                start,
+                max: PG_LIST_MAX,
             };
-            let page = decode_object_list(&data).ok_or(status::EIO)?;
+            let page = self.ask_object_list(view, member, pg, msg).await?;
             let done = page.len() < PG_LIST_MAX as usize;
             let Some(last) = page.last().copied() else {
                 break;
