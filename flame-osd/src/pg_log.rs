@@ -429,6 +429,14 @@ impl PgLog {
         )
     }
 
+    /// Stops tracking every member `keep` refuses: one that left the group (no
+    /// longer placed, nor a complete copy still serving). Its copy becomes a stray
+    /// and is deleted, so what it applied before proves nothing when it is placed
+    /// here again: it must then be backfilled, not caught up from this log.
+    pub fn forget_members(&mut self, keep: impl Fn(OsdId) -> bool) {
+        self.tracked.retain(|m, _| keep(*m));
+    }
+
     /// Whether `member` is tracked and missed nothing.
     pub fn tracks(&self, member: OsdId) -> bool {
         self.tracked.contains_key(&member)
@@ -450,6 +458,18 @@ impl PgLog {
 mod tests {
     use super::*;
     use flame_common::ids::VolumeId;
+
+    /// Found by the simulator (seed 5374): a member taken out, whose stray copy
+    /// was deleted, came back in and was "caught up" from this log as if it
+    /// still held everything it applied before — and served zeroes.
+    #[test]
+    fn a_member_that_left_the_group_is_not_tracked_when_it_returns() {
+        let mut log = PgLog::new(16);
+        log.recovered(OsdId(2), 0);
+        assert_eq!(log.missed_by(OsdId(2), 0), Some(Vec::new()));
+        log.forget_members(|m| m != OsdId(2));
+        assert_eq!(log.missed_by(OsdId(2), 0), None, "backfill, not the log");
+    }
 
     fn entry(seq: u64, index: u64, applied: &[u32]) -> LogEntry {
         LogEntry {

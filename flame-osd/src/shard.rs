@@ -119,6 +119,18 @@ impl Shard {
         self.primacy_on_new_map(&cached, &fresh);
         self.store
             .note_removed_volumes(fresh.map.deleted_volumes.iter().copied());
+        // Members that left a group (neither placed nor a complete copy still
+        // serving) lose their tracking: their copy is a stray, deleted soon.
+        {
+            let mut pgs = self.pgs.borrow_mut();
+            let tracked: Vec<PgId> = pgs.iter().map(|(pg, _)| *pg).collect();
+            for pg in tracked {
+                let m = fresh.table.pg(pg);
+                if let Some(log) = pgs.log_mut(pg) {
+                    log.forget_members(|o| m.placed.contains(&o) || m.write_set().any(|w| w == o));
+                }
+            }
+        }
         // A group this OSD is a complete member of again (recovered since its
         // start) has nothing in doubt here any more.
         for pg in self.store.suspect_pgs() {
