@@ -25,10 +25,22 @@
 //! | 4092..4096 | crc32c of bytes 0..4092 |
 //!
 //! Writers own disjoint block ranges, so each block's counter is incremented by one
-//! task only and "issued" and "acknowledged" are well defined; each writer has one
-//! request in flight at a time, several writers run concurrently on one reactor
-//! thread. Reads may cover any block, including ones another writer is writing.
-//! Every loop is bounded by an operation count and a duration.
+//! task only and "issued" and "acknowledged" are well defined; several writers run
+//! concurrently on one reactor thread. Reads may cover any block, including ones
+//! another writer is writing. Every loop is bounded by an operation count and a
+//! duration.
+//!
+//! A writer may also have several overlapping writes in flight (the simulator's
+//! writers do). Their order is then not defined — the client may re-issue an
+//! earlier one after a later one landed (`status::SUPERSEDED`) — so a block may
+//! legitimately end with an earlier counter than the newest acknowledged one.
+//! The oracle keeps when each write was issued and acknowledged (a logical clock)
+//! and accepts counter `c` for a read sent at `t` exactly when `c` could be the
+//! block's last write in some order consistent with real time: no write
+//! acknowledged before `t` was issued after `c` was acknowledged; a write given up
+//! on (never acknowledged) may land late, but never over a later-issued write that
+//! was acknowledged (the OSDs refuse it as superseded). With one write in flight
+//! per writer this is the same as `last_acked <= c <= last_issued`.
 
 use crate::pattern;
 use flame_client::{ClientConfig, Cluster, Volume};
@@ -187,10 +199,33 @@ pub fn check_block(
 /// What the workload knows about one block.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockState {
-    /// Counter of the last acknowledged write (0: none).
+    /// Highest counter of an acknowledged write (0: none).
     pub acked: u64,
     /// Counter of the last issued write (acknowledged, failed or in flight).
     pub issued: u64,
+    /// The latest issue time ([`OracleState`]'s logical clock) of an
+    /// acknowledged write: a write acknowledged before it is superseded.
+    pub acked_issued_at: u64,
+}
+
+/// When one write of one block was issued and how it ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct WriteRecord {
+    issued_at: u64,
+    /// When it was acknowledged (0: not, or not yet).
+    acked_at: u64,
+    /// The writer gave up on it: never acknowledged, it may still land.
+    given_up: bool,
+}
+
+/// What a read must not go below, per block, taken when it is sent
+/// ([`OracleState::lower_bounds`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadBound {
+    /// Highest counter acknowledged.
+    pub acked: u64,
+    /// Latest issue time of an acknowledged write.
+    pub acked_issued_at: u64,
 }
 
 /// The oracle's memory of a whole volume.
@@ -200,6 +235,10 @@ pub struct OracleState {
     pub magic: u64,
     /// Per block.
     pub blocks: Vec<BlockState>,
+    /// Per block, per counter (`counter - 1`): its write's times.
+    writes: Vec<Vec<WriteRecord>>,
+    /// The logical clock: one tick per issue and acknowledgement.
+    now: u64,
 }
 
 impl OracleState {
@@ -213,6 +252,8 @@ impl OracleState {
         OracleState {
             magic,
             blocks: vec![BlockState::default(); n],
+            writes: vec![Vec::new(); n],
+            now: 0,
         }
     }
 
@@ -231,10 +272,18 @@ impl OracleState {
     pub fn issue_write(&mut self, blocks: Range<u64>) -> (Vec<u8>, Vec<u64>) {
         let mut data = Vec::with_capacity((blocks.end - blocks.start) as usize * BLOCK);
         let mut counters = Vec::new();
+        self.now += 1;
         for i in blocks {
             let b = &mut self.blocks[i as usize];
             assert!(b.acked <= b.issued, "block {i}: acked {b:?} > issued");
             b.issued += 1;
+            let w = &mut self.writes[i as usize];
+            // Counters are dense per block: record `c` sits at `c - 1`.
+            w.resize(b.issued as usize - 1, WriteRecord::default());
+            w.push(WriteRecord {
+                issued_at: self.now,
+                ..WriteRecord::default()
+            });
             data.extend_from_slice(&encode_block(self.magic, i, b.issued));
             counters.push(b.issued);
         }
@@ -243,31 +292,109 @@ impl OracleState {
 
     /// Records the acknowledgement of a write issued with `counters` from `start`.
     pub fn ack_write(&mut self, start: u64, counters: &[u64]) {
+        self.now += 1;
         for (k, &c) in counters.iter().enumerate() {
-            let b = &mut self.blocks[start as usize + k];
-            assert!(c <= b.issued, "ack of counter {c} never issued: {b:?}");
+            let i = start as usize + k;
+            let b = &mut self.blocks[i];
+            assert!(
+                c <= b.issued && c > 0,
+                "ack of counter {c} never issued: {b:?}"
+            );
             b.acked = b.acked.max(c);
+            if let Some(r) = self.writes[i].get_mut(c as usize - 1) {
+                assert!(
+                    !r.given_up && r.acked_at == 0,
+                    "block {i}: counter {c} ended twice"
+                );
+                r.acked_at = self.now;
+                b.acked_issued_at = b.acked_issued_at.max(r.issued_at);
+            }
         }
     }
 
-    /// Lower bounds (acknowledged counters) of `blocks`, taken when a read is sent.
-    pub fn lower_bounds(&self, blocks: Range<u64>) -> Vec<u64> {
-        blocks.map(|i| self.blocks[i as usize].acked).collect()
+    /// Records that the writer gave up on a write issued with `counters` from
+    /// `start` (it failed or timed out): it is never acknowledged, and it may
+    /// still land, though never over a later-issued write that was acknowledged.
+    pub fn give_up_write(&mut self, start: u64, counters: &[u64]) {
+        for (k, &c) in counters.iter().enumerate() {
+            let i = start as usize + k;
+            if let Some(r) = c
+                .checked_sub(1)
+                .and_then(|c| self.writes[i].get_mut(c as usize))
+            {
+                assert!(
+                    r.acked_at == 0,
+                    "block {i}: counter {c} given up after its ack"
+                );
+                r.given_up = true;
+            }
+        }
+    }
+
+    /// Lower bounds of `blocks`, taken when a read is sent.
+    pub fn lower_bounds(&self, blocks: Range<u64>) -> Vec<ReadBound> {
+        blocks
+            .map(|i| {
+                let b = &self.blocks[i as usize];
+                ReadBound {
+                    acked: b.acked,
+                    acked_issued_at: b.acked_issued_at,
+                }
+            })
+            .collect()
     }
 
     /// Checks a read of `blocks` (`data` covering all of them) against `lower`
-    /// (acknowledged counters when it was sent) and the issued counters now.
+    /// (the bounds when it was sent) and what was issued and acknowledged since.
     /// Returns the errors found (empty: every block checks).
-    pub fn check_read(&self, blocks: Range<u64>, lower: &[u64], data: &[u8]) -> Vec<BlockError> {
+    pub fn check_read(
+        &self,
+        blocks: Range<u64>,
+        lower: &[ReadBound],
+        data: &[u8],
+    ) -> Vec<BlockError> {
         let mut errors = Vec::new();
         for (k, i) in blocks.clone().enumerate() {
             let bytes = data.get(k * BLOCK..(k + 1) * BLOCK).unwrap_or(&[]);
             let issued = self.blocks[i as usize].issued;
-            if let Err(e) = check_block(self.magic, i, bytes, lower[k], issued) {
-                errors.push(e);
+            let bound = lower[k];
+            match check_block(self.magic, i, bytes, 0, issued) {
+                Err(e) => errors.push(e),
+                Ok(c) if !self.may_be_last(i, c, bound) => errors.push(BlockError::Stale {
+                    index: i,
+                    read: c,
+                    acked: bound.acked,
+                }),
+                Ok(_) => {}
             }
         }
         errors
+    }
+
+    /// Whether counter `c` of block `i` can be the block's content for a read
+    /// sent when the bounds were `bound` (see the module's doc).
+    fn may_be_last(&self, i: u64, c: u64, bound: ReadBound) -> bool {
+        if c >= bound.acked {
+            return true;
+        }
+        let Some(r) = c
+            .checked_sub(1)
+            .and_then(|c| self.writes[i as usize].get(c as usize))
+        else {
+            // The never-written content, below an acknowledged write.
+            return false;
+        };
+        if r.given_up {
+            // It may land late, but not over the later-issued acknowledged one.
+            false
+        } else if r.acked_at == 0 {
+            // Still in flight: it may land after the later one.
+            true
+        } else {
+            // It may have landed after every write acknowledged before the read
+            // was sent only if it was still in flight when they were issued.
+            r.acked_at > bound.acked_issued_at
+        }
     }
 }
 
@@ -630,6 +757,7 @@ async fn writer(sh: Rc<Shared>, range: Range<u64>, w: usize) {
                 }
                 Err(e) => {
                     ok = false;
+                    state.borrow_mut().give_up_write(blocks.start, &counters);
                     progress.writes_failed.fetch_add(1, Ordering::Relaxed);
                     progress.note_failure(format!("writer {w}: write {blocks:?} failed: {e}"));
                 }
@@ -995,10 +1123,53 @@ mod tests {
         assert_eq!(s.check_read(2..4, &lower, &vec![0u8; 2 * BLOCK]).len(), 2);
         assert!(s.check_read(2..4, &lower, &data).is_empty());
         // A failed write (issued, never acked) keeps both counters acceptable.
-        let (data2, _) = s.issue_write(3..4);
+        let (data2, c2) = s.issue_write(3..4);
+        s.give_up_write(3, &c2);
         let lower = s.lower_bounds(3..4);
         assert!(s.check_read(3..4, &lower, &data2).is_empty());
         assert!(s.check_read(3..4, &lower, &data[BLOCK..]).is_empty());
         assert_eq!(s.written_blocks(), 2);
+        // ... but once a later write is acknowledged, neither may show.
+        let (data3, c3) = s.issue_write(3..4);
+        s.ack_write(3, &c3);
+        let lower = s.lower_bounds(3..4);
+        assert_eq!(s.check_read(3..4, &lower, &data2).len(), 1);
+        assert_eq!(s.check_read(3..4, &lower, &data[BLOCK..]).len(), 1);
+        assert!(s.check_read(3..4, &lower, &data3).is_empty());
+    }
+
+    #[test]
+    fn overlapping_writes_in_flight_together_may_land_in_either_order() {
+        let mut s = OracleState::new(MAGIC, 4 * BLOCK_U64);
+        // Write 1 is issued, then write 2 while 1 is in flight; 2 is acked first.
+        let (d1, c1) = s.issue_write(0..1);
+        let (d2, c2) = s.issue_write(0..1);
+        s.ack_write(0, &c2);
+        let lower = s.lower_bounds(0..1);
+        // 1 is still in flight: it may land after 2.
+        assert!(s.check_read(0..1, &lower, &d1).is_empty());
+        s.ack_write(0, &c1);
+        let lower = s.lower_bounds(0..1);
+        assert!(s.check_read(0..1, &lower, &d1).is_empty());
+        assert!(s.check_read(0..1, &lower, &d2).is_empty());
+        assert_eq!(s.check_read(0..1, &lower, &[0u8; BLOCK]).len(), 1);
+        // A write issued after both were acked supersedes both.
+        let (d3, c3) = s.issue_write(0..1);
+        s.ack_write(0, &c3);
+        let lower = s.lower_bounds(0..1);
+        assert_eq!(s.check_read(0..1, &lower, &d1).len(), 1);
+        assert_eq!(s.check_read(0..1, &lower, &d2).len(), 1);
+        assert!(s.check_read(0..1, &lower, &d3).is_empty());
+        // Write 4 acked before write 5 was issued: 4 is superseded by 5 even though
+        // write 5's counter check alone would not say so.
+        let (d4, c4) = s.issue_write(0..1);
+        s.ack_write(0, &c4);
+        let (d5, c5) = s.issue_write(0..1);
+        let (_d6, c6) = s.issue_write(0..1);
+        s.ack_write(0, &c5);
+        s.give_up_write(0, &c6);
+        let lower = s.lower_bounds(0..1);
+        assert_eq!(s.check_read(0..1, &lower, &d4).len(), 1);
+        assert!(s.check_read(0..1, &lower, &d5).is_empty());
     }
 }

@@ -54,8 +54,8 @@ fn verified_workload_on_a_healthy_cluster() {
     // written block was acknowledged.
     let i = state.blocks.iter().position(|b| b.acked > 0).unwrap();
     let mut lost = state.clone();
-    lost.blocks[i].issued += 1;
-    lost.blocks[i].acked += 1;
+    let (_, counters) = lost.issue_write(i as u64..i as u64 + 1);
+    lost.ack_write(i as u64, &counters);
     let r = verify_volume(&mgr, "oracle", &lost, 30_000);
     assert_eq!(r.errors, 1, "{r}");
     assert!(r.error_samples[0].contains("stale"), "{r}");

@@ -200,6 +200,11 @@ pub fn set_slow(ip: IpAddr, extra: Option<Duration>) {
     }
 }
 
+/// Whether `ip` is slow ([`set_slow`]).
+pub fn is_slow(ip: IpAddr) -> bool {
+    net().is_ok_and(|n| n.slow.borrow().contains_key(&ip))
+}
+
 /// Clears every fault.
 pub fn heal_all() {
     if let Ok(n) = net() {
@@ -219,6 +224,26 @@ pub fn crash(ip: IpAddr) {
         .iter()
         .filter_map(Weak::upgrade)
         .filter(|c| c.local.ip() == ip)
+        .collect();
+    for c in ends {
+        c.shut();
+    }
+    n.prune();
+}
+
+/// The ends at `from` of its connections to `to` are reset on `from`'s side only
+/// (a client's TCP timeout, a middlebox's reset towards it): `from` sees them
+/// closed at once and reconnects, while what it had already sent is still on
+/// the wire and reaches `to` before the end does — possibly after what `from`
+/// sends on its new connections, if the old path was slower.
+pub fn reset_from(from: IpAddr, to: IpAddr) {
+    let Ok(n) = net() else { return };
+    let ends: Vec<Rc<SimConn>> = n
+        .ends
+        .borrow()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| c.local.ip() == from && c.peer.ip() == to)
         .collect();
     for c in ends {
         c.shut();

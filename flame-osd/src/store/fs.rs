@@ -296,6 +296,7 @@ impl File {
                 Ok(buf)
             }
             File::Sim(sim, f) => {
+                sim.delay().await;
                 sim.tick()?;
                 Ok(f.read(offset, len))
             }
@@ -321,6 +322,7 @@ impl File {
                 Ok(buf.freeze())
             }
             File::Sim(sim, f) => {
+                sim.delay().await;
                 sim.tick()?;
                 Ok(PayloadBuf::copy_from(&f.read(offset, len)))
             }
@@ -363,6 +365,7 @@ impl File {
                 }
             }
             File::Sim(sim, f) => {
+                sim.delay().await;
                 sim.tick()?;
                 f.write(offset, data.as_ref(), dsync);
                 Ok(())
@@ -388,6 +391,7 @@ impl File {
                 }
             }
             File::Sim(sim, f) => {
+                sim.delay().await;
                 sim.tick()?;
                 let len = usize::try_from(len)
                     .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -419,7 +423,10 @@ impl File {
                     other => other,
                 }
             }
-            File::Sim(sim, _) => sim.tick(),
+            File::Sim(sim, _) => {
+                sim.delay().await;
+                sim.tick()
+            }
         }
     }
 
@@ -432,6 +439,7 @@ impl File {
                 reactor::fsync(buffered.as_raw_fd(), true).await
             }
             File::Sim(sim, f) => {
+                sim.delay().await;
                 sim.tick()?;
                 f.sync();
                 Ok(())
@@ -444,6 +452,7 @@ impl File {
         match self {
             File::Real { buffered, .. } => reactor::file_size(buffered.as_raw_fd()).await,
             File::Sim(sim, f) => {
+                sim.delay().await;
                 sim.tick()?;
                 Ok(f.size())
             }
@@ -565,6 +574,18 @@ pub struct SimFs {
     ops_left: Cell<Option<u64>>,
     /// Power is off: every operation fails until [`SimFs::power_cut`] restores.
     dead: Cell<bool>,
+    /// Each data operation's latency, drawn from the seeded generator (`None`:
+    /// none, operations complete in submission order).
+    latency: RefCell<Option<SimLatency>>,
+}
+
+/// The simulated disk's latency: a data operation (read, write, sync, allocate)
+/// takes effect when it completes, after a delay drawn uniformly from `range`
+/// (in microseconds of virtual time), so operations in flight together complete
+/// in any order, as io_uring's do.
+struct SimLatency {
+    rng: rand::rngs::StdRng,
+    range_us: std::ops::RangeInclusive<u64>,
 }
 
 /// One simulated file: its stable pages and its current (possibly volatile) pages.
@@ -584,6 +605,27 @@ impl SimFs {
         let fs = SimFs::default();
         fs.dirs.borrow_mut().extend(dirs.iter().cloned());
         Rc::new(fs)
+    }
+
+    /// Gives every later data operation a latency drawn from `range_us` by a
+    /// generator seeded with `seed` (the deterministic simulator); operations then
+    /// complete out of order. It sleeps on the reactor's (virtual) clock.
+    pub fn set_latency(&self, range_us: std::ops::RangeInclusive<u64>, seed: u64) {
+        use rand::SeedableRng;
+        *self.latency.borrow_mut() = Some(SimLatency {
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            range_us,
+        });
+    }
+
+    /// Waits for this operation's latency (nothing without one).
+    async fn delay(&self) {
+        use rand::Rng;
+        let us = match &mut *self.latency.borrow_mut() {
+            Some(l) => l.rng.random_range(l.range_us.clone()),
+            None => return,
+        };
+        reactor::sleep(std::time::Duration::from_micros(us)).await;
     }
 
     /// Plans a power cut after `ops` more operations.

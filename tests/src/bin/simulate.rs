@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--writers N] [--no-faults] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut first, mut count) = (1u64, 1u64);
     let (mut ops, mut writers, mut faults, mut twice) = (None, None, true, false);
+    let mut clients = None;
     let mut events = false;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
@@ -43,6 +44,10 @@ fn main() -> ExitCode {
             "--ops" => match num() {
                 Some(n) => ops = Some(n),
                 None => return usage(),
+            },
+            "--clients" => match num() {
+                Some(n) if n >= 1 => clients = Some(n as usize),
+                _ => return usage(),
             },
             "--writers" => match num() {
                 Some(n) => writers = Some(n as usize),
@@ -68,6 +73,9 @@ fn main() -> ExitCode {
         }
         if let Some(n) = writers {
             cfg.writers = n;
+        }
+        if let Some(n) = clients {
+            cfg.clients = n;
         }
         let report = run(cfg.clone());
         print!("{report}");

@@ -72,8 +72,10 @@ pub use workload::WorkloadFigures;
 
 /// The manager's address on the simulated network (for cutting paths to it).
 const MGR_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 9, 1));
-/// The client process's address.
-const CLIENT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 8, 1));
+/// Client process `k`'s address.
+fn client_ip(k: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 8, 1 + k as u8))
+}
 /// Every OSD's data port.
 const OSD_PORT: u16 = 6900;
 /// How often the modelled control plane runs: map pushes, heartbeats due,
@@ -88,6 +90,9 @@ const LEASE_MS: u64 = 1500;
 const SETTLE_QUIET: Duration = Duration::from_secs(8);
 /// Tasks one reactor runs per step before the others get a turn.
 const TASKS_PER_STEP_MAX: usize = 4096;
+/// The simulated disk's latency per data operation, in virtual microseconds.
+const DISK_LATENCY_US_MIN: u64 = 5;
+const DISK_LATENCY_US_MAX: u64 = 600;
 /// Events kept for the report of a failing seed.
 const EVENTS_KEPT: usize = 64;
 
@@ -98,7 +103,10 @@ pub struct SimConfig {
     pub seed: u64,
     /// OSD processes (pool size 3, `min_size` 2).
     pub osds: usize,
-    /// Client tasks, each writing its own blocks and reading any.
+    /// Client processes (each its own `flame-client` instance, session and map).
+    pub clients: usize,
+    /// Client tasks, each writing its own blocks and reading any (spread over
+    /// the clients).
     pub writers: usize,
     /// Client operations in all (the workload's bound).
     pub ops: u64,
@@ -124,6 +132,9 @@ impl SimConfig {
         if self.ops != d.ops {
             c += &format!(" --ops {}", self.ops);
         }
+        if self.clients != d.clients {
+            c += &format!(" --clients {}", self.clients);
+        }
         if self.writers != d.writers {
             c += &format!(" --writers {}", self.writers);
         }
@@ -140,6 +151,7 @@ impl SimConfig {
             // Every other seed has a fourth OSD: placement changes (out/in) move
             // groups to new members, which backfill.
             osds: if seed.is_multiple_of(2) { 4 } else { 3 },
+            clients: 2,
             writers: 4,
             ops: 300,
             faults: true,
@@ -277,11 +289,11 @@ struct SimOsd {
     restart_at: Option<Instant>,
 }
 
-/// The client process.
+/// A client process.
 struct SimClient {
+    ip: IpAddr,
     reactor: Reactor,
     cluster: Cluster,
-    workload: Rc<workload::Workload>,
 }
 
 /// An impairment in force, undone at `until`.
@@ -293,6 +305,9 @@ struct Impairment {
     manager: bool,
     /// This OSD was marked out: at `until` it is marked in again.
     out: Option<OsdId>,
+    /// The clients' connections to this (slow) OSD reset on their side at
+    /// `until`.
+    reset_clients: bool,
 }
 
 struct Sim {
@@ -300,7 +315,10 @@ struct Sim {
     rng: StdRng,
     mgr: ClusterState,
     osds: Vec<SimOsd>,
-    client: Option<SimClient>,
+    /// The client processes; the first one also does the final read-back.
+    clients: Vec<SimClient>,
+    /// The workload every client runs its part of.
+    workload: Option<Rc<workload::Workload>>,
     impaired: Option<Impairment>,
     next_fault: Instant,
     next_tick: Instant,
@@ -331,6 +349,11 @@ impl Sim {
                     layout::pgs_dir(&root),
                     layout::journal_dir(&root),
                 ]);
+                // Disk operations complete out of order, as io_uring's do.
+                fs.set_latency(
+                    DISK_LATENCY_US_MIN..=DISK_LATENCY_US_MAX,
+                    config.seed.wrapping_mul(0x9e37_79b9).wrapping_add(i as u64),
+                );
                 let config = OsdConfig {
                     mgr: "sim".into(),
                     listen: SocketAddr::new(ip, OSD_PORT),
@@ -364,7 +387,8 @@ impl Sim {
             config,
             mgr,
             osds,
-            client: None,
+            clients: Vec::new(),
+            workload: None,
             impaired: None,
             next_fault: now + Duration::from_millis(200),
             next_tick: now,
@@ -389,14 +413,14 @@ impl Sim {
         for i in 0..self.osds.len() {
             self.start_osd(i);
         }
-        if let Err(e) = self.start_client() {
+        if let Err(e) = self.start_clients() {
             self.errors.push(e);
             return self.report();
         }
         // The workload, with faults.
         let deadline = self.started + self.config.virtual_time_max;
         let finished = self.drive(deadline, true, |s| {
-            s.client.as_ref().is_some_and(|c| c.workload.finished())
+            s.workload.as_ref().is_some_and(|w| w.finished())
         });
         if !finished {
             self.errors.push(format!(
@@ -427,12 +451,12 @@ impl Sim {
                 .push("the cluster did not return to clean within 60 s after the faults".into());
         }
         // Read every block back through the client.
-        if let Some(c) = &self.client {
-            c.workload.start_verify();
+        if let Some(w) = &self.workload {
+            w.start_verify();
         }
         let verify_by = clock::now() + Duration::from_secs(120);
         let verified = self.drive(verify_by, false, |s| {
-            s.client.as_ref().is_some_and(|c| c.workload.verified())
+            s.workload.as_ref().is_some_and(|w| w.verified())
         });
         if !verified {
             self.errors
@@ -450,16 +474,17 @@ impl Sim {
     fn report(mut self) -> SimReport {
         let (trace_hash, deliveries) = net::trace_hash();
         let workload = self
-            .client
+            .workload
             .as_ref()
-            .map(|c| c.workload.figures())
+            .map(|w| w.figures())
             .unwrap_or_default();
-        if let Some(c) = &self.client {
-            self.errors.extend(c.workload.errors());
+        if let Some(w) = &self.workload {
+            self.errors.extend(w.errors());
         }
         let virtual_time = clock::elapsed(self.started);
         // Drop every process before the network goes.
-        self.client = None;
+        self.clients.clear();
+        self.workload = None;
         for o in &mut self.osds {
             o.live = None;
         }
@@ -487,8 +512,8 @@ impl Sim {
                     ran += step(&mut live.reactor);
                 }
             }
-            if let Some(c) = &mut self.client {
-                net::set_current_node(Some(CLIENT_IP));
+            for c in &mut self.clients {
+                net::set_current_node(Some(c.ip));
                 ran += step(&mut c.reactor);
             }
             net::set_current_node(None);
@@ -524,7 +549,7 @@ impl Sim {
                     next = next.min(t);
                 }
             }
-            if let Some(t) = self.client.as_ref().and_then(|c| c.reactor.next_timer()) {
+            for t in self.clients.iter().filter_map(|c| c.reactor.next_timer()) {
                 next = next.min(t);
             }
             if let Some(t) = net::next_delivery() {
@@ -554,12 +579,12 @@ impl Sim {
         for i in 0..self.osds.len() {
             self.control(i, now);
         }
-        if let Some(c) = &self.client
-            && Self::reaches_mgr(CLIENT_IP)
-        {
-            c.cluster.publish_map(self.mgr.map().clone());
-            if let Some(ticket) = c.cluster.pending_refresh() {
-                c.cluster.refresh_served(ticket);
+        for c in &self.clients {
+            if Self::reaches_mgr(c.ip) {
+                c.cluster.publish_map(self.mgr.map().clone());
+                if let Some(ticket) = c.cluster.pending_refresh() {
+                    c.cluster.refresh_served(ticket);
+                }
             }
         }
         let epoch = self.mgr.epoch();
@@ -750,7 +775,7 @@ impl Sim {
         self.event(what);
     }
 
-    fn start_client(&mut self) -> Result<(), String> {
+    fn start_clients(&mut self) -> Result<(), String> {
         let now_unix = 1_700_000_000;
         let size = self.config.volume_bytes;
         self.mgr
@@ -762,16 +787,6 @@ impl Sim {
                 now_unix,
             )
             .map_err(|e| format!("create volume: {e}"))?;
-        let config = ClientConfig {
-            mgr: "127.0.9.1:1".into(),
-            transport: TransportKind::Sim,
-            io_timeout_ms: self.config.io_timeout_ms,
-            connect_timeout_ms: 1000,
-            ..ClientConfig::default()
-        };
-        let cluster = Cluster::simulated(config, self.mgr.map().clone(), self.config.seed | 1)
-            .map_err(|e| e.to_string())?;
-        let mut reactor = Reactor::new_simulated().map_err(|e| e.to_string())?;
         let workload = Rc::new(workload::Workload::new(
             self.config.seed,
             self.config.writers,
@@ -779,16 +794,34 @@ impl Sim {
             size,
             self.config.io_timeout_ms > 0,
         ));
-        net::set_current_node(Some(CLIENT_IP));
-        let w = workload.clone();
-        let c = cluster.clone();
-        reactor.enter(|| reactor::spawn(workload::run(c, w)).detach());
-        let _ = step(&mut reactor);
-        self.client = Some(SimClient {
-            reactor,
-            cluster,
-            workload,
-        });
+        let clients = self.config.clients.max(1);
+        for k in 0..clients {
+            let config = ClientConfig {
+                mgr: "127.0.9.1:1".into(),
+                transport: TransportKind::Sim,
+                io_timeout_ms: self.config.io_timeout_ms,
+                connect_timeout_ms: 1000,
+                ..ClientConfig::default()
+            };
+            // Each client its own op session (as two processes would have).
+            let session = (self.config.seed | 1).wrapping_add(2 * k as u64);
+            let cluster = Cluster::simulated(config, self.mgr.map().clone(), session)
+                .map_err(|e| e.to_string())?;
+            let mut reactor = Reactor::new_simulated().map_err(|e| e.to_string())?;
+            let ip = client_ip(k);
+            net::set_current_node(Some(ip));
+            let w = workload.clone();
+            let c = cluster.clone();
+            reactor.enter(|| reactor::spawn(workload::run(c, w, k, clients)).detach());
+            let _ = step(&mut reactor);
+            self.clients.push(SimClient {
+                ip,
+                reactor,
+                cluster,
+            });
+        }
+        net::set_current_node(None);
+        self.workload = Some(workload);
         Ok(())
     }
 
@@ -924,7 +957,20 @@ impl Sim {
             for (a, b) in imp.cut {
                 net::set_fault(a, b, None);
             }
+            let was_slow = net::is_slow(self.osds[imp.osd].ip);
             net::set_slow(self.osds[imp.osd].ip, None);
+            if was_slow && (imp.reset_clients || self.rng.random_bool(0.3)) {
+                // The path is fast again and the clients' connections to the
+                // OSD are reset on their side: they resend on new connections,
+                // which overtake what is still on the slow old ones.
+                for c in &self.clients {
+                    net::reset_from(c.ip, self.osds[imp.osd].ip);
+                }
+                self.event(format!(
+                    "osd.{} fast again; the clients' connections to it reset on their side",
+                    imp.osd
+                ));
+            }
             if let Some(id) = imp.out {
                 let _ = self.mgr.set_in(id, true);
                 self.event(format!("{id} marked in"));
@@ -942,11 +988,13 @@ impl Sim {
             return;
         }
         let i = self.rng.random_range(0..self.osds.len());
-        let hold = Duration::from_millis(self.rng.random_range(300..6000));
+        let mut hold = Duration::from_millis(self.rng.random_range(300..6000));
         let ip = self.osds[i].ip;
         self.faults += 1;
-        let kinds = if self.osds.len() > 3 { 15 } else { 14 };
-        let kind = self.rng.random_range(0..kinds);
+        let mut kind = self.rng.random_range(0..16);
+        if kind == 14 && self.osds.len() <= 3 {
+            kind = 15;
+        }
         let mut cut = Vec::new();
         let mut out = None;
         match kind {
@@ -957,24 +1005,42 @@ impl Sim {
                     && self.mgr.set_in(id, false).is_ok()
                 {
                     out = Some(id);
-                    self.event(format!("{id} marked out for {} ms", hold.as_millis()));
+                    let stale = if self.rng.random_bool(0.5) {
+                        self.stale_client_map(&mut cut)
+                    } else {
+                        String::new()
+                    };
+                    self.event(format!(
+                        "{id} marked out{stale} for {} ms",
+                        hold.as_millis()
+                    ));
                 }
             }
-            13 => {
+            13 | 15 => {
                 // Slow: everything to and from it takes longer (an overloaded
-                // node or link); nothing is lost.
+                // node or link); nothing is lost. Then (15) the clients'
+                // connections to it reset on their side: what they resend on new
+                // connections overtakes what is still on the old ones.
                 let extra = Duration::from_millis(self.rng.random_range(50..2500));
                 net::set_slow(ip, Some(extra));
+                if kind == 15 {
+                    hold = hold.min(Duration::from_millis(self.rng.random_range(300..2000)));
+                }
                 self.event(format!(
-                    "osd.{i} slow (+{} ms each way) for {} ms",
+                    "osd.{i} slow (+{} ms each way) for {} ms{}",
                     extra.as_millis(),
-                    hold.as_millis()
+                    hold.as_millis(),
+                    if kind == 15 {
+                        ", then the clients' connections to it reset"
+                    } else {
+                        ""
+                    }
                 ));
             }
             12 => {
                 // The manager stops: nobody reaches it until it restarts.
                 let mut all: Vec<IpAddr> = self.osds.iter().map(|o| o.ip).collect();
-                all.push(CLIENT_IP);
+                all.extend(self.clients.iter().map(|c| c.ip));
                 for p in all {
                     cut.push((p, MGR_IP));
                     cut.push((MGR_IP, p));
@@ -1029,7 +1095,7 @@ impl Sim {
                     .map(|o| o.ip)
                     .collect();
                 if !keeps_client {
-                    peers.push(CLIENT_IP);
+                    peers.extend(self.clients.iter().map(|c| c.ip));
                 }
                 if from_mgr {
                     peers.push(MGR_IP);
@@ -1043,12 +1109,24 @@ impl Sim {
                 for &(a, b) in &cut {
                     net::set_fault(a, b, Some(fault));
                 }
+                // And sometimes a client that still reaches it gets no new map
+                // either: it keeps sending reads to the deposed primary while
+                // the other client writes through the new one.
+                let stale = if keeps_client && self.rng.random_bool(0.6) {
+                    // Long enough for the manager to mark it down (grace), the
+                    // new primaries to wait out its lease, and the other client
+                    // to write through them.
+                    hold = hold.max(Duration::from_millis(self.rng.random_range(5000..9000)));
+                    self.stale_client_map(&mut cut)
+                } else {
+                    String::new()
+                };
                 self.event(format!(
-                    "osd.{i} cut off ({fault:?}{}{}{}) for {} ms",
+                    "osd.{i} cut off ({fault:?}{}{}{}{stale}) for {} ms",
                     if one_way { ", its sends only" } else { "" },
                     if from_mgr { ", manager too" } else { "" },
                     if keeps_client {
-                        ", not from the client"
+                        ", not from the clients"
                     } else {
                         ""
                     },
@@ -1062,8 +1140,24 @@ impl Sim {
             cut,
             manager: kind == 12,
             out,
+            reset_clients: kind == 15,
         });
         self.next_fault = now + hold;
+    }
+
+    /// Cuts a random client from the manager (both ways, refused), adding the
+    /// cut to `cut`: its map stops moving. Returns the event's words.
+    fn stale_client_map(&mut self, cut: &mut Vec<(IpAddr, IpAddr)>) -> String {
+        if self.clients.is_empty() {
+            return String::new();
+        }
+        let k = self.rng.random_range(0..self.clients.len());
+        let ip = self.clients[k].ip;
+        for (a, b) in [(ip, MGR_IP), (MGR_IP, ip)] {
+            net::set_fault(a, b, Some(LinkFault::Reject));
+            cut.push((a, b));
+        }
+        format!(", client {k} gets no map")
     }
 
     /// Kills OSD `i`'s process (kill -9: the page cache survives), or with

@@ -1,10 +1,14 @@
-//! The simulated client's workload: writers on disjoint blocks with the per-block
+//! The simulated clients' workload: writers on disjoint blocks with the per-block
 //! write oracle, reads of any block, FLUSHes; then a full read-back.
 //!
 //! Each writer has one request in flight, so "issued" and "acknowledged" are
-//! well defined per block (`crate::oracle`). Every operation's result is
-//! checked: a failed operation is an error (the simulator keeps `min_size`
-//! copies), a read is checked block by block against the oracle.
+//! well defined per block (`crate::oracle`). The writers are spread over the
+//! client processes (writer `i` runs in client `i % clients`) and share one
+//! oracle, so one client's reads check what another acknowledged: a client
+//! whose map lags must not read a block older than a write another client
+//! completed through the new primary. Every operation's result is checked: a
+//! failed operation is an error (the simulator keeps `min_size` copies), a read
+//! is checked block by block against the oracle.
 
 use crate::oracle::OracleState;
 use flame_client::{Cluster, Volume};
@@ -60,6 +64,8 @@ pub struct Workload {
     blocks: u64,
     oracle: RefCell<OracleState>,
     figures: Cell<WorkloadFigures>,
+    /// Writers that have done their operations.
+    writers_done: Cell<usize>,
     errors: RefCell<Vec<String>>,
     error_count: Cell<u64>,
     finished: Cell<bool>,
@@ -82,6 +88,7 @@ impl Workload {
             blocks: size / BLOCK,
             oracle: RefCell::new(OracleState::new(seed | 1, size)),
             figures: Cell::new(WorkloadFigures::default()),
+            writers_done: Cell::new(0),
             errors: RefCell::new(Vec::new()),
             error_count: Cell::new(0),
             finished: Cell::new(false),
@@ -92,9 +99,10 @@ impl Workload {
         }
     }
 
-    /// Every writer has done its operations.
+    /// Every writer (of every client) has done its operations, or the workload
+    /// could not start.
     pub fn finished(&self) -> bool {
-        self.finished.get()
+        self.finished.get() || self.writers_done.get() == self.writers
     }
 
     /// Starts the final read-back.
@@ -164,34 +172,64 @@ impl Workload {
         }
     }
 
+    /// Writes `n` blocks from `first` with the oracle's next counters.
+    async fn write(self: Rc<Self>, vol: Rc<Volume>, first: u64, n: u64, fua: bool) {
+        let (data, counters) = self.oracle.borrow_mut().issue_write(first..first + n);
+        match vol.write_at(first * BLOCK, &data, fua).await {
+            Ok(()) => {
+                self.oracle.borrow_mut().ack_write(first, &counters);
+                self.count(|f| f.writes += 1);
+            }
+            Err(e) if self.may_time_out.get() && is_timeout(&e) => {
+                // Abandoned: issued, never acknowledged; it may still land.
+                self.oracle.borrow_mut().give_up_write(first, &counters);
+                self.count(|f| f.abandoned += 1);
+            }
+            Err(e) => {
+                self.oracle.borrow_mut().give_up_write(first, &counters);
+                self.count(|f| f.failed += 1);
+                self.complain(format!("write of blocks {first}+{n} failed: {e}"));
+            }
+        }
+    }
+
     async fn writer(self: Rc<Self>, vol: Rc<Volume>, index: usize) {
         let mut rng = StdRng::seed_from_u64(self.seed.wrapping_mul(31).wrapping_add(index as u64));
         let per = (self.blocks / self.writers as u64).max(1);
         let own = index as u64 * per..((index as u64 + 1) * per).min(self.blocks);
+        // A write left in flight while the writer goes on (at most one): two
+        // writes of one writer, often overlapping, run together, and their order
+        // is the OSDs' to choose, the same on every copy.
+        let mut pending: Option<(reactor::Task<()>, u64)> = None;
         for _ in 0..self.ops_per_writer {
             // Think time: spreads the operations over the faults' schedule (it
             // costs nothing in virtual time).
             reactor::sleep(Duration::from_millis(rng.random_range(0..THINK_MS_MAX))).await;
-            match rng.random_range(0..10) {
+            let kind = rng.random_range(0..10);
+            if pending.is_some()
+                && (kind == 9 || rng.random_bool(0.4))
+                && let Some((t, _)) = pending.take()
+            {
+                t.await;
+            }
+            match kind {
                 0..6 => {
                     let n = rng.random_range(1..=4u64).min(own.end - own.start);
-                    let first = rng.random_range(own.start..=own.end - n);
-                    let (data, counters) = self.oracle.borrow_mut().issue_write(first..first + n);
+                    let first = match &pending {
+                        // Overlap the write in flight, mostly.
+                        Some((_, at)) if rng.random_bool(0.7) => {
+                            let lo = at.saturating_sub(n - 1).max(own.start);
+                            let hi = (*at).min(own.end - n);
+                            rng.random_range(lo..=hi.max(lo))
+                        }
+                        _ => rng.random_range(own.start..=own.end - n),
+                    };
                     let fua = rng.random_bool(0.1);
-                    match vol.write_at(first * BLOCK, &data, fua).await {
-                        Ok(()) => {
-                            self.oracle.borrow_mut().ack_write(first, &counters);
-                            self.count(|f| f.writes += 1);
-                        }
-                        Err(e) if self.may_time_out.get() && is_timeout(&e) => {
-                            // Abandoned: the oracle keeps it as issued, never
-                            // acknowledged.
-                            self.count(|f| f.abandoned += 1);
-                        }
-                        Err(e) => {
-                            self.count(|f| f.failed += 1);
-                            self.complain(format!("write of blocks {first}+{n} failed: {e}"));
-                        }
+                    let w = self.clone().write(vol.clone(), first, n, fua);
+                    if pending.is_none() && rng.random_bool(0.3) {
+                        pending = Some((reactor::spawn(w), first));
+                    } else {
+                        w.await;
                     }
                 }
                 6..9 => {
@@ -211,6 +249,9 @@ impl Workload {
                 },
             }
         }
+        if let Some((t, _)) = pending.take() {
+            t.await;
+        }
     }
 }
 
@@ -219,8 +260,9 @@ fn is_timeout(e: &flame_client::error::ClientError) -> bool {
     matches!(e, flame_client::error::ClientError::Timeout { .. })
 }
 
-/// The client process's main task.
-pub async fn run(cluster: Cluster, w: Rc<Workload>) {
+/// Client process `client` (of `clients`)'s main task: its writers, then in
+/// client 0 the final read-back when the simulator asks for it.
+pub async fn run(cluster: Cluster, w: Rc<Workload>, client: usize, clients: usize) {
     let vol = match cluster.open_volume("sim").await {
         Ok(v) => Rc::new(v),
         Err(e) => {
@@ -231,12 +273,16 @@ pub async fn run(cluster: Cluster, w: Rc<Workload>) {
         }
     };
     let tasks: Vec<_> = (0..w.writers)
+        .filter(|i| i % clients.max(1) == client)
         .map(|i| reactor::spawn(w.clone().writer(vol.clone(), i)))
         .collect();
     for t in tasks {
         t.await;
+        w.writers_done.set(w.writers_done.get() + 1);
     }
-    w.finished.set(true);
+    if client != 0 {
+        return;
+    }
     poll_fn(|cx| {
         if w.verify.get() {
             Poll::Ready(())
