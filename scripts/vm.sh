@@ -276,6 +276,8 @@ for d in tmp run var/tmp root; do
     mount -t tmpfs -o mode=1777 tmpfs "/host/$d" || fail "tmpfs on /$d failed"
 done
 chmod 0700 /host/root
+# /var/lock is /run/lock on Debian (qemu-nbd -c locks there).
+mkdir -p /host/run/lock
 mount -t proc proc /host/proc || fail "proc in the chroot"
 mount -t sysfs sys /host/sys || fail "sysfs in the chroot"
 mount -o bind /dev /host/dev || fail "dev in the chroot"
