@@ -4,9 +4,12 @@
 #
 #   1. installs the test tools with apt-get, only those missing
 #   2. cargo fmt --check, clippy -D warnings
-#   3. cargo build --workspace --bins --features flame-osd/failpoints, cargo test
-#      --workspace (unit + integration tests; the integration tests start the real
-#      binaries, see tests/; the OSD is built with its failpoints for them)
+#   3. cargo build --workspace --bins --features flame-osd/failpoints; the test VM
+#      (scripts/vm.sh: a QEMU guest with Debian's 6.12 kernel, since this machine's
+#      kernel has no nbd module) prepared and booted once; cargo test --workspace
+#      (unit + integration tests; the integration tests start the real binaries,
+#      see tests/; the OSD is built with its failpoints for them;
+#      tests/tests/kernel_nbd.rs runs a cluster and the kernel's NBD client in the VM)
 #   4. RDMA (feature `rdma`; must compile and lint everywhere): clippy with the
 #      feature, cargo test -p flame-common --features rdma rdma (the transport's pure
 #      parts and device discovery, which must answer cleanly without hardware), then
@@ -46,8 +49,12 @@ section "system packages"
 # qemu-utils: qemu-io, qemu-img; libnbd-bin: nbdinfo, nbdcopy, nbdfuse; fio (nbd
 # engine); python3-libnbd: scripted NBD clients; fuse3: nbdfuse's mounts; cmake and
 # libclang-dev: the rdma feature's build (sideway's bindings); iptables: network
-# fault tests; curl: metrics checks; shellcheck: lints these scripts.
-PACKAGES=(qemu-utils libnbd-bin fio python3-libnbd fuse3 cmake libclang-dev iptables curl shellcheck)
+# fault tests; curl: metrics checks; shellcheck: lints these scripts;
+# qemu-system-x86, kmod, cpio, xz-utils: the test VM (scripts/vm.sh); nbd-client,
+# e2fsprogs: the kernel NBD test run in it (tests/tests/kernel_nbd.rs; the guest
+# runs the host's own tools).
+PACKAGES=(qemu-utils libnbd-bin fio python3-libnbd fuse3 cmake libclang-dev iptables curl shellcheck
+    qemu-system-x86 kmod cpio xz-utils nbd-client e2fsprogs)
 missing=()
 for p in "${PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
@@ -69,7 +76,8 @@ else
 fi
 
 # Fail loudly here rather than with a confusing error deep inside a test.
-for tool in cargo rustc qemu-io qemu-img nbdinfo nbdcopy nbdfuse fio fusermount3 cmake iptables curl shellcheck setsid; do
+for tool in cargo rustc qemu-io qemu-img qemu-nbd nbdinfo nbdcopy nbdfuse fio fusermount3 cmake iptables curl shellcheck setsid \
+    qemu-system-x86_64 depmod cpio xz nbd-client mkfs.ext4; do
     command -v "$tool" >/dev/null || die "required tool '$tool' is missing after the install step"
 done
 cargo fmt --version >/dev/null 2>&1 || die "rustfmt is missing (rustup component add rustfmt)"
@@ -80,7 +88,7 @@ echo "tools: $(rustc --version); $(qemu-io --version | head -n 1); $(nbdinfo --v
 
 # ------------------------------------------------------------------------------
 section "shellcheck"
-shellcheck deploy/dev-cluster.sh scripts/*.sh .ci/run
+shellcheck deploy/dev-cluster.sh scripts/*.sh tests/vm/*.sh .ci/run
 
 section "cargo fmt --all -- --check"
 cargo fmt --all -- --check
@@ -96,7 +104,20 @@ section "cargo build --workspace --bins --features flame-osd/failpoints"
 # its metrics HTTP server; tests/tests/faults.rs). Release builds have none.
 cargo build --workspace --bins --features flame-osd/failpoints
 
+section "test VM: scripts/vm.sh --prepare, then a boot"
+# The kernel package and busybox are fetched by package name and the initramfs
+# built once, into FLAME_VM_CACHE (/var/cache/flame-vm); later runs reuse them.
+# Done here so a first run's download is not charged to a test, and a broken VM
+# fails here, by name. Then one boot that runs nothing: its exit status must come
+# back (tests/tests/kernel_nbd.rs runs the real thing in the main pass below).
+scripts/vm.sh --prepare
+vm_rc=0
+scripts/vm.sh --timeout 120 -- bash -c 'test -b /dev/nbd0 && exit 7' || vm_rc=$?
+((vm_rc == 7)) || die "the test VM did not return its command's exit status (7 expected, got $vm_rc)"
+
 section "cargo test --workspace --no-fail-fast"
+# Includes tests/tests/kernel_nbd.rs: a cluster, nbd-client, qemu-nbd -c and ext4
+# in the test VM (about 80 s; docs/testing.md, "The test VM").
 cargo test --workspace --no-fail-fast
 
 section "FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster"

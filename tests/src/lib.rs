@@ -22,6 +22,7 @@ pub mod faults;
 pub mod net;
 pub mod oracle;
 pub mod sim;
+pub mod vm;
 
 use flame_common::ids::VolumeId;
 use flame_common::map::{ClusterMap, VolumeInfo};
