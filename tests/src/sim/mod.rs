@@ -917,13 +917,30 @@ impl Sim {
                         .and_then(|b| b.try_into().ok())
                         .map_or(0, u64::from_le_bytes)
                 };
+                // Where the data (past the header and checksums) first differs.
+                let data_diff = c
+                    .iter()
+                    .zip(reference)
+                    .skip(data_at)
+                    .position(|(a, b)| a != b)
+                    .map_or("data equal".to_string(), |d| {
+                        format!("data differs from byte {d}")
+                    });
+                let crc_count = |d: &[u8]| {
+                    d.get(36..40)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u32::from_le_bytes)
+                };
                 complaints.push(format!(
                     "object {} differs between osd.{first} and osd.{i} from {} \
-                     (block {block}: write {} on osd.{first}, {} on osd.{i})",
+                     (block {block}: write {} on osd.{first}, {} on osd.{i}; \
+                     checksummed blocks {} and {}; {data_diff})",
                     rel.display(),
                     describe(at),
                     counter(reference),
                     counter(c),
+                    crc_count(reference),
+                    crc_count(c),
                 ));
             }
         }
@@ -1087,7 +1104,7 @@ impl Sim {
                 // Sometimes the client still reaches it: cut off from the manager
                 // and its peers only, it must stop serving when its lease runs out
                 // while clients keep sending it requests.
-                let keeps_client = from_mgr && self.rng.random_bool(0.4);
+                let keeps_client = from_mgr && self.rng.random_bool(0.5);
                 let mut peers: Vec<IpAddr> = self
                     .osds
                     .iter()
@@ -1112,7 +1129,7 @@ impl Sim {
                 // And sometimes a client that still reaches it gets no new map
                 // either: it keeps sending reads to the deposed primary while
                 // the other client writes through the new one.
-                let stale = if keeps_client && self.rng.random_bool(0.6) {
+                let stale = if keeps_client && self.rng.random_bool(0.75) {
                     // Long enough for the manager to mark it down (grace), the
                     // new primaries to wait out its lease, and the other client
                     // to write through them.

@@ -193,6 +193,21 @@ impl Workload {
         }
     }
 
+    /// Reads random blocks until every writer is done (and at most
+    /// `ops_per_writer` times).
+    async fn reader(self: Rc<Self>, vol: Rc<Volume>, client: usize) {
+        let mut rng = StdRng::seed_from_u64(self.seed.wrapping_mul(37).wrapping_add(client as u64));
+        for _ in 0..self.ops_per_writer {
+            reactor::sleep(Duration::from_millis(rng.random_range(0..THINK_MS_MAX))).await;
+            if self.finished() {
+                return;
+            }
+            let n = rng.random_range(1..=8u64).min(self.blocks);
+            let first = rng.random_range(0..=self.blocks - n);
+            self.checked_read(&vol, first, n).await;
+        }
+    }
+
     async fn writer(self: Rc<Self>, vol: Rc<Volume>, index: usize) {
         let mut rng = StdRng::seed_from_u64(self.seed.wrapping_mul(31).wrapping_add(index as u64));
         let per = (self.blocks / self.writers as u64).max(1);
@@ -276,10 +291,14 @@ pub async fn run(cluster: Cluster, w: Rc<Workload>, client: usize, clients: usiz
         .filter(|i| i % clients.max(1) == client)
         .map(|i| reactor::spawn(w.clone().writer(vol.clone(), i)))
         .collect();
+    // A reader of its own: a client whose writers all wait (on a primary that
+    // cannot reach its replicas, say) still reads.
+    let reader = reactor::spawn(w.clone().reader(vol.clone(), client));
     for t in tasks {
         t.await;
         w.writers_done.set(w.writers_done.get() + 1);
     }
+    reader.await;
     if client != 0 {
         return;
     }
