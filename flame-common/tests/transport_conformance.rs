@@ -557,10 +557,11 @@ pub fn peer_process_child() {
     let Ok(kind) = std::env::var("FLAME_CONFORMANCE_CHILD") else {
         return;
     };
-    let kind = if kind == "shm" {
-        TransportKind::Shm
-    } else {
-        TransportKind::Tcp
+    let kind = match kind.as_str() {
+        "shm" => TransportKind::Shm,
+        "tcp" => TransportKind::Tcp,
+        "rdma" => TransportKind::Rdma,
+        other => panic!("FLAME_CONFORMANCE_CHILD={other:?}: not a transport"),
     };
     if std::env::var_os("FLAME_CONFORMANCE_POOL").is_some() {
         install_pool();
@@ -794,6 +795,14 @@ fn tcp_receive_waits_for_pool_memory() {
 #[test]
 fn shm_receive_waits_for_pool_memory() {
     receive_waits_for_pool_memory(TransportKind::Shm)
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+#[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
+fn rdma_receive_waits_for_pool_memory() {
+    require(TransportKind::Rdma, "receive_waits_for_pool_memory");
+    receive_waits_for_pool_memory(TransportKind::Rdma)
 }
 
 #[test]
