@@ -103,6 +103,62 @@ pub const SEND_QUEUE_BYTES_MAX: usize = crate::transport::tcp::SEND_QUEUE_BYTES_
 /// Completion-channel events consumed per wake-up (each is acknowledged).
 const EVENTS_PER_WAKE_MAX: u32 = 64;
 
+/// `flame_rdma_completions_total{op}`: successful work completions of this
+/// process's queue pairs, by work request — `read` and `write` are the one-sided
+/// RDMA READs and WRITEs it initiated (read-write conversion, remote fetching),
+/// `send` and `recv` the two-sided frames. Process-wide; only a device makes them
+/// (rdma has no emulation), so they show that verbs ran.
+struct CompletionCounters {
+    read: prometheus::IntCounter,
+    write: prometheus::IntCounter,
+    send: prometheus::IntCounter,
+    recv: prometheus::IntCounter,
+}
+
+static COMPLETIONS: std::sync::LazyLock<CompletionCounters> = std::sync::LazyLock::new(|| {
+    let opts = prometheus::Opts::new(
+        "flame_rdma_completions_total",
+        "Successful RDMA work completions, by work request: read and write (one-sided, initiated here), send and recv (two-sided frames)",
+    );
+    let unregistered = || {
+        prometheus::IntCounter::new("flame_rdma_completions_unregistered", "-")
+            .unwrap_or_else(|_| unreachable!("a constant, valid metric name"))
+    };
+    match prometheus::IntCounterVec::new(opts, &["op"]) {
+        Ok(v) => {
+            if let Err(e) = prometheus::register(Box::new(v.clone())) {
+                tracing::warn!("rdma completion metrics not registered: {e}");
+            }
+            CompletionCounters {
+                read: v.with_label_values(&["read"]),
+                write: v.with_label_values(&["write"]),
+                send: v.with_label_values(&["send"]),
+                recv: v.with_label_values(&["recv"]),
+            }
+        }
+        Err(e) => {
+            tracing::warn!("rdma completion metrics not created: {e}");
+            CompletionCounters {
+                read: unregistered(),
+                write: unregistered(),
+                send: unregistered(),
+                recv: unregistered(),
+            }
+        }
+    }
+});
+
+/// Successful completions so far in this process: `(read, write, send, recv)`
+/// (see `flame_rdma_completions_total`).
+pub fn completion_counts() -> (u64, u64, u64, u64) {
+    (
+        COMPLETIONS.read.get(),
+        COMPLETIONS.write.get(),
+        COMPLETIONS.send.get(),
+        COMPLETIONS.recv.get(),
+    )
+}
+
 /// A verbs completion, copied out of the queue.
 #[derive(Clone, Copy, Debug)]
 struct Completion {
@@ -943,10 +999,20 @@ impl RdmaConn {
             WrKind::OneSided => {
                 let mut st = self.state.borrow_mut();
                 let index = id.index as usize;
-                let orphaned = match st.ops.get(index) {
-                    Some(op) => op.orphaned,
+                let (orphaned, read) = match st.ops.get(index) {
+                    Some(op) => (
+                        op.orphaned,
+                        matches!(op.keep, Some(OneSidedKeep::Read { .. })),
+                    ),
                     None => return,
                 };
+                if ok {
+                    if read {
+                        COMPLETIONS.read.inc();
+                    } else {
+                        COMPLETIONS.write.inc();
+                    }
+                }
                 if orphaned {
                     // Its memory may be freed now: the NIC is done with it.
                     st.ops.remove(index);
@@ -977,6 +1043,9 @@ impl RdmaConn {
                         st.free_send.push(id.index);
                     }
                 }
+                if ok {
+                    COMPLETIONS.send.inc();
+                }
                 if !ok {
                     if !self.closed.get() {
                         self.fail(format!(
@@ -1003,6 +1072,7 @@ impl RdmaConn {
                     }
                     return;
                 }
+                COMPLETIONS.recv.inc();
                 if self.closed.get() || id.index >= u32::from(RECV_SLOTS) {
                     return;
                 }
