@@ -48,13 +48,20 @@ soft_roce_up() {
     local a b c d want port=/sys/class/infiniband/$SOFT_ROCE_DEV/ports/1
     IFS=. read -r a b c d <<<"$SOFT_ROCE_ADDR"
     want="$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")"
-    local i n gid_index=""
-    # Bounded: 100 rounds of 0.1 s; the GID table fills in asynchronously.
+    local i n gid_index="" state="" gid="" type=""
+    # Bounded: 100 rounds of 0.1 s; the GID table fills in asynchronously. Read
+    # with builtins: every exec costs a visible fraction of a second in this
+    # emulated guest.
     for ((i = 0; i < 100; i++)); do
-        if grep -q ACTIVE "$port/state" 2>/dev/null; then
+        state=""
+        read -r state <"$port/state" 2>/dev/null || true
+        if [[ "$state" == *ACTIVE* ]]; then
             for ((n = 0; n < 16; n++)); do
-                if [[ "$(cat "$port/gids/$n" 2>/dev/null)" == "$want" &&
-                    "$(cat "$port/gid_attrs/types/$n" 2>/dev/null)" == "RoCE v2" ]]; then
+                gid="" type=""
+                read -r gid <"$port/gids/$n" 2>/dev/null || true
+                [[ "$gid" == "$want" ]] || continue
+                read -r type <"$port/gid_attrs/types/$n" 2>/dev/null || true
+                if [[ "$type" == "RoCE v2" ]]; then
                     gid_index=$n
                     break 2
                 fi
@@ -63,10 +70,12 @@ soft_roce_up() {
         sleep 0.1
     done
     [[ -n "$gid_index" ]] ||
-        soft_roce_fail "$SOFT_ROCE_DEV: port not ACTIVE with a RoCE v2 GID for $SOFT_ROCE_ADDR after 10 s (state: $(cat "$port/state" 2>/dev/null))"
+        soft_roce_fail "$SOFT_ROCE_DEV: port not ACTIVE with a RoCE v2 GID for $SOFT_ROCE_ADDR after 10 s (state: $state)"
     ibv_devices | grep -qw "$SOFT_ROCE_DEV" || soft_roce_fail "libibverbs does not list $SOFT_ROCE_DEV: $(ibv_devices 2>&1)"
     # Pinning registered memory: root in the guest, but say so explicitly.
     ulimit -l unlimited || soft_roce_fail "ulimit -l unlimited"
     export FLAME_RDMA_DEVICE="$SOFT_ROCE_DEV" FLAME_RDMA_PORT=1 FLAME_RDMA_GID_INDEX="$gid_index"
-    echo "soft_roce: $SOFT_ROCE_DEV on $SOFT_ROCE_NETDEV ($SOFT_ROCE_ADDR), port 1 $(cat "$port/state"), GID index $gid_index ($want), $(ibv_devinfo -d "$SOFT_ROCE_DEV" | sed -n 's/^[[:space:]]*\(active_mtu\):[[:space:]]*/\1 /p' | head -n 1)"
+    local mtu=""
+    read -r mtu <"/sys/class/net/$SOFT_ROCE_NETDEV/mtu" 2>/dev/null || mtu="?"
+    echo "soft_roce: $SOFT_ROCE_DEV on $SOFT_ROCE_NETDEV ($SOFT_ROCE_ADDR, MTU $mtu), port 1 $state, GID index $gid_index ($want)"
 }
