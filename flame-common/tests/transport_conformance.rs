@@ -8,7 +8,8 @@
 //! with that reason: `cargo test -p flame-common --features rdma rdma` lists them
 //! as `ignored, needs an RDMA device …` — never as passes. Where a device exists
 //! (Soft-RoCE is enough) run them with `-- --ignored`; asked to run without one,
-//! each fails with the device error instead of passing.
+//! each fails with the device error instead of passing. CI runs them so over
+//! Soft-RoCE in the test VM (`tests/tests/rdma_vm.rs`, `tests/vm/rdma_conformance.sh`).
 //!
 //! Both ends run on one reactor thread (the tcp emulation of one-sided operations
 //! needs the grantor to keep receiving, as a real OSD or client does: `serve`).
