@@ -162,7 +162,7 @@ FLAME_TEST_RDMA_BUILD=1 cargo test -p flame-tests --test rdma_unavailable
 # conformance suite's rdma cases, and a three-OSD cluster with flame-nbd on
 # transport: rdma (conversion, fetched replies, a copy killed) through NBD.
 # Ignored in the main pass (they need the two rdma builds just made); about
-# 2 minutes (docs/testing.md, "rdma over Soft-RoCE").
+# 1-2 minutes (docs/testing.md, "rdma over Soft-RoCE").
 cargo test -p flame-tests --test rdma_vm -- --ignored --test-threads 1
 
 # ------------------------------------------------------------------------------
