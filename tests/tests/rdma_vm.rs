@@ -33,8 +33,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-/// The guest's bounds: the conformance run takes about 60 s in the guest on two
-/// emulated cores, the cluster test about (see docs/testing.md).
+/// The guest's bounds: on two emulated cores the conformance run takes 30-70 s
+/// in the guest, the cluster test 25-50 s (docs/testing.md, "rdma over
+/// Soft-RoCE").
 const CONFORMANCE_TIMEOUT: Duration = Duration::from_secs(300);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
 
