@@ -23,7 +23,9 @@
 #                   an empty environment (PATH, HOME=/root, TMPDIR=/tmp, LANG)
 #   --modules LIST  extra kernel modules (comma-separated names) to load at boot,
 #                   with their dependencies; the default set is always loaded:
-#                   9p (and its transport), nbd, ext4 (and crc32c)
+#                   9p (and its transport), nbd, ext4 (and crc32c), and Soft-RoCE:
+#                   rdma_rxe (ib_core, ib_uverbs, ...), crc32, dummy (the rxe
+#                   device itself is made by tests/vm/soft_roce.sh)
 #
 # Environment:
 #   FLAME_VM_CACHE        cache directory (default /var/cache/flame-vm): the kernel
@@ -56,8 +58,12 @@ EXTRA_MODULES=""
 PREPARE_ONLY=0
 # Always loaded, in this order, each after its dependencies (from modules.dep).
 # crc32c_generic: ext4's metadata checksums ask the crypto API for "crc32c", which
-# is not a symbol dependency and so not in modules.dep.
-BASE_MODULES="netfs 9pnet 9pnet_virtio 9p nbd crc32c_generic ext4"
+# is not a symbol dependency and so not in modules.dep. Soft-RoCE: rdma_rxe (with
+# ib_core, ib_uverbs, udp_tunnel, ip6_udp_tunnel from modules.dep), crc32_generic
+# (rxe's ICRC asks the crypto API for "crc32", again no symbol dependency) and
+# dummy (a guest-local netdev, dummy0, to put rxe0 on: tests/vm/soft_roce.sh).
+# One set for every run, so one initramfs serves them all.
+BASE_MODULES="netfs 9pnet 9pnet_virtio 9p nbd crc32c_generic ext4 crc32_generic rdma_rxe dummy"
 
 die() {
     echo "vm.sh: FAILED: $*" >&2

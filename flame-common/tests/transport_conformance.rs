@@ -8,7 +8,8 @@
 //! with that reason: `cargo test -p flame-common --features rdma rdma` lists them
 //! as `ignored, needs an RDMA device …` — never as passes. Where a device exists
 //! (Soft-RoCE is enough) run them with `-- --ignored`; asked to run without one,
-//! each fails with the device error instead of passing.
+//! each fails with the device error instead of passing. CI runs them so over
+//! Soft-RoCE in the test VM (`tests/tests/rdma_vm.rs`, `tests/vm/rdma_conformance.sh`).
 //!
 //! Both ends run on one reactor thread (the tcp emulation of one-sided operations
 //! needs the grantor to keep receiving, as a real OSD or client does: `serve`).
@@ -236,8 +237,23 @@ pub fn many_connections_per_thread(kind: TransportKind) {
     });
 }
 
+/// RDMA READs (`read`) or WRITEs completed by this process so far; 0 elsewhere.
+/// Tests run in parallel, so a case checks only that its own operations were
+/// counted (the count grew by at least as many).
+fn rdma_one_sided_count(kind: TransportKind, read: bool) -> u64 {
+    #[cfg(feature = "rdma")]
+    if kind == TransportKind::Rdma {
+        let (r, w, _, _) = flame_common::transport::rdma::conn::completion_counts();
+        return if read { r } else { w };
+    }
+    let _ = (kind, read);
+    0
+}
+
 pub fn one_sided_read_every_size_and_alignment(kind: TransportKind) {
     run(async move {
+        let before = rdma_one_sided_count(kind, true);
+        let mut ops = 0u64;
         let (c, s) = pair(kind).await;
         let _server = serve(s.clone());
         let _client = serve(c.clone());
@@ -250,6 +266,7 @@ pub fn one_sided_read_every_size_and_alignment(kind: TransportKind) {
             assert_eq!(r.len as usize, size);
             assert_ne!(r.key, 0);
             let whole = c.read_remote(r).await.unwrap();
+            ops += 1;
             assert_eq!(whole.as_slice(), &bytes[..], "size {size}");
             for &start in ALIGNMENTS {
                 if start >= size {
@@ -262,6 +279,7 @@ pub fn one_sided_read_every_size_and_alignment(kind: TransportKind) {
                     key: r.key,
                 };
                 let got = c.read_remote(part).await.unwrap();
+                ops += 1;
                 assert_eq!(
                     got.as_slice(),
                     &bytes[start..start + len],
@@ -271,11 +289,20 @@ pub fn one_sided_read_every_size_and_alignment(kind: TransportKind) {
             drop(g);
         }
         assert!(!c.is_closed() && !s.is_closed());
+        if kind == TransportKind::Rdma {
+            let done = rdma_one_sided_count(kind, true) - before;
+            assert!(
+                done >= ops,
+                "{ops} READs, {done} RDMA READ completions counted"
+            );
+        }
     });
 }
 
 pub fn one_sided_write_every_size_and_alignment(kind: TransportKind) {
     run(async move {
+        let before = rdma_one_sided_count(kind, false);
+        let mut ops = 0u64;
         let (c, s) = pair(kind).await;
         let _server = serve(s.clone());
         let _client = serve(c.clone());
@@ -293,6 +320,7 @@ pub fn one_sided_write_every_size_and_alignment(kind: TransportKind) {
                 s.write_remote(r, start as u32, &PayloadBuf::copy_from(&data))
                     .await
                     .unwrap();
+                ops += 1;
                 expect[start..start + len].copy_from_slice(&data);
             }
             let whole = pattern(size, 7 + n as u64);
@@ -311,6 +339,13 @@ pub fn one_sided_write_every_size_and_alignment(kind: TransportKind) {
             assert!(got.as_slice() == &expect[..], "size {size}");
         }
         assert!(!c.is_closed() && !s.is_closed());
+        if kind == TransportKind::Rdma {
+            let done = rdma_one_sided_count(kind, false) - before;
+            assert!(
+                done >= ops,
+                "{ops} WRITEs, {done} RDMA WRITE completions counted"
+            );
+        }
     });
 }
 
@@ -557,10 +592,11 @@ pub fn peer_process_child() {
     let Ok(kind) = std::env::var("FLAME_CONFORMANCE_CHILD") else {
         return;
     };
-    let kind = if kind == "shm" {
-        TransportKind::Shm
-    } else {
-        TransportKind::Tcp
+    let kind = match kind.as_str() {
+        "shm" => TransportKind::Shm,
+        "tcp" => TransportKind::Tcp,
+        "rdma" => TransportKind::Rdma,
+        other => panic!("FLAME_CONFORMANCE_CHILD={other:?}: not a transport"),
     };
     if std::env::var_os("FLAME_CONFORMANCE_POOL").is_some() {
         install_pool();
@@ -794,6 +830,14 @@ fn tcp_receive_waits_for_pool_memory() {
 #[test]
 fn shm_receive_waits_for_pool_memory() {
     receive_waits_for_pool_memory(TransportKind::Shm)
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+#[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
+fn rdma_receive_waits_for_pool_memory() {
+    require(TransportKind::Rdma, "receive_waits_for_pool_memory");
+    receive_waits_for_pool_memory(TransportKind::Rdma)
 }
 
 #[test]

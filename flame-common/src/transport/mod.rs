@@ -209,12 +209,8 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c.set_never_wait_for_memory(on),
             Conn::Shm(c) => c.set_never_wait_for_memory(on),
-            // rdma copies a received payload out of its receive buffer with the
-            // synchronous allocation, which never waits (it falls back to the
-            // heap, counted): nothing to switch. Making it wait for pool memory
-            // like tcp and shm is left to do.
             #[cfg(feature = "rdma")]
-            Conn::Rdma(_) => {}
+            Conn::Rdma(c) => c.set_never_wait_for_memory(on),
             Conn::Sim(_) => {}
         }
     }

@@ -47,8 +47,8 @@
 
 use super::device::{Device, device, mtu_code, mtu_from_code};
 use super::wire::{
-    CONN_INFO_LEN, ConnInfo, Credits, FRAME_HEADER_LEN, FrameHeader, FrameKind, QP_NUM_MASK,
-    StreamDecoder, WrId, WrKind,
+    CONN_INFO_LEN, ConnInfo, Credits, FRAME_HEADER_LEN, FrameHeader, FrameKind, PayloadAlloc,
+    QP_NUM_MASK, StreamDecoder, WrId, WrKind,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::collections::HashMap;
@@ -102,6 +102,62 @@ pub const HANDSHAKE_TIMEOUT_MS: u64 = 5000;
 pub const SEND_QUEUE_BYTES_MAX: usize = crate::transport::tcp::SEND_QUEUE_BYTES_MAX;
 /// Completion-channel events consumed per wake-up (each is acknowledged).
 const EVENTS_PER_WAKE_MAX: u32 = 64;
+
+/// `flame_rdma_completions_total{op}`: successful work completions of this
+/// process's queue pairs, by work request — `read` and `write` are the one-sided
+/// RDMA READs and WRITEs it initiated (read-write conversion, remote fetching),
+/// `send` and `recv` the two-sided frames. Process-wide; only a device makes them
+/// (rdma has no emulation), so they show that verbs ran.
+struct CompletionCounters {
+    read: prometheus::IntCounter,
+    write: prometheus::IntCounter,
+    send: prometheus::IntCounter,
+    recv: prometheus::IntCounter,
+}
+
+static COMPLETIONS: std::sync::LazyLock<CompletionCounters> = std::sync::LazyLock::new(|| {
+    let opts = prometheus::Opts::new(
+        "flame_rdma_completions_total",
+        "Successful RDMA work completions, by work request: read and write (one-sided, initiated here), send and recv (two-sided frames)",
+    );
+    let unregistered = || {
+        prometheus::IntCounter::new("flame_rdma_completions_unregistered", "-")
+            .unwrap_or_else(|_| unreachable!("a constant, valid metric name"))
+    };
+    match prometheus::IntCounterVec::new(opts, &["op"]) {
+        Ok(v) => {
+            if let Err(e) = prometheus::register(Box::new(v.clone())) {
+                tracing::warn!("rdma completion metrics not registered: {e}");
+            }
+            CompletionCounters {
+                read: v.with_label_values(&["read"]),
+                write: v.with_label_values(&["write"]),
+                send: v.with_label_values(&["send"]),
+                recv: v.with_label_values(&["recv"]),
+            }
+        }
+        Err(e) => {
+            tracing::warn!("rdma completion metrics not created: {e}");
+            CompletionCounters {
+                read: unregistered(),
+                write: unregistered(),
+                send: unregistered(),
+                recv: unregistered(),
+            }
+        }
+    }
+});
+
+/// Successful completions so far in this process: `(read, write, send, recv)`
+/// (see `flame_rdma_completions_total`).
+pub fn completion_counts() -> (u64, u64, u64, u64) {
+    (
+        COMPLETIONS.read.get(),
+        COMPLETIONS.write.get(),
+        COMPLETIONS.send.get(),
+        COMPLETIONS.recv.get(),
+    )
+}
 
 /// A verbs completion, copied out of the queue.
 #[derive(Clone, Copy, Debug)]
@@ -510,6 +566,13 @@ struct OneSidedOp {
     orphaned: bool,
 }
 
+/// What [`RdmaConn::poll_message`] found.
+enum Received {
+    Message(Message),
+    /// The decoder waits for a payload buffer of this length from the pool.
+    NeedsMemory(usize),
+}
+
 /// Queued bytes waiting for a send slot and a credit.
 enum Chunk {
     Bytes(Vec<u8>),
@@ -558,6 +621,9 @@ pub struct RdmaConn {
     peer_recv_slots: Cell<u16>,
     closed: Cell<bool>,
     closing: Cell<bool>,
+    /// Payloads received while the pool is exhausted take heap memory instead of
+    /// waiting ([`RdmaConn::set_never_wait_for_memory`]).
+    never_wait: Cell<bool>,
     failure: RefCell<Option<String>>,
     /// Live grants by key (rkey). After `qp` in the field order is irrelevant
     /// here: a grant is reachable only through a queue pair, and the queue pair is
@@ -695,6 +761,7 @@ impl RdmaConn {
             peer_recv_slots: Cell::new(0),
             closed: Cell::new(false),
             closing: Cell::new(false),
+            never_wait: Cell::new(false),
             failure: RefCell::new(None),
             grants: RefCell::new(HashMap::default()),
         });
@@ -932,10 +999,20 @@ impl RdmaConn {
             WrKind::OneSided => {
                 let mut st = self.state.borrow_mut();
                 let index = id.index as usize;
-                let orphaned = match st.ops.get(index) {
-                    Some(op) => op.orphaned,
+                let (orphaned, read) = match st.ops.get(index) {
+                    Some(op) => (
+                        op.orphaned,
+                        matches!(op.keep, Some(OneSidedKeep::Read { .. })),
+                    ),
                     None => return,
                 };
+                if ok {
+                    if read {
+                        COMPLETIONS.read.inc();
+                    } else {
+                        COMPLETIONS.write.inc();
+                    }
+                }
                 if orphaned {
                     // Its memory may be freed now: the NIC is done with it.
                     st.ops.remove(index);
@@ -966,6 +1043,9 @@ impl RdmaConn {
                         st.free_send.push(id.index);
                     }
                 }
+                if ok {
+                    COMPLETIONS.send.inc();
+                }
                 if !ok {
                     if !self.closed.get() {
                         self.fail(format!(
@@ -992,6 +1072,7 @@ impl RdmaConn {
                     }
                     return;
                 }
+                COMPLETIONS.recv.inc();
                 if self.closed.get() || id.index >= u32::from(RECV_SLOTS) {
                     return;
                 }
@@ -1115,12 +1196,18 @@ impl RdmaConn {
         Ok(())
     }
 
-    /// See [`crate::transport::Conn::recv`].
+    /// See [`crate::transport::Conn::recv`]. A payload is taken from the
+    /// thread's memory pool; while the pool is exhausted this waits for frees
+    /// (bounded by the pool's wait; past it, fails, which closes the connection)
+    /// without consuming more received bytes, so the receive slots stay held and
+    /// the sender runs out of credits: back-pressure, as on tcp. A connection set
+    /// to never wait ([`RdmaConn::set_never_wait_for_memory`]) takes heap memory
+    /// instead.
     pub async fn recv(&self) -> Result<Message, TransportError> {
         if std::mem::replace(&mut self.state.borrow_mut().receiving, true) {
             return Err(err("two tasks receiving on one connection"));
         }
-        let res = std::future::poll_fn(|cx| self.poll_message(cx)).await;
+        let res = self.recv_inner().await;
         self.state.borrow_mut().receiving = false;
         match &res {
             Err(TransportError::Protocol(ProtocolError::ForeignVersion { .. })) => {
@@ -1132,17 +1219,51 @@ impl RdmaConn {
         res
     }
 
+    async fn recv_inner(&self) -> Result<Message, TransportError> {
+        // Bounded: each round either returns or gives the decoder the payload
+        // buffer it waited for (after which it consumes bytes again).
+        loop {
+            let len = match std::future::poll_fn(|cx| self.poll_message(cx)).await? {
+                Received::Message(m) => return Ok(m),
+                Received::NeedsMemory(len) => len,
+            };
+            let ended = std::future::poll_fn(|cx| {
+                if self.closed.get() {
+                    return Poll::Ready(None);
+                }
+                self.state.borrow_mut().recv_waker = Some(cx.waker().clone());
+                Poll::Pending
+            });
+            let wait = async { Some(PayloadBufMut::for_overwrite_wait(len).await) };
+            let Some(buf) = futures_lite::future::or(wait, ended).await else {
+                return Err(self.closed_error());
+            };
+            let buf = buf.map_err(io::Error::from)?;
+            if self.state.borrow_mut().decoder.supply(buf).is_err() {
+                return Err(err("RDMA receive: payload buffer of the wrong length"));
+            }
+        }
+    }
+
     fn poll_message(
         &self,
         cx: &mut std::task::Context<'_>,
-    ) -> Poll<Result<Message, TransportError>> {
+    ) -> Poll<Result<Received, TransportError>> {
+        let alloc = if self.never_wait.get() {
+            PayloadAlloc::Fallback
+        } else {
+            PayloadAlloc::PoolOrWait
+        };
         // Bounded: each round consumes bytes of a filled slot (at most RECV_SLOTS
-        // slots of SLOT_BYTES each are filled at a time).
+        // slots of SLOT_BYTES each are filled at a time) or returns.
         loop {
             if self.closed.get() {
                 return Poll::Ready(Err(self.closed_error()));
             }
             let mut st = self.state.borrow_mut();
+            if let Some(len) = st.decoder.needs_memory() {
+                return Poll::Ready(Ok(Received::NeedsMemory(len)));
+            }
             let Some(&(slot, len, used)) = st.filled.front() else {
                 st.recv_waker = Some(cx.waker().clone());
                 return Poll::Pending;
@@ -1150,7 +1271,7 @@ impl RdmaConn {
             // SAFETY: a completed, not yet re-posted receive slot.
             let mem = unsafe { self.recv_mem.slot(slot) };
             let data = &mem[FRAME_HEADER_LEN + used as usize..FRAME_HEADER_LEN + len as usize];
-            let (n, msg) = st.decoder.feed(data);
+            let (n, msg) = st.decoder.feed(data, alloc);
             let used = used + n as u32;
             let consumed = used >= len;
             if consumed {
@@ -1164,9 +1285,14 @@ impl RdmaConn {
                 self.pump();
             }
             if let Some(msg) = msg {
-                return Poll::Ready(msg.map_err(TransportError::from));
+                return Poll::Ready(msg.map(Received::Message).map_err(TransportError::from));
             }
         }
+    }
+
+    /// See [`crate::transport::Conn::set_never_wait_for_memory`].
+    pub fn set_never_wait_for_memory(&self, on: bool) {
+        self.never_wait.set(on);
     }
 
     /// See [`crate::transport::Conn::close`]: the queue pair goes to the error
@@ -1540,7 +1666,16 @@ async fn lifeline(conn: Weak<RdmaConn>) {
     let (res, _) = reactor::recv(fd, vec![0u8; 16], 0).await;
     if let Some(c) = conn.upgrade() {
         let why = match res {
-            Ok(0) => "peer closed its RDMA bootstrap connection".to_string(),
+            // The peer closed (or its process died): the connection ends as a tcp
+            // one whose peer closed does, with `TransportError::Closed` from every
+            // later call. Not a failure of ours: a peer that refused a one-sided
+            // access closes too, and its close may arrive here before the
+            // refusal's completion does.
+            Ok(0) => {
+                tracing::debug!(peer = %c.peer, "RDMA peer closed its bootstrap connection");
+                c.close();
+                return;
+            }
             Ok(_) => "peer sent bytes on its RDMA bootstrap connection".to_string(),
             Err(e) => format!("RDMA bootstrap connection failed: {e}"),
         };

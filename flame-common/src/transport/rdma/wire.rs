@@ -332,14 +332,41 @@ impl WrId {
 pub struct StreamDecoder {
     head: Vec<u8>,
     body: Option<(Header, PayloadBufMut, usize)>,
+    /// A decoded header whose payload buffer the pool could not give yet
+    /// ([`PayloadAlloc::PoolOrWait`]).
+    pending: Option<Header>,
+}
+
+/// Where [`StreamDecoder::feed`] takes a message's payload buffer from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadAlloc {
+    /// The thread's pool, or heap memory when it is exhausted (never waits).
+    Fallback,
+    /// The thread's pool only: when it is exhausted the decoder stops before the
+    /// payload ([`StreamDecoder::needs_memory`]) until [`StreamDecoder::supply`]
+    /// gives it a buffer. The caller waits for pool memory meanwhile and consumes
+    /// no more received bytes, which keeps the receive slots (and so the peer's
+    /// credits) held: the sender is back-pressured, as a tcp sender is by a socket
+    /// that is not read.
+    PoolOrWait,
 }
 
 impl StreamDecoder {
     /// Consumes bytes of `input` until one message is complete (returned with the
-    /// bytes consumed) or `input` is used up (`None`, all consumed).
-    pub fn feed(&mut self, input: &[u8]) -> (usize, Option<Result<Message, ProtocolError>>) {
+    /// bytes consumed), `input` is used up (`None`, all consumed), or the payload
+    /// needs memory the pool does not have (`None` with bytes left;
+    /// [`StreamDecoder::needs_memory`] says how much). Consumes nothing while a
+    /// payload waits for memory.
+    pub fn feed(
+        &mut self,
+        input: &[u8],
+        alloc: PayloadAlloc,
+    ) -> (usize, Option<Result<Message, ProtocolError>>) {
         let mut used = 0;
         loop {
+            if self.pending.is_some() {
+                return (used, None);
+            }
             if let Some((_, payload, filled)) = self.body.as_mut() {
                 let want = payload.len() - *filled;
                 let n = want.min(input.len() - used);
@@ -382,14 +409,45 @@ impl StreamDecoder {
                 Err(e) => return (used, Some(Err(e))),
             };
             // Bounded by Header::decode (PAYLOAD_BYTES_MAX) before this allocation.
-            let payload = PayloadBufMut::for_overwrite(header.payload_len as usize);
+            let len = header.payload_len as usize;
+            let payload = match alloc {
+                PayloadAlloc::Fallback => PayloadBufMut::for_overwrite(len),
+                PayloadAlloc::PoolOrWait => match PayloadBufMut::try_for_overwrite(len) {
+                    Some(b) => b,
+                    None => {
+                        self.pending = Some(header);
+                        return (used, None);
+                    }
+                },
+            };
             self.body = Some((header, payload, 0));
+        }
+    }
+
+    /// The payload length a decoded header waits for memory for, if any.
+    pub fn needs_memory(&self) -> Option<usize> {
+        self.pending.as_ref().map(|h| h.payload_len as usize)
+    }
+
+    /// Gives the waiting payload ([`StreamDecoder::needs_memory`]) its buffer;
+    /// `buf` must be of that length (a buffer of another length, or one given
+    /// while nothing waits, is refused and returned).
+    pub fn supply(&mut self, buf: PayloadBufMut) -> Result<(), PayloadBufMut> {
+        match self.pending.take() {
+            Some(h) if h.payload_len as usize == buf.len() => {
+                self.body = Some((h, buf, 0));
+                Ok(())
+            }
+            other => {
+                self.pending = other;
+                Err(buf)
+            }
         }
     }
 
     /// Whether a message is partly received (a connection closing now loses it).
     pub fn in_message(&self) -> bool {
-        !self.head.is_empty() || self.body.is_some()
+        !self.head.is_empty() || self.body.is_some() || self.pending.is_some()
     }
 }
 
@@ -646,7 +704,7 @@ mod tests {
                 let mut at = 0;
                 // Bounded: every round consumes bytes or ends the part.
                 while at < part.len() {
-                    let (n, msg) = d.feed(&part[at..]);
+                    let (n, msg) = d.feed(&part[at..], PayloadAlloc::Fallback);
                     at += n;
                     if let Some(m) = msg {
                         got.push(m.unwrap());
@@ -661,9 +719,56 @@ mod tests {
     }
 
     #[test]
+    fn rdma_stream_decoder_waits_for_pool_memory_before_the_payload() {
+        let cfg = crate::buffer::registered::MemoryPoolConfig {
+            bytes_per_thread: 4 << 20,
+            ..Default::default()
+        };
+        crate::buffer::registered::install_on_this_thread(&cfg).unwrap();
+        let sent = [write(1, 70_000), write(2, 100)];
+        let stream: Vec<u8> = sent.iter().flat_map(|m| m.encode()).collect();
+        // Hold the whole pool.
+        let mut hold = Vec::new();
+        while let Some(b) = PayloadBufMut::try_for_overwrite(64 << 10) {
+            hold.push(b);
+            assert!(hold.len() <= 64, "the pool is larger than configured");
+        }
+        let mut d = StreamDecoder::default();
+        let (n, msg) = d.feed(&stream, PayloadAlloc::PoolOrWait);
+        assert!(msg.is_none());
+        assert_eq!(
+            n, HEADER_LEN,
+            "stopped after the header, before the payload"
+        );
+        assert_eq!(d.needs_memory(), Some(70_000));
+        assert!(d.in_message());
+        // Nothing more is consumed while it waits, and a wrong buffer is refused.
+        assert_eq!(d.feed(&stream[n..], PayloadAlloc::PoolOrWait).0, 0);
+        assert!(d.supply(PayloadBufMut::for_overwrite(4096)).is_err());
+        drop(hold);
+        let buf = PayloadBufMut::try_for_overwrite(70_000).expect("memory freed");
+        assert!(d.supply(buf).is_ok());
+        assert_eq!(d.needs_memory(), None);
+        let mut got = Vec::new();
+        let mut at = n;
+        // Bounded: every round consumes bytes or ends the stream.
+        while at < stream.len() {
+            let (n, msg) = d.feed(&stream[at..], PayloadAlloc::PoolOrWait);
+            at += n;
+            if let Some(m) = msg {
+                got.push(m.unwrap());
+            } else {
+                assert_eq!(at, stream.len());
+            }
+        }
+        assert_eq!(got, sent);
+        assert!(!d.in_message());
+    }
+
+    #[test]
     fn rdma_stream_decoder_refuses_garbage_before_allocating() {
         let mut d = StreamDecoder::default();
-        let (n, msg) = d.feed(&[0xAB; 200]);
+        let (n, msg) = d.feed(&[0xAB; 200], PayloadAlloc::Fallback);
         assert_eq!(n, HEADER_PREFIX_LEN, "judged on the prefix alone");
         assert!(matches!(msg, Some(Err(ProtocolError::BadMagic(_)))));
     }
