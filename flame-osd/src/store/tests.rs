@@ -66,24 +66,18 @@ fn the_checksum_list_ends_at_the_last_nonzero_block() {
                 .await
                 .unwrap();
         }
-        s.write(
-            PG,
-            obj(1),
-            3 * 4096,
-            PayloadBuf::copy_from(&[9; 8192]),
-            false,
-        )
-        .await
-        .unwrap();
-        s.write(
-            PG,
-            obj(1),
-            3 * 4096,
-            PayloadBuf::copy_from(&[0; 8192]),
-            false,
-        )
-        .await
-        .unwrap();
+        // Blocks 3 and 4 written, then zeroed.
+        for fill in [9u8, 0] {
+            s.write(
+                PG,
+                obj(1),
+                3 * 4096,
+                PayloadBuf::copy_from(&[fill; 8192]),
+                false,
+            )
+            .await
+            .unwrap();
+        }
         s.flush(None).await.unwrap();
         let head = |o| {
             let mut b = std::fs::read(s.object_path(PG, o)).unwrap();
