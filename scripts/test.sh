@@ -90,6 +90,9 @@ cargo fmt --version >/dev/null 2>&1 || die "rustfmt is missing (rustup component
 cargo clippy --version >/dev/null 2>&1 || die "clippy is missing (rustup component add clippy)"
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || die "python3-libnbd is not importable by /usr/bin/python3"
 compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || die "libclang is missing (libclang-dev)"
+# The test clusters live on this file system; say how full it is (a nearly full
+# disk fails writes with ENOSPC, as it should).
+echo "disk: $(df -h --output=size,used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
 echo "tools: $(rustc --version); $(qemu-io --version | head -n 1); $(nbdinfo --version | head -n 1); $(fio --version)"
 
 # ------------------------------------------------------------------------------
@@ -126,6 +129,7 @@ scripts/vm.sh --timeout 120 -- bash -c 'test -b /dev/nbd0 && test -d /sys/module
 section "cargo test --workspace --no-fail-fast"
 # Includes tests/tests/kernel_nbd.rs: a cluster, nbd-client, qemu-nbd -c and ext4
 # in the test VM (about 80 s; docs/testing.md, "The test VM").
+echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
 cargo test --workspace --no-fail-fast
 
 section "FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster"

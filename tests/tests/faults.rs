@@ -244,8 +244,13 @@ fn a_full_osd_fails_writes_with_enospc_until_space_is_freed() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     cluster.create_nbd_volume("full", 16 * MIB);
     cluster.qemu_io("full", &["write -P 0x11 0 128k", "flush"]);
+    // Every OSD's usage is forced, so the host's own fill level plays no part
+    // (the harness's ratios: nearfull 0.98, full 0.99).
+    for osd in 1..3 {
+        cluster.set_failpoint(osd, "disk_usage", "return(0.5)");
+    }
     // With three OSDs and three copies, every write set has OSD process 0.
-    cluster.set_failpoint(0, "disk_usage", "return(0.97)");
+    cluster.set_failpoint(0, "disk_usage", "return(0.995)");
     wait_health(&cluster, "HEALTH_ERR", "full");
     // Every OSD gets the map within a heartbeat or two; until then a write may
     // still pass, so wait (bounded) for the first refusal.
@@ -279,7 +284,7 @@ fn a_full_osd_fails_writes_with_enospc_until_space_is_freed() {
     cluster.qemu_io("full", &["read -P 0x11 4k 60k"]);
 
     // Space freed down to nearfull: a warning, and writes work again.
-    cluster.set_failpoint(0, "disk_usage", "return(0.90)");
+    cluster.set_failpoint(0, "disk_usage", "return(0.985)");
     wait_health(&cluster, "HEALTH_WARN", "nearfull");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -291,8 +296,11 @@ fn a_full_osd_fails_writes_with_enospc_until_space_is_freed() {
         std::thread::sleep(Duration::from_millis(300));
     }
     cluster.qemu_io("full", &["read -P 0x44 0 64k", "read -P 0 64k 64k"]);
-    cluster.clear_failpoint(0, "disk_usage");
+    cluster.set_failpoint(0, "disk_usage", "return(0.5)");
     wait_health(&cluster, "HEALTH_OK", "");
+    for osd in 0..3 {
+        cluster.clear_failpoint(osd, "disk_usage");
+    }
 }
 
 #[test]
