@@ -37,10 +37,12 @@
 //! The oracle keeps when each write was issued and acknowledged (a logical clock)
 //! and accepts counter `c` for a read sent at `t` exactly when `c` could be the
 //! block's last write in some order consistent with real time: no write
-//! acknowledged before `t` was issued after `c` was acknowledged; a write given up
-//! on (never acknowledged) may land late, but never over a later-issued write that
-//! was acknowledged (the OSDs refuse it as superseded). With one write in flight
-//! per writer this is the same as `last_acked <= c <= last_issued`.
+//! acknowledged before `t` was issued after `c` ended. A write ends when it is
+//! acknowledged or given up on: one given up on (never acknowledged) was in flight
+//! until then, so it may have landed after a write issued while it was in flight
+//! (the client re-issues a superseded write as a new operation), but never after
+//! one issued once it was given up (the OSDs refuse it as superseded). With one
+//! write in flight per writer this is the same as `last_acked <= c <= last_issued`.
 
 use crate::pattern;
 use flame_client::{ClientConfig, Cluster, Volume};
@@ -214,8 +216,19 @@ struct WriteRecord {
     issued_at: u64,
     /// When it was acknowledged (0: not, or not yet).
     acked_at: u64,
-    /// The writer gave up on it: never acknowledged, it may still land.
-    given_up: bool,
+    /// When the writer gave up on it (0: it did not, or not yet): never
+    /// acknowledged, it was in flight until then.
+    given_up_at: u64,
+}
+
+impl WriteRecord {
+    /// When it stopped being in flight as far as real time can tell (`None`: it
+    /// still is).
+    fn ended_at(&self) -> Option<u64> {
+        [self.acked_at, self.given_up_at]
+            .into_iter()
+            .find(|&t| t != 0)
+    }
 }
 
 /// What a read must not go below, per block, taken when it is sent
@@ -302,10 +315,7 @@ impl OracleState {
             );
             b.acked = b.acked.max(c);
             if let Some(r) = self.writes[i].get_mut(c as usize - 1) {
-                assert!(
-                    !r.given_up && r.acked_at == 0,
-                    "block {i}: counter {c} ended twice"
-                );
+                assert!(r.ended_at().is_none(), "block {i}: counter {c} ended twice");
                 r.acked_at = self.now;
                 b.acked_issued_at = b.acked_issued_at.max(r.issued_at);
             }
@@ -313,9 +323,11 @@ impl OracleState {
     }
 
     /// Records that the writer gave up on a write issued with `counters` from
-    /// `start` (it failed or timed out): it is never acknowledged, and it may
-    /// still land, though never over a later-issued write that was acknowledged.
+    /// `start` (it failed or timed out): it is never acknowledged; it may have
+    /// landed after writes issued while it was in flight, never after one issued
+    /// from now on.
     pub fn give_up_write(&mut self, start: u64, counters: &[u64]) {
+        self.now += 1;
         for (k, &c) in counters.iter().enumerate() {
             let i = start as usize + k;
             if let Some(r) = c
@@ -323,10 +335,10 @@ impl OracleState {
                 .and_then(|c| self.writes[i].get_mut(c as usize))
             {
                 assert!(
-                    r.acked_at == 0,
-                    "block {i}: counter {c} given up after its ack"
+                    r.ended_at().is_none(),
+                    "block {i}: counter {c} given up after it ended"
                 );
-                r.given_up = true;
+                r.given_up_at = self.now;
             }
         }
     }
@@ -384,16 +396,13 @@ impl OracleState {
             // The never-written content, below an acknowledged write.
             return false;
         };
-        if r.given_up {
-            // It may land late, but not over the later-issued acknowledged one.
-            false
-        } else if r.acked_at == 0 {
+        match r.ended_at() {
             // Still in flight: it may land after the later one.
-            true
-        } else {
+            None => true,
             // It may have landed after every write acknowledged before the read
-            // was sent only if it was still in flight when they were issued.
-            r.acked_at > bound.acked_issued_at
+            // was sent only if it was still in flight when they were issued (a
+            // write given up on never lands after one issued once it was).
+            Some(ended_at) => ended_at > bound.acked_issued_at,
         }
     }
 }
@@ -1171,5 +1180,36 @@ mod tests {
         let lower = s.lower_bounds(0..1);
         assert_eq!(s.check_read(0..1, &lower, &d4).len(), 1);
         assert!(s.check_read(0..1, &lower, &d5).is_empty());
+    }
+
+    /// Simulator seed 26202: write 1 is issued, then write 2 over it; 2 is
+    /// acknowledged, 1 is refused as superseded and re-issued by the client (a new
+    /// op, so it lands after 2 — allowed, the two were in flight together); then
+    /// the client gives up on 1 (its I/O timeout). The block may read 1 from then
+    /// on, until a write issued after the give-up is acknowledged.
+    #[test]
+    fn a_write_given_up_on_may_have_landed_after_one_issued_while_it_was_in_flight() {
+        let mut s = OracleState::new(MAGIC, 4 * BLOCK_U64);
+        let (d1, c1) = s.issue_write(0..1);
+        let (d2, c2) = s.issue_write(0..1);
+        s.ack_write(0, &c2);
+        s.give_up_write(0, &c1);
+        let lower = s.lower_bounds(0..1);
+        assert!(s.check_read(0..1, &lower, &d1).is_empty());
+        assert!(s.check_read(0..1, &lower, &d2).is_empty());
+        // Write 3, issued once 1 was given up: 1 must never land over it.
+        let (d3, c3) = s.issue_write(0..1);
+        s.ack_write(0, &c3);
+        let lower = s.lower_bounds(0..1);
+        assert_eq!(s.check_read(0..1, &lower, &d1).len(), 1);
+        assert_eq!(s.check_read(0..1, &lower, &d2).len(), 1);
+        assert!(s.check_read(0..1, &lower, &d3).is_empty());
+        // A write given up on before the later one was issued stays below it.
+        let (d4, c4) = s.issue_write(0..1);
+        s.give_up_write(0, &c4);
+        let (_d5, c5) = s.issue_write(0..1);
+        s.ack_write(0, &c5);
+        let lower = s.lower_bounds(0..1);
+        assert_eq!(s.check_read(0..1, &lower, &d4).len(), 1);
     }
 }
