@@ -219,6 +219,9 @@ struct WriteRecord {
     /// When the writer gave up on it (0: it did not, or not yet): never
     /// acknowledged, it was in flight until then.
     given_up_at: u64,
+    /// A write-zeroes or discard: its content is all zero, like the
+    /// never-written block's.
+    zero: bool,
 }
 
 impl WriteRecord {
@@ -303,6 +306,20 @@ impl OracleState {
         (data, counters)
     }
 
+    /// Marks a write-zeroes or discard of `blocks` issued (each block's next
+    /// counter, whose content is all zero) and returns its counters, for
+    /// [`OracleState::ack_write`] and [`OracleState::give_up_write`].
+    pub fn issue_zero(&mut self, blocks: Range<u64>) -> Vec<u64> {
+        let start = blocks.start;
+        let (_, counters) = self.issue_write(blocks);
+        for (k, &c) in counters.iter().enumerate() {
+            if let Some(r) = self.writes[start as usize + k].get_mut(c as usize - 1) {
+                r.zero = true;
+            }
+        }
+        counters
+    }
+
     /// Records the acknowledgement of a write issued with `counters` from `start`.
     pub fn ack_write(&mut self, start: u64, counters: &[u64]) {
         self.now += 1;
@@ -372,15 +389,38 @@ impl OracleState {
             let bound = lower[k];
             match check_block(self.magic, i, bytes, 0, issued) {
                 Err(e) => errors.push(e),
-                Ok(c) if !self.may_be_last(i, c, bound) => errors.push(BlockError::Stale {
+                Ok(c) if c > 0 && self.is_zero_write(i, c) => errors.push(BlockError::Torn {
+                    index: i,
+                    detail: format!("counter {c} was a write-zeroes or discard, not data"),
+                }),
+                // All zero: never written, or any zeroing write.
+                Ok(0) if self.zero_may_be_last(i, bound) => {}
+                Ok(c) if c > 0 && self.may_be_last(i, c, bound) => {}
+                Ok(c) => errors.push(BlockError::Stale {
                     index: i,
                     read: c,
                     acked: bound.acked,
                 }),
-                Ok(_) => {}
             }
         }
         errors
+    }
+
+    fn is_zero_write(&self, i: u64, c: u64) -> bool {
+        c.checked_sub(1)
+            .and_then(|c| self.writes[i as usize].get(c as usize))
+            .is_some_and(|r| r.zero)
+    }
+
+    /// Whether an all-zero block `i` can be its content for a read sent when the
+    /// bounds were `bound`: the never-written content, or a write-zeroes or
+    /// discard that may be the last write.
+    fn zero_may_be_last(&self, i: u64, bound: ReadBound) -> bool {
+        self.may_be_last(i, 0, bound)
+            || self.writes[i as usize]
+                .iter()
+                .enumerate()
+                .any(|(k, r)| r.zero && self.may_be_last(i, k as u64 + 1, bound))
     }
 
     /// Whether counter `c` of block `i` can be the block's content for a read
@@ -1180,6 +1220,38 @@ mod tests {
         let lower = s.lower_bounds(0..1);
         assert_eq!(s.check_read(0..1, &lower, &d4).len(), 1);
         assert!(s.check_read(0..1, &lower, &d5).is_empty());
+    }
+
+    #[test]
+    fn a_zeroing_write_reads_back_as_zeroes_and_ages_like_any_write() {
+        let mut s = OracleState::new(MAGIC, 4 * BLOCK_U64);
+        let (d1, c1) = s.issue_write(0..2);
+        s.ack_write(0, &c1);
+        let z = s.issue_zero(1..2);
+        let lower = s.lower_bounds(0..2);
+        // In flight: the old data or zeroes.
+        assert!(s.check_read(0..2, &lower, &d1).is_empty());
+        let mut zeroed = d1.clone();
+        zeroed[BLOCK..].fill(0);
+        assert!(s.check_read(0..2, &lower, &zeroed).is_empty());
+        s.ack_write(1, &z);
+        let lower = s.lower_bounds(0..2);
+        // Acknowledged: the old data is stale; block 0 (not zeroed) must not be zero.
+        assert_eq!(s.check_read(0..2, &lower, &d1).len(), 1);
+        assert!(s.check_read(0..2, &lower, &zeroed).is_empty());
+        assert_eq!(s.check_read(0..2, &lower, &[0u8; 2 * BLOCK]).len(), 1);
+        // A later write over the zeroes: zeroes are stale then.
+        let (d3, c3) = s.issue_write(1..2);
+        s.ack_write(1, &c3);
+        let lower = s.lower_bounds(1..2);
+        assert!(s.check_read(1..2, &lower, &d3).is_empty());
+        assert_eq!(s.check_read(1..2, &lower, &[0u8; BLOCK]).len(), 1);
+        // Data claiming the zeroing write's counter is corrupt.
+        let fake = encode_block(MAGIC, 1, z[0]);
+        assert!(matches!(
+            s.check_read(1..2, &lower, &fake)[..],
+            [BlockError::Torn { .. }]
+        ));
     }
 
     /// Simulator seed 26202: write 1 is issued, then write 2 over it; 2 is

@@ -25,8 +25,11 @@
 //! dropped, its disk kept as the kernel's page cache keeps it) and restarts
 //! later; an OSD loses power (its disk keeps a random part of what was not made
 //! stable); an OSD is cut off from some or all of the others and the manager,
-//! by refusal or by a black hole. At most one OSD is impaired at a time, so every
-//! group keeps `min_size` copies and no I/O may fail.
+//! by refusal or by a black hole. Mostly one OSD is impaired at a time, so every
+//! group keeps `min_size` copies and no I/O may fail; with four OSDs a second
+//! fault (a kill -9 or a cut) sometimes overlaps the first on another OSD, as in
+//! the chaos runs: the groups of both then have one copy and wait (or time out)
+//! until one comes back.
 //!
 //! Checkers: every read against the per-block write oracle (`crate::oracle`): no
 //! block older than its last acknowledged write or newer than its last issued
@@ -93,6 +96,8 @@ const TASKS_PER_STEP_MAX: usize = 4096;
 /// The simulated disk's latency per data operation, in virtual microseconds.
 const DISK_LATENCY_US_MIN: u64 = 5;
 const DISK_LATENCY_US_MAX: u64 = 600;
+/// How often a fault (with four OSDs) gets a second one overlapping it.
+const OVERLAP_CHANCE: f64 = 0.35;
 /// Events kept for the report of a failing seed.
 const EVENTS_KEPT: usize = 64;
 
@@ -300,7 +305,8 @@ struct SimClient {
 struct Impairment {
     osd: usize,
     until: Instant,
-    cut: Vec<(IpAddr, IpAddr)>,
+    /// The links it cut, each with how.
+    cut: Vec<(IpAddr, IpAddr, LinkFault)>,
     /// The manager is down: at `until` it restarts from what it had persisted.
     manager: bool,
     /// This OSD was marked out: at `until` it is marked in again.
@@ -319,7 +325,13 @@ struct Sim {
     clients: Vec<SimClient>,
     /// The workload every client runs its part of.
     workload: Option<Rc<workload::Workload>>,
-    impaired: Option<Impairment>,
+    /// The impairments in force: one, or two while an overlapping one runs.
+    impaired: Vec<Impairment>,
+    /// When the overlapping fault drawn with the current impairment starts.
+    overlap_at: Option<Instant>,
+    /// Draws the overlapping faults: its own stream, so that a seed without one
+    /// runs exactly as it did before they existed.
+    overlap_rng: StdRng,
     next_fault: Instant,
     next_tick: Instant,
     started: Instant,
@@ -384,12 +396,14 @@ impl Sim {
             .collect();
         Sim {
             rng: StdRng::seed_from_u64(config.seed ^ 0x5eed_f1a3e),
-            config,
             mgr,
             osds,
             clients: Vec::new(),
             workload: None,
-            impaired: None,
+            impaired: Vec::new(),
+            overlap_at: None,
+            overlap_rng: StdRng::seed_from_u64(config.seed ^ 0x0e71_a9f5),
+            config,
             next_fault: now + Duration::from_millis(200),
             next_tick: now,
             started: now,
@@ -949,7 +963,8 @@ impl Sim {
 
     fn heal_all(&mut self) {
         net::heal_all();
-        if let Some(imp) = self.impaired.take() {
+        self.overlap_at = None;
+        for imp in std::mem::take(&mut self.impaired) {
             if imp.manager {
                 self.mgr = manager(self.mgr.persisted.clone(), clock::now());
                 self.event("the manager restarts".into());
@@ -965,45 +980,82 @@ impl Sim {
     /// Injects the next fault (or ends the current impairment).
     fn fault(&mut self) {
         let now = clock::now();
-        if let Some(imp) = &self.impaired {
-            if now < imp.until {
-                self.next_fault = imp.until;
-                return;
-            }
-            let imp = self.impaired.take().unwrap_or_else(|| unreachable!());
-            for (a, b) in imp.cut {
-                net::set_fault(a, b, None);
-            }
-            let was_slow = net::is_slow(self.osds[imp.osd].ip);
-            net::set_slow(self.osds[imp.osd].ip, None);
-            if was_slow && (imp.reset_clients || self.rng.random_bool(0.3)) {
-                // The path is fast again and the clients' connections to the
-                // OSD are reset on their side: they resend on new connections,
-                // which overtake what is still on the slow old ones.
-                for c in &self.clients {
-                    net::reset_from(c.ip, self.osds[imp.osd].ip);
-                }
-                self.event(format!(
-                    "osd.{} fast again; the clients' connections to it reset on their side",
-                    imp.osd
-                ));
-            }
-            if let Some(id) = imp.out {
-                let _ = self.mgr.set_in(id, true);
-                self.event(format!("{id} marked in"));
-            } else if imp.manager {
-                // It lost its runtime state (heartbeat times, failure reports);
-                // every OSD counts as just heard from, as at a real start.
-                self.mgr = manager(self.mgr.persisted.clone(), now);
-                self.event("the manager restarts".into());
-            } else if self.osds[imp.osd].live.is_none() {
-                self.start_osd(imp.osd);
-            } else {
-                self.event(format!("osd.{} reconnected", imp.osd));
-            }
-            self.next_fault = now + Duration::from_millis(self.rng.random_range(500..4000));
+        if let Some(k) = self.impaired.iter().position(|imp| now >= imp.until) {
+            let imp = self.impaired.remove(k);
+            self.end_impairment(imp, now);
             return;
         }
+        if let Some(at) = self.overlap_at
+            && now >= at
+        {
+            self.overlap_at = None;
+            self.overlapping_fault(now);
+        }
+        if !self.impaired.is_empty() {
+            self.next_fault = self.next_impairment_change();
+            return;
+        }
+        self.new_fault(now);
+    }
+
+    /// When the next impairment ends or the overlapping one starts.
+    fn next_impairment_change(&self) -> Instant {
+        self.impaired
+            .iter()
+            .map(|imp| imp.until)
+            .chain(self.overlap_at)
+            .min()
+            .unwrap_or_else(clock::now)
+    }
+
+    /// Undoes `imp` (its cuts, slowness, out, a stopped manager or process).
+    fn end_impairment(&mut self, imp: Impairment, now: Instant) {
+        for &(a, b, _) in &imp.cut {
+            net::set_fault(a, b, None);
+        }
+        // A link both impairments cut stays cut by the other.
+        for other in &self.impaired {
+            for &(a, b, f) in &other.cut {
+                net::set_fault(a, b, Some(f));
+            }
+        }
+        let was_slow = net::is_slow(self.osds[imp.osd].ip);
+        net::set_slow(self.osds[imp.osd].ip, None);
+        if was_slow && (imp.reset_clients || self.rng.random_bool(0.3)) {
+            // The path is fast again and the clients' connections to the
+            // OSD are reset on their side: they resend on new connections,
+            // which overtake what is still on the slow old ones.
+            for c in &self.clients {
+                net::reset_from(c.ip, self.osds[imp.osd].ip);
+            }
+            self.event(format!(
+                "osd.{} fast again; the clients' connections to it reset on their side",
+                imp.osd
+            ));
+        }
+        if let Some(id) = imp.out {
+            let _ = self.mgr.set_in(id, true);
+            self.event(format!("{id} marked in"));
+        } else if imp.manager {
+            // It lost its runtime state (heartbeat times, failure reports);
+            // every OSD counts as just heard from, as at a real start.
+            self.mgr = manager(self.mgr.persisted.clone(), now);
+            self.event("the manager restarts".into());
+        } else if self.osds[imp.osd].live.is_none() {
+            self.start_osd(imp.osd);
+        } else {
+            self.event(format!("osd.{} reconnected", imp.osd));
+        }
+        if self.impaired.is_empty() {
+            self.overlap_at = None;
+            self.next_fault = now + Duration::from_millis(self.rng.random_range(500..4000));
+        } else {
+            self.next_fault = self.next_impairment_change();
+        }
+    }
+
+    /// Injects a fault while none is in force.
+    fn new_fault(&mut self, now: Instant) {
         let i = self.rng.random_range(0..self.osds.len());
         let mut hold = Duration::from_millis(self.rng.random_range(300..6000));
         let ip = self.osds[i].ip;
@@ -1059,11 +1111,11 @@ impl Sim {
                 let mut all: Vec<IpAddr> = self.osds.iter().map(|o| o.ip).collect();
                 all.extend(self.clients.iter().map(|c| c.ip));
                 for p in all {
-                    cut.push((p, MGR_IP));
-                    cut.push((MGR_IP, p));
+                    cut.push((p, MGR_IP, LinkFault::Reject));
+                    cut.push((MGR_IP, p, LinkFault::Reject));
                 }
-                for &(a, b) in &cut {
-                    net::set_fault(a, b, Some(LinkFault::Reject));
+                for &(a, b, f) in &cut {
+                    net::set_fault(a, b, Some(f));
                 }
                 self.event(format!("the manager stops for {} ms", hold.as_millis()));
             }
@@ -1083,10 +1135,10 @@ impl Sim {
                     LinkFault::BlackHole
                 };
                 let peer = self.osds[j].ip;
-                cut.push((ip, peer));
-                cut.push((peer, ip));
-                for &(a, b) in &cut {
-                    net::set_fault(a, b, Some(fault));
+                cut.push((ip, peer, fault));
+                cut.push((peer, ip, fault));
+                for &(a, b, f) in &cut {
+                    net::set_fault(a, b, Some(f));
                 }
                 self.event(format!(
                     "osd.{i} and osd.{j} cut from each other ({fault:?}) for {} ms",
@@ -1118,13 +1170,13 @@ impl Sim {
                     peers.push(MGR_IP);
                 }
                 for p in peers {
-                    cut.push((ip, p));
+                    cut.push((ip, p, fault));
                     if !one_way {
-                        cut.push((p, ip));
+                        cut.push((p, ip, fault));
                     }
                 }
-                for &(a, b) in &cut {
-                    net::set_fault(a, b, Some(fault));
+                for &(a, b, f) in &cut {
+                    net::set_fault(a, b, Some(f));
                 }
                 // And sometimes a client that still reaches it gets no new map
                 // either: it keeps sending reads to the deposed primary while
@@ -1151,7 +1203,7 @@ impl Sim {
                 ));
             }
         }
-        self.impaired = Some(Impairment {
+        self.impaired.push(Impairment {
             osd: i,
             until: now + hold,
             cut,
@@ -1159,12 +1211,89 @@ impl Sim {
             out,
             reset_clients: kind == 15,
         });
-        self.next_fault = now + hold;
+        // Sometimes a second fault on another OSD overlaps this crash, power
+        // loss or cut (never the manager's stop, an out or a slow OSD).
+        if self.osds.len() >= 4 && kind <= 11 && self.overlap_rng.random_bool(OVERLAP_CHANCE) {
+            let after = hold.mul_f64(self.overlap_rng.random_range(0.1..0.9));
+            self.overlap_at = Some(now + after);
+        }
+        self.next_fault = self.next_impairment_change();
+    }
+
+    /// A second fault while one is in force, on another OSD: a kill -9, a cut
+    /// from one other OSD, or a cut from everyone (its draws are
+    /// `overlap_rng`'s).
+    fn overlapping_fault(&mut self, now: Instant) {
+        let Some(first) = self.impaired.first().map(|imp| imp.osd) else {
+            return;
+        };
+        let n = self.osds.len();
+        let i = (first + self.overlap_rng.random_range(1..n)) % n;
+        let ip = self.osds[i].ip;
+        let hold = Duration::from_millis(self.overlap_rng.random_range(300..6000));
+        let fault = if self.overlap_rng.random_bool(0.5) {
+            LinkFault::Reject
+        } else {
+            LinkFault::BlackHole
+        };
+        self.faults += 1;
+        let mut cut = Vec::new();
+        let what = match self.overlap_rng.random_range(0..10) {
+            0..4 => {
+                self.crash(i, false);
+                "crash".to_string()
+            }
+            4..7 => {
+                let j = (i + self.overlap_rng.random_range(1..n)) % n;
+                let peer = self.osds[j].ip;
+                cut.push((ip, peer, fault));
+                cut.push((peer, ip, fault));
+                format!("osd.{i} and osd.{j} cut from each other ({fault:?})")
+            }
+            _ => {
+                let mut peers: Vec<IpAddr> = self
+                    .osds
+                    .iter()
+                    .filter(|o| o.index != i)
+                    .map(|o| o.ip)
+                    .collect();
+                peers.extend(self.clients.iter().map(|c| c.ip));
+                peers.push(MGR_IP);
+                for p in peers {
+                    cut.push((ip, p, fault));
+                    cut.push((p, ip, fault));
+                }
+                format!("osd.{i} cut off ({fault:?}, manager too)")
+            }
+        };
+        for &(a, b, f) in &cut {
+            net::set_fault(a, b, Some(f));
+        }
+        if what != "crash" {
+            self.event(format!(
+                "{what} for {} ms, overlapping osd.{first}'s fault",
+                hold.as_millis()
+            ));
+        } else {
+            self.event(format!(
+                "(osd.{i}'s crash overlaps osd.{first}'s fault; it restarts in {} ms)",
+                hold.as_millis()
+            ));
+        }
+        self.impaired.push(Impairment {
+            osd: i,
+            until: now + hold,
+            cut,
+            manager: false,
+            out: None,
+            reset_clients: false,
+        });
+        self.next_fault = self.next_impairment_change();
     }
 
     /// Cuts a random client from the manager (both ways, refused), adding the
     /// cut to `cut`: its map stops moving. Returns the event's words.
-    fn stale_client_map(&mut self, cut: &mut Vec<(IpAddr, IpAddr)>) -> String {
+    fn stale_client_map(&mut self, cut: &mut Vec<(IpAddr, IpAddr, LinkFault)>) -> String {
         if self.clients.is_empty() {
             return String::new();
         }
@@ -1172,7 +1301,7 @@ impl Sim {
         let ip = self.clients[k].ip;
         for (a, b) in [(ip, MGR_IP), (MGR_IP, ip)] {
             net::set_fault(a, b, Some(LinkFault::Reject));
-            cut.push((a, b));
+            cut.push((a, b, LinkFault::Reject));
         }
         format!(", client {k} gets no map")
     }

@@ -1,5 +1,6 @@
 //! The simulated clients' workload: writers on disjoint blocks with the per-block
-//! write oracle, reads of any block, FLUSHes; then a full read-back.
+//! write oracle (data writes, FUA or not, and a tenth write-zeroes or discard),
+//! reads of any block, FLUSHes; then a full read-back.
 //!
 //! Each writer has one request in flight, so "issued" and "acknowledged" are
 //! well defined per block (`crate::oracle`). The writers are spread over the
@@ -172,10 +173,26 @@ impl Workload {
         }
     }
 
-    /// Writes `n` blocks from `first` with the oracle's next counters.
-    async fn write(self: Rc<Self>, vol: Rc<Volume>, first: u64, n: u64, fua: bool) {
-        let (data, counters) = self.oracle.borrow_mut().issue_write(first..first + n);
-        match vol.write_at(first * BLOCK, &data, fua).await {
+    /// Writes `n` blocks from `first` with the oracle's next counters (or
+    /// zeroes them, as `how` says).
+    async fn write(self: Rc<Self>, vol: Rc<Volume>, first: u64, n: u64, how: WriteKind) {
+        let range = first..first + n;
+        let (offset, len) = (first * BLOCK, n * BLOCK);
+        let (res, counters) = match how {
+            WriteKind::Data { fua } => {
+                let (data, counters) = self.oracle.borrow_mut().issue_write(range);
+                (vol.write_at(offset, &data, fua).await, counters)
+            }
+            WriteKind::Zeroes { fua } => {
+                let counters = self.oracle.borrow_mut().issue_zero(range);
+                (vol.write_zeroes(offset, len, fua).await, counters)
+            }
+            WriteKind::Discard => {
+                let counters = self.oracle.borrow_mut().issue_zero(range);
+                (vol.discard(offset, len).await, counters)
+            }
+        };
+        match res {
             Ok(()) => {
                 self.oracle.borrow_mut().ack_write(first, &counters);
                 self.count(|f| f.writes += 1);
@@ -239,8 +256,16 @@ impl Workload {
                         }
                         _ => rng.random_range(own.start..=own.end - n),
                     };
-                    let fua = rng.random_bool(0.1);
-                    let w = self.clone().write(vol.clone(), first, n, fua);
+                    let how = match rng.random_range(0..20) {
+                        0 => WriteKind::Zeroes {
+                            fua: rng.random_bool(0.2),
+                        },
+                        1 => WriteKind::Discard,
+                        _ => WriteKind::Data {
+                            fua: rng.random_bool(0.1),
+                        },
+                    };
+                    let w = self.clone().write(vol.clone(), first, n, how);
                     if pending.is_none() && rng.random_bool(0.3) {
                         pending = Some((reactor::spawn(w), first));
                     } else {
@@ -268,6 +293,17 @@ impl Workload {
             t.await;
         }
     }
+}
+
+/// What a writer's write does to its blocks.
+#[derive(Clone, Copy, Debug)]
+enum WriteKind {
+    /// New data (each block's next counter), FUA or not.
+    Data { fua: bool },
+    /// `WRITE_ZEROES`, FUA or not.
+    Zeroes { fua: bool },
+    /// `DISCARD` (TRIM): reads back as zeroes, as Flame guarantees.
+    Discard,
 }
 
 /// Whether a client error is its I/O timeout.
