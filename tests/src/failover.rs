@@ -7,6 +7,7 @@ use flame_common::ids::{ObjectId, OsdId, PgId, VolumeId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgMembers, PgTable, object_pg};
 use std::fmt;
+use std::fmt::Write as _;
 use std::fs;
 use std::time::{Duration, Instant};
 
@@ -279,6 +280,55 @@ impl TestCluster {
             report.objects += 1;
         }
         report
+    }
+
+    /// What every OSD's data directory holds now for oracle block `block` of
+    /// `volume` (written with `magic`), one line per OSD with its role in the
+    /// block's group: for a stale read's report (which copy is old, and is it the
+    /// one that serves?).
+    pub fn block_copies(&self, volume: VolumeId, magic: u64, block: u64) -> String {
+        let map = self.map();
+        let object_size = u64::from(map.pool.object_size).max(1);
+        let offset = block * crate::oracle::BLOCK as u64;
+        let (index, within) = (offset / object_size, (offset % object_size) as usize);
+        let pg = object_pg(ObjectId { volume, index }, map.pool.pg_count);
+        let members = PgMembers::compute(&map, pg);
+        let mut out = format!(
+            "block {block}: object {index} at {within}, pg {} (map e{}: {members:?})\n",
+            pg.0, map.epoch.0
+        );
+        for i in 0..self.osd_count() {
+            let id = self.try_osd_id(&map, i);
+            let what = match self.object_data(i, volume, index) {
+                None => "no object file".to_string(),
+                Some(data) => {
+                    let mut b = data
+                        .get(within..within + crate::oracle::BLOCK)
+                        .unwrap_or_default()
+                        .to_vec();
+                    b.resize(crate::oracle::BLOCK, 0);
+                    match crate::oracle::check_block(magic, block, &b, 0, u64::MAX) {
+                        Ok(0) => "zeroes".to_string(),
+                        Ok(c) => format!("counter {c}"),
+                        Err(e) => format!("{e}"),
+                    }
+                }
+            };
+            let role = match id {
+                Some(id) if members.primary() == Some(id) => "primary",
+                Some(id) if members.acting.contains(&id) => "acting",
+                Some(id) if members.recovering.contains(&id) => "recovering",
+                Some(id) if members.is_member(id) => "member",
+                Some(_) => "not a member",
+                None => "not registered",
+            };
+            let _ = writeln!(
+                out,
+                "  osd process {i} ({}): {role}: {what}",
+                id.map_or("?".to_string(), |id| id.to_string())
+            );
+        }
+        out
     }
 
     /// Bytes of object data (file size past the header and checksum area) in each

@@ -360,6 +360,42 @@ impl OracleState {
         }
     }
 
+    /// Block `i`'s history as the oracle saw it (its last writes, by counter, with
+    /// logical issue, acknowledgement and give-up times): for a failure's report.
+    pub fn history(&self, i: u64) -> String {
+        let Some(b) = self.blocks.get(i as usize) else {
+            return format!("block {i}: outside the volume");
+        };
+        let writes = &self.writes[i as usize];
+        let mut out = format!(
+            "block {i}: acked {}, issued {}; clock now {}; last writes:",
+            b.acked, b.issued, self.now
+        );
+        for (k, r) in writes
+            .iter()
+            .enumerate()
+            .skip(writes.len().saturating_sub(6))
+        {
+            out += &format!(
+                " [{} {}issued@{}{}{}]",
+                k + 1,
+                if r.zero { "zeroing, " } else { "" },
+                r.issued_at,
+                if r.acked_at != 0 {
+                    format!(" acked@{}", r.acked_at)
+                } else {
+                    String::new()
+                },
+                if r.given_up_at != 0 {
+                    format!(" given up@{}", r.given_up_at)
+                } else {
+                    String::new()
+                },
+            );
+        }
+        out
+    }
+
     /// Lower bounds of `blocks`, taken when a read is sent.
     pub fn lower_bounds(&self, blocks: Range<u64>) -> Vec<ReadBound> {
         blocks

@@ -119,16 +119,13 @@ fn chaos() {
     let (mut kills, mut outs, mut partitions) = (0u64, 0u64, 0u64);
     let mut failure: Option<Failure> = None;
     let t0 = Instant::now();
+    let mut oracle_failed = false;
     while t0.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_millis(1000 + next(3000)));
-        let errors = w.progress().errors.load(Ordering::Relaxed);
-        assert_eq!(
-            errors,
-            0,
-            "oracle errors during chaos: {:?}\n{}",
-            w.progress().error_samples.lock().map(|s| s.clone()),
-            cluster.log_tails()
-        );
+        if w.progress().errors.load(Ordering::Relaxed) != 0 {
+            oracle_failed = true;
+            break;
+        }
         match failure.take() {
             None => {
                 // A new failure only on a clean cluster: every group has all its
@@ -164,6 +161,15 @@ fn chaos() {
             Some(failure) => heal(&mut cluster, failure, &t0),
         }
     }
+    if oracle_failed {
+        eprintln!("chaos {:?}: the oracle failed; stopping", t0.elapsed());
+        let (report, state) = w.stop();
+        panic!(
+            "oracle errors during chaos (seed {seed}): {report}\n{}{}",
+            diagnosis(&cluster, vol.id, &state, &report.error_samples),
+            cluster.log_tails()
+        );
+    }
     if let Some(failure) = failure {
         heal(&mut cluster, failure, &t0);
     }
@@ -174,13 +180,19 @@ fn chaos() {
     );
     let (report, state) = w.stop();
     eprintln!("chaos oracle: {report}");
-    assert!(report.clean(), "{report}\n{}", cluster.log_tails());
+    assert!(
+        report.clean(),
+        "{report}\n{}{}",
+        diagnosis(&cluster, vol.id, &state, &report.error_samples),
+        cluster.log_tails()
+    );
     assert_eq!(report.blocks_verified, state.block_count(), "{report}");
     cluster.wait_clean(CLEAN_TIMEOUT);
     let again = verify_volume(&mgr, "chaos", &state, 60_000);
     assert!(
         again.clean() && again.blocks_verified == state.block_count(),
-        "{again}"
+        "{again}\n{}",
+        diagnosis(&cluster, vol.id, &state, &again.error_samples)
     );
     let copies = cluster.compare_copies(vol.id, size.div_ceil(OBJECT));
     assert_copies_identical(&cluster, &copies);
@@ -198,6 +210,40 @@ fn chaos() {
         report.op_latency_max.as_millis(),
         copies
     );
+}
+
+/// Blocks a failure report looks at most.
+const DIAGNOSED_BLOCKS_MAX: usize = 4;
+
+/// For the first blocks the oracle's errors name ("block N: ..."): the oracle's
+/// history of each and what every OSD's copy holds now — so that a failure that
+/// does not replay still says which copy was old and what role it had.
+fn diagnosis(
+    cluster: &TestCluster,
+    volume: flame_common::ids::VolumeId,
+    state: &OracleState,
+    samples: &[String],
+) -> String {
+    let mut blocks: Vec<u64> = Vec::new();
+    for s in samples {
+        for part in s.split("block ").skip(1) {
+            let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+            if part[digits.len()..].starts_with(':')
+                && let Ok(b) = digits.parse::<u64>()
+                && !blocks.contains(&b)
+                && blocks.len() < DIAGNOSED_BLOCKS_MAX
+            {
+                blocks.push(b);
+            }
+        }
+    }
+    let mut out = String::from("---- diagnosis (oracle history; every OSD's copy now) ----\n");
+    for b in blocks {
+        out += &state.history(b);
+        out.push('\n');
+        out += &cluster.block_copies(volume, state.magic, b);
+    }
+    out
 }
 
 /// Ends `failure`: restarts a killed OSD, takes an out one back in, heals a
