@@ -382,7 +382,7 @@ static STRAYS_REMOVED: LazyLock<IntCounter> = LazyLock::new(|| {
 static DUP_OPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "flame_osd_dup_ops_total",
-        "Retried client writes recognised by their op id in the placement-group log and not applied again: answered (every member provably holds it) or completed (the primary copied its bytes of the range to members that might not)",
+        "Retried client writes recognised by their op id in the placement-group log and not applied again: answered (every member provably holds it), completed (the primary copied its bytes of the range to members that might not) or unreadable (the copy failed on a disk error: the client's next retry is applied again)",
         &["result"]
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
@@ -403,7 +403,8 @@ static FORWARD_EPOCHS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
 
-/// Counts a retried write answered from the log (`result`: answered, completed).
+/// Counts a retried write answered from the log (`result`: answered, completed,
+/// unreadable).
 pub fn dup_op(result: &str) {
     DUP_OPS.with_label_values(&[result]).inc();
 }
@@ -438,7 +439,7 @@ pub fn register_recovery_metrics(shard: u16) {
     LazyLock::force(&SCRUB_ERRORS);
     LazyLock::force(&SCRUB_REPAIRED);
     LazyLock::force(&STRAYS_REMOVED);
-    for result in ["answered", "completed"] {
+    for result in ["answered", "completed", "unreadable"] {
         DUP_OPS.with_label_values(&[result]);
     }
     LazyLock::force(&SUPERSEDED_OPS);

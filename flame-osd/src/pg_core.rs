@@ -84,6 +84,13 @@ pub enum Decision {
     /// A newer write of the same session to these bytes was applied first: refuse
     /// ([`status::SUPERSEDED`]).
     Superseded,
+    /// The write was admitted under roles that no longer hold: this shard's
+    /// primacy of the group changed, or the group's interval moved, while it
+    /// waited for earlier writes. Refuse it without touching any copy (the
+    /// client retries under the new map): applied here, it could overwrite this
+    /// copy after a recovery made it current — and this copy may be the primary
+    /// again by then (simulator seed 1480).
+    Stale,
 }
 
 /// What a replica knows when a forward arrives ([`PgCore::admit_forward`]).
@@ -163,6 +170,26 @@ impl PgCore {
         let seq = self.log.next_seq();
         assert!(seq > before, "pg seq did not increase: {before} -> {seq}");
         seq
+    }
+
+    /// [`Self::decide`] for a write admitted when this shard's primacy generation
+    /// was `admitted_primacy` (`w.interval`: the group's interval in the map it
+    /// was admitted under), now that the group's interval in this shard's current
+    /// map is `interval_now`: [`Decision::Stale`] if either moved, abandoning
+    /// `w.seq`.
+    pub fn decide_now(
+        &mut self,
+        w: &PrimaryWrite,
+        me: OsdId,
+        write_set: &[OsdId],
+        admitted_primacy: u64,
+        interval_now: Epoch,
+    ) -> Decision {
+        if admitted_primacy != self.primacy || interval_now != w.interval {
+            self.log.abandon(w.seq);
+            return Decision::Stale;
+        }
+        self.decide(w, me, write_set)
     }
 
     /// What the primary `me` does with `w`, every earlier overlapping write being
@@ -512,6 +539,36 @@ mod tests {
 
     fn all_ok() -> Vec<(OsdId, i32)> {
         vec![(R1, status::OK), (R2, status::OK)]
+    }
+
+    /// Simulator seed 1480: a deposed primary's old client write waited in its
+    /// gate through a partition; meanwhile the OSD was marked down, came back,
+    /// was caught up and became primary again. Applied then, under the view it
+    /// was admitted with, it overwrote the caught-up copy with bytes two writes
+    /// old — the copy that now served reads and that recovery copied from.
+    #[test]
+    fn a_write_admitted_under_roles_that_changed_meanwhile_is_stale() {
+        let mut cores = PgCores::new(16);
+        let pg = PgId(3);
+        let admitted = cores.get_mut(pg).primacy();
+        let w = write(cores.get_mut(pg), 1, 0, 5);
+        // The roles changed twice while it waited (deposed, primary again).
+        cores.primacy_changed(pg);
+        cores.primacy_changed(pg);
+        let c = cores.get_mut(pg);
+        assert_eq!(
+            c.decide_now(&w, P, &SET, admitted, Epoch(5)),
+            Decision::Stale
+        );
+        assert!(!c.log.inflight_through(w.seq), "a stale write is abandoned");
+        // The same primacy, but the group's interval moved on (roles changed and
+        // changed back between two maps this shard installed).
+        let now = c.primacy();
+        let w = write(c, 2, 0, 5);
+        assert_eq!(c.decide_now(&w, P, &SET, now, Epoch(9)), Decision::Stale);
+        // Neither moved: decided as usual.
+        let w = write(c, 3, 0, 9);
+        assert_eq!(c.decide_now(&w, P, &SET, now, Epoch(9)), Decision::Apply);
     }
 
     #[test]

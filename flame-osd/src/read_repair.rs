@@ -181,6 +181,13 @@ impl Shard {
             tracing::error!(object = %target.object, "no other copy could be read; read fails");
             return (status::EIO, PayloadBuf::empty());
         };
+        // Another copy's bytes replace these blocks: the log no longer proves
+        // which ops this copy holds there (as in `repair_one`). Without this, a
+        // retry of a write this copy held but the other did not would be
+        // answered as a duplicate from the replaced, older bytes.
+        if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
+            log.forget_proof(target.object, lo, hi - lo);
+        }
         match self
             .store
             .repair_range(target.pg, target.object, first, good.as_slice())

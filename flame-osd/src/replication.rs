@@ -91,15 +91,23 @@ impl Shard {
         for e in earlier {
             e.wait().await;
         }
-        // Every earlier overlapping write is in the log now: is this one a retry of
-        // one of them, or older than one of its own session's?
-        let decision = self
-            .pgs
-            .borrow_mut()
-            .get_mut(target.pg)
-            .decide(&write, self.osd, &write_set);
+        // Every earlier overlapping write is in the log now: do the roles it was
+        // admitted under still hold, is it a retry of one of them, or older than
+        // one of its own session's?
+        let interval_now = self.view().map.interval_since(target.pg);
+        let decision = self.pgs.borrow_mut().get_mut(target.pg).decide_now(
+            &write,
+            self.osd,
+            &write_set,
+            primacy,
+            interval_now,
+        );
         match decision {
             Decision::Apply => {}
+            Decision::Stale => {
+                tracing::debug!(%op, object = %target.object, "write refused: the group's roles changed while it waited");
+                return status::EAGAIN;
+            }
             Decision::Superseded => {
                 crate::metrics::superseded_op();
                 tracing::debug!(%op, object = %target.object, "write refused: a newer write of its session to these bytes was applied first");
@@ -214,6 +222,18 @@ impl Shard {
             results.push((m, c.await.err().unwrap_or(status::OK)));
         }
         let result = crate::pg_core::merge_statuses(status::OK, &results);
+        if result == status::EIO {
+            // This copy's disk failed to read the range (or a member's failed to
+            // write it): copying it cannot prove the write is everywhere. The log
+            // stops vouching for these bytes, so the client's retry is applied
+            // again on every copy (rewriting the bad sector too) instead of being
+            // answered by another copy that fails the same way.
+            if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
+                log.forget_proof(target.object, target.offset, target.length.max(1));
+            }
+            crate::metrics::dup_op("unreadable");
+            return status::EAGAIN;
+        }
         if result == status::OK {
             let interval = view.map.interval_since(target.pg);
             self.pgs

@@ -324,6 +324,7 @@ impl File {
             File::Sim(sim, f) => {
                 sim.delay().await;
                 sim.tick()?;
+                sim.read_error()?;
                 Ok(PayloadBuf::copy_from(&f.read(offset, len)))
             }
         }
@@ -577,6 +578,9 @@ pub struct SimFs {
     /// Each data operation's latency, drawn from the seeded generator (`None`:
     /// none, operations complete in submission order).
     latency: RefCell<Option<SimLatency>>,
+    /// Data reads ([`File::read_buf`]) fail with EIO with this probability,
+    /// drawn from the generator (`None`: they never do).
+    read_errors: RefCell<Option<(rand::rngs::StdRng, f64)>>,
 }
 
 /// The simulated disk's latency: a data operation (read, write, sync, allocate)
@@ -616,6 +620,32 @@ impl SimFs {
             rng: rand::rngs::StdRng::seed_from_u64(seed),
             range_us,
         });
+    }
+
+    /// Makes data reads fail with EIO with `probability` (a bad sector: the
+    /// store serves such a read from another copy and rewrites it), drawn from a
+    /// generator seeded with `seed`; `probability` 0 stops them.
+    pub fn set_read_errors(&self, probability: f64, seed: u64) {
+        use rand::SeedableRng;
+        *self.read_errors.borrow_mut() = (probability > 0.0).then(|| {
+            (
+                rand::rngs::StdRng::seed_from_u64(seed),
+                probability.min(1.0),
+            )
+        });
+    }
+
+    /// This read's simulated media error, if one is drawn.
+    fn read_error(&self) -> io::Result<()> {
+        use rand::Rng;
+        let failed = match &mut *self.read_errors.borrow_mut() {
+            Some((rng, p)) => rng.random_bool(*p),
+            None => false,
+        };
+        if failed {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
     }
 
     /// Waits for this operation's latency (nothing without one).

@@ -96,6 +96,8 @@ const TASKS_PER_STEP_MAX: usize = 4096;
 /// The simulated disk's latency per data operation, in virtual microseconds.
 const DISK_LATENCY_US_MIN: u64 = 5;
 const DISK_LATENCY_US_MAX: u64 = 600;
+/// How often a fault comes with an OSD's disk failing some of its reads.
+const READ_ERRORS_CHANCE: f64 = 0.2;
 /// How often a fault (with four OSDs) gets a second one overlapping it.
 const OVERLAP_CHANCE: f64 = 0.35;
 /// Events kept for the report of a failing seed.
@@ -314,6 +316,8 @@ struct Impairment {
     /// The clients' connections to this (slow) OSD reset on their side at
     /// `until`.
     reset_clients: bool,
+    /// This OSD's disk fails data reads meanwhile (bad sectors).
+    read_errors_on: Option<usize>,
 }
 
 struct Sim {
@@ -332,6 +336,8 @@ struct Sim {
     /// Draws the overlapping faults: its own stream, so that a seed without one
     /// runs exactly as it did before they existed.
     overlap_rng: StdRng,
+    /// Draws the disks' read errors, for the same reason.
+    disk_rng: StdRng,
     next_fault: Instant,
     next_tick: Instant,
     started: Instant,
@@ -403,6 +409,7 @@ impl Sim {
             impaired: Vec::new(),
             overlap_at: None,
             overlap_rng: StdRng::seed_from_u64(config.seed ^ 0x0e71_a9f5),
+            disk_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_e770),
             config,
             next_fault: now + Duration::from_millis(200),
             next_tick: now,
@@ -965,6 +972,9 @@ impl Sim {
         net::heal_all();
         self.overlap_at = None;
         for imp in std::mem::take(&mut self.impaired) {
+            if let Some(j) = imp.read_errors_on {
+                self.osds[j].fs.set_read_errors(0.0, 0);
+            }
             if imp.manager {
                 self.mgr = manager(self.mgr.persisted.clone(), clock::now());
                 self.event("the manager restarts".into());
@@ -1010,6 +1020,10 @@ impl Sim {
 
     /// Undoes `imp` (its cuts, slowness, out, a stopped manager or process).
     fn end_impairment(&mut self, imp: Impairment, now: Instant) {
+        if let Some(j) = imp.read_errors_on {
+            self.osds[j].fs.set_read_errors(0.0, 0);
+            self.event(format!("osd.{j}'s disk reads well again"));
+        }
         for &(a, b, _) in &imp.cut {
             net::set_fault(a, b, None);
         }
@@ -1203,6 +1217,7 @@ impl Sim {
                 ));
             }
         }
+        let read_errors_on = self.read_errors(i);
         self.impaired.push(Impairment {
             osd: i,
             until: now + hold,
@@ -1210,6 +1225,7 @@ impl Sim {
             manager: kind == 12,
             out,
             reset_clients: kind == 15,
+            read_errors_on,
         });
         // Sometimes a second fault on another OSD overlaps this crash, power
         // loss or cut (never the manager's stop, an out or a slow OSD).
@@ -1218,6 +1234,27 @@ impl Sim {
             self.overlap_at = Some(now + after);
         }
         self.next_fault = self.next_impairment_change();
+    }
+
+    /// Sometimes (drawn from `disk_rng`) an OSD's disk — the impaired one's or
+    /// another's — fails 1–10 % of its data reads while the impairment lasts.
+    fn read_errors(&mut self, impaired: usize) -> Option<usize> {
+        if !self.disk_rng.random_bool(READ_ERRORS_CHANCE) {
+            return None;
+        }
+        let j = if self.disk_rng.random_bool(0.5) {
+            impaired
+        } else {
+            self.disk_rng.random_range(0..self.osds.len())
+        };
+        let p = self.disk_rng.random_range(0.01..0.10);
+        let seed = self.disk_rng.random();
+        self.osds[j].fs.set_read_errors(p, seed);
+        self.event(format!(
+            "osd.{j}'s disk fails {:.0} % of its data reads meanwhile",
+            p * 100.0
+        ));
+        Some(j)
     }
 
     /// A second fault while one is in force, on another OSD: a kill -9, a cut
@@ -1287,6 +1324,7 @@ impl Sim {
             manager: false,
             out: None,
             reset_clients: false,
+            read_errors_on: None,
         });
         self.next_fault = self.next_impairment_change();
     }
