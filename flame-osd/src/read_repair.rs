@@ -95,10 +95,17 @@ impl Shard {
             .copied()
             .collect();
         let mut unrepaired = 0u64;
+        let mut unasked = false;
         for &block in &blocks {
-            if !self.repair_one(view, target, block, &replicas).await {
-                unrepaired += 1;
+            match self.repair_one(view, target, block, &replicas).await {
+                Ok(()) => {}
+                Err(status::EAGAIN) => unasked = true,
+                Err(_) => unrepaired += 1,
             }
+        }
+        if unrepaired == 0 && unasked {
+            // Some block had no answer from another copy: the client retries.
+            return (status::EAGAIN, PayloadBuf::empty());
         }
         if unrepaired > 0 {
             crate::metrics::checksum_errors(false, unrepaired);
@@ -153,6 +160,9 @@ impl Shard {
             .copied()
             .collect();
         let mut good = None;
+        // Replicas that could not be asked (unreachable, busy, another map):
+        // their copies may well be good.
+        let mut unasked = 0u32;
         for id in replicas {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
@@ -172,11 +182,21 @@ impl Shard {
                         Ok(_) => status::EIO,
                         Err(st) => st,
                     };
+                    if st != status::EIO {
+                        unasked += 1;
+                    }
                     tracing::warn!(object = %target.object, replica = %id, status = st, "replica could not provide the range");
                 }
             }
         }
         let Some(good) = good else {
+            if unasked > 0 {
+                // Not every other copy answered: the client retries (perhaps at
+                // another primary), rather than fail a read a copy could serve
+                // (simulator seed 103: a primary cut off from its replicas).
+                tracing::warn!(object = %target.object, "the disk failed a read and no other copy could be asked; the client retries");
+                return (status::EAGAIN, PayloadBuf::empty());
+            }
             crate::metrics::read_errors(false);
             tracing::error!(object = %target.object, "no other copy could be read; read fails");
             return (status::EIO, PayloadBuf::empty());
@@ -210,15 +230,16 @@ impl Shard {
     }
 
     /// Fetches `block` from the first replica whose copy verifies, writes it over the
-    /// primary's copy and over the copies of replicas that reported it bad. Whether
-    /// the primary's block is good now.
+    /// primary's copy and over the copies of replicas that reported it bad. `Ok`:
+    /// the primary's block is good now; `EAGAIN`: no copy verified but some could
+    /// not be asked (unreachable, busy); `EIO`: none verifies, or the rewrite failed.
     async fn repair_one(
         self: &Rc<Self>,
         view: &Rc<MapView>,
         target: &IoTarget,
         block: u32,
         replicas: &[OsdId],
-    ) -> bool {
+    ) -> Result<(), i32> {
         let block_target = IoTarget {
             pg: target.pg,
             object: target.object,
@@ -228,6 +249,7 @@ impl Shard {
         let epoch = view.map.epoch;
         let mut bad_replicas = Vec::new();
         let mut good = None;
+        let mut unasked = false;
         for &id in replicas {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
@@ -254,12 +276,13 @@ impl Shard {
                         Ok(_) => status::EIO,
                         Err(st) => st,
                     };
+                    unasked = true;
                     tracing::warn!(object = %target.object, block, replica = %id, status = st, "replica could not provide the block");
                 }
             }
         }
         let Some(good) = good else {
-            return false;
+            return Err(if unasked { status::EAGAIN } else { status::EIO });
         };
         // Another copy's bytes replace this block: the log no longer proves which
         // ops this copy holds there.
@@ -272,7 +295,7 @@ impl Shard {
             .await
         {
             tracing::error!(object = %target.object, block, "repairing the primary's block failed: {e}");
-            return false;
+            return Err(status::EIO);
         }
         for id in bad_replicas {
             let Some(osd) = view.map.osds.get(&id) else {
@@ -299,6 +322,6 @@ impl Shard {
                 tracing::error!(object = %target.object, block, replica = %id, status = st, "could not repair the replica's block");
             }
         }
-        true
+        Ok(())
     }
 }
