@@ -1068,6 +1068,15 @@ impl Sim {
         }
     }
 
+    /// The addresses of every OSD but `i`.
+    fn other_osd_ips(&self, i: usize) -> Vec<IpAddr> {
+        self.osds
+            .iter()
+            .filter(|o| o.index != i)
+            .map(|o| o.ip)
+            .collect()
+    }
+
     /// Injects a fault while none is in force.
     fn new_fault(&mut self, now: Instant) {
         let i = self.rng.random_range(0..self.osds.len());
@@ -1171,12 +1180,7 @@ impl Sim {
                 // and its peers only, it must stop serving when its lease runs out
                 // while clients keep sending it requests.
                 let keeps_client = from_mgr && self.rng.random_bool(0.5);
-                let mut peers: Vec<IpAddr> = self
-                    .osds
-                    .iter()
-                    .filter(|o| o.index != i)
-                    .map(|o| o.ip)
-                    .collect();
+                let mut peers = self.other_osd_ips(i);
                 if !keeps_client {
                     peers.extend(self.clients.iter().map(|c| c.ip));
                 }
@@ -1288,12 +1292,7 @@ impl Sim {
                 format!("osd.{i} and osd.{j} cut from each other ({fault:?})")
             }
             _ => {
-                let mut peers: Vec<IpAddr> = self
-                    .osds
-                    .iter()
-                    .filter(|o| o.index != i)
-                    .map(|o| o.ip)
-                    .collect();
+                let mut peers = self.other_osd_ips(i);
                 peers.extend(self.clients.iter().map(|c| c.ip));
                 peers.push(MGR_IP);
                 for p in peers {
