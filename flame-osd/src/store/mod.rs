@@ -189,8 +189,12 @@ struct ObjectState {
     write_epoch: Cell<u64>,
     idle_waiters: RefCell<Vec<Waker>>,
     /// Read-modify-write of partial blocks holds this.
-    rmw_locked: Cell<bool>,
-    rmw_waiters: RefCell<Vec<Waker>>,
+    rmw: ObjectLock,
+    /// A flush's write of the header and checksums holds this, so that two
+    /// flushes' metadata writes of one object never race: with out-of-order
+    /// completion the older snapshot could land last and leave checksums on disk
+    /// that do not match the data (simulator seed 41296).
+    meta: ObjectLock,
 }
 
 impl ObjectState {
@@ -247,28 +251,38 @@ impl ObjectState {
         })
         .await
     }
+}
 
-    async fn lock_rmw(self: &Rc<Self>) -> RmwGuard {
+/// A lock over one object for the tasks of one shard thread (no atomics: the
+/// store is single-threaded).
+#[derive(Default)]
+struct ObjectLock {
+    locked: Cell<bool>,
+    waiters: RefCell<Vec<Waker>>,
+}
+
+impl ObjectLock {
+    async fn lock(&self) -> ObjectLockGuard<'_> {
         std::future::poll_fn(|cx| {
-            if self.rmw_locked.get() {
-                self.rmw_waiters.borrow_mut().push(cx.waker().clone());
+            if self.locked.get() {
+                self.waiters.borrow_mut().push(cx.waker().clone());
                 Poll::Pending
             } else {
                 Poll::Ready(())
             }
         })
         .await;
-        self.rmw_locked.set(true);
-        RmwGuard(self.clone())
+        self.locked.set(true);
+        ObjectLockGuard(self)
     }
 }
 
-struct RmwGuard(Rc<ObjectState>);
+struct ObjectLockGuard<'a>(&'a ObjectLock);
 
-impl Drop for RmwGuard {
+impl Drop for ObjectLockGuard<'_> {
     fn drop(&mut self) {
-        self.0.rmw_locked.set(false);
-        for w in self.0.rmw_waiters.borrow_mut().drain(..) {
+        self.0.locked.set(false);
+        for w in self.0.waiters.borrow_mut().drain(..) {
             w.wake();
         }
     }
@@ -532,8 +546,8 @@ impl ObjectStore {
             writes_inflight: Cell::new(0),
             write_epoch: Cell::new(0),
             idle_waiters: RefCell::new(Vec::new()),
-            rmw_locked: Cell::new(false),
-            rmw_waiters: RefCell::new(Vec::new()),
+            rmw: ObjectLock::default(),
+            meta: ObjectLock::default(),
         };
         if self.checksums && !created {
             load_meta(&state).await?;
@@ -713,7 +727,7 @@ impl ObjectStore {
         data: &[u8],
         fua: bool,
     ) -> Result<(), StoreError> {
-        let _lock = state.lock_rmw().await;
+        let _lock = state.rmw.lock().await;
         let (first, count) = block_span(offset as u32, data.len() as u32);
         let start = offset as usize - first * BLOCK;
         let end = start + data.len();
@@ -940,14 +954,18 @@ impl ObjectStore {
         for chunk in snapshot.chunks(FLUSH_PARALLEL_MAX) {
             let mut syncs = Vec::with_capacity(chunk.len());
             for (object, generation, state) in chunk {
-                let meta = (self.checksums && !state.meta_bad.get())
-                    .then(|| meta::encode_meta(&state.header(), &state.sums.borrow()));
+                let with_meta = self.checksums;
                 let state = state.clone();
                 syncs.push((
                     *object,
                     *generation,
                     reactor::spawn(async move {
-                        if let Some(m) = meta {
+                        // One metadata write of this object at a time, encoded
+                        // once it holds the lock: the last one to land is the
+                        // newest (never older than `generation` says).
+                        let _meta = state.meta.lock().await;
+                        if with_meta && !state.meta_bad.get() {
+                            let m = meta::encode_meta(&state.header(), &state.sums.borrow());
                             crate::failpoints::check("store_meta_write")?;
                             state.file.write(0, m, None).await?;
                         }
@@ -1031,7 +1049,7 @@ impl ObjectStore {
             .await?
             .ok_or_else(|| io::Error::other("object file vanished while creating it"))?;
         let _guard = self.begin_write(&state).await?;
-        let _lock = state.lock_rmw().await;
+        let _lock = state.rmw.lock().await;
         let offset = DATA_OFFSET + u64::from(first) * BLOCK as u64;
         state
             .file

@@ -952,10 +952,36 @@ impl Sim {
                         .and_then(|b| b.try_into().ok())
                         .map_or(0, u32::from_le_bytes)
                 };
+                // A differing checksum slot: does each copy's stored checksum
+                // match its own data (which one would fail a read)?
+                let header = flame_osd::store::meta::HEADER_LEN;
+                let sums = if (header..data_at).contains(&at) {
+                    let slot = (at - header) / 4;
+                    let verifies = |d: &[u8]| {
+                        let stored = d
+                            .get(header + slot * 4..header + slot * 4 + 4)
+                            .and_then(|b| b.try_into().ok())
+                            .map_or(0, u32::from_le_bytes);
+                        let b = data_at + slot * 4096;
+                        let block = d.get(b..b + 4096).unwrap_or(&[0; 4096]);
+                        if stored == flame_osd::store::meta::block_sum(block) {
+                            "matches its data"
+                        } else {
+                            "does not match its data"
+                        }
+                    };
+                    format!(
+                        "; checksum of block {slot}: osd.{first}'s {}, osd.{i}'s {}",
+                        verifies(reference),
+                        verifies(c)
+                    )
+                } else {
+                    String::new()
+                };
                 complaints.push(format!(
                     "object {} differs between osd.{first} and osd.{i} from {} \
                      (block {block}: write {} on osd.{first}, {} on osd.{i}; \
-                     checksummed blocks {} and {}; {data_diff})",
+                     checksummed blocks {} and {}; {data_diff}{sums})",
                     rel.display(),
                     describe(at),
                     counter(reference),
