@@ -14,7 +14,11 @@
 //!   are refused, and a connection used across it is reset at once;
 //! * [`LinkFault::BlackHole`] — the path drops everything silently (a cable cut,
 //!   iptables `DROP`): connects time out, sends vanish, and nothing is reported —
-//!   only the peers' own timeouts notice.
+//!   only the peers' own timeouts notice. A connection a send vanished on is
+//!   reset when the path heals: TCP never delivers a stream with a gap in it (it
+//!   retransmits, or gives up and resets), so a reply lost in the hole is never
+//!   silently missing from a connection that goes on working (simulator seed
+//!   45377: a client waited for it forever).
 //!
 //! Messages go through the real codec ([`Message::encode`] and
 //! [`Message::decode`]), so the receiver owns its own bytes, as over a socket.
@@ -181,6 +185,23 @@ pub fn set_fault(from: IpAddr, to: IpAddr, fault: Option<LinkFault>) {
             Some(f) => n.faults.borrow_mut().insert((from, to), f),
             None => n.faults.borrow_mut().remove(&(from, to)),
         };
+        if fault != Some(LinkFault::BlackHole) {
+            reset_lossy(&n, |c| c.local.ip() == from && c.peer.ip() == to);
+        }
+    }
+}
+
+/// Resets the connections (chosen by `which`) that lost a send in a black hole.
+fn reset_lossy(n: &Net, which: impl Fn(&SimConn) -> bool) {
+    let ends: Vec<Rc<SimConn>> = n
+        .ends
+        .borrow()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| c.lost.get() && which(c))
+        .collect();
+    for c in ends {
+        c.shut();
     }
 }
 
@@ -210,6 +231,7 @@ pub fn heal_all() {
     if let Ok(n) = net() {
         n.faults.borrow_mut().clear();
         n.slow.borrow_mut().clear();
+        reset_lossy(&n, |_| true);
     }
 }
 
@@ -390,6 +412,8 @@ pub struct SimConn {
     last_arrival: Cell<Instant>,
     /// This end is closed: receives fail, sends are refused.
     closed: Cell<bool>,
+    /// A send on this end vanished in a black hole: reset when the path heals.
+    lost: Cell<bool>,
     net: Weak<Net>,
 }
 
@@ -434,6 +458,7 @@ impl SimConn {
             outbox: Rc::downgrade(&b),
             last_arrival: Cell::new(now),
             closed: Cell::new(false),
+            lost: Cell::new(false),
             net: Rc::downgrade(&net),
         });
         let theirs = Rc::new(SimConn {
@@ -443,6 +468,7 @@ impl SimConn {
             outbox: Rc::downgrade(&a),
             last_arrival: Cell::new(now),
             closed: Cell::new(false),
+            lost: Cell::new(false),
             net: Rc::downgrade(&net),
         });
         // The accepting side keeps the other pipe alive through its end.
@@ -472,7 +498,10 @@ impl SimConn {
             return Err(TransportError::Closed);
         };
         match net.fault(self.local.ip(), self.peer.ip()) {
-            Some(LinkFault::BlackHole) => return Ok(()),
+            Some(LinkFault::BlackHole) => {
+                self.lost.set(true);
+                return Ok(());
+            }
             Some(LinkFault::Reject) => {
                 self.shut();
                 return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into());
