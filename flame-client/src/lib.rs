@@ -35,6 +35,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod bridge;
 pub mod cluster;
 pub mod config;
 pub mod connection;
