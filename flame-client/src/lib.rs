@@ -49,6 +49,8 @@ pub mod nbd;
 pub mod resize;
 pub mod retry;
 pub mod split;
+#[cfg(feature = "ublk")]
+pub mod ublk;
 pub mod volume;
 
 pub use cluster::Cluster;
