@@ -28,27 +28,17 @@ DIR="${TMPDIR:-/tmp}/flame-ublk-vm"
 MNT="$DIR/mnt"
 SUMS="$DIR/sums"
 DEV=/dev/ublkb0
-MGR=127.0.0.1:6800
 VOLUME=vol
+NAME=ublk
+# shellcheck source=tests/vm/cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 START=$SECONDS
 RAW_OFF_MIB=900 # where the raw pattern goes (before mkfs)
 
-log() { printf '[ublk %5.1fs] %s\n' "$(awk '{print $1}' /proc/uptime)" "$*"; }
-fail() {
-    echo "ublk: FAILED: $*" >&2
-    for f in "$DIR"/logs/*.log; do
-        [[ -f "$f" ]] || continue
-        echo "---- $f (last 30 lines) ----" >&2
-        tail -n 30 "$f" >&2
-    done
-    echo "---- dmesg (last 40 lines) ----" >&2
-    dmesg | tail -n 40 >&2
-    exit 1
-}
 trap 'fail "command failed at line $LINENO: $BASH_COMMAND"' ERR
 
-for tool in fio mkfs.ext4 blkdiscard sha256sum timeout mount umount dd cmp; do
-    command -v "$tool" >/dev/null || fail "required tool '$tool' is missing on the host (apt-get install fio e2fsprogs util-linux)"
+for tool in fio mkfs.ext4 blkdiscard blockdev sha256sum timeout mount umount dd cmp curl; do
+    command -v "$tool" >/dev/null || fail "required tool '$tool' is missing on the host (apt-get install fio e2fsprogs util-linux curl)"
 done
 for b in flame-mgr flame-osd flame-ublk flame-admin; do
     [[ -x "$BIN/$b" ]] || fail "$BIN/$b missing: build it first (cargo build --workspace --bins --features flame-client/ublk)"
@@ -60,39 +50,7 @@ mkdir -p "$DIR/logs" "$MNT"
 : >"$SUMS"
 cd "$DIR"
 
-admin() { "$BIN/flame-admin" --mgr "$MGR" "$@"; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() { # port what
-    local i
-    for ((i = 0; i < 300; i++)); do
-        port_open "$1" && return 0
-        sleep 0.1
-    done
-    fail "$2 does not listen on port $1 after 30 s"
-}
-
-# ---------------------------------------------------------------- the cluster
-cat >mgr.yaml <<EOF2
-listen: "$MGR"
-data_dir: ./mgr
-heartbeat_grace_ms: 6000
-failure_check_interval_ms: 1000
-pool: {size: 3, min_size: 2, pg_count: 32, object_size: 4194304}
-EOF2
-for n in 0 1 2; do
-    cat >"osd.$n.yaml" <<EOF2
-mgr: "$MGR"
-listen: "127.0.0.1:69${n}0"
-metrics_listen: "127.0.0.1:920$n"
-data_dir: ./osd.$n
-host: vm-host-$n
-shards: 1
-poll_mode: interrupt
-transport: tcp
-direct_io: auto
-memory_pool: {bytes_per_thread: 8388608, large_bytes_per_thread: 8388608}
-EOF2
-done
+# ------------------------------------------------- the cluster and flame-ublk
 cat >ublk.yaml <<EOF2
 mgr: "$MGR"
 volume: $VOLUME
@@ -102,7 +60,7 @@ queues: 2
 queue_depth: 32
 poll_mode: interrupt
 transport: tcp
-memory_pool: {bytes_per_thread: 8388608, large_bytes_per_thread: 8388608}
+$POOL_YAML
 ${FLAME_UBLK_EXTRA_CONFIG:-}
 EOF2
 
@@ -120,19 +78,7 @@ start_ublk() { # extra flags; waits for the "ready"/"recovered" line
     fail "flame-ublk $* not ready after 60 s"
 }
 
-log "starting flame-mgr, 3 flame-osd from $BIN"
-"$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
-wait_port 6800 flame-mgr
-for n in 0 1 2; do
-    "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
-done
-up=0
-for ((i = 0; i < 300; i++)); do
-    up="$(admin osd ls 2>/dev/null | awk '$1 ~ /^osd\./ && $6 == "up"' | wc -l)" || up=0
-    ((up == 3)) && break
-    sleep 0.2
-done
-((up == 3)) || fail "only $up of 3 OSDs up after 60 s"
+cluster_up
 admin volume create "$VOLUME" --size 1G >/dev/null
 start_ublk
 [[ -b "$DEV" ]] || fail "$DEV is not a block device after flame-ublk reported it ready"

@@ -224,7 +224,16 @@ pub fn run(
             Mode::Add => format!("starting /dev/ublkb{dev_id}"),
             Mode::Recover(_) => format!("ending the recovery of /dev/ublkb{dev_id}"),
         };
-        ctrl.start_dev(&dev).map_err(ctrl_err(what))?;
+        if let Err(e) = ctrl.start_dev(&dev) {
+            // The queue threads hold fetch commands on the char device, so neither
+            // they nor DEL_DEV (which waits for the device to be released) would
+            // return: exit, which releases everything, and name what is left.
+            eprintln!(
+                "flame-ublk: {}; exiting: delete the device if it is still listed (/dev/ublkc{dev_id})",
+                ctrl_err(what)(e)
+            );
+            std::process::exit(1);
+        }
         on_started(&ctrl.get_bdev_path(), dev_id);
         // Until asked to stop. Without a signal set (blocking failed) the default
         // dispositions end the process: the device is then left for recovery.
