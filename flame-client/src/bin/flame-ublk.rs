@@ -80,6 +80,14 @@ fn main() -> ExitCode {
         eprintln!("flame-ublk: {e}");
         return ExitCode::from(2);
     }
+    // Before the cluster (whose connection retries for 30 s): the first thing a
+    // host without the driver gets wrong.
+    if !std::path::Path::new("/dev/ublk-control").exists() {
+        eprintln!(
+            "flame-ublk: /dev/ublk-control does not exist: load the ublk driver (modprobe ublk_drv; Linux 6.0 or later)"
+        );
+        return ExitCode::from(1);
+    }
     let cluster = match flame_client::bridge::connect_cluster(config.client_config()) {
         Ok(c) => c,
         Err(e) => {
