@@ -14,7 +14,8 @@
 #   3. mkfs.ext4, mount, files written with dd conv=fsync, their sha256 recorded.
 #   4. Under the mounted file system: fio (randwrite, crc32c verify) and a writer
 #      that fsyncs files one after the other; flame-ublk is killed with SIGKILL
-#      after the writer's second file and `flame-ublk --recover 0` started; fio
+#      after the writer's second file; `--recover 0` for another volume must be
+#      refused (its size differs), then `flame-ublk --recover 0` started; fio
 #      and every write and fsync must succeed, the file system must stay
 #      read-write, the kernel must log no I/O error.
 #   5. SIGTERM: flame-ublk stops and deletes /dev/ublkb0; a new flame-ublk adds it
@@ -80,6 +81,7 @@ start_ublk() { # extra flags; waits for the "ready"/"recovered" line
 
 cluster_up
 admin volume create "$VOLUME" --size 1G >/dev/null
+admin volume create other --size 512M >/dev/null
 start_ublk
 [[ -b "$DEV" ]] || fail "$DEV is not a block device after flame-ublk reported it ready"
 size="$(blockdev --getsize64 "$DEV")"
@@ -162,6 +164,12 @@ t_kill=$SECONDS
 if [[ "${FLAME_UBLK_NOKILL:-0}" != 1 ]]; then # (a debugging switch: the same run without the kill)
     kill -9 "$UBLK_PID"
     wait "$UBLK_PID" 2>/dev/null || true
+    # Another volume's process must not take the device over.
+    rc=0
+    "$BIN/flame-ublk" --config ublk.yaml --volume other --recover 0 >/dev/null 2>"$DIR/wrong.err" || rc=$?
+    if ((rc == 0)) || ! grep -q "not this volume's device" "$DIR/wrong.err"; then
+        fail "flame-ublk --volume other --recover 0 did not refuse the device (exit $rc): $(cat "$DIR/wrong.err")"
+    fi
     start_ublk --recover 0
 fi
 log "flame-ublk --recover 0: $(tail -n 1 logs/ublk.out) ($((SECONDS - t_kill)) s after the kill)"
