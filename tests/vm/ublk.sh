@@ -6,7 +6,8 @@
 #
 #   1. flame-mgr, three flame-osd from $FLAME_BIN (the host's build, seen
 #      read-only over 9p), all state in a guest tmpfs; a 1 GiB volume;
-#      flame-ublk --queues 2 on it: /dev/ublkb0.
+#      flame-ublk --queues 2 on it: /dev/ublkb0, its size and queue limits
+#      checked (write-back cache with FUA, discard, write-zeroes, 512/4096).
 #   2. Raw: a 1 MiB random pattern written with O_DIRECT (and fsync: a FLUSH),
 #      read back with O_DIRECT, compared; blkdiscard of 64 KiB (discard) and
 #      blkdiscard -z of 64 KiB (write-zeroes) read back as zeroes, the pattern
@@ -86,7 +87,16 @@ start_ublk
 [[ -b "$DEV" ]] || fail "$DEV is not a block device after flame-ublk reported it ready"
 size="$(blockdev --getsize64 "$DEV")"
 ((size == 1 << 30)) || fail "$DEV has $size bytes, the volume 1 GiB"
-log "cluster and flame-ublk up ($((SECONDS - START)) s): $(tail -n 1 logs/ublk.out)"
+# The kernel must see a volatile cache with FUA (so it sends FLUSH and FUA),
+# discard and write-zeroes, and 512 B logical / 4 KiB physical blocks.
+q=/sys/block/ublkb0/queue
+[[ "$(cat $q/write_cache)" == "write back" ]] || fail "$DEV: write_cache is '$(cat $q/write_cache)', not 'write back': FLUSH would not be sent"
+[[ "$(cat $q/fua)" == 1 ]] || fail "$DEV: fua is $(cat $q/fua): FUA would be emulated with flushes"
+(($(cat $q/discard_max_bytes) > 0)) || fail "$DEV: no discard"
+(($(cat $q/write_zeroes_max_bytes) > 0)) || fail "$DEV: no write-zeroes"
+[[ "$(cat $q/logical_block_size) $(cat $q/physical_block_size)" == "512 4096" ]] ||
+    fail "$DEV: block sizes $(cat $q/logical_block_size)/$(cat $q/physical_block_size), not 512/4096"
+log "cluster and flame-ublk up ($((SECONDS - START)) s): $(tail -n 1 logs/ublk.out); write back cache, FUA, discard, write-zeroes"
 DMESG0="$(dmesg | wc -l)"
 
 no_kernel_errors_since() { # dmesg line count at the start
