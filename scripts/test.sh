@@ -3,13 +3,16 @@
 # (as root, with Rust installed). Run it from anywhere: scripts/test.sh
 #
 #   1. installs the test tools with apt-get, only those missing
-#   2. cargo fmt --check, clippy -D warnings
-#   3. cargo build --workspace --bins --features flame-osd/failpoints; the test VM
-#      (scripts/vm.sh: a QEMU guest with Debian's 6.12 kernel, since this machine's
-#      kernel has no nbd module) prepared and booted once; cargo test --workspace
-#      (unit + integration tests; the integration tests start the real binaries,
-#      see tests/; the OSD is built with its failpoints for them;
-#      tests/tests/kernel_nbd.rs runs a cluster and the kernel's NBD client in the VM)
+#   2. cargo fmt --check, clippy -D warnings (also with flame-client's `ublk`
+#      feature)
+#   3. cargo build --workspace --bins --features flame-osd/failpoints,flame-client/ublk;
+#      the test VM (scripts/vm.sh: a QEMU guest with Debian's 6.12 kernel, since
+#      this machine's kernel has no nbd or ublk module) prepared and booted once;
+#      cargo test --workspace (unit + integration tests; the integration tests
+#      start the real binaries, see tests/; the OSD is built with its failpoints
+#      for them; tests/tests/kernel_nbd.rs runs a cluster and the kernel's NBD
+#      client in the VM, tests/tests/ublk_vm.rs a cluster and flame-ublk with a
+#      kill -9 and recovery under ext4); flame-client's unit tests with `ublk`
 #   4. RDMA (feature `rdma`; must compile and lint everywhere): clippy with the
 #      feature, cargo test -p flame-common --features rdma rdma (the transport's pure
 #      parts and device discovery, which must answer cleanly without hardware), then
@@ -106,12 +109,15 @@ section "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 # The failpoints code is compiled only with its feature: lint it too.
 cargo clippy -p flame-osd --all-targets --features failpoints -- -D warnings
+# flame-ublk (libublk, bindgen: needs libclang) is behind flame-client's `ublk`.
+cargo clippy -p flame-client --all-targets --features ublk -- -D warnings
 
-section "cargo build --workspace --bins --features flame-osd/failpoints"
+section "cargo build --workspace --bins --features flame-osd/failpoints,flame-client/ublk"
 # The integration tests (tests/) start these binaries, so they are built first —
 # flame-osd with its failpoints (injected disk and network faults, controlled over
 # its metrics HTTP server; tests/tests/faults.rs). Release builds have none.
-cargo build --workspace --bins --features flame-osd/failpoints
+# flame-ublk too, for tests/tests/ublk_vm.rs (the test VM).
+cargo build --workspace --bins --features flame-osd/failpoints,flame-client/ublk
 
 section "test VM: scripts/vm.sh --prepare, then a boot"
 # The kernel package and busybox are fetched by package name and the initramfs
@@ -128,9 +134,13 @@ scripts/vm.sh --timeout 120 -- bash -c 'test -b /dev/nbd0 && test -d /sys/module
 
 section "cargo test --workspace --no-fail-fast"
 # Includes tests/tests/kernel_nbd.rs: a cluster, nbd-client, qemu-nbd -c and ext4
-# in the test VM (about 80 s; docs/testing.md, "The test VM").
+# in the test VM (about 80 s; docs/testing.md, "The test VM"), and
+# tests/tests/ublk_vm.rs: flame-ublk, ext4, fio verify, kill -9 and --recover in
+# the VM (about 95 s).
 echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
 cargo test --workspace --no-fail-fast
+# flame-client's unit tests of the ublk module (its config, request decoding).
+cargo test -p flame-client --features ublk --lib ublk
 
 section "FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster"
 # The same real-cluster tests with every OSD and flame-nbd on the shm transport

@@ -35,6 +35,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod bridge;
 pub mod cluster;
 pub mod config;
 pub mod connection;
@@ -48,6 +49,8 @@ pub mod nbd;
 pub mod resize;
 pub mod retry;
 pub mod split;
+#[cfg(feature = "ublk")]
+pub mod ublk;
 pub mod volume;
 
 pub use cluster::Cluster;

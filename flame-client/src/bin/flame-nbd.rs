@@ -11,11 +11,10 @@
 
 use clap::Parser;
 use flame_client::nbd::{FlameExports, MemoryExports, NbdConfig, Server};
-use flame_client::{ClientConfig, ClientError, Cluster};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Command line of flame-nbd.
 #[derive(Parser, Debug)]
@@ -35,7 +34,7 @@ fn main() -> ExitCode {
     flame_common::logging::abort_on_panic();
     // Before any thread exists, so every thread inherits the mask and SIGTERM/SIGINT
     // reach only the thread that waits for them.
-    let signals = block_stop_signals();
+    let signals = flame_client::bridge::block_stop_signals();
     let args = Args::parse();
     let config: NbdConfig = match flame_common::config::load(args.config.as_deref()) {
         Ok(c) => c,
@@ -63,7 +62,7 @@ fn main() -> ExitCode {
     // Cluster mode connects to the manager before listening, so a client that can
     // connect can also open volumes.
     let cluster = if specs.is_empty() {
-        match connect_cluster(&config) {
+        match flame_client::bridge::connect_cluster(config.client_config()) {
             Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("flame-nbd: cannot reach the cluster at {}: {e}", config.mgr);
@@ -128,55 +127,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// How long start-up keeps trying to reach the manager (it may be starting too).
-const MGR_CONNECT_PATIENCE: Duration = Duration::from_secs(30);
-
-/// Connects the client library to the cluster, retrying while the manager comes up.
-fn connect_cluster(config: &NbdConfig) -> Result<Cluster, ClientError> {
-    let client = ClientConfig {
-        mgr: config.mgr.clone(),
-        transport: config.transport,
-        io_timeout_ms: config.io_timeout_ms,
-        connect_timeout_ms: config.connect_timeout_ms,
-        bind_addr: config.bind_addr,
-        transfer_mode: config.transfer_mode,
-        convert_threshold_bytes: config.convert_threshold_bytes,
-        reply_mode: config.reply_mode,
-        fetch_over_emulated: config.fetch_over_emulated,
-        fetch_polls_max: config.fetch_polls_max,
-        fetch_fallbacks_to_push: config.fetch_fallbacks_to_push,
-        ..ClientConfig::default()
-    };
-    let deadline = Instant::now() + MGR_CONNECT_PATIENCE;
-    loop {
-        match Cluster::connect(client.clone()) {
-            Ok(c) => return Ok(c),
-            Err(e @ ClientError::InvalidArgument(_)) => return Err(e),
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(e) => {
-                tracing::warn!("manager at {} not reachable yet: {e}", config.mgr);
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        }
-    }
-}
-
 /// How long a graceful shutdown waits for clients to disconnect.
 const DRAIN_MAX: Duration = Duration::from_secs(10);
-
-/// Blocks SIGTERM and SIGINT in the calling thread (and the threads it spawns later),
-/// returning the set to wait on; `None` if that fails (then signals keep their
-/// default effect: immediate exit).
-fn block_stop_signals() -> Option<libc::sigset_t> {
-    // SAFETY: plain sigset manipulation on a zeroed set we own.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        (libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) == 0).then_some(set)
-    }
-}
 
 /// Waits for SIGTERM/SIGINT, then shuts down gracefully: no new connections, new
 /// requests answered ESHUTDOWN (clients disconnect), requests in flight completed;

@@ -104,6 +104,24 @@ impl Default for NbdConfig {
 pub const THREADS_MAX: usize = 1024;
 
 impl NbdConfig {
+    /// The client library's settings (the cluster and transport keys).
+    pub fn client_config(&self) -> crate::ClientConfig {
+        crate::ClientConfig {
+            mgr: self.mgr.clone(),
+            transport: self.transport,
+            io_timeout_ms: self.io_timeout_ms,
+            connect_timeout_ms: self.connect_timeout_ms,
+            bind_addr: self.bind_addr,
+            transfer_mode: self.transfer_mode,
+            convert_threshold_bytes: self.convert_threshold_bytes,
+            reply_mode: self.reply_mode,
+            fetch_over_emulated: self.fetch_over_emulated,
+            fetch_polls_max: self.fetch_polls_max,
+            fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,
+            ..crate::ClientConfig::default()
+        }
+    }
+
     /// Threads to run: `threads`, or the core count when 0.
     pub fn thread_count(&self) -> usize {
         if self.threads == 0 {

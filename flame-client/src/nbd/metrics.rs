@@ -48,60 +48,84 @@ struct Families {
     errors: IntCounterVec,
 }
 
-fn families() -> &'static Families {
-    static F: OnceLock<Families> = OnceLock::new();
-    F.get_or_init(|| {
-        // Construction with constant, valid names cannot fail; if registration fails
-        // (a duplicate in a test binary) the metrics still count, just unexported.
-        let connections = IntGauge::new("flame_nbd_connections", "Open NBD connections.")
-            .unwrap_or_else(|_| unreachable_metric());
-        let ops = IntCounterVec::new(
-            Opts::new(
-                "flame_nbd_ops_total",
-                "NBD requests completed, by operation.",
-            ),
-            &["op"],
-        )
-        .unwrap_or_else(|_| unreachable_metric());
-        let bytes = IntCounterVec::new(
-            Opts::new(
-                "flame_nbd_bytes_total",
-                "Bytes read, written, trimmed or zeroed, by operation.",
-            ),
-            &["op"],
-        )
-        .unwrap_or_else(|_| unreachable_metric());
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "flame_nbd_op_latency_seconds",
-                "NBD request latency from request decoded to reply queued, by operation.",
+/// Which bridge's metric families: `flame_nbd_*` or `flame_ublk_*` (one set of
+/// operations, one shape; flame-ublk's discard is counted as `trim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bridge {
+    /// flame-nbd; the gauge is `flame_nbd_connections`.
+    Nbd,
+    /// flame-ublk; the gauge is `flame_ublk_inflight` (requests being served).
+    Ublk,
+}
+
+fn families(bridge: Bridge) -> &'static Families {
+    static NBD: OnceLock<Families> = OnceLock::new();
+    static UBLK: OnceLock<Families> = OnceLock::new();
+    match bridge {
+        Bridge::Nbd => NBD.get_or_init(|| {
+            make_families("flame_nbd", "NBD", ("connections", "Open NBD connections."))
+        }),
+        Bridge::Ublk => UBLK.get_or_init(|| {
+            make_families(
+                "flame_ublk",
+                "ublk",
+                ("inflight", "ublk requests being served."),
             )
-            .buckets(flame_common::metrics::LATENCY_BUCKETS_S.to_vec()),
-            &["op"],
-        )
+        }),
+    }
+}
+
+fn make_families(prefix: &str, what: &str, gauge: (&str, &str)) -> Families {
+    // Construction with constant, valid names cannot fail; if registration fails
+    // (a duplicate in a test binary) the metrics still count, just unexported.
+    let connections = IntGauge::new(format!("{prefix}_{}", gauge.0), gauge.1)
         .unwrap_or_else(|_| unreachable_metric());
-        let errors = IntCounterVec::new(
-            Opts::new(
-                "flame_nbd_errors_total",
-                "NBD requests answered with an error, by operation.",
-            ),
-            &["op"],
+    let ops = IntCounterVec::new(
+        Opts::new(
+            format!("{prefix}_ops_total"),
+            format!("{what} requests completed, by operation."),
+        ),
+        &["op"],
+    )
+    .unwrap_or_else(|_| unreachable_metric());
+    let bytes = IntCounterVec::new(
+        Opts::new(
+            format!("{prefix}_bytes_total"),
+            "Bytes read, written, trimmed or zeroed, by operation.",
+        ),
+        &["op"],
+    )
+    .unwrap_or_else(|_| unreachable_metric());
+    let latency = HistogramVec::new(
+        HistogramOpts::new(
+            format!("{prefix}_op_latency_seconds"),
+            format!("{what} request latency from request decoded to reply queued, by operation."),
         )
-        .unwrap_or_else(|_| unreachable_metric());
-        let r = prometheus::default_registry();
-        let _ = r.register(Box::new(connections.clone()));
-        let _ = r.register(Box::new(ops.clone()));
-        let _ = r.register(Box::new(bytes.clone()));
-        let _ = r.register(Box::new(latency.clone()));
-        let _ = r.register(Box::new(errors.clone()));
-        Families {
-            connections,
-            ops,
-            bytes,
-            latency,
-            errors,
-        }
-    })
+        .buckets(flame_common::metrics::LATENCY_BUCKETS_S.to_vec()),
+        &["op"],
+    )
+    .unwrap_or_else(|_| unreachable_metric());
+    let errors = IntCounterVec::new(
+        Opts::new(
+            format!("{prefix}_errors_total"),
+            format!("{what} requests answered with an error, by operation."),
+        ),
+        &["op"],
+    )
+    .unwrap_or_else(|_| unreachable_metric());
+    let r = prometheus::default_registry();
+    let _ = r.register(Box::new(connections.clone()));
+    let _ = r.register(Box::new(ops.clone()));
+    let _ = r.register(Box::new(bytes.clone()));
+    let _ = r.register(Box::new(latency.clone()));
+    let _ = r.register(Box::new(errors.clone()));
+    Families {
+        connections,
+        ops,
+        bytes,
+        latency,
+        errors,
+    }
 }
 
 #[cold]
@@ -127,9 +151,14 @@ pub struct OpMetrics {
 }
 
 impl OpMetrics {
-    /// Resolves the children (call once per reactor thread).
+    /// Resolves flame-nbd's children (call once per reactor thread).
     pub fn new() -> OpMetrics {
-        let f = families();
+        Self::of(Bridge::Nbd)
+    }
+
+    /// Resolves the children of `bridge`'s families (once per thread).
+    pub fn of(bridge: Bridge) -> OpMetrics {
+        let f = families(bridge);
         OpMetrics {
             ops: OP_NAMES
                 .iter()
@@ -155,7 +184,7 @@ impl OpMetrics {
         }
     }
 
-    /// The open-connections gauge.
+    /// The gauge: open connections (flame-nbd), requests being served (flame-ublk).
     pub fn connections(&self) -> &IntGauge {
         &self.connections
     }
@@ -187,5 +216,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("flame_nbd_connections"), "{text}");
+        let u = OpMetrics::of(Bridge::Ublk);
+        u.record(Op::Trim, 8192, 0.001, false);
+        let text = flame_common::metrics::render();
+        assert!(text.contains("flame_ublk_ops_total{op=\"trim\"}"), "{text}");
+        assert!(text.contains("flame_ublk_inflight"), "{text}");
     }
 }

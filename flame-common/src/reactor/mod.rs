@@ -33,7 +33,7 @@ pub use executor::{
 };
 pub use op::{
     accept, close, connect, fallocate, file_size, fsync, mkdir, open, poll_readable, read_at, recv,
-    recv_range, send, unlink, write_at, writev, writev_all,
+    recv_range, send, submit_entry, unlink, write_at, writev, writev_all,
 };
 pub use poll::PollMode;
 pub use source::{PollSource, PollSourceId, add_poll_source, remove_poll_source};

@@ -388,6 +388,26 @@ pub async fn poll_readable(fd: RawFd) -> io::Result<u32> {
     result(res).map(|e| e as u32)
 }
 
+/// Submits an entry the caller built (an operation this module has no function
+/// for: flame-ublk's `URING_CMD`s to a ublk queue) on the current reactor's ring,
+/// resolving to the completion's raw result (a negative errno on failure) and
+/// giving `resources` back. The entry's `user_data` is overwritten.
+///
+/// Dropping the future before completion leaves `resources` parked in the
+/// reactor until the kernel completes the entry, as for every operation here.
+///
+/// # Safety
+///
+/// Every piece of memory the entry points at must be owned by `resources` (moved
+/// into the reactor with it) or outlive the operation, and the entry must not
+/// need a ring set-up this reactor does not have (e.g. 128-byte entries).
+pub unsafe fn submit_entry<R: 'static>(
+    sqe: squeue::Entry,
+    resources: R,
+) -> impl Future<Output = (i32, R)> {
+    Op::submit(sqe, resources)
+}
+
 /// Waits until the eventfd `fd` is written, consuming its count. The read is
 /// cancelled in the kernel when the future is dropped (the source it belongs to
 /// was removed), so a doorbell never holds a slot past its source.

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Sourced by the test VM's guest scripts (tests/vm/ublk.sh,
+# tests/vm/bench_ublk_nbd.sh): a Flame cluster on the guest's loopback —
+# flame-mgr on 127.0.0.1:6800 and three flame-osd (one shard each, small memory
+# pools: the guest is emulated and a registered pool is resident from the start),
+# all state under the current directory. The caller sets NAME (its log prefix),
+# BIN (the binaries) and DIR (its directory, with DIR/logs), and may define
+# extra_failure_output to add to what `fail` prints.
+#
+#   cluster_up        start the daemons and wait until the three OSDs are up
+#   admin ARGS        flame-admin against the cluster
+#   wait_port P WHAT  wait up to 30 s for 127.0.0.1:P to accept connections
+#   log MSG, fail MSG
+
+MGR=127.0.0.1:6800
+# Every daemon's memory pool: 8 MiB per thread.
+POOL_YAML='memory_pool: {bytes_per_thread: 8388608, large_bytes_per_thread: 8388608}'
+
+log() { printf '[%s %5.1fs] %s\n' "$NAME" "$(awk '{print $1}' /proc/uptime)" "$*"; }
+fail() {
+    echo "$NAME: FAILED: $*" >&2
+    if declare -F extra_failure_output >/dev/null; then extra_failure_output >&2 || true; fi
+    for f in "$DIR"/logs/*.log; do
+        [[ -f "$f" ]] || continue
+        echo "---- $f (last 30 lines) ----" >&2
+        tail -n 30 "$f" >&2
+    done
+    echo "---- dmesg (last 40 lines) ----" >&2
+    dmesg | tail -n 40 >&2
+    exit 1
+}
+admin() { "$BIN/flame-admin" --mgr "$MGR" "$@"; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { # port what
+    local i
+    for ((i = 0; i < 300; i++)); do
+        port_open "$1" && return 0
+        sleep 0.1
+    done
+    fail "$2 does not listen on port $1 after 30 s"
+}
+
+cluster_up() {
+    local n i up=0
+    cat >mgr.yaml <<EOF2
+listen: "$MGR"
+data_dir: ./mgr
+heartbeat_grace_ms: 6000
+failure_check_interval_ms: 1000
+pool: {size: 3, min_size: 2, pg_count: 32, object_size: 4194304}
+EOF2
+    for n in 0 1 2; do
+        cat >"osd.$n.yaml" <<EOF2
+mgr: "$MGR"
+listen: "127.0.0.1:69${n}0"
+metrics_listen: "127.0.0.1:920$n"
+data_dir: ./osd.$n
+host: vm-host-$n
+shards: 1
+poll_mode: interrupt
+transport: tcp
+direct_io: auto
+$POOL_YAML
+EOF2
+    done
+    log "starting flame-mgr, 3 flame-osd from $BIN"
+    "$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
+    wait_port 6800 flame-mgr
+    for n in 0 1 2; do
+        "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
+    done
+    for ((i = 0; i < 300; i++)); do
+        up="$(admin osd ls 2>/dev/null | awk '$1 ~ /^osd\./ && $6 == "up"' | wc -l)" || up=0
+        ((up == 3)) && return 0
+        sleep 0.2
+    done
+    fail "only $up of 3 OSDs up after 60 s"
+}
