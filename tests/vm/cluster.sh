@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by the test VM's guest scripts (tests/vm/ublk.sh,
+# Sourced by the test VM's guest scripts (tests/vm/ublk.sh, tests/vm/kernel_nbd.sh,
 # tests/vm/bench_ublk_nbd.sh): a Flame cluster on the guest's loopback —
 # flame-mgr on 127.0.0.1:6800 and three flame-osd (one shard each, small memory
 # pools: the guest is emulated and a registered pool is resident from the start),

@@ -25,22 +25,12 @@ MNT="$DIR/mnt"
 SUMS="$DIR/sums"
 DEV=/dev/nbd0
 NBD_PORT=10809
-MGR=127.0.0.1:6800
 VOLUME=vol
 START=$SECONDS
 
-log() { printf '[kernel_nbd %5.1fs] %s\n' "$(awk '{print $1}' /proc/uptime)" "$*"; }
-fail() {
-    echo "kernel_nbd: FAILED: $*" >&2
-    for f in "$DIR"/logs/*.log; do
-        [[ -f "$f" ]] || continue
-        echo "---- $f (last 30 lines) ----" >&2
-        tail -n 30 "$f" >&2
-    done
-    echo "---- dmesg (last 40 lines) ----" >&2
-    dmesg | tail -n 40 >&2
-    exit 1
-}
+NAME=kernel_nbd
+# shellcheck source=tests/vm/cluster.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 trap 'fail "command failed at line $LINENO: $BASH_COMMAND"' ERR
 
 for tool in nbd-client qemu-nbd mkfs.ext4 sha256sum timeout mount umount dd; do
@@ -56,41 +46,8 @@ mkdir -p "$DIR/logs" "$MNT"
 : >"$SUMS"
 cd "$DIR"
 
-admin() { "$BIN/flame-admin" --mgr "$MGR" "$@"; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() { # port what
-    local i
-    for ((i = 0; i < 300; i++)); do
-        port_open "$1" && return 0
-        sleep 0.1
-    done
-    fail "$2 does not listen on port $1 after 30 s"
-}
-
 # ---------------------------------------------------------------- the cluster
-# Small memory pools and one shard per OSD: the guest is emulated, and a
-# registered pool is resident from the start.
-cat >mgr.yaml <<EOF
-listen: "$MGR"
-data_dir: ./mgr
-heartbeat_grace_ms: 6000
-failure_check_interval_ms: 1000
-pool: {size: 3, min_size: 2, pg_count: 32, object_size: 4194304}
-EOF
-for n in 0 1 2; do
-    cat >"osd.$n.yaml" <<EOF
-mgr: "$MGR"
-listen: "127.0.0.1:69${n}0"
-metrics_listen: "127.0.0.1:920$n"
-data_dir: ./osd.$n
-host: vm-host-$n
-shards: 1
-poll_mode: interrupt
-transport: tcp
-direct_io: auto
-memory_pool: {bytes_per_thread: 8388608, large_bytes_per_thread: 8388608}
-EOF
-done
+# tests/vm/cluster.sh's (small memory pools, one shard per OSD), and flame-nbd.
 cat >nbd.yaml <<EOF
 mgr: "$MGR"
 listen: "127.0.0.1:$NBD_PORT"
@@ -98,7 +55,7 @@ metrics_listen: "127.0.0.1:9300"
 threads: 1
 poll_mode: interrupt
 transport: tcp
-memory_pool: {bytes_per_thread: 8388608, large_bytes_per_thread: 8388608}
+$POOL_YAML
 EOF
 
 NBD_PID=""
@@ -108,19 +65,7 @@ start_nbd() {
     wait_port "$NBD_PORT" flame-nbd
 }
 
-log "starting flame-mgr, 3 flame-osd, flame-nbd from $BIN"
-"$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
-wait_port 6800 flame-mgr
-for n in 0 1 2; do
-    "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
-done
-up=0
-for ((i = 0; i < 300; i++)); do
-    up="$(admin osd ls 2>/dev/null | awk '$1 ~ /^osd\./ && $6 == "up"' | wc -l)" || up=0
-    ((up == 3)) && break
-    sleep 0.2
-done
-((up == 3)) || fail "only $up of 3 OSDs up after 60 s"
+cluster_up
 admin volume create "$VOLUME" --size 1G >/dev/null
 start_nbd
 log "cluster up ($((SECONDS - START)) s)"
