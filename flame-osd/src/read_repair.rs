@@ -162,7 +162,7 @@ impl Shard {
         let mut good = None;
         // Replicas that could not be asked (unreachable, busy, another map):
         // their copies may well be good.
-        let mut unasked = 0u32;
+        let mut unasked = false;
         for id in replicas {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
@@ -182,15 +182,13 @@ impl Shard {
                         Ok(_) => status::EIO,
                         Err(st) => st,
                     };
-                    if st != status::EIO {
-                        unasked += 1;
-                    }
+                    unasked |= st != status::EIO;
                     tracing::warn!(object = %target.object, replica = %id, status = st, "replica could not provide the range");
                 }
             }
         }
         let Some(good) = good else {
-            if unasked > 0 {
+            if unasked {
                 // Not every other copy answered: the client retries (perhaps at
                 // another primary), rather than fail a read a copy could serve
                 // (simulator seed 103: a primary cut off from its replicas).

@@ -8,6 +8,11 @@
 # extra_failure_output to add to what `fail` prints.
 #
 #   cluster_up        start the daemons and wait until the three OSDs are up
+#   start_fsync_writer N BLOCKS  in the background (pid in WRITER), write and
+#                     fsync $MNT/during1..N.bin (BLOCKS x 64 KiB each) one after
+#                     the other; each one's sha256 goes to $SUMS.during once its
+#                     fsync returned, and its number to $DIR/written
+#   wait_written N    wait up to 60 s until the writer has fsynced N files
 #   admin ARGS        flame-admin against the cluster
 #   wait_port P WHAT  wait up to 30 s for 127.0.0.1:P to accept connections
 #   log MSG, fail MSG
@@ -75,4 +80,25 @@ EOF2
         sleep 0.2
     done
     fail "only $up of 3 OSDs up after 60 s"
+}
+
+start_fsync_writer() { # count, 64 KiB blocks per file
+    (
+        for ((n = 1; n <= $1; n++)); do
+            dd if=/dev/urandom of="$MNT/during$n.bin" bs=64K count="$2" conv=fsync status=none || exit 1
+            (cd "$MNT" && sha256sum "during$n.bin") >>"$SUMS.during"
+            echo "$n" >"$DIR/written"
+        done
+    ) &
+    WRITER=$!
+}
+
+wait_written() { # files
+    local i
+    for ((i = 0; i < 600; i++)); do
+        [[ "$(cat "$DIR/written" 2>/dev/null || echo 0)" -ge "$1" ]] && return 0
+        kill -0 "$WRITER" 2>/dev/null || break
+        sleep 0.1
+    done
+    [[ "$(cat "$DIR/written" 2>/dev/null || echo 0)" -ge "$1" ]] || fail "the writer did not get $1 files written in 60 s"
 }

@@ -134,20 +134,8 @@ verify_sums "through qemu-nbd, before the restart"
 # A writer that fsyncs one file after the other; a file counts once its fsync
 # returned. flame-nbd is killed after the second and restarted 2 s later.
 WRITES=10
-(
-    for ((n = 1; n <= WRITES; n++)); do
-        dd if=/dev/urandom of="$MNT/during$n.bin" bs=64K count=8 conv=fsync status=none || exit 1
-        (cd "$MNT" && sha256sum "during$n.bin") >>"$SUMS.during"
-        echo "$n" >"$DIR/written"
-    done
-) &
-WRITER=$!
-for ((i = 0; i < 600; i++)); do
-    [[ "$(cat "$DIR/written" 2>/dev/null || echo 0)" -ge 2 ]] && break
-    kill -0 "$WRITER" 2>/dev/null || break
-    sleep 0.1
-done
-[[ "$(cat "$DIR/written" 2>/dev/null || echo 0)" -ge 2 ]] || fail "the writer did not get two files written in 60 s"
+start_fsync_writer "$WRITES" 8
+wait_written 2
 log "kill -9 flame-nbd (pid $NBD_PID) under the mounted file system"
 kill -9 "$NBD_PID"
 wait "$NBD_PID" 2>/dev/null || true

@@ -154,20 +154,8 @@ fio --name=verify --filename="$MNT/fio.dat" --size=1M --rw=randwrite --bs=4k \
     --end_fsync=1 --output="$DIR/fio.out" >/dev/null 2>"$DIR/fio.err" &
 FIO=$!
 WRITES=6
-(
-    for ((n = 1; n <= WRITES; n++)); do
-        dd if=/dev/urandom of="$MNT/during$n.bin" bs=64K count=4 conv=fsync status=none || exit 1
-        (cd "$MNT" && sha256sum "during$n.bin") >>"$SUMS.during"
-        echo "$n" >"$DIR/written"
-    done
-) &
-WRITER=$!
-for ((i = 0; i < 600; i++)); do
-    [[ "$(cat "$DIR/written" 2>/dev/null || echo 0)" -ge 2 ]] && break
-    kill -0 "$WRITER" 2>/dev/null || break
-    sleep 0.1
-done
-[[ "$(cat "$DIR/written" 2>/dev/null || echo 0)" -ge 2 ]] || fail "the writer did not get two files written in 60 s"
+start_fsync_writer "$WRITES" 4
+wait_written 2
 kill -0 "$FIO" 2>/dev/null || fail "fio finished before the kill: make it write more ($(cat "$DIR/fio.err"))"
 log "kill -9 flame-ublk (pid $UBLK_PID) under the mounted file system, fio and a writer running"
 t_kill=$SECONDS
