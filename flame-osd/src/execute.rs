@@ -287,7 +287,7 @@ impl Shard {
                 if !self.holds(&view, *pg) {
                     return (status::ESTALE, PayloadBuf::empty());
                 }
-                let suspects = self.store.restart_suspects(*pg);
+                let suspects = self.suspects.borrow().objects(*pg);
                 if suspects.len() > protocol::PG_LIST_MAX as usize {
                     return (status::E2BIG, PayloadBuf::empty());
                 }
@@ -353,9 +353,14 @@ impl Shard {
         }
     }
 
-    /// Whether this shard, the group's primary, may serve client I/O of `pg` yet
-    /// (a new primary waits for the previous one: [`crate::activation`]).
+    /// Whether this shard, the group's primary, may serve client I/O of `pg` yet:
+    /// a new primary waits for the previous one ([`crate::activation`]), and a
+    /// copy its restart left in doubt first pulls its suspects from another
+    /// complete copy ([`crate::restart_suspects`]).
     fn serves_clients(&self, pg: PgId) -> bool {
+        if self.suspects.borrow().has(pg) {
+            return false;
+        }
         self.pgs
             .borrow()
             .get(pg)

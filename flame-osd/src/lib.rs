@@ -11,7 +11,8 @@
 //! [`activation`] has a new primary tell the previous one about its map;
 //! [`pg_core`] makes every decision about a group's writes (admission, retries,
 //! acknowledgement, a replica's fence, primacy) without I/O;
-//! [`pg_log`] keeps each group's recent writes; [`recovery`] brings members up to
+//! [`pg_log`] keeps each group's recent writes; [`restart_suspects`] is what a
+//! restart left in doubt and when it is settled; [`recovery`] brings members up to
 //! date (from the log or by backfill) and removes stray copies; [`scrub`] compares
 //! and repairs the copies of a group.
 //! [`failpoints`] injects disk and network faults in test builds (feature
@@ -34,6 +35,7 @@ pub mod pg_log;
 pub mod read_repair;
 pub mod recovery;
 pub mod replication;
+pub mod restart_suspects;
 pub mod scrub;
 pub mod shard;
 pub mod shard_thread;

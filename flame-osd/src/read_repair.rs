@@ -26,7 +26,7 @@ const REPAIR_BLOCKS_MAX: usize = 64;
 impl Shard {
     /// Asks one replica for `target`'s bytes from its own copy (a REPLICA-flagged
     /// read: the replica verifies its checksums and answers EIO for a bad block).
-    async fn read_replica(
+    pub(crate) async fn read_replica(
         &self,
         osd: &flame_common::map::OsdInfo,
         target: IoTarget,

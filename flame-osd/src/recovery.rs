@@ -335,6 +335,10 @@ pub struct RecoveryState {
     /// leases (a member that failed writes because it died is soon marked down,
     /// and its recovery then does the work — and counts it).
     lagging_since: RefCell<HashMap<(PgId, OsdId), Instant>>,
+    /// Complete members whose restart doubt ([`crate::restart_suspects`]) this
+    /// shard, their primary, compared, with the incarnation (`up_from`) it was
+    /// compared for.
+    suspects_checked: RefCell<HashMap<(PgId, OsdId), Epoch>>,
     /// Groups whose last job failed (a member unreachable, a map moving) are tried
     /// again only after this instant, so a down peer costs one attempt per
     /// [`RETRY_DELAY`], not one per poll.
@@ -1024,12 +1028,14 @@ impl Shard {
 
     /// One pass over the groups this shard is the primary of.
     async fn recovery_pass(self: &Rc<Self>, view: &Rc<MapView>) {
-        let pgs: Vec<(PgId, PgMembers)> = view
+        let mut pgs: Vec<(PgId, PgMembers)> = view
             .table
             .iter()
             .filter(|(pg, m)| m.primary() == Some(self.osd) && self.holds(view, *pg))
             .map(|(pg, m)| (pg, m.clone()))
             .collect();
+        // Groups whose I/O waits for this copy's restart doubt go first.
+        pgs.sort_by_key(|(pg, _)| !self.suspects.borrow().has(*pg));
         for (pg, members) in pgs {
             // A newer map arrived: re-plan with it.
             if self.view().map.epoch != view.map.epoch {
@@ -1045,6 +1051,17 @@ impl Shard {
                 continue;
             }
             let mut failed = false;
+            // This copy's own restart doubt first: nothing is served or peered
+            // from it until the other complete copies settled it.
+            let in_doubt = self.suspects.borrow().has(pg);
+            if in_doubt && let Err(st) = self.pull_suspects(view, pg, &members).await {
+                tracing::info!(%pg, st, "settling this copy's restart doubt did not finish; will retry");
+                self.recovery
+                    .retry_after
+                    .borrow_mut()
+                    .insert(pg, clock::now() + RETRY_DELAY);
+                continue;
+            }
             let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
             if self.recovery.peered.borrow().get(&pg) != Some(&primacy) {
                 let mut all_ok = true;
@@ -1072,9 +1089,50 @@ impl Shard {
                 }
                 if all_ok {
                     self.recovery.peered.borrow_mut().insert(pg, primacy);
+                    // Peering compared every object of every member, the ones
+                    // their restarts left in doubt included.
+                    let mut checked = self.recovery.suspects_checked.borrow_mut();
+                    for &member in members.acting.iter().skip(1) {
+                        if let Some(o) = view.map.osds.get(&member) {
+                            checked.insert((pg, member), o.up_from);
+                        }
+                    }
                 } else {
                     failed = true;
                 }
+            }
+            // A complete replica that restarted (it stayed complete: the group
+            // could not go on without it) may lack acknowledged writes its
+            // power cut took: its doubtful objects are compared once per
+            // incarnation.
+            for &member in members.acting.iter().skip(1) {
+                let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
+                    continue;
+                };
+                let key = (pg, member);
+                if self.recovery.suspects_checked.borrow().get(&key) == Some(&up_from) {
+                    continue;
+                }
+                match self
+                    .push_member_suspects(view, pg, member, (up_from, primacy))
+                    .await
+                {
+                    Ok(()) => {
+                        self.recovery
+                            .suspects_checked
+                            .borrow_mut()
+                            .insert(key, up_from);
+                    }
+                    Err(JobError::Abandoned) => {}
+                    Err(JobError::Failed(st)) => {
+                        tracing::debug!(%pg, %member, st, "comparing a restarted member's doubt did not finish; will retry");
+                        failed = true;
+                    }
+                }
+                self.recovery
+                    .remaining_per_job
+                    .borrow_mut()
+                    .remove(&(pg, member));
             }
             for &member in &members.recovering {
                 let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
@@ -1203,6 +1261,10 @@ impl Shard {
             .peered
             .borrow_mut()
             .retain(|pg, primacy| *primacy == pgs.primacy(*pg));
+        self.recovery
+            .suspects_checked
+            .borrow_mut()
+            .retain(|(pg, member), _| view.table.pg(*pg).acting.contains(member));
     }
 
     /// Deletes copies of groups this OSD is no longer a member of, once the group
@@ -1460,6 +1522,7 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
 
 #[cfg(test)]
 mod gate_test;
+mod suspects;
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,7 @@ use crate::peers::Peers;
 use crate::pg::MapView;
 use crate::pg_core::PgCores;
 use crate::recovery::{RecoveryShared, RecoveryState};
+use crate::restart_suspects::RestartSuspects;
 use crate::store::ObjectStore;
 use arc_swap::ArcSwap;
 use flame_common::clock;
@@ -56,6 +57,8 @@ pub struct Shard {
     /// when the epoch changes. `Rc`, not `Arc`: cloning it per request touches no
     /// cache line shared with other shards.
     pub(crate) view: RefCell<Rc<MapView>>,
+    /// What this OSD's restart left in doubt, per group ([`RestartSuspects`]).
+    pub(crate) suspects: RefCell<RestartSuspects>,
     pub(crate) store: ObjectStore,
     pub(crate) gate: Rc<WriteGate>,
     pub(crate) peers: Rc<Peers>,
@@ -131,11 +134,17 @@ impl Shard {
                 }
             }
         }
-        // A group this OSD is a complete member of again (recovered since its
-        // start) has nothing in doubt here any more.
-        for pg in self.store.suspect_pgs() {
-            if fresh.table.pg(pg).acting.contains(&self.osd) {
-                self.store.forget_restart_suspects(pg);
+        // A group this OSD was recovered in since its start has nothing in
+        // doubt here any more; one it left has nothing to settle.
+        {
+            let mut suspects = self.suspects.borrow_mut();
+            for pg in suspects.pgs() {
+                if !fresh.held_by(self.osd, self.id, pg) || !fresh.table.pg(pg).is_member(self.osd)
+                {
+                    suspects.forget(pg);
+                } else {
+                    suspects.on_map(self.osd, pg, fresh.table.pg(pg));
+                }
             }
         }
         *self.view.borrow_mut() = fresh.clone();

@@ -96,10 +96,10 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                     config: cfg.clone(),
                     recovery: setup.recovery,
                     liveness: setup.liveness,
+                    restart_suspects: &setup.restart_suspects,
                 },
                 store,
             );
-            shard.store.set_restart_suspects(&setup.restart_suspects);
             let handle = reactor.handle();
             if let Err(e) = reactor.block_on(accept_loop(shard, setup.intake, handle)) {
                 tracing::error!(shard = id, "reactor failed: {e}");
@@ -109,7 +109,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
 }
 
 /// What a shard's state is made of, apart from its store.
-pub struct ShardParts {
+pub struct ShardParts<'a> {
     /// Shard number.
     pub id: u16,
     /// This OSD's id.
@@ -124,24 +124,35 @@ pub struct ShardParts {
     pub recovery: Arc<crate::recovery::RecoveryShared>,
     /// Lease, shard progress and unreachable peers, shared with the control thread.
     pub liveness: Arc<Liveness>,
+    /// What start-up store recovery left in doubt ([`crate::store::recover`]).
+    pub restart_suspects: &'a [(flame_common::ids::PgId, flame_common::ids::ObjectId)],
 }
 
 /// Builds a shard's state around `store`, on the thread (reactor) that will run
 /// it: the shard thread, or a simulated OSD process of the deterministic
 /// simulator (which gives it a store on the simulated disk).
-pub fn build_shard(parts: ShardParts, store: ObjectStore) -> Rc<Shard> {
+pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
     let id = parts.id;
     let cfg = parts.config;
     let metrics = Rc::new(ShardMetrics::new(id));
+    let view = MapView::new(&parts.map.load());
+    // The map it starts with already tells, for each group in doubt, whether
+    // the manager took this copy out (it is recovering: its recovery settles
+    // the doubt) or kept it complete (it settles the doubt itself).
+    let mut suspects = crate::restart_suspects::RestartSuspects::new(parts.restart_suspects);
+    for pg in suspects.pgs() {
+        suspects.on_map(parts.osd, pg, view.table.pg(pg));
+    }
     let shard = Rc::new(Shard {
         id,
         osd: parts.osd,
-        view: RefCell::new(Rc::new(MapView::new(&parts.map.load()))),
+        view: RefCell::new(Rc::new(view)),
         map_source: parts.map,
         wanted_epoch: parts.wanted_epoch,
         peer_epoch: Cell::new(0),
         lease: Duration::from_millis(cfg.lease_ms),
         activation_wake: Default::default(),
+        suspects: RefCell::new(suspects),
         store,
         gate: Rc::new(WriteGate::default()),
         peers: Rc::new(Peers::new(

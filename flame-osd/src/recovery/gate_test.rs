@@ -134,6 +134,7 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         peer_epoch: Cell::new(0),
         lease: Duration::from_secs(4),
         activation_wake: Default::default(),
+        suspects: Default::default(),
         store: ObjectStore::new(
             dir,
             0,

@@ -374,12 +374,6 @@ pub struct ObjectStore {
     /// object of theirs is created again. Volume ids are never reused. Bounded by
     /// [`DELETED_VOLUMES_MAX`] (the newest ids, like the map's tombstones).
     removed_volumes: RefCell<BTreeSet<VolumeId>>,
-    /// Objects the intent journal named when this OSD started ([`recover`]):
-    /// writes no FLUSH covered, of which a power cut may have kept each block old
-    /// or new — so this copy may lack acknowledged writes the other copies have.
-    /// Answered to the primary's `PgSuspects` until this OSD is a complete member
-    /// of the group again. Bounded by the journal.
-    restart_suspects: RefCell<BTreeMap<PgId, BTreeSet<ObjectId>>>,
     journal: Journal,
     /// The stable copy of the placement-group logs (pg_log_file.rs).
     pg_log: pg_log_file::PgLogFile,
@@ -464,7 +458,6 @@ impl ObjectStore {
             known_dirs: RefCell::new(HashSet::default()),
             absent: RefCell::new(HashSet::default()),
             removed_volumes: RefCell::new(BTreeSet::new()),
-            restart_suspects: RefCell::new(BTreeMap::new()),
             writes_inflight: Cell::new(0),
             journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
             draining: Cell::new(false),
@@ -1113,33 +1106,6 @@ impl ObjectStore {
         while removed.len() > DELETED_VOLUMES_MAX {
             removed.pop_first();
         }
-    }
-
-    /// Records what [`recover`] found at start-up (see `restart_suspects`).
-    pub fn set_restart_suspects(&self, objects: &[(PgId, ObjectId)]) {
-        let mut s = self.restart_suspects.borrow_mut();
-        for &(pg, object) in objects {
-            s.entry(pg).or_default().insert(object);
-        }
-    }
-
-    /// The objects of `pg` this copy may have lost writes of at its start.
-    pub fn restart_suspects(&self, pg: PgId) -> Vec<ObjectId> {
-        self.restart_suspects
-            .borrow()
-            .get(&pg)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// The groups that still have suspects.
-    pub fn suspect_pgs(&self) -> Vec<PgId> {
-        self.restart_suspects.borrow().keys().copied().collect()
-    }
-
-    /// This copy of `pg` is complete again (recovered, or never in doubt).
-    pub fn forget_restart_suspects(&self, pg: PgId) {
-        self.restart_suspects.borrow_mut().remove(&pg);
     }
 
     fn is_removed(&self, volume: VolumeId) -> bool {

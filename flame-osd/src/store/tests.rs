@@ -576,13 +576,6 @@ fn crash_before_flush_is_recovered_from_the_journal() {
         in_doubt.sort();
         assert_eq!(in_doubt, vec![(PG, obj(1)), (PG, obj(2))]);
         let s = ObjectStore::new(root, 0, opts(false, true));
-        s.set_restart_suspects(&in_doubt);
-        assert_eq!(s.restart_suspects(PG), vec![obj(1), obj(2)]);
-        assert!(s.restart_suspects(PgId(4)).is_empty());
-        s.forget_restart_suspects(PG);
-        assert!(s.suspect_pgs().is_empty());
-        drop(s);
-        let s = ObjectStore::new(root, 0, opts(false, true));
         assert_eq!(
             s.read(PG, obj(1), 0, BLOCK as u32).await.unwrap(),
             vec![2; BLOCK]

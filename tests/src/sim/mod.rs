@@ -759,7 +759,6 @@ impl Sim {
                 checksums: true,
             },
         );
-        store.set_restart_suspects(&suspects);
         let parts = ShardParts {
             id: 0,
             osd: id,
@@ -768,6 +767,7 @@ impl Sim {
             config: cfg.clone(),
             recovery: recovery.clone(),
             liveness: liveness.clone(),
+            restart_suspects: &suspects,
         };
         let handle = reactor.handle();
         let started = reactor.enter(|| -> Result<(), String> {

@@ -1,0 +1,246 @@
+//! Settling what a restart left in doubt on a copy that stayed complete
+//! ([`crate::restart_suspects`]): the primary's own doubt is pulled from the
+//! other complete copies before it serves the group or peers it; a complete
+//! replica's doubt is compared and pushed from the primary.
+
+use super::{BLOCK, JobError, differing_ranges};
+use crate::pg::MapView;
+use crate::restart_suspects::{PeerDoubt, Settle, settle};
+use crate::shard::Shard;
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId};
+use flame_common::placement::PgMembers;
+use flame_common::protocol::{BlockSum, IoTarget, Message, status};
+use std::rc::Rc;
+
+/// The blocks of `mine` to replace with `source`'s: those whose sums differ or
+/// that fail their checksum here, except those that fail theirs on the source
+/// (this copy's block stays; read repair or scrub settles it).
+pub(crate) fn ranges_to_pull(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
+    differing_ranges(source, mine)
+        .into_iter()
+        .flat_map(|(off, len)| (off / BLOCK..(off + len) / BLOCK).map(|b| b as usize))
+        .filter(|&b| !source.get(b).is_some_and(|s| s.bad))
+        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, b| {
+            let off = b as u32 * BLOCK;
+            match out.last_mut() {
+                Some((o, len)) if *o + *len == off => *len += BLOCK,
+                _ => out.push((off, BLOCK)),
+            }
+            out
+        })
+}
+
+impl Shard {
+    /// This shard is the primary of `pg` and its restart left objects of it in
+    /// doubt: replaces each by the copy of another complete member up that is
+    /// sure of it ([`settle`]; `EAGAIN` while none is and complete copies are
+    /// down). Until this succeeds the group serves no client I/O and is neither
+    /// recovered nor peered from this copy (either would copy the doubtful
+    /// blocks over the others — simulator seed 44034).
+    pub(crate) async fn pull_suspects(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        members: &PgMembers,
+    ) -> Result<(), i32> {
+        debug_assert_eq!(members.primary(), Some(self.osd));
+        let mine = self.suspects.borrow().objects(pg);
+        let mut others: Vec<(OsdId, PeerDoubt)> = Vec::new();
+        for &member in members.acting.iter().filter(|&&m| m != self.osd) {
+            match self.member_suspects(view, pg, member).await {
+                Ok(objects) => {
+                    others.push((member, PeerDoubt::Objects(objects.into_iter().collect())))
+                }
+                Err(status::E2BIG) => others.push((member, PeerDoubt::TooMany)),
+                Err(st) => return Err(st),
+            }
+        }
+        let (mut replaced, mut kept) = (0u64, 0u64);
+        for object in mine {
+            match settle(object, &others, members.down_complete.len()) {
+                Settle::PullFrom(source) => {
+                    if self.pull_object(view, pg, object, source).await? {
+                        replaced += 1;
+                    }
+                }
+                Settle::Keep => kept += 1,
+                Settle::Wait => {
+                    tracing::info!(%pg, %object, down = ?members.down_complete, "no complete copy up is sure of an object this restart left in doubt; waiting for the ones that are down");
+                    return Err(status::EAGAIN);
+                }
+            }
+        }
+        if kept > 0 {
+            tracing::warn!(%pg, objects = kept, "every complete copy is in doubt about these objects; this copy's stay");
+        }
+        tracing::info!(%pg, replaced, kept, "objects this restart left in doubt settled from the other complete copies");
+        self.suspects.borrow_mut().pulled(pg);
+        Ok(())
+    }
+
+    /// Replaces this copy of `object` by `source`'s, holding the object's write
+    /// gate throughout. Returns whether anything changed.
+    async fn pull_object(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        object: ObjectId,
+        source: OsdId,
+    ) -> Result<bool, i32> {
+        let object_size = view.map.pool.object_size;
+        let _slot = self.take_slot().await;
+        let (_guard, earlier) = self.gate.enter(object, 0, object_size);
+        for e in earlier {
+            e.wait().await;
+        }
+        let theirs = self.object_sums(view, pg, object, source).await?;
+        let mine = self.object_sums(view, pg, object, self.osd).await?;
+        if theirs.is_empty() {
+            if mine.is_empty() {
+                return Ok(false);
+            }
+            // No acknowledged write created it: the other copy would have it.
+            self.forget_proof(pg, object, 0, 0);
+            self.store.remove_object(pg, object).await.map_err(|e| {
+                tracing::error!(%object, "cannot remove an object in doubt: {e}");
+                status::EIO
+            })?;
+            return Ok(true);
+        }
+        let ranges = ranges_to_pull(&theirs, &mine);
+        let Some(osd) = view.map.osds.get(&source) else {
+            return Err(status::ESTALE);
+        };
+        for &(off, len) in &ranges {
+            let mut at = off;
+            // Bounded: `at` advances by at least one block per round.
+            while at < off + len {
+                let n = super::COPY_CHUNK_BYTES.min(off + len - at);
+                let target = IoTarget {
+                    pg,
+                    object,
+                    offset: at,
+                    length: n,
+                };
+                let data = match self.read_replica(osd, target, view.map.epoch).await? {
+                    Message::Reply {
+                        status: status::OK,
+                        data,
+                        ..
+                    } if data.len() == n as usize => data,
+                    Message::Reply { status: st, .. } if st != status::OK => return Err(st),
+                    _ => return Err(status::EIO),
+                };
+                self.forget_proof(pg, object, at, n);
+                self.write_pulled(pg, object, at, data.as_slice()).await?;
+                at += n;
+            }
+        }
+        Ok(!ranges.is_empty())
+    }
+
+    /// Writes pulled bytes over this copy, stably: runs of zero blocks as holes
+    /// (as recovery copies them), the rest with their checksums.
+    async fn write_pulled(
+        &self,
+        pg: PgId,
+        object: ObjectId,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), i32> {
+        let io = |e: crate::store::StoreError| {
+            tracing::error!(%object, "cannot write pulled bytes: {e}");
+            status::EIO
+        };
+        let mut i = 0usize;
+        let blocks: Vec<bool> = data
+            .chunks(BLOCK as usize)
+            .map(|b| b.iter().all(|&x| x == 0))
+            .collect();
+        // Bounded: `i` advances by at least one block per round.
+        while i < blocks.len() {
+            let zero = blocks[i];
+            let mut j = i;
+            while j < blocks.len() && blocks[j] == zero {
+                j += 1;
+            }
+            let at = offset + (i as u32) * BLOCK;
+            let len = ((j - i) as u32) * BLOCK;
+            if zero {
+                self.store
+                    .zero(pg, object, at, len, true)
+                    .await
+                    .map_err(io)?;
+            } else {
+                let bytes = &data[i * BLOCK as usize..j * BLOCK as usize];
+                self.store
+                    .repair_range(pg, object, at / BLOCK, bytes)
+                    .await
+                    .map_err(io)?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Another copy's bytes replace this range: the log no longer proves which
+    /// ops this copy holds there.
+    fn forget_proof(&self, pg: PgId, object: ObjectId, offset: u32, len: u32) {
+        if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
+            log.forget_proof(object, offset, len);
+        }
+    }
+
+    /// This shard is the primary of `pg` and `member` a complete replica: if
+    /// the member's restart (incarnation `up_from`) left objects of the group in
+    /// doubt, compares them with this copy and pushes what differs, then
+    /// flushes the member. Done once per incarnation (the caller records it).
+    pub(crate) async fn push_member_suspects(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        member: OsdId,
+        job: (Epoch, u64),
+    ) -> Result<(), JobError> {
+        let volumes = match self.member_suspects(view, pg, member).await {
+            Ok(objects) if objects.is_empty() => return Ok(()),
+            Ok(objects) => {
+                let objects = objects.into_iter().map(|o| (o, None)).collect();
+                self.for_each_object(view, pg, member, job, objects, "suspects")
+                    .await?
+            }
+            Err(status::E2BIG) => self.backfill(view, pg, member, job, "suspects").await?,
+            Err(st) => return Err(JobError::Failed(st)),
+        };
+        self.flush_member(view, pg, member, &volumes)
+            .await
+            .map_err(JobError::Failed)?;
+        tracing::info!(%pg, %member, "compared what the member's restart left in doubt");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sums(v: &[(u32, bool)]) -> Vec<BlockSum> {
+        v.iter().map(|&(sum, bad)| BlockSum { sum, bad }).collect()
+    }
+
+    #[test]
+    fn pulls_differing_and_locally_bad_blocks_never_the_sources_bad_ones() {
+        let source = sums(&[(1, false), (2, false), (3, true), (4, false), (5, false)]);
+        let mine = sums(&[(1, false), (9, false), (9, false), (4, true), (5, false)]);
+        let b = BLOCK;
+        // Block 1 differs, block 2 is bad on the source (kept), block 3 is bad here.
+        assert_eq!(ranges_to_pull(&source, &mine), vec![(b, b), (3 * b, b)]);
+        assert!(ranges_to_pull(&source, &source).is_empty());
+        // A longer copy here: the source's missing blocks read as zeroes.
+        let short = sums(&[(1, false)]);
+        assert_eq!(
+            ranges_to_pull(&short, &sums(&[(1, false), (7, false), (8, false)])),
+            vec![(b, 2 * b)]
+        );
+    }
+}
