@@ -173,9 +173,9 @@ impl MgrClient {
         self.post(&format!("/v1/volumes/{name}/resize"), &body)
     }
 
-    /// Removes a volume from the map. Its objects must have been deleted from the
-    /// OSDs first ([`crate::Cluster::delete_volume_objects`]): once the volume is
-    /// gone from the map nothing knows its id any more.
+    /// Removes a volume from the map, which keeps a tombstone of its id: every
+    /// OSD deletes the volume's objects when it sees it, and accepts a
+    /// [`crate::Cluster::delete_volume_objects`] for it only from then on.
     pub fn remove_volume(&self, name: &str) -> Result<VolumeInfo, ClientError> {
         check_name(name)?;
         self.delete(&format!("/v1/volumes/{name}"))

@@ -1402,8 +1402,10 @@ fn validate_boot(req: &OsdBoot) -> Result<(), StateError> {
     if req.shards == 0 || req.shards > OSD_SHARDS_MAX {
         return bad(format!("shards must be 1..={OSD_SHARDS_MAX}"));
     }
-    if !req.weight.is_finite() || req.weight < 0.0 {
-        return bad("weight must be a finite number >= 0".into());
+    // Bounded like `osd reweight`: a huge weight would win nearly every straw2
+    // draw and pull the whole cluster's placement onto one OSD.
+    if !req.weight.is_finite() || !(0.0..=OSD_WEIGHT_MAX).contains(&req.weight) {
+        return bad(format!("weight must be a number in 0..={OSD_WEIGHT_MAX}"));
     }
     // Clients connect to shard i at addr.port() + i: every one of those ports must
     // exist, and an unspecified address (0.0.0.0) cannot be connected to.
@@ -2438,6 +2440,8 @@ mod tests {
         bad(&|r| r.weight = f64::NAN);
         bad(&|r| r.weight = f64::INFINITY);
         bad(&|r| r.weight = -1.0);
+        bad(&|r| r.weight = 1e300);
+        bad(&|r| r.weight = OSD_WEIGHT_MAX + 1.0);
         bad(&|r| r.host = String::new());
         bad(&|r| r.host = "h".repeat(65));
         bad(&|r| r.uuid = String::new());

@@ -256,8 +256,13 @@ impl Validate for OsdConfig {
         {
             return bad("network_threads", "must be 1..=64 with threading: staged");
         }
-        if !self.weight.is_finite() || self.weight < 0.0 {
-            return bad("weight", "must be a finite number >= 0");
+        if !self.weight.is_finite()
+            || !(0.0..=flame_common::mgr_api::OSD_WEIGHT_MAX).contains(&self.weight)
+        {
+            return bad(
+                "weight",
+                "must be a number in 0..=100 (the manager's bound)",
+            );
         }
         if let Some(h) = &self.host
             && (h.is_empty() || h.len() > 64)
@@ -354,12 +359,14 @@ mod tests {
                 .to_string()
                 .contains("shard")
         );
-        assert!(
-            parse_str::<OsdConfig>("weight: -1\n", "t")
-                .unwrap_err()
-                .to_string()
-                .contains("weight")
-        );
+        for weight in ["-1", "1e300", "101"] {
+            assert!(
+                parse_str::<OsdConfig>(&format!("weight: {weight}\n"), "t")
+                    .unwrap_err()
+                    .to_string()
+                    .contains("weight")
+            );
+        }
         assert!(parse_str::<OsdConfig>("poll_mode: sometimes\n", "t").is_err());
         let c: OsdConfig = parse_str("threading: staged\nnetwork_threads: 2\n", "t").unwrap();
         assert_eq!(c.threading, Threading::Staged);

@@ -245,7 +245,13 @@ impl Shard {
                     (status::EIO, PayloadBuf::empty())
                 }
             },
-            Message::DeleteVolume { volume, .. } => {
+            Message::DeleteVolume { volume, epoch, .. } => {
+                if let Err(st) = view.check_delete_volume(*volume, *epoch) {
+                    if st != status::EAGAIN {
+                        tracing::warn!(%volume, "refused DELETE_VOLUME of a volume the map still has (remove it through the manager)");
+                    }
+                    return (st, PayloadBuf::empty());
+                }
                 let me = map.osds.get(&self.osd).cloned();
                 let shard = self.id;
                 let owned = move |pg| me.as_ref().is_some_and(|m| m.shard_of(pg) == shard);

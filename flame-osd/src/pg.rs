@@ -70,6 +70,27 @@ impl MapView {
         }
     }
 
+    /// Whether a `DELETE_VOLUME` of `volume` sent under `sender_epoch` may run:
+    /// only for a volume this map no longer has (removed through the manager,
+    /// which keeps its tombstone), so that one raw message cannot erase a live
+    /// volume. A live volume with a sender on a newer map is `EAGAIN` (that map
+    /// may have removed it; this OSD fetches it and the sender retries); with
+    /// one on this map or an older one it is refused (`EINVAL`).
+    pub(crate) fn check_delete_volume(
+        &self,
+        volume: VolumeId,
+        sender_epoch: Epoch,
+    ) -> Result<(), i32> {
+        if !self.volume_bytes.contains_key(&volume) {
+            return Ok(());
+        }
+        if sender_epoch > self.map.epoch {
+            Err(status::EAGAIN)
+        } else {
+            Err(status::EINVAL)
+        }
+    }
+
     /// Checks that `target` is well-formed and that this OSD and shard should serve
     /// it in the role the request asks for.
     pub(crate) fn check(

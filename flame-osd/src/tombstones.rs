@@ -1,9 +1,9 @@
 //! Deleting the objects of removed volumes that an OSD still holds.
 //!
-//! `flame-admin volume rm` deletes a volume's objects on the OSDs that are up and
-//! removes the volume from the map, which keeps a tombstone of its id
-//! (`ClusterMap::deleted_volumes`). An OSD that was down at the time still holds
-//! its copies. So whenever this OSD sees a map with a tombstone it has not checked
+//! `flame-admin volume rm` removes the volume from the map, which keeps a
+//! tombstone of its id (`ClusterMap::deleted_volumes`), then deletes its objects
+//! on the OSDs that are up (DELETE_VOLUME, accepted only once the shard's map
+//! has the tombstone). An OSD that was down at the time still holds its copies. So whenever this OSD sees a map with a tombstone it has not checked
 //! yet — which includes the first map after every start — the control thread walks
 //! the data directory (a blocking walk, off the shard threads) for objects of
 //! tombstoned volumes, and each shard thread then deletes those volumes' objects in

@@ -836,3 +836,56 @@ fn a_replaced_primary_that_cannot_learn_the_new_map_serves_no_stale_read() {
         other => panic!("not a reply: {other:?}"),
     }
 }
+
+/// One raw DELETE_VOLUME per shard used to erase a live volume (volume ids are
+/// public in `GET /v1/map`): now every shard refuses it while its map has the
+/// volume, nothing is deleted, and `flame-admin volume rm` (which removes the
+/// volume from the map first) still deletes the objects everywhere.
+#[test]
+fn a_raw_delete_of_a_live_volume_is_refused_and_erases_nothing() {
+    let cluster = TestCluster::start();
+    let vol = cluster.create_volume("keep", 8 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let m = map.clone();
+    reactor
+        .block_on(async move {
+            let loc = locate(&m, object);
+            let shard = m.osds[&loc.osds[0]].shard_of(loc.pg);
+            let conn = connect(&m, loc.osds[0], shard).await;
+            let reply = call_retry(&conn, write(&m, 1, object, 0, vec![0x5a; 4096]), true).await;
+            assert_eq!(status_of(&reply), status::OK);
+            for info in m.osds.values() {
+                for s in 0..info.shards {
+                    let conn = connect(&m, info.id, s).await;
+                    let delete = Message::DeleteVolume {
+                        id: RequestId(9),
+                        epoch: m.epoch,
+                        volume: vol.id,
+                    };
+                    assert_eq!(
+                        status_of(&call(&conn, delete).await),
+                        status::EINVAL,
+                        "{} shard {s} deleted a live volume",
+                        info.id
+                    );
+                }
+            }
+            let reply = call_retry(&conn, read(&m, 2, object, 0, 4096), true).await;
+            match reply {
+                Message::Reply {
+                    status: 0, data, ..
+                } => assert!(data.as_slice().iter().all(|&b| b == 0x5a), "data changed"),
+                other => panic!("read after the refused deletes: {other:?}"),
+            }
+        })
+        .unwrap();
+    assert_eq!(cluster.object_files_per_osd(vol.id), vec![1; 3]);
+    let out = cluster.admin_ok(&["volume", "rm", "keep"]);
+    assert!(out.contains("removed volume keep"), "{out}");
+    assert_eq!(cluster.object_files_per_osd(vol.id), vec![0; 3], "{out}");
+}

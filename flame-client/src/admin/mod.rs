@@ -726,14 +726,22 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
     }
 }
 
-/// Deletes the volume's objects on every OSD that is up through the data path, then
-/// removes the volume from the map, which keeps a tombstone of its id: OSDs that
-/// were down delete their copies when they are back (or never come back: `osd rm`).
-/// Deleting first means a failure part-way leaves the volume in the map, and
-/// running `volume rm` again finishes it.
+/// Removes the volume from the map, which keeps a tombstone of its id, then
+/// deletes its objects on every OSD that is up through the data path (OSDs
+/// delete a volume's objects only once their map has its tombstone, so that no
+/// raw message can erase a live volume). Every OSD also deletes the objects of
+/// tombstoned volumes on its own when it sees the map, so a deletion that
+/// fails part-way (or an OSD that is down) is finished without another command.
 fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
-    let v = mgr.volume(name)?;
-    let fail = |e: ClientError| AdminError(format!("cannot remove volume `{name}`: {e}"));
+    mgr.volume(name)?;
+    let removed = mgr.remove_volume(name)?;
+    let fail = |e: ClientError| {
+        AdminError(format!(
+            "removed volume `{name}` from the map; deleting its objects now failed ({e}): \
+             the OSDs delete them on their own as they see the map"
+        ))
+    };
+    // Connected after the removal: the map it sends under has the tombstone.
     let cluster = Cluster::connect(admin_client_config(&cli.mgr)).map_err(fail)?;
     let down: Vec<String> = cluster
         .map()
@@ -745,12 +753,11 @@ fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
     let mut reactor = Reactor::new(ReactorConfig::default())
         .map_err(|e| AdminError(format!("starting the I/O reactor: {e}")))?;
     let c = cluster.clone();
-    let id = v.id;
+    let id = removed.id;
     reactor
         .block_on(async move { c.delete_volume_objects(id).await })
         .map_err(|e| AdminError(format!("I/O reactor failed: {e}")))?
         .map_err(fail)?;
-    let removed = mgr.remove_volume(name)?;
     let view = VolumeView::new(&removed, cluster.map().pool.object_size);
     if cli.json {
         return json(&view);
