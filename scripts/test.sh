@@ -55,13 +55,14 @@ section "system packages"
 # engine); python3-libnbd: scripted NBD clients; fuse3: nbdfuse's mounts; cmake and
 # libclang-dev: the rdma feature's build (sideway's bindings); iptables: network
 # fault tests; curl: metrics checks; shellcheck: lints these scripts;
-# qemu-system-x86, kmod, cpio, xz-utils: the test VM (scripts/vm.sh); nbd-client,
+# qemu-system-x86 (and qemu-system-common, named: without it apt once found no
+# solution on a fresh machine), kmod, cpio, xz-utils: the test VM (scripts/vm.sh); nbd-client,
 # e2fsprogs: the kernel NBD test run in it (tests/tests/kernel_nbd.rs; the guest
 # runs the host's own tools); rdma-core, ibverbs-providers (librxe, Soft-RoCE's
 # userspace driver), libibverbs1, ibverbs-utils (ibv_devices), iproute2 (`rdma
 # link add`): the rdma tests run in it over Soft-RoCE (tests/tests/rdma_vm.rs).
 PACKAGES=(qemu-utils libnbd-bin fio python3-libnbd fuse3 cmake libclang-dev iptables curl shellcheck
-    qemu-system-x86 kmod cpio xz-utils nbd-client e2fsprogs
+    qemu-system-common qemu-system-x86 kmod cpio xz-utils nbd-client e2fsprogs
     rdma-core ibverbs-providers libibverbs1 ibverbs-utils iproute2)
 missing=()
 for p in "${PACKAGES[@]}"; do
