@@ -197,7 +197,9 @@ pub fn open_data_dir(data_dir: &Path, uuid: &str, checksums: bool) -> Result<Sup
                 "data_dir {dir}: no copy of the superblock is readable ({} is {}; {} is {}), \
                  so the format, OSD and checksum setting of the directory are unknown and it \
                  is not opened; restore either file from a backup of this OSD's data_dir \
-                 (the two copies are identical), or {what_to_do}",
+                 (the two copies are identical), or, without one, move this data_dir away and \
+                 start flame-osd on an empty one: it joins as a new OSD and its placement \
+                 groups are filled again from their other copies",
                 paths[0].display(),
                 why(&first),
                 paths[1].display(),
@@ -419,7 +421,7 @@ mod tests {
                 && e.contains("checksum does not match")
                 && e.contains("superblock.copy")
                 && e.contains("restore")
-                && e.contains("empty data_dir"),
+                && e.contains("move this data_dir away"),
             "{e}"
         );
         // Nothing was formatted over it.
