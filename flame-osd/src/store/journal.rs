@@ -13,7 +13,7 @@
 
 use super::fs::{File, Fs};
 use crate::metrics::SyncKind;
-use flame_common::collections::HashMap;
+use flame_common::collections::{HashMap, HashSet};
 use flame_common::ids::{ObjectId, PgId, VolumeId};
 use std::cell::{Cell, RefCell};
 
@@ -108,15 +108,121 @@ fn decode_entry(b: &[u8], generation: u64) -> Option<(PgId, ObjectId)> {
     ))
 }
 
-/// Reads the objects named by the current generation of the journal at `path`.
-/// A missing or headerless journal names none.
-pub async fn replay(fs: &Fs, path: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
-    let Some((file, _)) = fs.open(path, false).await? else {
-        return Ok(Vec::new());
-    };
+/// Most bytes of a journal whose header does not decode that start-up scans for
+/// entries (every journal flame-osd writes is far smaller: the reservation is
+/// about 2.2 MiB); a larger one is refused rather than half read.
+pub const JOURNAL_SCAN_MAX: u64 = 256 << 20;
+
+/// What start-up learns from one journal file.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// The objects that may have data on disk newer than their stable checksums.
+    pub objects: Vec<(PgId, ObjectId)>,
+    /// The header did not decode, so which generation is current is unknown:
+    /// `objects` are then every object that any entry of the file names, of any
+    /// generation (a superset of the current generation's).
+    pub header_unreadable: bool,
+}
+
+/// Every entry that verifies (its crc), of any generation, in the file from
+/// offset [`JOURNAL_HEADER_LEN`] on: for a journal whose header does not decode.
+/// Bounded by [`JOURNAL_SCAN_MAX`]: a larger file is an error, never half read.
+async fn scan_entries(file: &File, path: &Path) -> io::Result<Vec<(u64, PgId, ObjectId)>> {
+    let size = file.size().await?;
+    if size > JOURNAL_SCAN_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "intent journal {}: its header does not decode and the file is {size} bytes, \
+                 more than any journal flame-osd writes ({JOURNAL_SCAN_MAX}); it is not a \
+                 journal of this OSD — restore the data directory's journal/ from where it \
+                 came, or start this OSD on an empty data_dir",
+                path.display()
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut offset = JOURNAL_HEADER_LEN;
+    // Bounded by the file size, itself bounded above.
+    while offset + ENTRY_LEN as u64 <= size {
+        let chunk = file.read(offset, REPLAY_CHUNK).await?;
+        for e in chunk.chunks_exact(ENTRY_LEN) {
+            let generation = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+            if let Some((pg, object)) = decode_entry(e, generation) {
+                out.push((generation, pg, object));
+            }
+        }
+        offset += REPLAY_CHUNK as u64;
+    }
+    Ok(out)
+}
+
+/// The header's generation, or `None` if the header does not decode (torn by a
+/// power cut while a reset wrote it, or corrupted by the medium).
+async fn read_generation(file: &File) -> io::Result<Option<u64>> {
     let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
-    let Some(generation) = decode_header(&head) else {
-        return Ok(Vec::new());
+    Ok(decode_header(&head))
+}
+
+/// Whether a journal file holds nothing at all: never written (a journal created
+/// and not yet given its first header), so an all-zero header is not damage.
+async fn is_blank(file: &File) -> io::Result<bool> {
+    let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
+    Ok(head.iter().all(|&b| b == 0) && file.size().await? <= JOURNAL_HEADER_LEN)
+}
+
+/// The generation the next header of this journal gets: above every generation
+/// that can be on disk in it, so no entry left from an earlier generation ever
+/// counts as current. With a valid header, the one after it (entries of a
+/// generation are written only once its header is stable, so none is newer); with
+/// a header that does not decode, the one after the newest entry in the file.
+async fn next_generation(file: &File, path: &Path) -> io::Result<u64> {
+    let newest = match read_generation(file).await? {
+        Some(g) => g,
+        None => scan_entries(file, path)
+            .await?
+            .iter()
+            .map(|e| e.0)
+            .max()
+            .unwrap_or(0),
+    };
+    newest.checked_add(1).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "intent journal {}: generation {newest} cannot be followed (not written by \
+                 flame-osd); start this OSD on an empty data_dir",
+                path.display()
+            ),
+        )
+    })
+}
+
+/// Reads the objects named by the current generation of the journal at `path`.
+/// A missing or never-written journal names none. A journal whose header does not
+/// decode is **not** empty: it names every object of every entry in it that
+/// verifies (start-up recomputes them all, and they are in doubt until copied
+/// again from their primaries), because the current generation's entries are
+/// among them and cannot be told from older ones without the header.
+pub async fn replay(fs: &Fs, path: &Path) -> io::Result<Replayed> {
+    let Some((file, _)) = fs.open(path, false).await? else {
+        return Ok(Replayed::default());
+    };
+    let Some(generation) = read_generation(&file).await? else {
+        if is_blank(&file).await? {
+            return Ok(Replayed::default());
+        }
+        let mut seen = HashSet::default();
+        let objects = scan_entries(&file, path)
+            .await?
+            .into_iter()
+            .filter(|(_, _, object)| seen.insert(*object))
+            .map(|(_, pg, object)| (pg, object))
+            .collect();
+        return Ok(Replayed {
+            objects,
+            header_unreadable: true,
+        });
     };
     let size = file.size().await?;
     let mut out = Vec::new();
@@ -127,23 +233,41 @@ pub async fn replay(fs: &Fs, path: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
         for e in chunk.chunks_exact(ENTRY_LEN) {
             match decode_entry(e, generation) {
                 Some(x) => out.push(x),
-                None => return Ok(out),
+                None => {
+                    return Ok(Replayed {
+                        objects: out,
+                        header_unreadable: false,
+                    });
+                }
             }
         }
         offset += REPLAY_CHUNK as u64;
     }
-    Ok(out)
+    Ok(Replayed {
+        objects: out,
+        header_unreadable: false,
+    })
 }
 
-/// Starts a new, empty generation of the journal at `path` (synced).
+/// Starts a new, empty generation of the journal at `path` (synced), numbered
+/// above every generation on disk in it ([`next_generation`]).
 pub async fn reset_file(fs: &Fs, path: &Path) -> io::Result<()> {
     let Some((file, _)) = fs.open(path, false).await? else {
         return Ok(());
     };
-    let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
-    let generation = decode_header(&head).unwrap_or(0).wrapping_add(1);
+    let generation = next_generation(&file, path).await?;
     file.write(0, encode_header(generation), Some(SyncKind::Journal))
         .await
+}
+
+/// The generation in the header of the journal at `path` (`None`: missing, or the
+/// header does not decode). Tests check that generations never restart.
+#[cfg(test)]
+pub async fn header_generation(fs: &Fs, path: &Path) -> io::Result<Option<u64>> {
+    match fs.open(path, false).await? {
+        Some((file, _)) => read_generation(&file).await,
+        None => Ok(None),
+    }
 }
 
 /// The journal of one shard.
@@ -261,8 +385,7 @@ impl Journal {
         // full disk fails data writes (ENOSPC to the client) rather than a journal
         // write (which stops the OSD). Up to the soft bound plus a batch in flight.
         file.allocate(0, JOURNAL_RESERVE_BYTES).await?;
-        let head = file.read(0, JOURNAL_HEADER_LEN as usize).await?;
-        let generation = decode_header(&head).unwrap_or(0).wrapping_add(1);
+        let generation = next_generation(&file, &self.path).await?;
         file.write(0, encode_header(generation), Some(SyncKind::Journal))
             .await?;
         self.generation.set(generation);
@@ -320,7 +443,11 @@ impl Journal {
         let busy = Busy::take(self);
         let res = async {
             let file = self.file().await?;
-            let generation = self.generation.get().wrapping_add(1);
+            let generation = self
+                .generation
+                .get()
+                .checked_add(1)
+                .ok_or_else(|| io::Error::other("intent journal generation exhausted"))?;
             // From here on, new entries belong to the new generation; they are
             // written only after its header (the journal is busy until then).
             self.generation.set(generation);

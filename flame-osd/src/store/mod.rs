@@ -1183,6 +1183,10 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
 /// Those objects had writes that no FLUSH covered; after a crash each of their
 /// blocks holds either the old or the new data (both are valid answers for an
 /// unflushed write), and recomputing makes the checksums agree with whichever it is.
+/// A journal whose header does not decode is never taken as empty: every object any
+/// of its entries names is recomputed (and in doubt), a superset of the current
+/// generation's ([`journal::replay`]), and its reset numbers the new generation
+/// above every entry left in it.
 /// Run before any shard starts, with nothing else touching the directory.
 pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
     let jdir = layout::journal_dir(root);
@@ -1193,7 +1197,17 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> 
     // the journal that names them is reset.
     let mut dirs = std::collections::BTreeSet::new();
     for name in &journals {
-        for (pg, object) in journal::replay(fs, &jdir.join(name)).await? {
+        let path = jdir.join(name);
+        let replayed = journal::replay(fs, &path).await?;
+        if replayed.header_unreadable {
+            tracing::warn!(
+                journal = %path.display(),
+                objects = replayed.objects.len(),
+                "the intent journal's header does not decode (torn or corrupt): recomputing \
+                 the checksums of every object any of its entries names"
+            );
+        }
+        for (pg, object) in replayed.objects {
             if !seen.insert(object) {
                 continue;
             }
