@@ -18,9 +18,14 @@
 //!
 //! **Format.** Two files per shard, `pglog/<shard>.0` and `.1`, each a
 //! 4096-byte header (magic, generation, crc32c) followed by 68-byte records (each
-//! with the file's generation and a crc32c). The file with the higher valid
+//! with the file's generation and a crc32c). The file with the higher
 //! generation is the current one; its records are read up to the first torn or
-//! older one. When the current file grows past [`FILE_BYTES_MAX`] (or twice what
+//! older one. A header that does not decode is never taken as "no file": the
+//! file's first record (whole, since a compaction syncs its records before it
+//! writes the header) says its generation. A compaction numbers its file above
+//! every generation that can be on disk in either file (it scans the file it
+//! overwrites once per run), so a record left from an earlier use of a
+//! generation never counts as current. When the current file grows past [`FILE_BYTES_MAX`] (or twice what
 //! the last compaction kept), the newest
 //! `keep_per_pg` records of every group are written to the other file, which is
 //! synced and then given the next generation (its header written and synced
@@ -204,6 +209,61 @@ pub struct PgLogFile {
     /// at the next start). Records are dropped: their ops are unknown after a
     /// restart, as if there were no stable log.
     disabled: Cell<bool>,
+    /// At least every generation that can be on disk in either file (headers and
+    /// records, also those of a compaction that a crash interrupted): the next
+    /// compaction numbers its file above it, so no record left in a file from an
+    /// earlier use of a generation ever counts as current. Only grows.
+    highest: Cell<u64>,
+    /// Whether each file's records were scanned for their newest generation this
+    /// run (once per file: after that, this run wrote everything newer in it).
+    scanned: [Cell<bool>; 2],
+}
+
+/// What a file's header says.
+enum Head {
+    /// It decodes: the file's generation.
+    Valid(u64),
+    /// All zero: never written (a first compaction into this file did not finish).
+    Blank,
+    /// It does not decode (torn while a compaction wrote it, or corrupted).
+    Damaged,
+}
+
+fn classify(head: &[u8]) -> Head {
+    match decode_header(head) {
+        Some(g) => Head::Valid(g),
+        None if head.iter().all(|&b| b == 0) => Head::Blank,
+        None => Head::Damaged,
+    }
+}
+
+/// The generation of a record whose checksum verifies, whatever it is.
+fn record_generation(b: &[u8]) -> Option<u64> {
+    (b.len() >= RECORD_LEN && crc32c::crc32c(&b[..64]) == u32_at(b, 64)).then(|| u64_at(b, 0))
+}
+
+/// The newest generation on disk in `file`: its header's (if it decodes) and that
+/// of every record in its first [`LOAD_BYTES_MAX`] bytes whose checksum verifies
+/// (nothing beyond is ever loaded, so nothing beyond can count as current).
+async fn newest_generation(file: &File) -> io::Result<u64> {
+    let head = file.read(0, HEADER_LEN as usize).await?;
+    let mut newest = decode_header(&head).unwrap_or(0);
+    let size = file.size().await?.min(LOAD_BYTES_MAX);
+    let mut offset = HEADER_LEN;
+    // Bounded by the size read above.
+    while offset + RECORD_LEN as u64 <= size {
+        let chunk = file.read(offset, READ_CHUNK).await?;
+        if chunk.len() < RECORD_LEN {
+            break;
+        }
+        for r in chunk.chunks_exact(RECORD_LEN) {
+            if let Some(g) = record_generation(r) {
+                newest = newest.max(g);
+            }
+        }
+        offset += (chunk.len() / RECORD_LEN * RECORD_LEN) as u64;
+    }
+    Ok(newest)
 }
 
 /// The writer role of a [`PgLogFile`], given back when dropped (also when the
@@ -234,6 +294,8 @@ impl PgLogFile {
             writing: Cell::new(false),
             writer_free: super::wait_list::WaitList::default(),
             disabled: Cell::new(false),
+            highest: Cell::new(0),
+            scanned: [Cell::new(false), Cell::new(false)],
         }
     }
 
@@ -330,21 +392,51 @@ impl PgLogFile {
     }
 
     /// Reads the stable records, oldest first, and makes the current file ready
-    /// for appending. Missing files hold none; a file whose header does not
-    /// verify is not current.
+    /// for appending. Missing files hold none. The file with the newest
+    /// generation is current: a header's, or — for a header that does not
+    /// decode — that of the file's first record, because a compaction writes and
+    /// syncs all its records before it writes the header: a header torn while it
+    /// was written, or corrupted since, still leaves whole records that say which
+    /// generation the file holds. An all-zero header is a file whose first
+    /// compaction never reached its header (its records may be partial): never
+    /// current.
     pub async fn load(&self) -> io::Result<Vec<StoredEntry>> {
-        let mut best: Option<(usize, u64, File)> = None;
+        // (generation, header valid, index, file): the highest wins, a valid
+        // header over a recovered one of the same generation.
+        let mut best: Option<(u64, bool, usize, File)> = None;
         for index in 0..2 {
             let Some((file, _)) = self.fs.open(&self.paths[index], false).await? else {
                 continue;
             };
             let head = file.read(0, HEADER_LEN as usize).await?;
-            if let Some(g) = decode_header(&head)
-                && best.as_ref().is_none_or(|(_, bg, _)| g > *bg)
+            let (generation, valid) = match classify(&head) {
+                Head::Valid(g) => (g, true),
+                Head::Blank => continue,
+                Head::Damaged => {
+                    let first = file.read(HEADER_LEN, RECORD_LEN).await?;
+                    let found =
+                        record_generation(&first).filter(|&g| decode_record(&first, g).is_some());
+                    tracing::warn!(
+                        file = %self.paths[index].display(),
+                        generation = ?found,
+                        "the placement-group log file's header does not decode (torn or \
+                         corrupt); its generation is taken from its first record"
+                    );
+                    match found {
+                        Some(g) => (g, false),
+                        None => continue,
+                    }
+                }
+            };
+            self.highest.set(self.highest.get().max(generation));
+            if best
+                .as_ref()
+                .is_none_or(|(bg, bv, _, _)| (generation, valid) > (*bg, *bv))
             {
-                best = Some((index, g, file));
+                best = Some((generation, valid, index, file));
             }
         }
+        let best = best.map(|(g, _, i, f)| (i, g, f));
         let Some((index, generation, file)) = best else {
             *self.current.borrow_mut() = None;
             return Ok(Vec::new());
@@ -434,11 +526,28 @@ impl PgLogFile {
             }
             false => Vec::new(),
         };
-        let (index, generation) = match self.current.borrow().as_ref() {
-            Some(c) => (1 - c.index, c.generation + 1),
-            None => (0, 1),
+        let (index, current) = match self.current.borrow().as_ref() {
+            Some(c) => (1 - c.index, c.generation),
+            None => (0, 0),
         };
         let file = self.open(index).await?;
+        if !self.scanned[index].get() {
+            // Records of an earlier use of any generation up to the newest in
+            // this file (a compaction a crash interrupted, a header that did not
+            // decode) must stay stale: the new generation goes above them all.
+            let newest = newest_generation(&file).await?;
+            self.highest.set(self.highest.get().max(newest));
+            self.scanned[index].set(true);
+        }
+        let generation = self
+            .highest
+            .get()
+            .max(current)
+            .checked_add(1)
+            .ok_or_else(|| io::Error::other("placement-group log generation exhausted"))?;
+        // Taken before anything is written: a compaction that fails half way
+        // leaves records of this generation, and the next one must go above.
+        self.highest.set(generation);
         let mut buf = Vec::with_capacity(kept.len() * RECORD_LEN);
         for e in &kept {
             buf.extend_from_slice(&seal(encode_record(e.pg, &e.entry), generation));
@@ -625,5 +734,111 @@ mod tests {
             decode_record(&seal(r[0], 1), 1).map(|e| e.entry.seq),
             Some(11)
         );
+    }
+
+    /// Overwrites the first 4 KiB of `path` with `head` (stable).
+    fn set_header(fs: &Fs, path: &Path, head: Vec<u8>) {
+        let fs = fs.clone();
+        let path = path.to_path_buf();
+        run(async move {
+            let (file, _) = fs.open(&path, false).await.unwrap().unwrap();
+            file.write(0, head, Some(SyncKind::PgLog)).await.unwrap();
+        });
+    }
+
+    /// The header of a file, garbled in its second half: torn by a power cut
+    /// while a compaction wrote it, or corrupted by the medium since.
+    fn garbled(sim: &SimFs, path: &Path) -> Vec<u8> {
+        let mut head = sim.contents(path).unwrap()[..HEADER_LEN as usize].to_vec();
+        for b in &mut head[2048..] {
+            *b ^= 0x5a;
+        }
+        head
+    }
+
+    fn seqs(log: PgLogFile) -> Vec<u64> {
+        run(async move { log.load().await.unwrap() })
+            .iter()
+            .map(|e| e.entry.seq)
+            .collect()
+    }
+
+    /// The current file's header did not decode: the older file was taken as
+    /// current (the newer records lost), and the next compaction reused the
+    /// damaged file's generation.
+    #[test]
+    fn a_current_file_whose_header_does_not_decode_stays_current() {
+        let root = PathBuf::from("/sim/osd");
+        let (sim, fs) = sim(&root);
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 0));
+        let l = log.clone();
+        run(async move {
+            l.load().await.unwrap();
+            for s in 1..=2 {
+                l.note(PgId(1), &entry(s, 1, s));
+            }
+            let r = l.take(None);
+            l.persist(&r).await.unwrap(); // .0, generation 1
+            l.compact().await.unwrap(); // .1, generation 2
+            l.note(PgId(1), &entry(3, 1, 3));
+            let r = l.take(None);
+            l.persist(&r).await.unwrap();
+        });
+        let [p0, p1] = paths(&root, 0);
+        set_header(&fs, &p1, garbled(&sim, &p1));
+        assert_eq!(seqs(PgLogFile::new(fs.clone(), &root, 0)), vec![1, 2, 3]);
+        // It takes appends, and the next compaction goes above its generation.
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 0));
+        let l = log.clone();
+        run(async move {
+            l.load().await.unwrap();
+            l.note(PgId(1), &entry(4, 1, 4));
+            let r = l.take(None);
+            l.persist(&r).await.unwrap();
+            l.compact().await.unwrap();
+        });
+        let head = sim.contents(&p0).unwrap();
+        assert_eq!(decode_header(&head), Some(3));
+        assert_eq!(seqs(PgLogFile::new(fs, &root, 0)), vec![1, 2, 3, 4]);
+    }
+
+    /// A compaction that a crash stopped after its records were synced and
+    /// before its header was written leaves records of the next generation in
+    /// the file it wrote. The next compaction reused that generation: when it
+    /// kept fewer records, the stale ones after them counted as current.
+    #[test]
+    fn an_unfinished_compaction_never_lends_its_records_to_the_next() {
+        let root = PathBuf::from("/sim/osd");
+        let (sim, fs) = sim(&root);
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 0));
+        let l = log.clone();
+        run(async move {
+            l.load().await.unwrap();
+            for s in 1..=4 {
+                l.note(PgId(1), &entry(s, 1, s));
+            }
+            let r = l.take(None);
+            l.persist(&r).await.unwrap(); // .0, generation 1
+            l.compact().await.unwrap(); // .1, generation 2, all four records
+        });
+        // The crash came before .1's header: it is still all zero.
+        let [_, p1] = paths(&root, 0);
+        set_header(&fs, &p1, vec![0; HEADER_LEN as usize]);
+        assert_eq!(seqs(PgLogFile::new(fs.clone(), &root, 0)), vec![1, 2, 3, 4]);
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 0));
+        log.set_keep_per_pg(1);
+        let l = log.clone();
+        run(async move {
+            l.load().await.unwrap();
+            l.compact().await.unwrap(); // .1 again, keeping only seq 4
+        });
+        let head = sim.contents(&p1).unwrap();
+        assert_eq!(decode_header(&head), Some(3), "above the unfinished 2");
+        assert_eq!(seqs(PgLogFile::new(fs.clone(), &root, 0)), vec![4]);
+        // Both headers unreadable: the records still say which file is current.
+        let [p0, _] = paths(&root, 0);
+        set_header(&fs, &p0, garbled(&sim, &p0));
+        set_header(&fs, &p1, garbled(&sim, &p1));
+        assert_eq!(seqs(PgLogFile::new(fs, &root, 0)), vec![4]);
     }
 }
