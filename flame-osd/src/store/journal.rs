@@ -9,6 +9,12 @@
 //! ignored. At start-up, every object named by an entry of the current generation has
 //! its checksums recomputed from the data on disk (see `super::recover`).
 //!
+//! A header that does not decode (torn while a reset wrote it, or corrupted) is
+//! never taken as an empty journal: every entry carries its own generation and
+//! crc, so start-up recomputes every object any entry in the file names, and the
+//! next generation goes above the newest entry left in it ([`replay`],
+//! [`reset_file`]); no format change, and a reset stays one synced header write.
+//!
 //! Byte layout in docs/on-disk-format.md.
 
 use super::fs::{File, Fs};
@@ -134,9 +140,11 @@ async fn scan_entries(file: &File, path: &Path) -> io::Result<Vec<(u64, PgId, Ob
             io::ErrorKind::InvalidData,
             format!(
                 "intent journal {}: its header does not decode and the file is {size} bytes, \
-                 more than any journal flame-osd writes ({JOURNAL_SCAN_MAX}); it is not a \
-                 journal of this OSD — restore the data directory's journal/ from where it \
-                 came, or start this OSD on an empty data_dir",
+                 more than any journal flame-osd writes ({JOURNAL_SCAN_MAX}): it is not a \
+                 journal this OSD wrote; move it out of journal/ and start again (the objects \
+                 it may name then keep the checksums they have: a block newer than its \
+                 checksum fails verification and is repaired from another copy), or start \
+                 this OSD on an empty data_dir",
                 path.display()
             ),
         ));
