@@ -75,7 +75,10 @@ fn check_object_header(b: &[u8], o: ObjectId) {
         assert!(h.crc_count as usize <= BLOCKS_MAX);
         // Bytes 48..4092 are reserved and not read (the crc covers them); the
         // fields re-encode exactly.
-        assert!(h.encode()[..48] == b[..48], "object header re-encodes differently");
+        assert!(
+            h.encode()[..48] == b[..48],
+            "object header re-encodes differently"
+        );
     }
 }
 
