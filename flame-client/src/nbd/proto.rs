@@ -1092,8 +1092,8 @@ mod props {
             len in any::<u32>(),
         ) {
             if let Ok(c) = decode_client_flags(&f) {
-                let back = u32::from(c.fixed_newstyle) * FLAG_C_FIXED_NEWSTYLE
-                    | u32::from(c.no_zeroes) * FLAG_C_NO_ZEROES;
+                let back = (u32::from(c.fixed_newstyle) * FLAG_C_FIXED_NEWSTYLE)
+                    | (u32::from(c.no_zeroes) * FLAG_C_NO_ZEROES);
                 prop_assert_eq!(back.to_be_bytes(), f);
             }
             if let Ok(o) = decode_option_header(&h) {
