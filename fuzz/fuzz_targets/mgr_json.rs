@@ -142,5 +142,7 @@ fuzz_target!(|data: &[u8]| {
             Ok(())
         }
     };
-    s.persisted.check().expect("state consistent after a request");
+    s.persisted
+        .check()
+        .expect("state consistent after a request");
 });

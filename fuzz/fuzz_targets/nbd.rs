@@ -75,7 +75,8 @@ fuzz_target!(|data: &[u8]| {
     };
     stream.extend_from_slice(rest);
     let mut c = TcpStream::connect(("127.0.0.1", port())).expect("connect");
-    c.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let _ = c.write_all(&stream);
     let _ = c.shutdown(Shutdown::Write);
     let mut buf = [0u8; 64 << 10];

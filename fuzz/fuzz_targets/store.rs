@@ -63,7 +63,10 @@ fuzz_target!(|data: &[u8]| {
     for r in [rest.to_vec(), sealed(rest, RECORD_LEN, fix)] {
         if let Some(s) = decode_record(&r, generation) {
             assert!(u64::from(s.entry.offset) + u64::from(s.entry.length) <= 1 << 32);
-            assert_eq!(&seal(encode_record(s.pg, &s.entry), generation)[..61], &r[..61]);
+            assert_eq!(
+                &seal(encode_record(s.pg, &s.entry), generation)[..61],
+                &r[..61]
+            );
         }
     }
 });
