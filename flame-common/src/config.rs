@@ -176,4 +176,32 @@ mod tests {
         let e = parse_str::<Sample>("shards: 0\n", "t").unwrap_err();
         assert!(e.to_string().contains("`shards`"), "{e}");
     }
+
+    /// A YAML alias bomb ("billion laughs") and deep nesting end in an error at
+    /// once: serde_norway bounds alias expansion and recursion, so a hostile
+    /// config file cannot make a daemon hang or exhaust memory at start-up.
+    #[test]
+    fn alias_bombs_and_deep_nesting_fail_fast() {
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 0..12 {
+            let prev = if i == 0 {
+                "a".to_string()
+            } else {
+                format!("a{}", i - 1)
+            };
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+        }
+        bomb.push_str("listen: *a11\n");
+        let t = std::time::Instant::now();
+        assert!(parse_str::<Sample>(&bomb, "t").is_err());
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(parse_str::<Sample>(&deep, "t").is_err());
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+    }
 }

@@ -14,6 +14,8 @@ pub mod clock;
 pub mod collections;
 pub mod config;
 pub mod entropy;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod ids;
 pub mod logging;

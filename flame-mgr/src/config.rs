@@ -230,3 +230,58 @@ mod tests {
         }
     }
 }
+
+/// Property test of this configuration's YAML decoding (`parse_str`): arbitrary
+/// text and the shipped example (`deploy/examples/mgr.yaml`) with bytes flipped,
+/// inserted, deleted or cut give the configuration or an error naming the key,
+/// never a panic or a hang (YAML aliases, deep nesting and huge numbers included).
+/// Seeded and bounded (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override); the
+/// cargo-fuzz target of every configuration is `fuzz/fuzz_targets/config.rs`.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use flame_common::config::parse_str;
+    use flame_common::fuzzing::mutate;
+    use proptest::prelude::*;
+    use proptest::test_runner::RngSeed;
+
+    const EXAMPLE: &str = include_str!("../../deploy/examples/mgr.yaml");
+
+    fn config(cases: u32) -> ProptestConfig {
+        let env = ProptestConfig::default();
+        ProptestConfig {
+            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
+                env.cases
+            } else {
+                cases
+            },
+            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
+                env.rng_seed
+            } else {
+                RngSeed::Fixed(0xf1a3_0018)
+            },
+            failure_persistence: None,
+            ..env
+        }
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        parse_str::<MgrConfig>(EXAMPLE, "mgr.yaml").expect("deploy/examples/mgr.yaml");
+    }
+
+    proptest! {
+        #![proptest_config(config(128))]
+
+        #[test]
+        fn yaml_configs_parse_or_fail_cleanly(
+            text in "[a-z_:{}\\[\\],&*!|>#0-9 .\n-]{0,80}",
+            m in proptest::collection::vec(any::<(u8, u32, u8)>(), 0..8),
+        ) {
+            let _ = parse_str::<MgrConfig>(&text, "t");
+            let mut b = EXAMPLE.as_bytes().to_vec();
+            mutate(&mut b, &m);
+            let _ = parse_str::<MgrConfig>(&String::from_utf8_lossy(&b), "t");
+        }
+    }
+}

@@ -990,3 +990,164 @@ mod tests {
         assert_eq!(wire_errno(libc::ESHUTDOWN), errno::ESHUTDOWN);
     }
 }
+
+/// Property tests of every decoder here, and of [`validate`] on whatever they
+/// decode: arbitrary bytes and mutated valid encodings give `Ok` or a
+/// [`ProtoError`] (never a panic, never a read past the data), encodings round-trip,
+/// and an accepted command's range lies inside the export. Seeded and bounded
+/// (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override for a longer run). The
+/// negotiation state machine as a whole is property-tested over a socket in
+/// `flame-client/tests/nbd_handshake_props.rs`; the cargo-fuzz target of both is
+/// `fuzz/fuzz_targets/nbd.rs`.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use flame_common::fuzzing::{Mutation, mutate};
+    use proptest::prelude::*;
+    use proptest::test_runner::RngSeed;
+
+    fn config(cases: u32) -> ProptestConfig {
+        let env = ProptestConfig::default();
+        ProptestConfig {
+            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
+                env.cases
+            } else {
+                cases
+            },
+            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
+                env.rng_seed
+            } else {
+                RngSeed::Fixed(0xf1a3_0002)
+            },
+            failure_persistence: None,
+            ..env
+        }
+    }
+
+    fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
+        proptest::collection::vec(any::<(u8, u32, u8)>(), 0..6)
+    }
+
+    fn info_data(name: &[u8], infos: &[u16]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name);
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        d
+    }
+
+    fn check_info(d: &[u8]) {
+        if let Ok(r) = decode_info_request(d) {
+            assert!(r.name.len() <= STRING_BYTES_MAX);
+            assert_eq!(info_data(&r.name, &r.infos), d, "re-encodes differently");
+        }
+    }
+
+    fn session() -> impl Strategy<Value = SessionInfo> {
+        (
+            prop_oneof![Just(0u64), Just(1 << 20), Just(u64::MAX), any::<u64>()],
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(size, read_only, structured)| SessionInfo {
+                size,
+                read_only,
+                structured,
+            })
+    }
+
+    fn check_request(b: &[u8; REQUEST_LEN], s: &SessionInfo) {
+        let Ok(r) = decode_request(b) else {
+            return;
+        };
+        assert_eq!(&encode_request(&r), b);
+        match validate(&r, s) {
+            Ok(
+                Command::Read { offset, len }
+                | Command::Write { offset, len, .. }
+                | Command::Trim { offset, len, .. }
+                | Command::WriteZeroes { offset, len, .. },
+            ) => {
+                let end = offset.checked_add(u64::from(len));
+                assert!(matches!(end, Some(e) if e <= s.size), "{r:?} accepted");
+                if matches!(r.cmd, CMD_READ | CMD_WRITE) {
+                    assert!(len <= PAYLOAD_BYTES_MAX);
+                }
+            }
+            Ok(_) => {}
+            Err(refusal) => assert_ne!(refusal.errno, 0),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(512))]
+
+        #[test]
+        fn client_flags_and_option_headers_take_any_bytes(
+            f in any::<[u8; 4]>(),
+            h in any::<[u8; OPTION_HEADER_LEN]>(),
+            option in any::<u32>(),
+            len in any::<u32>(),
+        ) {
+            if let Ok(c) = decode_client_flags(&f) {
+                let back = (u32::from(c.fixed_newstyle) * FLAG_C_FIXED_NEWSTYLE)
+                    | (u32::from(c.no_zeroes) * FLAG_C_NO_ZEROES);
+                prop_assert_eq!(back.to_be_bytes(), f);
+            }
+            if let Ok(o) = decode_option_header(&h) {
+                prop_assert_eq!(&h[0..8], &IHAVEOPT.to_be_bytes());
+                prop_assert_eq!(&h[8..12], &o.option.to_be_bytes());
+                prop_assert_eq!(&h[12..16], &o.len.to_be_bytes());
+            }
+            let mut valid = [0u8; OPTION_HEADER_LEN];
+            valid[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
+            valid[8..12].copy_from_slice(&option.to_be_bytes());
+            valid[12..16].copy_from_slice(&len.to_be_bytes());
+            prop_assert_eq!(decode_option_header(&valid), Ok(OptionHeader { option, len }));
+        }
+
+        #[test]
+        fn info_requests_take_arbitrary_bytes(d in proptest::collection::vec(any::<u8>(), 0..64)) {
+            check_info(&d);
+        }
+
+        #[test]
+        fn info_requests_round_trip_and_survive_mutation(
+            name in proptest::collection::vec(any::<u8>(), 0..40),
+            long in any::<bool>(),
+            infos in proptest::collection::vec(any::<u16>(), 0..8),
+            m in mutations(),
+        ) {
+            // Sometimes at the name-length bound, where an off-by-one would show.
+            let name = if long { vec![b'n'; STRING_BYTES_MAX] } else { name };
+            let mut d = info_data(&name, &infos);
+            prop_assert_eq!(decode_info_request(&d), Ok(InfoRequest { name, infos }));
+            mutate(&mut d, &m);
+            check_info(&d);
+        }
+
+        #[test]
+        fn requests_round_trip_and_validate_safely(
+            flags in any::<u16>(),
+            cmd in prop_oneof![0u16..8, any::<u16>()],
+            cookie in any::<u64>(),
+            offset in prop_oneof![0u64..(2 << 20), any::<u64>()],
+            len in prop_oneof![0u32..(2 << 20), any::<u32>()],
+            s in session(),
+            m in mutations(),
+        ) {
+            let r = Request { flags, cmd, cookie, offset, len };
+            let b = encode_request(&r);
+            prop_assert_eq!(decode_request(&b), Ok(r));
+            check_request(&b, &s);
+            let mut v = b.to_vec();
+            mutate(&mut v, &m);
+            v.resize(REQUEST_LEN, 0);
+            let mut mb = [0u8; REQUEST_LEN];
+            mb.copy_from_slice(&v);
+            check_request(&mb, &s);
+        }
+    }
+}

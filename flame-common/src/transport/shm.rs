@@ -806,18 +806,14 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
     if n as usize != HELLO_BYTES {
         return bad("peer closed or sent a short hello");
     }
-    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap_or_default());
-    let region_count = u32::from_le_bytes(data[48..52].try_into().unwrap_or_default()) as usize;
-    if region_count > REGIONS_MAX {
-        return bad("too many regions");
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() != HELLO_FDS + region_count {
+    let hello = match decode_hello(&data) {
+        Ok(h) => h,
+        Err(what) => return bad(what),
+    };
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() != HELLO_FDS + hello.regions.len() {
         return bad("descriptor count does not match the hello");
     }
-    if data[0..40] != hello_bytes(0, &[])[0..40] {
-        return bad("layout differs (another build?)");
-    }
-    let base = u64_at(40);
+    let base = hello.base;
     let mut fds = fds.into_iter();
     let (Some(memfd), Some(data_efd), Some(space_efd)) = (fds.next(), fds.next(), fds.next())
     else {
@@ -832,18 +828,8 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
     if map.u64_at(CTL_MAGIC).load(Ordering::Relaxed) != HELLO_MAGIC {
         return bad("segment has no magic");
     }
-    let mut regions = Vec::with_capacity(region_count);
-    for (i, fd) in fds.enumerate() {
-        let o = HELLO_FIXED_BYTES + i * HELLO_REGION_BYTES;
-        let (r_base, r_len) = (u64_at(o), u64_at(o + 8));
-        let sane = r_base != 0
-            && r_len > 0
-            && r_len <= REGION_BYTES_MAX
-            && r_len.is_multiple_of(4096)
-            && r_base.checked_add(r_len).is_some();
-        if !sane {
-            return bad("a region's address or length is out of range");
-        }
+    let mut regions = Vec::with_capacity(hello.regions.len());
+    for (fd, &(r_base, r_len)) in fds.zip(&hello.regions) {
         if !registered::size_sealed_at_least(fd.as_raw_fd(), r_len) {
             return bad(
                 "a region is too small, not sealed against shrinking, or not shared memory",
@@ -862,6 +848,166 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
         data_efd,
         _space_efd: space_efd,
     })
+}
+
+/// What a peer's hello announces, once [`decode_hello`] checked it.
+#[doc(hidden)]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The peer's address of its own segment.
+    pub base: u64,
+    /// Its shared pool regions: (address, length), at most [`REGIONS_MAX`].
+    pub regions: Vec<(u64, u64)>,
+}
+
+/// Checks the bytes of a peer's hello (its descriptors are the caller's): the
+/// layout equals ours, at most [`REGIONS_MAX`] regions each inside a sane range,
+/// and every unused byte zero (so anything accepted is exactly what our encoder
+/// writes). Apart from [`recv_hello`], public only for the property test and the
+/// fuzz target.
+#[doc(hidden)]
+pub fn decode_hello(data: &[u8]) -> Result<Hello, &'static str> {
+    if data.len() != HELLO_BYTES {
+        return Err("peer closed or sent a short hello");
+    }
+    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap_or_default());
+    let region_count = u32::from_le_bytes(data[48..52].try_into().unwrap_or_default()) as usize;
+    if region_count > REGIONS_MAX {
+        return Err("too many regions");
+    }
+    if data[0..40] != hello_bytes(0, &[])[0..40] {
+        return Err("layout differs (another build?)");
+    }
+    let used = HELLO_FIXED_BYTES + region_count * HELLO_REGION_BYTES;
+    if data[52..HELLO_FIXED_BYTES]
+        .iter()
+        .chain(&data[used..])
+        .any(|&b| b != 0)
+    {
+        return Err("reserved or unused bytes are not zero");
+    }
+    let mut regions = Vec::with_capacity(region_count);
+    for i in 0..region_count {
+        let o = HELLO_FIXED_BYTES + i * HELLO_REGION_BYTES;
+        let (r_base, r_len) = (u64_at(o), u64_at(o + 8));
+        let sane = r_base != 0
+            && r_len > 0
+            && r_len <= REGION_BYTES_MAX
+            && r_len.is_multiple_of(4096)
+            && r_base.checked_add(r_len).is_some();
+        if !sane {
+            return Err("a region's address or length is out of range");
+        }
+        regions.push((r_base, r_len));
+    }
+    Ok(Hello {
+        base: u64_at(40),
+        regions,
+    })
+}
+
+/// A ring record as [`next_record`] found it.
+enum RingRecord {
+    /// The ring is empty.
+    Empty,
+    /// A pad record of `rec` bytes (to the ring's end).
+    Pad { rec: usize },
+    /// A message whose header is checked: its payload (`header.payload_len`
+    /// bytes) follows the header at ring offset `idx + RECORD_PREFIX + HEADER_LEN`;
+    /// the record takes `rec` bytes.
+    Message {
+        header: Header,
+        idx: usize,
+        rec: usize,
+    },
+}
+
+/// Finds and checks the record at consumer position `cons` of a ring whose
+/// producer is at `prod`, reading ring bytes with `read(ring_offset, dst)`: every
+/// position, length and kind the peer wrote is checked before it is trusted, and
+/// the header is decoded (bounding the payload) before the caller allocates.
+fn next_record(
+    prod: u64,
+    cons: u64,
+    read: impl Fn(usize, &mut [u8]),
+) -> Result<RingRecord, TransportError> {
+    if prod == cons {
+        return Ok(RingRecord::Empty);
+    }
+    let bad = |what| Err(TransportError::Protocol(ProtocolError::Inconsistent(what)));
+    if prod < cons || prod - cons > RING_BYTES as u64 {
+        return bad("shm ring producer index out of range");
+    }
+    let avail = (prod - cons) as usize;
+    let idx = (cons % RING_BYTES as u64) as usize;
+    let mut prefix = [0u8; RECORD_PREFIX];
+    if idx + RECORD_PREFIX > RING_BYTES || avail < RECORD_PREFIX {
+        return bad("shm ring record length out of range");
+    }
+    read(idx, &mut prefix);
+    let len = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+    let kind = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
+    let rec = len.next_multiple_of(RECORD_ALIGN);
+    if len < RECORD_PREFIX || rec > avail || idx + rec > RING_BYTES {
+        return bad("shm ring record length out of range");
+    }
+    if kind == RECORD_PAD {
+        if idx + len != RING_BYTES {
+            return bad("shm pad record does not reach the ring's end");
+        }
+        return Ok(RingRecord::Pad { rec });
+    }
+    if kind != RECORD_MESSAGE || len < RECORD_PREFIX + HEADER_PREFIX_LEN {
+        return bad("shm ring record of unknown kind");
+    }
+    let mut hprefix = [0u8; HEADER_PREFIX_LEN];
+    read(idx + RECORD_PREFIX, &mut hprefix);
+    Header::check_prefix(&hprefix)?;
+    if len < RECORD_PREFIX + HEADER_LEN {
+        return bad("shm ring record shorter than a header");
+    }
+    let mut hb = [0u8; HEADER_LEN];
+    read(idx + RECORD_PREFIX, &mut hb);
+    let header = Header::decode(&hb)?;
+    if RECORD_PREFIX + HEADER_LEN + header.payload_len as usize != len {
+        return bad("shm ring record length differs from its header");
+    }
+    Ok(RingRecord::Message { header, idx, rec })
+}
+
+/// The receiver's decoding of the next ring record (what `take_record` does,
+/// without the shared memory and the payload pool), for the property test and the
+/// fuzz target: `window` holds the ring's bytes from the consumer's ring offset
+/// on, every other ring byte reads as zero.
+#[doc(hidden)]
+pub fn decode_ring_record(
+    prod: u64,
+    cons: u64,
+    window: &[u8],
+) -> Result<Option<Message>, TransportError> {
+    let start = (cons % RING_BYTES as u64) as usize;
+    let read = |off: usize, dst: &mut [u8]| {
+        dst.fill(0);
+        let lo = off.max(start);
+        let hi = (off + dst.len()).min(start + window.len());
+        if lo < hi {
+            dst[lo - off..hi - off].copy_from_slice(&window[lo - start..hi - start]);
+        }
+    };
+    match next_record(prod, cons, read)? {
+        RingRecord::Empty | RingRecord::Pad { .. } => Ok(None),
+        RingRecord::Message { header, idx, .. } => {
+            let mut payload =
+                crate::buffer::PayloadBufMut::for_overwrite(header.payload_len as usize);
+            read(idx + RECORD_PREFIX + HEADER_LEN, payload.as_mut_slice());
+            if header.op().is_transport_internal() {
+                return Err(TransportError::Protocol(ProtocolError::Inconsistent(
+                    "a tcp one-sided frame on a shm connection",
+                )));
+            }
+            Ok(Some(Message::from_parts(&header, payload.freeze())?))
+        }
+    }
 }
 
 /// Connects to the abstract Unix socket `name` without blocking: `None` when it
@@ -1225,45 +1371,16 @@ impl ShmConn {
         for _ in 0..2 {
             let m = &self.local.map;
             let prod = m.u64_at(CTL_PROD).load(Ordering::Acquire);
-            let cons = self.cons.get();
-            if prod == cons {
-                return Ok(None);
-            }
-            let bad = |what| Err(TransportError::Protocol(ProtocolError::Inconsistent(what)));
-            if prod < cons || prod - cons > RING_BYTES as u64 {
-                return bad("shm ring producer index out of range");
-            }
-            let avail = (prod - cons) as usize;
-            let idx = (cons % RING_BYTES as u64) as usize;
-            let len = m.u32_at(RING_OFF + idx).load(Ordering::Relaxed) as usize;
-            let kind = m.u32_at(RING_OFF + idx + 4).load(Ordering::Relaxed);
-            let rec = len.next_multiple_of(RECORD_ALIGN);
-            if len < RECORD_PREFIX || rec > avail || idx + rec > RING_BYTES {
-                return bad("shm ring record length out of range");
-            }
-            if kind == RECORD_PAD {
-                if idx + len != RING_BYTES {
-                    return bad("shm pad record does not reach the ring's end");
+            let read = |off: usize, dst: &mut [u8]| m.read(RING_OFF + off, dst);
+            let (header, idx, rec) = match next_record(prod, self.cons.get(), read)? {
+                RingRecord::Empty => return Ok(None),
+                RingRecord::Pad { rec } => {
+                    self.consume(rec);
+                    continue;
                 }
-                self.consume(rec);
-                continue;
-            }
-            if kind != RECORD_MESSAGE || len < RECORD_PREFIX + HEADER_PREFIX_LEN {
-                return bad("shm ring record of unknown kind");
-            }
-            let mut prefix = [0u8; HEADER_PREFIX_LEN];
-            m.read(RING_OFF + idx + RECORD_PREFIX, &mut prefix);
-            Header::check_prefix(&prefix)?;
-            if len < RECORD_PREFIX + HEADER_LEN {
-                return bad("shm ring record shorter than a header");
-            }
-            let mut hb = [0u8; HEADER_LEN];
-            m.read(RING_OFF + idx + RECORD_PREFIX, &mut hb);
-            let header = Header::decode(&hb)?;
+                RingRecord::Message { header, idx, rec } => (header, idx, rec),
+            };
             let plen = header.payload_len as usize;
-            if RECORD_PREFIX + HEADER_LEN + plen != len {
-                return bad("shm ring record length differs from its header");
-            }
             // From the thread's pool; when it is exhausted the record stays in
             // the ring while `recv_inner` waits for memory (like tcp, which stops
             // reading its socket), unless this connection must never wait.
@@ -1285,7 +1402,9 @@ impl ShmConn {
             );
             self.consume(rec);
             if header.op().is_transport_internal() {
-                return bad("a tcp one-sided frame on a shm connection");
+                return Err(TransportError::Protocol(ProtocolError::Inconsistent(
+                    "a tcp one-sided frame on a shm connection",
+                )));
             }
             return Ok(Some(Message::from_parts(&header, payload.freeze())?));
         }

@@ -56,8 +56,11 @@ fn decode_header(b: &[u8]) -> Option<u64> {
 
 /// A 4096-byte header of a generation-numbered file of the store (the intent
 /// journal, the placement-group log): `magic` (0..8), the format (8..12), zero,
-/// the generation (16..24), zero, crc32c of bytes 0..4092 at 4092.
-pub(super) fn encode_generation_header(magic: &[u8; 8], generation: u64) -> Vec<u8> {
+/// the generation (16..24), zero, crc32c of bytes 0..4092 at 4092. Public (hidden)
+/// for the property test (`flame-osd/tests/store_decode_props.rs`) and the fuzz
+/// target (`fuzz/fuzz_targets/store.rs`).
+#[doc(hidden)]
+pub fn encode_generation_header(magic: &[u8; 8], generation: u64) -> Vec<u8> {
     let mut b = vec![0u8; JOURNAL_HEADER_LEN as usize];
     b[0..8].copy_from_slice(magic);
     b[8..12].copy_from_slice(&super::layout::FORMAT.to_le_bytes());
@@ -70,7 +73,8 @@ pub(super) fn encode_generation_header(magic: &[u8; 8], generation: u64) -> Vec<
 
 /// The generation of a header written by [`encode_generation_header`] with
 /// `magic`; `None` if it is not one (another magic, torn, too short).
-pub(super) fn decode_generation_header(magic: &[u8; 8], b: &[u8]) -> Option<u64> {
+#[doc(hidden)]
+pub fn decode_generation_header(magic: &[u8; 8], b: &[u8]) -> Option<u64> {
     let n = JOURNAL_HEADER_LEN as usize;
     if b.len() < n || &b[0..8] != magic {
         return None;
@@ -84,7 +88,10 @@ pub(super) fn decode_generation_header(magic: &[u8; 8], b: &[u8]) -> Option<u64>
     Some(u64::from_le_bytes(g))
 }
 
-fn encode_entry(out: &mut Vec<u8>, generation: u64, object: ObjectId, pg: PgId) {
+/// Appends one journal entry. Public (hidden) for the property test and the fuzz
+/// target, like [`decode_entry`].
+#[doc(hidden)]
+pub fn encode_entry(out: &mut Vec<u8>, generation: u64, object: ObjectId, pg: PgId) {
     let start = out.len();
     out.extend_from_slice(&generation.to_le_bytes());
     out.extend_from_slice(&object.volume.0.to_le_bytes());
@@ -94,7 +101,14 @@ fn encode_entry(out: &mut Vec<u8>, generation: u64, object: ObjectId, pg: PgId) 
     out.extend_from_slice(&crc.to_le_bytes());
 }
 
-fn decode_entry(b: &[u8], generation: u64) -> Option<(PgId, ObjectId)> {
+/// Decodes one [`ENTRY_LEN`]-byte entry of `generation`; `None` if it is torn,
+/// of another generation, or not [`ENTRY_LEN`] bytes (the length is checked here,
+/// not trusted to the caller, so no slice of a damaged file can make it panic).
+#[doc(hidden)]
+pub fn decode_entry(b: &[u8], generation: u64) -> Option<(PgId, ObjectId)> {
+    if b.len() != ENTRY_LEN {
+        return None;
+    }
     let u64_at = |o: usize| {
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[o..o + 8]);

@@ -89,7 +89,12 @@ impl Superblock {
         let flags = if self.checksums { FLAG_CHECKSUMS } else { 0 };
         b[12..16].copy_from_slice(&flags.to_le_bytes());
         let uuid = self.uuid.as_bytes();
-        let n = uuid.len().min(64);
+        // At most 64 bytes, cut at a character boundary: a uuid cut inside a UTF-8
+        // character would decode (lossily) as another string than it was written.
+        let mut n = uuid.len().min(64);
+        while !self.uuid.is_char_boundary(n) {
+            n -= 1;
+        }
         b[16..20].copy_from_slice(&(n as u32).to_le_bytes());
         b[20..20 + n].copy_from_slice(&uuid[..n]);
         let crc = crc32c::crc32c(&b[..SUPERBLOCK_LEN - 4]);

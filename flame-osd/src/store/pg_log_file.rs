@@ -104,8 +104,11 @@ fn kind_code(kind: EntryKind) -> u8 {
     }
 }
 
-/// A record without its file generation (filled in when written).
-fn encode_record(pg: PgId, e: &LogEntry) -> [u8; RECORD_LEN] {
+/// A record without its file generation (filled in when written). Public
+/// (hidden), with [`seal`] and [`decode_record`], for the property test
+/// (`flame-osd/tests/store_decode_props.rs`) and the fuzz target.
+#[doc(hidden)]
+pub fn encode_record(pg: PgId, e: &LogEntry) -> [u8; RECORD_LEN] {
     let mut b = [0u8; RECORD_LEN];
     b[8..16].copy_from_slice(&e.seq.to_le_bytes());
     b[16..24].copy_from_slice(&e.op.session.to_le_bytes());
@@ -120,14 +123,21 @@ fn encode_record(pg: PgId, e: &LogEntry) -> [u8; RECORD_LEN] {
 }
 
 /// Stamps `generation` and the checksum (crc32c of bytes 0..64) into a record.
-fn seal(mut b: [u8; RECORD_LEN], generation: u64) -> [u8; RECORD_LEN] {
+#[doc(hidden)]
+pub fn seal(mut b: [u8; RECORD_LEN], generation: u64) -> [u8; RECORD_LEN] {
     b[0..8].copy_from_slice(&generation.to_le_bytes());
     let crc = crc32c::crc32c(&b[..64]);
     b[64..68].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-fn decode_record(b: &[u8], generation: u64) -> Option<StoredEntry> {
+/// Decodes one record of `generation`; `None` if it is torn, older, not
+/// [`RECORD_LEN`] bytes, or names a write that could not have been logged.
+#[doc(hidden)]
+pub fn decode_record(b: &[u8], generation: u64) -> Option<StoredEntry> {
+    if b.len() != RECORD_LEN {
+        return None;
+    }
     if crc32c::crc32c(&b[..64]) != u32_at(b, 64) || u64_at(b, 0) != generation {
         return None;
     }
