@@ -15,9 +15,9 @@
 
 use flame_client::nbd::proto::*;
 use flame_client::nbd::{MemoryExports, NbdConfig, Server};
+use flame_common::fuzzing::props::config;
 use flame_common::fuzzing::{Mutation, mutate};
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::OnceLock;
@@ -155,26 +155,11 @@ fn client_stream() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![4 => built, 1 => arbitrary]
 }
 
-fn config(cases: u32) -> ProptestConfig {
-    let env = ProptestConfig::default();
-    ProptestConfig {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-            env.cases
-        } else {
-            cases
-        },
-        rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-            env.rng_seed
-        } else {
-            RngSeed::Fixed(0xf1a3_0003)
-        },
-        failure_persistence: None,
-        ..env
-    }
-}
+/// This file's proptest seed (`config`).
+const SEED: u64 = 0xf1a3_0003;
 
 proptest! {
-    #![proptest_config(config(200))]
+    #![proptest_config(config(200, SEED))]
 
     #[test]
     fn negotiation_answers_or_closes_on_any_client_stream(stream in client_stream()) {

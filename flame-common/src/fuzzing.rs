@@ -66,3 +66,39 @@ mod tests {
         assert_eq!(e, vec![4]);
     }
 }
+
+/// The property tests' shared setup: one seeded, bounded configuration and one
+/// mutation strategy for every decoder's tests (feature `proptest`, enabled by
+/// the crates' dev-dependencies; never in a daemon's build).
+#[cfg(any(test, feature = "proptest"))]
+pub mod props {
+    use super::Mutation;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    /// `cases` cases from the fixed `seed` (each test its own, so a failure
+    /// replays), no failure files; `PROPTEST_CASES` and `PROPTEST_RNG_SEED`
+    /// override both for a longer or different local run.
+    pub fn config(cases: u32, seed: u64) -> Config {
+        let env = Config::default();
+        Config {
+            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
+                env.cases
+            } else {
+                cases
+            },
+            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
+                env.rng_seed
+            } else {
+                RngSeed::Fixed(seed)
+            },
+            failure_persistence: None,
+            ..env
+        }
+    }
+
+    /// Up to `most - 1` mutations for [`super::mutate`].
+    pub fn mutations(most: usize) -> impl Strategy<Value = Vec<Mutation>> {
+        proptest::collection::vec(any::<(u8, u32, u8)>(), 0..most)
+    }
+}

@@ -2362,26 +2362,11 @@ mod tests {
 mod payload_props {
     use super::*;
     use crate::fuzzing::mutate;
+    use crate::fuzzing::props::{config, mutations};
     use proptest::prelude::*;
-    use proptest::test_runner::RngSeed;
 
-    fn config(cases: u32) -> ProptestConfig {
-        let env = ProptestConfig::default();
-        ProptestConfig {
-            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-                env.cases
-            } else {
-                cases
-            },
-            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-                env.rng_seed
-            } else {
-                RngSeed::Fixed(0xf1a3_0001)
-            },
-            failure_persistence: None,
-            ..env
-        }
-    }
+    /// This file's proptest seed (`config`).
+    const SEED: u64 = 0xf1a3_0001;
 
     fn object() -> impl Strategy<Value = ObjectId> {
         (any::<u64>(), any::<u64>()).prop_map(|(v, index)| ObjectId {
@@ -2392,10 +2377,6 @@ mod payload_props {
 
     fn block_sum() -> impl Strategy<Value = BlockSum> {
         (any::<u32>(), any::<bool>()).prop_map(|(sum, bad)| BlockSum { sum, bad })
-    }
-
-    fn mutations() -> impl Strategy<Value = Vec<crate::fuzzing::Mutation>> {
-        proptest::collection::vec(any::<(u8, u32, u8)>(), 0..6)
     }
 
     /// Every decoder on `b`: whatever decodes must re-encode to exactly `b`.
@@ -2430,7 +2411,7 @@ mod payload_props {
     }
 
     proptest! {
-        #![proptest_config(config(512))]
+        #![proptest_config(config(512, SEED))]
 
         #[test]
         fn payload_decoders_take_arbitrary_bytes(b in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -2440,7 +2421,7 @@ mod payload_props {
         #[test]
         fn object_lists_round_trip_and_survive_mutation(
             l in proptest::collection::vec(object(), 0..40),
-            m in mutations(),
+            m in mutations(6),
         ) {
             let mut b = encode_object_list(&l);
             prop_assert_eq!(decode_object_list(&b), Some(l));
@@ -2451,7 +2432,7 @@ mod payload_props {
         #[test]
         fn block_sums_round_trip_and_survive_mutation(
             s in proptest::collection::vec(block_sum(), 0..40),
-            m in mutations(),
+            m in mutations(6),
         ) {
             let mut b = encode_block_sums(&s);
             let mut trimmed = s.clone();
@@ -2466,7 +2447,7 @@ mod payload_props {
         #[test]
         fn scrub_counts_round_trip_survive_mutation_and_add(
             v in any::<[u64; 5]>(),
-            m in mutations(),
+            m in mutations(6),
         ) {
             let c = ScrubCounts {
                 objects_checked: v[0],
@@ -2490,7 +2471,7 @@ mod payload_props {
             slot_payload in 0..=REPLY_SLOT_PAYLOAD_BYTES_MAX,
             addr in any::<u64>(),
             key in any::<u32>(),
-            m in mutations(),
+            m in mutations(6),
         ) {
             let slot_bytes = HEADER_LEN as u32 + slot_payload;
             let len = u64::from(slots) * u64::from(slot_bytes);

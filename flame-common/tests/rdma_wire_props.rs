@@ -12,34 +12,15 @@
 #![cfg(feature = "rdma")]
 
 use flame_common::buffer::PayloadBuf;
-use flame_common::fuzzing::{Mutation, mutate};
+use flame_common::fuzzing::mutate;
+use flame_common::fuzzing::props::{config, mutations};
 use flame_common::ids::{Epoch, ObjectId, OpId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{IoTarget, Message, PAYLOAD_BYTES_MAX};
 use flame_common::transport::rdma::wire::*;
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 
-fn config(cases: u32) -> ProptestConfig {
-    let env = ProptestConfig::default();
-    ProptestConfig {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-            env.cases
-        } else {
-            cases
-        },
-        rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-            env.rng_seed
-        } else {
-            RngSeed::Fixed(0xf1a3_0005)
-        },
-        failure_persistence: None,
-        ..env
-    }
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    proptest::collection::vec(any::<(u8, u32, u8)>(), 0..6)
-}
+/// This file's proptest seed (`config`).
+const SEED: u64 = 0xf1a3_0005;
 
 fn conn_info() -> impl Strategy<Value = ConnInfo> {
     (
@@ -142,7 +123,7 @@ fn decode_stream(stream: &[u8], chunks: &[usize]) -> (Vec<Message>, bool) {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(config(512, SEED))]
 
     #[test]
     fn rdma_conn_info_takes_any_bytes(b in any::<[u8; CONN_INFO_LEN]>(), fix in any::<bool>()) {
@@ -160,7 +141,7 @@ proptest! {
     #[test]
     fn rdma_conn_info_round_trips_and_survives_mutation(
         i in conn_info(),
-        m in mutations(),
+        m in mutations(6),
         fix in any::<bool>(),
     ) {
         let b = i.encode();
@@ -202,7 +183,7 @@ proptest! {
     fn rdma_stream_decoder_survives_mutated_streams(
         msgs in proptest::collection::vec(message(), 1..5),
         chunks in proptest::collection::vec(1usize..300, 1..6),
-        m in mutations(),
+        m in mutations(6),
     ) {
         let mut stream: Vec<u8> = msgs.iter().flat_map(|m| m.encode()).collect();
         let (got, failed) = decode_stream(&stream, &chunks);

@@ -10,7 +10,8 @@
 //! cargo-fuzz target is `fuzz/fuzz_targets/shm.rs`.
 
 use flame_common::buffer::PayloadBuf;
-use flame_common::fuzzing::{Mutation, mutate};
+use flame_common::fuzzing::mutate;
+use flame_common::fuzzing::props::{config, mutations};
 use flame_common::ids::{Epoch, ObjectId, OpId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{IoTarget, Message, PAYLOAD_BYTES_MAX};
 use flame_common::transport::shm::{
@@ -18,31 +19,11 @@ use flame_common::transport::shm::{
     decode_ring_record,
 };
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 
 const HELLO_BYTES: usize = 64 + 16 * REGIONS_MAX;
 
-fn config(cases: u32) -> ProptestConfig {
-    let env = ProptestConfig::default();
-    ProptestConfig {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-            env.cases
-        } else {
-            cases
-        },
-        rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-            env.rng_seed
-        } else {
-            RngSeed::Fixed(0xf1a3_0004)
-        },
-        failure_persistence: None,
-        ..env
-    }
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    proptest::collection::vec(any::<(u8, u32, u8)>(), 0..6)
-}
+/// This file's proptest seed (`config`).
+const SEED: u64 = 0xf1a3_0004;
 
 /// The hello as docs/protocol.md lays it out.
 fn encode_hello(h: &Hello) -> Vec<u8> {
@@ -145,7 +126,7 @@ fn check_record(prod: u64, cons: u64, window: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(config(512, SEED))]
 
     #[test]
     fn hellos_take_arbitrary_bytes(b in proptest::collection::vec(any::<u8>(), 0..(HELLO_BYTES + 8))) {
@@ -153,7 +134,7 @@ proptest! {
     }
 
     #[test]
-    fn hellos_round_trip_and_survive_mutation(h in hello(), m in mutations()) {
+    fn hellos_round_trip_and_survive_mutation(h in hello(), m in mutations(6)) {
         let mut b = encode_hello(&h);
         prop_assert_eq!(decode_hello(&b), Ok(h));
         mutate(&mut b, &m);
@@ -177,7 +158,7 @@ proptest! {
         lap in 0u64..4,
         slot in 0u64..1000,
         extra in 0u64..256,
-        m in mutations(),
+        m in mutations(6),
     ) {
         let mut rec = record(&msg);
         let cons = lap * RING_BYTES as u64 + slot * 64;

@@ -242,28 +242,13 @@ mod props {
     use super::*;
     use flame_common::config::parse_str;
     use flame_common::fuzzing::mutate;
+    use flame_common::fuzzing::props::config;
     use proptest::prelude::*;
-    use proptest::test_runner::RngSeed;
 
     const EXAMPLE: &str = include_str!("../../deploy/examples/mgr.yaml");
 
-    fn config(cases: u32) -> ProptestConfig {
-        let env = ProptestConfig::default();
-        ProptestConfig {
-            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-                env.cases
-            } else {
-                cases
-            },
-            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-                env.rng_seed
-            } else {
-                RngSeed::Fixed(0xf1a3_0018)
-            },
-            failure_persistence: None,
-            ..env
-        }
-    }
+    /// This file's proptest seed (`config`).
+    const SEED: u64 = 0xf1a3_0018;
 
     #[test]
     fn the_shipped_example_parses() {
@@ -271,7 +256,7 @@ mod props {
     }
 
     proptest! {
-        #![proptest_config(config(128))]
+        #![proptest_config(config(128, SEED))]
 
         #[test]
         fn yaml_configs_parse_or_fail_cleanly(

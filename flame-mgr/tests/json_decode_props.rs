@@ -11,40 +11,21 @@
 //! Seeded and bounded (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override); the
 //! cargo-fuzz target is `fuzz/fuzz_targets/mgr_json.rs`.
 
-use flame_common::fuzzing::{Mutation, mutate};
+use flame_common::fuzzing::mutate;
+use flame_common::fuzzing::props::{config, mutations};
 use flame_common::ids::{Epoch, OsdId, PgId, VolumeId};
 use flame_common::map::PoolConfig;
 use flame_common::mgr_api::*;
 use flame_mgr::state::{ClusterState, PersistedState};
 use flame_mgr::store::Store;
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-fn config(cases: u32) -> ProptestConfig {
-    let env = ProptestConfig::default();
-    ProptestConfig {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-            env.cases
-        } else {
-            cases
-        },
-        rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-            env.rng_seed
-        } else {
-            RngSeed::Fixed(0xf1a3_0020)
-        },
-        failure_persistence: None,
-        ..env
-    }
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    proptest::collection::vec(any::<(u8, u32, u8)>(), 0..8)
-}
+/// This file's proptest seed (`config`).
+const SEED: u64 = 0xf1a3_0020;
 
 fn boot(uuid: &str, port: u16) -> OsdBoot {
     OsdBoot {
@@ -193,12 +174,12 @@ fn apply(s: &mut ClusterState, route: &str, b: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(config(256, SEED))]
 
     #[test]
     fn request_bodies_decode_and_apply_safely(
         which in 0usize..8,
-        m in mutations(),
+        m in mutations(8),
         text in "[\\[\\]{}\",:0-9a-z.eE+-]{0,60}",
     ) {
         let (route, valid) = &bodies()[which];
@@ -211,7 +192,7 @@ proptest! {
     }
 
     #[test]
-    fn state_files_load_or_are_refused(m in mutations(), step in 0usize..8) {
+    fn state_files_load_or_are_refused(m in mutations(8), step in 0usize..8) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).expect("store");
         let mut s = cluster();

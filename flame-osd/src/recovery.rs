@@ -421,6 +421,23 @@ pub(crate) fn differing_ranges(local: &[BlockSum], remote: &[BlockSum]) -> Vec<(
     out
 }
 
+/// Splits `data` (the bytes of whole blocks, the last one possibly short) into
+/// runs of all-zero and of other blocks: `(start, end, zero)` byte ranges, in
+/// order, covering it. Copies send zero runs as holes (DISCARD), so a hole stays
+/// a hole on every copy.
+pub(crate) fn block_runs(data: &[u8]) -> Vec<(usize, usize, bool)> {
+    let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+    for (i, block) in data.chunks(BLOCK as usize).enumerate() {
+        let zero = block.iter().all(|&x| x == 0);
+        let (lo, hi) = (i * BLOCK as usize, i * BLOCK as usize + block.len());
+        match runs.last_mut() {
+            Some((_, end, z)) if *z == zero => *end = hi,
+            _ => runs.push((lo, hi, zero)),
+        }
+    }
+    runs
+}
+
 /// Merges byte ranges of one object, widened to whole blocks and clamped to
 /// `object_size`.
 fn merge_ranges(mut ranges: Vec<(u32, u32)>, object_size: u32) -> Vec<(u32, u32)> {
@@ -669,21 +686,8 @@ impl Shard {
                 tracing::error!(%object, "recovery cannot read this copy: {e}");
                 status::EIO
             })?;
-            // Split into runs of zero and non-zero blocks.
             let mut run_start = 0usize;
-            let blocks: Vec<bool> = data
-                .chunks(BLOCK as usize)
-                .map(|b| b.iter().all(|&x| x == 0))
-                .collect();
-            let mut i = 0;
-            while i < blocks.len() {
-                let zero = blocks[i];
-                let mut j = i;
-                while j < blocks.len() && blocks[j] == zero {
-                    j += 1;
-                }
-                let lo = (i * BLOCK as usize).min(data.len());
-                let hi = (j * BLOCK as usize).min(data.len());
+            for (lo, hi, zero) in block_runs(data.as_slice()) {
                 let target = IoTarget {
                     pg,
                     object,
@@ -714,7 +718,6 @@ impl Shard {
                 };
                 self.ask(view, member, pg, msg).await?;
                 run_start = hi;
-                i = j;
             }
             debug_assert_eq!(run_start, data.len());
             at += n;
@@ -1530,6 +1533,26 @@ mod tests {
 
     fn b(sum: u32) -> BlockSum {
         BlockSum { sum, bad: false }
+    }
+
+    #[test]
+    fn blocks_are_split_into_zero_and_data_runs() {
+        let b = BLOCK as usize;
+        let mut data = vec![0u8; 5 * b + 100];
+        data[b] = 1;
+        data[2 * b + 7] = 1;
+        data[5 * b + 99] = 1;
+        assert_eq!(
+            block_runs(&data),
+            vec![
+                (0, b, true),
+                (b, 3 * b, false),
+                (3 * b, 5 * b, true),
+                (5 * b, 5 * b + 100, false)
+            ]
+        );
+        assert!(block_runs(&[]).is_empty());
+        assert_eq!(block_runs(&[0; 10]), vec![(0, 10, true)]);
     }
 
     #[test]

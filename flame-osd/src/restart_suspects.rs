@@ -17,7 +17,7 @@
 //!   serves, recovers or peers the group it pulls each suspect object from
 //!   another complete copy up that does not suspect that object ([`settle`];
 //!   `pull_suspects` in [`crate::recovery`]) — waiting, if none is up, for the
-//!   complete copies that are down — then [`RestartSuspects::pulled`] settles it;
+//!   complete copies that are down — then [`RestartSuspects::settled`] ends it;
 //! * it stayed complete as a replica: the primary compares the suspect objects
 //!   and pushes what differs, and the doubt stays here (harmless: it only costs
 //!   a comparison if this copy becomes the primary later).
@@ -55,10 +55,10 @@ impl RestartSuspects {
         RestartSuspects { groups }
     }
 
-    /// Whether this copy of `pg` is in doubt (one lookup: the common case is an
-    /// empty map, and client I/O asks this per request).
+    /// Whether this copy of `pg` is in doubt (client I/O asks this per request:
+    /// one lookup, in a map that is almost always empty).
     pub fn has(&self, pg: PgId) -> bool {
-        !self.groups.is_empty() && self.groups.contains_key(&pg)
+        self.groups.contains_key(&pg)
     }
 
     /// The suspect objects of `pg`, in order.
@@ -67,13 +67,6 @@ impl RestartSuspects {
             .get(&pg)
             .map(|d| d.objects.iter().copied().collect())
             .unwrap_or_default()
-    }
-
-    /// Whether `object` of `pg` is in doubt.
-    pub fn contains(&self, pg: PgId, object: ObjectId) -> bool {
-        self.groups
-            .get(&pg)
-            .is_some_and(|d| d.objects.contains(&object))
     }
 
     /// The groups still in doubt.
@@ -100,15 +93,11 @@ impl RestartSuspects {
         false
     }
 
-    /// This copy, the group's primary, replaced each suspect object by the
-    /// copy of another complete member that did not suspect it (or found no
-    /// other complete copy up: this one is the only one there is).
-    pub fn pulled(&mut self, pg: PgId) {
-        self.groups.remove(&pg);
-    }
-
-    /// This OSD no longer holds `pg` (its copy is a stray): nothing to settle.
-    pub fn forget(&mut self, pg: PgId) {
+    /// The doubt about `pg` is over: this copy, the group's primary, replaced
+    /// each suspect object by the copy of another complete member that is sure
+    /// of it (or every complete copy is in doubt too), or this OSD no longer
+    /// holds the group (its copy is a stray).
+    pub fn settled(&mut self, pg: PgId) {
         self.groups.remove(&pg);
     }
 }
@@ -185,7 +174,6 @@ mod tests {
         let s = RestartSuspects::new(&[(PG, obj(2)), (PG, obj(1)), (PgId(1), obj(9))]);
         assert!(s.has(PG) && s.has(PgId(1)) && !s.has(PgId(2)));
         assert_eq!(s.objects(PG), vec![obj(1), obj(2)]);
-        assert!(s.contains(PG, obj(1)) && !s.contains(PG, obj(9)));
         assert_eq!(s.pgs(), vec![PgId(1), PG]);
         assert!(!RestartSuspects::new(&[]).has(PG));
     }
@@ -198,7 +186,7 @@ mod tests {
         assert!(!s.on_map(ME, PG, &members(&[3, 1], &[])));
         assert!(!s.on_map(ME, PG, &members(&[1, 3], &[])));
         assert!(s.has(PG));
-        s.pulled(PG);
+        s.settled(PG);
         assert!(!s.has(PG));
         assert!(s.pgs().is_empty());
     }
@@ -246,7 +234,7 @@ mod tests {
         s.on_map(ME, PG, &members(&[1], &[3]));
         assert!(!s.on_map(ME, PG, &members(&[1], &[])));
         assert!(s.has(PG));
-        s.forget(PG);
+        s.settled(PG);
         assert!(!s.has(PG));
     }
 }

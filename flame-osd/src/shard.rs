@@ -141,7 +141,7 @@ impl Shard {
             for pg in suspects.pgs() {
                 if !fresh.held_by(self.osd, self.id, pg) || !fresh.table.pg(pg).is_member(self.osd)
                 {
-                    suspects.forget(pg);
+                    suspects.settled(pg);
                 } else {
                     suspects.on_map(self.osd, pg, fresh.table.pg(pg));
                 }

@@ -9,6 +9,7 @@
 //! Seeded and bounded (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override); the
 //! cargo-fuzz target is `fuzz/fuzz_targets/store.rs`.
 
+use flame_common::fuzzing::props::{config, mutations};
 use flame_common::fuzzing::{Mutation, mutate};
 use flame_common::ids::{Epoch, ObjectId, OpId, PgId, VolumeId};
 use flame_osd::pg_log::{EntryKind, LogEntry};
@@ -20,29 +21,9 @@ use flame_osd::store::layout::{SUPERBLOCK_LEN, Superblock};
 use flame_osd::store::meta::{self, BLOCKS_MAX, Loaded};
 use flame_osd::store::pg_log_file::{PG_LOG_MAGIC, RECORD_LEN, decode_record, encode_record, seal};
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 
-fn config(cases: u32) -> ProptestConfig {
-    let env = ProptestConfig::default();
-    ProptestConfig {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-            env.cases
-        } else {
-            cases
-        },
-        rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-            env.rng_seed
-        } else {
-            RngSeed::Fixed(0xf1a3_0006)
-        },
-        failure_persistence: None,
-        ..env
-    }
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    proptest::collection::vec(any::<(u8, u32, u8)>(), 0..6)
-}
+/// This file's proptest seed (`config`).
+const SEED: u64 = 0xf1a3_0006;
 
 fn object() -> impl Strategy<Value = ObjectId> {
     (any::<u64>(), any::<u64>()).prop_map(|(v, index)| ObjectId {
@@ -130,7 +111,7 @@ fn log_entry() -> impl Strategy<Value = (PgId, LogEntry)> {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(config(256, SEED))]
 
     #[test]
     fn store_decoders_take_arbitrary_bytes(
@@ -151,7 +132,7 @@ proptest! {
         format in any::<u32>(),
         checksums in any::<bool>(),
         uuid in "\\PC{0,70}",
-        m in mutations(),
+        m in mutations(6),
         fix in any::<bool>(),
     ) {
         let s = Superblock { format, checksums, uuid };
@@ -172,7 +153,7 @@ proptest! {
         crc_count in 0..=BLOCKS_MAX as u32,
         version in any::<u64>(),
         sums in proptest::collection::vec(any::<u32>(), 0..20),
-        m in mutations(),
+        m in mutations(6),
         fix in any::<bool>(),
     ) {
         let h = meta::Header { object: o, pg: PgId(pg), crc_count, version };
@@ -188,7 +169,7 @@ proptest! {
         generation in any::<u64>(),
         o in object(),
         pg in any::<u32>(),
-        m in mutations(),
+        m in mutations(6),
         fix in any::<bool>(),
     ) {
         for magic in [JOURNAL_MAGIC, PG_LOG_MAGIC] {
@@ -215,7 +196,7 @@ proptest! {
     fn log_records_round_trip_and_survive_mutation(
         (pg, entry) in log_entry(),
         generation in any::<u64>(),
-        m in mutations(),
+        m in mutations(6),
         fix in any::<bool>(),
     ) {
         let b = seal(encode_record(pg, &entry), generation);

@@ -1002,31 +1002,12 @@ mod tests {
 #[cfg(test)]
 mod props {
     use super::*;
-    use flame_common::fuzzing::{Mutation, mutate};
+    use flame_common::fuzzing::mutate;
+    use flame_common::fuzzing::props::{config, mutations};
     use proptest::prelude::*;
-    use proptest::test_runner::RngSeed;
 
-    fn config(cases: u32) -> ProptestConfig {
-        let env = ProptestConfig::default();
-        ProptestConfig {
-            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-                env.cases
-            } else {
-                cases
-            },
-            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-                env.rng_seed
-            } else {
-                RngSeed::Fixed(0xf1a3_0002)
-            },
-            failure_persistence: None,
-            ..env
-        }
-    }
-
-    fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-        proptest::collection::vec(any::<(u8, u32, u8)>(), 0..6)
-    }
+    /// This file's proptest seed (`config`).
+    const SEED: u64 = 0xf1a3_0002;
 
     fn info_data(name: &[u8], infos: &[u16]) -> Vec<u8> {
         let mut d = (name.len() as u32).to_be_bytes().to_vec();
@@ -1082,7 +1063,7 @@ mod props {
     }
 
     proptest! {
-        #![proptest_config(config(512))]
+        #![proptest_config(config(512, SEED))]
 
         #[test]
         fn client_flags_and_option_headers_take_any_bytes(
@@ -1118,7 +1099,7 @@ mod props {
             name in proptest::collection::vec(any::<u8>(), 0..40),
             long in any::<bool>(),
             infos in proptest::collection::vec(any::<u16>(), 0..8),
-            m in mutations(),
+            m in mutations(6),
         ) {
             // Sometimes at the name-length bound, where an off-by-one would show.
             let name = if long { vec![b'n'; STRING_BYTES_MAX] } else { name };
@@ -1136,7 +1117,7 @@ mod props {
             offset in prop_oneof![0u64..(2 << 20), any::<u64>()],
             len in prop_oneof![0u32..(2 << 20), any::<u32>()],
             s in session(),
-            m in mutations(),
+            m in mutations(6),
         ) {
             let r = Request { flags, cmd, cookie, offset, len };
             let b = encode_request(&r);

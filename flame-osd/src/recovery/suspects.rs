@@ -74,7 +74,7 @@ impl Shard {
             tracing::warn!(%pg, objects = kept, "every complete copy is in doubt about these objects; this copy's stay");
         }
         tracing::info!(%pg, replaced, kept, "objects this restart left in doubt settled from the other complete copies");
-        self.suspects.borrow_mut().pulled(pg);
+        self.suspects.borrow_mut().settled(pg);
         Ok(())
     }
 
@@ -152,33 +152,19 @@ impl Shard {
             tracing::error!(%object, "cannot write pulled bytes: {e}");
             status::EIO
         };
-        let mut i = 0usize;
-        let blocks: Vec<bool> = data
-            .chunks(BLOCK as usize)
-            .map(|b| b.iter().all(|&x| x == 0))
-            .collect();
-        // Bounded: `i` advances by at least one block per round.
-        while i < blocks.len() {
-            let zero = blocks[i];
-            let mut j = i;
-            while j < blocks.len() && blocks[j] == zero {
-                j += 1;
-            }
-            let at = offset + (i as u32) * BLOCK;
-            let len = ((j - i) as u32) * BLOCK;
+        for (lo, hi, zero) in super::block_runs(data) {
+            let at = offset + lo as u32;
             if zero {
                 self.store
-                    .zero(pg, object, at, len, true)
+                    .zero(pg, object, at, (hi - lo) as u32, true)
                     .await
                     .map_err(io)?;
             } else {
-                let bytes = &data[i * BLOCK as usize..j * BLOCK as usize];
                 self.store
-                    .repair_range(pg, object, at / BLOCK, bytes)
+                    .repair_range(pg, object, at / BLOCK, &data[lo..hi])
                     .await
                     .map_err(io)?;
             }
-            i = j;
         }
         Ok(())
     }
