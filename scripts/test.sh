@@ -138,6 +138,11 @@ section "cargo test --workspace --no-fail-fast"
 # in the test VM (about 80 s; docs/testing.md, "The test VM"), and
 # tests/tests/ublk_vm.rs: flame-ublk, ext4, fio verify, kill -9 and --recover in
 # the VM (about 95 s).
+# `cargo test` builds the binaries of every package that has integration tests
+# (tests/*.rs) with that command's features, over the ones built above: an
+# integration test in flame-osd would replace the failpoints build of flame-osd and
+# the fault tests would find no failpoints. flame-osd's tests stay unit tests.
+[[ ! -d flame-osd/tests ]] || die "flame-osd/tests/ exists: cargo test would rebuild flame-osd without failpoints; make those tests unit tests (#[cfg(test)] modules)"
 echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
 cargo test --workspace --no-fail-fast
 # flame-client's unit tests of the ublk module (its config, request decoding).

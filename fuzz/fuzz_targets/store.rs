@@ -3,7 +3,7 @@
 //! journal entries, log records. Input byte 0 picks whether the crc32c a decoder
 //! checks first is recomputed over the rest (so mutations reach the field checks).
 //! Nothing may panic; what decodes is in range and re-encodes to its bytes.
-//! Property tests: `flame-osd/tests/store_decode_props.rs`.
+//! Property tests: `flame-osd/src/store/decode_props.rs`.
 #![no_main]
 
 use flame_common::ids::{ObjectId, VolumeId};

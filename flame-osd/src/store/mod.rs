@@ -1269,4 +1269,6 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> 
 }
 
 #[cfg(test)]
+mod decode_props;
+#[cfg(test)]
 mod tests;

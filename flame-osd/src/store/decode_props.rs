@@ -9,17 +9,17 @@
 //! Seeded and bounded (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override); the
 //! cargo-fuzz target is `fuzz/fuzz_targets/store.rs`.
 
-use flame_common::fuzzing::props::{config, mutations};
-use flame_common::fuzzing::{Mutation, mutate};
-use flame_common::ids::{Epoch, ObjectId, OpId, PgId, VolumeId};
-use flame_osd::pg_log::{EntryKind, LogEntry};
-use flame_osd::store::journal::{
+use crate::pg_log::{EntryKind, LogEntry};
+use crate::store::journal::{
     ENTRY_LEN, JOURNAL_HEADER_LEN, JOURNAL_MAGIC, decode_entry, decode_generation_header,
     encode_entry, encode_generation_header,
 };
-use flame_osd::store::layout::{SUPERBLOCK_LEN, Superblock};
-use flame_osd::store::meta::{self, BLOCKS_MAX, Loaded};
-use flame_osd::store::pg_log_file::{PG_LOG_MAGIC, RECORD_LEN, decode_record, encode_record, seal};
+use crate::store::layout::{SUPERBLOCK_LEN, Superblock};
+use crate::store::meta::{self, BLOCKS_MAX, Loaded};
+use crate::store::pg_log_file::{PG_LOG_MAGIC, RECORD_LEN, decode_record, encode_record, seal};
+use flame_common::fuzzing::props::{config, mutations};
+use flame_common::fuzzing::{Mutation, mutate};
+use flame_common::ids::{Epoch, ObjectId, OpId, PgId, VolumeId};
 use proptest::prelude::*;
 
 /// This file's proptest seed (`config`).
@@ -65,7 +65,7 @@ fn check_object_header(b: &[u8], o: ObjectId) {
 
 fn check_record(b: &[u8], generation: u64) {
     if let Some(e) = decode_record(b, generation) {
-        assert!(e.entry.seq >= 1 && e.entry.seq <= flame_osd::pg_core::PG_SEQ_MAX);
+        assert!(e.entry.seq >= 1 && e.entry.seq <= crate::pg_core::PG_SEQ_MAX);
         assert!(u64::from(e.entry.offset) + u64::from(e.entry.length) <= 1 << 32);
         let again = seal(encode_record(e.pg, &e.entry), generation);
         // Bytes 61..64 are padding the decoder does not read (the crc covers them).
@@ -76,7 +76,7 @@ fn check_record(b: &[u8], generation: u64) {
 fn log_entry() -> impl Strategy<Value = (PgId, LogEntry)> {
     (
         any::<u32>(),
-        1..=flame_osd::pg_core::PG_SEQ_MAX,
+        1..=crate::pg_core::PG_SEQ_MAX,
         any::<(u64, u64)>(),
         object(),
         any::<u32>(),
