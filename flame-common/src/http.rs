@@ -1,4 +1,6 @@
-//! HTTP agents (ureq) whose connections leave from a chosen local address.
+//! HTTP agents (ureq) whose connections leave from a chosen local address, and the
+//! one function every caller of the manager's API sends a request through
+//! ([`call`]: signed with the caller's key, the answer's signature checked).
 //!
 //! A daemon's calls to the manager must come from the daemon's own address, as its
 //! data connections do: on a multi-homed host so they use the network the daemon
@@ -24,6 +26,140 @@ pub fn agent(config: ureq::config::Config, source: Option<IpAddr>) -> ureq::Agen
             ureq::Agent::with_parts(config, BoundConnector { ip }, DefaultResolver::default())
         }
     }
+}
+
+/// A manager API answer: status and (bounded) body.
+#[derive(Debug)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// The body, at most the caller's limit.
+    pub body: Vec<u8>,
+}
+
+/// Why [`call`] got no answer it can trust.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No answer: connect, send or receive failed, or timed out.
+    #[error("{0}")]
+    Transport(ureq::Error),
+    /// The answer's body could not be read (or exceeded the limit).
+    #[error("reading the answer: {0}")]
+    Body(ureq::Error),
+    /// A success answer whose signature does not check: not from the manager
+    /// holding this cluster's secret, or altered on the way.
+    #[error("{0}")]
+    Untrusted(String),
+    /// The request could not be built or signed (no random source).
+    #[error("{0}")]
+    Local(String),
+}
+
+/// Where and as whom a process calls the manager's API: the one place requests
+/// are signed and answers checked.
+#[derive(Clone)]
+pub struct MgrEndpoint {
+    /// The HTTP agent (connection pool, source address).
+    pub agent: ureq::Agent,
+    /// `http://host:port`, no trailing slash.
+    pub base: String,
+    /// What requests are signed with; `None` against a manager with `auth: none`.
+    pub creds: Option<crate::auth::Credentials>,
+}
+
+impl std::fmt::Debug for MgrEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MgrEndpoint")
+            .field("base", &self.base)
+            .field("entity", &self.creds.as_ref().map(|c| c.entity.clone()))
+            .finish()
+    }
+}
+
+impl MgrEndpoint {
+    /// Sends `method path` with `body` (JSON, when given), signed when the
+    /// endpoint has credentials, within `timeout`, reading at most `limit_bytes`
+    /// of the answer.
+    ///
+    /// With credentials, a success (2xx) answer must carry the manager's
+    /// signature over this request's nonce, status and body
+    /// ([`crate::auth::verify_response`]): a map or a reply nobody but the
+    /// manager could have produced. An error answer is returned even unsigned
+    /// (the manager cannot sign for a key it does not know), since acting on an
+    /// error changes nothing.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        timeout: std::time::Duration,
+        limit_bytes: u64,
+    ) -> Result<Answer, CallError> {
+        call(
+            &self.agent,
+            self.creds.as_ref(),
+            method,
+            &self.base,
+            path,
+            body,
+            (timeout, limit_bytes),
+        )
+    }
+}
+
+fn call(
+    agent: &ureq::Agent,
+    creds: Option<&crate::auth::Credentials>,
+    method: &str,
+    base: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    (timeout, limit_bytes): (std::time::Duration, u64),
+) -> Result<Answer, CallError> {
+    let url = format!("{base}{path}");
+    let bytes = body.unwrap_or_default();
+    let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+    if body.is_some() {
+        builder = builder.header("content-type", "application/json");
+    }
+    let mut nonce = None;
+    if let Some(c) = creds {
+        let n = crate::auth::Nonce::random().map_err(CallError::Local)?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let auth = c.sign(method, path, bytes, now_ms, n);
+        builder = builder.header("authorization", auth.to_header());
+        nonce = Some(n);
+    }
+    let request = builder
+        .body(bytes.to_vec())
+        .map_err(|e| CallError::Local(format!("{method} {url}: {e}")))?;
+    let request = agent
+        .configure_request(request)
+        .http_status_as_error(false)
+        .timeout_global(Some(timeout))
+        .build();
+    let mut resp = agent.run(request).map_err(CallError::Transport)?;
+    let status = resp.status().as_u16();
+    let signature = resp
+        .headers()
+        .get(crate::auth::SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(limit_bytes)
+        .read_to_vec()
+        .map_err(CallError::Body)?;
+    if let (Some(c), Some(n)) = (creds, nonce)
+        && (200..300).contains(&status)
+    {
+        crate::auth::verify_response(&c.key, n, status, &body, signature.as_deref())
+            .map_err(|e| CallError::Untrusted(format!("{method} {url}: {e}")))?;
+    }
+    Ok(Answer { status, body })
 }
 
 /// Opens TCP connections from a fixed local IP.

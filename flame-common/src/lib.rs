@@ -6,9 +6,11 @@
 //! [`placement`]) with the placement-group states operators see ([`pg_state`]), the
 //! manager's JSON API types ([`mgr_api`]), configuration loading
 //! ([`config`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
+//! who may talk to whom ([`auth`]: entities, keyrings, signed manager requests),
 //! the verbs-shaped [`transport`] layer, the zero-copy payload [`buffer`]s every
 //! write and read travels in, and the [`metrics`] endpoint.
 
+pub mod auth;
 pub mod buffer;
 pub mod clock;
 pub mod collections;

@@ -1,0 +1,131 @@
+//! Entity names: who signs a request.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+
+/// Longest entity name, `client.` included: names travel in every request header
+/// and are keys of the manager's entity table.
+pub const ENTITY_NAME_BYTES_MAX: usize = 64;
+
+/// The name of an authenticated party: `osd` (the key every OSD holds) or
+/// `client.NAME` with NAME of letters, digits, `_`, `-` and `.` (`client.admin`
+/// is the administrator). Validated on construction, so a name that reached a
+/// table, a header or a log is always well-formed and bounded.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EntityName(String);
+
+impl EntityName {
+    /// The administrator every cluster starts with.
+    pub const ADMIN: &'static str = "client.admin";
+    /// The entity every OSD authenticates as.
+    pub const OSD: &'static str = "osd";
+
+    /// Parses and validates a name.
+    pub fn parse(text: &str) -> Result<EntityName, String> {
+        let shown: String = text.chars().take(ENTITY_NAME_BYTES_MAX).collect();
+        if text.len() > ENTITY_NAME_BYTES_MAX {
+            return Err(format!(
+                "entity name `{shown}…` is longer than {ENTITY_NAME_BYTES_MAX} bytes"
+            ));
+        }
+        if text == Self::OSD {
+            return Ok(EntityName(text.to_string()));
+        }
+        let Some(rest) = text.strip_prefix("client.") else {
+            return Err(format!(
+                "entity name `{shown}`: expected `osd` or `client.NAME` (e.g. client.vm1)"
+            ));
+        };
+        let ok = !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+            && !rest.starts_with('.');
+        if !ok {
+            return Err(format!(
+                "entity name `{shown}`: NAME must be letters, digits, `_`, `-` or `.`, \
+                 not starting with `.`"
+            ));
+        }
+        Ok(EntityName(text.to_string()))
+    }
+
+    /// `client.admin`.
+    pub fn admin() -> EntityName {
+        EntityName(Self::ADMIN.to_string())
+    }
+
+    /// `osd`.
+    pub fn osd() -> EntityName {
+        EntityName(Self::OSD.to_string())
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EntityName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for EntityName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EntityName({})", self.0)
+    }
+}
+
+impl Serialize for EntityName {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for EntityName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        EntityName::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(EntityName::parse("osd").unwrap().as_str(), "osd");
+        assert_eq!(
+            EntityName::parse("client.admin").unwrap(),
+            EntityName::admin()
+        );
+        assert!(EntityName::parse("client.vm-1_a.b").is_ok());
+        for bad in [
+            "",
+            "client.",
+            "client..x",
+            "client.a b",
+            "client.a/b",
+            "osd.3",
+            "mgr",
+            "admin",
+            "client.é",
+        ] {
+            assert!(EntityName::parse(bad).is_err(), "{bad}");
+        }
+        let long = format!("client.{}", "a".repeat(ENTITY_NAME_BYTES_MAX));
+        assert!(EntityName::parse(&long).unwrap_err().contains("longer"));
+        let max = format!("client.{}", "a".repeat(ENTITY_NAME_BYTES_MAX - 7));
+        assert!(EntityName::parse(&max).is_ok());
+    }
+
+    #[test]
+    fn serde_validates() {
+        let n: EntityName = serde_json::from_str("\"client.x\"").unwrap();
+        assert_eq!(serde_json::to_string(&n).unwrap(), "\"client.x\"");
+        assert!(serde_json::from_str::<EntityName>("\"bogus\"").is_err());
+    }
+}
