@@ -167,7 +167,7 @@ impl Cluster {
     /// Blocking (one HTTP call): call it at start-up, not on a reactor thread.
     pub fn connect(config: ClientConfig) -> Result<Cluster, ClientError> {
         config.validate()?;
-        let mgr = MgrClient::new_from(&config.mgr, config.bind_addr)?;
+        let mgr = config.mgr_client()?;
         let map = mgr.map()?;
         check_first_map(&map)?;
         let shared = Shared::new(config, mgr, map);

@@ -71,6 +71,11 @@ pub struct ClientConfig {
     /// where no native transport is available; the OSD must allow it too
     /// (`reply_area_over_emulated`).
     pub fetch_over_emulated: bool,
+    /// Keyring of the entity this client signs its manager requests as
+    /// (`client.NAME`, written by `flame-admin auth key`); `null` only against a
+    /// manager with `auth: none`. Relative paths are relative to the working
+    /// directory.
+    pub keyring: Option<std::path::PathBuf>,
 }
 
 /// How I/O data travels between the client and its OSD.
@@ -179,6 +184,7 @@ impl Default for ClientConfig {
             fetch_slots: 64,
             fetch_slot_payload_bytes: 4096,
             fetch_over_emulated: false,
+            keyring: None,
         }
     }
 }
@@ -198,6 +204,22 @@ impl ClientConfig {
             mgr: mgr.into(),
             ..Default::default()
         }
+    }
+
+    /// The credentials of [`Self::keyring`], loaded and checked (mode 0600, an
+    /// entity's key), or `None` without one.
+    pub fn credentials(&self) -> Result<Option<flame_common::auth::Credentials>, ClientError> {
+        self.keyring
+            .as_deref()
+            .map(flame_common::auth::Credentials::load)
+            .transpose()
+            .map_err(ClientError::InvalidArgument)
+    }
+
+    /// A client of this configuration's manager, signing with its keyring.
+    pub fn mgr_client(&self) -> Result<crate::MgrClient, ClientError> {
+        Ok(crate::MgrClient::new_from(&self.mgr, self.bind_addr)?
+            .with_credentials(self.credentials()?))
     }
 
     /// Checks every value, naming the bad key.

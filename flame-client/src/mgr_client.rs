@@ -7,11 +7,13 @@
 //! the user unchanged, because it is the manager that knows what was wrong.
 
 use crate::error::ClientError;
+use flame_common::auth::{Credentials, EntityName, Role};
+use flame_common::http::{Answer, CallError, MgrEndpoint};
 use flame_common::ids::{OsdId, PgId};
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
 use flame_common::mgr_api::{
-    ApiError, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus, PgStatus, TrimDone, VolumeCreate,
-    VolumeResize, VolumeTrim,
+    ApiError, AuthEntityAdd, AuthEntityInfo, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus,
+    PgStatus, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -26,18 +28,11 @@ const ERROR_TEXT_CHARS_MAX: usize = 500;
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A handle on one manager. Cheap to clone (the connection pool is shared).
-#[derive(Clone)]
+/// Requests are signed when it has credentials ([`MgrClient::with_credentials`]),
+/// and then only answers signed by the manager are believed.
+#[derive(Clone, Debug)]
 pub struct MgrClient {
-    base: String,
-    agent: ureq::Agent,
-}
-
-impl std::fmt::Debug for MgrClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MgrClient")
-            .field("base", &self.base)
-            .finish()
-    }
+    endpoint: MgrEndpoint,
 }
 
 /// Turns `host:port` or `http://host:port[/]` into a base URL without a trailing
@@ -85,12 +80,25 @@ impl MgrClient {
             .timeout_connect(Some(Duration::from_secs(3)))
             .build();
         let agent = flame_common::http::agent(config, source);
-        Ok(MgrClient { base, agent })
+        Ok(MgrClient {
+            endpoint: MgrEndpoint {
+                agent,
+                base,
+                creds: None,
+            },
+        })
+    }
+
+    /// This client, signing every request with `creds` (from a keyring file:
+    /// [`Credentials::load`]); `None` for a manager with `auth: none`.
+    pub fn with_credentials(mut self, creds: Option<Credentials>) -> MgrClient {
+        self.endpoint.creds = creds;
+        self
     }
 
     /// The base URL, for messages.
     pub fn base(&self) -> &str {
-        &self.base
+        &self.endpoint.base
     }
 
     /// The current cluster map.
@@ -202,33 +210,44 @@ impl MgrClient {
         self.delete(&format!("/v1/osds/{}", id.0))
     }
 
-    /// `DELETE path`, with the call timeout, decoding the JSON reply.
-    fn delete<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
-        let url = self.url(path);
-        let resp = self
-            .agent
-            .delete(&url)
-            .config()
-            .timeout_global(Some(CALL_TIMEOUT))
-            .build()
-            .call();
-        self.finish(&url, resp)
+    /// Every entity with its role and key generation (admin only).
+    pub fn auth_entities(&self) -> Result<Vec<AuthEntityInfo>, ClientError> {
+        self.get("/v1/auth/entities", CALL_TIMEOUT)
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+    /// Adds an entity (admin only). Its key is derived where the cluster keyring
+    /// is: nothing secret comes back.
+    pub fn auth_add(&self, entity: &EntityName, role: Role) -> Result<AuthEntityInfo, ClientError> {
+        let body = AuthEntityAdd {
+            entity: entity.clone(),
+            role,
+        };
+        self.post("/v1/auth/entities", &body)
+    }
+
+    /// Moves an entity to its next key generation: its old key stops working.
+    pub fn auth_rotate(&self, entity: &EntityName) -> Result<AuthEntityInfo, ClientError> {
+        self.post(&format!("/v1/auth/entities/{entity}/rotate"), &())
+    }
+
+    /// Removes an entity: its key stops working.
+    pub fn auth_remove(&self, entity: &EntityName) -> Result<AuthEntityInfo, ClientError> {
+        self.delete(&format!("/v1/auth/entities/{entity}"))
+    }
+
+    /// `DELETE path`, with the call timeout, decoding the JSON reply.
+    fn delete<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
+        let answer = self
+            .endpoint
+            .call("DELETE", path, None, CALL_TIMEOUT, RESPONSE_BYTES_MAX);
+        self.finish(path, answer)
     }
 
     fn get<T: DeserializeOwned>(&self, path: &str, timeout: Duration) -> Result<T, ClientError> {
-        let url = self.url(path);
-        let resp = self
-            .agent
-            .get(&url)
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .call();
-        self.finish(&url, resp)
+        let answer = self
+            .endpoint
+            .call("GET", path, None, timeout, RESPONSE_BYTES_MAX);
+        self.finish(path, answer)
     }
 
     fn post<B: Serialize, T: DeserializeOwned>(
@@ -236,35 +255,40 @@ impl MgrClient {
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
-        let url = self.url(path);
-        let resp = self
-            .agent
-            .post(&url)
-            .config()
-            .timeout_global(Some(CALL_TIMEOUT))
-            .build()
-            .send_json(body);
-        self.finish(&url, resp)
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Mgr {
+            url: self.url(path),
+            message: format!("cannot encode the request: {e}"),
+        })?;
+        let answer =
+            self.endpoint
+                .call("POST", path, Some(&bytes), CALL_TIMEOUT, RESPONSE_BYTES_MAX);
+        self.finish(path, answer)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.endpoint.base, path)
     }
 
     /// Reads a bounded body and turns it into `T` or the manager's error.
     fn finish<T: DeserializeOwned>(
         &self,
-        url: &str,
-        resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+        path: &str,
+        answer: Result<Answer, CallError>,
     ) -> Result<T, ClientError> {
         let mgr_err = |message: String| ClientError::Mgr {
-            url: url.to_string(),
+            url: self.url(path),
             message,
         };
-        let mut resp = resp.map_err(|e| mgr_err(describe_ureq(&e)))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(RESPONSE_BYTES_MAX)
-            .read_to_vec()
-            .map_err(|e| mgr_err(format!("reading the answer: {}", describe_ureq(&e))))?;
+        let Answer {
+            status,
+            body: bytes,
+        } = answer.map_err(|e| {
+            mgr_err(match e {
+                CallError::Transport(e) => describe_ureq(&e),
+                CallError::Body(e) => format!("reading the answer: {}", describe_ureq(&e)),
+                other => other.to_string(),
+            })
+        })?;
         if !(200..300).contains(&status) {
             let message = match serde_json::from_slice::<ApiError>(&bytes) {
                 Ok(api) => api.error,

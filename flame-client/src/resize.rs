@@ -93,7 +93,7 @@ pub fn resize_volume(
     size: u64,
     allow_shrink: bool,
 ) -> Result<VolumeInfo, ResizeError> {
-    let mgr = MgrClient::new(&config.mgr).map_err(ResizeError::Refused)?;
+    let mgr = config.mgr_client().map_err(ResizeError::Refused)?;
     let mut vol = mgr.volume(name).map_err(ResizeError::Refused)?;
     if size < vol.size {
         // The manager checks allow_shrink and records the pending trim.

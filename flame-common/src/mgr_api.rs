@@ -5,6 +5,12 @@
 //! disagree at compile time. Errors come back as a non-2xx status with an
 //! [`ApiError`] body.
 //!
+//! With `auth: required` every request but `/metrics` carries a signature
+//! ([`crate::auth`]) and every answer the manager's; routes need a role: reads
+//! any entity, the `/v1/osd/*` and `/v1/pg/recovered` posts the `osd` role, all
+//! other changes and `/v1/auth/*` the `admin` role. Refusals are 401 (who are
+//! you), 403 (not allowed) or 429 (replay window full).
+//!
 //! | method | path | body → reply |
 //! |---|---|---|
 //! | GET | `/v1/map` | → [`crate::map::ClusterMap`] |
@@ -27,6 +33,10 @@
 //! | DELETE | `/v1/volumes/{name}` | → `VolumeInfo` (the removed volume) |
 //! | GET | `/v1/pgs` | → `Vec<`[`PgStatus`]`>` (every placement group, by number) |
 //! | GET | `/v1/pgs/{id}` | → [`PgStatus`]; 404 past the pool's last group |
+//! | GET | `/v1/auth/entities` | → `Vec<`[`AuthEntityInfo`]`>` |
+//! | POST | `/v1/auth/entities` | [`AuthEntityAdd`] → [`AuthEntityInfo`]; 409 if it exists |
+//! | POST | `/v1/auth/entities/{name}/rotate` | → [`AuthEntityInfo`] (the next key generation) |
+//! | DELETE | `/v1/auth/entities/{name}` | → [`AuthEntityInfo`] (the removed entity) |
 //! | GET | `/metrics` | → Prometheus text |
 
 use crate::ids::{Epoch, OsdId, PgId};
@@ -624,4 +634,28 @@ mod tests {
         assert!(f < 1.0 && format!("{:.1}", f * 100.0) != "100.0", "{f}");
         assert_eq!(summary(true, 5, 0, 0).progress(), Some(0.0));
     }
+}
+
+/// One entity of `GET /v1/auth/entities` (and the answer of adding, rotating or
+/// removing one). Never a key: keys are derived where the cluster keyring is
+/// (`flame-admin auth key`), so none travels over the network.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthEntityInfo {
+    /// Its name.
+    pub entity: crate::auth::EntityName,
+    /// What it may do.
+    pub role: crate::auth::Role,
+    /// Its current key generation.
+    pub generation: u64,
+}
+
+/// `POST /v1/auth/entities`: a new `client.NAME` with role `client` or `admin`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthEntityAdd {
+    /// Its name.
+    pub entity: crate::auth::EntityName,
+    /// What it may do.
+    pub role: crate::auth::Role,
 }

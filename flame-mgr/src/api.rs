@@ -15,11 +15,12 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use flame_common::auth::EntityName;
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::mgr_api::{
-    ApiError, HeartbeatReply, OsdBoot, OsdBootReply, OsdFailureReply, OsdFailureReport,
-    OsdHeartbeat, OsdOpReply, OsdReweight, PgRecoveredReply, PgRecoveredReport, TrimDone,
-    VolumeCreate, VolumeResize,
+    ApiError, AuthEntityAdd, AuthEntityInfo, HeartbeatReply, OsdBoot, OsdBootReply,
+    OsdFailureReply, OsdFailureReport, OsdHeartbeat, OsdOpReply, OsdReweight, PgRecoveredReply,
+    PgRecoveredReport, TrimDone, VolumeCreate, VolumeResize,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -184,10 +185,21 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/v1/pgs", get(get_pgs))
         .route("/v1/pgs/{id}", get(get_pg))
+        .route("/v1/auth/entities", get(list_entities).post(add_entity))
+        .route("/v1/auth/entities/{name}/rotate", post(rotate_entity))
+        .route(
+            "/v1/auth/entities/{name}",
+            axum::routing::delete(remove_entity),
+        )
         .route("/metrics", get(get_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // Added after the routes, so it runs after routing and sees MatchedPath.
+        // Added after the routes, so they run after routing and see MatchedPath;
+        // `track` (added last, outermost) also counts refused requests.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            authenticate,
+        ))
         .layer(middleware::from_fn_with_state(Arc::clone(&shared), track))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(shared)
@@ -220,6 +232,177 @@ async fn track(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> R
         .with_label_values(&[route.as_str(), resp.status().as_str()])
         .inc();
     resp
+}
+
+/// Largest answer the manager signs (it buffers the body to sign it): well above
+/// any map of [`crate::state::OSD_COUNT_MAX`] OSDs and
+/// [`crate::state::VOLUME_COUNT_MAX`] volumes.
+const SIGNED_ANSWER_BYTES_MAX: usize = 256 << 20;
+
+/// Checks the request's signature and role ([`crate::auth`]) before the handler
+/// runs, and signs the answer with the caller's key. With `auth: none` it passes
+/// everything through. The header is checked before the body is read, so an
+/// unauthenticated caller never makes the manager buffer a body.
+async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let Some(verifier) = &shared.verifier else {
+        return next.run(req).await;
+    };
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let method = req.method().as_str().to_string();
+    let access = crate::auth::required_access(&method, route.as_deref());
+    if access == crate::auth::Access::Open {
+        return next.run(req).await;
+    }
+    let refuse = |r: crate::auth::Refusal| -> Response {
+        shared
+            .metrics
+            .auth_refusals
+            .with_label_values(&[r.reason()])
+            .inc();
+        info!(
+            "refused {method} {}: {r}",
+            route.as_deref().unwrap_or("(no route)")
+        );
+        let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+        HttpError::new(status, r.to_string()).into_response()
+    };
+    let header = match req.headers().get(header::AUTHORIZATION).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(_)) => {
+            return refuse(crate::auth::Refusal::Malformed(
+                "Authorization header is not ASCII".into(),
+            ));
+        }
+    };
+    let claim = match crate::auth::Verifier::claim(&shared.auth_table(), header) {
+        Ok(c) => c,
+        Err(r) => return refuse(r),
+    };
+    let (parts, body) = req.into_parts();
+    let limit = if route.as_deref() == Some("/v1/pg/recovered") {
+        PG_RECOVERED_BODY_BYTES_MAX
+    } else {
+        BODY_BYTES_MAX
+    };
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            return HttpError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over the limit of {limit} bytes, or unreadable: {e}"),
+            )
+            .into_response();
+        }
+    };
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let verified = verifier
+        .lock()
+        .verify(&claim, &method, path_and_query, &body, now_ms, access);
+    let creds = match verified {
+        Ok(c) => c,
+        Err(r) => return refuse(r),
+    };
+    let resp = next
+        .run(Request::from_parts(parts, axum::body::Body::from(body)))
+        .await;
+    let (mut parts, body) = resp.into_parts();
+    let body = match axum::body::to_bytes(body, SIGNED_ANSWER_BYTES_MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            error!("cannot sign an answer: {e}");
+            return HttpError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "answer too large to sign",
+            )
+            .into_response();
+        }
+    };
+    let sig = flame_common::auth::response_signature(
+        &creds.key,
+        claim.nonce(),
+        parts.status.as_u16(),
+        &body,
+    );
+    if let Ok(v) = HeaderValue::from_str(&sig) {
+        parts
+            .headers
+            .insert(flame_common::auth::SIGNATURE_HEADER, v);
+    }
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+fn path_entity(p: Result<Path<String>, PathRejection>) -> Result<EntityName, HttpError> {
+    let text = path_name(p)?;
+    EntityName::parse(&text).map_err(|e| HttpError::new(StatusCode::BAD_REQUEST, e))
+}
+
+fn entity_info(entity: EntityName, rec: crate::auth::EntityRecord) -> AuthEntityInfo {
+    AuthEntityInfo {
+        entity,
+        role: rec.role,
+        generation: rec.generation,
+    }
+}
+
+async fn list_entities(State(shared): State<Arc<Shared>>) -> Response {
+    let table = shared.auth_table();
+    let list: Vec<AuthEntityInfo> = table
+        .entities
+        .iter()
+        .map(|(n, r)| entity_info(n.clone(), *r))
+        .collect();
+    ok_json(&list)
+}
+
+async fn add_entity(
+    State(shared): State<Arc<Shared>>,
+    ApiJson(req): ApiJson<AuthEntityAdd>,
+) -> Result<Response, HttpError> {
+    let name = req.entity.clone();
+    let (rec, epoch) = shared
+        .commit(move |s, _| Ok((s.auth_add(&req.entity, req.role)?, s.epoch())))
+        .await?;
+    info!(
+        "entity {name} added, role {} (map {epoch})",
+        rec.role.as_str()
+    );
+    Ok(ok_json(&entity_info(name, rec)))
+}
+
+async fn rotate_entity(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let name = path_entity(name)?;
+    let n = name.clone();
+    let (rec, epoch) = shared
+        .commit(move |s, _| Ok((s.auth_rotate(&n)?, s.epoch())))
+        .await?;
+    info!(
+        "entity {name}: key rotated to generation {} (map {epoch})",
+        rec.generation
+    );
+    Ok(ok_json(&entity_info(name, rec)))
+}
+
+async fn remove_entity(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, HttpError> {
+    let name = path_entity(name)?;
+    let n = name.clone();
+    let (rec, epoch) = shared
+        .commit(move |s, _| Ok((s.auth_remove(&n)?, s.epoch())))
+        .await?;
+    info!("entity {name} removed (map {epoch})");
+    Ok(ok_json(&entity_info(name, rec)))
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> HttpError {

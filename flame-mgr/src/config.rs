@@ -72,6 +72,25 @@ pub struct MgrConfig {
     /// (discards and write-zeroes still pass). Leaves room for what is in flight
     /// and for the OSD's own metadata.
     pub full_ratio: f64,
+    /// `required` (the default): every API request but `/metrics` must be signed
+    /// by a known entity, and only roles that may do a thing can
+    /// (docs/security.md). `none`: anyone who reaches the port may do anything;
+    /// `status` warns about it. Never `none` on a network others can reach.
+    pub auth: AuthMode,
+    /// The cluster keyring (`flame-admin auth init --dir DIR` writes
+    /// `DIR/cluster.keyring`): the secret every entity key derives from. Needed
+    /// with `auth: required`.
+    pub keyring: Option<PathBuf>,
+}
+
+/// Whether the API requires authentication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Every request is signed; roles are enforced.
+    Required,
+    /// Nothing is checked.
+    None,
 }
 
 impl Default for MgrConfig {
@@ -88,6 +107,8 @@ impl Default for MgrConfig {
             pool: PoolConfig::default(),
             nearfull_ratio: 0.85,
             full_ratio: 0.95,
+            auth: AuthMode::Required,
+            keyring: None,
         }
     }
 }
@@ -161,7 +182,17 @@ impl Validate for MgrConfig {
                 format!("must not exceed full_ratio ({})", self.full_ratio),
             ));
         }
-        self.pool.validate()
+        self.pool.validate()?;
+        if self.auth == AuthMode::Required && self.keyring.is_none() {
+            return Err((
+                "keyring".into(),
+                "is required with `auth: required` (the default): create one with \
+                 `flame-admin auth init --dir DIR` and set `keyring: DIR/cluster.keyring`, \
+                 or set `auth: none` explicitly (anyone on the network may then do anything)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -172,7 +203,13 @@ mod tests {
 
     #[test]
     fn defaults_match_the_brief() {
-        let c: MgrConfig = parse_str("", "t").unwrap();
+        let e = parse_str::<MgrConfig>("", "t").unwrap_err().to_string();
+        assert!(e.contains("keyring") && e.contains("auth init"), "{e}");
+        let c: MgrConfig = parse_str("keyring: /k\n", "t").unwrap();
+        assert_eq!(c.auth, AuthMode::Required);
+        assert!(parse_str::<MgrConfig>("auth: maybe\n", "t").is_err());
+        let c: MgrConfig = parse_str("auth: none\n", "t").unwrap();
+        assert_eq!((c.auth, c.keyring), (AuthMode::None, None));
         assert_eq!(c.listen.to_string(), "127.0.0.1:6800");
         assert_eq!(c.data_dir, PathBuf::from("./flame-mgr"));
         assert_eq!(c.fsid, None);
@@ -194,7 +231,7 @@ mod tests {
         let c: MgrConfig = parse_str(
             "listen: 127.0.0.1:0\ndata_dir: /tmp/x\nfsid: abc-1\nheartbeat_grace_ms: 500\n\
              failure_check_interval_ms: 100\ndown_out_interval_ms: 0\n\
-             min_down_reporters: 3\npool:\n  size: 2\n  min_size: 1\n  pg_count: 64\n",
+             min_down_reporters: 3\nauth: none\npool:\n  size: 2\n  min_size: 1\n  pg_count: 64\n",
             "t",
         )
         .unwrap();

@@ -4,9 +4,10 @@
 //!
 //! Layout: [`config`] (YAML settings), [`state`] (the map and every rule on it, pure
 //! logic), [`store`] (crash-safe `state.json`), [`shared`] (lock, persist-then-
-//! publish), [`api`] (axum routes), [`failure`] (heartbeat grace), [`metrics`].
+//! publish), [`api`] (axum routes), [`auth`] (entities, roles, request checks), [`failure`] (heartbeat grace), [`metrics`].
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod failure;
 pub mod metrics;

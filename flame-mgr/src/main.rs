@@ -53,7 +53,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(config) {
+    // An unreadable, world-readable or wrong keyring is a configuration error too.
+    let verifier = match load_verifier(&config) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("flame-mgr: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(config, verifier) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("flame-mgr: {e}");
@@ -127,7 +135,30 @@ fn load_or_create(config: &MgrConfig, store: &Store) -> Result<PersistedState, B
     Ok(state)
 }
 
-fn run(config: MgrConfig) -> Result<(), BoxError> {
+/// The request verifier of `auth: required` (the cluster keyring loaded and
+/// checked), `None` with `auth: none`. Done before the data directory is touched,
+/// so a bad keyring never creates a cluster.
+fn load_verifier(config: &MgrConfig) -> Result<Option<flame_mgr::auth::Verifier>, BoxError> {
+    let path = match (config.auth, &config.keyring) {
+        (config::AuthMode::None, _) => return Ok(None),
+        (config::AuthMode::Required, None) => {
+            return Err("auth: required needs `keyring:` (flame-admin auth init --dir DIR)".into());
+        }
+        (config::AuthMode::Required, Some(path)) => path,
+    };
+    let keyring = flame_common::auth::Keyring::load(path)?;
+    if keyring.entity != flame_common::auth::KeyringEntity::Cluster {
+        return Err(format!(
+            "keyring {} is an entity's key, not the cluster secret; give the \
+             cluster.keyring that `flame-admin auth init` wrote",
+            path.display()
+        )
+        .into());
+    }
+    Ok(Some(flame_mgr::auth::Verifier::new(keyring.key)))
+}
+
+fn run(config: MgrConfig, verifier: Option<flame_mgr::auth::Verifier>) -> Result<(), BoxError> {
     let store = Store::open(&config.data_dir)?;
     let persisted = load_or_create(&config, &store)?;
     let metrics = metrics::Metrics::new()?;
@@ -135,7 +166,7 @@ fn run(config: MgrConfig) -> Result<(), BoxError> {
         .enable_all()
         .thread_name("flame-mgr")
         .build()?;
-    runtime.block_on(serve(config, store, persisted, metrics))
+    runtime.block_on(serve(config, store, persisted, metrics, verifier))
 }
 
 async fn serve(
@@ -143,6 +174,7 @@ async fn serve(
     store: Store,
     persisted: PersistedState,
     metrics: metrics::Metrics,
+    verifier: Option<flame_mgr::auth::Verifier>,
 ) -> Result<(), BoxError> {
     let fsid = persisted.map.fsid.clone();
     // Start time counts as every OSD's last heartbeat: they get a full grace period
@@ -155,7 +187,15 @@ async fn serve(
         nearfull: config.nearfull_ratio,
         full: config.full_ratio,
     };
-    let shared = shared::Shared::new(store, cluster_state, metrics);
+    if verifier.is_none() {
+        warn!(
+            "authentication is OFF (auth: none): anyone who can reach {} can change or \
+             delete everything",
+            config.listen
+        );
+        cluster_state.auth_disabled = true;
+    }
+    let shared = shared::Shared::new(store, cluster_state, metrics, verifier);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub api_requests: IntCounterVec,
     /// `flame_mgr_api_latency_seconds{route}`.
     pub api_latency: HistogramVec,
+    /// `flame_mgr_auth_refusals_total{reason}` ([`crate::auth::Refusal::reason`]).
+    pub auth_refusals: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -119,6 +121,15 @@ impl Metrics {
                     "API requests by route (method and path template) and HTTP status.",
                 ),
                 &["route", "status"],
+            )?)?,
+            auth_refusals: register(IntCounterVec::new(
+                Opts::new(
+                    "flame_mgr_auth_refusals_total",
+                    "API requests refused by authentication, by reason (missing, \
+                     malformed, unknown_entity, rotated_key, bad_signature, replayed, \
+                     replay_window_full, clock, forbidden).",
+                ),
+                &["reason"],
             )?)?,
             api_latency: register(HistogramVec::new(
                 HistogramOpts::new(

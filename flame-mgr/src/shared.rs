@@ -14,6 +14,7 @@
 //! that has started always finishes and is installed, so memory never falls behind
 //! the disk.
 
+use crate::auth::{AuthTable, Verifier};
 use crate::state::{ClusterState, StateError};
 use crate::store::{Store, StoreError};
 use flame_common::ids::Epoch;
@@ -53,19 +54,38 @@ pub struct Shared {
     acting_cache: parking_lot::Mutex<Option<(Epoch, ActingSets)>>,
     /// Prometheus metrics.
     pub metrics: crate::metrics::Metrics,
+    /// The entity table as last committed; the authentication middleware reads it
+    /// without the state lock.
+    auth_tx: watch::Sender<Arc<AuthTable>>,
+    /// The cluster secret and replay guard; `None` with `auth: none`.
+    pub verifier: Option<parking_lot::Mutex<Verifier>>,
 }
 
 impl Shared {
     /// Wraps a state that is already on disk.
-    pub fn new(store: Store, state: ClusterState, metrics: crate::metrics::Metrics) -> Arc<Self> {
+    /// `verifier` is `None` when the manager runs with `auth: none`.
+    pub fn new(
+        store: Store,
+        state: ClusterState,
+        metrics: crate::metrics::Metrics,
+        verifier: Option<Verifier>,
+    ) -> Arc<Self> {
         let (map_tx, _) = watch::channel(Arc::new(state.map().clone()));
+        let (auth_tx, _) = watch::channel(Arc::new(state.persisted.auth.clone()));
         Arc::new(Shared {
             state: Mutex::new(state),
             store,
             map_tx,
             acting_cache: parking_lot::Mutex::new(None),
             metrics,
+            auth_tx,
+            verifier: verifier.map(parking_lot::Mutex::new),
         })
+    }
+
+    /// The entity table as last committed.
+    pub fn auth_table(&self) -> Arc<AuthTable> {
+        self.auth_tx.borrow().clone()
     }
 
     /// Applies `op` (given the current time) durably; see the module doc.
@@ -96,6 +116,10 @@ impl Shared {
         *guard = next;
         if changed {
             self.map_tx.send_replace(Arc::new(guard.map().clone()));
+            if **self.auth_tx.borrow() != guard.persisted.auth {
+                self.auth_tx
+                    .send_replace(Arc::new(guard.persisted.auth.clone()));
+            }
         }
         Ok(out)
     }

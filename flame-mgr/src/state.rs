@@ -6,10 +6,13 @@
 //! every rule (ids, epochs, validation, health) unit-testable without a server.
 //!
 //! Invariant the persistence layer relies on: **an operation changes
-//! [`PersistedState`] if and only if it bumps the map epoch** (by exactly one). So
+//! [`PersistedState`] if and only if it bumps the map epoch** (by exactly one) —
+//! entity changes ([`crate::auth`]) included, though the map itself does not
+//! show them. So
 //! "epoch changed" is the signal to write `state.json`, and runtime-only updates
 //! (heartbeat timestamps and usage figures) never cost a disk write.
 
+use flame_common::auth::EntityName;
 use flame_common::ids::{Epoch, OsdId, PgId, VolumeId};
 use flame_common::map::{
     ClusterMap, DELETED_VOLUMES_MAX, OsdInfo, PoolConfig, VOLUME_SIZE_MAX, VolumeInfo,
@@ -91,6 +94,10 @@ pub struct PersistedState {
     /// (a new incarnation always changes `up_from`). Absent in older files.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub osd_incarnations: BTreeMap<OsdId, u64>,
+    /// Every entity and its role and key generation ([`crate::auth`]). Absent in
+    /// older files: the built-ins `client.admin` and `osd` at generation 1.
+    #[serde(default)]
+    pub auth: crate::auth::AuthTable,
 }
 
 impl PersistedState {
@@ -104,6 +111,7 @@ impl PersistedState {
             next_volume_id: 1,
             pending_trims: BTreeMap::new(),
             osd_incarnations: BTreeMap::new(),
+            auth: crate::auth::AuthTable::default(),
         }
     }
 
@@ -167,6 +175,7 @@ impl PersistedState {
                 ));
             }
         }
+        self.auth.check().map_err(|m| format!("auth: {m}"))?;
         for id in self.osd_incarnations.keys() {
             if !self.map.osds.contains_key(id) {
                 return Err(format!("incarnation of {id}, which is not in the map"));
@@ -260,6 +269,9 @@ pub struct ClusterState {
     /// The roles of every placement group in the current map, to find the groups
     /// whose interval a new epoch starts ([`ClusterMap::record_intervals`]).
     pg_roles: Vec<flame_common::placement::PgRoles>,
+    /// `MgrConfig::auth` is `none`: anyone who reaches the API may do anything,
+    /// which `status` reports as a warning.
+    pub auth_disabled: bool,
 }
 
 /// The used fractions of an OSD's file system at which it is nearfull (a warning)
@@ -324,6 +336,7 @@ impl ClusterState {
             report_min_silence: REPORT_MIN_SILENCE_DEFAULT,
             recovery: crate::pg_status::RecoveryTracker::new(),
             full_ratios: FullRatios::default(),
+            auth_disabled: false,
         }
     }
 
@@ -1297,11 +1310,66 @@ impl ClusterState {
         Ok(vol)
     }
 
+    /// Adds an entity (`POST /v1/auth/entities`).
+    pub fn auth_add(
+        &mut self,
+        name: &EntityName,
+        role: crate::auth::Role,
+    ) -> Result<crate::auth::EntityRecord, StateError> {
+        let rec = self
+            .persisted
+            .auth
+            .add(name, role)
+            .map_err(StateError::Conflict)?;
+        self.bump_epoch();
+        Ok(rec)
+    }
+
+    /// Moves an entity to its next key generation.
+    pub fn auth_rotate(
+        &mut self,
+        name: &EntityName,
+    ) -> Result<crate::auth::EntityRecord, StateError> {
+        let rec = self
+            .persisted
+            .auth
+            .rotate(name)
+            .map_err(StateError::NotFound)?;
+        self.bump_epoch();
+        Ok(rec)
+    }
+
+    /// Removes an entity (not a built-in).
+    pub fn auth_remove(
+        &mut self,
+        name: &EntityName,
+    ) -> Result<crate::auth::EntityRecord, StateError> {
+        if !self.persisted.auth.entities.contains_key(name) {
+            return Err(StateError::NotFound(format!("no entity {name}")));
+        }
+        let rec = self
+            .persisted
+            .auth
+            .remove(name)
+            .map_err(StateError::Invalid)?;
+        self.bump_epoch();
+        Ok(rec)
+    }
+
     /// `GET /v1/status`. `pgs` is the [`PgTable`] of the current map; `now`
     /// dates the recovery rate.
     pub fn status(&self, pgs: &PgTable, now: Instant) -> ClusterStatus {
         let map = &self.persisted.map;
-        let (health, health_detail) = health(map, pgs, &self.persisted.pending_trims);
+        let (mut health, mut health_detail) = health(map, pgs, &self.persisted.pending_trims);
+        if self.auth_disabled {
+            health = health.max(Health::Warn);
+            health_detail.push(
+                "authentication is off (`auth: none`): anyone who can reach the manager \
+                 can change or delete everything; create keys with `flame-admin auth init` \
+                 and set `auth: required`"
+                    .into(),
+            );
+        }
         let (pgs_by_state, pg_summary) = crate::pg_status::summarize(pgs, map);
         ClusterStatus {
             fsid: map.fsid.clone(),

@@ -4,6 +4,8 @@
 //! directory, and learns the port from its "listening on http://ADDR" log line, so
 //! tests never race each other for ports.
 
+use flame_common::auth::{Credentials, EntityName, Keyring, KeyringEntity, SecretKey};
+use flame_common::http::MgrEndpoint;
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::mgr_api::{
@@ -27,17 +29,55 @@ use std::time::{Duration, Instant};
 
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A running manager.
+/// A running manager, called as `client.admin` (its config's directory holds
+/// the keys; unsigned if the config has `auth: none`).
 struct Mgr {
     child: Child,
     url: String,
     log: Arc<Mutex<String>>,
+    dir: PathBuf,
 }
 
+/// The cluster secret of the test directory `dir` (`dir/keys/cluster.keyring`),
+/// created on first use as `flame-admin auth init` would.
+fn cluster_secret(dir: &Path) -> SecretKey {
+    let keys = dir.join("keys");
+    let path = keys.join("cluster.keyring");
+    if let Ok(k) = Keyring::load(&path) {
+        return k.key;
+    }
+    std::fs::create_dir_all(&keys).unwrap();
+    let key = SecretKey::random().unwrap();
+    Keyring {
+        entity: KeyringEntity::Cluster,
+        key: key.clone(),
+    }
+    .save(&path, false)
+    .unwrap();
+    key
+}
+
+/// Credentials of `entity` at `generation` in the cluster of `dir`.
+fn creds_in(dir: &Path, entity: &str, generation: u64) -> Credentials {
+    let entity = EntityName::parse(entity).unwrap();
+    Credentials {
+        key: cluster_secret(dir).derive_entity_key(&entity, generation),
+        entity,
+        generation,
+    }
+}
+
+/// A config in `dir` with the cluster keyring (unless `extra` sets `auth:`).
 fn write_config(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("mgr.yaml");
+    let keyring = if extra.contains("auth:") {
+        String::new()
+    } else {
+        cluster_secret(dir);
+        format!("keyring: {}\n", dir.join("keys/cluster.keyring").display())
+    };
     let yaml = format!(
-        "listen: 127.0.0.1:0\ndata_dir: {}\n{extra}",
+        "listen: 127.0.0.1:0\ndata_dir: {}\n{keyring}{extra}",
         dir.join("data").display()
     );
     std::fs::write(&path, yaml).unwrap();
@@ -84,7 +124,13 @@ impl Mgr {
                     if let Some(pos) = line.find("listening on http://") {
                         let rest = &line[pos + "listening on ".len()..];
                         let url: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                        return Mgr { child, url, log };
+                        let dir = config.parent().unwrap().to_path_buf();
+                        return Mgr {
+                            child,
+                            url,
+                            log,
+                            dir,
+                        };
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -110,16 +156,37 @@ impl Mgr {
         format!("{}{path}", self.url)
     }
 
+    /// An endpoint signing as `creds` (unsigned for `None`).
+    fn endpoint(&self, creds: Option<Credentials>) -> MgrEndpoint {
+        MgrEndpoint {
+            agent: agent(),
+            base: self.url.clone(),
+            creds,
+        }
+    }
+
+    /// An endpoint signing as `client.admin` (unsigned with `auth: none`).
+    fn admin(&self) -> MgrEndpoint {
+        let signed = !std::fs::read_to_string(self.dir.join("mgr.yaml"))
+            .unwrap()
+            .contains("auth: none");
+        self.endpoint(signed.then(|| creds_in(&self.dir, "client.admin", 1)))
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Value) {
+        call_as(&self.admin(), method, path, body)
+    }
+
     fn get(&self, path: &str) -> (u16, Value) {
-        reply(agent().get(self.url(path)).call())
+        self.call("GET", path, None)
     }
 
     fn post<B: Serialize>(&self, path: &str, body: &B) -> (u16, Value) {
-        reply(agent().post(self.url(path)).send_json(body))
+        self.call("POST", path, Some(&serde_json::to_vec(body).unwrap()))
     }
 
     fn delete(&self, path: &str) -> (u16, Value) {
-        reply(agent().delete(self.url(path)).call())
+        self.call("DELETE", path, None)
     }
 
     fn get_ok<T: DeserializeOwned>(&self, path: &str) -> T {
@@ -156,13 +223,15 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
-fn reply(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> (u16, Value) {
-    let mut resp = r.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap();
+/// `METHOD path` through `endpoint`: the status and the JSON body.
+fn call_as(endpoint: &MgrEndpoint, method: &str, path: &str, body: Option<&[u8]>) -> (u16, Value) {
+    let a = endpoint
+        .call(method, path, body, Duration::from_secs(40), 256 << 20)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let text = String::from_utf8_lossy(&a.body);
     let value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("reply {status} is not JSON ({e}): {text:?}"));
-    (status, value)
+        .unwrap_or_else(|e| panic!("reply {} is not JSON ({e}): {text:?}", a.status));
+    (a.status, value)
 }
 
 fn ok<T: DeserializeOwned>((status, v): (u16, Value)) -> T {
@@ -300,12 +369,6 @@ fn volume_routes_status_and_metrics() {
     let v4: VolumeInfo = mgr.post_ok("/v1/volumes", &create("disk-b", 4096));
     assert!(v4.id.0 > v.id.0 + 1, "{v4:?}");
 
-    // The plain ureq API reports a non-2xx as an error status.
-    match ureq::get(mgr.url("/v1/volumes/nope")).call() {
-        Err(ureq::Error::StatusCode(404)) => {}
-        other => panic!("expected 404, got {other:?}"),
-    }
-
     // Three OSDs on three hosts: healthy, and PG counts add up.
     let mut ids = Vec::new();
     for (i, u) in ["u0", "u1", "u2"].iter().enumerate() {
@@ -390,20 +453,28 @@ fn sigkill_after_acknowledged_changes_loses_nothing() {
     assert_eq!(after.volumes.get("demo"), Some(&v));
 
     // Now kill while creates are streaming in: every acknowledged one must survive.
-    let url = mgr.url("/v1/volumes");
+    let endpoint = mgr.admin();
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
-        let (acked, stop) = (Arc::clone(&acked), Arc::clone(&stop));
+        let (acked, stop, endpoint) = (Arc::clone(&acked), Arc::clone(&stop), endpoint.clone());
         std::thread::spawn(move || {
             for i in 0.. {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
                 let name = format!("v{i}");
-                match agent().post(&url).send_json(create(&name, 1 << 20)) {
-                    Ok(r) if r.status() == 200 => acked.lock().unwrap().push(name),
-                    Ok(r) => panic!("create {name}: {}", r.status()),
+                let body = serde_json::to_vec(&create(&name, 1 << 20)).unwrap();
+                let answer = endpoint.call(
+                    "POST",
+                    "/v1/volumes",
+                    Some(&body),
+                    Duration::from_secs(40),
+                    1 << 20,
+                );
+                match answer {
+                    Ok(r) if r.status == 200 => acked.lock().unwrap().push(name),
+                    Ok(r) => panic!("create {name}: {}", r.status),
                     Err(_) => break, // the manager died mid-request
                 }
             }
@@ -560,14 +631,7 @@ fn garbage_and_bad_requests_leave_it_serving() {
     }
 
     // Malformed and oversized bodies: ApiError with 400 / 413.
-    let raw = |body: &[u8]| {
-        reply(
-            agent()
-                .post(mgr.url("/v1/volumes"))
-                .header("Content-Type", "application/json")
-                .send(body),
-        )
-    };
+    let raw = |body: &[u8]| mgr.call("POST", "/v1/volumes", Some(body));
     assert_err(raw(b"{\"name\": "), 400, "invalid JSON");
     assert_err(raw(b"{\"name\": \"a\"}"), 400, "size");
     assert_err(raw(b"[1,2,3]"), 400, "invalid JSON");
@@ -940,4 +1004,279 @@ fn pgs_routes_and_recovery_progress() {
         rest = &rest[at + name.len()..];
     }
     assert!(checked > 10, "{checked}");
+}
+
+/// Every route that changes something, with a body that would succeed.
+fn mutations() -> Vec<(&'static str, String, Vec<u8>)> {
+    let j = |v: Value| serde_json::to_vec(&v).unwrap();
+    vec![
+        (
+            "POST",
+            "/v1/volumes".into(),
+            j(serde_json::json!({"name": "new", "size": 4096})),
+        ),
+        ("DELETE", "/v1/volumes/kept".into(), vec![]),
+        (
+            "POST",
+            "/v1/volumes/kept/resize".into(),
+            j(serde_json::json!({"size": 8192})),
+        ),
+        ("POST", "/v1/osds/0/out".into(), j(Value::Null)),
+        (
+            "POST",
+            "/v1/osds/0/reweight".into(),
+            j(serde_json::json!({"weight": 99.0})),
+        ),
+        ("DELETE", "/v1/osds/0".into(), vec![]),
+        (
+            "POST",
+            "/v1/osd/boot".into(),
+            serde_json::to_vec(&OsdBoot {
+                weight: 100.0,
+                ..boot("made-up", 7100, "evil")
+            })
+            .unwrap(),
+        ),
+        (
+            "POST",
+            "/v1/auth/entities".into(),
+            j(serde_json::json!({"entity": "client.evil", "role": "admin"})),
+        ),
+        (
+            "POST",
+            "/v1/auth/entities/client.admin/rotate".into(),
+            j(Value::Null),
+        ),
+    ]
+}
+
+/// Nobody without a key changes anything: unsigned, wrongly signed, replayed,
+/// rotated-away and role-client requests are refused with a clear error naming
+/// the entity, counted, and leave the epoch where it was; `client` reads; the
+/// OSD key boots and heartbeats but cannot delete; answers are signed.
+#[test]
+fn authentication_and_roles_refuse_everything_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mgr = Mgr::start(&write_config(d, "pool:\n  pg_count: 16\n"));
+    let _: VolumeInfo = mgr.post_ok("/v1/volumes", &create("kept", 4096));
+    let (_, added) = mgr.post(
+        "/v1/auth/entities",
+        &serde_json::json!({"entity": "client.vm", "role": "client"}),
+    );
+    assert_eq!(added["generation"], 1, "{added}");
+    let epoch = mgr.map().epoch;
+
+    let unsigned = mgr.endpoint(None);
+    let client = mgr.endpoint(Some(creds_in(d, "client.vm", 1)));
+    let stranger = mgr.endpoint(Some(creds_in(d, "client.stranger", 1)));
+    let other_cluster = mgr.endpoint(Some({
+        let e = EntityName::admin();
+        Credentials {
+            key: SecretKey::random().unwrap().derive_entity_key(&e, 1),
+            entity: e,
+            generation: 1,
+        }
+    }));
+    for (method, path, body) in mutations() {
+        for (who, endpoint, status, needle) in [
+            ("unsigned", &unsigned, 401, "authentication required"),
+            ("stranger", &stranger, 401, "client.stranger is not known"),
+            (
+                "another cluster's key",
+                &other_cluster,
+                401,
+                "wrong signature",
+            ),
+            (
+                "client role",
+                &client,
+                403,
+                "client.vm (role client) may not",
+            ),
+        ] {
+            let (got, v) = call_as(endpoint, method, &path, Some(&body));
+            assert_eq!(got, status, "{who}: {method} {path}: {v}");
+            assert!(v["error"].as_str().unwrap().contains(needle), "{who}: {v}");
+        }
+    }
+    // Reads: any entity; unsigned is refused too (the map names every volume).
+    assert_eq!(call_as(&client, "GET", "/v1/map", None).0, 200);
+    assert_eq!(call_as(&unsigned, "GET", "/v1/map", None).0, 401);
+    assert_eq!(call_as(&unsigned, "GET", "/v1/nothing", None).0, 401);
+    assert_eq!(call_as(&client, "GET", "/v1/auth/entities", None).0, 403);
+    assert_eq!(mgr.map().epoch, epoch, "a refused request changed the map");
+    assert!(mgr.map().volumes.contains_key("kept"));
+
+    // The OSD key may boot and heartbeat, not act as the admin.
+    let osd = mgr.endpoint(Some(creds_in(d, "osd", 1)));
+    let body = serde_json::to_vec(&boot("u-1", 7000, "h1")).unwrap();
+    let (st, r) = call_as(&osd, "POST", "/v1/osd/boot", Some(&body));
+    assert_eq!(st, 200, "{r}");
+    let (st, _) = call_as(&osd, "DELETE", "/v1/volumes/kept", None);
+    assert_eq!(st, 403);
+
+    // A captured request replayed verbatim is refused.
+    let c = creds_in(d, "client.admin", 1);
+    let body = serde_json::to_vec(&create("once", 4096)).unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let header = c
+        .sign(
+            "POST",
+            "/v1/volumes",
+            &body,
+            now_ms,
+            flame_common::auth::Nonce([9; 16]),
+        )
+        .to_header();
+    let send = || {
+        let mut r = agent()
+            .post(mgr.url("/v1/volumes"))
+            .header("authorization", &header)
+            .send(&body[..])
+            .unwrap();
+        let status = r.status().as_u16();
+        let signed = r
+            .headers()
+            .contains_key(flame_common::auth::SIGNATURE_HEADER);
+        (status, signed, r.body_mut().read_to_string().unwrap())
+    };
+    let (st, signed, _) = send();
+    assert_eq!(
+        (st, signed),
+        (200, true),
+        "the answer carries the manager's signature"
+    );
+    let (st, _, text) = send();
+    assert_eq!(st, 401, "{text}");
+    assert!(text.contains("replayed"), "{text}");
+    // A request from a clock two minutes off is refused, naming the clock.
+    let old = c
+        .sign(
+            "GET",
+            "/v1/map",
+            b"",
+            now_ms - 120_000,
+            flame_common::auth::Nonce([1; 16]),
+        )
+        .to_header();
+    let mut r = agent()
+        .get(mgr.url("/v1/map"))
+        .header("authorization", &old)
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert!(r.body_mut().read_to_string().unwrap().contains("clock"));
+
+    // Rotation: the old key stops at once, by name; the next generation works.
+    let (st, v) = mgr.post("/v1/auth/entities/client.vm/rotate", &());
+    assert_eq!((st, v["generation"].as_u64()), (200, Some(2)), "{v}");
+    let (st, v) = call_as(&client, "GET", "/v1/map", None);
+    assert_eq!(st, 401);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("generation 1 was rotated"),
+        "{v}"
+    );
+    let rotated = mgr.endpoint(Some(creds_in(d, "client.vm", 2)));
+    assert_eq!(call_as(&rotated, "GET", "/v1/map", None).0, 200);
+    // Built-ins stay; a removed entity is refused.
+    assert_err(
+        mgr.delete("/v1/auth/entities/client.admin"),
+        400,
+        "built in",
+    );
+    let (st, _) = mgr.delete("/v1/auth/entities/client.vm");
+    assert_eq!(st, 200);
+    assert_eq!(call_as(&rotated, "GET", "/v1/map", None).0, 401);
+
+    // Every refusal was counted, by reason.
+    let mut resp = agent().get(mgr.url("/metrics")).call().unwrap();
+    let text = resp.body_mut().read_to_string().unwrap();
+    for reason in [
+        "missing",
+        "unknown_entity",
+        "bad_signature",
+        "forbidden",
+        "replayed",
+        "clock",
+        "rotated_key",
+    ] {
+        assert!(
+            text.contains(&format!(
+                "flame_mgr_auth_refusals_total{{reason=\"{reason}\"}}"
+            )),
+            "no {reason} refusals counted:\n{text}"
+        );
+    }
+
+    // The entity table survives a restart (it is in state.json).
+    let config = d.join("mgr.yaml");
+    mgr.kill9();
+    let mgr = Mgr::start(&config);
+    let list = mgr.get("/v1/auth/entities").1;
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    let removed = mgr.endpoint(Some(creds_in(d, "client.vm", 2)));
+    assert_eq!(call_as(&removed, "GET", "/v1/map", None).0, 401);
+}
+
+/// `auth: required` without a keyring, a world-readable keyring and an entity's
+/// keyring in place of the cluster's refuse to start (status 2, one line naming
+/// the fix); `auth: none` starts and says so in its health.
+#[test]
+fn keyring_problems_refuse_start_and_auth_none_warns() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = d.join("mgr.yaml");
+    let data = d.join("data");
+    let write = |extra: &str| {
+        std::fs::write(
+            &path,
+            format!("listen: 127.0.0.1:0\ndata_dir: {}\n{extra}", data.display()),
+        )
+        .unwrap();
+    };
+    let fails = |needle: &str| {
+        let (mut child, log, _rx) = spawn(&path);
+        let status = wait_exit(&mut child);
+        assert_eq!(status.code(), Some(2), "{needle}");
+        std::thread::sleep(Duration::from_millis(200));
+        let log = log.lock().unwrap().clone();
+        assert!(log.contains(needle), "log lacks {needle:?}:\n{log}");
+    };
+    write("");
+    fails("flame-admin auth init");
+    cluster_secret(d);
+    let keyring = d.join("keys/cluster.keyring");
+    std::fs::set_permissions(&keyring, std::fs::Permissions::from_mode(0o644)).unwrap();
+    write(&format!("keyring: {}\n", keyring.display()));
+    fails("chmod 600");
+    let admin = d.join("keys/admin.keyring");
+    Keyring {
+        entity: KeyringEntity::Entity(EntityName::admin(), 1),
+        key: SecretKey::random().unwrap(),
+    }
+    .save(&admin, false)
+    .unwrap();
+    write(&format!("keyring: {}\n", admin.display()));
+    fails("not the cluster secret");
+    assert!(
+        !data.join("state.json").exists(),
+        "a refused start created a cluster"
+    );
+
+    write("auth: none\n");
+    let mgr = Mgr::start(&path);
+    let st: ClusterStatus = mgr.get_ok("/v1/status");
+    assert_ne!(st.health, "HEALTH_OK");
+    assert!(
+        st.health_detail.iter().any(|l| l.contains("auth: none")),
+        "{st:?}"
+    );
 }

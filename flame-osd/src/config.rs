@@ -44,6 +44,11 @@ pub enum Threading {
 pub struct OsdConfig {
     /// Manager API address.
     pub mgr: String,
+    /// The `osd` keyring (`flame-admin auth init` writes `osd.keyring`) this OSD
+    /// signs its manager requests with. Needed unless the manager runs with
+    /// `auth: none`; without it such a manager refuses the boot, and the OSD
+    /// stops with the manager's reason.
+    pub keyring: Option<PathBuf>,
     /// Data address of shard 0; shard `i` listens on port + `i`.
     pub listen: SocketAddr,
     /// Address published in the cluster map for shard 0 (clients and peers connect
@@ -143,6 +148,7 @@ impl Default for OsdConfig {
     fn default() -> Self {
         OsdConfig {
             mgr: "127.0.0.1:6800".into(),
+            keyring: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 6900)),
             advertise: None,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9201)),

@@ -7,6 +7,8 @@
 use crate::config::OsdConfig;
 use crate::liveness::Liveness;
 use arc_swap::ArcSwap;
+use flame_common::auth::Credentials;
+use flame_common::http::MgrEndpoint;
 use flame_common::ids::OsdId;
 use flame_common::map::ClusterMap;
 use flame_common::mgr_api::{
@@ -30,6 +32,10 @@ const FAILURE_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Largest map accepted from the manager.
 const MAP_BYTES_MAX: u64 = 64 << 20;
+/// Bound on one call to the manager, connect included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest answer to a boot, heartbeat or report (each is well under 1 KiB).
+const ANSWER_BYTES_MAX: u64 = 1 << 20;
 
 /// The OSD's identity, kept in `data_dir/osd.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -102,8 +108,7 @@ fn new_uuid() -> String {
 
 /// Talks to the manager.
 pub struct Control {
-    base: String,
-    agent: ureq::Agent,
+    mgr: MgrEndpoint,
     cfg: Arc<OsdConfig>,
     identity: Identity,
     metrics_addr: SocketAddr,
@@ -123,14 +128,16 @@ impl Control {
         identity: Identity,
         metrics_addr: SocketAddr,
         liveness: Arc<Liveness>,
+        creds: Option<Credentials>,
     ) -> Control {
-        let config = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(5)))
-            .build();
-        let agent = flame_common::http::agent(config, Some(cfg.source_ip()));
+        let agent =
+            flame_common::http::agent(ureq::Agent::config_builder().build(), Some(cfg.source_ip()));
         Control {
-            base: format!("http://{}", cfg.mgr),
-            agent,
+            mgr: MgrEndpoint {
+                agent,
+                base: format!("http://{}", cfg.mgr),
+                creds,
+            },
             cfg,
             identity,
             metrics_addr,
@@ -205,47 +212,39 @@ impl Control {
         path: &str,
         body: &B,
     ) -> Result<R, String> {
-        let url = format!("{}{path}", self.base);
-        let mut resp = self
-            .agent
-            .post(&url)
-            .config()
-            .http_status_as_error(false)
-            .build()
-            .send_json(body)
+        let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+        let answer = self
+            .mgr
+            .call("POST", path, Some(&bytes), CALL_TIMEOUT, ANSWER_BYTES_MAX)
             .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        if status.is_client_error() {
+        let status = answer.status;
+        if (400..500).contains(&status) {
             // The manager's ApiError body says why; bounded like every body.
-            let why = resp
-                .body_mut()
-                .with_config()
-                .limit(64 << 10)
-                .read_json::<flame_common::mgr_api::ApiError>()
+            let why = serde_json::from_slice::<flame_common::mgr_api::ApiError>(&answer.body)
                 .map_or_else(|e| format!("(unreadable reason: {e})"), |a| a.error);
             return Err(format!("refused: {path} answered {status}: {why}"));
         }
-        if !status.is_success() {
+        if !(200..300).contains(&status) {
             return Err(format!("{path} answered {status}"));
         }
-        resp.body_mut().read_json::<R>().map_err(|e| e.to_string())
+        serde_json::from_slice(&answer.body).map_err(|e| e.to_string())
     }
 
     /// Fetches the current map.
     pub fn fetch_map(&self) -> Result<ClusterMap, String> {
-        let url = format!("{}/v1/map", self.base);
+        let url = format!("{}/v1/map", self.mgr.base);
         crate::failpoints::check("map_fetch").map_err(|e| format!("GET {url}: {e}"))?;
-        let mut resp = self
-            .agent
-            .get(&url)
-            .call()
+        let answer = self
+            .mgr
+            .call("GET", "/v1/map", None, CALL_TIMEOUT, MAP_BYTES_MAX)
             .map_err(|e| format!("GET {url}: {e}"))?;
-        let map: ClusterMap = resp
-            .body_mut()
-            .with_config()
-            .limit(MAP_BYTES_MAX)
-            .read_json()
-            .map_err(|e| format!("GET {url}: bad map: {e}"))?;
+        if !(200..300).contains(&answer.status) {
+            let why = serde_json::from_slice::<flame_common::mgr_api::ApiError>(&answer.body)
+                .map_or_else(|_| String::new(), |a| format!(": {}", a.error));
+            return Err(format!("GET {url}: answered {}{why}", answer.status));
+        }
+        let map: ClusterMap =
+            serde_json::from_slice(&answer.body).map_err(|e| format!("GET {url}: bad map: {e}"))?;
         map.pool
             .validate()
             .map_err(|(k, m)| format!("manager sent an invalid map: {k}: {m}"))?;

@@ -121,6 +121,14 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     // fix, said in one line naming what is missing.
     flame_common::transport::check_available(cfg.transport)
         .map_err(|message| StartError { message, status: 2 })?;
+    // The keyring too: a missing, unreadable or world-readable key is the
+    // operator's to fix.
+    let creds = cfg
+        .keyring
+        .as_deref()
+        .map(flame_common::auth::Credentials::load)
+        .transpose()
+        .map_err(|message| StartError { message, status: 2 })?;
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(&cfg.data_dir)
@@ -172,7 +180,8 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let liveness = Arc::new(crate::liveness::Liveness::new(shards));
-    let mut control = control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone());
+    let mut control =
+        control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone(), creds);
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
     let map = Arc::new(ArcSwap::from_pointee(map));

@@ -180,8 +180,14 @@ impl TestCluster {
         let i = self.osds.len();
         let ip = self.ips.osd(i);
         self.ips.osds.push(ip);
-        let (daemon, addrs) =
-            osd_daemon(&self.root, &self.bin_dir, self.mgr_addr, &self.opts, i, ip);
+        let (daemon, addrs) = osd_daemon(
+            &self.root,
+            &self.bin_dir,
+            (self.mgr_addr, self.keys.as_ref()),
+            &self.opts,
+            i,
+            ip,
+        );
         self.osds.push(daemon);
         self.osd_addrs.push(addrs);
         let since = Instant::now();

@@ -102,6 +102,78 @@ pub struct ClusterOptions {
     /// `poll_mode` of every OSD and of flame-nbd. Default: the environment's
     /// `FLAME_TEST_POLL_MODE`, else `interrupt`.
     pub poll_mode: String,
+    /// Whether the manager requires authentication (keys in `DIR/keys`, every
+    /// daemon and helper signing). Default: on, unless `FLAME_TEST_AUTH=none`
+    /// (CI runs one suite that way, as an operator with `auth: none` would).
+    pub auth: bool,
+}
+
+/// Whether test clusters authenticate (`FLAME_TEST_AUTH`: `required`, the
+/// default, or `none`).
+pub fn test_auth() -> bool {
+    match std::env::var("FLAME_TEST_AUTH") {
+        Ok(a) if a == "none" => false,
+        Ok(a) if a.is_empty() || a == "required" => true,
+        Ok(a) => panic!("FLAME_TEST_AUTH={a}: expected required or none"),
+        Err(_) => true,
+    }
+}
+
+/// A test cluster's keys: the cluster secret and the keyrings written from it.
+#[derive(Debug)]
+pub struct TestKeys {
+    /// The directory holding `cluster.keyring`, `client.admin.keyring`,
+    /// `osd.keyring` and `client.test.keyring` (role client).
+    pub dir: PathBuf,
+    /// The cluster secret.
+    pub secret: flame_common::auth::SecretKey,
+}
+
+impl TestKeys {
+    /// Writes a new cluster's keys into `dir` (created, mode 0700), as
+    /// `flame-admin auth init` does, plus `client.test` (generation 1).
+    pub fn create(dir: &Path) -> TestKeys {
+        use flame_common::auth::{EntityName, Keyring, KeyringEntity, SecretKey};
+        use std::os::unix::fs::PermissionsExt;
+        fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).expect("chmod keys");
+        let secret = SecretKey::random().expect("random key");
+        Keyring {
+            entity: KeyringEntity::Cluster,
+            key: secret.clone(),
+        }
+        .save(&dir.join("cluster.keyring"), false)
+        .expect("cluster keyring");
+        let keys = TestKeys {
+            dir: dir.to_path_buf(),
+            secret,
+        };
+        for name in [EntityName::ADMIN, EntityName::OSD, "client.test"] {
+            let e = EntityName::parse(name).expect("entity");
+            Keyring {
+                entity: KeyringEntity::Entity(e.clone(), 1),
+                key: keys.secret.derive_entity_key(&e, 1),
+            }
+            .save(&keys.keyring(name), false)
+            .expect("entity keyring");
+        }
+        keys
+    }
+
+    /// The keyring file of `entity` (`client.admin`, `osd`, `client.test`).
+    pub fn keyring(&self, entity: &str) -> PathBuf {
+        self.dir.join(format!("{entity}.keyring"))
+    }
+
+    /// Credentials of `entity` at `generation`, derived from the secret.
+    pub fn creds(&self, entity: &str, generation: u64) -> flame_common::auth::Credentials {
+        let e = flame_common::auth::EntityName::parse(entity).expect("entity");
+        flame_common::auth::Credentials {
+            key: self.secret.derive_entity_key(&e, generation),
+            entity: e,
+            generation,
+        }
+    }
 }
 
 /// The transport the test clusters use unless a test says otherwise
@@ -155,6 +227,7 @@ impl Default for ClusterOptions {
                 .ok()
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| "interrupt".into()),
+            auth: test_auth(),
         }
     }
 }
@@ -387,6 +460,8 @@ pub struct TestCluster {
     /// The cluster directory; `None` only after [`Drop`] decided to keep it.
     dir: Option<tempfile::TempDir>,
     root: PathBuf,
+    /// The cluster's keys (`None` with `auth: none`).
+    keys: Option<TestKeys>,
 }
 
 impl TestCluster {
@@ -411,15 +486,26 @@ impl TestCluster {
         let ips = DaemonIps::new(opts.per_daemon_addrs, opts.osds);
         let on = |ip: Ipv4Addr, port: u16| SocketAddr::from((ip, port));
 
+        let keys = opts.auth.then(|| TestKeys::create(&root.join("keys")));
+        let keyring_yaml = |entity: &str| {
+            keys.as_ref()
+                .map(|k| format!("keyring: \"{}\"\n", k.keyring(entity).display()))
+                .unwrap_or_default()
+        };
         let mgr_addr = on(ips.mgr, free_ports_on(ips.mgr, 1));
         let mgr_yaml = format!(
             "# flame-mgr config written by the test harness\n\
+             {}\
              listen: \"{mgr_addr}\"\n\
              data_dir: \"{}\"\n\
              heartbeat_grace_ms: {}\n\
              failure_check_interval_ms: 500\n\
              pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n\
              {}{}{}\n",
+            match &keys {
+                Some(k) => format!("keyring: \"{}\"\n", k.dir.join("cluster.keyring").display()),
+                None => "auth: none\n".to_string(),
+            },
             root.join("mgr").display(),
             opts.heartbeat_grace_ms,
             opts.pg_count,
@@ -448,7 +534,14 @@ impl TestCluster {
         let mut osds = Vec::new();
         let mut osd_addrs = Vec::new();
         for i in 0..opts.osds {
-            let (daemon, addrs) = osd_daemon(&root, &bin_dir, mgr_addr, &opts, i, ips.osds[i]);
+            let (daemon, addrs) = osd_daemon(
+                &root,
+                &bin_dir,
+                (mgr_addr, keys.as_ref()),
+                &opts,
+                i,
+                ips.osds[i],
+            );
             osds.push(daemon);
             osd_addrs.push(addrs);
         }
@@ -470,7 +563,8 @@ impl TestCluster {
                  threads: 2\n\
                  poll_mode: {poll_mode}\n\
                  transport: {transport}\n\
-                 {bind}{}{}{}",
+                 {bind}{}{}{}{}",
+                keyring_yaml("client.test"),
                 client_env_yaml(),
                 opts.nbd_extra_yaml,
                 memory_pool_yaml(&opts.nbd_extra_yaml),
@@ -501,6 +595,7 @@ impl TestCluster {
             bin_dir,
             dir: Some(dir),
             root,
+            keys,
         };
         let since = Instant::now();
         cluster.mgr.start();
@@ -963,9 +1058,55 @@ impl TestCluster {
 
     // ---------------------------------------------------------------- manager API
 
-    /// GET on the manager API: `(status code, body)`.
+    /// GET on the manager API, signed as `client.admin`: `(status code, body)`.
     pub fn api_get(&self, path: &str) -> Result<(u16, String), String> {
-        http_get(self.mgr_addr, path)
+        self.mgr_call("GET", path, None)
+    }
+
+    /// The cluster's keys (`None` with `auth: none`).
+    pub fn keys(&self) -> Option<&TestKeys> {
+        self.keys.as_ref()
+    }
+
+    /// The keyring of `entity` (`client.admin`, `osd`, `client.test`), if the
+    /// cluster authenticates.
+    pub fn keyring(&self, entity: &str) -> Option<PathBuf> {
+        self.keys.as_ref().map(|k| k.keyring(entity))
+    }
+
+    /// A manager endpoint signing as `creds` (none: unsigned).
+    pub fn mgr_endpoint(
+        &self,
+        creds: Option<flame_common::auth::Credentials>,
+    ) -> flame_common::http::MgrEndpoint {
+        flame_common::http::MgrEndpoint {
+            agent: agent(),
+            base: format!("http://{}", self.mgr_addr),
+            creds,
+        }
+    }
+
+    /// `METHOD path` with an optional JSON body on the manager API, signed as
+    /// `client.admin` when the cluster authenticates: `(status, body)`; errors
+    /// are transport failures (and answers whose signature does not check).
+    pub fn mgr_call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<(u16, String), String> {
+        let creds = self.keys.as_ref().map(|k| k.creds("client.admin", 1));
+        mgr_call_as(&self.mgr_endpoint(creds), method, path, body)
+    }
+
+    /// `POST path` with JSON `body` as `client.admin`: `(status, body)`.
+    pub fn mgr_post<B: serde::Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<(u16, String), String> {
+        let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+        self.mgr_call("POST", path, Some(&bytes))
     }
 
     fn api_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
@@ -1010,14 +1151,9 @@ impl TestCluster {
             name: name.to_string(),
             size: size_bytes,
         };
-        let url = self.mgr_url("/v1/volumes");
-        let result = agent()
-            .post(&url)
-            .send_json(&body)
-            .map_err(|e| e.to_string())
-            .and_then(|mut r| {
-                let code = r.status().as_u16();
-                let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+        let result = self
+            .mgr_post("/v1/volumes", &body)
+            .and_then(|(code, text)| {
                 if (200..300).contains(&code) {
                     serde_json::from_str::<VolumeInfo>(&text)
                         .map_err(|e| format!("bad JSON ({e}): {text}"))
@@ -1044,7 +1180,11 @@ impl TestCluster {
         cmd.arg("--mgr")
             .arg(self.mgr_addr.to_string())
             .args(args)
-            .env("FLAME_MGR", self.mgr_addr.to_string());
+            .env("FLAME_MGR", self.mgr_addr.to_string())
+            .env_remove("FLAME_KEYRING");
+        if let Some(k) = &self.keys {
+            cmd.env("FLAME_KEYRING", k.keyring("client.admin"));
+        }
         run_bounded(&mut cmd, TOOL_TIMEOUT)
     }
 
@@ -1261,12 +1401,15 @@ fn lease_yaml(opts: &ClusterOptions) -> String {
 fn osd_daemon(
     root: &Path,
     bin_dir: &Path,
-    mgr_addr: SocketAddr,
+    (mgr_addr, keys): (SocketAddr, Option<&TestKeys>),
     opts: &ClusterOptions,
     i: usize,
     ip: Ipv4Addr,
 ) -> (Daemon, OsdAddrs) {
     let on = |ip: Ipv4Addr, port: u16| SocketAddr::from((ip, port));
+    let keyring_yaml = keys
+        .map(|k| format!("keyring: \"{}\"\n", k.keyring("osd").display()))
+        .unwrap_or_default();
     let addrs = OsdAddrs {
         data: on(ip, free_ports_on(ip, opts.shards)),
         metrics: on(ip, free_ports_on(ip, 1)),
@@ -1274,6 +1417,7 @@ fn osd_daemon(
     let yaml = format!(
         "# flame-osd config written by the test harness\n\
          mgr: \"{mgr_addr}\"\n\
+         {keyring_yaml}\
          listen: \"{}\"\n\
          metrics_listen: \"{}\"\n\
          data_dir: \"{}\"\n\
@@ -1436,7 +1580,22 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
-/// `GET http://<addr><path>` → `(status, body)`; errors are transport failures.
+/// `METHOD path` through `endpoint` (signed if it has credentials) →
+/// `(status, body)`; errors are transport failures or untrusted answers.
+pub fn mgr_call_as(
+    endpoint: &flame_common::http::MgrEndpoint,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> Result<(u16, String), String> {
+    let a = endpoint
+        .call(method, path, body, HTTP_TIMEOUT, 256 << 20)
+        .map_err(|e| format!("{method} {path}: {e}"))?;
+    Ok((a.status, String::from_utf8_lossy(&a.body).into_owned()))
+}
+
+/// `GET http://<addr><path>` → `(status, body)`, unsigned (OSD and flame-nbd
+/// endpoints, the manager's `/metrics`); errors are transport failures.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let url = format!("http://{addr}{path}");
     let mut resp = agent()

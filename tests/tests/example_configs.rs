@@ -3,7 +3,7 @@
 //! every daemon rejects unknown keys. Only addresses and paths are changed, so the
 //! daemons can run side by side with anything else on the machine.
 
-use flame_tests::{bin_dir, free_ports, http_get};
+use flame_tests::{TestKeys, bin_dir, free_ports, mgr_call_as};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -83,13 +83,23 @@ fn example_configs_start_the_daemons() {
     let lo = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
     let quoted = |p: &Path| format!("\"{}\"", p.display());
 
+    // The examples' keyrings, at their documented places in a scratch directory:
+    // the nbd example's client.nbd is a role-client entity, as documented.
+    let keys = TestKeys::create(&d.join("keys"));
     let mgr_addr = lo(free_ports(1));
+    let mgr = flame_common::http::MgrEndpoint {
+        agent: ureq::Agent::new_with_defaults(),
+        base: format!("http://{mgr_addr}"),
+        creds: Some(keys.creds("client.admin", 1)),
+    };
+    let get = |path: &str| mgr_call_as(&mgr, "GET", path, None);
     let mgr_yaml = set(&example("mgr.yaml"), "listen", &mgr_addr.to_string());
     let mgr_yaml = set(&mgr_yaml, "data_dir", &quoted(&d.join("mgr")));
+    let mgr_yaml = set(&mgr_yaml, "keyring", &quoted(&keys.keyring("cluster")));
     std::fs::write(d.join("mgr.yaml"), mgr_yaml).unwrap();
-    let mut mgr = start("flame-mgr", d.join("mgr.yaml"), &d.join("mgr.log"));
-    wait_for("flame-mgr", &mut mgr, || {
-        http_get(mgr_addr, "/v1/status").is_ok_and(|(c, _)| c == 200)
+    let mut mgr_daemon = start("flame-mgr", d.join("mgr.yaml"), &d.join("mgr.log"));
+    wait_for("flame-mgr", &mut mgr_daemon, || {
+        get("/v1/status").is_ok_and(|(c, _)| c == 200)
     });
 
     // shards: 0 means one per core: reserve that many consecutive ports.
@@ -99,10 +109,11 @@ fn example_configs_start_the_daemons() {
     osd_yaml = set(&osd_yaml, "listen", &osd_addr.to_string());
     osd_yaml = set(&osd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
     osd_yaml = set(&osd_yaml, "data_dir", &quoted(&d.join("osd")));
+    osd_yaml = set(&osd_yaml, "keyring", &quoted(&keys.keyring("osd")));
     std::fs::write(d.join("osd.yaml"), osd_yaml).unwrap();
     let mut osd = start("flame-osd", d.join("osd.yaml"), &d.join("osd.log"));
     wait_for("flame-osd", &mut osd, || {
-        http_get(mgr_addr, "/v1/osds").is_ok_and(|(c, body)| {
+        get("/v1/osds").is_ok_and(|(c, body)| {
             c == 200 && body.contains(&osd_addr.to_string()) && body.contains("\"up\":true")
         })
     });
@@ -111,6 +122,23 @@ fn example_configs_start_the_daemons() {
     let mut nbd_yaml = set(&example("nbd.yaml"), "mgr", &mgr_addr.to_string());
     nbd_yaml = set(&nbd_yaml, "listen", &nbd_addr.to_string());
     nbd_yaml = set(&nbd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
+    let added = mgr_call_as(
+        &mgr,
+        "POST",
+        "/v1/auth/entities",
+        Some(br#"{"entity":"client.nbd","role":"client"}"#),
+    );
+    assert!(matches!(added, Ok((200, _))), "{added:?}");
+    flame_common::auth::Keyring {
+        entity: flame_common::auth::KeyringEntity::Entity(
+            flame_common::auth::EntityName::parse("client.nbd").unwrap(),
+            1,
+        ),
+        key: keys.creds("client.nbd", 1).key,
+    }
+    .save(&keys.keyring("client.nbd"), false)
+    .unwrap();
+    nbd_yaml = set(&nbd_yaml, "keyring", &quoted(&keys.keyring("client.nbd")));
     std::fs::write(d.join("nbd.yaml"), nbd_yaml).unwrap();
     let mut nbd = start("flame-nbd", d.join("nbd.yaml"), &d.join("nbd.log"));
     wait_for("flame-nbd", &mut nbd, || {

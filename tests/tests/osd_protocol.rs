@@ -784,8 +784,8 @@ fn a_replaced_primary_that_cannot_learn_the_new_map_serves_no_stale_read() {
             .unwrap();
     }
     cluster.set_failpoint(pi, "map_fetch", "return");
-    let resp = ureq::post(cluster.mgr_url(&format!("/v1/osds/{}/out", p.0))).send_empty();
-    assert!(resp.is_ok(), "osd out: {resp:?}");
+    let resp = cluster.mgr_post(&format!("/v1/osds/{}/out", p.0), &());
+    assert!(matches!(resp, Ok((200, _))), "osd out: {resp:?}");
     // Bounded: until the group's write set no longer has the old primary.
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     let new = loop {

@@ -322,8 +322,8 @@ fn an_osd_taken_out_is_replaced_and_its_copies_are_removed_after_recovery() {
     finish_writes(&cluster, writes);
     let out = cluster.osd_id(3);
     assert!(object_files(&cluster, 3) > 0, "osd.3 holds nothing to move");
-    let resp = ureq::post(cluster.mgr_url(&format!("/v1/osds/{}/out", out.0))).send_empty();
-    assert!(resp.is_ok(), "osd out: {resp:?}");
+    let resp = cluster.mgr_post(&format!("/v1/osds/{}/out", out.0), &());
+    assert!(matches!(resp, Ok((200, _))), "osd out: {resp:?}");
     cluster.wait_clean(Duration::from_secs(40));
     // Every object has its three copies where placement now puts them, identical.
     let map = cluster.map();

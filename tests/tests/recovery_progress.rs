@@ -86,11 +86,11 @@ impl Sampler {
     fn start(cluster: &TestCluster) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
-        let mgr = cluster.mgr_addr();
+        let mgr = cluster.mgr_endpoint(cluster.keys().map(|k| k.creds("client.admin", 1)));
         let (s, out) = (stop.clone(), samples.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                if let Ok((200, body)) = http_get(mgr, "/v1/status")
+                if let Ok((200, body)) = flame_tests::mgr_call_as(&mgr, "GET", "/v1/status", None)
                     && let Ok(st) = serde_json::from_str::<ClusterStatus>(&body)
                 {
                     out.lock().unwrap().push(st);

@@ -139,9 +139,11 @@ fn an_interrupted_shrink_blocks_growth_until_its_trim_completes() {
     cluster.qemu_io("cut", &["write -P 0x77 0 16M", "flush"]);
     // A shrink recorded by the manager whose client died before trimming: the API
     // call alone, as a crashed flame-admin would have left it.
-    let resp = ureq::post(cluster.mgr_url("/v1/volumes/cut/resize"))
-        .send_json(serde_json::json!({"size": 4 * MIB, "allow_shrink": true}));
-    assert!(resp.is_ok(), "{resp:?}");
+    let resp = cluster.mgr_post(
+        "/v1/volumes/cut/resize",
+        &serde_json::json!({"size": 4 * MIB, "allow_shrink": true}),
+    );
+    assert!(matches!(resp, Ok((200, _))), "{resp:?}");
     let st = cluster.status();
     assert_eq!(st.health, "HEALTH_WARN");
     assert!(
@@ -151,10 +153,11 @@ fn an_interrupted_shrink_blocks_growth_until_its_trim_completes() {
         "{st:?}"
     );
     // Growing through the API alone is refused: it would show the old bytes.
-    match ureq::post(cluster.mgr_url("/v1/volumes/cut/resize"))
-        .send_json(serde_json::json!({"size": 16 * MIB}))
-    {
-        Err(ureq::Error::StatusCode(409)) => {}
+    match cluster.mgr_post(
+        "/v1/volumes/cut/resize",
+        &serde_json::json!({"size": 16 * MIB}),
+    ) {
+        Ok((409, _)) => {}
         other => panic!("grow with a pending trim: {other:?}"),
     }
     // flame-admin completes the trim first, then grows.

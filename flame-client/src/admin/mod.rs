@@ -6,6 +6,7 @@
 //! prints an aligned table (or `key value` lines) by default and the same data as
 //! JSON with `--json`, so scripts never parse the human format.
 
+pub mod auth;
 pub mod format;
 pub mod pg;
 pub mod scrub;
@@ -49,6 +50,10 @@ pub struct Cli {
         default_value = "127.0.0.1:6800"
     )]
     pub mgr: String,
+    /// Keyring to sign requests with (`client.admin.keyring` from `auth init`, or
+    /// another entity's); none only against a manager with `auth: none`.
+    #[arg(long, global = true, env = "FLAME_KEYRING")]
+    pub keyring: Option<std::path::PathBuf>,
     /// Print JSON instead of tables. Errors too: `{"error": "..."}` on stdout (nothing
     /// on stderr), exit status 1 (2 for a bad command line).
     #[arg(long, global = true)]
@@ -87,6 +92,10 @@ pub enum Command {
     /// that differ from the agreeing majority: `scrub` (all), `scrub VOLUME`,
     /// `scrub pg ID`. `--dry-run` only compares.
     Scrub(scrub::ScrubArgs),
+    /// Keys and entities: `auth init --dir DIR` (a new cluster's keyrings), `ls`,
+    /// `add client.NAME`, `rotate`, `rm`, `key` (write an entity's keyring).
+    #[command(subcommand)]
+    Auth(auth::AuthCommand),
 }
 
 /// `flame-admin status ...`
@@ -410,8 +419,26 @@ fn first_error_line(rendered: &str, fallback: &str) -> String {
 
 /// Runs one parsed command, writing its output to `out`.
 pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
-    let mgr = MgrClient::new(&cli.mgr)?;
     let text = match &cli.command {
+        // Offline: the manager cannot start before its keyring exists.
+        Command::Auth(auth::AuthCommand::Init { dir }) => Some(auth::init(dir, cli.json)?),
+        _ => None,
+    };
+    let mgr = admin_client_config(cli).mgr_client()?;
+    let text = match (text, &cli.command) {
+        (Some(t), _) => t,
+        (None, c) => command(cli, &mgr, c, out)?,
+    };
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| AdminError(format!("writing output: {e}")))
+}
+
+/// Runs a command that talks to the manager; `None`-output commands (watch) wrote
+/// already.
+fn command(cli: &Cli, mgr: &MgrClient, cmd: &Command, out: &mut dyn Write) -> Result<String> {
+    let mgr = mgr.clone();
+    let text = match cmd {
         Command::Status(args) if args.watch => {
             let mode = if cli.json {
                 watch::WatchMode::Json
@@ -425,8 +452,10 @@ pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
                 count: args.count,
                 mode,
             };
-            return watch::watch(&mgr, opts, out);
+            watch::watch(&mgr, opts, out)?;
+            String::new()
         }
+        Command::Auth(a) => auth::run(&mgr, a, cli.json)?,
         Command::Status(_) => status(&mgr, cli.json)?,
         Command::Pg(PgCommand::Ls { state }) => pg::pg_ls(&mgr, state.as_deref(), cli.json)?,
         Command::Pg(PgCommand::Info { id }) => pg::pg_info(&mgr, *id, cli.json)?,
@@ -445,9 +474,7 @@ pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
             },
         )?,
     };
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| AdminError(format!("writing output: {e}")))
+    Ok(text)
 }
 
 fn json<T: Serialize>(v: &T) -> Result<String> {
@@ -713,7 +740,7 @@ fn volume(cli: &Cli, mgr: &MgrClient, cmd: &VolumeCommand) -> Result<String> {
             size,
             allow_shrink,
         } => {
-            let config = admin_client_config(&cli.mgr);
+            let config = admin_client_config(cli);
             let v = crate::resize::resize_volume(&config, name, *size, *allow_shrink)
                 .map_err(|e| AdminError(format!("cannot resize volume `{name}`: {e}")))?;
             let view = VolumeView::new(&v, object_size()?);
@@ -742,7 +769,7 @@ fn volume_rm(cli: &Cli, mgr: &MgrClient, name: &str) -> Result<String> {
         ))
     };
     // Connected after the removal: the map it sends under has the tombstone.
-    let cluster = Cluster::connect(admin_client_config(&cli.mgr)).map_err(fail)?;
+    let cluster = Cluster::connect(admin_client_config(cli)).map_err(fail)?;
     let down: Vec<String> = cluster
         .map()
         .osds
@@ -912,7 +939,7 @@ fn locate(mgr: &MgrClient, volume: &str, offset: u64, as_json: bool) -> Result<S
 fn run_bench(cli: &Cli, b: &BenchArgs) -> Result<String> {
     let mut client = ClientConfig {
         transport: b.transport,
-        ..admin_client_config(&cli.mgr)
+        ..admin_client_config(cli)
     };
     client.transfer_mode = b.transfer_mode;
     client.reply_mode = b.reply_mode;
@@ -1002,10 +1029,13 @@ const ADMIN_IO_TIMEOUT_MS: u64 = 30_000;
 
 /// The client settings of admin commands: the library's defaults, but giving up
 /// after [`ADMIN_IO_TIMEOUT_MS`] (the library's default is to never give up).
-fn admin_client_config(mgr: &str) -> ClientConfig {
+/// The client configuration of flame-admin's data-path commands: its manager and
+/// keyring, and a bounded I/O timeout.
+pub(crate) fn admin_client_config(cli: &Cli) -> ClientConfig {
     ClientConfig {
         io_timeout_ms: ADMIN_IO_TIMEOUT_MS,
-        ..ClientConfig::new(mgr)
+        keyring: cli.keyring.clone(),
+        ..ClientConfig::new(cli.mgr.clone())
     }
 }
 

@@ -74,7 +74,10 @@ fn pgs_of(cluster: &Cluster, mgr: &MgrClient, what: &[String]) -> Result<Vec<PgI
 /// comparison that finds differing copies, or a scrub that could not check or
 /// repair everything, is an error (exit status 1) whose message is the report.
 pub fn run(cli: &Cli, mgr: &MgrClient, args: &ScrubArgs) -> Result<String> {
-    let cluster = Cluster::connect(ClientConfig::new(cli.mgr.clone()))?;
+    let cluster = Cluster::connect(ClientConfig {
+        io_timeout_ms: 0,
+        ..super::admin_client_config(cli)
+    })?;
     let pgs = pgs_of(&cluster, mgr, &args.what)?;
     let mut reactor = Reactor::new(ReactorConfig::default())
         .map_err(|e| AdminError(format!("starting the I/O reactor: {e}")))?;

@@ -64,6 +64,10 @@ pub struct NbdConfig {
     pub convert_threshold_bytes: crate::config::ConvertThresholds,
     /// How the OSDs' replies come back (the client library's `reply_mode`).
     pub reply_mode: crate::config::ReplyMode,
+    /// The keyring this bridge signs its manager requests with (a `client` role
+    /// entity's, from `flame-admin auth key`); `null` only against a manager with
+    /// `auth: none`.
+    pub keyring: Option<std::path::PathBuf>,
     /// The client library's `fetch_over_emulated` (tests and measurements only).
     pub fetch_over_emulated: bool,
     /// The client library's `fetch_polls_max`.
@@ -92,6 +96,7 @@ impl Default for NbdConfig {
             transfer_mode: crate::config::TransferMode::Convert,
             convert_threshold_bytes: crate::config::ConvertThresholds::default(),
             reply_mode: crate::config::ReplyMode::Push,
+            keyring: None,
             fetch_over_emulated: false,
             fetch_polls_max: crate::config::ClientConfig::default().fetch_polls_max,
             fetch_fallbacks_to_push: crate::config::ClientConfig::default().fetch_fallbacks_to_push,
@@ -115,6 +120,7 @@ impl NbdConfig {
             transfer_mode: self.transfer_mode,
             convert_threshold_bytes: self.convert_threshold_bytes,
             reply_mode: self.reply_mode,
+            keyring: self.keyring.clone(),
             fetch_over_emulated: self.fetch_over_emulated,
             fetch_polls_max: self.fetch_polls_max,
             fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,

@@ -68,6 +68,10 @@ pub struct UblkConfig {
     pub convert_threshold_bytes: crate::config::ConvertThresholds,
     /// The client library's `reply_mode`.
     pub reply_mode: crate::config::ReplyMode,
+    /// The keyring this bridge signs its manager requests with (a `client` role
+    /// entity's, from `flame-admin auth key`); `null` only against a manager with
+    /// `auth: none`.
+    pub keyring: Option<std::path::PathBuf>,
     /// The client library's `fetch_over_emulated` (tests and measurements only).
     pub fetch_over_emulated: bool,
     /// The client library's `fetch_polls_max`.
@@ -97,6 +101,7 @@ impl Default for UblkConfig {
             transfer_mode: nbd.transfer_mode,
             convert_threshold_bytes: nbd.convert_threshold_bytes,
             reply_mode: nbd.reply_mode,
+            keyring: nbd.keyring,
             fetch_over_emulated: nbd.fetch_over_emulated,
             fetch_polls_max: nbd.fetch_polls_max,
             fetch_fallbacks_to_push: nbd.fetch_fallbacks_to_push,
@@ -117,6 +122,7 @@ impl UblkConfig {
             transfer_mode: self.transfer_mode,
             convert_threshold_bytes: self.convert_threshold_bytes,
             reply_mode: self.reply_mode,
+            keyring: self.keyring.clone(),
             fetch_over_emulated: self.fetch_over_emulated,
             fetch_polls_max: self.fetch_polls_max,
             fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,

@@ -91,6 +91,29 @@ impl<'de> Deserialize<'de> for EntityName {
     }
 }
 
+/// What an entity may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read only: map, status, volumes (what flame-nbd and flame-ublk need).
+    Client,
+    /// What an OSD does: boot, heartbeat, report failures and recovered copies.
+    Osd,
+    /// Everything.
+    Admin,
+}
+
+impl Role {
+    /// The role's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Osd => "osd",
+            Role::Admin => "admin",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

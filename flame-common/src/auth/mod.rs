@@ -26,7 +26,7 @@ mod keyring;
 mod replay;
 mod signature;
 
-pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName};
+pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName, Role};
 pub use key::{KeyGeneration, SecretKey};
 pub use keyring::{KEYRING_BYTES_MAX, Keyring, KeyringEntity};
 pub use replay::{REPLAY_ENTRIES_MAX, REPLAY_WINDOW_MS, ReplayGuard, ReplayRefusal};

@@ -1,0 +1,328 @@
+//! `flame-admin auth …`: a cluster's keys and entities.
+//!
+//! `init` runs offline (before the manager exists): it writes the cluster secret
+//! and the two built-in entities' keyrings. The others ask the manager (as
+//! `client.admin`) to add, rotate or remove an entity; a key itself is derived
+//! locally from the cluster keyring (`key`), so no secret ever crosses the
+//! network.
+
+use super::{AdminError, Result, fields, json, table};
+use crate::MgrClient;
+use flame_common::auth::{EntityName, KeyGeneration, Keyring, KeyringEntity, Role, SecretKey};
+use serde::Serialize;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// `flame-admin auth …`
+#[derive(clap::Subcommand, Debug)]
+pub enum AuthCommand {
+    /// Create a new cluster's keys in DIR (offline, once): cluster.keyring (the
+    /// secret, for the manager's `keyring:`), client.admin.keyring (for
+    /// flame-admin) and osd.keyring (for every OSD's `keyring:`). DIR is created
+    /// with mode 0700; existing keyrings are never overwritten.
+    Init {
+        /// Directory to write the keyrings to.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Every entity with its role and key generation.
+    Ls,
+    /// Add an entity `client.NAME` with role `client` (read-only: what flame-nbd
+    /// and flame-ublk need) or `admin`. With --cluster-keyring and --out, also
+    /// writes its keyring.
+    Add {
+        /// `client.NAME`.
+        #[arg(value_parser = entity_arg)]
+        entity: EntityName,
+        /// `client` or `admin`.
+        #[arg(long, default_value = "client", value_parser = role_arg)]
+        role: Role,
+        #[command(flatten)]
+        write: WriteKey,
+    },
+    /// Move an entity to its next key: the old key stops working at once. With
+    /// --cluster-keyring and --out, also writes the new keyring.
+    Rotate {
+        /// The entity.
+        #[arg(value_parser = entity_arg)]
+        entity: EntityName,
+        #[command(flatten)]
+        write: WriteKey,
+    },
+    /// Remove an entity (not `client.admin` or `osd`): its key stops working.
+    Rm {
+        /// The entity.
+        #[arg(value_parser = entity_arg)]
+        entity: EntityName,
+    },
+    /// Write an entity's current keyring, derived from the cluster keyring (run
+    /// where the cluster keyring is). Asks the manager for the current key
+    /// generation unless --generation is given.
+    Key {
+        /// The entity.
+        #[arg(value_parser = entity_arg)]
+        entity: EntityName,
+        /// The key generation (default: the manager's current one).
+        #[arg(long)]
+        generation: Option<KeyGeneration>,
+        #[command(flatten)]
+        write: WriteKey,
+    },
+}
+
+/// Where to derive a keyring from and write it to.
+#[derive(clap::Args, Debug, Default)]
+pub struct WriteKey {
+    /// The cluster keyring (`auth init`'s cluster.keyring).
+    #[arg(long)]
+    pub cluster_keyring: Option<PathBuf>,
+    /// The keyring file to write (mode 0600; refuses to overwrite).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+fn entity_arg(s: &str) -> std::result::Result<EntityName, String> {
+    EntityName::parse(s)
+}
+
+fn role_arg(s: &str) -> std::result::Result<Role, String> {
+    match s {
+        "client" => Ok(Role::Client),
+        "admin" => Ok(Role::Admin),
+        _ => Err(format!(
+            "`{s}`: a role is `client` or `admin` (only the built-in `osd` has role osd)"
+        )),
+    }
+}
+
+#[derive(Serialize)]
+struct Written {
+    entity: String,
+    generation: Option<KeyGeneration>,
+    path: PathBuf,
+}
+
+/// Runs `init` (which needs no manager).
+pub fn init(dir: &Path, as_json: bool) -> Result<String> {
+    let fail = |e: String| AdminError(e);
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| fail(format!("cannot chmod {}: {e}", dir.display())))?;
+    }
+    let secret = SecretKey::random().map_err(fail)?;
+    let files = [
+        (KeyringEntity::Cluster, "cluster.keyring"),
+        (
+            KeyringEntity::Entity(EntityName::admin(), 1),
+            "client.admin.keyring",
+        ),
+        (KeyringEntity::Entity(EntityName::osd(), 1), "osd.keyring"),
+    ];
+    // Refuse before writing anything: a half-written set would mix two secrets.
+    for (_, name) in &files {
+        let p = dir.join(name);
+        if p.exists() {
+            return Err(fail(format!(
+                "{} already exists: this directory holds a cluster's keys already; \
+                 not overwriting them (a lost cluster secret locks every entity out)",
+                p.display()
+            )));
+        }
+    }
+    let mut written = Vec::new();
+    for (entity, name) in files {
+        let key = match &entity {
+            KeyringEntity::Cluster => secret.clone(),
+            KeyringEntity::Entity(e, g) => secret.derive_entity_key(e, *g),
+        };
+        let path = dir.join(name);
+        let (shown, generation) = match &entity {
+            KeyringEntity::Cluster => ("cluster".to_string(), None),
+            KeyringEntity::Entity(e, g) => (e.to_string(), Some(*g)),
+        };
+        Keyring { entity, key }.save(&path, false).map_err(fail)?;
+        written.push(Written {
+            entity: shown,
+            generation,
+            path,
+        });
+    }
+    if as_json {
+        return json(&written);
+    }
+    let d = dir.display();
+    Ok(format!(
+        "{}\nNext: set `keyring: {d}/cluster.keyring` in the manager's config, \
+         `keyring: {d}/osd.keyring` in every OSD's, and run flame-admin with \
+         `--keyring {d}/client.admin.keyring` (or FLAME_KEYRING). Keep cluster.keyring on \
+         the manager's host only.\n",
+        table(
+            &["ENTITY", "GEN", "KEYRING"],
+            &written
+                .iter()
+                .map(|w| {
+                    vec![
+                        w.entity.clone(),
+                        w.generation.map_or("-".into(), |g| g.to_string()),
+                        w.path.display().to_string(),
+                    ]
+                })
+                .collect::<Vec<_>>()
+        )
+    ))
+}
+
+/// Runs every other `auth` command against the manager.
+pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> {
+    match cmd {
+        AuthCommand::Init { dir } => init(dir, as_json),
+        AuthCommand::Ls => {
+            let list = mgr.auth_entities()?;
+            if as_json {
+                return json(&list);
+            }
+            Ok(table(
+                &["ENTITY", "ROLE", "GEN"],
+                &list
+                    .iter()
+                    .map(|e| {
+                        vec![
+                            e.entity.to_string(),
+                            e.role.as_str().to_string(),
+                            e.generation.to_string(),
+                        ]
+                    })
+                    .collect::<Vec<_>>(),
+            ))
+        }
+        AuthCommand::Add {
+            entity,
+            role,
+            write,
+        } => {
+            check_write(write)?;
+            let info = mgr.auth_add(entity, *role)?;
+            changed(
+                &format!("{entity} added with role {}", info.role.as_str()),
+                entity,
+                info.generation,
+                write,
+                as_json,
+            )
+        }
+        AuthCommand::Rotate { entity, write } => {
+            check_write(write)?;
+            let info = mgr.auth_rotate(entity)?;
+            changed(
+                &format!("{entity}: key rotated to generation {}", info.generation),
+                entity,
+                info.generation,
+                write,
+                as_json,
+            )
+        }
+        AuthCommand::Rm { entity } => {
+            let info = mgr.auth_remove(entity)?;
+            if as_json {
+                return json(&info);
+            }
+            Ok(format!("{entity} removed: its key no longer works\n"))
+        }
+        AuthCommand::Key {
+            entity,
+            generation,
+            write,
+        } => {
+            let (Some(_), Some(_)) = (&write.cluster_keyring, &write.out) else {
+                return Err(AdminError(
+                    "auth key needs --cluster-keyring FILE and --out FILE".into(),
+                ));
+            };
+            let generation = match generation {
+                Some(g) => *g,
+                None => mgr
+                    .auth_entities()?
+                    .into_iter()
+                    .find(|e| e.entity == *entity)
+                    .map(|e| e.generation)
+                    .ok_or_else(|| AdminError(format!("the manager knows no entity {entity}")))?,
+            };
+            changed(
+                &format!("{entity} generation {generation}"),
+                entity,
+                generation,
+                write,
+                as_json,
+            )
+        }
+    }
+}
+
+/// --cluster-keyring and --out go together; checked before the manager changes
+/// anything, so a typo does not leave a rotated key nobody has.
+fn check_write(w: &WriteKey) -> Result<()> {
+    match (&w.cluster_keyring, &w.out) {
+        (Some(c), Some(out)) => {
+            load_cluster(c)?;
+            if out.exists() {
+                return Err(AdminError(format!(
+                    "{} already exists; not overwriting a keyring",
+                    out.display()
+                )));
+            }
+            Ok(())
+        }
+        (None, None) => Ok(()),
+        _ => Err(AdminError("--cluster-keyring and --out go together".into())),
+    }
+}
+
+fn load_cluster(path: &Path) -> Result<SecretKey> {
+    let k = Keyring::load(path).map_err(AdminError)?;
+    match k.entity {
+        KeyringEntity::Cluster => Ok(k.key),
+        KeyringEntity::Entity(e, _) => Err(AdminError(format!(
+            "{} is the keyring of {e}, not the cluster keyring",
+            path.display()
+        ))),
+    }
+}
+
+fn changed(
+    what: &str,
+    entity: &EntityName,
+    generation: KeyGeneration,
+    write: &WriteKey,
+    as_json: bool,
+) -> Result<String> {
+    let path = match (&write.cluster_keyring, &write.out) {
+        (Some(c), Some(out)) => {
+            let secret = load_cluster(c)?;
+            Keyring {
+                entity: KeyringEntity::Entity(entity.clone(), generation),
+                key: secret.derive_entity_key(entity, generation),
+            }
+            .save(out, false)
+            .map_err(AdminError)?;
+            Some(out.clone())
+        }
+        _ => None,
+    };
+    if as_json {
+        return json(&Written {
+            entity: entity.to_string(),
+            generation: Some(generation),
+            path: path.unwrap_or_default(),
+        });
+    }
+    let next = match &path {
+        Some(p) => format!("keyring written to {}", p.display()),
+        None => format!(
+            "write its keyring where the cluster keyring is: flame-admin auth key {entity} \
+             --cluster-keyring CLUSTER.keyring --out {entity}.keyring"
+        ),
+    };
+    Ok(fields(&[("done", what.to_string()), ("next", next)]))
+}

@@ -1,0 +1,568 @@
+//! Who may call which route of the API: the entity table, the rule per route, and
+//! the check of a signed request — pure (no I/O, the time is an argument), so
+//! every branch is unit-tested; [`crate::api`] drives it from a middleware.
+//!
+//! Roles: `admin` may do everything; `osd` may read and do what an OSD does
+//! (boot, heartbeat, failure reports, recovered copies, finishing a trim is the
+//! admin's); `client` may only read (the map, status, volumes). `/metrics` is
+//! open, as Prometheus scrapes it without a key.
+
+pub use flame_common::auth::Role;
+use flame_common::auth::{
+    Credentials, EntityName, KeyGeneration, Nonce, ReplayGuard, ReplayRefusal, RequestAuth,
+    SecretKey,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Most entities a cluster may have: bounds the table in `state.json` and in
+/// every `GET /v1/auth/entities`.
+pub const ENTITY_COUNT_MAX: usize = 4096;
+
+/// One entity: its role and current key generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntityRecord {
+    /// What it may do.
+    pub role: Role,
+    /// Its current key generation (≥ 1); a rotation increments it.
+    pub generation: KeyGeneration,
+}
+
+/// Every entity of the cluster, persisted in `state.json` (older files have none:
+/// the two built-ins below).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AuthTable {
+    /// By name.
+    pub entities: BTreeMap<EntityName, EntityRecord>,
+}
+
+impl Default for AuthTable {
+    /// `client.admin` (admin) and `osd` (osd), both at generation 1.
+    fn default() -> Self {
+        let mut entities = BTreeMap::new();
+        let first = |role| EntityRecord {
+            role,
+            generation: 1,
+        };
+        entities.insert(EntityName::admin(), first(Role::Admin));
+        entities.insert(EntityName::osd(), first(Role::Osd));
+        AuthTable { entities }
+    }
+}
+
+impl AuthTable {
+    /// Checks a loaded table: the built-ins exist with their roles, generations
+    /// are at least 1, and the count is bounded.
+    pub fn check(&self) -> Result<(), String> {
+        if self.entities.len() > ENTITY_COUNT_MAX {
+            return Err(format!("more than {ENTITY_COUNT_MAX} entities"));
+        }
+        for (name, role) in [
+            (EntityName::admin(), Role::Admin),
+            (EntityName::osd(), Role::Osd),
+        ] {
+            if self.entities.get(&name).map(|r| r.role) != Some(role) {
+                return Err(format!(
+                    "entity {name} is missing or not of role {}",
+                    role.as_str()
+                ));
+            }
+        }
+        if let Some((name, _)) = self.entities.iter().find(|(_, r)| r.generation == 0) {
+            return Err(format!("entity {name} has key generation 0"));
+        }
+        if let Some((name, _)) = self.entities.iter().find(|(n, r)| {
+            n.as_str() == EntityName::OSD && r.role != Role::Osd
+                || n.as_str() != EntityName::OSD && r.role == Role::Osd
+        }) {
+            return Err(format!("entity {name}: only `osd` has the osd role"));
+        }
+        Ok(())
+    }
+
+    /// Adds a `client.NAME` entity with `role` (client or admin) at generation 1.
+    pub fn add(&mut self, name: &EntityName, role: Role) -> Result<EntityRecord, String> {
+        if name.as_str() == EntityName::OSD || role == Role::Osd {
+            return Err("the osd role belongs to the built-in entity `osd` only".into());
+        }
+        if self.entities.contains_key(name) {
+            return Err(format!("entity {name} exists already"));
+        }
+        if self.entities.len() >= ENTITY_COUNT_MAX {
+            return Err(format!(
+                "the cluster has {ENTITY_COUNT_MAX} entities, the most allowed"
+            ));
+        }
+        let rec = EntityRecord {
+            role,
+            generation: 1,
+        };
+        self.entities.insert(name.clone(), rec);
+        Ok(rec)
+    }
+
+    /// Moves an entity to its next key generation: its old key stops working.
+    pub fn rotate(&mut self, name: &EntityName) -> Result<EntityRecord, String> {
+        let rec = self
+            .entities
+            .get_mut(name)
+            .ok_or_else(|| format!("no entity {name}"))?;
+        rec.generation = rec
+            .generation
+            .checked_add(1)
+            .ok_or_else(|| format!("entity {name}: key generation exhausted"))?;
+        Ok(*rec)
+    }
+
+    /// Removes an entity (not a built-in).
+    pub fn remove(&mut self, name: &EntityName) -> Result<EntityRecord, String> {
+        if *name == EntityName::admin() || *name == EntityName::osd() {
+            return Err(format!(
+                "entity {name} is built in and cannot be removed (rotate its key instead)"
+            ));
+        }
+        self.entities
+            .remove(name)
+            .ok_or_else(|| format!("no entity {name}"))
+    }
+}
+
+/// What a route needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing (`/metrics`).
+    Open,
+    /// A valid signature of any entity.
+    Any,
+    /// The osd role (or admin).
+    Osd,
+    /// The admin role.
+    Admin,
+}
+
+/// The rule of `method` on the route template `route` (axum's `MatchedPath`;
+/// `None` for an unmatched path, which still needs a signature so that probing
+/// for routes needs a key too).
+pub fn required_access(method: &str, route: Option<&str>) -> Access {
+    let Some(route) = route else {
+        return Access::Any;
+    };
+    match (method, route) {
+        (_, "/metrics") => Access::Open,
+        ("GET" | "HEAD", r) if !r.starts_with("/v1/auth/") => Access::Any,
+        ("POST", "/v1/osd/boot" | "/v1/osd/heartbeat" | "/v1/osd/failure" | "/v1/pg/recovered") => {
+            Access::Osd
+        }
+        _ => Access::Admin,
+    }
+}
+
+/// Whether `role` satisfies `access`.
+pub fn permits(role: Role, access: Access) -> bool {
+    match access {
+        Access::Open | Access::Any => true,
+        Access::Osd => matches!(role, Role::Osd | Role::Admin),
+        Access::Admin => role == Role::Admin,
+    }
+}
+
+/// Why a request was refused. Nothing it asked for was done.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Authorization` header.
+    Missing,
+    /// The header does not parse.
+    Malformed(String),
+    /// The entity is not in the table.
+    UnknownEntity(EntityName),
+    /// The entity's key was rotated past the signer's generation.
+    OldGeneration {
+        /// Who.
+        entity: EntityName,
+        /// The generation it signed with.
+        signed: KeyGeneration,
+        /// The current one.
+        current: KeyGeneration,
+    },
+    /// The signature is not the entity's key's.
+    BadSignature(EntityName),
+    /// A stale, future or replayed request.
+    Replay(EntityName, ReplayRefusal),
+    /// Authenticated, but the role does not allow this route.
+    Forbidden {
+        /// Who.
+        entity: EntityName,
+        /// Its role.
+        role: Role,
+        /// What the route needs.
+        needed: Access,
+    },
+}
+
+impl Refusal {
+    /// The HTTP status: 401 for who-are-you, 403 for not-allowed, 429 when the
+    /// replay window is full (retry), 400 for malformed.
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::Forbidden { .. } => 403,
+            Refusal::Malformed(_) => 400,
+            Refusal::Replay(_, ReplayRefusal::Full) => 429,
+            _ => 401,
+        }
+    }
+
+    /// The metric label (a fixed set).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing",
+            Refusal::Malformed(_) => "malformed",
+            Refusal::UnknownEntity(_) => "unknown_entity",
+            Refusal::OldGeneration { .. } => "rotated_key",
+            Refusal::BadSignature(_) => "bad_signature",
+            Refusal::Replay(_, ReplayRefusal::Replayed) => "replayed",
+            Refusal::Replay(_, ReplayRefusal::Full) => "replay_window_full",
+            Refusal::Replay(..) => "clock",
+            Refusal::Forbidden { .. } => "forbidden",
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Missing => f.write_str(
+                "authentication required: this manager runs with `auth: required`; give \
+                 a keyring (flame-admin --keyring FILE, `keyring:` in a daemon's config)",
+            ),
+            Refusal::Malformed(m) => write!(f, "{m}"),
+            Refusal::UnknownEntity(e) => write!(
+                f,
+                "entity {e} is not known to this cluster (see `flame-admin auth ls`)"
+            ),
+            Refusal::OldGeneration {
+                entity,
+                signed,
+                current,
+            } => write!(
+                f,
+                "entity {entity}: key generation {signed} was rotated; the current one is \
+                 {current} (get the new keyring with `flame-admin auth key {entity}`)"
+            ),
+            Refusal::BadSignature(e) => write!(
+                f,
+                "entity {e}: wrong signature (the keyring is not this cluster's, or the \
+                 request was altered)"
+            ),
+            Refusal::Replay(e, r) => write!(f, "entity {e}: {r}"),
+            Refusal::Forbidden {
+                entity,
+                role,
+                needed,
+            } => write!(
+                f,
+                "entity {entity} (role {}) may not do this: it needs {}",
+                role.as_str(),
+                match needed {
+                    Access::Admin => "the admin role",
+                    Access::Osd => "the osd role",
+                    Access::Any | Access::Open => "a key",
+                }
+            ),
+        }
+    }
+}
+
+/// The manager's side of authentication: the cluster secret and the replay guard.
+#[derive(Debug)]
+pub struct Verifier {
+    secret: SecretKey,
+    replay: ReplayGuard,
+}
+
+/// A request header that names a known entity at its current generation, not yet
+/// checked against the body.
+#[derive(Debug)]
+pub struct Claim {
+    auth: RequestAuth,
+    role: Role,
+}
+
+impl Claim {
+    /// Who claims to sign.
+    pub fn entity(&self) -> &EntityName {
+        &self.auth.entity
+    }
+
+    /// The request's nonce (the answer's signature covers it).
+    pub fn nonce(&self) -> Nonce {
+        self.auth.nonce
+    }
+}
+
+impl Verifier {
+    /// A verifier holding the cluster secret.
+    pub fn new(secret: SecretKey) -> Verifier {
+        Verifier {
+            secret,
+            replay: ReplayGuard::new(),
+        }
+    }
+
+    /// First step, before the body is read: the header parses and names a known
+    /// entity at its current key generation.
+    pub fn claim(table: &AuthTable, header: Option<&str>) -> Result<Claim, Refusal> {
+        let header = header.ok_or(Refusal::Missing)?;
+        let auth = RequestAuth::parse(header).map_err(Refusal::Malformed)?;
+        let rec = table
+            .entities
+            .get(&auth.entity)
+            .ok_or_else(|| Refusal::UnknownEntity(auth.entity.clone()))?;
+        if auth.generation != rec.generation {
+            return Err(Refusal::OldGeneration {
+                entity: auth.entity.clone(),
+                signed: auth.generation,
+                current: rec.generation,
+            });
+        }
+        Ok(Claim {
+            role: rec.role,
+            auth,
+        })
+    }
+
+    /// Second step: the signature over `method path body` is the entity's key's,
+    /// the request is within the window and new, and the role allows `access`.
+    /// Returns the signer's credentials, to sign the answer with.
+    pub fn verify(
+        &mut self,
+        claim: &Claim,
+        method: &str,
+        path_and_query: &str,
+        body: &[u8],
+        now_ms: u64,
+        access: Access,
+    ) -> Result<Credentials, Refusal> {
+        let a = &claim.auth;
+        let key = self.secret.derive_entity_key(&a.entity, a.generation);
+        if !a.verify(&key, method, path_and_query, body) {
+            return Err(Refusal::BadSignature(a.entity.clone()));
+        }
+        self.replay
+            .check(now_ms, a.time_ms, a.nonce)
+            .map_err(|r| Refusal::Replay(a.entity.clone(), r))?;
+        if !permits(claim.role, access) {
+            return Err(Refusal::Forbidden {
+                entity: a.entity.clone(),
+                role: claim.role,
+                needed: access,
+            });
+        }
+        Ok(Credentials {
+            entity: a.entity.clone(),
+            generation: a.generation,
+            key,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> SecretKey {
+        SecretKey::from_hex(&"5a".repeat(32)).unwrap()
+    }
+
+    fn creds(name: &str, generation: KeyGeneration) -> Credentials {
+        let entity = EntityName::parse(name).unwrap();
+        Credentials {
+            key: secret().derive_entity_key(&entity, generation),
+            entity,
+            generation,
+        }
+    }
+
+    fn header(c: &Credentials, method: &str, path: &str, body: &[u8], t: u64, n: u8) -> String {
+        c.sign(method, path, body, t, Nonce([n; 16])).to_header()
+    }
+
+    #[test]
+    fn routes_need_what_they_should() {
+        use Access::*;
+        for (m, r, want) in [
+            ("GET", Some("/metrics"), Open),
+            ("GET", Some("/v1/map"), Any),
+            ("GET", Some("/v1/status"), Any),
+            ("GET", Some("/v1/volumes/{name}"), Any),
+            ("GET", Some("/v1/auth/entities"), Admin),
+            ("GET", None, Any),
+            ("POST", Some("/v1/osd/boot"), Osd),
+            ("POST", Some("/v1/osd/heartbeat"), Osd),
+            ("POST", Some("/v1/osd/failure"), Osd),
+            ("POST", Some("/v1/pg/recovered"), Osd),
+            ("POST", Some("/v1/volumes"), Admin),
+            ("DELETE", Some("/v1/volumes/{name}"), Admin),
+            ("POST", Some("/v1/volumes/{name}/resize"), Admin),
+            ("POST", Some("/v1/volumes/{name}/trim"), Admin),
+            ("POST", Some("/v1/osds/{id}/out"), Admin),
+            ("DELETE", Some("/v1/osds/{id}"), Admin),
+            ("POST", Some("/v1/auth/entities"), Admin),
+            ("PUT", Some("/v1/map"), Admin),
+        ] {
+            assert_eq!(required_access(m, r), want, "{m} {r:?}");
+        }
+        assert!(permits(Role::Client, Any) && !permits(Role::Client, Osd));
+        assert!(permits(Role::Osd, Osd) && !permits(Role::Osd, Admin));
+        assert!(permits(Role::Admin, Admin) && permits(Role::Admin, Osd));
+    }
+
+    #[test]
+    fn every_refusal() {
+        let mut table = AuthTable::default();
+        let vm = EntityName::parse("client.vm").unwrap();
+        table.add(&vm, Role::Client).unwrap();
+        let mut v = Verifier::new(secret());
+        let now = 1_000_000_000;
+        let admin = creds("client.admin", 1);
+
+        assert_eq!(Verifier::claim(&table, None).unwrap_err(), Refusal::Missing);
+        assert!(matches!(
+            Verifier::claim(&table, Some("Basic x")),
+            Err(Refusal::Malformed(_))
+        ));
+        let stranger = creds("client.stranger", 1);
+        let h = header(&stranger, "GET", "/v1/map", b"", now, 1);
+        assert!(matches!(
+            Verifier::claim(&table, Some(&h)),
+            Err(Refusal::UnknownEntity(_))
+        ));
+
+        // A right signature, then its replay.
+        let h = header(&admin, "POST", "/v1/volumes", b"{}", now, 2);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        let got = v
+            .verify(&c, "POST", "/v1/volumes", b"{}", now, Access::Admin)
+            .unwrap();
+        assert_eq!(got.key.to_hex(), admin.key.to_hex());
+        assert_eq!(
+            v.verify(&c, "POST", "/v1/volumes", b"{}", now, Access::Admin)
+                .unwrap_err()
+                .reason(),
+            "replayed"
+        );
+        // Altered body; wrong key (another cluster's secret).
+        let h = header(&admin, "POST", "/v1/volumes", b"{}", now, 3);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        assert_eq!(
+            v.verify(&c, "POST", "/v1/volumes", b"{\"a\":1}", now, Access::Admin)
+                .unwrap_err(),
+            Refusal::BadSignature(EntityName::admin())
+        );
+        let mut other = Verifier::new(SecretKey::from_hex(&"5b".repeat(32)).unwrap());
+        assert_eq!(
+            other
+                .verify(&c, "POST", "/v1/volumes", b"{}", now, Access::Admin)
+                .unwrap_err()
+                .status(),
+            401
+        );
+        // Clock skew.
+        let h = header(&admin, "GET", "/v1/map", b"", now - 120_000, 4);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        let e = v
+            .verify(&c, "GET", "/v1/map", b"", now, Access::Any)
+            .unwrap_err();
+        assert_eq!((e.reason(), e.status()), ("clock", 401));
+        // A client may read, not write; the OSD may heartbeat, not delete.
+        let cv = creds("client.vm", 1);
+        let h = header(&cv, "GET", "/v1/map", b"", now, 5);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        assert!(
+            v.verify(&c, "GET", "/v1/map", b"", now, Access::Any)
+                .is_ok()
+        );
+        let h = header(&cv, "DELETE", "/v1/volumes/x", b"", now, 6);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        let e = v
+            .verify(&c, "DELETE", "/v1/volumes/x", b"", now, Access::Admin)
+            .unwrap_err();
+        assert_eq!((e.status(), e.reason()), (403, "forbidden"));
+        assert!(e.to_string().contains("client.vm") && e.to_string().contains("admin role"));
+        let osd = creds("osd", 1);
+        let h = header(&osd, "POST", "/v1/osd/heartbeat", b"{}", now, 7);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        assert!(
+            v.verify(&c, "POST", "/v1/osd/heartbeat", b"{}", now, Access::Osd)
+                .is_ok()
+        );
+        // Rotation: the old key is refused by name, the new one works.
+        table.rotate(&vm).unwrap();
+        let h = header(&cv, "GET", "/v1/map", b"", now, 8);
+        let e = Verifier::claim(&table, Some(&h)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Refusal::OldGeneration {
+                    signed: 1,
+                    current: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let h = header(&creds("client.vm", 2), "GET", "/v1/map", b"", now, 9);
+        let c = Verifier::claim(&table, Some(&h)).unwrap();
+        assert!(
+            v.verify(&c, "GET", "/v1/map", b"", now, Access::Any)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn table_operations() {
+        let mut t = AuthTable::default();
+        t.check().unwrap();
+        let x = EntityName::parse("client.x").unwrap();
+        assert_eq!(t.add(&x, Role::Admin).unwrap().generation, 1);
+        assert!(t.add(&x, Role::Client).unwrap_err().contains("exists"));
+        assert!(
+            t.add(&EntityName::parse("client.y").unwrap(), Role::Osd)
+                .is_err()
+        );
+        assert!(t.add(&EntityName::osd(), Role::Client).is_err());
+        assert_eq!(t.rotate(&x).unwrap().generation, 2);
+        assert!(
+            t.remove(&EntityName::admin())
+                .unwrap_err()
+                .contains("built in")
+        );
+        assert!(t.remove(&EntityName::osd()).is_err());
+        assert_eq!(t.remove(&x).unwrap().role, Role::Admin);
+        assert!(t.remove(&x).unwrap_err().contains("no entity"));
+        assert!(t.rotate(&x).is_err());
+        t.check().unwrap();
+        let mut bad = t.clone();
+        bad.entities.remove(&EntityName::admin());
+        assert!(bad.check().is_err());
+        let mut bad = t.clone();
+        bad.entities.get_mut(&EntityName::osd()).unwrap().generation = 0;
+        assert!(bad.check().is_err());
+        let mut bad = t.clone();
+        bad.entities.insert(
+            EntityName::parse("client.z").unwrap(),
+            EntityRecord {
+                role: Role::Osd,
+                generation: 1,
+            },
+        );
+        assert!(bad.check().is_err());
+        // The persisted form.
+        let text = serde_json::to_string(&AuthTable::default()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"client.admin":{"role":"admin","generation":1},"osd":{"role":"osd","generation":1}}"#
+        );
+    }
+}
