@@ -153,10 +153,11 @@ section "FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication -
 # (tests/tests/shm_transport.rs runs shm in the main pass too).
 FLAME_TEST_TRANSPORT=shm cargo test -p flame-tests --test replication --test nbd_cluster
 
-section "FLAME_TEST_MEMORY_POOL=locked FLAME_TEST_THREADING=staged cargo test -p flame-tests --test replication"
+section "FLAME_TEST_AUTH=none FLAME_TEST_MEMORY_POOL=locked FLAME_TEST_THREADING=staged cargo test -p flame-tests --test replication"
 # The paths kept only for the comparisons (one locked pool, staged threads) run a
-# real-cluster test so they do not rot.
-FLAME_TEST_MEMORY_POOL=locked FLAME_TEST_THREADING=staged cargo test -p flame-tests --test replication
+# real-cluster test so they do not rot; with the manager's `auth: none`, the
+# setting an operator may choose, so it keeps working too.
+FLAME_TEST_AUTH=none FLAME_TEST_MEMORY_POOL=locked FLAME_TEST_THREADING=staged cargo test -p flame-tests --test replication
 
 section "FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flame-tests --test nbd_cluster"
 # Staged threads over shm, where writes and reads of 64 KiB and more are converted
@@ -215,8 +216,8 @@ else
     "${DEV[@]}" up || smoke_fail "dev-cluster.sh up"
     "${DEV[@]}" up >/dev/null || smoke_fail "dev-cluster.sh up on a running cluster must succeed"
     "${DEV[@]}" status || smoke_fail "dev-cluster.sh status"
-    # No --mgr: flame-admin finds this cluster's manager through the env file `up`
-    # writes (FLAME_MGR).
+    # No --mgr: flame-admin finds this cluster's manager and admin keyring through
+    # the env file `up` writes (FLAME_MGR, FLAME_KEYRING).
     # shellcheck source=/dev/null
     source "$SMOKE_DIR/env" || smoke_fail "dev-cluster.sh up wrote no $SMOKE_DIR/env"
     [[ "${FLAME_MGR:-}" == "127.0.0.1:$SMOKE_PORT_BASE" ]] || smoke_fail "env file sets FLAME_MGR=${FLAME_MGR:-} (want 127.0.0.1:$SMOKE_PORT_BASE)"
@@ -224,6 +225,14 @@ else
     status_json="$("$ADMIN" status --json)" || smoke_fail "flame-admin status --json"
     grep -Eq '"osds_up": *3' <<<"$status_json" || smoke_fail "expected 3 OSDs up: $status_json"
     "$ADMIN" volume info demo || smoke_fail "volume demo missing"
+    # Nobody without the key changes anything: a raw DELETE and flame-admin without
+    # FLAME_KEYRING are refused, and the volume is still there.
+    code="$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "http://127.0.0.1:$SMOKE_PORT_BASE/v1/volumes/demo")"
+    [[ "$code" == 401 ]] || smoke_fail "an unsigned DELETE of a volume answered $code, not 401"
+    if env -u FLAME_KEYRING "$ADMIN" volume rm demo 2>/dev/null; then
+        smoke_fail "flame-admin without a keyring removed a volume"
+    fi
+    "$ADMIN" volume info demo >/dev/null || smoke_fail "volume demo gone after refused deletes"
 
     # Across the 4 MiB object boundary, and readback.
     qemu-io -f raw "$URI" \

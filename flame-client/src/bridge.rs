@@ -12,14 +12,20 @@ use std::time::{Duration, Instant};
 pub const MGR_CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Connects the client library to the cluster, retrying for
-/// [`MGR_CONNECT_PATIENCE`] while the manager comes up; a configuration error is
-/// returned at once.
+/// [`MGR_CONNECT_PATIENCE`] while the manager comes up; a configuration error and
+/// a refused key (401/403: retrying with the same key cannot help) are returned at
+/// once.
 pub fn connect_cluster(client: ClientConfig) -> Result<Cluster, ClientError> {
     let deadline = Instant::now() + MGR_CONNECT_PATIENCE;
     loop {
         match Cluster::connect(client.clone()) {
             Ok(c) => return Ok(c),
             Err(e @ ClientError::InvalidArgument(_)) => return Err(e),
+            Err(
+                e @ ClientError::Api {
+                    status: 401 | 403, ..
+                },
+            ) => return Err(e),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(e) => {
                 tracing::warn!("manager at {} not reachable yet: {e}", client.mgr);

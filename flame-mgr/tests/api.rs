@@ -1257,6 +1257,7 @@ fn keyring_problems_refuse_start_and_auth_none_warns() {
     std::fs::set_permissions(&keyring, std::fs::Permissions::from_mode(0o644)).unwrap();
     write(&format!("keyring: {}\n", keyring.display()));
     fails("chmod 600");
+    std::fs::set_permissions(&keyring, std::fs::Permissions::from_mode(0o600)).unwrap();
     let admin = d.join("keys/admin.keyring");
     Keyring {
         entity: KeyringEntity::Entity(EntityName::admin(), 1),
@@ -1279,4 +1280,12 @@ fn keyring_problems_refuse_start_and_auth_none_warns() {
         st.health_detail.iter().any(|l| l.contains("auth: none")),
         "{st:?}"
     );
+    // A client holding a key does not believe an unsigned answer: a manager
+    // without the cluster secret (or anyone in between) cannot feed it a map.
+    let signed = mgr.endpoint(Some(creds_in(d, "client.admin", 1)));
+    let e = signed
+        .call("GET", "/v1/map", None, Duration::from_secs(10), 1 << 20)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not signed"), "{e}");
 }

@@ -600,6 +600,14 @@ impl TestCluster {
         let since = Instant::now();
         cluster.mgr.start();
         cluster.wait_mgr();
+        if cluster.keys.is_some() {
+            // flame-nbd's entity: read-only, as an operator would give a bridge.
+            let added = cluster.mgr_post(
+                "/v1/auth/entities",
+                &serde_json::json!({"entity": "client.test", "role": "client"}),
+            );
+            assert!(matches!(added, Ok((200, _))), "add client.test: {added:?}");
+        }
         if cluster.opts.osds_one_by_one {
             for i in 0..cluster.osds.len() {
                 cluster.osds[i].start();
@@ -1063,6 +1071,15 @@ impl TestCluster {
         self.mgr_call("GET", path, None)
     }
 
+    /// What an in-process test client connects to: the manager, signing as
+    /// `client.admin` when the cluster authenticates.
+    pub fn client_target(&self) -> oracle::ClientTarget {
+        oracle::ClientTarget {
+            mgr: self.mgr_addr.to_string(),
+            keyring: self.keyring("client.admin"),
+        }
+    }
+
     /// The cluster's keys (`None` with `auth: none`).
     pub fn keys(&self) -> Option<&TestKeys> {
         self.keys.as_ref()
@@ -1174,17 +1191,22 @@ impl TestCluster {
 
     // ---------------------------------------------------------------- flame-admin
 
-    /// Runs `flame-admin --mgr <mgr> ARGS...` (bounded by [`TOOL_TIMEOUT`]).
-    pub fn admin(&self, args: &[&str]) -> Output {
+    /// `flame-admin` pointed at this cluster (`FLAME_MGR`) as `client.admin`
+    /// (`FLAME_KEYRING`, when the cluster authenticates), to add arguments to.
+    pub fn admin_command(&self) -> Command {
         let mut cmd = Command::new(self.bin("flame-admin"));
-        cmd.arg("--mgr")
-            .arg(self.mgr_addr.to_string())
-            .args(args)
-            .env("FLAME_MGR", self.mgr_addr.to_string())
+        cmd.env("FLAME_MGR", self.mgr_addr.to_string())
             .env_remove("FLAME_KEYRING");
         if let Some(k) = &self.keys {
             cmd.env("FLAME_KEYRING", k.keyring("client.admin"));
         }
+        cmd
+    }
+
+    /// Runs `flame-admin --mgr <mgr> ARGS...` (bounded by [`TOOL_TIMEOUT`]).
+    pub fn admin(&self, args: &[&str]) -> Output {
+        let mut cmd = self.admin_command();
+        cmd.arg("--mgr").arg(self.mgr_addr.to_string()).args(args);
         run_bounded(&mut cmd, TOOL_TIMEOUT)
     }
 

@@ -703,7 +703,7 @@ pub fn create_filled(
 ) -> (flame_common::map::VolumeInfo, OracleState) {
     let vol = cluster.create_volume(name, size);
     let state = fill(
-        &cluster.mgr_addr().to_string(),
+        &cluster.client_target(),
         name,
         OracleState::new(mix64(vol.id.0 ^ seed), size),
         0..size / BLOCK as u64,
@@ -712,10 +712,26 @@ pub fn create_filled(
     (vol, state)
 }
 
+/// Which cluster a test client connects to, and as whom: the manager's address
+/// and the keyring to sign with (none for a cluster with `auth: none`).
+#[derive(Clone, Debug)]
+pub struct ClientTarget {
+    /// The manager's address.
+    pub mgr: String,
+    /// The keyring of the entity the client signs as.
+    pub keyring: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Display for ClientTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.mgr)
+    }
+}
+
 /// Connects to the cluster and runs `f` with the opened volume on a fresh reactor
 /// thread (the calling thread). Errors are returned as text.
 pub fn with_volume<T, F, Fut>(
-    mgr: &str,
+    mgr: &ClientTarget,
     volume: &str,
     io_timeout_ms: u64,
     f: F,
@@ -727,7 +743,8 @@ where
 {
     let config = ClientConfig {
         io_timeout_ms,
-        ..ClientConfig::new(mgr)
+        keyring: mgr.keyring.clone(),
+        ..ClientConfig::new(mgr.mgr.clone())
     };
     let cluster = Cluster::connect(config).map_err(|e| format!("connect to {mgr}: {e}"))?;
     let mut reactor =
@@ -977,10 +994,15 @@ pub struct Workload {
 impl Workload {
     /// Starts the workload on `volume` of the cluster whose manager is `mgr`,
     /// continuing from `state` (a fresh [`OracleState`] for a new volume).
-    pub fn start(mgr: &str, volume: &str, state: OracleState, cfg: WorkloadConfig) -> Workload {
+    pub fn start(
+        mgr: &ClientTarget,
+        volume: &str,
+        state: OracleState,
+        cfg: WorkloadConfig,
+    ) -> Workload {
         let stop = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::default());
-        let (mgr, volume) = (mgr.to_string(), volume.to_string());
+        let (mgr, volume) = (mgr.clone(), volume.to_string());
         let (stop2, progress2) = (stop.clone(), progress.clone());
         let thread = std::thread::Builder::new()
             .name("oracle".into())
@@ -1069,7 +1091,7 @@ impl Drop for Workload {
 /// write it meanwhile). Returns a report with `blocks_verified`, `errors` and
 /// `reads_failed` set.
 pub fn verify_volume(
-    mgr: &str,
+    mgr: &ClientTarget,
     volume: &str,
     state: &OracleState,
     io_timeout_ms: u64,
@@ -1090,7 +1112,7 @@ pub fn verify_volume(
 /// Writes every block of `blocks` once (sequentially, in requests of up to 1 MiB),
 /// flushes, and returns the updated state. Panics if any write fails.
 pub fn fill(
-    mgr: &str,
+    mgr: &ClientTarget,
     volume: &str,
     mut state: OracleState,
     blocks: Range<u64>,

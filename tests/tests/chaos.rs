@@ -96,7 +96,7 @@ fn chaos() {
     let mut cluster = TestCluster::start_with(ClusterOptions::failover(OSDS));
     let size = 32 * MIB;
     let vol = cluster.create_volume("chaos", size);
-    let mgr = cluster.mgr_addr().to_string();
+    let mgr = cluster.client_target();
     let cfg = WorkloadConfig {
         writers: 4,
         max_duration: Duration::from_secs(seconds + 120),

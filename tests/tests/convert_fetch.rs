@@ -298,6 +298,7 @@ fn library_fetch_roundtrip(
     transport: TransportKind,
 ) -> (f64, f64, f64) {
     let mut cfg = flame_client::ClientConfig::new(cluster.mgr_addr().to_string());
+    cfg.keyring = cluster.keyring("client.admin");
     cfg.transport = transport;
     cfg.transfer_mode = flame_client::TransferMode::Convert;
     cfg.convert_threshold_bytes = flame_client::ConvertThresholds {

@@ -24,8 +24,8 @@
 
 use flame_common::ids::{ObjectId, PgId};
 use flame_common::placement::{PgMembers, object_pg};
-use flame_tests::faults::http_request;
-use flame_tests::oracle::with_volume;
+
+use flame_tests::oracle::{ClientTarget, with_volume};
 use flame_tests::{ClusterOptions, TestCluster, pattern};
 use std::time::{Duration, Instant};
 
@@ -55,7 +55,7 @@ fn log_entries(cluster: &TestCluster, i: usize, pg: PgId) -> u64 {
 /// A fresh cluster with a 16 MiB volume `name`: the cluster, the volume's first
 /// object, the index of that object's primary OSD process and the manager's
 /// address.
-fn volume_on_a_cluster(name: &str) -> (TestCluster, ObjectId, usize, String) {
+fn volume_on_a_cluster(name: &str) -> (TestCluster, ObjectId, usize, ClientTarget) {
     let cluster = TestCluster::start_with(ClusterOptions::default());
     let vol = cluster.create_volume(name, 16 * MIB);
     let object = ObjectId {
@@ -63,7 +63,7 @@ fn volume_on_a_cluster(name: &str) -> (TestCluster, ObjectId, usize, String) {
         index: 0,
     };
     let primary = cluster.object_osds(object)[0];
-    let mgr = cluster.mgr_addr().to_string();
+    let mgr = cluster.client_target();
     (cluster, object, primary, mgr)
 }
 
@@ -82,7 +82,7 @@ fn a_write_whose_reply_was_lost_is_resent_and_not_applied_again() {
     let osds = cluster.object_osds(object);
     let primary = osds[0];
     // A first write, so the group's log exists and every counter has a baseline.
-    let mgr = cluster.mgr_addr().to_string();
+    let mgr = cluster.client_target();
     with_volume(&mgr, "dup", 30_000, |v| async move {
         v.write_at(0, &pattern(0, 4096), false).await
     })
@@ -249,7 +249,7 @@ fn writes_are_not_refused_for_their_epoch_when_other_groups_change() {
         .expect("4 OSDs, 3 copies");
     let since = map.interval_since(pg);
     let epoch_before = map.epoch;
-    let mgr = cluster.mgr_addr().to_string();
+    let mgr = cluster.client_target();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (mgr, stop) = (mgr.clone(), stop.clone());
@@ -296,13 +296,9 @@ fn writes_are_not_refused_for_their_epoch_when_other_groups_change() {
         for k in 0..10 {
             let name = format!("churn{round}x{k}");
             cluster.create_volume(&name, MIB);
-            let (code, body) = http_request(
-                cluster.mgr_addr(),
-                "DELETE",
-                &format!("/v1/volumes/{name}"),
-                "",
-            )
-            .unwrap();
+            let (code, body) = cluster
+                .mgr_call("DELETE", &format!("/v1/volumes/{name}"), None)
+                .unwrap();
             assert_eq!(code, 200, "{body}");
         }
         let w = if round % 2 == 0 { "0.5" } else { "1" };

@@ -53,7 +53,7 @@ fn print_stat(name: &str, unit: &str, values: &[f64]) {
 
 fn workload(cluster: &TestCluster, volume: &str, state: OracleState, secs: u64) -> Workload {
     Workload::start(
-        &cluster.mgr_addr().to_string(),
+        &cluster.client_target(),
         volume,
         state,
         WorkloadConfig {

@@ -40,7 +40,7 @@ fn workload(cluster: &TestCluster, volume: &str, state: OracleState, secs: u64) 
         io_timeout_ms: IO_TIMEOUT_MS,
         ..WorkloadConfig::default()
     };
-    Workload::start(&cluster.mgr_addr().to_string(), volume, state, cfg)
+    Workload::start(&cluster.client_target(), volume, state, cfg)
 }
 
 #[track_caller]
@@ -79,12 +79,7 @@ fn assert_report(cluster: &TestCluster, report: &WorkloadReport, state: &OracleS
 fn settle_and_compare(cluster: &TestCluster, volume: &str, state: &OracleState) {
     let took = cluster.wait_clean(CLEAN_TIMEOUT);
     eprintln!("clean {took:?} after the workload stopped");
-    let again = verify_volume(
-        &cluster.mgr_addr().to_string(),
-        volume,
-        state,
-        IO_TIMEOUT_MS,
-    );
+    let again = verify_volume(&cluster.client_target(), volume, state, IO_TIMEOUT_MS);
     assert!(
         again.clean() && again.blocks_verified == state.block_count(),
         "after clean: {again}\n{}",

@@ -288,8 +288,12 @@ fn health_and_pg_states_say_what_down_osds_do_to_io() {
     // On a terminal, the watch clears the screen and draws the status with a
     // progress line (`script` gives it a pseudo-terminal).
     if let Ok(script) = which("script") {
+        let keyring = cluster
+            .keyring("client.admin")
+            .map(|k| format!("--keyring {}", k.display()))
+            .unwrap_or_default();
         let cmd = format!(
-            "{} --mgr {} status --watch --interval-ms 200 --count 2",
+            "{} --mgr {} {keyring} status --watch --interval-ms 200 --count 2",
             cluster.bin("flame-admin").display(),
             cluster.mgr_addr()
         );

@@ -15,7 +15,7 @@ fn verified_workload_on_a_healthy_cluster() {
     let cluster = TestCluster::start_with(ClusterOptions::failover(3));
     let size = 16 * MIB;
     let vol = cluster.create_volume("oracle", size);
-    let mgr = cluster.mgr_addr().to_string();
+    let mgr = cluster.client_target();
     let state = OracleState::new(mix64(vol.id.0 ^ 0x0a1e), size);
     let cfg = WorkloadConfig {
         max_duration: Duration::from_secs(6),

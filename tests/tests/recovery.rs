@@ -11,7 +11,7 @@
 use flame_common::ids::VolumeId;
 use flame_tests::{ClusterOptions, TestCluster, http_get, run_bounded};
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -32,7 +32,8 @@ fn options(extra: &str) -> ClusterOptions {
 /// Random 4 KiB writes to the volume for `runtime` through `flame-admin bench`
 /// (the client library, with its retries), in the background.
 fn start_writes(cluster: &TestCluster, volume: &str, runtime: &str, seed: u64) -> Child {
-    Command::new(cluster.bin("flame-admin"))
+    cluster
+        .admin_command()
         .args(["--mgr", &cluster.mgr_addr().to_string(), "bench", volume])
         .args(["--rw", "randwrite", "--bs", "4k", "--iodepth", "4"])
         .args([
@@ -129,7 +130,7 @@ fn metric_sum(cluster: &TestCluster, prefix: &str) -> f64 {
 
 /// Whether every placement group's acting copies agree (`flame-admin pg compare`).
 fn pg_compare_ok(cluster: &TestCluster, volume: &str) -> (bool, String) {
-    let mut cmd = Command::new(cluster.bin("flame-admin"));
+    let mut cmd = cluster.admin_command();
     cmd.args([
         "--mgr",
         &cluster.mgr_addr().to_string(),
@@ -458,7 +459,7 @@ fn status_counts_degraded_and_misplaced_copies_until_recovery_ends() {
     let size = 16 * MIB;
     let objects = size / OBJECT_BYTES;
     let (vol, state) = flame_tests::oracle::create_filled(&cluster, "counts", size, 7, 60_000);
-    let mgr = cluster.mgr_addr().to_string();
+    let mgr = cluster.client_target();
     wait_object_figures(&cluster, vol.id, objects, "clean", |d, m| d == 0 && m == 0);
     let text = cluster.admin_ok(&["status"]);
     assert!(

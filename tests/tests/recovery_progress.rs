@@ -12,7 +12,7 @@
 
 use flame_common::mgr_api::{ClusterStatus, RecoveryPhase};
 use flame_tests::{ClusterOptions, TestCluster, http_get};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,7 +34,8 @@ fn options() -> ClusterOptions {
 /// Random 4 KiB writes over the volume's first 16 MiB for `runtime`, through
 /// `flame-admin bench`.
 fn start_writes(cluster: &TestCluster, volume: &str, runtime: &str, seed: u64) -> Child {
-    Command::new(cluster.bin("flame-admin"))
+    cluster
+        .admin_command()
         .args(["--mgr", &cluster.mgr_addr().to_string(), "bench", volume])
         .args(["--rw", "randwrite", "--bs", "4k", "--iodepth", "4"])
         .args(["--runtime", runtime, "--force-overwrite"])

@@ -44,6 +44,7 @@ admin volume create vnbd --size 1G >/dev/null
 
 cat >nbd.yaml <<EOF2
 mgr: "$MGR"
+keyring: "$BRIDGE_KEYRING"
 listen: "127.0.0.1:10809"
 metrics_listen: "127.0.0.1:9300"
 threads: 1
@@ -53,6 +54,7 @@ $POOL_YAML
 EOF2
 cat >ublk.yaml <<EOF2
 mgr: "$MGR"
+keyring: "$BRIDGE_KEYRING"
 volume: vublk
 metrics_listen: "127.0.0.1:9310"
 dev_id: 0

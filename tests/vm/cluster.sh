@@ -34,7 +34,12 @@ fail() {
     dmesg | tail -n 40 >&2
     exit 1
 }
-admin() { "$BIN/flame-admin" --mgr "$MGR" "$@"; }
+# The cluster's keys (flame-admin auth init), in the working directory.
+KEYS="$PWD/keys"
+# The keyring the bridges (flame-nbd, flame-ublk) sign with: a role-client entity
+# that cluster_up adds, as an operator would.
+BRIDGE_KEYRING="$KEYS/client.bridge.keyring"
+admin() { "$BIN/flame-admin" --mgr "$MGR" --keyring "$KEYS/client.admin.keyring" "$@"; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { # port what
     local i
@@ -47,9 +52,11 @@ wait_port() { # port what
 
 cluster_up() {
     local n i up=0
+    "$BIN/flame-admin" auth init --dir "$KEYS" >/dev/null || fail "flame-admin auth init failed"
     cat >mgr.yaml <<EOF2
 listen: "$MGR"
 data_dir: ./mgr
+keyring: "$KEYS/cluster.keyring"
 heartbeat_grace_ms: 6000
 failure_check_interval_ms: 1000
 pool: {size: 3, min_size: 2, pg_count: 32, object_size: 4194304}
@@ -57,6 +64,7 @@ EOF2
     for n in 0 1 2; do
         cat >"osd.$n.yaml" <<EOF2
 mgr: "$MGR"
+keyring: "$KEYS/osd.keyring"
 listen: "127.0.0.1:69${n}0"
 metrics_listen: "127.0.0.1:920$n"
 data_dir: ./osd.$n
@@ -71,6 +79,8 @@ EOF2
     log "starting flame-mgr, 3 flame-osd from $BIN"
     "$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
     wait_port 6800 flame-mgr
+    admin auth add client.bridge --role client --cluster-keyring "$KEYS/cluster.keyring" \
+        --out "$BRIDGE_KEYRING" >/dev/null || fail "cannot add the bridges' entity client.bridge"
     for n in 0 1 2; do
         "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
     done

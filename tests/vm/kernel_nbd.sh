@@ -50,6 +50,7 @@ cd "$DIR"
 # tests/vm/cluster.sh's (small memory pools, one shard per OSD), and flame-nbd.
 cat >nbd.yaml <<EOF
 mgr: "$MGR"
+keyring: "$BRIDGE_KEYRING"
 listen: "127.0.0.1:$NBD_PORT"
 metrics_listen: "127.0.0.1:9300"
 threads: 1

@@ -62,7 +62,8 @@ rm -rf "$DIR"
 mkdir -p "$DIR/logs"
 cd "$DIR"
 
-admin() { "$BIN/flame-admin" --mgr "$MGR" "$@"; }
+KEYS="$DIR/keys"
+admin() { "$BIN/flame-admin" --mgr "$MGR" --keyring "$KEYS/client.admin.keyring" "$@"; }
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 wait_port() { # host port what
     local i
@@ -100,9 +101,11 @@ osd_metric() { metric_sum "$1" metrics.9200 metrics.9201 metrics.9202; }
 # ---------------------------------------------------------------- the cluster
 # One shard per OSD and small memory pools: the guest is emulated. Each RDMA
 # connection pins 1 MiB of slots; the guest runs as root (no RLIMIT_MEMLOCK).
+"$BIN/flame-admin" auth init --dir "$KEYS" >/dev/null || fail "flame-admin auth init failed"
 cat >mgr.yaml <<EOF
 listen: "$MGR"
 data_dir: ./mgr
+keyring: "$KEYS/cluster.keyring"
 heartbeat_grace_ms: 4000
 failure_check_interval_ms: 500
 pool: {size: 3, min_size: 2, pg_count: 32, object_size: 4194304}
@@ -110,6 +113,7 @@ EOF
 for n in 0 1 2; do
     cat >"osd.$n.yaml" <<EOF
 mgr: "$MGR"
+keyring: "$KEYS/osd.keyring"
 listen: "$ADDR:69${n}0"
 metrics_listen: "127.0.0.1:920$n"
 data_dir: ./osd.$n
@@ -123,6 +127,7 @@ EOF
 done
 cat >nbd.yaml <<EOF
 mgr: "$MGR"
+keyring: "$KEYS/client.nbd.keyring"
 listen: "127.0.0.1:$NBD_PORT"
 metrics_listen: "127.0.0.1:9300"
 threads: 1
@@ -137,6 +142,8 @@ EOF
 log "starting flame-mgr, 3 flame-osd (transport rdma on $FLAME_RDMA_DEVICE), flame-nbd from $BIN"
 "$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
 wait_port 127.0.0.1 6800 flame-mgr
+admin auth add client.nbd --role client --cluster-keyring "$KEYS/cluster.keyring" \
+    --out "$KEYS/client.nbd.keyring" >/dev/null || fail "cannot add entity client.nbd"
 OSD_PIDS=()
 for n in 0 1 2; do
     "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &

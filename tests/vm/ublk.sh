@@ -55,6 +55,7 @@ cd "$DIR"
 # ------------------------------------------------- the cluster and flame-ublk
 cat >ublk.yaml <<EOF2
 mgr: "$MGR"
+keyring: "$BRIDGE_KEYRING"
 volume: $VOLUME
 metrics_listen: "127.0.0.1:9310"
 dev_id: 0
