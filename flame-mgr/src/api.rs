@@ -6,7 +6,7 @@
 //! shape to handle.
 
 use crate::shared::{MgrError, Shared};
-use crate::state::StateError;
+use crate::state::{ClusterState, StateError};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -380,28 +380,43 @@ async fn rotate_entity(
     State(shared): State<Arc<Shared>>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, HttpError> {
-    let name = path_entity(name)?;
-    let n = name.clone();
-    let (rec, epoch) = shared
-        .commit(move |s, _| Ok((s.auth_rotate(&n)?, s.epoch())))
-        .await?;
-    info!(
-        "entity {name}: key rotated to generation {} (map {epoch})",
-        rec.generation
-    );
-    Ok(ok_json(&entity_info(name, rec)))
+    change_entity(
+        shared,
+        path_entity(name)?,
+        "key rotated",
+        ClusterState::auth_rotate,
+    )
+    .await
 }
 
 async fn remove_entity(
     State(shared): State<Arc<Shared>>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, HttpError> {
-    let name = path_entity(name)?;
+    change_entity(
+        shared,
+        path_entity(name)?,
+        "removed",
+        ClusterState::auth_remove,
+    )
+    .await
+}
+
+/// Commits `op` on entity `name` and answers with its record.
+async fn change_entity(
+    shared: Arc<Shared>,
+    name: EntityName,
+    what: &'static str,
+    op: fn(&mut ClusterState, &EntityName) -> Result<crate::auth::EntityRecord, StateError>,
+) -> Result<Response, HttpError> {
     let n = name.clone();
     let (rec, epoch) = shared
-        .commit(move |s, _| Ok((s.auth_remove(&n)?, s.epoch())))
+        .commit(move |s, _| Ok((op(s, &n)?, s.epoch())))
         .await?;
-    info!("entity {name} removed (map {epoch})");
+    info!(
+        "entity {name} {what}: generation {} (map {epoch})",
+        rec.generation
+    );
     Ok(ok_json(&entity_info(name, rec)))
 }
 

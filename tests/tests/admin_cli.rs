@@ -232,3 +232,107 @@ fn wait_all_reported(cluster: &TestCluster) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `flame-admin auth` through the real binary: `init` writes a new cluster's
+/// keyrings (0600, in a 0700 directory, never over existing ones); `add` gives a
+/// read-only entity whose keyring reads but cannot change anything; `rotate`
+/// retires its key at once (and refuses `osd` without --force); `rm` retires it
+/// for good; without a keyring nothing works.
+#[test]
+fn auth_commands_manage_keys_end_to_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = TestCluster::start();
+    let Some(keys) = cluster.keys() else {
+        panic!("this test needs a cluster with authentication (FLAME_TEST_AUTH unset)");
+    };
+    let admin = |args: &[&str]| cluster.admin(args);
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("new-keys");
+    let ds = d.to_str().unwrap();
+    let out = admin(&["auth", "init", "--dir", ds]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert_eq!(
+        std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    for f in ["cluster.keyring", "client.admin.keyring", "osd.keyring"] {
+        let mode = std::fs::metadata(d.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{f}");
+    }
+    let again = admin(&["auth", "init", "--dir", ds]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        output_text(&again)
+    );
+
+    let cluster_keyring = keys.keyring("cluster");
+    let ck = cluster_keyring.to_str().unwrap();
+    let k1 = tmp.path().join("cli.keyring");
+    let out = admin(&[
+        "auth",
+        "add",
+        "client.cli",
+        "--role",
+        "client",
+        "--cluster-keyring",
+        ck,
+        "--out",
+        k1.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let as_cli = |keyring: &std::path::Path, args: &[&str]| {
+        let mut cmd = cluster.admin_command();
+        cmd.env("FLAME_KEYRING", keyring).args(args);
+        flame_tests::run_bounded(&mut cmd, Duration::from_secs(60))
+    };
+    assert!(as_cli(&k1, &["status"]).status.success());
+    let refused = as_cli(&k1, &["volume", "create", "nope", "--size", "1M"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("client.cli (role client) may not"),
+        "{}",
+        output_text(&refused)
+    );
+
+    let out = admin(&["auth", "rotate", "osd"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--force"), "{}", output_text(&out));
+    let k2 = tmp.path().join("cli2.keyring");
+    let out = admin(&[
+        "auth",
+        "rotate",
+        "client.cli",
+        "--cluster-keyring",
+        ck,
+        "--out",
+        k2.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let old = as_cli(&k1, &["status"]);
+    assert!(
+        stderr(&old).contains("generation 1 was rotated"),
+        "{}",
+        output_text(&old)
+    );
+    assert!(as_cli(&k2, &["status"]).status.success());
+
+    let list: Value = cluster.admin_json(&["auth", "ls"]);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["entity"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["client.admin", "client.cli", "client.test", "osd"]);
+    assert!(admin(&["auth", "rm", "client.cli"]).status.success());
+    assert!(!as_cli(&k2, &["status"]).status.success());
+
+    // No keyring at all: refused, saying how to give one.
+    let mut cmd = cluster.admin_command();
+    cmd.env_remove("FLAME_KEYRING").args(["volume", "ls"]);
+    let out = flame_tests::run_bounded(&mut cmd, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--keyring"), "{}", output_text(&out));
+}

@@ -35,8 +35,11 @@ fn run_extra_osd(
     );
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_ports(1)));
     let advertise = advertise.map_or(String::new(), |a| format!("advertise: \"{a}\"\n"));
+    let keyring = cluster
+        .keyring("osd")
+        .map_or(String::new(), |k| format!("keyring: \"{}\"\n", k.display()));
     let yaml = format!(
-        "mgr: \"{}\"\nlisten: \"{listen}\"\n{advertise}metrics_listen: \"{metrics}\"\n\
+        "mgr: \"{}\"\n{keyring}listen: \"{listen}\"\n{advertise}metrics_listen: \"{metrics}\"\n\
          data_dir: \"{}\"\nhost: \"{name}\"\nshards: 1\npoll_mode: interrupt\n",
         cluster.mgr_addr(),
         dir.display()

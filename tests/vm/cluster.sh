@@ -34,8 +34,9 @@ fail() {
     dmesg | tail -n 40 >&2
     exit 1
 }
-# The cluster's keys (flame-admin auth init), in the working directory.
-KEYS="$PWD/keys"
+# The cluster's keys (flame-admin auth init), in the including script's DIR (the
+# guest's writable scratch directory; the host's tree is mounted read-only).
+KEYS="${DIR:?tests/vm/cluster.sh needs DIR set by the script that sources it}/keys"
 # The keyring the bridges (flame-nbd, flame-ublk) sign with: a role-client entity
 # that cluster_up adds, as an operator would.
 BRIDGE_KEYRING="$KEYS/client.bridge.keyring"

@@ -46,6 +46,11 @@ pub enum AuthCommand {
         /// The entity.
         #[arg(value_parser = entity_arg)]
         entity: EntityName,
+        /// Needed to rotate `osd`, the key every OSD shares: each OSD is refused
+        /// by the manager (and stops serving when its lease runs out) until its
+        /// keyring file is replaced and it is restarted.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         write: WriteKey,
     },
@@ -212,7 +217,19 @@ pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> 
                 as_json,
             )
         }
-        AuthCommand::Rotate { entity, write } => {
+        AuthCommand::Rotate {
+            entity,
+            force,
+            write,
+        } => {
+            if *entity == EntityName::osd() && !force {
+                return Err(AdminError(
+                    "rotating `osd` locks out every OSD until each has the new keyring and \
+                     is restarted (they stop serving when their lease runs out): pass \
+                     --force to do it anyway"
+                        .into(),
+                ));
+            }
             check_write(write)?;
             let info = mgr.auth_rotate(entity)?;
             changed(

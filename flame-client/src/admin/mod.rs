@@ -51,7 +51,9 @@ pub struct Cli {
     )]
     pub mgr: String,
     /// Keyring to sign requests with (`client.admin.keyring` from `auth init`, or
-    /// another entity's); none only against a manager with `auth: none`.
+    /// another entity's). Default: `/etc/flame/keys/client.admin.keyring` if it
+    /// exists (the documented place); none only against a manager with
+    /// `auth: none`.
     #[arg(long, global = true, env = "FLAME_KEYRING")]
     pub keyring: Option<std::path::PathBuf>,
     /// Print JSON instead of tables. Errors too: `{"error": "..."}` on stdout (nothing
@@ -1029,12 +1031,19 @@ const ADMIN_IO_TIMEOUT_MS: u64 = 30_000;
 
 /// The client settings of admin commands: the library's defaults, but giving up
 /// after [`ADMIN_IO_TIMEOUT_MS`] (the library's default is to never give up).
+/// Where `flame-admin` looks for a keyring when none is given (where the docs and
+/// the systemd units put the admin's).
+pub const DEFAULT_ADMIN_KEYRING: &str = "/etc/flame/keys/client.admin.keyring";
+
 /// The client configuration of flame-admin's data-path commands: its manager and
 /// keyring, and a bounded I/O timeout.
 pub(crate) fn admin_client_config(cli: &Cli) -> ClientConfig {
     ClientConfig {
         io_timeout_ms: ADMIN_IO_TIMEOUT_MS,
-        keyring: cli.keyring.clone(),
+        keyring: cli.keyring.clone().or_else(|| {
+            let default = std::path::Path::new(DEFAULT_ADMIN_KEYRING);
+            default.exists().then(|| default.to_path_buf())
+        }),
         ..ClientConfig::new(cli.mgr.clone())
     }
 }

@@ -27,10 +27,7 @@ impl SecretKey {
     /// A fresh key from the operating system's random source (getrandom(2)).
     /// Never from a user-space generator seeded by time or pid.
     pub fn random() -> Result<SecretKey, String> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| format!("cannot read the system's random source: {e}"))?;
-        Ok(SecretKey(bytes))
+        os_random().map(SecretKey)
     }
 
     /// Parses 64 hex digits.
@@ -64,6 +61,15 @@ impl SecretKey {
         // HMAC accepts keys of any length; 32 bytes never fails.
         <HmacSha256 as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!())
     }
+}
+
+/// `N` bytes from the operating system's random source (getrandom(2)): the only
+/// source of keys and nonces.
+pub(crate) fn os_random<const N: usize>() -> Result<[u8; N], String> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| format!("cannot read the system's random source: {e}"))?;
+    Ok(bytes)
 }
 
 impl fmt::Debug for SecretKey {

@@ -28,10 +28,7 @@ pub struct Nonce(pub [u8; 16]);
 impl Nonce {
     /// A fresh nonce from the OS's random source.
     pub fn random() -> Result<Nonce, String> {
-        let mut b = [0u8; 16];
-        getrandom::fill(&mut b)
-            .map_err(|e| format!("cannot read the system's random source: {e}"))?;
-        Ok(Nonce(b))
+        super::key::os_random().map(Nonce)
     }
 }
 
