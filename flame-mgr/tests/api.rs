@@ -46,15 +46,7 @@ fn cluster_secret(dir: &Path) -> SecretKey {
     if let Ok(k) = Keyring::load(&path) {
         return k.key;
     }
-    std::fs::create_dir_all(&keys).unwrap();
-    let key = SecretKey::random().unwrap();
-    Keyring {
-        entity: KeyringEntity::Cluster,
-        key: key.clone(),
-    }
-    .save(&path, false)
-    .unwrap();
-    key
+    Keyring::init_cluster(&keys).unwrap().0
 }
 
 /// Credentials of `entity` at `generation` in the cluster of `dir`.
@@ -1263,7 +1255,7 @@ fn keyring_problems_refuse_start_and_auth_none_warns() {
         entity: KeyringEntity::Entity(EntityName::admin(), 1),
         key: SecretKey::random().unwrap(),
     }
-    .save(&admin, false)
+    .save(&admin)
     .unwrap();
     write(&format!("keyring: {}\n", admin.display()));
     fails("not the cluster secret");

@@ -133,31 +133,25 @@ impl TestKeys {
     /// Writes a new cluster's keys into `dir` (created, mode 0700), as
     /// `flame-admin auth init` does, plus `client.test` (generation 1).
     pub fn create(dir: &Path) -> TestKeys {
-        use flame_common::auth::{EntityName, Keyring, KeyringEntity, SecretKey};
-        use std::os::unix::fs::PermissionsExt;
-        fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).expect("chmod keys");
-        let secret = SecretKey::random().expect("random key");
-        Keyring {
-            entity: KeyringEntity::Cluster,
-            key: secret.clone(),
-        }
-        .save(&dir.join("cluster.keyring"), false)
-        .expect("cluster keyring");
+        let (secret, _) = flame_common::auth::Keyring::init_cluster(dir)
+            .unwrap_or_else(|e| panic!("test keys: {e}"));
         let keys = TestKeys {
             dir: dir.to_path_buf(),
             secret,
         };
-        for name in [EntityName::ADMIN, EntityName::OSD, "client.test"] {
-            let e = EntityName::parse(name).expect("entity");
-            Keyring {
-                entity: KeyringEntity::Entity(e.clone(), 1),
-                key: keys.secret.derive_entity_key(&e, 1),
-            }
-            .save(&keys.keyring(name), false)
-            .expect("entity keyring");
-        }
+        keys.write_keyring("client.test", 1);
         keys
+    }
+
+    /// Writes the keyring of `entity` at `generation` into the directory (the
+    /// manager must know the entity for it to work: `POST /v1/auth/entities`).
+    pub fn write_keyring(&self, entity: &str, generation: u64) -> PathBuf {
+        let e = flame_common::auth::EntityName::parse(entity).expect("entity");
+        let path = self.keyring(entity);
+        flame_common::auth::Keyring::derived(&self.secret, &e, generation)
+            .save(&path)
+            .unwrap_or_else(|err| panic!("{err}"));
+        path
     }
 
     /// The keyring file of `entity` (`client.admin`, `osd`, `client.test`).

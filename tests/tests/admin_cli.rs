@@ -329,6 +329,40 @@ fn auth_commands_manage_keys_end_to_end() {
     assert!(admin(&["auth", "rm", "client.cli"]).status.success());
     assert!(!as_cli(&k2, &["status"]).status.success());
 
+    // A bridge whose key was removed stops at once with the manager's reason,
+    // rather than retrying for its 30 s start-up patience.
+    let port = flame_tests::free_ports(2);
+    let yaml = tmp.path().join("nbd.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "mgr: \"{}\"\nkeyring: \"{}\"\nlisten: \"127.0.0.1:{port}\"\n\
+             metrics_listen: \"127.0.0.1:{}\"\nthreads: 1\n",
+            cluster.mgr_addr(),
+            k2.display(),
+            port + 1
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = flame_tests::run_bounded(
+        std::process::Command::new(cluster.bin("flame-nbd"))
+            .arg("--config")
+            .arg(&yaml),
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert!(
+        stderr(&out).contains("client.cli is not known"),
+        "{}",
+        output_text(&out)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+
     // No keyring at all: refused, saying how to give one.
     let mut cmd = cluster.admin_command();
     cmd.env_remove("FLAME_KEYRING").args(["volume", "ls"]);

@@ -129,15 +129,7 @@ fn example_configs_start_the_daemons() {
         Some(br#"{"entity":"client.nbd","role":"client"}"#),
     );
     assert!(matches!(added, Ok((200, _))), "{added:?}");
-    flame_common::auth::Keyring {
-        entity: flame_common::auth::KeyringEntity::Entity(
-            flame_common::auth::EntityName::parse("client.nbd").unwrap(),
-            1,
-        ),
-        key: keys.creds("client.nbd", 1).key,
-    }
-    .save(&keys.keyring("client.nbd"), false)
-    .unwrap();
+    keys.write_keyring("client.nbd", 1);
     nbd_yaml = set(&nbd_yaml, "keyring", &quoted(&keys.keyring("client.nbd")));
     std::fs::write(d.join("nbd.yaml"), nbd_yaml).unwrap();
     let mut nbd = start("flame-nbd", d.join("nbd.yaml"), &d.join("nbd.log"));

@@ -10,7 +10,6 @@ use super::{AdminError, Result, fields, json, table};
 use crate::MgrClient;
 use flame_common::auth::{EntityName, KeyGeneration, Keyring, KeyringEntity, Role, SecretKey};
 use serde::Serialize;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// `flame-admin auth …`
@@ -109,51 +108,21 @@ struct Written {
 
 /// Runs `init` (which needs no manager).
 pub fn init(dir: &Path, as_json: bool) -> Result<String> {
-    let fail = |e: String| AdminError(e);
-    if !dir.exists() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| fail(format!("cannot chmod {}: {e}", dir.display())))?;
-    }
-    let secret = SecretKey::random().map_err(fail)?;
-    let files = [
-        (KeyringEntity::Cluster, "cluster.keyring"),
-        (
-            KeyringEntity::Entity(EntityName::admin(), 1),
-            "client.admin.keyring",
-        ),
-        (KeyringEntity::Entity(EntityName::osd(), 1), "osd.keyring"),
-    ];
-    // Refuse before writing anything: a half-written set would mix two secrets.
-    for (_, name) in &files {
-        let p = dir.join(name);
-        if p.exists() {
-            return Err(fail(format!(
-                "{} already exists: this directory holds a cluster's keys already; \
-                 not overwriting them (a lost cluster secret locks every entity out)",
-                p.display()
-            )));
-        }
-    }
-    let mut written = Vec::new();
-    for (entity, name) in files {
-        let key = match &entity {
-            KeyringEntity::Cluster => secret.clone(),
-            KeyringEntity::Entity(e, g) => secret.derive_entity_key(e, *g),
-        };
-        let path = dir.join(name);
-        let (shown, generation) = match &entity {
-            KeyringEntity::Cluster => ("cluster".to_string(), None),
-            KeyringEntity::Entity(e, g) => (e.to_string(), Some(*g)),
-        };
-        Keyring { entity, key }.save(&path, false).map_err(fail)?;
-        written.push(Written {
-            entity: shown,
-            generation,
-            path,
-        });
-    }
+    let (_, files) = Keyring::init_cluster(dir).map_err(AdminError)?;
+    let written: Vec<Written> = files
+        .into_iter()
+        .map(|(entity, path)| {
+            let (entity, generation) = match entity {
+                KeyringEntity::Cluster => ("cluster".to_string(), None),
+                KeyringEntity::Entity(e, g) => (e.to_string(), Some(g)),
+            };
+            Written {
+                entity,
+                generation,
+                path,
+            }
+        })
+        .collect();
     if as_json {
         return json(&written);
     }
@@ -317,12 +286,9 @@ fn changed(
     let path = match (&write.cluster_keyring, &write.out) {
         (Some(c), Some(out)) => {
             let secret = load_cluster(c)?;
-            Keyring {
-                entity: KeyringEntity::Entity(entity.clone(), generation),
-                key: secret.derive_entity_key(entity, generation),
-            }
-            .save(out, false)
-            .map_err(AdminError)?;
+            Keyring::derived(&secret, entity, generation)
+                .save(out)
+                .map_err(AdminError)?;
             Some(out.clone())
         }
         _ => None,

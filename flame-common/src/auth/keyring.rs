@@ -13,7 +13,7 @@ use super::{EntityName, KeyGeneration, SecretKey};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Largest keyring file read: a real one is under 200 bytes.
 pub const KEYRING_BYTES_MAX: u64 = 4 << 10;
@@ -119,44 +119,75 @@ impl Keyring {
         Keyring::parse(&text, &shown.to_string())
     }
 
-    /// Writes the keyring to `path` with mode 0600, durably. Refuses to replace an
-    /// existing file unless `replace` (a lost key cannot be recovered).
-    pub fn save(&self, path: &Path, replace: bool) -> Result<(), String> {
+    /// The keyring of `entity` at `generation`, derived from the cluster secret.
+    pub fn derived(secret: &SecretKey, entity: &EntityName, generation: KeyGeneration) -> Keyring {
+        Keyring {
+            entity: KeyringEntity::Entity(entity.clone(), generation),
+            key: secret.derive_entity_key(entity, generation),
+        }
+    }
+
+    /// Writes the keyring to a new file `path` with mode 0600 from its creation,
+    /// durably. Never replaces an existing file (a lost key cannot be recovered).
+    pub fn save(&self, path: &Path) -> Result<(), String> {
         let shown = path.display();
-        let write = |target: &Path, create_new: bool| -> std::io::Result<()> {
-            let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).mode(0o600);
-            if create_new {
-                opts.create_new(true);
-            } else {
-                opts.create(true).truncate(true);
-            }
-            let mut f = opts.open(target)?;
-            // The mode of `open` is masked by the umask and ignored for an existing
-            // file: set it explicitly.
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)?;
+            // `mode` is masked by the umask: make sure it is exactly 0600.
             f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
             f.write_all(self.to_text().as_bytes())?;
             f.sync_all()
         };
-        if !replace {
-            return write(path, true).map_err(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => format!(
-                    "keyring {shown} already exists; not overwriting a key (move it away first)"
-                ),
-                _ => format!("cannot write keyring {shown}: {e}"),
-            });
+        write().map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => format!(
+                "keyring {shown} already exists; not overwriting a key (move it away first)"
+            ),
+            _ => format!("cannot write keyring {shown}: {e}"),
+        })
+    }
+
+    /// Creates a new cluster's keys in `dir` (created with mode 0700 if missing):
+    /// a fresh cluster secret in `cluster.keyring` and, derived from it,
+    /// `client.admin.keyring` and `osd.keyring` at generation 1. Refuses before
+    /// writing anything if any of them exists (a half-written set would mix two
+    /// secrets). Returns the secret and the files written, cluster first.
+    pub fn init_cluster(dir: &Path) -> Result<(SecretKey, Vec<(KeyringEntity, PathBuf)>), String> {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
         }
-        let tmp = path.with_extension("keyring.tmp");
-        let _ = std::fs::remove_file(&tmp);
-        write(&tmp, true)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| format!("cannot write keyring {shown}: {e}"))?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| format!("cannot sync the directory of {shown}: {e}"))?;
+        let names = ["cluster", EntityName::ADMIN, EntityName::OSD];
+        for name in names {
+            let p = dir.join(format!("{name}.keyring"));
+            if p.exists() {
+                return Err(format!(
+                    "{} already exists: this directory holds a cluster's keys already; \
+                     not overwriting them (a lost cluster secret locks every entity out)",
+                    p.display()
+                ));
+            }
         }
-        Ok(())
+        let secret = SecretKey::random()?;
+        let mut written = Vec::new();
+        for name in names {
+            let keyring = match EntityName::parse(name) {
+                Ok(entity) => Keyring::derived(&secret, &entity, 1),
+                Err(_) => Keyring {
+                    entity: KeyringEntity::Cluster,
+                    key: secret.clone(),
+                },
+            };
+            let path = dir.join(format!("{name}.keyring"));
+            keyring.save(&path)?;
+            written.push((keyring.entity, path));
+        }
+        Ok((secret, written))
     }
 
     /// The entity name and generation, or an error for the cluster secret (which
@@ -184,14 +215,13 @@ mod tests {
             key: SecretKey::random().unwrap(),
         };
         let p = dir.path().join("a.keyring");
-        k.save(&p, false).unwrap();
+        k.save(&p).unwrap();
         let mode = std::fs::metadata(&p).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let back = Keyring::load(&p).unwrap();
         assert_eq!(back.entity, k.entity);
         assert_eq!(back.key.to_hex(), k.key.to_hex());
-        assert!(k.save(&p, false).unwrap_err().contains("already exists"));
-        k.save(&p, true).unwrap();
+        assert!(k.save(&p).unwrap_err().contains("already exists"));
 
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
         let e = Keyring::load(&p).unwrap_err();
@@ -208,6 +238,32 @@ mod tests {
             KeyringEntity::Cluster
         );
         assert!(c.signer("x").unwrap_err().contains("cluster secret"));
+    }
+
+    #[test]
+    fn a_new_clusters_keys_derive_from_its_secret_and_are_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("keys");
+        let (secret, written) = Keyring::init_cluster(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(written.len(), 3);
+        assert_eq!(written[0].0, KeyringEntity::Cluster);
+        for (entity, path) in &written {
+            let k = Keyring::load(path).unwrap();
+            assert_eq!(&k.entity, entity);
+            let want = match entity {
+                KeyringEntity::Cluster => secret.to_hex(),
+                KeyringEntity::Entity(e, g) => secret.derive_entity_key(e, *g).to_hex(),
+            };
+            assert_eq!(k.key.to_hex(), want);
+        }
+        std::fs::remove_file(d.join("osd.keyring")).unwrap();
+        let e = Keyring::init_cluster(&d).unwrap_err();
+        assert!(e.contains("cluster.keyring already exists"), "{e}");
+        assert!(
+            !d.join("osd.keyring").exists(),
+            "nothing written after a refusal"
+        );
     }
 
     #[test]
