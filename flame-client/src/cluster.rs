@@ -23,6 +23,7 @@ use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::mgr_client::MgrClient;
 use arc_swap::ArcSwap;
+use flame_common::auth::SessionTicket;
 use flame_common::clock;
 use flame_common::ids::{Epoch, OpId};
 use flame_common::map::{ClusterMap, VolumeInfo};
@@ -37,6 +38,10 @@ pub const REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(20);
 /// Longest a data-path task waits for an on-demand refresh before carrying on with
 /// the map it has (the retry loop will come back).
 const REFRESH_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// The ticket this client opens OSD connections with (`None`: the cluster runs
+/// without authentication). Read once per new connection, never per I/O.
+pub(crate) type Tickets = arc_swap::ArcSwapOption<SessionTicket>;
 
 /// Gives every `Cluster` a process-unique number, so per-thread connection tables
 /// never mix up two clusters' OSDs that happen to share ids.
@@ -89,6 +94,8 @@ struct Shared {
     mgr: MgrClient,
     fsid: String,
     map: ArcSwap<ClusterMap>,
+    /// The current ticket (renewed by the watcher when half its life is gone).
+    tickets: Tickets,
     /// Serializes the compare-and-publish of the two writer threads.
     publish_lock: Mutex<()>,
     /// Highest refresh ticket handed out.
@@ -102,10 +109,16 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(config: ClientConfig, mgr: MgrClient, map: ClusterMap) -> Arc<Shared> {
+    fn new(
+        config: ClientConfig,
+        mgr: MgrClient,
+        map: ClusterMap,
+        ticket: Option<SessionTicket>,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
             fsid: map.fsid.clone(),
             map: ArcSwap::from_pointee(map),
+            tickets: Tickets::from(ticket.map(Arc::new)),
             config,
             mgr,
             publish_lock: Mutex::new(()),
@@ -141,6 +154,28 @@ impl Shared {
         true
     }
 
+    /// Fetches a new ticket once half of the current one's life is gone (every
+    /// watcher round checks; a failure keeps the old one and says so).
+    fn renew_ticket_if_due(&self) {
+        let due = self.tickets.load().as_ref().is_some_and(|t| {
+            let half = (t.claims.expires_ms - t.claims.issued_ms.min(t.claims.expires_ms)) / 2;
+            clock::unix_ms() >= t.claims.issued_ms.saturating_add(half)
+        });
+        if !due {
+            return;
+        }
+        match self.mgr.ticket() {
+            Ok(Some(t)) => {
+                tracing::debug!(entity = %t.claims.entity, expires_ms = t.claims.expires_ms, "ticket renewed");
+                self.tickets.store(Some(Arc::new(t)));
+            }
+            Ok(None) => tracing::warn!("the manager issues no tickets any more (auth: none?)"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew the ticket; keeping the current one")
+            }
+        }
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
@@ -170,7 +205,8 @@ impl Cluster {
         let mgr = config.mgr_client()?;
         let map = mgr.map()?;
         check_first_map(&map)?;
-        let shared = Shared::new(config, mgr, map);
+        let ticket = mgr.ticket()?;
+        let shared = Shared::new(config, mgr, map, ticket);
         let spawn = |name: &str, f: fn(Arc<Shared>)| {
             let s = shared.clone();
             std::thread::Builder::new()
@@ -206,7 +242,7 @@ impl Cluster {
         config.validate()?;
         check_first_map(&map)?;
         let mgr = MgrClient::new_from(&config.mgr, config.bind_addr)?;
-        let shared = Shared::new(config, mgr, map);
+        let shared = Shared::new(config, mgr, map, None);
         Ok(Cluster {
             inner: Arc::new(Inner {
                 shared,
@@ -217,6 +253,17 @@ impl Cluster {
                 op_seq: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Replaces the ticket new OSD connections are opened with (the simulator's
+    /// manager issues them; the watcher renews them otherwise).
+    pub fn set_ticket(&self, ticket: Option<SessionTicket>) {
+        self.inner.shared.tickets.store(ticket.map(Arc::new));
+    }
+
+    /// The ticket holder, read by the connection table when it connects.
+    pub(crate) fn tickets(&self) -> &Tickets {
+        &self.inner.shared.tickets
     }
 
     /// Publishes `map` if it is newer and valid (what the map threads do with a
@@ -367,6 +414,7 @@ fn watch_loop(s: Arc<Shared>) {
     let mut failures: u32 = 0;
     while !s.stopped() {
         let started = clock::now();
+        s.renew_ticket_if_due();
         let cur = s.map.load().epoch.0;
         match s.mgr.wait_map(cur + 1, s.config.map_wait_ms) {
             Ok(map) => {

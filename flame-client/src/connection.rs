@@ -31,9 +31,12 @@
 //!   `fetch_fallbacks_to_push` such fallbacks in a row the connection asks for
 //!   pushed replies for a while (RFP's hybrid mode).
 
+use crate::cluster::Tickets;
 use crate::deadline::Deadline;
 use crate::metrics;
 use crate::retry::RetryReason;
+use flame_common::auth::SessionTicket;
+use flame_common::auth::handshake::{self, HelloBinding};
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::clock;
 use flame_common::collections::HashMap;
@@ -48,6 +51,7 @@ use std::cell::{Cell, RefCell};
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -199,6 +203,8 @@ pub(crate) struct HelloInfo {
     pub versions: Versions,
     /// The OSD's shard count.
     pub shards: u16,
+    /// The OSD's proof of the service key (answer to an authenticated HELLO).
+    pub proof: Option<[u8; 32]>,
 }
 
 type Waiter = oneshot::Sender<Result<Reply, ConnError>>;
@@ -754,6 +760,7 @@ async fn reader(c: Rc<OsdConn>) {
                 status,
                 versions,
                 shards,
+                proof,
                 ..
             }) => Ok((
                 OpCode::Hello,
@@ -761,7 +768,11 @@ async fn reader(c: Rc<OsdConn>) {
                 Reply {
                     status,
                     epoch,
-                    hello: Some(HelloInfo { versions, shards }),
+                    hello: Some(HelloInfo {
+                        versions,
+                        shards,
+                        proof,
+                    }),
                     data: PayloadBuf::empty(),
                     hold: None,
                 },
@@ -815,7 +826,7 @@ async fn reader(c: Rc<OsdConn>) {
 
 /// The connection for `target` on this thread, opening it (connect + Hello) if
 /// needed. Concurrent callers share one connection attempt.
-pub(crate) async fn get(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
+pub(crate) async fn get(target: &Target, tickets: &Tickets) -> Result<Rc<OsdConn>, ConnError> {
     enum Found {
         Conn(Rc<OsdConn>),
         Wait(oneshot::Receiver<Result<Rc<OsdConn>, ConnError>>),
@@ -840,7 +851,7 @@ pub(crate) async fn get(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         t.insert(target.key, Slot::Connecting(vec![tx]));
         // The attempt runs as its own task so that a caller giving up does not
         // abandon the other waiters or leave the slot stuck in `Connecting`.
-        reactor::spawn(connect_task(*target)).detach();
+        reactor::spawn(connect_task(*target, tickets.load_full())).detach();
         Found::Wait(rx)
     });
     match found {
@@ -860,14 +871,14 @@ pub(crate) async fn get(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
                     t.remove(&target.key);
                 }
             });
-            Box::pin(get(target)).await
+            Box::pin(get(target, tickets)).await
         }
     }
 }
 
 /// Opens a connection and says Hello, then hands the result to every waiter.
-async fn connect_task(target: Target) {
-    let attempt = open(&target);
+async fn connect_task(target: Target, ticket: Option<Arc<SessionTicket>>) {
+    let attempt = open(&target, ticket.as_deref());
     let expire = async {
         Deadline::at(clock::now() + target.timeout).await;
         Err(ConnError::lost(format!(
@@ -902,7 +913,7 @@ async fn connect_task(target: Target) {
     }
 }
 
-async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
+async fn open(target: &Target, ticket: Option<&SessionTicket>) -> Result<Rc<OsdConn>, ConnError> {
     let conn = Conn::connect_from(target.transport, target.addr, target.source, target.timeout)
         .await
         .map_err(|e| ConnError::lost(format!("connecting to {}: {e}", target.addr)))?;
@@ -921,19 +932,63 @@ async fn open(target: &Target) -> Result<Rc<OsdConn>, ConnError> {
         counted: Cell::new(false),
     });
     reactor::spawn(reader(c.clone())).detach();
-    let hello = Message::Hello {
-        id: RequestId(0),
-        epoch: target.epoch,
-        versions: protocol::VERSIONS,
+    let binding = HelloBinding {
+        osd: target.key.osd.0,
         shard: target.key.shard,
         peer: false,
         session: session_of(&target.key),
         generation: NEXT_GENERATION.with(|g| g.replace(g.get() + 1)),
     };
+    let auth = ticket.map(|t| {
+        Box::new(handshake::hello_auth(
+            t,
+            &binding,
+            clock::unix_ms(),
+            handshake::hello_nonce(),
+        ))
+    });
+    let hello = Message::Hello {
+        id: RequestId(0),
+        epoch: target.epoch,
+        versions: protocol::VERSIONS,
+        shard: binding.shard,
+        peer: false,
+        session: binding.session,
+        generation: binding.generation,
+        auth: auth.clone(),
+    };
     // If the timeout fires first, this future is dropped; close the connection then
     // so its reader task ends.
     let closer = CloseOnDrop(Some(c.clone()));
     let reply = c.call(&hello).await?;
+    if reply.status == status::EPERM {
+        let e = ConnError::lost(format!(
+            "{} ({}) refused our hello: {} (see its log for why)",
+            target.addr,
+            target.key.osd,
+            match ticket {
+                Some(t) => format!("ticket of {} not accepted", t.claims.entity),
+                None => "it requires authentication and this client has no keyring".into(),
+            }
+        ));
+        tracing::error!("{}", e.message);
+        c.fail(&e);
+        return Err(e);
+    }
+    if let (Some(t), Some(a), 0) = (ticket, &auth, reply.status) {
+        let proof = reply.hello.and_then(|h| h.proof);
+        if !proof.is_some_and(|p| handshake::check_server_proof(t, &binding, a, &p)) {
+            // Whatever answered does not hold the service key: not an OSD of
+            // this cluster (a squatter on its address). Send it nothing.
+            let e = ConnError::lost(format!(
+                "{} answered as {} without a valid proof of the cluster's OSD key (not this cluster's OSD, or one started without its keyring); not using it",
+                target.addr, target.key.osd
+            ));
+            tracing::error!("{}", e.message);
+            c.fail(&e);
+            return Err(e);
+        }
+    }
     let mismatch = if reply.status == status::ESTALE {
         Some(format!(
             "{} is not shard {} of {}: our map is stale",
@@ -1131,6 +1186,7 @@ mod tests {
                         versions: protocol::VERSIONS,
                         shard: 0,
                         shards: 1,
+                        proof: None,
                     })
                     .unwrap();
                     let Ok(Message::Write {
@@ -1176,7 +1232,7 @@ mod tests {
                     shards: 1,
                     fetch: None,
                 };
-                let c = get(&target).await.unwrap();
+                let c = get(&target, &Tickets::empty()).await.unwrap();
                 let msg = Message::Write {
                     id: RequestId(0),
                     epoch: Epoch(1),

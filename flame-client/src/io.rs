@@ -270,8 +270,13 @@ fn primary_of(cluster: &Cluster, map: &ClusterMap, pg: PgId) -> Option<OsdId> {
 /// Sends `msg` to `target` the way `how` says and waits for the reply. The
 /// message stays with the caller, so a retry can resend it (with a new id, and
 /// new grants on whichever connection it goes to) without rebuilding its payload.
-async fn exchange(target: &Target, msg: &Message, how: Transfer) -> Result<Reply, Transient> {
-    let conn = connection::get(target).await?;
+async fn exchange(
+    cluster: &Cluster,
+    target: &Target,
+    msg: &Message,
+    how: Transfer,
+) -> Result<Reply, Transient> {
+    let conn = connection::get(target, cluster.tickets()).await?;
     Ok(conn.request(msg, how).await?)
 }
 
@@ -432,7 +437,7 @@ async fn piece_try(
         PieceOp::Read | PieceOp::Write { .. } => piece.length,
         _ => 0,
     };
-    let result = exchange(&target, &msg, transfer_for(cluster, data_bytes)).await;
+    let result = exchange(cluster, &target, &msg, transfer_for(cluster, data_bytes)).await;
     drop(msg);
     let reply = match result {
         Ok(reply) => reply,
@@ -524,7 +529,7 @@ async fn shard_call(
                     fetch: op == OpCode::Flush && transfer_for(cluster, 0).fetch,
                     ..Transfer::default()
                 };
-                match exchange(&target, &msg, how).await {
+                match exchange(cluster, &target, &msg, how).await {
                     Ok(reply) => {
                         cluster.note_epoch(reply.epoch);
                         match classify(reply.status) {

@@ -7,13 +7,13 @@
 //! the user unchanged, because it is the manager that knows what was wrong.
 
 use crate::error::ClientError;
-use flame_common::auth::{Credentials, EntityName, Role};
+use flame_common::auth::{Credentials, EntityName, Role, SessionTicket};
 use flame_common::http::{Answer, CallError, MgrEndpoint};
 use flame_common::ids::{OsdId, PgId};
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
 use flame_common::mgr_api::{
     ApiError, AuthEntityAdd, AuthEntityInfo, ClusterStatus, OsdOpReply, OsdReweight, OsdStatus,
-    PgStatus, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
+    PgStatus, TicketGrant, TrimDone, VolumeCreate, VolumeResize, VolumeTrim,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -233,6 +233,45 @@ impl MgrClient {
     /// Removes an entity: its key stops working.
     pub fn auth_remove(&self, entity: &EntityName) -> Result<AuthEntityInfo, ClientError> {
         self.delete(&format!("/v1/auth/entities/{entity}"))
+    }
+
+    /// A ticket for this client's entity, to open OSD connections with; `None`
+    /// without credentials or when the manager runs with `auth: none` (its OSDs
+    /// then take connections without tickets).
+    pub fn ticket(&self) -> Result<Option<SessionTicket>, ClientError> {
+        let Some(creds) = &self.endpoint.creds else {
+            return Ok(None);
+        };
+        let path = "/v1/auth/ticket";
+        let answer =
+            self.endpoint
+                .call("POST", path, Some(b"{}"), CALL_TIMEOUT, RESPONSE_BYTES_MAX);
+        if matches!(&answer, Ok(a) if a.status == 409) {
+            return Ok(None);
+        }
+        let grant: TicketGrant = self.finish(path, answer)?;
+        let bad = |message: String| ClientError::Mgr {
+            url: self.url(path),
+            message,
+        };
+        let bytes =
+            hex::decode(&grant.ticket).map_err(|e| bad(format!("ticket is not hex: {e}")))?;
+        let sealed = hex::decode(&grant.sealed_session_key)
+            .map_err(|e| bad(format!("sealed key is not hex: {e}")))?;
+        let session_key =
+            flame_common::auth::open_session_key(&creds.key, &bytes, &sealed).map_err(bad)?;
+        let claims = flame_common::auth::decode_claims(&bytes).map_err(|e| bad(e.to_string()))?;
+        if claims.entity != creds.entity {
+            return Err(bad(format!(
+                "the manager issued a ticket for {}, not {}",
+                claims.entity, creds.entity
+            )));
+        }
+        Ok(Some(SessionTicket {
+            bytes,
+            session_key,
+            claims,
+        }))
     }
 
     /// `DELETE path`, with the call timeout, decoding the JSON reply.

@@ -38,6 +38,29 @@ pub fn elapsed(since: Instant) -> Duration {
     now().saturating_duration_since(since)
 }
 
+/// Where virtual wall-clock time starts: a fixed date (2033-05-18), so a seed's
+/// tickets and handshake times replay exactly.
+const VIRTUAL_UNIX_MS_START: u64 = 2_000_000_000_000;
+
+thread_local! {
+    /// On a simulated thread: the virtual instant that [`VIRTUAL_UNIX_MS_START`]
+    /// corresponds to.
+    static VIRTUAL_WALL_BASE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Wall-clock time in milliseconds since the Unix epoch, for what must agree
+/// between hosts (ticket expiry, handshake times): the system clock, or on a
+/// simulated thread a virtual wall clock that moves with [`now`].
+pub fn unix_ms() -> u64 {
+    if let Some(base) = VIRTUAL_WALL_BASE.try_with(Cell::get).ok().flatten() {
+        let since = now().saturating_duration_since(base).as_millis();
+        return VIRTUAL_UNIX_MS_START.saturating_add(u64::try_from(since).unwrap_or(u64::MAX));
+    }
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Whether this thread runs in virtual time.
 pub fn is_simulated() -> bool {
     VIRTUAL_NOW.try_with(Cell::get).ok().flatten().is_some()
@@ -48,7 +71,9 @@ pub fn is_simulated() -> bool {
 pub fn simulated() {
     VIRTUAL_NOW.with(|c| {
         if c.get().is_none() {
-            c.set(Some(Instant::now()));
+            let start = Instant::now();
+            c.set(Some(start));
+            VIRTUAL_WALL_BASE.with(|w| w.set(Some(start)));
         }
     });
 }
@@ -72,6 +97,7 @@ pub fn advance(by: Duration) {
 /// Switches this thread back to real time (the end of a simulation).
 pub fn real() {
     VIRTUAL_NOW.with(|c| c.set(None));
+    VIRTUAL_WALL_BASE.with(|w| w.set(None));
 }
 
 #[cfg(test)]
@@ -86,13 +112,16 @@ mod tests {
             let t0 = now();
             std::thread::sleep(Duration::from_millis(5));
             assert_eq!(now(), t0, "virtual time does not follow the real clock");
+            assert_eq!(unix_ms(), VIRTUAL_UNIX_MS_START, "virtual wall clock");
             advance(Duration::from_secs(3600));
+            assert_eq!(unix_ms(), VIRTUAL_UNIX_MS_START + 3_600_000);
             assert_eq!(elapsed(t0), Duration::from_secs(3600));
             advance_to(t0); // backward: ignored
             assert_eq!(elapsed(t0), Duration::from_secs(3600));
             real();
             assert!(!is_simulated());
             assert!(now() < t0 + Duration::from_secs(3600));
+            assert!(unix_ms() > 1_700_000_000_000 && unix_ms() < VIRTUAL_UNIX_MS_START);
         })
         .join()
         .unwrap();

@@ -37,6 +37,7 @@
 //! | POST | `/v1/auth/entities` | [`AuthEntityAdd`] → [`AuthEntityInfo`]; 409 if it exists |
 //! | POST | `/v1/auth/entities/{name}/rotate` | → [`AuthEntityInfo`] (the next key generation) |
 //! | DELETE | `/v1/auth/entities/{name}` | → [`AuthEntityInfo`] (the removed entity) |
+//! | POST | `/v1/auth/ticket` | → [`TicketGrant`] for the signer (any entity); 409 with `auth: none` |
 //! | GET | `/metrics` | → Prometheus text |
 
 use crate::ids::{Epoch, OsdId, PgId};
@@ -658,4 +659,16 @@ pub struct AuthEntityAdd {
     pub entity: crate::auth::EntityName,
     /// What it may do.
     pub role: crate::auth::Role,
+}
+
+/// `POST /v1/auth/ticket`: a ticket for the signing entity, to open OSD
+/// connections with (`flame_common::auth::ServiceKey`). The ticket travels in
+/// clear; its session key only sealed under the signer's own key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TicketGrant {
+    /// The encoded ticket, hex.
+    pub ticket: String,
+    /// The session key sealed for the signer (`auth::seal_session_key`), hex.
+    pub sealed_session_key: String,
 }

@@ -1,4 +1,4 @@
-//! The Flame wire protocol (version 2) between clients and OSDs, and between OSDs.
+//! The Flame wire protocol (version 3) between clients and OSDs, and between OSDs.
 //!
 //! Every message is one fixed 128-byte header (two cache lines) followed by
 //! `payload_len` bytes of payload: the data of a write or of a read reply, or the
@@ -49,7 +49,7 @@ use std::borrow::Cow;
 /// `FLME` in ASCII, read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FLME");
 /// The protocol version this build speaks and puts in every header.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// The protocol versions this build accepts in a HELLO (a peer's range must contain
 /// [`VERSION`]).
 pub const VERSIONS: Versions = Versions {
@@ -67,10 +67,19 @@ pub const HEADER_PREFIX_LEN: usize = 64;
 pub const PAYLOAD_BYTES_MAX: u32 = 4 << 20;
 /// Largest byte range one request may name (reads, zeroing, discards).
 pub const IO_BYTES_MAX: u32 = PAYLOAD_BYTES_MAX;
-/// Size of a HELLO's body (its payload).
+/// Size of a HELLO's body (its payload) without authentication.
 pub const HELLO_BODY_LEN: usize = 32;
-/// Size of a HELLO reply's body (its payload).
+/// Size of a HELLO reply's body (its payload) without the OSD's proof.
 pub const HELLO_REPLY_BODY_LEN: usize = 16;
+/// What a HELLO's [`HelloAuth`] adds to its body, besides the ticket.
+pub const HELLO_AUTH_FIXED_LEN: usize = 64;
+/// Largest ticket a HELLO may carry.
+pub const HELLO_TICKET_BYTES_MAX: usize = crate::auth::TICKET_BYTES_MAX;
+/// Size of the OSD's proof in a HELLO reply.
+pub const HELLO_PROOF_LEN: usize = 32;
+/// Bit of a HELLO body's byte 3 (and a HELLO reply body's byte 2): an
+/// authentication section follows the fixed body.
+const HELLO_FLAG_AUTH: u8 = 1;
 
 /// Bit 7 of the opcode byte marks a reply.
 const REPLY_BIT: u8 = 0x80;
@@ -272,6 +281,11 @@ pub mod status {
     /// HELLO refused: the peers have no protocol version in common. The reply's
     /// body names the replier's versions.
     pub const EPROTONOSUPPORT: i32 = -libc::EPROTONOSUPPORT;
+    /// Not allowed: a HELLO without a valid ticket and proof on an OSD that
+    /// requires them, or asking for a role its entity lacks; a request the
+    /// connection's entity may not make (a replica write from a client, the
+    /// deletion of a volume the map has not removed). Nothing changed.
+    pub const EPERM: i32 = -libc::EPERM;
     /// A one-sided access was refused (unknown grant key, wrong access kind, or
     /// outside the grant); the refusing side closes the connection after it.
     pub const EACCES: i32 = -libc::EACCES;
@@ -538,7 +552,7 @@ impl Header {
 ///   peer logs "status -93" and a human reading the bytes sees why.
 /// * Any other version gets a v2 [`Message::HelloReply`] with `EPROTONOSUPPORT` and
 ///   this build's [`VERSIONS`]: every later version keeps the 64-byte prefix, so it
-///   can read at least that this peer speaks version 2.
+///   can read at least that this peer speaks its version.
 pub fn version_refusal(peer_version: u8, request_id: u64) -> Vec<u8> {
     if peer_version == 1 {
         let text = format!(
@@ -564,6 +578,7 @@ pub fn version_refusal(peer_version: u8, request_id: u64) -> Vec<u8> {
         versions: VERSIONS,
         shard: 0,
         shards: 0,
+        proof: None,
     }
     .encode()
 }
@@ -581,6 +596,22 @@ pub struct IoTarget {
     pub length: u32,
 }
 
+/// The authentication section of a HELLO: the sender's ticket, and its proof
+/// that it holds the ticket's session key, over the HELLO's fields, a time and a
+/// nonce (computed and checked in `flame_common::auth::handshake`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloAuth {
+    /// The encoded ticket (at most [`HELLO_TICKET_BYTES_MAX`] bytes).
+    pub ticket: Vec<u8>,
+    /// When the sender made the proof (Unix ms): with the nonce, what the OSD's
+    /// replay guard remembers.
+    pub time_ms: u64,
+    /// Random per connection.
+    pub nonce: [u8; 16],
+    /// HMAC-SHA256 under the session key.
+    pub proof: [u8; 32],
+}
+
 /// Every message of the protocol. One enum, so a new message is one variant and the
 /// compiler finds every place that must handle it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -595,6 +626,10 @@ pub enum Message {
         /// The protocol versions the sender speaks; the receiver refuses the HELLO
         /// with `EPROTONOSUPPORT` unless it contains the receiver's version.
         versions: Versions,
+        /// The sender's ticket and its proof of the session key
+        /// (`flame_common::auth::handshake`); `None` on a cluster without
+        /// authentication. Boxed: the common messages stay small.
+        auth: Option<Box<HelloAuth>>,
         /// The shard the sender believes it reached (its port); a mismatch means the
         /// sender's map is stale.
         shard: u16,
@@ -625,6 +660,9 @@ pub enum Message {
         shard: u16,
         /// The replier OSD's shard count (the sender checks it against its map).
         shards: u16,
+        /// The OSD's proof that it holds the service key (answer to an
+        /// authenticated HELLO): the client checks it before sending anything.
+        proof: Option<[u8; HELLO_PROOF_LEN]>,
     },
     /// Read `target.length` bytes.
     Read {
@@ -827,29 +865,87 @@ pub enum Message {
     },
 }
 
+fn hello_body_len(auth: Option<&HelloAuth>) -> usize {
+    HELLO_BODY_LEN + auth.map_or(0, |a| HELLO_AUTH_FIXED_LEN + a.ticket.len())
+}
+
+fn hello_reply_body_len(proof: Option<&[u8; HELLO_PROOF_LEN]>) -> usize {
+    HELLO_REPLY_BODY_LEN + proof.map_or(0, |_| HELLO_PROOF_LEN)
+}
+
 fn encode_hello_body(
     versions: Versions,
     shard: u16,
     peer: bool,
     session: u64,
     generation: u64,
+    auth: Option<&HelloAuth>,
 ) -> Vec<u8> {
-    let mut b = vec![0u8; HELLO_BODY_LEN];
+    let mut b = vec![0u8; hello_body_len(auth)];
     b[0] = versions.min;
     b[1] = versions.max;
     b[2] = u8::from(peer);
     b[4..6].copy_from_slice(&shard.to_le_bytes());
     b[8..16].copy_from_slice(&session.to_le_bytes());
     b[16..24].copy_from_slice(&generation.to_le_bytes());
+    if let Some(a) = auth {
+        debug_assert!(a.ticket.len() <= HELLO_TICKET_BYTES_MAX);
+        b[3] = HELLO_FLAG_AUTH;
+        let t = u16::try_from(a.ticket.len()).unwrap_or(u16::MAX);
+        b[32..34].copy_from_slice(&t.to_le_bytes());
+        b[40..48].copy_from_slice(&a.time_ms.to_le_bytes());
+        b[48..64].copy_from_slice(&a.nonce);
+        b[64..96].copy_from_slice(&a.proof);
+        b[96..].copy_from_slice(&a.ticket);
+    }
     b
 }
 
-fn encode_hello_reply_body(versions: Versions, shard: u16, shards: u16) -> Vec<u8> {
-    let mut b = vec![0u8; HELLO_REPLY_BODY_LEN];
+/// Decodes a HELLO body's authentication section (`rest`: what follows the fixed
+/// body), bounded by [`HELLO_TICKET_BYTES_MAX`].
+fn decode_hello_auth(rest: &[u8]) -> Result<HelloAuth, ProtocolError> {
+    if rest.len() < HELLO_AUTH_FIXED_LEN {
+        return Err(ProtocolError::Inconsistent("hello auth section too short"));
+    }
+    let ticket_len = usize::from(u16::from_le_bytes([rest[0], rest[1]]));
+    if ticket_len > HELLO_TICKET_BYTES_MAX {
+        return Err(ProtocolError::Inconsistent("hello ticket too long"));
+    }
+    if rest.len() != HELLO_AUTH_FIXED_LEN + ticket_len {
+        return Err(ProtocolError::Inconsistent("hello auth section size"));
+    }
+    if rest[2..8].iter().any(|&x| x != 0) {
+        return Err(ProtocolError::Inconsistent(
+            "reserved hello auth bytes are not zero",
+        ));
+    }
+    let mut nonce = [0u8; 16];
+    nonce.copy_from_slice(&rest[16..32]);
+    let mut proof = [0u8; 32];
+    proof.copy_from_slice(&rest[32..64]);
+    Ok(HelloAuth {
+        ticket: rest[64..].to_vec(),
+        time_ms: u64_at(rest, 8),
+        nonce,
+        proof,
+    })
+}
+
+fn encode_hello_reply_body(
+    versions: Versions,
+    shard: u16,
+    shards: u16,
+    proof: Option<&[u8; HELLO_PROOF_LEN]>,
+) -> Vec<u8> {
+    let mut b = vec![0u8; hello_reply_body_len(proof)];
     b[0] = versions.min;
     b[1] = versions.max;
     b[4..6].copy_from_slice(&shard.to_le_bytes());
     b[6..8].copy_from_slice(&shards.to_le_bytes());
+    if let Some(p) = proof {
+        b[2] = HELLO_FLAG_AUTH;
+        b[HELLO_REPLY_BODY_LEN..].copy_from_slice(p);
+    }
     b
 }
 
@@ -948,15 +1044,22 @@ impl Message {
             ..Header::default()
         };
         match self {
-            Message::Hello { id, epoch, .. } => Header {
-                payload_len: HELLO_BODY_LEN as u32,
+            Message::Hello {
+                id, epoch, auth, ..
+            } => Header {
+                // At most 32 + 64 + 160 bytes.
+                payload_len: hello_body_len(auth.as_deref()) as u32,
                 ..base(OpCode::Hello as u8, *id, *epoch)
             },
             Message::HelloReply {
-                id, epoch, status, ..
+                id,
+                epoch,
+                status,
+                proof,
+                ..
             } => Header {
                 status: *status,
-                payload_len: HELLO_REPLY_BODY_LEN as u32,
+                payload_len: hello_reply_body_len(proof.as_ref()) as u32,
                 ..base(OpCode::Hello as u8 | REPLY_BIT, *id, *epoch)
             },
             Message::Read {
@@ -1103,6 +1206,7 @@ impl Message {
                 peer,
                 session,
                 generation,
+                auth,
                 ..
             } => Cow::Owned(encode_hello_body(
                 *versions,
@@ -1110,13 +1214,20 @@ impl Message {
                 *peer,
                 *session,
                 *generation,
+                auth.as_deref(),
             )),
             Message::HelloReply {
                 versions,
                 shard,
                 shards,
+                proof,
                 ..
-            } => Cow::Owned(encode_hello_reply_body(*versions, *shard, *shards)),
+            } => Cow::Owned(encode_hello_reply_body(
+                *versions,
+                *shard,
+                *shards,
+                proof.as_ref(),
+            )),
             Message::Write { data, .. } | Message::Reply { data, .. } => {
                 Cow::Borrowed(data.as_slice())
             }
@@ -1262,15 +1373,22 @@ impl Message {
         }
         if h.is_reply() {
             if h.op() == OpCode::Hello {
-                if payload.len() != HELLO_REPLY_BODY_LEN {
+                let b = &payload;
+                let with_proof = b.len() > 2 && b[2] == HELLO_FLAG_AUTH;
+                let expected = HELLO_REPLY_BODY_LEN + if with_proof { HELLO_PROOF_LEN } else { 0 };
+                if b.len() != expected {
                     return Err(ProtocolError::Inconsistent("hello reply body size"));
                 }
-                let b = &payload;
-                if b[2..4].iter().chain(&b[8..16]).any(|&x| x != 0) {
+                if b[3..4].iter().chain(&b[8..16]).any(|&x| x != 0) || b[2] > HELLO_FLAG_AUTH {
                     return Err(ProtocolError::Inconsistent(
                         "reserved hello reply bytes are not zero",
                     ));
                 }
+                let proof = with_proof.then(|| {
+                    let mut p = [0u8; HELLO_PROOF_LEN];
+                    p.copy_from_slice(&b[HELLO_REPLY_BODY_LEN..]);
+                    p
+                });
                 return Ok(Message::HelloReply {
                     id,
                     epoch,
@@ -1281,6 +1399,7 @@ impl Message {
                     },
                     shard: u16::from_le_bytes([b[4], b[5]]),
                     shards: u16::from_le_bytes([b[6], b[7]]),
+                    proof,
                 });
             }
             return Ok(Message::Reply {
@@ -1293,11 +1412,21 @@ impl Message {
         }
         Ok(match h.op() {
             OpCode::Hello => {
-                if payload.len() != HELLO_BODY_LEN {
+                if payload.len() < HELLO_BODY_LEN {
                     return Err(ProtocolError::Inconsistent("hello body size"));
                 }
                 let b = &payload;
-                if b[3] != 0 || b[6..8].iter().chain(&b[24..32]).any(|&x| x != 0) {
+                let auth = match b[3] {
+                    0 if b.len() == HELLO_BODY_LEN => None,
+                    0 => return Err(ProtocolError::Inconsistent("hello body size")),
+                    HELLO_FLAG_AUTH => Some(Box::new(decode_hello_auth(&b[HELLO_BODY_LEN..])?)),
+                    _ => {
+                        return Err(ProtocolError::Inconsistent(
+                            "reserved hello bytes are not zero",
+                        ));
+                    }
+                };
+                if b[6..8].iter().chain(&b[24..32]).any(|&x| x != 0) {
                     return Err(ProtocolError::Inconsistent(
                         "reserved hello bytes are not zero",
                     ));
@@ -1318,6 +1447,7 @@ impl Message {
                     peer,
                     session: u64_at(b, 8),
                     generation: u64_at(b, 16),
+                    auth,
                 }
             }
             OpCode::Read => Message::Read {
@@ -1465,6 +1595,7 @@ impl Message {
                 versions: VERSIONS,
                 shard: 0,
                 shards: 0,
+                proof: None,
             };
         }
         Message::Reply {
@@ -1760,6 +1891,7 @@ mod tests {
                 peer: false,
                 session: 0,
                 generation: 0,
+                auth: None,
             },
             Message::Hello {
                 id,
@@ -1769,6 +1901,12 @@ mod tests {
                 peer: true,
                 session: 0xdead_beef,
                 generation: 7,
+                auth: Some(Box::new(HelloAuth {
+                    ticket: (0..120u8).collect(),
+                    time_ms: 1_900_000_000_123,
+                    nonce: [7; 16],
+                    proof: [9; 32],
+                })),
             },
             Message::HelloReply {
                 id,
@@ -1777,6 +1915,16 @@ mod tests {
                 versions: VERSIONS,
                 shard: 1,
                 shards: 4,
+                proof: None,
+            },
+            Message::HelloReply {
+                id,
+                epoch,
+                status: 0,
+                versions: VERSIONS,
+                shard: 1,
+                shards: 4,
+                proof: Some([3; 32]),
             },
             Message::Read {
                 id,
@@ -2224,7 +2372,7 @@ mod tests {
         }
         .to_string();
         assert!(
-            text.contains("version 1") && text.contains("version 2"),
+            text.contains("version 1") && text.contains("version 3"),
             "{text}"
         );
     }
@@ -2244,11 +2392,11 @@ mod tests {
         assert_eq!(r.len(), 64 + len);
         let text = std::str::from_utf8(&r[64..]).unwrap();
         assert!(
-            text.contains("version 1") && text.contains("version 2"),
+            text.contains("version 1") && text.contains("version 3"),
             "{text}"
         );
         // A later version gets a v2 HELLO reply.
-        let (m, _) = Message::decode(&version_refusal(3, 5)).unwrap().unwrap();
+        let (m, _) = Message::decode(&version_refusal(4, 5)).unwrap().unwrap();
         assert_eq!(
             m,
             Message::HelloReply {
@@ -2257,7 +2405,8 @@ mod tests {
                 status: status::EPROTONOSUPPORT,
                 versions: VERSIONS,
                 shard: 0,
-                shards: 0
+                shards: 0,
+                proof: None,
             }
         );
     }

@@ -186,6 +186,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/pgs", get(get_pgs))
         .route("/v1/pgs/{id}", get(get_pg))
         .route("/v1/auth/entities", get(list_entities).post(add_entity))
+        .route("/v1/auth/ticket", post(issue_ticket))
         .route("/v1/auth/entities/{name}/rotate", post(rotate_entity))
         .route(
             "/v1/auth/entities/{name}",
@@ -309,9 +310,12 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
         Ok(c) => c,
         Err(r) => return refuse(r),
     };
-    let resp = next
-        .run(Request::from_parts(parts, axum::body::Body::from(body)))
-        .await;
+    let mut req = Request::from_parts(parts, axum::body::Body::from(body));
+    req.extensions_mut().insert(crate::auth::Caller {
+        creds: creds.clone(),
+        role: claim.role(),
+    });
+    let resp = next.run(req).await;
     let (mut parts, body) = resp.into_parts();
     let body = match axum::body::to_bytes(body, SIGNED_ANSWER_BYTES_MAX).await {
         Ok(b) => b,
@@ -336,6 +340,27 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
             .insert(flame_common::auth::SIGNATURE_HEADER, v);
     }
     Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// A ticket for the signer, to open OSD connections with.
+async fn issue_ticket(
+    State(shared): State<Arc<Shared>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+) -> Result<Response, HttpError> {
+    let (Some(verifier), Some(axum::Extension(caller))) = (&shared.verifier, caller) else {
+        return Err(HttpError::new(
+            StatusCode::CONFLICT,
+            "authentication is off on this cluster (auth: none): OSDs take connections without tickets",
+        ));
+    };
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let grant = verifier
+        .lock()
+        .issue_ticket(&shared.auth_table(), &caller, now_ms)
+        .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(ok_json(&grant))
 }
 
 fn path_entity(p: Result<Path<String>, PathRejection>) -> Result<EntityName, HttpError> {

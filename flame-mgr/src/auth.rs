@@ -151,6 +151,7 @@ pub fn required_access(method: &str, route: Option<&str>) -> Access {
     };
     match (method, route) {
         (_, "/metrics") => Access::Open,
+        ("POST", "/v1/auth/ticket") => Access::Any,
         ("GET" | "HEAD", r) if !r.starts_with("/v1/auth/") => Access::Any,
         ("POST", "/v1/osd/boot" | "/v1/osd/heartbeat" | "/v1/osd/failure" | "/v1/pg/recovered") => {
             Access::Osd
@@ -299,6 +300,11 @@ impl Claim {
     pub fn nonce(&self) -> Nonce {
         self.auth.nonce
     }
+
+    /// The claimed entity's role in the table.
+    pub fn role(&self) -> Role {
+        self.role
+    }
 }
 
 impl Verifier {
@@ -363,6 +369,50 @@ impl Verifier {
             entity: a.entity.clone(),
             generation: a.generation,
             key,
+        })
+    }
+}
+
+/// Who signed a verified request: what the ticket route needs (put in the
+/// request's extensions by the API's middleware).
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// The signer's credentials (its key signs the answer and seals tickets).
+    pub creds: Credentials,
+    /// Its role.
+    pub role: Role,
+}
+
+impl Verifier {
+    /// A ticket for `caller` at `now_ms`, under the service key of the `osd` key
+    /// generation in `table`, its session key sealed under the caller's key.
+    pub fn issue_ticket(
+        &self,
+        table: &AuthTable,
+        caller: &Caller,
+        now_ms: u64,
+    ) -> Result<flame_common::mgr_api::TicketGrant, String> {
+        let osd = EntityName::osd();
+        let generation = table
+            .entities
+            .get(&osd)
+            .map(|r| r.generation)
+            .ok_or("the entity table has no osd entity")?;
+        let service = flame_common::auth::ServiceKey::from_osd_key(
+            &self.secret.derive_entity_key(&osd, generation),
+            generation,
+        );
+        let t = service.issue(
+            &caller.creds.entity,
+            caller.role,
+            now_ms,
+            flame_common::auth::TICKET_LIFETIME_MS,
+        );
+        let sealed =
+            flame_common::auth::seal_session_key(&caller.creds.key, &t.bytes, &t.session_key)?;
+        Ok(flame_common::mgr_api::TicketGrant {
+            ticket: hex::encode(&t.bytes),
+            sealed_session_key: hex::encode(sealed),
         })
     }
 }

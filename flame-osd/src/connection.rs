@@ -58,7 +58,8 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
     let mut max_inflight = shard.max_inflight;
     let mut is_peer = false;
     let mut fence: Option<Fence> = None;
-    let Some(hello) = receive_hello(&conn, shard.id, peer).await else {
+    let Some((hello, admitted)) = receive_hello(&conn, &shard.hello_gate, shard.id, peer).await
+    else {
         return;
     };
     if matches!(hello, Message::Hello { peer: true, .. }) {
@@ -71,6 +72,12 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         conn.set_never_wait_for_memory(true);
     }
     let mut reply = shard.hello(&hello);
+    if let Message::HelloReply {
+        status: 0, proof, ..
+    } = &mut reply
+    {
+        *proof = admitted.proof;
+    }
     if let (
         Message::Hello {
             session,
@@ -242,30 +249,42 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
 }
 
 /// Waits (at most [`HELLO_TIMEOUT`]) for a new connection's first message, which
-/// must be a `Hello`; shared by the penetrating shards and the staged mode's
-/// network threads. Every other outcome is settled here and gives `None`, with the
-/// connection closed: another message, a peer of another protocol version
-/// (answered in its own format first, so it can say why), an error, silence. A
-/// replication connection (a peer's hello) is switched to never wait for pool
-/// memory: forwarded writes are what frees the primaries' buffers, so waiting on
-/// them could deadlock two OSDs (the same reason they skip the byte bound).
+/// must be a `Hello` that `gate` admits; shared by the penetrating shards and the
+/// staged mode's network threads. Every other outcome is settled here and gives
+/// `None`, with the connection closed: another message, a peer of another protocol
+/// version (answered in its own format first, so it can say why), a HELLO without
+/// a valid ticket (answered `EPERM`, counted, logged naming the entity), an error,
+/// silence. A replication connection (an admitted peer's hello) is switched to
+/// never wait for pool memory: forwarded writes are what frees the primaries'
+/// buffers, so waiting on them could deadlock two OSDs (the same reason they skip
+/// the byte bound).
 pub(crate) async fn receive_hello(
     conn: &Conn,
+    gate: &crate::hello_gate::HelloGate,
     shard_id: u16,
     peer: std::net::SocketAddr,
-) -> Option<Message> {
+) -> Option<(Message, crate::hello_gate::Admitted)> {
     let first = futures_lite::future::or(async { Some(conn.recv().await) }, async {
         reactor::sleep(HELLO_TIMEOUT).await;
         None
     })
     .await;
     match first {
-        Some(Ok(hello @ Message::Hello { .. })) => {
-            if matches!(hello, Message::Hello { peer: true, .. }) {
-                conn.set_never_wait_for_memory(true);
+        Some(Ok(hello @ Message::Hello { .. })) => match gate.check(&hello) {
+            Ok(admitted) => {
+                if matches!(hello, Message::Hello { peer: true, .. }) {
+                    conn.set_never_wait_for_memory(true);
+                }
+                Some((hello, admitted))
             }
-            Some(hello)
-        }
+            Err(refusal) => {
+                crate::metrics::hello_refused(refusal.label());
+                tracing::warn!(shard = shard_id, %peer, "refusing connection: {refusal}");
+                let _ = conn.send(&hello.reply(flame_common::ids::Epoch(0), status::EPERM));
+                conn.close_after_send();
+                None
+            }
+        },
         Some(Ok(other)) => {
             tracing::warn!(shard = shard_id, %peer, "first message was {:?}, not hello; closing", other.op());
             conn.close();
@@ -756,6 +775,8 @@ impl Shard {
             versions: protocol::VERSIONS,
             shard: self.id,
             shards,
+            // Set by the connection from its gate's verdict.
+            proof: None,
         }
     }
 }

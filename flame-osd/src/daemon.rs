@@ -129,6 +129,29 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         .map(flame_common::auth::Credentials::load)
         .transpose()
         .map_err(|message| StartError { message, status: 2 })?;
+    let service = match &creds {
+        Some(c) if c.entity == flame_common::auth::EntityName::osd() => Some(
+            flame_common::auth::ServiceKey::from_osd_key(&c.key, c.generation),
+        ),
+        Some(c) => {
+            return Err(StartError {
+                message: format!(
+                    "keyring {} is {}'s; an OSD needs the osd keyring (osd.keyring from `flame-admin auth init`)",
+                    cfg.keyring
+                        .as_deref()
+                        .map_or_else(String::new, |p| p.display().to_string()),
+                    c.entity
+                ),
+                status: 2,
+            });
+        }
+        None => {
+            tracing::warn!(
+                "no keyring: this OSD takes connections from anyone who can reach its ports (auth: none)"
+            );
+            None
+        }
+    };
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(&cfg.data_dir)
@@ -216,6 +239,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             recovery: recovery.clone(),
             liveness: liveness.clone(),
             restart_suspects: restart_suspects.clone(),
+            service: service.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;
     }
@@ -233,6 +257,8 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
                 listeners,
                 map: map.clone(),
                 config: cfg.clone(),
+                osd: osd_id,
+                service: service.clone(),
             })
             .map_err(|e| format!("cannot start network thread {index}: {e}"))?;
         }

@@ -1,7 +1,8 @@
 //! The Flame object storage daemon as a library: `flame-osd`'s `main` only parses
 //! its arguments and calls [`daemon::run`].
 //!
-//! Where a request travels: [`connection`] (accept, HELLO, fencing, bounds) →
+//! Where a request travels: [`connection`] (accept, HELLO — admitted by
+//! [`hello_gate`] —, fencing, bounds) →
 //! [`execute`] (one request, its reply) → [`pg`] (placement-group view and role
 //! checks; primary reads heal bad blocks in [`read_repair`]) → [`replication`] (the primary forwards to the replicas through
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
@@ -25,6 +26,7 @@ pub mod control;
 pub mod daemon;
 pub mod execute;
 pub mod failpoints;
+pub mod hello_gate;
 pub mod liveness;
 pub mod metrics;
 pub mod ordering;

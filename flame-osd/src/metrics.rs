@@ -17,6 +17,20 @@ static OPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
+static HELLO_REFUSALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_hello_refusals_total",
+        "Connections refused at HELLO for want of a valid ticket and proof, by reason (missing, forged_ticket, expired_ticket, bad_proof, replayed, not_an_osd, ...)",
+        &["reason"]
+    )
+    .unwrap_or_else(|e| panic!("metric: {e}"))
+});
+
+/// Counts a HELLO refused by the [`crate::hello_gate`].
+pub fn hello_refused(reason: &str) {
+    HELLO_REFUSALS.with_label_values(&[reason]).inc();
+}
+
 static BYTES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "flame_osd_bytes_total",

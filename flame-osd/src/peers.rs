@@ -8,6 +8,9 @@
 
 use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
+use flame_common::auth::handshake::{self, HelloBinding};
+use flame_common::auth::{EntityName, Role, ServiceKey, TICKET_LIFETIME_MS};
+use flame_common::clock;
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
 use flame_common::map::OsdInfo;
@@ -50,6 +53,9 @@ pub struct Peers {
     /// Where unreachable peers are noted (the control thread reports them) and
     /// newer epochs seen in replies are asked for.
     liveness: Arc<Liveness>,
+    /// The service key this OSD mints its own peer tickets with (`None`: no
+    /// keyring, unauthenticated HELLOs).
+    service: Option<ServiceKey>,
 }
 
 impl Peers {
@@ -61,8 +67,10 @@ impl Peers {
         call_timeout: Duration,
         metrics: Rc<ShardMetrics>,
         liveness: Arc<Liveness>,
+        service: Option<ServiceKey>,
     ) -> Peers {
         Peers {
+            service,
             transport,
             source,
             liveness,
@@ -242,6 +250,29 @@ impl Peers {
                 return Err(());
             }
         };
+        let binding = HelloBinding {
+            osd: osd.id.0,
+            shard,
+            peer: true,
+            session: self.session,
+            generation: {
+                let g = self.generation.get() + 1;
+                self.generation.set(g);
+                g
+            },
+        };
+        // A ticket of its own per connection: this OSD holds the service key.
+        let now_ms = clock::unix_ms();
+        let auth = match &self.service {
+            Some(service) => {
+                let ticket =
+                    service.issue(&EntityName::osd(), Role::Osd, now_ms, TICKET_LIFETIME_MS);
+                let auth =
+                    handshake::hello_auth(&ticket, &binding, now_ms, handshake::hello_nonce());
+                Some((ticket, auth))
+            }
+            None => None,
+        };
         if conn
             .send(&Message::Hello {
                 id: RequestId(0),
@@ -249,12 +280,9 @@ impl Peers {
                 versions: flame_common::protocol::VERSIONS,
                 shard,
                 peer: true,
-                session: self.session,
-                generation: {
-                    let g = self.generation.get() + 1;
-                    self.generation.set(g);
-                    g
-                },
+                session: binding.session,
+                generation: binding.generation,
+                auth: auth.as_ref().map(|(_, a)| Box::new(a.clone())),
             })
             .is_err()
         {
@@ -266,7 +294,16 @@ impl Peers {
         })
         .await;
         match hello {
-            Some(Message::HelloReply { status: 0, .. }) => {}
+            Some(Message::HelloReply {
+                status: 0, proof, ..
+            }) if auth.as_ref().is_none_or(|(t, a)| {
+                proof.is_some_and(|p| handshake::check_server_proof(t, &binding, a, &p))
+            }) => {}
+            Some(Message::HelloReply { status: 0, .. }) => {
+                tracing::error!(osd = %osd.id, %addr, "peer answered without a valid proof of the OSD key (not this cluster's OSD, or one without its keyring); not using it");
+                conn.close();
+                return Err(());
+            }
             None => {
                 tracing::warn!(osd = %osd.id, %addr, "peer did not answer hello");
                 self.liveness.peer_failed(osd.id);

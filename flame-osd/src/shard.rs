@@ -65,6 +65,8 @@ pub struct Shard {
     /// The lease and the shards' progress (shared with the control thread).
     pub(crate) liveness: Arc<crate::liveness::Liveness>,
     pub(crate) metrics: Rc<ShardMetrics>,
+    /// Who may connect ([`crate::hello_gate`]).
+    pub(crate) hello_gate: crate::hello_gate::HelloGate,
     pub(crate) max_connections: u32,
     pub(crate) max_inflight: u32,
     /// `reply_slots_per_connection_max` (remote fetching; 0 = off).

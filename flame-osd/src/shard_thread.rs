@@ -47,6 +47,8 @@ pub struct ShardSetup {
     pub pool: Arc<flame_common::buffer::registered::PoolInstaller>,
     /// What start-up store recovery left in doubt ([`crate::store::recover`]).
     pub restart_suspects: Arc<Vec<(flame_common::ids::PgId, flame_common::ids::ObjectId)>>,
+    /// See [`ShardParts::service`].
+    pub service: Option<flame_common::auth::ServiceKey>,
 }
 
 /// Where a shard thread's requests come from.
@@ -97,6 +99,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                     recovery: setup.recovery,
                     liveness: setup.liveness,
                     restart_suspects: &setup.restart_suspects,
+                    service: setup.service.clone(),
                 },
                 store,
             );
@@ -126,6 +129,9 @@ pub struct ShardParts<'a> {
     pub liveness: Arc<Liveness>,
     /// What start-up store recovery left in doubt ([`crate::store::recover`]).
     pub restart_suspects: &'a [(flame_common::ids::PgId, flame_common::ids::ObjectId)],
+    /// The service key (from the `osd` keyring): HELLOs are checked with it and
+    /// peer tickets made with it. `None`: no keyring, no checks.
+    pub service: Option<flame_common::auth::ServiceKey>,
 }
 
 /// Builds a shard's state around `store`, on the thread (reactor) that will run
@@ -162,7 +168,9 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             Duration::from_millis(cfg.replica_timeout_ms),
             metrics.clone(),
             parts.liveness.clone(),
+            parts.service.clone(),
         )),
+        hello_gate: crate::hello_gate::HelloGate::new(parts.osd, parts.service),
         liveness: parts.liveness,
         metrics,
         max_connections: cfg.max_connections_per_shard,

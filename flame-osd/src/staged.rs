@@ -221,6 +221,8 @@ struct NetShard {
     inflight_bytes_max: u64,
     byte_waiters: RefCell<Vec<std::task::Waker>>,
     connections_gauge: prometheus::IntGauge,
+    /// Who may connect to this shard.
+    hello_gate: crate::hello_gate::HelloGate,
 }
 
 /// Replies waiting for their connection task, by token.
@@ -301,6 +303,10 @@ pub struct NetSetup {
     pub map: Arc<ArcSwap<ClusterMap>>,
     /// Configuration.
     pub config: Arc<crate::config::OsdConfig>,
+    /// This OSD's id (HELLO proofs name it).
+    pub osd: flame_common::ids::OsdId,
+    /// The service key HELLOs are checked with (`None`: no keyring, no checks).
+    pub service: Option<flame_common::auth::ServiceKey>,
 }
 
 /// Starts a network thread. It runs until the process exits.
@@ -360,6 +366,7 @@ async fn network_main(setup: NetSetup, handle: Handle) {
             inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
             byte_waiters: RefCell::new(Vec::new()),
             connections_gauge: crate::metrics::ShardMetrics::connections_gauge(id),
+            hello_gate: crate::hello_gate::HelloGate::new(setup.osd, setup.service.clone()),
         });
         accepts.push(reactor::spawn(accept_loop(
             shard,
@@ -430,7 +437,9 @@ async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pen
     shard.connections_gauge.inc();
     let _count = ConnCount(shard.clone());
     let peer = conn.peer();
-    let Some(hello) = crate::connection::receive_hello(&conn, shard.id, peer).await else {
+    let Some((hello, admitted)) =
+        crate::connection::receive_hello(&conn, &shard.hello_gate, shard.id, peer).await
+    else {
         return;
     };
     let is_peer = matches!(hello, Message::Hello { peer: true, .. });
@@ -442,11 +451,18 @@ async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pen
         } if *session != 0 => Some((*session, *generation)),
         _ => None,
     };
-    let Some(Outcome::Reply(reply)) = submit(&shard, Work::Hello(hello), &replies, &pending).await
+    let Some(Outcome::Reply(mut reply)) =
+        submit(&shard, Work::Hello(hello), &replies, &pending).await
     else {
         conn.close();
         return;
     };
+    if let Message::HelloReply {
+        status: 0, proof, ..
+    } = &mut reply
+    {
+        *proof = admitted.proof;
+    }
     let ok = matches!(reply, Message::HelloReply { status: 0, .. });
     if conn.send(&reply).is_err() {
         conn.close();

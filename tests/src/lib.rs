@@ -24,10 +24,11 @@ pub mod oracle;
 pub mod sim;
 pub mod vm;
 
-use flame_common::ids::VolumeId;
+use flame_common::ids::{Epoch, OsdId, VolumeId};
 use flame_common::map::{ClusterMap, VolumeInfo};
 use flame_common::mgr_api::{ClusterStatus, OsdStatus, VolumeCreate};
 use flame_common::placement::mix64;
+use flame_common::protocol::Message;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
@@ -129,6 +130,86 @@ pub struct TestKeys {
     pub secret: flame_common::auth::SecretKey,
 }
 
+/// Makes HELLOs as a raw client (or, for `peer`, an OSD) of one test cluster
+/// sends them: with a ticket and its proof when the cluster authenticates.
+#[derive(Clone, Copy, Debug)]
+pub struct HelloMaker {
+    /// The OSDs' service key (`None` with `auth: none`). Leaked (a few bytes
+    /// per test), so the maker is `Copy` and moves into every `block_on`.
+    pub service: Option<&'static flame_common::auth::ServiceKey>,
+}
+
+impl HelloMaker {
+    /// A HELLO to shard `shard` of `osd`, with a fresh ticket of `client.test`
+    /// (role client), or for `peer` of the `osd` entity, and its proof. Each one
+    /// opens one connection (the shard remembers its nonce).
+    pub fn hello(
+        &self,
+        osd: OsdId,
+        shard: u16,
+        epoch: Epoch,
+        peer: bool,
+        session: u64,
+        generation: u64,
+    ) -> Message {
+        let auth = self.service.map(|service| {
+            let (name, role) = if peer {
+                ("osd", flame_common::auth::Role::Osd)
+            } else {
+                ("client.test", flame_common::auth::Role::Client)
+            };
+            Box::new(hello_auth(
+                service, name, role, osd, shard, peer, session, generation,
+            ))
+        });
+        Message::Hello {
+            id: flame_common::ids::RequestId(0),
+            epoch,
+            versions: flame_common::protocol::VERSIONS,
+            shard,
+            peer,
+            session,
+            generation,
+            auth,
+        }
+    }
+}
+
+/// A HELLO's authentication section for `entity` with `role`, with a ticket
+/// made with `service` now.
+#[allow(clippy::too_many_arguments)]
+pub fn hello_auth(
+    service: &flame_common::auth::ServiceKey,
+    entity: &str,
+    role: flame_common::auth::Role,
+    osd: OsdId,
+    shard: u16,
+    peer: bool,
+    session: u64,
+    generation: u64,
+) -> flame_common::protocol::HelloAuth {
+    let e = flame_common::auth::EntityName::parse(entity).expect("entity");
+    let ticket = service.issue(
+        &e,
+        role,
+        flame_common::clock::unix_ms(),
+        flame_common::auth::TICKET_LIFETIME_MS,
+    );
+    let binding = flame_common::auth::handshake::HelloBinding {
+        osd: osd.0,
+        shard,
+        peer,
+        session,
+        generation,
+    };
+    flame_common::auth::handshake::hello_auth(
+        &ticket,
+        &binding,
+        flame_common::clock::unix_ms(),
+        flame_common::auth::handshake::hello_nonce(),
+    )
+}
+
 impl TestKeys {
     /// Writes a new cluster's keys into `dir` (created, mode 0700), as
     /// `flame-admin auth init` does, plus `client.test` (generation 1).
@@ -141,6 +222,12 @@ impl TestKeys {
         };
         keys.write_keyring("client.test", 1);
         keys
+    }
+
+    /// The OSDs' service key (the `osd` key at generation 1).
+    pub fn service(&self) -> flame_common::auth::ServiceKey {
+        let osd = flame_common::auth::EntityName::osd();
+        flame_common::auth::ServiceKey::from_osd_key(&self.secret.derive_entity_key(&osd, 1), 1)
     }
 
     /// Writes the keyring of `entity` at `generation` into the directory (the
@@ -1077,6 +1164,31 @@ impl TestCluster {
     /// The cluster's keys (`None` with `auth: none`).
     pub fn keys(&self) -> Option<&TestKeys> {
         self.keys.as_ref()
+    }
+
+    /// What makes HELLOs for raw connections to this cluster's OSDs
+    /// ([`HelloMaker`]; `Send`, so it moves into a test's reactor).
+    pub fn hello_maker(&self) -> HelloMaker {
+        HelloMaker {
+            service: self
+                .keys
+                .as_ref()
+                .map(|k| &*Box::leak(Box::new(k.service()))),
+        }
+    }
+
+    /// [`HelloMaker::hello`] of this cluster.
+    pub fn hello(
+        &self,
+        osd: OsdId,
+        shard: u16,
+        epoch: Epoch,
+        peer: bool,
+        session: u64,
+        generation: u64,
+    ) -> Message {
+        self.hello_maker()
+            .hello(osd, shard, epoch, peer, session, generation)
     }
 
     /// The keyring of `entity` (`client.admin`, `osd`, `client.test`), if the

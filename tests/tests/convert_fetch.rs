@@ -15,10 +15,10 @@ use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::ids::{ObjectId, PgSeq, RequestId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::locate;
-use flame_common::protocol::{self, IoTarget, Message, RemoteBuf, status};
+use flame_common::protocol::{IoTarget, Message, RemoteBuf, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
-use flame_tests::{ClusterOptions, TestCluster, http_get, pattern};
+use flame_tests::{ClusterOptions, HelloMaker, TestCluster, http_get, pattern};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -125,23 +125,15 @@ fn target(map: &ClusterMap, object: ObjectId, offset: u32, length: u32) -> IoTar
     }
 }
 
-async fn connect_primary(map: &ClusterMap, object: ObjectId) -> Conn {
+async fn connect_primary(hm: &HelloMaker, map: &ClusterMap, object: ObjectId) -> Conn {
     let loc = locate(map, object);
     let osd = &map.osds[&loc.osds[0]];
     let shard = osd.shard_of(loc.pg);
     let conn = Conn::connect(TransportKind::Tcp, osd.shard_addr(shard), TIMEOUT)
         .await
         .expect("connect");
-    conn.send(&Message::Hello {
-        id: RequestId(0),
-        epoch: map.epoch,
-        versions: protocol::VERSIONS,
-        shard,
-        peer: false,
-        session: 0,
-        generation: 0,
-    })
-    .unwrap();
+    conn.send(&hm.hello(osd.id, shard, map.epoch, false, 0, 0))
+        .unwrap();
     match conn.recv().await.unwrap() {
         Message::HelloReply { status: 0, .. } => conn,
         other => panic!("hello refused: {other:?}"),
@@ -178,15 +170,16 @@ fn forged_descriptors_end_only_their_connection(
     object: ObjectId,
 ) {
     let map = map.clone();
+    let hm = cluster.hello_maker();
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
     let result = reactor.block_on(async move {
         // A well-behaved client on the same shard, connected before and used after.
-        let good = connect_primary(&map, object).await;
+        let good = connect_primary(&hm, &map, object).await;
         let data = PayloadBuf::copy_from(&pattern(7, 8192));
         let grant = good.grant_read(&data).expect("grant");
 
         // 1. A write naming a key that was never granted.
-        let bad = connect_primary(&map, object).await;
+        let bad = connect_primary(&hm, &map, object).await;
         let forged = RemoteBuf {
             addr: grant.remote().addr,
             len: 8192,
@@ -206,7 +199,7 @@ fn forged_descriptors_end_only_their_connection(
         expect_closed(&bad, 1, "write with an unknown key").await;
 
         // 2. A write reaching past the end of a live grant of its own connection.
-        let bad = connect_primary(&map, object).await;
+        let bad = connect_primary(&hm, &map, object).await;
         let small = PayloadBuf::copy_from(&[9u8; 4096]);
         let g = bad.grant_read(&small).expect("grant");
         bad.send(&Message::Write {
@@ -227,7 +220,7 @@ fn forged_descriptors_end_only_their_connection(
         drop(g);
 
         // 3. A read whose destination key is forged (the OSD's push is refused).
-        let bad = connect_primary(&map, object).await;
+        let bad = connect_primary(&hm, &map, object).await;
         bad.send(&Message::Read {
             id: RequestId(3),
             epoch: map.epoch,

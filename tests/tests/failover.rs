@@ -7,7 +7,7 @@
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgSeq, RequestId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgMembers, object_pg};
-use flame_common::protocol::{self, IoTarget, Message, flags, status};
+use flame_common::protocol::{IoTarget, Message, flags, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
 use flame_tests::{ClusterOptions, TestCluster, output_text};
@@ -272,6 +272,7 @@ fn kill_9_of_a_primary_under_writes_gives_no_client_error() {
 
 /// What an OSD answers a client that still has `map`, from address `source`.
 fn old_map_answers(
+    hm: flame_tests::HelloMaker,
     map: &ClusterMap,
     osd: OsdId,
     shard: u16,
@@ -307,16 +308,7 @@ fn old_map_answers(
                     }
                 }
             };
-            let hello = rpc(Message::Hello {
-                id: RequestId(0),
-                epoch: map.epoch,
-                versions: protocol::VERSIONS,
-                shard,
-                peer: false,
-                session: 0,
-                generation: 0,
-            })
-            .await;
+            let hello = rpc(hm.hello(osd, shard, map.epoch, false, 0, 0)).await;
             assert_eq!(hello, status::OK, "hello");
             let read = rpc(Message::Read {
                 id: RequestId(1),
@@ -417,6 +409,7 @@ fn partition_under_writes(isolate_primary: bool, opts: ClusterOptions) {
     };
     let shard = old_map.osds[&victim].shard_of(pg);
     let (read, write) = old_map_answers(
+        cluster.hello_maker(),
         &old_map,
         victim,
         shard,
@@ -478,21 +471,14 @@ fn a_forwarded_write_from_before_the_groups_roles_changed_is_refused() {
     let addr = map.osds[&replica].shard_addr(shard);
     let current = map.epoch;
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let answers = reactor
         .block_on(async move {
             let conn = Conn::connect(TransportKind::Tcp, addr, Duration::from_secs(5))
                 .await
                 .unwrap();
-            conn.send(&Message::Hello {
-                id: RequestId(0),
-                epoch: current,
-                versions: protocol::VERSIONS,
-                shard,
-                peer: true,
-                session: 0,
-                generation: 0,
-            })
-            .unwrap();
+            conn.send(&hm.hello(replica, shard, current, true, 0, 0))
+                .unwrap();
             assert!(matches!(
                 conn.recv().await.unwrap(),
                 Message::HelloReply { status: 0, .. }

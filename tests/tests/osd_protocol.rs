@@ -12,7 +12,7 @@ use flame_common::placement::locate;
 use flame_common::protocol::{self, IoTarget, Message, status};
 use flame_common::reactor::{Reactor, ReactorConfig};
 use flame_common::transport::{Conn, TransportKind};
-use flame_tests::{ClusterOptions, TestCluster};
+use flame_tests::{ClusterOptions, HelloMaker, TestCluster};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,12 +25,13 @@ fn process_of(cluster: &TestCluster, map: &ClusterMap, id: OsdId) -> usize {
         .expect("OSD process for map entry")
 }
 
-async fn connect(map: &ClusterMap, osd: OsdId, shard: u16) -> Conn {
-    connect_as(map, osd, shard, 0, 0).await
+async fn connect(hm: &HelloMaker, map: &ClusterMap, osd: OsdId, shard: u16) -> Conn {
+    connect_as(hm, map, osd, shard, 0, 0).await
 }
 
 /// Connects with a fencing session and generation (0, 0: no fencing).
 async fn connect_as(
+    hm: &HelloMaker,
     map: &ClusterMap,
     osd: OsdId,
     shard: u16,
@@ -41,16 +42,8 @@ async fn connect_as(
     let conn = Conn::connect(TransportKind::Tcp, info.shard_addr(shard), TIMEOUT)
         .await
         .expect("connect");
-    conn.send(&Message::Hello {
-        id: RequestId(0),
-        epoch: map.epoch,
-        versions: protocol::VERSIONS,
-        shard,
-        peer: false,
-        session,
-        generation,
-    })
-    .unwrap();
+    conn.send(&hm.hello(osd, shard, map.epoch, false, session, generation))
+        .unwrap();
     match conn.recv().await.unwrap() {
         Message::HelloReply {
             status: 0,
@@ -136,6 +129,7 @@ fn replicated_writes_reach_every_copy_in_one_order() {
     let vol = cluster.create_volume("proto", 64 << 20);
     let map = cluster.map();
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let m = map.clone();
     reactor
         .block_on(async move {
@@ -147,7 +141,7 @@ fn replicated_writes_reach_every_copy_in_one_order() {
                 let loc = locate(&m, object);
                 assert_eq!(loc.osds.len(), 3);
                 let shard = m.osds[&loc.osds[0]].shard_of(loc.pg);
-                let conn = connect(&m, loc.osds[0], shard).await;
+                let conn = connect(&hm, &m, loc.osds[0], shard).await;
                 // A pattern at an unaligned offset.
                 let data: Vec<u8> = (0..5000u32).map(|i| (i as u8) ^ (index as u8)).collect();
                 assert_eq!(
@@ -199,14 +193,14 @@ fn replicated_writes_reach_every_copy_in_one_order() {
                 assert_eq!(status_of(&f), status::OK);
                 // A replica refuses client I/O: it is not the primary.
                 let rshard = m.osds[&loc.osds[1]].shard_of(loc.pg);
-                let rconn = connect(&m, loc.osds[1], rshard).await;
+                let rconn = connect(&hm, &m, loc.osds[1], rshard).await;
                 assert_eq!(
                     status_of(&call(&rconn, read(&m, 4, object, 0, 16)).await),
                     status::ESTALE
                 );
                 // The primary's other shard refuses too: wrong shard for this PG.
                 let other_shard = (shard + 1) % m.osds[&loc.osds[0]].shards;
-                let oconn = connect(&m, loc.osds[0], other_shard).await;
+                let oconn = connect(&hm, &m, loc.osds[0], other_shard).await;
                 assert_eq!(
                     status_of(&call(&oconn, read(&m, 5, object, 0, 16)).await),
                     status::ESTALE
@@ -269,12 +263,13 @@ fn write_with_a_dead_replica_is_refused_not_acknowledged() {
     let victim = process_of(&cluster, &map, loc.osds[2]);
     cluster.kill_osd(victim);
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let m = map.clone();
     let l = loc.clone();
     reactor
         .block_on(async move {
             let shard = m.osds[&l.osds[0]].shard_of(l.pg);
-            let conn = connect(&m, l.osds[0], shard).await;
+            let conn = connect(&hm, &m, l.osds[0], shard).await;
             let st = status_of(
                 &call_retry(&conn, write(&m, 1, object, 0, vec![0xee; 4096]), false).await,
             );
@@ -293,7 +288,7 @@ fn write_with_a_dead_replica_is_refused_not_acknowledged() {
     let st = reactor
         .block_on(async move {
             let shard = m.osds[&loc.osds[0]].shard_of(loc.pg);
-            let conn = connect(&m, loc.osds[0], shard).await;
+            let conn = connect(&hm, &m, loc.osds[0], shard).await;
             status_of(&call_retry(&conn, write(&m, 3, object, 0, vec![0xef; 4096]), true).await)
         })
         .unwrap();
@@ -322,12 +317,13 @@ fn a_small_shard_byte_bound_slows_clients_but_never_deadlocks() {
     };
     let loc = locate(&map, object);
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let m = map.clone();
     let l = loc.clone();
     reactor
         .block_on(async move {
             let shard = m.osds[&l.osds[0]].shard_of(l.pg);
-            let conn = connect(&m, l.osds[0], shard).await;
+            let conn = connect(&hm, &m, l.osds[0], shard).await;
             // Warm up until the OSDs have the volume's epoch.
             let st =
                 status_of(&call_retry(&conn, write(&m, 1, object, 0, vec![1; 4096]), true).await);
@@ -387,18 +383,19 @@ fn a_reconnected_session_fences_its_old_connection() {
     };
     let loc = locate(&map, object);
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     reactor
         .block_on(async move {
             let m = map;
             let primary = loc.osds[0];
             let shard = m.osds[&primary].shard_of(loc.pg);
             let session = 0x5eed_u64;
-            let old = connect_as(&m, primary, shard, session, 1).await;
+            let old = connect_as(&hm, &m, primary, shard, session, 1).await;
             let st =
                 status_of(&call_retry(&old, write(&m, 1, object, 0, vec![1; 4096]), true).await);
             assert_eq!(st, status::OK);
             // The session reconnects.
-            let new = connect_as(&m, primary, shard, session, 2).await;
+            let new = connect_as(&hm, &m, primary, shard, session, 2).await;
             assert_eq!(
                 status_of(&call(&new, write(&m, 2, object, 0, vec![2; 4096])).await),
                 status::OK
@@ -428,22 +425,14 @@ fn a_reconnected_session_fences_its_old_connection() {
                 .await
                 .unwrap();
             stale
-                .send(&Message::Hello {
-                    id: RequestId(0),
-                    epoch: m.epoch,
-                    versions: protocol::VERSIONS,
-                    shard,
-                    peer: false,
-                    session,
-                    generation: 1,
-                })
+                .send(&hm.hello(primary, shard, m.epoch, false, session, 1))
                 .unwrap();
             match stale.recv().await {
                 Ok(Message::HelloReply { status, .. }) => assert_eq!(status, status::ESTALE),
                 other => panic!("stale hello answered {other:?}"),
             }
             // Other sessions are unaffected.
-            let other = connect_as(&m, primary, shard, 0xabcdef, 1).await;
+            let other = connect_as(&hm, &m, primary, shard, 0xabcdef, 1).await;
             assert_eq!(
                 status_of(&call(&other, read(&m, 5, object, 0, 16)).await),
                 status::OK
@@ -515,10 +504,11 @@ fn a_protocol_v1_peer_is_refused_with_both_versions_named() {
     }
     // Version-2 clients are still served.
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let osd = *map.osds.keys().next().unwrap();
     reactor
         .block_on(async move {
-            let conn = connect(&map, osd, 0).await;
+            let conn = connect(&hm, &map, osd, 0).await;
             let pong = call_retry(
                 &conn,
                 Message::Ping {
@@ -548,11 +538,12 @@ fn replica_flag_from_a_client_connection_is_refused() {
     let loc = locate(&map, object);
     let replica = loc.osds[1];
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let m = map.clone();
     reactor
         .block_on(async move {
             let shard = m.osds[&replica].shard_of(loc.pg);
-            let conn = connect(&m, replica, shard).await;
+            let conn = connect(&hm, &m, replica, shard).await;
             let mut msg = write(&m, 1, object, 0, vec![0x5a; 4096]);
             if let Message::Write { flags, .. } = &mut msg {
                 *flags |= flame_common::protocol::flags::REPLICA;
@@ -586,6 +577,7 @@ fn writes_past_the_volume_end_are_refused() {
     let vol = cluster.create_volume("small", 6 << 20);
     let map = cluster.map();
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     reactor
         .block_on(async move {
             let obj = |index| ObjectId {
@@ -608,7 +600,7 @@ fn writes_past_the_volume_end_are_refused() {
             ] {
                 let loc = locate(&map, object);
                 let shard = map.osds[&loc.osds[0]].shard_of(loc.pg);
-                let conn = connect(&map, loc.osds[0], shard).await;
+                let conn = connect(&hm, &map, loc.osds[0], shard).await;
                 let reply =
                     call_retry(&conn, write(&map, 1, object, offset, vec![7; 4096]), true).await;
                 assert_eq!(status_of(&reply), want, "write to {object} at {offset}");
@@ -664,12 +656,13 @@ fn an_ops_history_survives_a_restart_of_every_copy() {
     let op = |seq| flame_common::ids::OpId { session: 77, seq };
     let (a, b) = (vec![0xaa; 4096], vec![0xbb; 4096]);
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     {
         let (m, l, a, b) = (map.clone(), loc.clone(), a.clone(), b.clone());
         reactor
             .block_on(async move {
                 let shard = m.osds[&l.osds[0]].shard_of(l.pg);
-                let conn = connect(&m, l.osds[0], shard).await;
+                let conn = connect(&hm, &m, l.osds[0], shard).await;
                 for (id, seq, data) in [(1, 5, a), (2, 6, b)] {
                     let st = status_of(
                         &call_retry(&conn, op_write(&m, id, object, op(seq), data), true).await,
@@ -680,7 +673,7 @@ fn an_ops_history_survives_a_restart_of_every_copy() {
                 // become stable.
                 for (i, &osd) in l.osds.iter().enumerate() {
                     let shard = m.osds[&osd].shard_of(l.pg);
-                    let c = connect(&m, osd, shard).await;
+                    let c = connect(&hm, &m, osd, shard).await;
                     let flush = Message::Flush {
                         id: RequestId(10 + i as u64),
                         epoch: m.epoch,
@@ -710,7 +703,7 @@ fn an_ops_history_survives_a_restart_of_every_copy() {
         .block_on(async move {
             let l = locate(&m, object);
             let shard = m.osds[&l.osds[0]].shard_of(l.pg);
-            let conn = connect(&m, l.osds[0], shard).await;
+            let conn = connect(&hm, &m, l.osds[0], shard).await;
             // The older op, resent after the restart: never applied over the newer
             // bytes — refused as superseded, or (by a copy whose log holds the op
             // itself) answered as a retry of what it already applied.
@@ -771,11 +764,12 @@ fn a_replaced_primary_that_cannot_learn_the_new_map_serves_no_stale_read() {
         .expect("the group has a primary");
     let pi = process_of(&cluster, &old, p);
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     {
         let m = old.clone();
         reactor
             .block_on(async move {
-                let conn = connect(&m, p, m.osds[&p].shard_of(pg)).await;
+                let conn = connect(&hm, &m, p, m.osds[&p].shard_of(pg)).await;
                 let st = status_of(
                     &call_retry(&conn, write(&m, 1, object, 0, vec![0x11; 4096]), true).await,
                 );
@@ -807,13 +801,13 @@ fn a_replaced_primary_that_cannot_learn_the_new_map_serves_no_stale_read() {
     let got = reactor
         .block_on(async move {
             // The new primary acknowledges newer bytes.
-            let conn = connect(&new, q, new.osds[&q].shard_of(pg)).await;
+            let conn = connect(&hm, &new, q, new.osds[&q].shard_of(pg)).await;
             let st = status_of(
                 &call_retry(&conn, write(&new, 2, object, 0, vec![0x22; 4096]), true).await,
             );
             assert_eq!(st, status::OK);
             // A client that still has the old map reads from the old primary.
-            let conn = connect(&old, p, old.osds[&p].shard_of(pg)).await;
+            let conn = connect(&hm, &old, p, old.osds[&p].shard_of(pg)).await;
             call(&conn, read(&old, 3, object, 0, 4096)).await
         })
         .unwrap();
@@ -851,17 +845,18 @@ fn a_raw_delete_of_a_live_volume_is_refused_and_erases_nothing() {
         index: 0,
     };
     let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
     let m = map.clone();
     reactor
         .block_on(async move {
             let loc = locate(&m, object);
             let shard = m.osds[&loc.osds[0]].shard_of(loc.pg);
-            let conn = connect(&m, loc.osds[0], shard).await;
+            let conn = connect(&hm, &m, loc.osds[0], shard).await;
             let reply = call_retry(&conn, write(&m, 1, object, 0, vec![0x5a; 4096]), true).await;
             assert_eq!(status_of(&reply), status::OK);
             for info in m.osds.values() {
                 for s in 0..info.shards {
-                    let conn = connect(&m, info.id, s).await;
+                    let conn = connect(&hm, &m, info.id, s).await;
                     let delete = Message::DeleteVolume {
                         id: RequestId(9),
                         epoch: m.epoch,
@@ -888,4 +883,161 @@ fn a_raw_delete_of_a_live_volume_is_refused_and_erases_nothing() {
     let out = cluster.admin_ok(&["volume", "rm", "keep"]);
     assert!(out.contains("removed volume keep"), "{out}");
     assert_eq!(cluster.object_files_per_osd(vol.id), vec![0; 3], "{out}");
+}
+
+/// An OSD of a cluster with keys admits a connection only with a ticket made
+/// with its service key and a proof of the ticket's session key, and the
+/// replication role only for the osd entity; everything else is answered EPERM
+/// and closed, counted by reason, and changes nothing. An admitted HELLO's
+/// answer carries the OSD's proof, which checks.
+#[test]
+fn hellos_without_a_valid_ticket_are_refused_and_counted() {
+    use flame_common::auth::handshake::{
+        HelloBinding, check_server_proof, hello_auth, hello_nonce,
+    };
+    use flame_common::auth::{EntityName, Role, SecretKey, ServiceKey, TICKET_LIFETIME_MS};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        auth: true,
+        ..ClusterOptions::default()
+    });
+    let vol = cluster.create_volume("gate", 16 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = locate(&map, object);
+    let osd = loc.osds[0];
+    let shard = map.osds[&osd].shard_of(loc.pg);
+    let service = cluster.keys().expect("keys").service();
+    let other_cluster = ServiceKey::from_osd_key(&SecretKey::random().unwrap(), 1);
+    let binding = move |peer: bool| HelloBinding {
+        osd: osd.0,
+        shard,
+        peer,
+        session: 0,
+        generation: 0,
+    };
+    let now = flame_common::clock::unix_ms();
+    let client = EntityName::parse("client.test").unwrap();
+    let ticket = service.issue(&client, Role::Client, now, TICKET_LIFETIME_MS);
+    let good = hello_auth(&ticket, &binding(false), now, hello_nonce());
+    let mut wrong_proof = hello_auth(&ticket, &binding(false), now, hello_nonce());
+    wrong_proof.proof[0] ^= 1;
+    let cases: Vec<(&str, bool, Option<flame_common::protocol::HelloAuth>)> = vec![
+        ("no ticket", false, None),
+        (
+            "another cluster's ticket",
+            false,
+            Some(hello_auth(
+                &other_cluster.issue(&client, Role::Client, now, TICKET_LIFETIME_MS),
+                &binding(false),
+                now,
+                hello_nonce(),
+            )),
+        ),
+        ("a proof that does not match", false, Some(wrong_proof)),
+        (
+            "a client ticket asking for the peer role",
+            true,
+            Some(hello_auth(&ticket, &binding(true), now, hello_nonce())),
+        ),
+        (
+            "an expired ticket",
+            false,
+            Some(hello_auth(
+                &service.issue(&client, Role::Client, now - 3 * TICKET_LIFETIME_MS, 1000),
+                &binding(false),
+                now,
+                hello_nonce(),
+            )),
+        ),
+    ];
+    let m = map.clone();
+    let replay = good.clone();
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    reactor
+        .block_on(async move {
+            let addr = m.osds[&osd].shard_addr(shard);
+            let hello =
+                |peer: bool, auth: Option<flame_common::protocol::HelloAuth>| Message::Hello {
+                    id: RequestId(0),
+                    epoch: m.epoch,
+                    versions: protocol::VERSIONS,
+                    shard,
+                    peer,
+                    session: 0,
+                    generation: 0,
+                    auth: auth.map(Box::new),
+                };
+            for (what, peer, auth) in cases {
+                let conn = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
+                    .await
+                    .unwrap();
+                conn.send(&hello(peer, auth)).unwrap();
+                match conn.recv().await {
+                    Ok(Message::HelloReply { status, proof, .. }) => {
+                        assert_eq!(status, status::EPERM, "{what}");
+                        assert!(proof.is_none(), "{what}: no proof in a refusal");
+                    }
+                    other => panic!("{what}: answered {other:?}"),
+                }
+                // And closed: a request after the refusal gets nothing.
+                let _ = conn.send(&read(&m, 1, object, 0, 16));
+                assert!(conn.recv().await.is_err(), "{what}: connection still open");
+            }
+            // The valid HELLO: admitted, with the OSD's proof.
+            let conn = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
+                .await
+                .unwrap();
+            conn.send(&hello(false, Some(good.clone()))).unwrap();
+            match conn.recv().await.unwrap() {
+                Message::HelloReply {
+                    status: 0,
+                    proof: Some(p),
+                    ..
+                } => assert!(check_server_proof(&ticket, &binding(false), &good, &p)),
+                other => panic!("valid hello answered {other:?}"),
+            }
+            assert_eq!(
+                status_of(&call_retry(&conn, read(&m, 2, object, 0, 16), true).await),
+                status::OK,
+                "the admitted connection serves"
+            );
+            // The same HELLO again (captured and replayed): refused.
+            let again = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
+                .await
+                .unwrap();
+            again.send(&hello(false, Some(replay))).unwrap();
+            match again.recv().await {
+                Ok(Message::HelloReply { status, .. }) => assert_eq!(status, status::EPERM),
+                other => panic!("replayed hello answered {other:?}"),
+            }
+        })
+        .unwrap();
+    let (code, text) = flame_tests::http_get(
+        cluster.osd_metrics_addr(process_of(&cluster, &map, osd)),
+        "/metrics",
+    )
+    .unwrap();
+    assert_eq!(code, 200);
+    for reason in [
+        "missing",
+        "forged_ticket",
+        "bad_proof",
+        "not_an_osd",
+        "expired_ticket",
+        "replayed",
+    ] {
+        assert!(
+            text.contains(&format!(
+                "flame_osd_hello_refusals_total{{reason=\"{reason}\"}} 1"
+            )),
+            "refusal {reason} not counted once:\n{}",
+            text.lines()
+                .filter(|l| l.contains("hello_refusals"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }

@@ -10,7 +10,7 @@
 
 use flame_common::ids::{ObjectId, PgSeq, RequestId};
 use flame_common::placement;
-use flame_common::protocol::{self, HEADER_LEN, Header, IoTarget, Message, status};
+use flame_common::protocol::{HEADER_LEN, Header, IoTarget, Message, status};
 use flame_tests::{ClusterOptions, TestCluster};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -70,15 +70,7 @@ fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
         id += 1;
         send(
             &mut s,
-            &Message::Hello {
-                id: RequestId(id),
-                epoch: map.epoch,
-                versions: protocol::VERSIONS,
-                shard,
-                peer: false,
-                session: 0,
-                generation: 0,
-            },
+            &cluster.hello(first.id, shard, map.epoch, false, 0, 0),
         );
         let hello = recv(&mut s);
         assert!(

@@ -41,7 +41,7 @@ impl Cluster {
                         dry_run,
                     };
                     let attempt = async {
-                        match exchange(&target, &msg, super::Transfer::default()).await {
+                        match exchange(self, &target, &msg, super::Transfer::default()).await {
                             Ok(reply) => {
                                 self.note_epoch(reply.epoch);
                                 match classify(reply.status) {

@@ -38,6 +38,16 @@ impl SecretKey {
         Ok(SecretKey(bytes))
     }
 
+    /// A key from 32 bytes (a derivation's output).
+    pub(crate) fn from_bytes(bytes: [u8; 32]) -> SecretKey {
+        SecretKey(bytes)
+    }
+
+    /// The key's bytes (for a cipher's key schedule).
+    pub(crate) fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// The key as 64 lower-case hex digits (for keyring files only).
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)

@@ -17,14 +17,23 @@
 //!   ([`ReplayGuard`]) and signs its answer ([`response_signature`]) with the same
 //!   key, so a client knows the map it got is the manager's.
 //!
+//! - OSD data and peer connections are authenticated at HELLO with **tickets**
+//!   ([`ServiceKey`], cephx's scheme): the manager issues a client a ticket MACed
+//!   with the OSDs' service key and sends its session key sealed under the
+//!   client's key; the HELLO carries the ticket and a proof of the session key,
+//!   the OSD answers with its own proof ([`handshake`]).
+//!
 //! Everything here is pure (no I/O) except [`Keyring::load`]/[`Keyring::save`]
-//! and [`SecretKey::random`]; the crypto is RustCrypto's `hmac` and `sha2`.
+//! and [`SecretKey::random`]; the crypto is RustCrypto's `hmac`, `sha2`
+//! and `chacha20poly1305`.
 
 mod entity;
+pub mod handshake;
 mod key;
 mod keyring;
 mod replay;
 mod signature;
+mod ticket;
 
 pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName, Role};
 pub use key::{KeyGeneration, SecretKey};
@@ -33,6 +42,11 @@ pub use replay::{REPLAY_ENTRIES_MAX, REPLAY_WINDOW_MS, ReplayGuard, ReplayRefusa
 pub use signature::{
     AUTHORIZATION_SCHEME, Credentials, Nonce, RequestAuth, SIGNATURE_HEADER, body_digest,
     response_signature, verify_response,
+};
+pub use ticket::{
+    SEALED_KEY_LEN, ServiceKey, SessionTicket, TICKET_BYTES_MAX, TICKET_CLOCK_SKEW_MS,
+    TICKET_LIFETIME_MS, TicketClaims, TicketRefusal, decode_claims, open_session_key,
+    seal_session_key,
 };
 
 /// Property tests of the decoders of outside input here: `Authorization` headers

@@ -54,16 +54,33 @@ impl std::fmt::Display for ReplayRefusal {
 
 /// The signed requests of the last window, by (time, nonce). Pure: the caller
 /// gives the time, so tests drive it directly.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReplayGuard {
     /// Ordered by time first, so expiry pops from the front.
     seen: BTreeSet<(u64, Nonce)>,
+    /// Most entries held ([`ReplayRefusal::Full`] beyond).
+    entries_max: usize,
+}
+
+impl Default for ReplayGuard {
+    fn default() -> ReplayGuard {
+        ReplayGuard::with_capacity(REPLAY_ENTRIES_MAX)
+    }
 }
 
 impl ReplayGuard {
-    /// An empty guard.
+    /// An empty guard of [`REPLAY_ENTRIES_MAX`] entries (the manager's).
     pub fn new() -> ReplayGuard {
         ReplayGuard::default()
+    }
+
+    /// An empty guard of at most `entries_max` entries (an OSD shard's, which
+    /// sees connections, not requests).
+    pub fn with_capacity(entries_max: usize) -> ReplayGuard {
+        ReplayGuard {
+            seen: BTreeSet::new(),
+            entries_max,
+        }
     }
 
     /// Accepts a request signed at `time_ms` with `nonce` if it is within the
@@ -90,11 +107,11 @@ impl ReplayGuard {
         if self.seen.contains(&(time_ms, nonce)) {
             return Err(ReplayRefusal::Replayed);
         }
-        if self.seen.len() >= REPLAY_ENTRIES_MAX {
+        if self.seen.len() >= self.entries_max {
             return Err(ReplayRefusal::Full);
         }
         self.seen.insert((time_ms, nonce));
-        debug_assert!(self.seen.len() <= REPLAY_ENTRIES_MAX);
+        debug_assert!(self.seen.len() <= self.entries_max);
         Ok(())
     }
 

@@ -993,6 +993,7 @@ mod tests {
                 peer: false,
                 session: 0,
                 generation: 0,
+                auth: None,
             })
             .unwrap();
             let res = futures_lite::future::or(async { Some(c.recv().await) }, async {
@@ -1005,7 +1006,7 @@ mod tests {
             };
             let text = e.to_string();
             assert!(
-                text.contains("version 1") && text.contains("version 2"),
+                text.contains("version 1") && text.contains("version 3"),
                 "{text}"
             );
             c.close();

@@ -56,6 +56,7 @@ fn scripted_member(delay: Duration) -> (SocketAddr, Seen) {
                     versions: VERSIONS,
                     shard: 0,
                     shards: 1,
+                    proof: None,
                 },
                 m => m.reply(Epoch(5), status::OK),
             };
@@ -152,7 +153,9 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
             Duration::from_secs(5),
             metrics.clone(),
             liveness.clone(),
+            None,
         )),
+        hello_gate: crate::hello_gate::HelloGate::new(OsdId(0), None),
         liveness,
         metrics,
         max_connections: 16,

@@ -42,6 +42,7 @@ mod workload;
 
 use arc_swap::ArcSwap;
 use flame_client::{ClientConfig, Cluster};
+use flame_common::auth::{EntityName, Role, SecretKey, ServiceKey, TICKET_LIFETIME_MS};
 use flame_common::clock;
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::{ClusterMap, PoolConfig};
@@ -345,6 +346,10 @@ struct Sim {
     errors: Vec<String>,
     faults: u64,
     last_epoch: Epoch,
+    /// The OSDs' service key: every OSD checks HELLOs with it and makes its peer
+    /// tickets with it, every client gets a ticket made with it (as the manager
+    /// issues them), so every simulated connection is authenticated.
+    service: ServiceKey,
 }
 
 impl Sim {
@@ -418,6 +423,13 @@ impl Sim {
             errors: Vec::new(),
             faults: 0,
             last_epoch: Epoch(0),
+            service: {
+                // A fixed cluster secret: keys are not what the simulator
+                // explores, and a seed must replay exactly.
+                let secret = SecretKey::from_hex(&"5e".repeat(32))
+                    .unwrap_or_else(|e| panic!("fixed key: {e}"));
+                ServiceKey::from_osd_key(&secret.derive_entity_key(&EntityName::osd(), 1), 1)
+            },
         }
     }
 
@@ -768,6 +780,7 @@ impl Sim {
             recovery: recovery.clone(),
             liveness: liveness.clone(),
             restart_suspects: &suspects,
+            service: Some(self.service.clone()),
         };
         let handle = reactor.handle();
         let started = reactor.enter(|| -> Result<(), String> {
@@ -828,6 +841,13 @@ impl Sim {
             let session = (self.config.seed | 1).wrapping_add(2 * k as u64);
             let cluster = Cluster::simulated(config, self.mgr.map().clone(), session)
                 .map_err(|e| e.to_string())?;
+            let entity = EntityName::parse(&format!("client.sim{k}")).map_err(|e| e.to_string())?;
+            cluster.set_ticket(Some(self.service.issue(
+                &entity,
+                Role::Client,
+                clock::unix_ms(),
+                TICKET_LIFETIME_MS,
+            )));
             let mut reactor = Reactor::new_simulated().map_err(|e| e.to_string())?;
             let ip = client_ip(k);
             net::set_current_node(Some(ip));
