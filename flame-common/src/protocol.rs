@@ -73,8 +73,9 @@ pub const HELLO_BODY_LEN: usize = 32;
 pub const HELLO_REPLY_BODY_LEN: usize = 16;
 /// What a HELLO's [`HelloAuth`] adds to its body, besides the ticket.
 pub const HELLO_AUTH_FIXED_LEN: usize = 64;
-/// Largest ticket a HELLO may carry.
-pub const HELLO_TICKET_BYTES_MAX: usize = crate::auth::TICKET_BYTES_MAX;
+/// Largest ticket a HELLO may carry (`auth::TICKET_BYTES_MAX`, which is
+/// asserted equal there: the wire does not depend on the auth module).
+pub const HELLO_TICKET_BYTES_MAX: usize = 128;
 /// Size of the OSD's proof in a HELLO reply.
 pub const HELLO_PROOF_LEN: usize = 32;
 /// Bit of a HELLO body's byte 3 (and a HELLO reply body's byte 2): an
@@ -1047,7 +1048,7 @@ impl Message {
             Message::Hello {
                 id, epoch, auth, ..
             } => Header {
-                // At most 32 + 64 + 160 bytes.
+                // At most 32 + 64 + 128 bytes.
                 payload_len: hello_body_len(auth.as_deref()) as u32,
                 ..base(OpCode::Hello as u8, *id, *epoch)
             },
@@ -2200,6 +2201,84 @@ mod tests {
         assert_eq!(
             Header::decode(&h.encode()),
             Err(ProtocolError::BadFlags(0x100))
+        );
+    }
+
+    /// A HELLO body with an authentication section is decoded only with its
+    /// exact size, a bounded ticket and zero reserved bytes; a reply's proof
+    /// only with the flag that announces it.
+    #[test]
+    fn hello_auth_sections_are_bounded_and_exact() {
+        let hello_with = |body: Vec<u8>| {
+            let h = Header {
+                opcode: OpCode::Hello as u8,
+                payload_len: body.len() as u32,
+                payload_crc: crc32c::crc32c(&body),
+                ..Default::default()
+            };
+            let h = Header::decode(&h.encode()).unwrap();
+            Message::from_parts(&h, PayloadBuf::copy_from(&body))
+        };
+        let auth = HelloAuth {
+            ticket: vec![7; HELLO_TICKET_BYTES_MAX],
+            time_ms: 5,
+            nonce: [1; 16],
+            proof: [2; 32],
+        };
+        let good = encode_hello_body(VERSIONS, 1, false, 3, 4, Some(&auth));
+        assert_eq!(
+            good.len(),
+            HELLO_BODY_LEN + HELLO_AUTH_FIXED_LEN + HELLO_TICKET_BYTES_MAX
+        );
+        match hello_with(good.clone()).unwrap() {
+            Message::Hello { auth: Some(a), .. } => assert_eq!(*a, auth),
+            other => panic!("{other:?}"),
+        }
+        let mut b = good.clone();
+        b.push(0);
+        assert!(hello_with(b).is_err(), "one byte more than the ticket says");
+        let mut b = good.clone();
+        b[32..34].copy_from_slice(&(HELLO_TICKET_BYTES_MAX as u16 + 1).to_le_bytes());
+        b.push(7);
+        assert!(hello_with(b).is_err(), "a ticket over the bound");
+        let mut b = good.clone();
+        b[36] = 1;
+        assert!(hello_with(b).is_err(), "reserved auth bytes");
+        let mut b = good.clone();
+        b[3] = 0;
+        assert!(
+            hello_with(b).is_err(),
+            "a body longer than 32 without the flag"
+        );
+        let mut b = good.clone();
+        b[3] = 2;
+        assert!(hello_with(b).is_err(), "an unknown flag");
+        assert!(
+            hello_with(good[..HELLO_BODY_LEN + 10].to_vec()).is_err(),
+            "cut short"
+        );
+        // The reply's proof.
+        let r = encode_hello_reply_body(VERSIONS, 0, 1, Some(&[9; 32]));
+        let reply_with = |body: Vec<u8>| {
+            let h = Header {
+                opcode: OpCode::Hello as u8 | REPLY_BIT,
+                payload_len: body.len() as u32,
+                payload_crc: crc32c::crc32c(&body),
+                ..Default::default()
+            };
+            let h = Header::decode(&h.encode()).unwrap();
+            Message::from_parts(&h, PayloadBuf::copy_from(&body))
+        };
+        assert!(matches!(
+            reply_with(r.clone()).unwrap(),
+            Message::HelloReply { proof: Some(p), .. } if p == [9; 32]
+        ));
+        let mut b = r.clone();
+        b[2] = 0;
+        assert!(reply_with(b).is_err(), "a proof without its flag");
+        assert!(
+            reply_with(r[..20].to_vec()).is_err(),
+            "a flag without its proof"
         );
     }
 

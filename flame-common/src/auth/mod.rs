@@ -97,6 +97,27 @@ mod props {
         }
 
         #[test]
+        fn tickets_open_only_unaltered(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200),
+            m in mutations(8),
+        ) {
+            let service = ServiceKey::from_osd_key(
+                &SecretKey::from_hex(&"42".repeat(32)).unwrap_or_else(|e| panic!("{e}")),
+                1,
+            );
+            const NOW: u64 = 1_900_000_000_000;
+            let _ = decode_claims(&bytes);
+            prop_assert!(service.open(&bytes, NOW).is_err());
+            let t = service.issue(&EntityName::admin(), Role::Admin, NOW, TICKET_LIFETIME_MS);
+            prop_assert!(service.open(&t.bytes, NOW).is_ok());
+            let mut b = t.bytes.clone();
+            mutate(&mut b, &m);
+            if b != t.bytes {
+                prop_assert!(service.open(&b, NOW).is_err(), "an altered ticket opened");
+            }
+        }
+
+        #[test]
         fn keyrings_and_names_parse_or_fail_cleanly(
             text in "[a-z0-9:. \n#_-]{0,200}",
             m in mutations(8),

@@ -32,6 +32,9 @@ pub const TICKET_LIFETIME_MS: u64 = 3_600_000;
 pub const TICKET_CLOCK_SKEW_MS: u64 = super::REPLAY_WINDOW_MS;
 /// Largest encoded ticket: the fixed part, the longest entity name and the MAC.
 pub const TICKET_BYTES_MAX: usize = TICKET_FIXED_LEN + super::ENTITY_NAME_BYTES_MAX + MAC_LEN;
+// The HELLO decoder bounds tickets by its own constant: they must agree.
+const _: () = assert!(TICKET_BYTES_MAX == crate::protocol::HELLO_TICKET_BYTES_MAX);
+
 /// Size of a sealed session key: nonce, key, tag.
 pub const SEALED_KEY_LEN: usize = 12 + 32 + 16;
 
