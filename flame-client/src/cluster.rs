@@ -41,7 +41,29 @@ const REFRESH_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// The ticket this client opens OSD connections with (`None`: the cluster runs
 /// without authentication). Read once per new connection, never per I/O.
-pub(crate) type Tickets = arc_swap::ArcSwapOption<SessionTicket>;
+pub(crate) type Tickets = arc_swap::ArcSwapOption<ClientTicket>;
+
+/// Shortest spacing of two ticket renewals asked for by refusals: a client whose
+/// key was removed must not flood the manager.
+const TICKET_RENEW_INTERVAL_MIN: Duration = Duration::from_secs(5);
+
+/// A ticket, and whether an OSD refused it (then the next map refresh renews
+/// it: an `osd` key rotation, or a clock that jumped, must not wait for the
+/// half-life renewal).
+#[derive(Debug)]
+pub(crate) struct ClientTicket {
+    pub ticket: SessionTicket,
+    pub refused: AtomicBool,
+}
+
+impl ClientTicket {
+    fn new(ticket: SessionTicket) -> Arc<ClientTicket> {
+        Arc::new(ClientTicket {
+            ticket,
+            refused: AtomicBool::new(false),
+        })
+    }
+}
 
 /// Gives every `Cluster` a process-unique number, so per-thread connection tables
 /// never mix up two clusters' OSDs that happen to share ids.
@@ -94,8 +116,11 @@ struct Shared {
     mgr: MgrClient,
     fsid: String,
     map: ArcSwap<ClusterMap>,
-    /// The current ticket (renewed by the watcher when half its life is gone).
+    /// The current ticket (renewed by the watcher when half its life is gone,
+    /// by the refresher when an OSD refused it).
     tickets: Tickets,
+    /// When a renewal was last tried.
+    last_renewal: Mutex<Option<Instant>>,
     /// Serializes the compare-and-publish of the two writer threads.
     publish_lock: Mutex<()>,
     /// Highest refresh ticket handed out.
@@ -118,7 +143,8 @@ impl Shared {
         Arc::new(Shared {
             fsid: map.fsid.clone(),
             map: ArcSwap::from_pointee(map),
-            tickets: Tickets::from(ticket.map(Arc::new)),
+            tickets: Tickets::from(ticket.map(ClientTicket::new)),
+            last_renewal: Mutex::new(None),
             config,
             mgr,
             publish_lock: Mutex::new(()),
@@ -158,16 +184,23 @@ impl Shared {
     /// watcher round checks; a failure keeps the old one and says so).
     fn renew_ticket_if_due(&self) {
         let due = self.tickets.load().as_ref().is_some_and(|t| {
-            let half = (t.claims.expires_ms - t.claims.issued_ms.min(t.claims.expires_ms)) / 2;
-            clock::unix_ms() >= t.claims.issued_ms.saturating_add(half)
+            let c = &t.ticket.claims;
+            let half = (c.expires_ms - c.issued_ms.min(c.expires_ms)) / 2;
+            let refused = t.refused.load(Ordering::Acquire)
+                && self
+                    .last_renewal
+                    .lock()
+                    .is_none_or(|at| clock::elapsed(at) >= TICKET_RENEW_INTERVAL_MIN);
+            refused || clock::unix_ms() >= c.issued_ms.saturating_add(half)
         });
         if !due {
             return;
         }
+        *self.last_renewal.lock() = Some(clock::now());
         match self.mgr.ticket() {
             Ok(Some(t)) => {
                 tracing::debug!(entity = %t.claims.entity, expires_ms = t.claims.expires_ms, "ticket renewed");
-                self.tickets.store(Some(Arc::new(t)));
+                self.tickets.store(Some(ClientTicket::new(t)));
             }
             Ok(None) => tracing::warn!("the manager issues no tickets any more (auth: none?)"),
             Err(e) => {
@@ -258,7 +291,10 @@ impl Cluster {
     /// Replaces the ticket new OSD connections are opened with (the simulator's
     /// manager issues them; the watcher renews them otherwise).
     pub fn set_ticket(&self, ticket: Option<SessionTicket>) {
-        self.inner.shared.tickets.store(ticket.map(Arc::new));
+        self.inner
+            .shared
+            .tickets
+            .store(ticket.map(ClientTicket::new));
     }
 
     /// The ticket holder, read by the connection table when it connects.
@@ -467,6 +503,9 @@ fn refresh_loop(s: Arc<Shared>) {
             }
             Err(e) => tracing::debug!(error = %e, "on-demand map refresh failed"),
         }
+        // A refused ticket shows as failed connections, which ask for a
+        // refresh: renew it here rather than at its half-life.
+        s.renew_ticket_if_due();
         served = ticket;
         s.refresh_done.store(ticket, Ordering::Release);
     }

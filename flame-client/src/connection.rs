@@ -31,11 +31,10 @@
 //!   `fetch_fallbacks_to_push` such fallbacks in a row the connection asks for
 //!   pushed replies for a while (RFP's hybrid mode).
 
-use crate::cluster::Tickets;
+use crate::cluster::{ClientTicket, Tickets};
 use crate::deadline::Deadline;
 use crate::metrics;
 use crate::retry::RetryReason;
-use flame_common::auth::SessionTicket;
 use flame_common::auth::handshake::{self, HelloBinding};
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::clock;
@@ -877,7 +876,7 @@ pub(crate) async fn get(target: &Target, tickets: &Tickets) -> Result<Rc<OsdConn
 }
 
 /// Opens a connection and says Hello, then hands the result to every waiter.
-async fn connect_task(target: Target, ticket: Option<Arc<SessionTicket>>) {
+async fn connect_task(target: Target, ticket: Option<Arc<ClientTicket>>) {
     let attempt = open(&target, ticket.as_deref());
     let expire = async {
         Deadline::at(clock::now() + target.timeout).await;
@@ -913,7 +912,8 @@ async fn connect_task(target: Target, ticket: Option<Arc<SessionTicket>>) {
     }
 }
 
-async fn open(target: &Target, ticket: Option<&SessionTicket>) -> Result<Rc<OsdConn>, ConnError> {
+async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn>, ConnError> {
+    let ticket = held.map(|h| &h.ticket);
     let conn = Conn::connect_from(target.transport, target.addr, target.source, target.timeout)
         .await
         .map_err(|e| ConnError::lost(format!("connecting to {}: {e}", target.addr)))?;
@@ -962,6 +962,10 @@ async fn open(target: &Target, ticket: Option<&SessionTicket>) -> Result<Rc<OsdC
     let closer = CloseOnDrop(Some(c.clone()));
     let reply = c.call(&hello).await?;
     if reply.status == status::EPERM {
+        if let Some(h) = held {
+            // Renewed by the map refresh this failure asks for.
+            h.refused.store(true, std::sync::atomic::Ordering::Release);
+        }
         let e = ConnError::lost(format!(
             "{} ({}) refused our hello: {} (see its log for why)",
             target.addr,
@@ -1158,6 +1162,155 @@ mod tests {
         let err = slot_bytes_of(&fetched(id, status::EIO, &[]));
         let (op, reply) = parse_fetched(err, id).unwrap();
         assert!(fetched_len_ok(op, &reply, 4096));
+    }
+
+    /// With a ticket, a client opens a connection only to what proves it holds
+    /// the OSDs' service key: a squatter on an OSD's address that answers the
+    /// HELLO "OK" without the proof, or with a proof of another key, gets the
+    /// HELLO and nothing else; the real OSD's answer (made with the service
+    /// key) is accepted. A refusal (EPERM) marks the ticket for renewal.
+    #[test]
+    fn a_client_with_a_ticket_uses_only_an_osd_that_proves_the_service_key() {
+        use flame_common::auth::handshake::{HelloBinding, HelloVerifier};
+        use flame_common::auth::{EntityName, Role, SecretKey, ServiceKey, TICKET_LIFETIME_MS};
+        let service = ServiceKey::from_osd_key(&SecretKey::from_hex(&"31".repeat(32)).unwrap(), 1);
+        let impostor = ServiceKey::from_osd_key(&SecretKey::from_hex(&"32".repeat(32)).unwrap(), 1);
+        let ticket = service.issue(
+            &EntityName::parse("client.t").unwrap(),
+            Role::Client,
+            clock::unix_ms(),
+            TICKET_LIFETIME_MS,
+        );
+        // What each fake OSD does with the HELLO: answer OK with no proof, with
+        // a proof under another key, with the real proof, or refuse it.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Answer {
+            NoProof,
+            WrongKey,
+            Real,
+            Refuse,
+        }
+        for (k, answer) in [
+            Answer::NoProof,
+            Answer::WrongKey,
+            Answer::Real,
+            Answer::Refuse,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+            let (service, impostor) = (service.clone(), impostor.clone());
+            let tickets = Tickets::from_pointee(ClientTicket {
+                ticket: ticket.clone(),
+                refused: false.into(),
+            });
+            let tickets = Rc::new(tickets);
+            let t2 = tickets.clone();
+            let (result, got_request) = reactor
+                .block_on(async move {
+                    let listener =
+                        Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+                    let addr = listener.local_addr();
+                    let got_request = Rc::new(Cell::new(false));
+                    let got = got_request.clone();
+                    reactor::spawn(async move {
+                        let conn = listener.accept().await.unwrap();
+                        let hello = conn.recv().await.unwrap();
+                        let Message::Hello {
+                            shard,
+                            peer,
+                            session,
+                            generation,
+                            auth,
+                            ..
+                        } = &hello
+                        else {
+                            panic!("not a hello: {hello:?}");
+                        };
+                        let binding = HelloBinding {
+                            osd: 9,
+                            shard: *shard,
+                            peer: *peer,
+                            session: *session,
+                            generation: *generation,
+                        };
+                        let key = if answer == Answer::WrongKey {
+                            impostor
+                        } else {
+                            service
+                        };
+                        let proof = HelloVerifier::new(key)
+                            .verify(auth.as_deref(), &binding, clock::unix_ms())
+                            .ok()
+                            .map(|a| a.proof);
+                        assert!(
+                            answer == Answer::WrongKey || proof.is_some(),
+                            "the client's proof checks"
+                        );
+                        conn.send(&Message::HelloReply {
+                            id: hello.id(),
+                            epoch: Epoch(1),
+                            status: if answer == Answer::Refuse {
+                                status::EPERM
+                            } else {
+                                0
+                            },
+                            versions: protocol::VERSIONS,
+                            shard: 0,
+                            shards: 1,
+                            proof: if answer == Answer::NoProof {
+                                None
+                            } else {
+                                proof.or(Some([0; 32]))
+                            },
+                        })
+                        .unwrap();
+                        if conn.recv().await.is_ok() {
+                            got.set(true);
+                        }
+                    })
+                    .detach();
+                    let target = Target {
+                        key: ConnKey {
+                            cluster: 80 + k as u64,
+                            osd: OsdId(9),
+                            shard: 0,
+                        },
+                        addr,
+                        transport: TransportKind::Tcp,
+                        source: None,
+                        timeout: Duration::from_secs(5),
+                        epoch: Epoch(1),
+                        shards: 1,
+                        fetch: None,
+                    };
+                    let r = get(&target, &t2).await.map(|c| {
+                        let _ = c.conn.send(&Message::Ping {
+                            id: RequestId(1),
+                            epoch: Epoch(1),
+                        });
+                    });
+                    reactor::sleep(Duration::from_millis(100)).await;
+                    (r, got_request.get())
+                })
+                .unwrap();
+            match answer {
+                Answer::Real => {
+                    assert!(result.is_ok(), "{answer:?}: {result:?}");
+                    assert!(got_request, "the real OSD gets the request");
+                }
+                _ => {
+                    assert!(result.is_err(), "{answer:?}: connected");
+                    assert!(!got_request, "{answer:?}: a request reached it");
+                }
+            }
+            let refused = tickets
+                .load()
+                .as_ref()
+                .is_some_and(|t| t.refused.load(std::sync::atomic::Ordering::Acquire));
+            assert_eq!(refused, answer == Answer::Refuse, "{answer:?}");
+        }
     }
 
     /// A converted write whose caller gave up (a timeout, a resend elsewhere)
