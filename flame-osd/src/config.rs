@@ -95,6 +95,13 @@ pub struct OsdConfig {
     pub shard_stall_ms: u64,
     /// Connections one shard accepts before refusing more.
     pub max_connections_per_shard: u32,
+    /// How long a connection may take to deliver a payload once its header
+    /// arrived (tcp): a trickling sender holds a pool buffer, so past this its
+    /// connection is closed.
+    pub payload_recv_timeout_ms: u64,
+    /// How long the shard may be stuck writing to a connection that does not
+    /// read its replies (tcp) before closing it.
+    pub send_stall_timeout_ms: u64,
     /// Requests one connection may have in flight; further requests wait unread in
     /// the socket, which back-pressures the sender.
     pub max_inflight_per_connection: u32,
@@ -166,6 +173,8 @@ impl Default for OsdConfig {
             lease_ms: 4000,
             shard_stall_ms: 2000,
             max_connections_per_shard: 1024,
+            payload_recv_timeout_ms: 10_000,
+            send_stall_timeout_ms: 30_000,
             max_inflight_per_connection: 256,
             max_inflight_bytes_per_shard: 128 << 20,
             open_files_per_shard_max: 1024,
@@ -292,6 +301,12 @@ impl Validate for OsdConfig {
         }
         if !(1..=65_536).contains(&self.max_connections_per_shard) {
             return bad("max_connections_per_shard", "must be 1..=65536");
+        }
+        if !(100..=3_600_000).contains(&self.payload_recv_timeout_ms) {
+            return bad("payload_recv_timeout_ms", "must be 100..=3600000");
+        }
+        if !(100..=3_600_000).contains(&self.send_stall_timeout_ms) {
+            return bad("send_stall_timeout_ms", "must be 100..=3600000");
         }
         if !(1..=4096).contains(&self.max_inflight_per_connection) {
             return bad("max_inflight_per_connection", "must be 1..=4096");

@@ -107,6 +107,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         conn.close_after_send();
         return;
     }
+    watch_stalls(&conn, shard.stall_bounds, shard.id);
     let inflight = Rc::new(Inflight::default());
     let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
     let _area_gauge = AreaGauge(shard.clone(), fetching.clone());
@@ -246,6 +247,62 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
         })
         .detach();
     }
+}
+
+/// How long a connection may be stuck ([`Conn::stall`]) before it is closed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StallBounds {
+    /// `payload_recv_timeout_ms`.
+    pub payload_recv: Duration,
+    /// `send_stall_timeout_ms`.
+    pub send: Duration,
+}
+
+impl StallBounds {
+    pub(crate) fn from_config(cfg: &crate::config::OsdConfig) -> StallBounds {
+        StallBounds {
+            payload_recv: Duration::from_millis(cfg.payload_recv_timeout_ms),
+            send: Duration::from_millis(cfg.send_stall_timeout_ms),
+        }
+    }
+}
+
+/// Watches an admitted connection until it closes: one that stays stuck on a
+/// payload or on its replies past its bound (a trickling or never-reading peer,
+/// which would hold a pool buffer or queued replies and a slot) is closed,
+/// logged and counted. One timer per connection, waking a few times per bound:
+/// nothing on the data path. Only tcp connections can be stuck this way.
+pub(crate) fn watch_stalls(conn: &Conn, bounds: StallBounds, shard_id: u16) {
+    if !matches!(conn, Conn::Tcp(_)) {
+        return;
+    }
+    let conn = conn.clone();
+    let every = (bounds.payload_recv.min(bounds.send) / 4)
+        .clamp(Duration::from_millis(25), Duration::from_secs(5));
+    reactor::spawn(async move {
+        // Ends with the connection: at most one round after it closed.
+        loop {
+            reactor::sleep(every).await;
+            if conn.is_closed() {
+                return;
+            }
+            let Some((stall, since)) = conn.stall() else {
+                continue;
+            };
+            let bound = match stall {
+                flame_common::transport::Stall::Receive => bounds.payload_recv,
+                flame_common::transport::Stall::Send => bounds.send,
+            };
+            let stuck = flame_common::clock::elapsed(since);
+            if stuck > bound {
+                tracing::warn!(shard = shard_id, peer = %conn.peer(), "closing a connection stuck for {stuck:?} ({}, bound {bound:?})", stall.label());
+                crate::metrics::stalled_connection_closed(stall.label());
+                conn.close();
+                return;
+            }
+        }
+    })
+    .detach();
 }
 
 /// Waits (at most [`HELLO_TIMEOUT`]) for a new connection's first message, which

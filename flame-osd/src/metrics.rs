@@ -26,6 +26,20 @@ static HELLO_REFUSALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric: {e}"))
 });
 
+static STALL_CLOSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "flame_osd_stalled_connections_closed_total",
+        "Connections closed for being stuck past their bound: payload_stall (a payload not delivered within payload_recv_timeout_ms of its header), send_stall (replies not read within send_stall_timeout_ms)",
+        &["reason"]
+    )
+    .unwrap_or_else(|e| panic!("metric: {e}"))
+});
+
+/// Counts a connection closed by the stall watchdog.
+pub fn stalled_connection_closed(reason: &str) {
+    STALL_CLOSES.with_label_values(&[reason]).inc();
+}
+
 /// Counts a HELLO refused by the [`crate::hello_gate`].
 pub fn hello_refused(reason: &str) {
     HELLO_REFUSALS.with_label_values(&[reason]).inc();

@@ -67,6 +67,8 @@ pub struct Shard {
     pub(crate) metrics: Rc<ShardMetrics>,
     /// Who may connect ([`crate::hello_gate`]).
     pub(crate) hello_gate: crate::hello_gate::HelloGate,
+    /// How long a connection may be stuck before it is closed.
+    pub(crate) stall_bounds: crate::connection::StallBounds,
     pub(crate) max_connections: u32,
     pub(crate) max_inflight: u32,
     /// `reply_slots_per_connection_max` (remote fetching; 0 = off).

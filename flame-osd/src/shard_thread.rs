@@ -171,6 +171,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             parts.service.clone(),
         )),
         hello_gate: crate::hello_gate::HelloGate::new(parts.osd, parts.service),
+        stall_bounds: crate::connection::StallBounds::from_config(&cfg),
         liveness: parts.liveness,
         metrics,
         max_connections: cfg.max_connections_per_shard,

@@ -223,6 +223,7 @@ struct NetShard {
     connections_gauge: prometheus::IntGauge,
     /// Who may connect to this shard.
     hello_gate: crate::hello_gate::HelloGate,
+    stall_bounds: crate::connection::StallBounds,
 }
 
 /// Replies waiting for their connection task, by token.
@@ -367,6 +368,7 @@ async fn network_main(setup: NetSetup, handle: Handle) {
             byte_waiters: RefCell::new(Vec::new()),
             connections_gauge: crate::metrics::ShardMetrics::connections_gauge(id),
             hello_gate: crate::hello_gate::HelloGate::new(setup.osd, setup.service.clone()),
+            stall_bounds: crate::connection::StallBounds::from_config(&cfg),
         });
         accepts.push(reactor::spawn(accept_loop(
             shard,
@@ -472,6 +474,7 @@ async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pen
         conn.close_after_send();
         return;
     }
+    crate::connection::watch_stalls(&conn, shard.stall_bounds, shard.id);
     let max_inflight = if is_peer {
         shard.max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR)
     } else {

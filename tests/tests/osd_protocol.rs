@@ -1041,3 +1041,110 @@ fn hellos_without_a_valid_ticket_are_refused_and_counted() {
         );
     }
 }
+
+/// Bounded resources per peer: a connection that sends a 4 MiB WRITE's header
+/// and then trickles (it holds a pool buffer) is closed once
+/// `payload_recv_timeout_ms` passes; one that asks for 4 MiB reads and never
+/// reads the replies is closed once the shard has been stuck writing to it for
+/// `send_stall_timeout_ms`. Each is counted by reason, and the shard keeps
+/// serving others meanwhile.
+#[test]
+fn trickling_and_never_reading_connections_are_closed_within_their_bounds() {
+    use std::io::{Read as _, Write as _};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        osd_extra_yaml: "payload_recv_timeout_ms: 1000\nsend_stall_timeout_ms: 1000\n".into(),
+        ..ClusterOptions::default()
+    });
+    let vol = cluster.create_volume("stall", 64 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = locate(&map, object);
+    let osd = loc.osds[0];
+    let shard = map.osds[&osd].shard_of(loc.pg);
+    let addr = map.osds[&osd].shard_addr(shard);
+    let metrics = cluster.osd_metrics_addr(process_of(&cluster, &map, osd));
+    let hm = cluster.hello_maker();
+    let open = || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(&hm.hello(osd, shard, map.epoch, false, 0, 0).encode())
+            .unwrap();
+        let mut reply = [0u8; 128 + 48];
+        s.read_exact(&mut reply[..128]).unwrap();
+        let h = protocol::Header::decode(reply[..128].try_into().unwrap()).unwrap();
+        assert_eq!(h.status, 0, "hello");
+        s.read_exact(&mut reply[..h.payload_len as usize]).unwrap();
+        s
+    };
+    let counted = |reason: &str| {
+        let (_, text) = flame_tests::http_get(metrics, "/metrics").unwrap();
+        text.lines().any(|l| {
+            l.starts_with("flame_osd_stalled_connections_closed_total")
+                && l.contains(&format!("reason=\"{reason}\""))
+                && l.ends_with(" 1")
+        })
+    };
+    // 1. The trickler: a 4 MiB write's header and 100 bytes, then one byte a
+    //    quarter second.
+    let mut t = open();
+    let bytes = write(&map, 1, object, 0, vec![0x7e; 4 << 20]).encode();
+    t.write_all(&bytes[..128 + 100]).unwrap();
+    let started = std::time::Instant::now();
+    let mut closed = false;
+    for i in 0..40 {
+        std::thread::sleep(Duration::from_millis(250));
+        if t.write_all(&bytes[128 + 100 + i..128 + 101 + i]).is_err() {
+            closed = true;
+            break;
+        }
+        if counted("payload_stall") {
+            closed = true;
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(closed, "the trickling connection was not closed in 10 s");
+    println!("trickler closed after {took:?} (bound 1 s)");
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    // Its buffer is free and the shard serves: a real write and read back.
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let m = map.clone();
+    reactor
+        .block_on(async move {
+            let conn = connect(&hm, &m, osd, shard).await;
+            let w = call_retry(&conn, write(&m, 2, object, 0, vec![0x11; 4096]), true).await;
+            assert_eq!(status_of(&w), status::OK);
+            let r = call_retry(&conn, read(&m, 3, object, 0, 4096), true).await;
+            let Message::Reply {
+                status: 0, data, ..
+            } = r
+            else {
+                panic!("read: {r:?}")
+            };
+            assert!(data.iter().all(|&b| b == 0x11));
+        })
+        .unwrap();
+    // 2. The non-reader: 32 reads of 4 MiB, no reply read.
+    let mut n = open();
+    for id in 0..32u64 {
+        n.write_all(&read(&map, 10 + id, object, 0, 4 << 20).encode())
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    while !counted("send_stall") {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the non-reading connection was not closed in 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "non-reader closed after {:?} (bound 1 s)",
+        started.elapsed()
+    );
+    drop(n);
+    drop(t);
+}

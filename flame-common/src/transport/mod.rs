@@ -112,6 +112,25 @@ pub enum TransportError {
     Unavailable(String),
 }
 
+/// What a connection is stuck on ([`Conn::stall`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stall {
+    /// Receiving a payload whose header arrived.
+    Receive,
+    /// Writing queued messages the peer does not read.
+    Send,
+}
+
+impl Stall {
+    /// A label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stall::Receive => "payload_stall",
+            Stall::Send => "send_stall",
+        }
+    }
+}
+
 /// A connection of any transport.
 #[derive(Clone)]
 pub enum Conn {
@@ -212,6 +231,20 @@ impl Conn {
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => c.set_never_wait_for_memory(on),
             Conn::Sim(_) => {}
+        }
+    }
+
+    /// What this connection has been stuck on since when, if anything: a payload
+    /// whose header arrived but whose bytes have not all come ([`Stall::Receive`]),
+    /// or queued sends the peer does not take ([`Stall::Send`]). The owner's
+    /// watchdog closes a connection stuck longer than its bound, so a trickling
+    /// or never-reading peer cannot hold pool memory and a slot forever. Only tcp
+    /// can be stuck this way (shm and rdma messages arrive whole; their send rings
+    /// are bounded by the peer's credits); the others say `None`.
+    pub fn stall(&self) -> Option<(Stall, std::time::Instant)> {
+        match self {
+            Conn::Tcp(c) => c.stall(),
+            _ => None,
         }
     }
 

@@ -20,6 +20,7 @@ use super::grant::{
     Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
+use crate::clock;
 use crate::collections::HashMap;
 use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
@@ -33,7 +34,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// After a payload of at least this size, the next header is received alone (one
 /// more system call), so the payload after it is received straight into its buffer
@@ -84,7 +85,23 @@ pub struct TcpConn {
     /// Receive payloads into heap memory when the pool is exhausted instead of
     /// waiting (see [`super::Conn::set_never_wait_for_memory`]).
     never_wait: Cell<bool>,
+    /// Since when a payload whose header arrived is still being received (only
+    /// set when it did not come with its header: the slow path).
+    payload_since: Cell<Option<Instant>>,
+    /// Since when the writer has been writing one batch (set around each write).
+    send_since: Cell<Option<Instant>>,
 }
+
+/// TCP keepalive: first probe after this much silence, then every
+/// [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times. With
+/// [`TCP_USER_TIMEOUT`], a half-open peer (a host that died, a cable pulled) is
+/// found within a minute instead of the kernel's two hours, and its slot freed.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long sent data may stay unacknowledged before the kernel fails the
+/// connection (`TCP_USER_TIMEOUT`).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A one-sided operation waiting for the peer's reply.
 struct PendingOp {
@@ -122,6 +139,14 @@ impl TcpConn {
 
     fn new(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
         stream.set_nodelay(true)?;
+        let sock = socket2::SockRef::from(&stream);
+        sock.set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(KEEPALIVE_IDLE)
+                .with_interval(KEEPALIVE_INTERVAL)
+                .with_retries(KEEPALIVE_PROBES),
+        )?;
+        sock.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT))?;
         // A peer that reset right after connecting has no address any more; that is
         // its problem (its first read fails), not a reason to fail the accept loop.
         let peer = stream
@@ -148,6 +173,8 @@ impl TcpConn {
             pending: StdRefCell::new(HashMap::default()),
             next_op: Cell::new(1),
             never_wait: Cell::new(false),
+            payload_since: Cell::new(None),
+            send_since: Cell::new(None),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -342,6 +369,10 @@ impl TcpConn {
         payload.as_mut_slice()[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
         st.start += have;
         let mut filled = have;
+        if filled < len {
+            // The slow path: the watchdog of the connection's owner sees it.
+            self.payload_since.set(Some(clock::now()));
+        }
         // Bounded: every round receives at least one byte or returns.
         while filled < len {
             if self.closed.get() {
@@ -356,6 +387,7 @@ impl TcpConn {
                 Err(e) => return Err(e.into()),
             }
         }
+        self.payload_since.set(None);
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             st.header_only = true;
         }
@@ -668,6 +700,14 @@ impl TcpConn {
         }
     }
 
+    /// See [`super::Conn::stall`].
+    pub fn stall(&self) -> Option<(super::Stall, Instant)> {
+        if let Some(t) = self.payload_since.get() {
+            return Some((super::Stall::Receive, t));
+        }
+        self.send_since.get().map(|t| (super::Stall::Send, t))
+    }
+
     /// See [`super::Conn::is_closed`].
     pub fn is_closed(&self) -> bool {
         self.closed.get()
@@ -703,7 +743,10 @@ async fn writer(conn: Rc<TcpConn>) {
         })
         .await;
         let Some(bufs) = bufs else { return };
-        if reactor::writev_all(fd, bufs).await.is_err() {
+        conn.send_since.set(Some(clock::now()));
+        let written = reactor::writev_all(fd, bufs).await;
+        conn.send_since.set(None);
+        if written.is_err() {
             conn.close();
             return;
         }
