@@ -104,6 +104,15 @@ COMPARISONS = {
         "baseline": "inline",
         "jobs": CONVERT_JOBS,
     },
+    "auth": {
+        "title": "authenticated connections vs auth: none (issue 15: within noise, <= 2 %)",
+        "configs": {
+            "none": {"cluster": {"auth": False}},
+            "auth": {},
+        },
+        "baseline": "none",
+        "jobs": LAT_QD1 + IOPS_QD32,
+    },
     "reply": {
         "title": "fetch vs push replies (RFP paper: 1.6-4x throughput)",
         "needs": "i7-convert",
@@ -118,7 +127,7 @@ COMPARISONS = {
         "jobs": LAT_QD1 + IOPS_QD32,
     },
 }
-DEFAULT_COMPARISONS = ("threading", "poll", "pool", "convert", "reply")
+DEFAULT_COMPARISONS = ("threading", "poll", "pool", "convert", "reply", "auth")
 TRANSPORTS = ("tcp", "shm", "rdma")
 
 
@@ -149,8 +158,11 @@ class Cluster(pm.Cluster):
     """poll_modes' cluster with configs built from BASE + a configuration's diff."""
 
     def __init__(self, bin_dir, ports, label, diff, transport, base_dir):
-        super().__init__(bin_dir, ports, label.replace("/", "-"), base_dir)
-        self.diff = diff
+        # `cluster`: settings of the whole cluster rather than of one daemon's
+        # YAML (`auth`: keys made and given to every daemon, or `auth: none`).
+        auth = diff.get("cluster", {}).get("auth", True)
+        super().__init__(bin_dir, ports, label.replace("/", "-"), base_dir, auth=auth)
+        self.diff = {d: v for d, v in diff.items() if d != "cluster"}
         self.transport = transport
 
     def write_configs(self):
@@ -161,14 +173,15 @@ class Cluster(pm.Cluster):
         text = {
             "mgr": f'listen: "{pm.HOST}:{p.mgr}"\ndata_dir: ./mgr\nheartbeat_grace_ms: 6000\n'
                    "failure_check_interval_ms: 1000\npool:\n  size: 3\n  min_size: 2\n  pg_count: 128\n"
-                   "  object_size: 4194304\n" + to_yaml(cfgs["mgr"]),
+                   "  object_size: 4194304\n" + self.auth_yaml("mgr") + to_yaml(cfgs["mgr"]),
             "nbd": f'mgr: "{pm.HOST}:{p.mgr}"\nlisten: "{pm.HOST}:{p.nbd}"\n'
-                   f'metrics_listen: "{pm.HOST}:{p.nbd_metrics}"\n' + to_yaml(cfgs["nbd"]),
+                   f'metrics_listen: "{pm.HOST}:{p.nbd_metrics}"\n' + self.auth_yaml("nbd")
+                   + to_yaml(cfgs["nbd"]),
         }
         for n in range(pm.OSDS):
             text[f"osd.{n}"] = (f'mgr: "{pm.HOST}:{p.mgr}"\nlisten: "{pm.HOST}:{p.osd[n]}"\n'
                                 f'metrics_listen: "{pm.HOST}:{p.osd_metrics[n]}"\ndata_dir: ./osd.{n}\n'
-                                f"host: bench-host-{n}\n" + to_yaml(cfgs["osd"]))
+                                f"host: bench-host-{n}\n" + self.auth_yaml("osd") + to_yaml(cfgs["osd"]))
         for name, t in text.items():
             with open(os.path.join(self.dir, f"{name}.yaml"), "w") as f:
                 f.write(t + "\n")

@@ -231,19 +231,42 @@ class Cluster:
     """One mgr, OSDS OSDs and flame-nbd started by us, in a temp directory. Only the
     PIDs of processes we started are ever signalled."""
 
-    def __init__(self, bin_dir, ports, mode, base_dir):
+    def __init__(self, bin_dir, ports, mode, base_dir, auth=True):
         self.bin = bin_dir
         self.ports = ports
         self.mode = mode
+        # With keys (the default, as deployed): `flame-admin auth init` in
+        # DIR/keys, every daemon with its keyring, every OSD connection
+        # authenticated at HELLO. Without: the manager with `auth: none`.
+        self.auth = auth
         self.dir = tempfile.mkdtemp(prefix=f"flame-poll-{mode}-", dir=base_dir)
         self.procs = {}  # name -> Popen
         self.logs = {}
 
     def admin(self, *args, timeout=30):
+        keyring = ["--keyring", os.path.join(self.dir, "keys", "client.admin.keyring")] if self.auth else []
         return subprocess.run(
-            [os.path.join(self.bin, "flame-admin"), "--mgr", f"{HOST}:{self.ports.mgr}", *args],
+            [os.path.join(self.bin, "flame-admin"), "--mgr", f"{HOST}:{self.ports.mgr}", *keyring, *args],
             capture_output=True, text=True, timeout=timeout,
         )
+
+    def auth_yaml(self, daemon):
+        """The YAML lines that give `daemon` (mgr, osd, nbd) its key, or turn
+        authentication off on the manager."""
+        if not self.auth:
+            return "auth: none\n" if daemon == "mgr" else ""
+        keyring = {"mgr": "cluster", "osd": "osd", "nbd": "client.admin"}[daemon]
+        return f"keyring: ./keys/{keyring}.keyring\n"
+
+    def init_keys(self):
+        if not self.auth:
+            return
+        r = subprocess.run(
+            [os.path.join(self.bin, "flame-admin"), "auth", "init", "--dir", os.path.join(self.dir, "keys")],
+            capture_output=True, text=True, timeout=30,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"flame-admin auth init failed: {r.stderr.strip()}")
 
     def write_configs(self):
         p = self.ports
@@ -257,13 +280,13 @@ pool:
   min_size: 2
   pg_count: 128
   object_size: 4194304
-""",
+""" + self.auth_yaml("mgr"),
             "nbd": f"""mgr: "{HOST}:{p.mgr}"
 listen: "{HOST}:{p.nbd}"
 metrics_listen: "{HOST}:{p.nbd_metrics}"
 threads: {NBD_THREADS}
 poll_mode: {self.mode}
-""",
+""" + self.auth_yaml("nbd"),
         }
         for n in range(OSDS):
             cfg[f"osd.{n}"] = f"""mgr: "{HOST}:{p.mgr}"
@@ -274,7 +297,7 @@ host: bench-host-{n}
 shards: {SHARDS}
 poll_mode: {self.mode}
 direct_io: auto
-"""
+""" + self.auth_yaml("osd")
         for name, text in cfg.items():
             with open(os.path.join(self.dir, f"{name}.yaml"), "w") as f:
                 f.write(text)
@@ -306,6 +329,7 @@ direct_io: auto
                 raise RuntimeError(f"{name} exited with {p.returncode} during the run:\n{tail}")
 
     def start(self, timeout_s):
+        self.init_keys()
         self.write_configs()
         deadline = time.monotonic() + timeout_s
         self.start_one("mgr", "flame-mgr")

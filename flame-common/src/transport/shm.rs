@@ -5,9 +5,10 @@
 //! abstract Unix socket `flame-shm/ip:port` (`flame-shm/any:port` when it listens on
 //! every address). Abstract names live in the network namespace, like the TCP port,
 //! so a client reaches the socket exactly when it is on the same host and namespace;
-//! otherwise the connect fails at once and the connection falls back to TCP. The
-//! listener checks the connecting process's user (`SO_PEERCRED`): only the same user
-//! (or root) may share memory with it.
+//! otherwise the connect fails at once and the connection falls back to TCP. Both
+//! sides check the other's user (`SO_PEERCRED`) before sending anything: only the
+//! same user (or root) may share memory, so another local user who binds a
+//! listener's name first gets no memfd. Received doorbells must be eventfds.
 //!
 //! Handshake: each side sends a hello (magic, version, layout, its segment's
 //! address, and the address and length of up to [`REGIONS_MAX`] registered pool
@@ -819,6 +820,11 @@ async fn recv_hello(sock: &UnixStream) -> io::Result<Remote> {
     else {
         return bad("descriptor count does not match the hello");
     };
+    // A doorbell that is not an eventfd (a pipe, a socket) could block the
+    // reactor thread that rings it: refuse it.
+    if !is_eventfd(data_efd.as_raw_fd()) || !is_eventfd(space_efd.as_raw_fd()) {
+        return bad("a doorbell is not an eventfd");
+    }
     // The segment must be at least as large as we will touch and unable to
     // shrink, or an access would fault (SIGBUS).
     if !registered::size_sealed_at_least(memfd.as_raw_fd(), SEGMENT_BYTES as u64) {
@@ -1074,23 +1080,27 @@ fn peer_uid(sock: &UnixStream) -> io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// Whether `fd` is an eventfd (its /proc link is `anon_inode:[eventfd]`).
+fn is_eventfd(fd: RawFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
+}
+
 impl ShmConn {
-    async fn establish(
-        sock: UnixStream,
-        peer: SocketAddr,
-        accepting: bool,
-    ) -> io::Result<Rc<ShmConn>> {
+    async fn establish(sock: UnixStream, peer: SocketAddr) -> io::Result<Rc<ShmConn>> {
         sock.set_nonblocking(true)?;
-        if accepting {
-            let uid = peer_uid(&sock)?;
-            // SAFETY: plain syscall.
-            let me = unsafe { libc::geteuid() };
-            if uid != me && uid != 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("shm peer runs as uid {uid}, not {me}"),
-                ));
-            }
+        // Both sides, before anything is sent: memory is shared only with the
+        // same user (or root). On the connecting side this is what stops another
+        // local user who bound the listener's name first from receiving our
+        // segment and pool memfds.
+        let uid = peer_uid(&sock)?;
+        // SAFETY: plain syscall.
+        let me = unsafe { libc::geteuid() };
+        if uid != me && uid != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("shm peer runs as uid {uid}, not {me}"),
+            ));
         }
         // The grant counters appear in /metrics from the first shm connection on.
         std::sync::LazyLock::force(&GRANTS);
@@ -1149,7 +1159,7 @@ impl ShmConn {
             }
         }
         let Some(sock) = sock else { return Ok(None) };
-        match ShmConn::establish(sock, addr, false).await {
+        match ShmConn::establish(sock, addr).await {
             Ok(c) => Ok(Some(c)),
             Err(e) => {
                 tracing::warn!(%addr, "shm handshake failed, using tcp: {e}");
@@ -1925,7 +1935,7 @@ impl ShmListener {
                 Err(e) => return Err(e.into()),
             }
             match self.unix.accept() {
-                Ok((s, _)) => match ShmConn::establish(s, self.addr, true).await {
+                Ok((s, _)) => match ShmConn::establish(s, self.addr).await {
                     Ok(c) => return Ok(super::Conn::Shm(c)),
                     Err(e) => {
                         tracing::warn!(addr = %self.addr, "shm handshake failed: {e}");
@@ -2114,6 +2124,41 @@ mod tests {
             assert_eq!(remote.regions.len(), 1);
         })
         .unwrap();
+    }
+
+    /// A hello whose doorbells are not eventfds (a pipe: writing the doorbell
+    /// could block the reactor thread, or never wake the peer) is refused, each
+    /// one in turn.
+    #[test]
+    fn doorbells_that_are_not_eventfds_are_refused() {
+        for which in [1usize, 2] {
+            let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+            let res = r
+                .block_on(async move {
+                    let (a, b) = UnixStream::pair().unwrap();
+                    b.set_nonblocking(true).unwrap();
+                    let seg = Local::new().unwrap();
+                    let data = hello_bytes(seg.map.base(), &[]);
+                    let mut pipe = [0 as RawFd; 2];
+                    // SAFETY: plain syscall into a local array.
+                    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+                    // SAFETY: we own both ends.
+                    let ends =
+                        unsafe { [OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])] };
+                    let mut fds = vec![
+                        seg.memfd.as_raw_fd(),
+                        seg.data_efd.as_raw_fd(),
+                        seg.space_efd.as_raw_fd(),
+                    ];
+                    fds[which] = ends[1].as_raw_fd();
+                    send_hello_with(&a, &data, &fds).unwrap();
+                    recv_hello(&b).await.map(|_| ())
+                })
+                .unwrap();
+            let err = res.expect_err("a pipe as doorbell");
+            assert!(err.to_string().contains("not an eventfd"), "{err}");
+        }
+        assert!(is_eventfd(Local::new().unwrap().data_efd.as_raw_fd()));
     }
 
     /// A receiver whose thread is busy polling costs the sender no system call;
