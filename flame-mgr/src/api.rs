@@ -392,7 +392,7 @@ async fn add_entity(
 ) -> Result<Response, HttpError> {
     let name = req.entity.clone();
     let (rec, epoch) = shared
-        .commit(move |s, _| Ok((s.auth_add(&req.entity, req.role)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.auth_add(&req.entity, req.role)?, s.epoch())))
         .await?;
     info!(
         "entity {name} added, role {} (map {epoch})",
@@ -436,7 +436,7 @@ async fn change_entity(
 ) -> Result<Response, HttpError> {
     let n = name.clone();
     let (rec, epoch) = shared
-        .commit(move |s, _| Ok((op(s, &n)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((op(s, &n)?, s.epoch())))
         .await?;
     info!(
         "entity {name} {what}: generation {} (map {epoch})",
@@ -611,7 +611,7 @@ async fn osd_in(
 
 async fn osd_set_in(shared: Arc<Shared>, id: OsdId, r#in: bool) -> Result<Response, HttpError> {
     let (changed, epoch) = shared
-        .commit(move |s, _| Ok((s.set_in(id, r#in)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.set_in(id, r#in)?, s.epoch())))
         .await?;
     if changed {
         let what = if r#in { "in" } else { "out" };
@@ -633,7 +633,7 @@ async fn osd_reweight(
     let id = path_osd(id)?;
     let weight = req.weight;
     let (changed, epoch) = shared
-        .commit(move |s, _| Ok((s.reweight(id, weight)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.reweight(id, weight)?, s.epoch())))
         .await?;
     if changed {
         info!("{id} reweighted to {weight} by an operator (map {epoch})");
@@ -652,7 +652,7 @@ async fn osd_rm(
 ) -> Result<Response, HttpError> {
     let id = path_osd(id)?;
     let (lost_pgs, epoch) = shared
-        .commit(move |s, _| Ok((s.remove_osd(id)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.remove_osd(id)?, s.epoch())))
         .await?;
     if lost_pgs.is_empty() {
         info!("{id} removed by an operator (map {epoch})");
@@ -706,7 +706,7 @@ async fn create_volume(
     ApiJson(req): ApiJson<VolumeCreate>,
 ) -> Result<Response, HttpError> {
     let (vol, epoch) = shared
-        .commit(move |s, _| Ok((s.create_volume(&req, unix_now())?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.create_volume(&req, unix_now())?, s.epoch())))
         .await?;
     info!(
         "volume {} created: {}, {} bytes (map {epoch})",
@@ -722,7 +722,7 @@ async fn resize_volume(
 ) -> Result<Response, HttpError> {
     let name = path_name(name)?;
     let (vol, epoch) = shared
-        .commit(move |s, _| Ok((s.resize_volume(&name, &req)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.resize_volume(&name, &req)?, s.epoch())))
         .await?;
     info!(
         "volume {} resized to {} bytes (map {epoch})",
@@ -747,7 +747,7 @@ async fn volume_trim_done(
 ) -> Result<Response, HttpError> {
     let name = path_name(name)?;
     let (trim, epoch) = shared
-        .commit(move |s, _| Ok((s.trim_done(&name, &req)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.trim_done(&name, &req)?, s.epoch())))
         .await?;
     match trim.pending {
         None => info!(
@@ -768,7 +768,7 @@ async fn delete_volume(
 ) -> Result<Response, HttpError> {
     let name = path_name(name)?;
     let (vol, epoch) = shared
-        .commit(move |s, _| Ok((s.delete_volume(&name)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.delete_volume(&name)?, s.epoch())))
         .await?;
     info!("volume {} ({}) deleted (map {epoch})", vol.name, vol.id);
     Ok(ok_json(&vol))

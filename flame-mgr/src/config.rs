@@ -81,6 +81,12 @@ pub struct MgrConfig {
     /// `DIR/cluster.keyring`): the secret every entity key derives from. Needed
     /// with `auth: required`.
     pub keyring: Option<PathBuf>,
+    /// Open API connections at most; beyond it new ones wait in the listen
+    /// backlog (each OSD and client keeps one or two open).
+    pub connections_max: u32,
+    /// How long a client may take to send a request's headers before its
+    /// connection is closed (half-sent requests must not hold connections).
+    pub header_read_timeout_ms: u64,
 }
 
 /// Whether the API requires authentication.
@@ -109,6 +115,8 @@ impl Default for MgrConfig {
             full_ratio: 0.95,
             auth: AuthMode::Required,
             keyring: None,
+            connections_max: 4096,
+            header_read_timeout_ms: 10_000,
         }
     }
 }
@@ -132,6 +140,15 @@ impl Validate for MgrConfig {
     fn validate(&self) -> Result<(), (String, String)> {
         if self.data_dir.as_os_str().is_empty() {
             return Err(("data_dir".into(), "must not be empty".into()));
+        }
+        if !(16..=1_000_000).contains(&self.connections_max) {
+            return Err(("connections_max".into(), "must be 16..=1000000".into()));
+        }
+        if !(100..=600_000).contains(&self.header_read_timeout_ms) {
+            return Err((
+                "header_read_timeout_ms".into(),
+                "must be 100..=600000".into(),
+            ));
         }
         if let Some(fsid) = &self.fsid {
             validate_fsid(fsid).map_err(|m| ("fsid".to_string(), m))?;

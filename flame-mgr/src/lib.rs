@@ -4,7 +4,8 @@
 //!
 //! Layout: [`config`] (YAML settings), [`state`] (the map and every rule on it, pure
 //! logic), [`store`] (crash-safe `state.json`), [`shared`] (lock, persist-then-
-//! publish), [`api`] (axum routes), [`auth`] (entities, roles, request checks), [`failure`] (heartbeat grace), [`metrics`].
+//! publish, heartbeats first), [`api`] (axum routes), [`server`] (hyper under them:
+//! header timeout, connection cap), [`auth`] (entities, roles, request checks), [`failure`] (heartbeat grace), [`metrics`].
 
 pub mod api;
 pub mod auth;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod failure;
 pub mod metrics;
 pub mod pg_status;
+pub mod server;
 pub mod shared;
 pub mod state;
 pub mod store;

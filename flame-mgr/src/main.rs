@@ -217,18 +217,17 @@ async fn serve(
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    let mut graceful = stop_rx.clone();
-    let server = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
-        let _ = graceful.wait_for(|s| *s).await;
-    });
-    let mut hard = stop_rx;
-    tokio::select! {
-        r = server => r?,
-        _ = async move {
-            let _ = hard.wait_for(|s| *s).await;
-            tokio::time::sleep(SHUTDOWN_WAIT).await;
-        } => info!("not waiting longer for open requests"),
-    }
+    flame_mgr::server::run(
+        listener,
+        api::router(shared),
+        flame_mgr::server::Limits {
+            connections_max: config.connections_max as usize,
+            header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            shutdown_wait: SHUTDOWN_WAIT,
+        },
+        stop_rx,
+    )
+    .await;
     info!("flame-mgr stopped");
     Ok(())
 }

@@ -9,6 +9,14 @@
 //! - changes are persisted in the order they were made (the lock is held across
 //!   the write, so a newer state can never be overwritten by an older one).
 //!
+//! Heartbeats first: what keeps the OSDs' leases alive (boot, heartbeat, failure
+//! and recovery reports) goes straight to the state lock ([`Shared::commit`]);
+//! everything an API client can flood (admin changes, [`Shared::commit_admin`],
+//! and state snapshots for status, placement groups and metrics) first takes the
+//! one low-priority permit, so at most one of them is ever queued on the lock and
+//! an OSD's heartbeat waits behind at most one such operation (and other
+//! heartbeats), whatever the API load.
+//!
 //! The work runs on a blocking thread (`spawn_blocking`), not in the request's
 //! future: if the client hangs up mid-request, axum drops the future, but a save
 //! that has started always finishes and is installed, so memory never falls behind
@@ -59,6 +67,8 @@ pub struct Shared {
     auth_tx: watch::Sender<Arc<AuthTable>>,
     /// The cluster secret and replay guard; `None` with `auth: none`.
     pub verifier: Option<parking_lot::Mutex<Verifier>>,
+    /// The one permit of low-priority work on the state lock (see the module doc).
+    low_priority: tokio::sync::Semaphore,
 }
 
 impl Shared {
@@ -80,6 +90,7 @@ impl Shared {
             metrics,
             auth_tx,
             verifier: verifier.map(parking_lot::Mutex::new),
+            low_priority: tokio::sync::Semaphore::new(1),
         })
     }
 
@@ -88,7 +99,24 @@ impl Shared {
         self.auth_tx.borrow().clone()
     }
 
-    /// Applies `op` (given the current time) durably; see the module doc.
+    /// [`Shared::commit`] for what an API client asks (volumes, OSD in/out and
+    /// weights, entities): behind the low-priority permit, so a flood of them
+    /// never queues more than one ahead of the OSDs' heartbeats.
+    pub async fn commit_admin<T, F>(self: &Arc<Self>, op: F) -> Result<T, MgrError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut ClusterState, Instant) -> Result<T, StateError> + Send + 'static,
+    {
+        let _permit = self
+            .low_priority
+            .acquire()
+            .await
+            .map_err(|e| MgrError::Internal(format!("low-priority permit: {e}")))?;
+        self.commit(op).await
+    }
+
+    /// Applies `op` (given the current time) durably; see the module doc. For
+    /// what keeps OSDs alive; API changes use [`Shared::commit_admin`].
     pub async fn commit<T, F>(self: &Arc<Self>, op: F) -> Result<T, MgrError>
     where
         T: Send + 'static,
@@ -140,7 +168,14 @@ impl Shared {
 
     /// A consistent copy of the state with the placement-group roles of its map.
     pub async fn snapshot(&self) -> Result<(ClusterState, ActingSets), MgrError> {
-        let snap = self.state.lock().await.clone();
+        let snap = {
+            let _permit = self
+                .low_priority
+                .acquire()
+                .await
+                .map_err(|e| MgrError::Internal(format!("low-priority permit: {e}")))?;
+            self.state.lock().await.clone()
+        };
         let acting = self.acting_sets(snap.map()).await?;
         Ok((snap, acting))
     }

@@ -1,0 +1,99 @@
+//! The manager's HTTP server: the API router under hyper, with what
+//! `axum::serve` does not bound — how long a client may take to send a
+//! request's headers (a slowloris flood of half-sent requests would otherwise
+//! hold connections, memory and file descriptors forever), and how many
+//! connections are open at once (beyond the cap, new connections wait in the
+//! listen backlog instead of exhausting descriptors). Requests are bounded
+//! further in [`crate::api`] (body sizes) and [`crate::shared`] (heartbeats
+//! ahead of everything an API client can flood).
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tower::ServiceExt;
+use tracing::{info, warn};
+
+/// What one manager's server allows.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Open connections at most (`connections_max`).
+    pub connections_max: usize,
+    /// How long a client may take to send a request's headers
+    /// (`header_read_timeout_ms`).
+    pub header_read_timeout: Duration,
+    /// After a stop is asked for, how long open requests may still run.
+    pub shutdown_wait: Duration,
+}
+
+/// Serves `router` on `listener` until `stop` turns true, then lets open
+/// requests finish for at most `limits.shutdown_wait`.
+pub async fn run(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let builder = Arc::new(builder);
+    let mut full_logged = false;
+    loop {
+        // A slot first: at the cap, stop accepting (the kernel's backlog holds
+        // the rest) rather than take connections that cannot be served.
+        if slots.available_permits() == 0 && !full_logged {
+            warn!(
+                connections_max = limits.connections_max,
+                "connection cap reached; new connections wait until one closes"
+            );
+            full_logged = true;
+        }
+        let permit = tokio::select! {
+            p = Arc::clone(&slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: say so, back off a little, go on.
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        full_logged = false;
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service =
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                router.clone().oneshot(req.map(axum::body::Body::new))
+            });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            // Errors are the client's (a reset, a header timeout): nothing to do.
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(limits.shutdown_wait) => info!("not waiting longer for open requests"),
+    }
+}
