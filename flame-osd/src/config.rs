@@ -95,6 +95,11 @@ pub struct OsdConfig {
     pub shard_stall_ms: u64,
     /// Connections one shard accepts before refusing more.
     pub max_connections_per_shard: u32,
+    /// Connections one source address may hold to one shard.
+    pub max_connections_per_source: u32,
+    /// Of `max_connections_per_shard`, how many only OSD peers may take: a flood
+    /// of client connections never stops replication.
+    pub connections_reserved_for_peers: u32,
     /// How long a connection may take to deliver a payload once its header
     /// arrived (tcp): a trickling sender holds a pool buffer, so past this its
     /// connection is closed.
@@ -173,6 +178,8 @@ impl Default for OsdConfig {
             lease_ms: 4000,
             shard_stall_ms: 2000,
             max_connections_per_shard: 1024,
+            max_connections_per_source: 256,
+            connections_reserved_for_peers: 64,
             payload_recv_timeout_ms: 10_000,
             send_stall_timeout_ms: 30_000,
             max_inflight_per_connection: 256,
@@ -301,6 +308,18 @@ impl Validate for OsdConfig {
         }
         if !(1..=65_536).contains(&self.max_connections_per_shard) {
             return bad("max_connections_per_shard", "must be 1..=65536");
+        }
+        if !(1..=self.max_connections_per_shard).contains(&self.max_connections_per_source) {
+            return bad(
+                "max_connections_per_source",
+                "must be 1..=max_connections_per_shard",
+            );
+        }
+        if self.connections_reserved_for_peers >= self.max_connections_per_shard {
+            return bad(
+                "connections_reserved_for_peers",
+                "must be below max_connections_per_shard",
+            );
         }
         if !(100..=3_600_000).contains(&self.payload_recv_timeout_ms) {
             return bad("payload_recv_timeout_ms", "must be 100..=3600000");

@@ -39,26 +39,29 @@ const PEER_INFLIGHT_FACTOR: u32 = 16;
 /// How long a new connection may take to send its `Hello`.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Counts a connection while it lives.
-struct ConnectionSlot(Rc<Shard>);
+/// Counts a connection in the gauge while it lives.
+struct ConnectionGauge(Rc<Shard>);
 
-impl Drop for ConnectionSlot {
+impl Drop for ConnectionGauge {
     fn drop(&mut self) {
-        self.0.connections.set(self.0.connections.get() - 1);
         self.0.metrics.client_connections.dec();
     }
 }
 
-pub(crate) async fn serve_connection(shard: Rc<Shard>, conn: Conn) {
-    shard.connections.set(shard.connections.get() + 1);
+pub(crate) async fn serve_connection(
+    shard: Rc<Shard>,
+    conn: Conn,
+    slot: crate::connection_slots::SlotGuard,
+) {
     shard.metrics.client_connections.inc();
-    let _slot = ConnectionSlot(shard.clone());
+    let _gauge = ConnectionGauge(shard.clone());
     let peer = conn.peer();
     // The first message must be a Hello naming this shard.
     let mut max_inflight = shard.max_inflight;
     let mut is_peer = false;
     let mut fence: Option<Fence> = None;
-    let Some((hello, admitted)) = receive_hello(&conn, &shard.hello_gate, shard.id, peer).await
+    let Some((hello, admitted)) =
+        receive_hello(&conn, &shard.hello_gate, &slot, shard.id, peer).await
     else {
         return;
     };
@@ -318,6 +321,7 @@ pub(crate) fn watch_stalls(conn: &Conn, bounds: StallBounds, shard_id: u16) {
 pub(crate) async fn receive_hello(
     conn: &Conn,
     gate: &crate::hello_gate::HelloGate,
+    slot: &crate::connection_slots::SlotGuard,
     shard_id: u16,
     peer: std::net::SocketAddr,
 ) -> Option<(Message, crate::hello_gate::Admitted)> {
@@ -329,7 +333,16 @@ pub(crate) async fn receive_hello(
     match first {
         Some(Ok(hello @ Message::Hello { .. })) => match gate.check(&hello) {
             Ok(admitted) => {
-                if matches!(hello, Message::Hello { peer: true, .. }) {
+                let is_peer = matches!(hello, Message::Hello { peer: true, .. });
+                if let Err(r) = slot.hello(is_peer) {
+                    // Over the client share: the client retries (EAGAIN) later
+                    // or elsewhere; the peers' slots stay free.
+                    tracing::warn!(shard = shard_id, %peer, "refusing a client connection: {r}");
+                    let _ = conn.send(&hello.reply(flame_common::ids::Epoch(0), status::EAGAIN));
+                    conn.close_after_send();
+                    return None;
+                }
+                if is_peer {
                     conn.set_never_wait_for_memory(true);
                 }
                 Some((hello, admitted))

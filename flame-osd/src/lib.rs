@@ -2,7 +2,7 @@
 //! its arguments and calls [`daemon::run`].
 //!
 //! Where a request travels: [`connection`] (accept, HELLO — admitted by
-//! [`hello_gate`] —, fencing, bounds) →
+//! [`hello_gate`], given a slot by [`connection_slots`] —, fencing, bounds) →
 //! [`execute`] (one request, its reply) → [`pg`] (placement-group view and role
 //! checks; primary reads heal bad blocks in [`read_repair`]) → [`replication`] (the primary forwards to the replicas through
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
@@ -22,6 +22,7 @@
 pub mod activation;
 pub mod config;
 pub mod connection;
+pub mod connection_slots;
 pub mod control;
 pub mod daemon;
 pub mod execute;

@@ -69,7 +69,7 @@ pub struct Shard {
     pub(crate) hello_gate: crate::hello_gate::HelloGate,
     /// How long a connection may be stuck before it is closed.
     pub(crate) stall_bounds: crate::connection::StallBounds,
-    pub(crate) max_connections: u32,
+
     pub(crate) max_inflight: u32,
     /// `reply_slots_per_connection_max` (remote fetching; 0 = off).
     pub(crate) reply_slots_max: u32,
@@ -77,7 +77,8 @@ pub struct Shard {
     pub(crate) reply_slot_payload_max: u32,
     /// `reply_area_over_emulated`.
     pub(crate) reply_area_over_emulated: bool,
-    pub(crate) connections: Cell<u32>,
+    /// Connection slots: per shard, per source, kept for peers.
+    pub(crate) slots: Rc<RefCell<crate::connection_slots::ConnectionSlots>>,
     /// Payload bytes in flight on this shard, and its bound.
     pub(crate) inflight_bytes: Cell<u64>,
     pub(crate) inflight_bytes_max: u64,

@@ -174,12 +174,15 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
         stall_bounds: crate::connection::StallBounds::from_config(&cfg),
         liveness: parts.liveness,
         metrics,
-        max_connections: cfg.max_connections_per_shard,
         max_inflight: cfg.max_inflight_per_connection,
         reply_slots_max: cfg.reply_slots_per_connection_max,
         reply_slot_payload_max: cfg.reply_slot_payload_bytes_max,
         reply_area_over_emulated: cfg.reply_area_over_emulated,
-        connections: Cell::new(0),
+        slots: Rc::new(RefCell::new(crate::connection_slots::ConnectionSlots::new(
+            cfg.max_connections_per_shard,
+            cfg.max_connections_per_source,
+            cfg.connections_reserved_for_peers,
+        ))),
         inflight_bytes: Cell::new(0),
         inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
         byte_waiters: RefCell::new(Vec::new()),
@@ -297,11 +300,19 @@ async fn accept_loop(shard: Rc<Shard>, intake: Intake, handle: reactor::Handle) 
                 continue;
             }
         };
-        if shard.connections.get() >= shard.max_connections {
-            tracing::warn!(shard = shard.id, peer = %conn.peer(), "connection limit reached; refusing");
-            conn.close();
-            continue;
-        }
-        reactor::spawn(crate::connection::serve_connection(shard.clone(), conn)).detach();
+        let slot = match crate::connection_slots::SlotGuard::take(&shard.slots, conn.peer().ip()) {
+            Ok(s) => s,
+            Err(r) => {
+                tracing::warn!(shard = shard.id, peer = %conn.peer(), "refusing a connection: {r}");
+                conn.close();
+                continue;
+            }
+        };
+        reactor::spawn(crate::connection::serve_connection(
+            shard.clone(),
+            conn,
+            slot,
+        ))
+        .detach();
     }
 }

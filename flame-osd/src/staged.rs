@@ -214,8 +214,7 @@ struct NetShard {
     id: u16,
     inbox: Arc<Mailbox<Job>>,
     map: Arc<ArcSwap<ClusterMap>>,
-    connections: Cell<u32>,
-    max_connections: u32,
+    slots: Rc<RefCell<crate::connection_slots::ConnectionSlots>>,
     max_inflight: u32,
     inflight_bytes: Cell<u64>,
     inflight_bytes_max: u64,
@@ -360,8 +359,11 @@ async fn network_main(setup: NetSetup, handle: Handle) {
             id,
             inbox,
             map: setup.map.clone(),
-            connections: Cell::new(0),
-            max_connections: cfg.max_connections_per_shard,
+            slots: Rc::new(RefCell::new(crate::connection_slots::ConnectionSlots::new(
+                cfg.max_connections_per_shard,
+                cfg.max_connections_per_source,
+                cfg.connections_reserved_for_peers,
+            ))),
             max_inflight: cfg.max_inflight_per_connection,
             inflight_bytes: Cell::new(0),
             inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
@@ -397,12 +399,22 @@ async fn accept_loop(
                 continue;
             }
         };
-        if shard.connections.get() >= shard.max_connections {
-            tracing::warn!(shard = shard.id, peer = %conn.peer(), "connection limit reached; refusing");
-            conn.close();
-            continue;
-        }
-        reactor::spawn(serve(shard.clone(), conn, replies.clone(), pending.clone())).detach();
+        let slot = match crate::connection_slots::SlotGuard::take(&shard.slots, conn.peer().ip()) {
+            Ok(s) => s,
+            Err(r) => {
+                tracing::warn!(shard = shard.id, peer = %conn.peer(), "refusing a connection: {r}");
+                conn.close();
+                continue;
+            }
+        };
+        reactor::spawn(serve(
+            shard.clone(),
+            conn,
+            slot,
+            replies.clone(),
+            pending.clone(),
+        ))
+        .detach();
     }
 }
 
@@ -429,18 +441,22 @@ struct ConnCount(Rc<NetShard>);
 
 impl Drop for ConnCount {
     fn drop(&mut self) {
-        self.0.connections.set(self.0.connections.get() - 1);
         self.0.connections_gauge.dec();
     }
 }
 
-async fn serve(shard: Rc<NetShard>, conn: Conn, replies: Arc<Mailbox<Done>>, pending: Rc<Pending>) {
-    shard.connections.set(shard.connections.get() + 1);
+async fn serve(
+    shard: Rc<NetShard>,
+    conn: Conn,
+    slot: crate::connection_slots::SlotGuard,
+    replies: Arc<Mailbox<Done>>,
+    pending: Rc<Pending>,
+) {
     shard.connections_gauge.inc();
     let _count = ConnCount(shard.clone());
     let peer = conn.peer();
     let Some((hello, admitted)) =
-        crate::connection::receive_hello(&conn, &shard.hello_gate, shard.id, peer).await
+        crate::connection::receive_hello(&conn, &shard.hello_gate, &slot, shard.id, peer).await
     else {
         return;
     };

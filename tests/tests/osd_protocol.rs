@@ -1148,3 +1148,67 @@ fn trickling_and_never_reading_connections_are_closed_within_their_bounds() {
     drop(n);
     drop(t);
 }
+
+/// Connection slots: one source address holds at most
+/// `max_connections_per_source` connections to a shard; clients take at most
+/// `max_connections_per_shard - connections_reserved_for_peers`, and the rest
+/// is kept for OSD peers (a client beyond its share is answered EAGAIN at
+/// HELLO, a peer is still admitted). Closing a connection frees its slot.
+#[test]
+fn connection_slots_are_capped_per_source_and_kept_for_peers() {
+    use std::io::{Read as _, Write as _};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        shards: 1,
+        osd_extra_yaml: "max_connections_per_shard: 12\nmax_connections_per_source: 3\n\
+                         connections_reserved_for_peers: 8\n"
+            .into(),
+        ..ClusterOptions::default()
+    });
+    let map = cluster.map();
+    let osd = *map.osds.keys().next().unwrap();
+    let addr = map.osds[&osd].shard_addr(0);
+    let hm = cluster.hello_maker();
+    // A raw connection from `source`, and the status of its HELLO (None: closed
+    // before any answer).
+    let open = |source: [u8; 4], peer: bool| {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&std::net::SocketAddr::from((source, 0)).into())
+            .unwrap();
+        s.connect(&addr.into()).unwrap();
+        let mut s: std::net::TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&hm.hello(osd, 0, map.epoch, peer, 0, 0).encode());
+        let mut h = [0u8; 128];
+        let status = match s.read_exact(&mut h) {
+            Ok(()) => Some(protocol::Header::decode(&h).unwrap().status),
+            Err(_) => None,
+        };
+        (s, status)
+    };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (s, st) = open([127, 0, 0, 77], false);
+        assert_eq!(st, Some(0));
+        held.push(s);
+    }
+    let (_, st) = open([127, 0, 0, 77], false);
+    assert_eq!(st, None, "a fourth connection from one source is closed");
+    // A fourth client from another source fills the clients' share (12 - 8).
+    let (s, st) = open([127, 0, 0, 78], false);
+    assert_eq!(st, Some(0));
+    held.push(s);
+    let (_, st) = open([127, 0, 0, 79], false);
+    assert_eq!(
+        st,
+        Some(status::EAGAIN),
+        "a fifth client takes a peer's slot"
+    );
+    let (peer, st) = open([127, 0, 0, 79], true);
+    assert_eq!(st, Some(0), "an OSD peer is still admitted");
+    // Closing frees the slot.
+    drop(held.pop());
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, st) = open([127, 0, 0, 79], false);
+    assert_eq!(st, Some(0), "the freed client slot is taken again");
+    drop(peer);
+}
