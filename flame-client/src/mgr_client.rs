@@ -7,7 +7,7 @@
 //! the user unchanged, because it is the manager that knows what was wrong.
 
 use crate::error::ClientError;
-use flame_common::auth::{Credentials, EntityName, Role, SessionTicket};
+use flame_common::auth::{Credentials, EntityName, Role, SessionTicket, VolumePatterns};
 use flame_common::http::{Answer, CallError, MgrEndpoint};
 use flame_common::ids::{OsdId, PgId};
 use flame_common::map::{ClusterMap, VolumeInfo, validate_volume_name};
@@ -217,12 +217,30 @@ impl MgrClient {
 
     /// Adds an entity (admin only). Its key is derived where the cluster keyring
     /// is: nothing secret comes back.
-    pub fn auth_add(&self, entity: &EntityName, role: Role) -> Result<AuthEntityInfo, ClientError> {
+    pub fn auth_add(
+        &self,
+        entity: &EntityName,
+        role: Role,
+        volumes: VolumePatterns,
+    ) -> Result<AuthEntityInfo, ClientError> {
         let body = AuthEntityAdd {
             entity: entity.clone(),
             role,
+            volumes,
         };
         self.post("/v1/auth/entities", &body)
+    }
+
+    /// Sets the volumes an entity may read and write (from its next ticket).
+    pub fn auth_set_volumes(
+        &self,
+        entity: &EntityName,
+        volumes: VolumePatterns,
+    ) -> Result<AuthEntityInfo, ClientError> {
+        self.post(
+            &format!("/v1/auth/entities/{entity}/volumes"),
+            &flame_common::mgr_api::AuthEntityVolumes { volumes },
+        )
     }
 
     /// Moves an entity to its next key generation: its old key stops working.

@@ -37,6 +37,7 @@
 //! | POST | `/v1/auth/entities` | [`AuthEntityAdd`] → [`AuthEntityInfo`]; 409 if it exists |
 //! | POST | `/v1/auth/entities/{name}/rotate` | → [`AuthEntityInfo`] (the next key generation) |
 //! | DELETE | `/v1/auth/entities/{name}` | → [`AuthEntityInfo`] (the removed entity) |
+//! | POST | `/v1/auth/entities/{name}/volumes` | [`AuthEntityVolumes`] → [`AuthEntityInfo`] |
 //! | POST | `/v1/auth/ticket` | → [`TicketGrant`] for the signer (any entity); 409 with `auth: none` |
 //! | GET | `/metrics` | → Prometheus text |
 
@@ -649,6 +650,9 @@ pub struct AuthEntityInfo {
     pub role: crate::auth::Role,
     /// Its current key generation.
     pub generation: u64,
+    /// The volumes it may read and write (empty: every volume).
+    #[serde(default)]
+    pub volumes: crate::auth::VolumePatterns,
 }
 
 /// `POST /v1/auth/entities`: a new `client.NAME` with role `client` or `admin`.
@@ -659,6 +663,18 @@ pub struct AuthEntityAdd {
     pub entity: crate::auth::EntityName,
     /// What it may do.
     pub role: crate::auth::Role,
+    /// The volumes it may read and write (absent or empty: every volume).
+    #[serde(default)]
+    pub volumes: crate::auth::VolumePatterns,
+}
+
+/// `POST /v1/auth/entities/{name}/volumes`: the volumes an entity may use from
+/// its next ticket on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthEntityVolumes {
+    /// Volume names or `prefix*` patterns; empty: every volume.
+    pub volumes: crate::auth::VolumePatterns,
 }
 
 /// `POST /v1/auth/ticket`: a ticket for the signing entity, to open OSD

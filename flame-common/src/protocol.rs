@@ -75,7 +75,7 @@ pub const HELLO_REPLY_BODY_LEN: usize = 16;
 pub const HELLO_AUTH_FIXED_LEN: usize = 64;
 /// Largest ticket a HELLO may carry (`auth::TICKET_BYTES_MAX`, which is
 /// asserted equal there: the wire does not depend on the auth module).
-pub const HELLO_TICKET_BYTES_MAX: usize = 128;
+pub const HELLO_TICKET_BYTES_MAX: usize = 2208;
 /// Size of the OSD's proof in a HELLO reply.
 pub const HELLO_PROOF_LEN: usize = 32;
 /// Bit of a HELLO body's byte 3 (and a HELLO reply body's byte 2): an

@@ -188,6 +188,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/auth/entities", get(list_entities).post(add_entity))
         .route("/v1/auth/ticket", post(issue_ticket))
         .route("/v1/auth/entities/{name}/rotate", post(rotate_entity))
+        .route("/v1/auth/entities/{name}/volumes", post(set_entity_volumes))
         .route(
             "/v1/auth/entities/{name}",
             axum::routing::delete(remove_entity),
@@ -373,6 +374,7 @@ fn entity_info(entity: EntityName, rec: crate::auth::EntityRecord) -> AuthEntity
         entity,
         role: rec.role,
         generation: rec.generation,
+        volumes: rec.volumes,
     }
 }
 
@@ -381,7 +383,7 @@ async fn list_entities(State(shared): State<Arc<Shared>>) -> Response {
     let list: Vec<AuthEntityInfo> = table
         .entities
         .iter()
-        .map(|(n, r)| entity_info(n.clone(), *r))
+        .map(|(n, r)| entity_info(n.clone(), r.clone()))
         .collect();
     ok_json(&list)
 }
@@ -392,7 +394,7 @@ async fn add_entity(
 ) -> Result<Response, HttpError> {
     let name = req.entity.clone();
     let (rec, epoch) = shared
-        .commit_admin(move |s, _| Ok((s.auth_add(&req.entity, req.role)?, s.epoch())))
+        .commit_admin(move |s, _| Ok((s.auth_add(&req.entity, req.role, req.volumes)?, s.epoch())))
         .await?;
     info!(
         "entity {name} added, role {} (map {epoch})",
@@ -412,6 +414,23 @@ async fn rotate_entity(
         ClusterState::auth_rotate,
     )
     .await
+}
+
+async fn set_entity_volumes(
+    State(shared): State<Arc<Shared>>,
+    name: Result<Path<String>, PathRejection>,
+    ApiJson(req): ApiJson<flame_common::mgr_api::AuthEntityVolumes>,
+) -> Result<Response, HttpError> {
+    let name = path_entity(name)?;
+    let n = name.clone();
+    let (rec, epoch) = shared
+        .commit_admin(move |s, _| Ok((s.auth_set_volumes(&n, req.volumes)?, s.epoch())))
+        .await?;
+    info!(
+        "entity {name} may use volumes {} (map {epoch})",
+        rec.volumes
+    );
+    Ok(ok_json(&entity_info(name, rec)))
 }
 
 async fn remove_entity(

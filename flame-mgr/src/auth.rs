@@ -10,7 +10,7 @@
 pub use flame_common::auth::Role;
 use flame_common::auth::{
     Credentials, EntityName, KeyGeneration, Nonce, ReplayGuard, ReplayRefusal, RequestAuth,
-    SecretKey,
+    SecretKey, VolumePatterns,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -19,14 +19,18 @@ use std::collections::BTreeMap;
 /// every `GET /v1/auth/entities`.
 pub const ENTITY_COUNT_MAX: usize = 4096;
 
-/// One entity: its role and current key generation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One entity: its role, current key generation and the volumes it may use.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EntityRecord {
     /// What it may do.
     pub role: Role,
     /// Its current key generation (≥ 1); a rotation increments it.
     pub generation: KeyGeneration,
+    /// The volumes it may read and write on the OSDs (in its tickets); absent
+    /// or empty: every volume.
+    #[serde(default, skip_serializing_if = "VolumePatterns::is_all")]
+    pub volumes: VolumePatterns,
 }
 
 /// Every entity of the cluster, persisted in `state.json` (older files have none:
@@ -45,6 +49,7 @@ impl Default for AuthTable {
         let first = |role| EntityRecord {
             role,
             generation: 1,
+            volumes: VolumePatterns::all(),
         };
         entities.insert(EntityName::admin(), first(Role::Admin));
         entities.insert(EntityName::osd(), first(Role::Osd));
@@ -82,8 +87,14 @@ impl AuthTable {
         Ok(())
     }
 
-    /// Adds a `client.NAME` entity with `role` (client or admin) at generation 1.
-    pub fn add(&mut self, name: &EntityName, role: Role) -> Result<EntityRecord, String> {
+    /// Adds a `client.NAME` entity with `role` (client or admin) at generation 1,
+    /// allowed `volumes`.
+    pub fn add(
+        &mut self,
+        name: &EntityName,
+        role: Role,
+        volumes: VolumePatterns,
+    ) -> Result<EntityRecord, String> {
         if name.as_str() == EntityName::OSD || role == Role::Osd {
             return Err("the osd role belongs to the built-in entity `osd` only".into());
         }
@@ -98,9 +109,27 @@ impl AuthTable {
         let rec = EntityRecord {
             role,
             generation: 1,
+            volumes,
         };
-        self.entities.insert(name.clone(), rec);
+        self.entities.insert(name.clone(), rec.clone());
         Ok(rec)
+    }
+
+    /// Sets the volumes an entity may use (its next tickets carry them).
+    pub fn set_volumes(
+        &mut self,
+        name: &EntityName,
+        volumes: VolumePatterns,
+    ) -> Result<EntityRecord, String> {
+        if *name == EntityName::osd() {
+            return Err("the osd entity serves every volume".into());
+        }
+        let rec = self
+            .entities
+            .get_mut(name)
+            .ok_or_else(|| format!("no entity {name}"))?;
+        rec.volumes = volumes;
+        Ok(rec.clone())
     }
 
     /// Moves an entity to its next key generation: its old key stops working.
@@ -113,7 +142,7 @@ impl AuthTable {
             .generation
             .checked_add(1)
             .ok_or_else(|| format!("entity {name}: key generation exhausted"))?;
-        Ok(*rec)
+        Ok(rec.clone())
     }
 
     /// Removes an entity (not a built-in).
@@ -402,9 +431,15 @@ impl Verifier {
             &self.secret.derive_entity_key(&osd, generation),
             generation,
         );
-        let t = service.issue(
+        let volumes = table
+            .entities
+            .get(&caller.creds.entity)
+            .map(|r| r.volumes.clone())
+            .ok_or("the caller is not in the entity table")?;
+        let t = service.issue_for(
             &caller.creds.entity,
             caller.role,
+            &volumes,
             now_ms,
             flame_common::auth::TICKET_LIFETIME_MS,
         );
@@ -432,6 +467,52 @@ mod tests {
             entity,
             generation,
         }
+    }
+
+    /// A ticket names its caller, role and volumes, is made with the service
+    /// key of the table's `osd` generation, and its session key opens only with
+    /// the caller's key.
+    #[test]
+    fn tickets_carry_the_callers_entity_role_and_volumes() {
+        let mut table = AuthTable::default();
+        let vm = EntityName::parse("client.vm").unwrap();
+        let pats = VolumePatterns::parse_list("vm-*").unwrap();
+        table.add(&vm, Role::Client, pats.clone()).unwrap();
+        table.rotate(&EntityName::osd()).unwrap();
+        let v = Verifier::new(secret());
+        let caller = Caller {
+            creds: creds("client.vm", 1),
+            role: Role::Client,
+        };
+        const NOW: u64 = 1_900_000_000_000;
+        let g = v.issue_ticket(&table, &caller, NOW).unwrap();
+        let bytes = hex::decode(&g.ticket).unwrap();
+        let osd_key = secret().derive_entity_key(&EntityName::osd(), 2);
+        let service = flame_common::auth::ServiceKey::from_osd_key(&osd_key, 2);
+        let (claims, key) = service.open(&bytes, NOW).unwrap();
+        assert_eq!(claims.entity, vm);
+        assert_eq!(claims.role, Role::Client);
+        assert_eq!(claims.volumes, pats);
+        assert_eq!(claims.service_generation, 2);
+        let sealed = hex::decode(&g.sealed_session_key).unwrap();
+        let opened =
+            flame_common::auth::open_session_key(&caller.creds.key, &bytes, &sealed).unwrap();
+        assert_eq!(opened.to_hex(), key.to_hex());
+        assert!(
+            flame_common::auth::open_session_key(&creds("client.admin", 1).key, &bytes, &sealed)
+                .is_err()
+        );
+        // The old osd generation's service key does not open it.
+        let old = flame_common::auth::ServiceKey::from_osd_key(
+            &secret().derive_entity_key(&EntityName::osd(), 1),
+            1,
+        );
+        assert!(old.open(&bytes, NOW).is_err());
+        let stranger = Caller {
+            creds: creds("client.nobody", 1),
+            role: Role::Client,
+        };
+        assert!(v.issue_ticket(&table, &stranger, NOW).is_err());
     }
 
     fn header(c: &Credentials, method: &str, path: &str, body: &[u8], t: u64, n: u8) -> String {
@@ -472,7 +553,7 @@ mod tests {
     fn every_refusal() {
         let mut table = AuthTable::default();
         let vm = EntityName::parse("client.vm").unwrap();
-        table.add(&vm, Role::Client).unwrap();
+        table.add(&vm, Role::Client, VolumePatterns::all()).unwrap();
         let mut v = Verifier::new(secret());
         let now = 1_000_000_000;
         let admin = creds("client.admin", 1);
@@ -575,13 +656,29 @@ mod tests {
         let mut t = AuthTable::default();
         t.check().unwrap();
         let x = EntityName::parse("client.x").unwrap();
-        assert_eq!(t.add(&x, Role::Admin).unwrap().generation, 1);
-        assert!(t.add(&x, Role::Client).unwrap_err().contains("exists"));
+        assert_eq!(
+            t.add(&x, Role::Admin, VolumePatterns::all())
+                .unwrap()
+                .generation,
+            1
+        );
         assert!(
-            t.add(&EntityName::parse("client.y").unwrap(), Role::Osd)
+            t.add(&x, Role::Client, VolumePatterns::all())
+                .unwrap_err()
+                .contains("exists")
+        );
+        assert!(
+            t.add(
+                &EntityName::parse("client.y").unwrap(),
+                Role::Osd,
+                VolumePatterns::all()
+            )
+            .is_err()
+        );
+        assert!(
+            t.add(&EntityName::osd(), Role::Client, VolumePatterns::all())
                 .is_err()
         );
-        assert!(t.add(&EntityName::osd(), Role::Client).is_err());
         assert_eq!(t.rotate(&x).unwrap().generation, 2);
         assert!(
             t.remove(&EntityName::admin())
@@ -605,6 +702,7 @@ mod tests {
             EntityRecord {
                 role: Role::Osd,
                 generation: 1,
+                volumes: VolumePatterns::all(),
             },
         );
         assert!(bad.check().is_err());

@@ -1315,12 +1315,31 @@ impl ClusterState {
         &mut self,
         name: &EntityName,
         role: crate::auth::Role,
+        volumes: flame_common::auth::VolumePatterns,
     ) -> Result<crate::auth::EntityRecord, StateError> {
         let rec = self
             .persisted
             .auth
-            .add(name, role)
+            .add(name, role, volumes)
             .map_err(StateError::Conflict)?;
+        self.bump_epoch();
+        Ok(rec)
+    }
+
+    /// Sets the volumes an entity may use (`POST /v1/auth/entities/{name}/volumes`).
+    pub fn auth_set_volumes(
+        &mut self,
+        name: &EntityName,
+        volumes: flame_common::auth::VolumePatterns,
+    ) -> Result<crate::auth::EntityRecord, StateError> {
+        if !self.persisted.auth.entities.contains_key(name) {
+            return Err(StateError::NotFound(format!("no entity {name}")));
+        }
+        let rec = self
+            .persisted
+            .auth
+            .set_volumes(name, volumes)
+            .map_err(StateError::Invalid)?;
         self.bump_epoch();
         Ok(rec)
     }

@@ -111,6 +111,11 @@ pub(crate) async fn serve_connection(
         return;
     }
     watch_stalls(&conn, shard.stall_bounds, shard.id);
+    let access = crate::access::ConnAccess::new(
+        is_peer,
+        admitted.who.as_ref().map(|w| w.role),
+        admitted.volumes.clone(),
+    );
     let inflight = Rc::new(Inflight::default());
     let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
     let _area_gauge = AreaGauge(shard.clone(), fetching.clone());
@@ -205,15 +210,11 @@ pub(crate) async fn serve_connection(
             }
             continue;
         }
-        if !is_peer && crate::execute::is_forwarded(&msg) {
-            // A replica-flagged request from a client would be applied to this copy
-            // alone, outside the primary's ordering gate: refuse it (the connection
-            // stays; the sender learns why from the status and the log).
-            tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "replica-flagged request on a client connection; refusing");
-            if conn
-                .send_owned(msg.reply(shard.epoch(), status::EINVAL))
-                .is_err()
-            {
+        if let Err(r) = access.check(&msg, &shard.view().map) {
+            // Refused (crate::access): the connection stays; the sender learns
+            // why from the status and the log.
+            tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "refusing: {}", r.why);
+            if conn.send_owned(msg.reply(shard.epoch(), r.status)).is_err() {
                 conn.close();
                 return;
             }

@@ -30,6 +30,8 @@ pub struct Admitted {
     pub proof: Option<[u8; HELLO_PROOF_LEN]>,
     /// Who connected (`None` without authentication).
     pub who: Option<Authenticated>,
+    /// The volumes its ticket allows (every volume without authentication).
+    pub volumes: flame_common::auth::VolumePatterns,
 }
 
 impl HelloGate {
@@ -76,6 +78,7 @@ impl HelloGate {
         Ok(Admitted {
             proof: Some(accepted.proof),
             who: Some(accepted.who),
+            volumes: accepted.claims.volumes,
         })
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Where a request travels: [`connection`] (accept, HELLO — admitted by
 //! [`hello_gate`], given a slot by [`connection_slots`] —, fencing, bounds) →
-//! [`execute`] (one request, its reply) → [`pg`] (placement-group view and role
+//! [`access`] (what the connection's entity may ask) → [`execute`] (one request, its reply) → [`pg`] (placement-group view and role
 //! checks; primary reads heal bad blocks in [`read_repair`]) → [`replication`] (the primary forwards to the replicas through
 //! [`peers`], ordered by [`ordering`]) → [`store`] (objects on disk, io_uring).
 //! [`shard_thread`] starts a shard's thread and accepts its connections;
@@ -19,6 +19,7 @@
 //! [`failpoints`] injects disk and network faults in test builds (feature
 //! `failpoints`).
 
+pub mod access;
 pub mod activation;
 pub mod config;
 pub mod connection;

@@ -491,6 +491,11 @@ async fn serve(
         return;
     }
     crate::connection::watch_stalls(&conn, shard.stall_bounds, shard.id);
+    let access = crate::access::ConnAccess::new(
+        is_peer,
+        admitted.who.as_ref().map(|w| w.role),
+        admitted.volumes.clone(),
+    );
     let max_inflight = if is_peer {
         shard.max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR)
     } else {
@@ -522,15 +527,16 @@ async fn serve(
             conn.close();
             return;
         }
-        if !is_peer && crate::execute::is_forwarded(&msg) {
-            tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "replica-flagged request on a client connection; refusing");
-            let epoch = shard.map.load().epoch;
-            if conn.send_owned(msg.reply(epoch, status::EINVAL)).is_err() {
+        let map = shard.map.load();
+        if let Err(r) = access.check(&msg, &map) {
+            tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "refusing: {}", r.why);
+            if conn.send_owned(msg.reply(map.epoch, r.status)).is_err() {
                 conn.close();
                 return;
             }
             continue;
         }
+        drop(map);
         inflight.enter();
         let bytes = crate::connection::payload_bytes(&msg);
         shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);

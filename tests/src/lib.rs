@@ -137,9 +137,19 @@ pub struct HelloMaker {
     /// The OSDs' service key (`None` with `auth: none`). Leaked (a few bytes
     /// per test), so the maker is `Copy` and moves into every `block_on`.
     pub service: Option<&'static flame_common::auth::ServiceKey>,
+    /// Client HELLOs as `client.admin` (role admin) instead of `client.test`.
+    pub admin: bool,
 }
 
 impl HelloMaker {
+    /// This maker, with client HELLOs as `client.admin`.
+    pub fn as_admin(self) -> HelloMaker {
+        HelloMaker {
+            admin: true,
+            ..self
+        }
+    }
+
     /// A HELLO to shard `shard` of `osd`, with a fresh ticket of `client.test`
     /// (role client), or for `peer` of the `osd` entity, and its proof. Each one
     /// opens one connection (the shard remembers its nonce).
@@ -155,6 +165,8 @@ impl HelloMaker {
         let auth = self.service.map(|service| {
             let (name, role) = if peer {
                 ("osd", flame_common::auth::Role::Osd)
+            } else if self.admin {
+                ("client.admin", flame_common::auth::Role::Admin)
             } else {
                 ("client.test", flame_common::auth::Role::Client)
             };
@@ -1174,6 +1186,7 @@ impl TestCluster {
                 .keys
                 .as_ref()
                 .map(|k| &*Box::leak(Box::new(k.service()))),
+            admin: false,
         }
     }
 

@@ -854,21 +854,27 @@ fn a_raw_delete_of_a_live_volume_is_refused_and_erases_nothing() {
             let conn = connect(&hm, &m, loc.osds[0], shard).await;
             let reply = call_retry(&conn, write(&m, 1, object, 0, vec![0x5a; 4096]), true).await;
             assert_eq!(status_of(&reply), status::OK);
+            let delete = Message::DeleteVolume {
+                id: RequestId(9),
+                epoch: m.epoch,
+                volume: vol.id,
+            };
+            // As the admin (whom the OSDs let send it): refused by the map rule.
             for info in m.osds.values() {
                 for s in 0..info.shards {
-                    let conn = connect(&hm, &m, info.id, s).await;
-                    let delete = Message::DeleteVolume {
-                        id: RequestId(9),
-                        epoch: m.epoch,
-                        volume: vol.id,
-                    };
+                    let conn = connect(&hm.as_admin(), &m, info.id, s).await;
                     assert_eq!(
-                        status_of(&call(&conn, delete).await),
+                        status_of(&call(&conn, delete.clone()).await),
                         status::EINVAL,
                         "{} shard {s} deleted a live volume",
                         info.id
                     );
                 }
+            }
+            // As a client, with keys: refused before that, by role.
+            if hm.service.is_some() {
+                let st = status_of(&call(&conn, delete).await);
+                assert_eq!(st, status::EPERM, "a client sent DELETE_VOLUME");
             }
             let reply = call_retry(&conn, read(&m, 2, object, 0, 4096), true).await;
             match reply {
@@ -1211,4 +1217,128 @@ fn connection_slots_are_capped_per_source_and_kept_for_peers() {
     let (_, st) = open([127, 0, 0, 79], false);
     assert_eq!(st, Some(0), "the freed client slot is taken again");
     drop(peer);
+}
+
+/// Per-volume capabilities: an entity added with `--volumes vm1-*` gets
+/// tickets naming them, and every OSD lets it read and write only those
+/// volumes; a client may not delete volumes or scrub, whatever its volumes.
+/// Changing its volumes takes effect with its next ticket.
+#[test]
+fn a_client_reads_and_writes_only_the_volumes_its_ticket_names() {
+    use flame_common::auth::handshake::{HelloBinding, hello_auth, hello_nonce};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        auth: true,
+        ..ClusterOptions::default()
+    });
+    let mine = cluster.create_volume("vm1-root", 16 << 20);
+    let theirs = cluster.create_volume("other", 16 << 20);
+    let add = flame_common::mgr_api::AuthEntityAdd {
+        entity: flame_common::auth::EntityName::parse("client.vm1").unwrap(),
+        role: flame_common::auth::Role::Client,
+        volumes: flame_common::auth::VolumePatterns::parse_list("vm1-*").unwrap(),
+    };
+    let (code, body) = cluster.mgr_post("/v1/auth/entities", &add).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("vm1-*"), "{body}");
+    let creds = cluster.keys().unwrap().creds("client.vm1", 1);
+    let mgr = flame_client::MgrClient::new(&cluster.mgr_addr().to_string())
+        .unwrap()
+        .with_credentials(Some(creds));
+    let ticket = mgr.ticket().unwrap().expect("a ticket");
+    assert_eq!(ticket.claims.volumes.as_slice(), ["vm1-*"]);
+    let map = cluster.map();
+    let obj = |v: &flame_common::map::VolumeInfo| ObjectId {
+        volume: v.id,
+        index: 0,
+    };
+    let (mo, to) = (obj(&mine), obj(&theirs));
+    let m = map.clone();
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    reactor
+        .block_on(async move {
+            let open = |o: ObjectId| {
+                let l = locate(&m, o);
+                let osd = l.osds[0];
+                let shard = m.osds[&osd].shard_of(l.pg);
+                let binding = HelloBinding {
+                    osd: osd.0,
+                    shard,
+                    peer: false,
+                    session: 0,
+                    generation: 0,
+                };
+                let auth = hello_auth(
+                    &ticket,
+                    &binding,
+                    flame_common::clock::unix_ms(),
+                    hello_nonce(),
+                );
+                let addr = m.osds[&osd].shard_addr(shard);
+                let epoch = m.epoch;
+                async move {
+                    let c = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
+                        .await
+                        .unwrap();
+                    c.send(&Message::Hello {
+                        id: RequestId(0),
+                        epoch,
+                        versions: protocol::VERSIONS,
+                        shard,
+                        peer: false,
+                        session: 0,
+                        generation: 0,
+                        auth: Some(Box::new(auth)),
+                    })
+                    .unwrap();
+                    assert!(matches!(
+                        c.recv().await.unwrap(),
+                        Message::HelloReply { status: 0, .. }
+                    ));
+                    c
+                }
+            };
+            let c = open(mo).await;
+            let w = call_retry(&c, write(&m, 1, mo, 0, vec![0x42; 4096]), true).await;
+            assert_eq!(status_of(&w), status::OK, "its own volume");
+            let r = call_retry(&c, read(&m, 2, mo, 0, 4096), true).await;
+            assert_eq!(status_of(&r), status::OK);
+            let c = open(to).await;
+            let w = call_retry(&c, write(&m, 3, to, 0, vec![0x66; 4096]), true).await;
+            assert_eq!(status_of(&w), status::EPERM, "another volume: written");
+            let r = call_retry(&c, read(&m, 4, to, 0, 4096), true).await;
+            assert_eq!(status_of(&r), status::EPERM, "another volume: read");
+            let d = call(
+                &c,
+                Message::DeleteVolume {
+                    id: RequestId(5),
+                    epoch: m.epoch,
+                    volume: theirs.id,
+                },
+            )
+            .await;
+            assert_eq!(status_of(&d), status::EPERM, "a client deleted a volume");
+        })
+        .unwrap();
+    // The other volume's object was never written.
+    let l = locate(&map, to);
+    let p = cluster.object_path(process_of(&cluster, &map, l.osds[0]), theirs.id, 0);
+    assert!(
+        std::fs::read(&p)
+            .unwrap_or_default()
+            .iter()
+            .all(|&b| b == 0),
+        "the refused write reached {}",
+        p.display()
+    );
+    // Widened to every volume: the next ticket says so.
+    let (code, body) = cluster
+        .mgr_post(
+            "/v1/auth/entities/client.vm1/volumes",
+            &flame_common::mgr_api::AuthEntityVolumes {
+                volumes: flame_common::auth::VolumePatterns::all(),
+            },
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(mgr.ticket().unwrap().unwrap().claims.volumes.is_all());
 }

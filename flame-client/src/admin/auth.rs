@@ -8,7 +8,9 @@
 
 use super::{AdminError, Result, fields, json, table};
 use crate::MgrClient;
-use flame_common::auth::{EntityName, KeyGeneration, Keyring, KeyringEntity, Role, SecretKey};
+use flame_common::auth::{
+    EntityName, KeyGeneration, Keyring, KeyringEntity, Role, SecretKey, VolumePatterns,
+};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -36,8 +38,23 @@ pub enum AuthCommand {
         /// `client` or `admin`.
         #[arg(long, default_value = "client", value_parser = role_arg)]
         role: Role,
+        /// The volumes it may read and write on the OSDs: names or `prefix*`,
+        /// comma-separated (default: every volume).
+        #[arg(long, default_value = "", value_parser = volumes_arg)]
+        volumes: VolumePatterns,
         #[command(flatten)]
         write: WriteKey,
+    },
+    /// Set the volumes an entity may read and write (names or `prefix*`,
+    /// comma-separated; `*` for every volume). Its connections opened from its
+    /// next ticket on (within half an hour, or at its restart) follow them.
+    Volumes {
+        /// The entity.
+        #[arg(value_parser = entity_arg)]
+        entity: EntityName,
+        /// The patterns.
+        #[arg(value_parser = volumes_arg)]
+        volumes: VolumePatterns,
     },
     /// Move an entity to its next key: the old key stops working at once. With
     /// --cluster-keyring and --out, also writes the new keyring.
@@ -87,6 +104,10 @@ pub struct WriteKey {
 
 fn entity_arg(s: &str) -> std::result::Result<EntityName, String> {
     EntityName::parse(s)
+}
+
+fn volumes_arg(s: &str) -> std::result::Result<VolumePatterns, String> {
+    VolumePatterns::parse_list(s)
 }
 
 fn role_arg(s: &str) -> std::result::Result<Role, String> {
@@ -158,7 +179,7 @@ pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> 
                 return json(&list);
             }
             Ok(table(
-                &["ENTITY", "ROLE", "GEN"],
+                &["ENTITY", "ROLE", "GEN", "VOLUMES"],
                 &list
                     .iter()
                     .map(|e| {
@@ -166,18 +187,30 @@ pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> 
                             e.entity.to_string(),
                             e.role.as_str().to_string(),
                             e.generation.to_string(),
+                            e.volumes.to_string(),
                         ]
                     })
                     .collect::<Vec<_>>(),
             ))
         }
+        AuthCommand::Volumes { entity, volumes } => {
+            let info = mgr.auth_set_volumes(entity, volumes.clone())?;
+            if as_json {
+                return json(&info);
+            }
+            Ok(format!(
+                "{entity} may use volumes {} (from its next ticket)\n",
+                info.volumes
+            ))
+        }
         AuthCommand::Add {
             entity,
             role,
+            volumes,
             write,
         } => {
             check_write(write)?;
-            let info = mgr.auth_add(entity, *role)?;
+            let info = mgr.auth_add(entity, *role, volumes.clone())?;
             changed(
                 &format!("{entity} added with role {}", info.role.as_str()),
                 entity,

@@ -27,6 +27,7 @@
 //! and [`SecretKey::random`]; the crypto is RustCrypto's `hmac`, `sha2`
 //! and `chacha20poly1305`.
 
+pub mod caps;
 mod entity;
 pub mod handshake;
 mod key;
@@ -35,6 +36,7 @@ mod replay;
 mod signature;
 mod ticket;
 
+pub use caps::VolumePatterns;
 pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName, Role};
 pub use key::{KeyGeneration, SecretKey};
 pub use keyring::{KEYRING_BYTES_MAX, Keyring, KeyringEntity};

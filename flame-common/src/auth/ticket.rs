@@ -30,8 +30,14 @@ pub const TICKET_LIFETIME_MS: u64 = 3_600_000;
 /// How far an OSD's clock may be from the manager's when it checks a ticket's
 /// times (the same tolerance as signed requests).
 pub const TICKET_CLOCK_SKEW_MS: u64 = super::REPLAY_WINDOW_MS;
-/// Largest encoded ticket: the fixed part, the longest entity name and the MAC.
-pub const TICKET_BYTES_MAX: usize = TICKET_FIXED_LEN + super::ENTITY_NAME_BYTES_MAX + MAC_LEN;
+/// Largest volume-patterns section of a ticket: each pattern a length byte and
+/// its bytes.
+const CAPS_BYTES_MAX: usize =
+    super::caps::VOLUME_PATTERNS_MAX * (1 + super::caps::VOLUME_PATTERN_BYTES_MAX);
+/// Largest encoded ticket: the fixed part, the longest entity name, the most
+/// volume patterns and the MAC.
+pub const TICKET_BYTES_MAX: usize =
+    TICKET_FIXED_LEN + super::ENTITY_NAME_BYTES_MAX + CAPS_BYTES_MAX + MAC_LEN;
 // The HELLO decoder bounds tickets by its own constant: they must agree.
 const _: () = assert!(TICKET_BYTES_MAX == crate::protocol::HELLO_TICKET_BYTES_MAX);
 
@@ -68,6 +74,8 @@ pub struct TicketClaims {
     pub issued_ms: u64,
     /// When it stops opening connections (Unix ms).
     pub expires_ms: u64,
+    /// The volumes it may read and write (empty: every volume).
+    pub volumes: super::VolumePatterns,
 }
 
 /// A ticket with its session key: what a client (or an OSD's peer side) needs to
@@ -201,11 +209,31 @@ impl ServiceKey {
         SecretKey::from_bytes(mac.finalize().into_bytes().into())
     }
 
-    /// A ticket for `entity` with `role`, valid from `now_ms` for `lifetime_ms`.
+    /// A ticket for `entity` with `role` and every volume, valid from `now_ms`
+    /// for `lifetime_ms` (an OSD's own, and tests').
     pub fn issue(
         &self,
         entity: &EntityName,
         role: Role,
+        now_ms: u64,
+        lifetime_ms: u64,
+    ) -> SessionTicket {
+        self.issue_for(
+            entity,
+            role,
+            &super::VolumePatterns::all(),
+            now_ms,
+            lifetime_ms,
+        )
+    }
+
+    /// A ticket for `entity` with `role`, limited to `volumes`, valid from
+    /// `now_ms` for `lifetime_ms`.
+    pub fn issue_for(
+        &self,
+        entity: &EntityName,
+        role: Role,
+        volumes: &super::VolumePatterns,
         now_ms: u64,
         lifetime_ms: u64,
     ) -> SessionTicket {
@@ -217,17 +245,26 @@ impl ServiceKey {
             service_generation: self.generation,
             issued_ms: now_ms,
             expires_ms: now_ms.saturating_add(lifetime_ms),
+            volumes: volumes.clone(),
         };
-        let mut b = Vec::with_capacity(TICKET_FIXED_LEN + name.len() + MAC_LEN);
+        let mut caps = Vec::new();
+        for p in volumes.as_slice() {
+            // Bounded by VOLUME_PATTERN_BYTES_MAX (checked when parsed).
+            caps.push(u8::try_from(p.len()).unwrap_or(u8::MAX));
+            caps.extend_from_slice(p.as_bytes());
+        }
+        debug_assert!(caps.len() <= CAPS_BYTES_MAX);
+        let mut b = Vec::with_capacity(TICKET_FIXED_LEN + name.len() + caps.len() + MAC_LEN);
         b.extend_from_slice(&TICKET_MAGIC);
         b.push(role_byte(role));
         // Bounded by ENTITY_NAME_BYTES_MAX (64), checked when the name was parsed.
         b.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
-        b.extend_from_slice(&[0, 0]);
+        b.extend_from_slice(&u16::try_from(caps.len()).unwrap_or(u16::MAX).to_le_bytes());
         b.extend_from_slice(&self.generation.to_le_bytes());
         b.extend_from_slice(&claims.issued_ms.to_le_bytes());
         b.extend_from_slice(&claims.expires_ms.to_le_bytes());
         b.extend_from_slice(name);
+        b.extend_from_slice(&caps);
         let tag = self.ticket_mac(&b).finalize().into_bytes();
         b.extend_from_slice(&tag);
         debug_assert!(b.len() <= TICKET_BYTES_MAX);
@@ -282,21 +319,38 @@ pub fn decode_claims(ticket: &[u8]) -> Result<TicketClaims, TicketRefusal> {
     }
     let role = role_of(ticket[4]).ok_or(TicketRefusal::Malformed("role"))?;
     let name_len = usize::from(ticket[5]);
-    if ticket[6..8] != [0, 0] {
-        return Err(TicketRefusal::Malformed("reserved bytes"));
+    let caps_len = usize::from(u16::from_le_bytes([ticket[6], ticket[7]]));
+    if caps_len > CAPS_BYTES_MAX {
+        return Err(TicketRefusal::Malformed("volume patterns too long"));
     }
-    if ticket.len() != TICKET_FIXED_LEN + name_len + MAC_LEN {
+    if ticket.len() != TICKET_FIXED_LEN + name_len + caps_len + MAC_LEN {
         return Err(TicketRefusal::Malformed("name length"));
     }
     let name = std::str::from_utf8(&ticket[TICKET_FIXED_LEN..TICKET_FIXED_LEN + name_len])
         .map_err(|_| TicketRefusal::Malformed("entity name"))?;
     let entity = EntityName::parse(name).map_err(|_| TicketRefusal::Malformed("entity name"))?;
+    let mut caps = &ticket[TICKET_FIXED_LEN + name_len..TICKET_FIXED_LEN + name_len + caps_len];
+    let mut patterns = Vec::new();
+    // Bounded: every round consumes at least one byte.
+    while let Some((&len, rest)) = caps.split_first() {
+        let len = usize::from(len);
+        if len > rest.len() {
+            return Err(TicketRefusal::Malformed("volume pattern length"));
+        }
+        let p = std::str::from_utf8(&rest[..len])
+            .map_err(|_| TicketRefusal::Malformed("volume pattern"))?;
+        patterns.push(p.to_string());
+        caps = &rest[len..];
+    }
+    let volumes = super::VolumePatterns::new(patterns)
+        .map_err(|_| TicketRefusal::Malformed("volume pattern"))?;
     Ok(TicketClaims {
         entity,
         role,
         service_generation: u64_at(ticket, 8),
         issued_ms: u64_at(ticket, 16),
         expires_ms: u64_at(ticket, 24),
+        volumes,
     })
 }
 
@@ -427,7 +481,10 @@ mod tests {
             s.open(&t.bytes, NOW - TICKET_CLOCK_SKEW_MS - 1).err(),
             Some(TicketRefusal::NotYetValid { entity: client() })
         );
-        for (bad, what) in [(&t.bytes[..10], "size"), (&[0u8; 200][..], "size")] {
+        for (bad, what) in [
+            (&t.bytes[..10], "size"),
+            (&[0u8; TICKET_BYTES_MAX + 1][..], "size"),
+        ] {
             assert_eq!(s.open(bad, NOW).err(), Some(TicketRefusal::Malformed(what)));
         }
         let mut b = t.bytes.clone();
@@ -446,7 +503,13 @@ mod tests {
         b[6] = 1;
         assert_eq!(
             s.open(&b, NOW).err(),
-            Some(TicketRefusal::Malformed("reserved bytes"))
+            Some(TicketRefusal::Malformed("name length"))
+        );
+        b = t.bytes.clone();
+        b[7] = 0xff;
+        assert_eq!(
+            s.open(&b, NOW).err(),
+            Some(TicketRefusal::Malformed("volume patterns too long"))
         );
         b = t.bytes.clone();
         b[5] += 1;
@@ -468,6 +531,49 @@ mod tests {
         ] {
             assert!(!r.to_string().is_empty() && !r.label().is_empty());
         }
+    }
+
+    #[test]
+    fn volume_patterns_travel_in_the_ticket_under_its_mac() {
+        let s = service(1);
+        let v = crate::auth::VolumePatterns::parse_list("vm1-*,shared").unwrap();
+        let t = s.issue_for(&client(), Role::Client, &v, NOW, 1000);
+        let (claims, _) = s.open(&t.bytes, NOW).unwrap();
+        assert_eq!(claims.volumes, v);
+        // The most patterns of the longest kind fit the bound.
+        let long: Vec<String> = (0..crate::auth::caps::VOLUME_PATTERNS_MAX)
+            .map(|i| format!("{i:0>63}*"))
+            .collect();
+        let v = crate::auth::VolumePatterns::new(long).unwrap();
+        let name = EntityName::parse(&format!("client.{}", "n".repeat(57))).unwrap();
+        let t = s.issue_for(&name, Role::Client, &v, NOW, 1000);
+        assert!(t.bytes.len() <= TICKET_BYTES_MAX, "{}", t.bytes.len());
+        assert_eq!(s.open(&t.bytes, NOW).unwrap().0.volumes, v);
+        // A pattern length past the section, or a bad pattern: malformed. A
+        // pattern changed in place (MAC intact otherwise): forged.
+        let t = s.issue_for(
+            &client(),
+            Role::Client,
+            &crate::auth::VolumePatterns::parse_list("ab").unwrap(),
+            NOW,
+            1000,
+        );
+        let at = TICKET_FIXED_LEN + client().as_str().len();
+        let mut b = t.bytes.clone();
+        b[at] = 9;
+        assert_eq!(
+            s.open(&b, NOW).err(),
+            Some(TicketRefusal::Malformed("volume pattern length"))
+        );
+        b = t.bytes.clone();
+        b[at + 1] = b' ';
+        assert_eq!(
+            s.open(&b, NOW).err(),
+            Some(TicketRefusal::Malformed("volume pattern"))
+        );
+        b = t.bytes.clone();
+        b[at + 1] = b'x';
+        assert_eq!(s.open(&b, NOW).err(), Some(TicketRefusal::Forged));
     }
 
     #[test]
