@@ -1217,23 +1217,10 @@ mod tests {
                     reactor::spawn(async move {
                         let conn = listener.accept().await.unwrap();
                         let hello = conn.recv().await.unwrap();
-                        let Message::Hello {
-                            shard,
-                            peer,
-                            session,
-                            generation,
-                            auth,
-                            ..
-                        } = &hello
+                        let (Message::Hello { auth, .. }, Some(binding)) =
+                            (&hello, HelloBinding::of(9, &hello))
                         else {
                             panic!("not a hello: {hello:?}");
-                        };
-                        let binding = HelloBinding {
-                            osd: 9,
-                            shard: *shard,
-                            peer: *peer,
-                            session: *session,
-                            generation: *generation,
                         };
                         let key = if answer == Answer::WrongKey {
                             impostor

@@ -134,6 +134,23 @@ impl SlotGuard {
         })
     }
 
+    /// A slot for a just-accepted `conn`, or `None` with the connection closed
+    /// and the refusal logged (what both accept loops do).
+    pub fn take_or_close(
+        slots: &Rc<RefCell<ConnectionSlots>>,
+        conn: &flame_common::transport::Conn,
+        shard_id: u16,
+    ) -> Option<SlotGuard> {
+        match SlotGuard::take(slots, conn.peer().ip()) {
+            Ok(s) => Some(s),
+            Err(r) => {
+                tracing::warn!(shard = shard_id, peer = %conn.peer(), "refusing a connection: {r}");
+                conn.close();
+                None
+            }
+        }
+    }
+
     /// Records the connection's role after its HELLO ([`ConnectionSlots::hello`]).
     pub fn hello(&self, is_peer: bool) -> Result<(), SlotRefusal> {
         self.slots.borrow_mut().hello(is_peer)?;

@@ -49,14 +49,8 @@ impl HelloGate {
         let Some(verifier) = &self.verifier else {
             return Ok(Admitted::default());
         };
-        let Message::Hello {
-            shard,
-            peer,
-            session,
-            generation,
-            auth,
-            ..
-        } = hello
+        let (Message::Hello { peer, auth, .. }, Some(binding)) =
+            (hello, HelloBinding::of(self.osd.0, hello))
         else {
             return Err(HelloRefusal::Missing);
         };
@@ -64,13 +58,6 @@ impl HelloGate {
         // stale map, or one replayed here from another shard) passes this check
         // and is then answered ESTALE and closed, which is what tells a client
         // its map is stale. The OSD is this one.
-        let binding = HelloBinding {
-            osd: self.osd.0,
-            shard: *shard,
-            peer: *peer,
-            session: *session,
-            generation: *generation,
-        };
         let accepted = verifier
             .borrow_mut()
             .verify(auth.as_deref(), &binding, clock::unix_ms())?;

@@ -300,13 +300,10 @@ async fn accept_loop(shard: Rc<Shard>, intake: Intake, handle: reactor::Handle) 
                 continue;
             }
         };
-        let slot = match crate::connection_slots::SlotGuard::take(&shard.slots, conn.peer().ip()) {
-            Ok(s) => s,
-            Err(r) => {
-                tracing::warn!(shard = shard.id, peer = %conn.peer(), "refusing a connection: {r}");
-                conn.close();
-                continue;
-            }
+        let Some(slot) =
+            crate::connection_slots::SlotGuard::take_or_close(&shard.slots, &conn, shard.id)
+        else {
+            continue;
         };
         reactor::spawn(crate::connection::serve_connection(
             shard.clone(),

@@ -399,13 +399,10 @@ async fn accept_loop(
                 continue;
             }
         };
-        let slot = match crate::connection_slots::SlotGuard::take(&shard.slots, conn.peer().ip()) {
-            Ok(s) => s,
-            Err(r) => {
-                tracing::warn!(shard = shard.id, peer = %conn.peer(), "refusing a connection: {r}");
-                conn.close();
-                continue;
-            }
+        let Some(slot) =
+            crate::connection_slots::SlotGuard::take_or_close(&shard.slots, &conn, shard.id)
+        else {
+            continue;
         };
         reactor::spawn(serve(
             shard.clone(),

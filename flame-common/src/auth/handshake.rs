@@ -38,6 +38,27 @@ pub struct HelloBinding {
 }
 
 impl HelloBinding {
+    /// The binding of a received `Message::Hello` at OSD `osd` (`None` for any
+    /// other message). The shard is the one the sender names.
+    pub fn of(osd: u32, hello: &crate::protocol::Message) -> Option<HelloBinding> {
+        match hello {
+            crate::protocol::Message::Hello {
+                shard,
+                peer,
+                session,
+                generation,
+                ..
+            } => Some(HelloBinding {
+                osd,
+                shard: *shard,
+                peer: *peer,
+                session: *session,
+                generation: *generation,
+            }),
+            _ => None,
+        }
+    }
+
     fn feed(&self, mac: &mut HmacSha256) {
         mac.update(&self.osd.to_le_bytes());
         mac.update(&self.shard.to_le_bytes());
