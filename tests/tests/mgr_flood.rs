@@ -2,7 +2,7 @@
 //! status reads, all at once, while three OSDs heartbeat. The OSDs must stay up
 //! (their heartbeats are answered ahead of the API load, flame-mgr/src/shared.rs)
 //! and half-sent requests must be cut at the header timeout
-//! (flame-mgr/src/server.rs), not held. Bounded: 12 s of flood, every loop
+//! (flame-mgr/src/server.rs), not held. Bounded: 6 s of flood, every loop
 //! counted.
 
 use flame_tests::{ClusterOptions, TestCluster};
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const FLOOD: Duration = Duration::from_secs(12);
+const FLOOD: Duration = Duration::from_secs(6);
 
 #[test]
 fn a_flooded_manager_keeps_every_osd_up_and_cuts_half_sent_requests() {
