@@ -15,8 +15,24 @@ use flame_common::auth::{Role, VolumePatterns};
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, VolumeId};
 use flame_common::map::ClusterMap;
-use flame_common::protocol::{Message, status};
+use flame_common::protocol::{Message, flags, status};
 use std::cell::RefCell;
+
+/// Whether a request was forwarded by a primary (the [`flags::REPLICA`] bit): it is
+/// applied locally and not forwarded again. Only peer connections may send such
+/// requests (checked here, [`ConnAccess::check`]): from a client, it would bypass the
+/// primary's ordering gate and write one copy only.
+pub fn is_forwarded(msg: &Message) -> bool {
+    match msg {
+        Message::Write { flags: f, .. }
+        | Message::WriteZeroes { flags: f, .. }
+        | Message::Discard { flags: f, .. }
+        | Message::Flush { flags: f, .. }
+        | Message::RemoveObject { flags: f, .. }
+        | Message::Read { flags: f, .. } => f & flags::REPLICA != 0,
+        _ => false,
+    }
+}
 
 /// Volumes remembered per connection (a client uses a handful).
 const VOLUME_CACHE_ENTRIES_MAX: usize = 1024;
@@ -63,7 +79,7 @@ impl ConnAccess {
         if self.is_peer {
             return Ok(());
         }
-        if crate::execute::is_forwarded(msg) {
+        if is_forwarded(msg) {
             return Err(Refusal {
                 status: status::EINVAL,
                 why: "replica-flagged request on a client connection",
@@ -131,7 +147,7 @@ mod tests {
     use flame_common::buffer::PayloadBuf;
     use flame_common::ids::{ObjectId, OpId, PgId, PgSeq, RequestId};
     use flame_common::map::{PoolConfig, VolumeInfo};
-    use flame_common::protocol::{IoTarget, flags};
+    use flame_common::protocol::IoTarget;
 
     fn map() -> ClusterMap {
         let mut m = ClusterMap::new("t".into(), PoolConfig::default());

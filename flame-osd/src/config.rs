@@ -156,6 +156,26 @@ pub struct OsdConfig {
     pub reply_area_over_emulated: bool,
 }
 
+/// How long a connection may be stuck (`Conn::stall`) before it is closed
+/// (`payload_recv_timeout_ms`, `send_stall_timeout_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct StallBounds {
+    /// A payload's bytes after its header.
+    pub payload_recv: std::time::Duration,
+    /// Writing replies the peer does not read.
+    pub send: std::time::Duration,
+}
+
+impl OsdConfig {
+    /// The connection stall bounds of this configuration.
+    pub fn stall_bounds(&self) -> StallBounds {
+        StallBounds {
+            payload_recv: std::time::Duration::from_millis(self.payload_recv_timeout_ms),
+            send: std::time::Duration::from_millis(self.send_stall_timeout_ms),
+        }
+    }
+}
+
 impl Default for OsdConfig {
     fn default() -> Self {
         OsdConfig {

@@ -253,30 +253,12 @@ pub(crate) async fn serve_connection(
     }
 }
 
-/// How long a connection may be stuck ([`Conn::stall`]) before it is closed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StallBounds {
-    /// `payload_recv_timeout_ms`.
-    pub payload_recv: Duration,
-    /// `send_stall_timeout_ms`.
-    pub send: Duration,
-}
-
-impl StallBounds {
-    pub(crate) fn from_config(cfg: &crate::config::OsdConfig) -> StallBounds {
-        StallBounds {
-            payload_recv: Duration::from_millis(cfg.payload_recv_timeout_ms),
-            send: Duration::from_millis(cfg.send_stall_timeout_ms),
-        }
-    }
-}
-
 /// Watches an admitted connection until it closes: one that stays stuck on a
 /// payload or on its replies past its bound (a trickling or never-reading peer,
 /// which would hold a pool buffer or queued replies and a slot) is closed,
 /// logged and counted. One timer per connection, waking a few times per bound:
 /// nothing on the data path. Only tcp connections can be stuck this way.
-pub(crate) fn watch_stalls(conn: &Conn, bounds: StallBounds, shard_id: u16) {
+pub(crate) fn watch_stalls(conn: &Conn, bounds: crate::config::StallBounds, shard_id: u16) {
     if !matches!(conn, Conn::Tcp(_)) {
         return;
     }

@@ -15,22 +15,6 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// Whether a request was forwarded by a primary (the [`flags::REPLICA`] bit): it is
-/// applied locally and not forwarded again. Only peer connections may send such
-/// requests (checked in [`crate::connection`]): from a client, it would bypass the
-/// primary's ordering gate and write one copy only.
-pub(crate) fn is_forwarded(msg: &Message) -> bool {
-    match msg {
-        Message::Write { flags: f, .. }
-        | Message::WriteZeroes { flags: f, .. }
-        | Message::Discard { flags: f, .. }
-        | Message::Flush { flags: f, .. }
-        | Message::RemoveObject { flags: f, .. }
-        | Message::Read { flags: f, .. } => f & flags::REPLICA != 0,
-        _ => false,
-    }
-}
-
 /// Reads and writes of data: what the lease gates (flush, delete and ping are not
 /// acknowledgements of data a successor could have superseded).
 fn is_io(op: OpCode) -> bool {
@@ -57,7 +41,7 @@ impl Shard {
     pub async fn execute(self: &Rc<Self>, msg: Message) -> Message {
         let started = clock::now();
         let op = msg.op();
-        let is_replica = is_forwarded(&msg);
+        let is_replica = crate::access::is_forwarded(&msg);
         let bytes = match &msg {
             Message::Read { target, .. } | Message::Write { target, .. } => {
                 u64::from(target.length)

@@ -171,7 +171,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             parts.service.clone(),
         )),
         hello_gate: crate::hello_gate::HelloGate::new(parts.osd, parts.service),
-        stall_bounds: crate::connection::StallBounds::from_config(&cfg),
+        stall_bounds: cfg.stall_bounds(),
         liveness: parts.liveness,
         metrics,
         max_inflight: cfg.max_inflight_per_connection,

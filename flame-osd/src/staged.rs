@@ -222,7 +222,7 @@ struct NetShard {
     connections_gauge: prometheus::IntGauge,
     /// Who may connect to this shard.
     hello_gate: crate::hello_gate::HelloGate,
-    stall_bounds: crate::connection::StallBounds,
+    stall_bounds: crate::config::StallBounds,
 }
 
 /// Replies waiting for their connection task, by token.
@@ -370,7 +370,7 @@ async fn network_main(setup: NetSetup, handle: Handle) {
             byte_waiters: RefCell::new(Vec::new()),
             connections_gauge: crate::metrics::ShardMetrics::connections_gauge(id),
             hello_gate: crate::hello_gate::HelloGate::new(setup.osd, setup.service.clone()),
-            stall_bounds: crate::connection::StallBounds::from_config(&cfg),
+            stall_bounds: cfg.stall_bounds(),
         });
         accepts.push(reactor::spawn(accept_loop(
             shard,
