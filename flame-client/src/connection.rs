@@ -135,7 +135,8 @@ pub(crate) struct Reply {
     /// The OSD's map epoch.
     pub epoch: Epoch,
     /// A HELLO reply's body: the OSD's protocol versions and shard count.
-    pub hello: Option<HelloInfo>,
+    /// Boxed: only HELLO replies have one, and every reply carries the field.
+    pub hello: Option<Box<HelloInfo>>,
     /// Read data, in the buffer the transport received it into (or, for a
     /// converted read, the destination buffer the OSD wrote).
     pub data: PayloadBuf,
@@ -767,11 +768,11 @@ async fn reader(c: Rc<OsdConn>) {
                 Reply {
                     status,
                     epoch,
-                    hello: Some(HelloInfo {
+                    hello: Some(Box::new(HelloInfo {
                         versions,
                         shards,
                         proof,
-                    }),
+                    })),
                     data: PayloadBuf::empty(),
                     hold: None,
                 },
@@ -980,7 +981,7 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
         return Err(e);
     }
     if let (Some(t), Some(a), 0) = (ticket, &auth, reply.status) {
-        let proof = reply.hello.and_then(|h| h.proof);
+        let proof = reply.hello.as_ref().and_then(|h| h.proof);
         if !proof.is_some_and(|p| handshake::check_server_proof(t, &binding, a, &p)) {
             // Whatever answered does not hold the service key: not an OSD of
             // this cluster (a squatter on its address). Send it nothing.
@@ -1001,6 +1002,7 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
     } else if reply.status == status::EPROTONOSUPPORT {
         let theirs = reply
             .hello
+            .as_ref()
             .map_or_else(|| "unknown".to_string(), |h| h.versions.to_string());
         let e = ConnError::lost(format!(
             "{} refused the hello: it speaks Flame protocol version {theirs}, this client speaks {}",
@@ -1015,11 +1017,11 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
             "{} refused the hello: status {}",
             target.addr, reply.status
         ))
-    } else if reply.hello.map(|h| h.shards) != Some(target.shards) {
+    } else if reply.hello.as_ref().map(|h| h.shards) != Some(target.shards) {
         Some(format!(
             "{} has {:?} shards, our map says {}: our map is stale",
             target.addr,
-            reply.hello.map(|h| h.shards),
+            reply.hello.as_ref().map(|h| h.shards),
             target.shards
         ))
     } else {
@@ -1107,6 +1109,24 @@ mod tests {
     use flame_common::reactor::{Reactor, ReactorConfig};
     use flame_common::transport::Listener;
     use std::cell::RefCell;
+
+    /// Where a test's fake one-shard OSD at `addr` is, for cluster handle `cluster`.
+    fn fake_osd_target(cluster: u64, osd: OsdId, addr: SocketAddr) -> Target {
+        Target {
+            key: ConnKey {
+                cluster,
+                osd,
+                shard: 0,
+            },
+            addr,
+            transport: TransportKind::Tcp,
+            source: None,
+            timeout: Duration::from_secs(5),
+            epoch: Epoch(1),
+            shards: 1,
+            fetch: None,
+        }
+    }
 
     fn fetched(id: RequestId, status: i32, data: &[u8]) -> Message {
         Message::Reply {
@@ -1258,20 +1278,7 @@ mod tests {
                         }
                     })
                     .detach();
-                    let target = Target {
-                        key: ConnKey {
-                            cluster: 80 + k as u64,
-                            osd: OsdId(9),
-                            shard: 0,
-                        },
-                        addr,
-                        transport: TransportKind::Tcp,
-                        source: None,
-                        timeout: Duration::from_secs(5),
-                        epoch: Epoch(1),
-                        shards: 1,
-                        fetch: None,
-                    };
+                    let target = fake_osd_target(80 + k as u64, OsdId(9), addr);
                     let r = get(&target, &t2).await.map(|c| {
                         let _ = c.conn.send(&Message::Ping {
                             id: RequestId(1),
@@ -1358,20 +1365,7 @@ mod tests {
                     while conn.recv().await.is_ok() {}
                 })
                 .detach();
-                let target = Target {
-                    key: ConnKey {
-                        cluster: 77,
-                        osd: OsdId(0),
-                        shard: 0,
-                    },
-                    addr,
-                    transport: TransportKind::Tcp,
-                    source: None,
-                    timeout: Duration::from_secs(5),
-                    epoch: Epoch(1),
-                    shards: 1,
-                    fetch: None,
-                };
+                let target = fake_osd_target(77, OsdId(0), addr);
                 let c = get(&target, &Tickets::empty()).await.unwrap();
                 let msg = Message::Write {
                     id: RequestId(0),

@@ -48,6 +48,30 @@ pub struct ConnAccess {
     cache: RefCell<(Epoch, HashMap<VolumeId, bool>)>,
 }
 
+/// Something that holds the current map (a shard's view, a loaded map).
+pub trait MapRef {
+    /// The map.
+    fn map(&self) -> &ClusterMap;
+}
+
+impl MapRef for &ClusterMap {
+    fn map(&self) -> &ClusterMap {
+        self
+    }
+}
+
+impl MapRef for std::rc::Rc<crate::pg::MapView> {
+    fn map(&self) -> &ClusterMap {
+        &self.map
+    }
+}
+
+impl MapRef for arc_swap::Guard<std::sync::Arc<ClusterMap>> {
+    fn map(&self) -> &ClusterMap {
+        self
+    }
+}
+
 /// Why a request was refused: the status to answer and what to log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refusal {
@@ -74,8 +98,10 @@ impl ConnAccess {
         self.is_peer
     }
 
-    /// Checks `msg` against these rights under `map`.
-    pub fn check(&self, msg: &Message, map: &ClusterMap) -> Result<(), Refusal> {
+    /// Checks `msg` against these rights; `map` gives the current map, and is
+    /// called only when a volume must be looked up (a restricted entity), so
+    /// the usual request costs no map access here.
+    pub fn check<M: MapRef>(&self, msg: &Message, map: impl FnOnce() -> M) -> Result<(), Refusal> {
         if self.is_peer {
             return Ok(());
         }
@@ -94,33 +120,32 @@ impl ConnAccess {
                 why,
             })
         };
-        match msg {
+        let volume = match msg {
             Message::PgList { .. }
             | Message::PgSuspects { .. }
             | Message::ObjectSums { .. }
-            | Message::RemoveObject { .. } => perm("a group-internal request from a client"),
+            | Message::RemoveObject { .. } => {
+                return perm("a group-internal request from a client");
+            }
             Message::DeleteVolume { .. } | Message::Scrub { .. } if role != Role::Admin => {
-                perm("DELETE_VOLUME and SCRUB need the admin role")
+                return perm("DELETE_VOLUME and SCRUB need the admin role");
             }
             Message::Read { target, .. }
             | Message::Write { target, .. }
             | Message::WriteZeroes { target, .. }
-            | Message::Discard { target, .. }
-                if !self.volume_allowed(target.object.volume, map) =>
-            {
-                perm("a volume this entity may not use")
-            }
-            Message::Flush { volume, .. } if !self.volume_allowed(*volume, map) => {
-                perm("a volume this entity may not use")
-            }
-            _ => Ok(()),
+            | Message::Discard { target, .. } => target.object.volume,
+            Message::Flush { volume, .. } => *volume,
+            _ => return Ok(()),
+        };
+        if self.volumes.is_all() || self.volume_allowed(volume, map().map()) {
+            Ok(())
+        } else {
+            perm("a volume this entity may not use")
         }
     }
 
     fn volume_allowed(&self, volume: VolumeId, map: &ClusterMap) -> bool {
-        if self.volumes.is_all() {
-            return true;
-        }
+        debug_assert!(!self.volumes.is_all());
         let mut cache = self.cache.borrow_mut();
         if cache.0 != map.epoch || cache.1.len() >= VOLUME_CACHE_ENTRIES_MAX {
             *cache = (map.epoch, HashMap::default());
@@ -192,13 +217,13 @@ mod tests {
         let m = map();
         let vm1 = VolumePatterns::parse_list("vm1-*").unwrap();
         let client = ConnAccess::new(false, Some(Role::Client), vm1.clone());
-        assert_eq!(client.check(&write(1, 0), &m), Ok(()));
+        assert_eq!(client.check(&write(1, 0), || &m), Ok(()));
         assert_eq!(
-            client.check(&write(2, 0), &m).unwrap_err().status,
+            client.check(&write(2, 0), || &m).unwrap_err().status,
             status::EPERM
         );
         assert_eq!(
-            client.check(&write(9, 0), &m),
+            client.check(&write(9, 0), || &m),
             Ok(()),
             "unknown: left to execution"
         );
@@ -208,11 +233,11 @@ mod tests {
             flags: 0,
             volume: VolumeId(v),
         };
-        assert_eq!(client.check(&flush(1), &m), Ok(()));
-        assert!(client.check(&flush(2), &m).is_err());
+        assert_eq!(client.check(&flush(1), || &m), Ok(()));
+        assert!(client.check(&flush(2), || &m).is_err());
         assert_eq!(
             client
-                .check(&write(1, flags::REPLICA), &m)
+                .check(&write(1, flags::REPLICA), || &m)
                 .unwrap_err()
                 .status,
             status::EINVAL
@@ -222,10 +247,10 @@ mod tests {
             epoch: Epoch(3),
             volume: VolumeId(1),
         };
-        assert!(client.check(&delete, &m).is_err());
+        assert!(client.check(&delete, || &m).is_err());
         let admin = ConnAccess::new(false, Some(Role::Admin), VolumePatterns::all());
-        assert_eq!(admin.check(&delete, &m), Ok(()));
-        assert_eq!(admin.check(&write(2, 0), &m), Ok(()));
+        assert_eq!(admin.check(&delete, || &m), Ok(()));
+        assert_eq!(admin.check(&write(2, 0), || &m), Ok(()));
         let sums = Message::PgList {
             id: RequestId(1),
             epoch: Epoch(3),
@@ -237,18 +262,18 @@ mod tests {
             max: 16,
         };
         assert!(
-            admin.check(&sums, &m).is_err(),
+            admin.check(&sums, || &m).is_err(),
             "group-internal: peers only"
         );
         let peer = ConnAccess::new(true, Some(Role::Osd), VolumePatterns::all());
         assert!(peer.is_peer());
-        assert_eq!(peer.check(&sums, &m), Ok(()));
-        assert_eq!(peer.check(&write(2, flags::REPLICA), &m), Ok(()));
+        assert_eq!(peer.check(&sums, || &m), Ok(()));
+        assert_eq!(peer.check(&write(2, flags::REPLICA), || &m), Ok(()));
         // Without authentication: only the replica rule.
         let open = ConnAccess::new(false, None, VolumePatterns::all());
-        assert_eq!(open.check(&sums, &m), Ok(()));
-        assert_eq!(open.check(&delete, &m), Ok(()));
-        assert!(open.check(&write(1, flags::REPLICA), &m).is_err());
+        assert_eq!(open.check(&sums, || &m), Ok(()));
+        assert_eq!(open.check(&delete, || &m), Ok(()));
+        assert!(open.check(&write(1, flags::REPLICA), || &m).is_err());
         // The cache follows the map: a volume renamed out of the patterns in a
         // newer epoch is refused then.
         let mut m2 = m.clone();
@@ -256,7 +281,7 @@ mod tests {
         let mut v = m2.volumes.remove("vm1-root").unwrap();
         v.name = "renamed".into();
         m2.volumes.insert("renamed".into(), v);
-        assert_eq!(client.check(&write(1, 0), &m), Ok(()));
-        assert!(client.check(&write(1, 0), &m2).is_err());
+        assert_eq!(client.check(&write(1, 0), || &m), Ok(()));
+        assert!(client.check(&write(1, 0), || &m2).is_err());
     }
 }

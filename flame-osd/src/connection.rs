@@ -210,7 +210,7 @@ pub(crate) async fn serve_connection(
             }
             continue;
         }
-        if let Err(r) = access.check(&msg, &shard.view().map) {
+        if let Err(r) = access.check(&msg, || shard.view()) {
             // Refused (crate::access): the connection stays; the sender learns
             // why from the status and the log.
             tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "refusing: {}", r.why);
@@ -266,20 +266,32 @@ pub(crate) fn watch_stalls(conn: &Conn, bounds: crate::config::StallBounds, shar
     let every = (bounds.payload_recv.min(bounds.send) / 4)
         .clamp(Duration::from_millis(25), Duration::from_secs(5));
     reactor::spawn(async move {
+        // The same stall (kind and progress mark) since when.
+        let mut seen: Option<((flame_common::transport::Stall, u64), std::time::Instant)> = None;
         // Ends with the connection: at most one round after it closed.
         loop {
             reactor::sleep(every).await;
             if conn.is_closed() {
                 return;
             }
-            let Some((stall, since)) = conn.stall() else {
+            let now = flame_common::clock::now();
+            let Some(current) = conn.stall() else {
+                seen = None;
                 continue;
             };
+            let since = match seen {
+                Some((s, since)) if s == current => since,
+                _ => {
+                    seen = Some((current, now));
+                    continue;
+                }
+            };
+            let stall = current.0;
             let bound = match stall {
                 flame_common::transport::Stall::Receive => bounds.payload_recv,
                 flame_common::transport::Stall::Send => bounds.send,
             };
-            let stuck = flame_common::clock::elapsed(since);
+            let stuck = now.saturating_duration_since(since);
             if stuck > bound {
                 tracing::warn!(shard = shard_id, peer = %conn.peer(), "closing a connection stuck for {stuck:?} ({}, bound {bound:?})", stall.label());
                 crate::metrics::stalled_connection_closed(stall.label());

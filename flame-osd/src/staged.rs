@@ -524,16 +524,15 @@ async fn serve(
             conn.close();
             return;
         }
-        let map = shard.map.load();
-        if let Err(r) = access.check(&msg, &map) {
+        if let Err(r) = access.check(&msg, || shard.map.load()) {
             tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "refusing: {}", r.why);
-            if conn.send_owned(msg.reply(map.epoch, r.status)).is_err() {
+            let epoch = shard.map.load().epoch;
+            if conn.send_owned(msg.reply(epoch, r.status)).is_err() {
                 conn.close();
                 return;
             }
             continue;
         }
-        drop(map);
         inflight.enter();
         let bytes = crate::connection::payload_bytes(&msg);
         shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);

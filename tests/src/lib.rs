@@ -170,20 +170,31 @@ impl HelloMaker {
             } else {
                 ("client.test", flame_common::auth::Role::Client)
             };
-            Box::new(hello_auth(
-                service, name, role, osd, shard, peer, session, generation,
-            ))
+            hello_auth(service, name, role, osd, shard, peer, session, generation)
         });
-        Message::Hello {
-            id: flame_common::ids::RequestId(0),
-            epoch,
-            versions: flame_common::protocol::VERSIONS,
-            shard,
-            peer,
-            session,
-            generation,
-            auth,
-        }
+        hello_message(epoch, shard, peer, session, generation, auth)
+    }
+}
+
+/// A HELLO with the given fields and authentication section (for tests that
+/// make their own tickets and proofs).
+pub fn hello_message(
+    epoch: Epoch,
+    shard: u16,
+    peer: bool,
+    session: u64,
+    generation: u64,
+    auth: Option<flame_common::protocol::HelloAuth>,
+) -> Message {
+    Message::Hello {
+        id: flame_common::ids::RequestId(0),
+        epoch,
+        versions: flame_common::protocol::VERSIONS,
+        shard,
+        peer,
+        session,
+        generation,
+        auth: auth.map(Box::new),
     }
 }
 

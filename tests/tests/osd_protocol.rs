@@ -966,16 +966,7 @@ fn hellos_without_a_valid_ticket_are_refused_and_counted() {
         .block_on(async move {
             let addr = m.osds[&osd].shard_addr(shard);
             let hello =
-                |peer: bool, auth: Option<flame_common::protocol::HelloAuth>| Message::Hello {
-                    id: RequestId(0),
-                    epoch: m.epoch,
-                    versions: protocol::VERSIONS,
-                    shard,
-                    peer,
-                    session: 0,
-                    generation: 0,
-                    auth: auth.map(Box::new),
-                };
+                |peer: bool, auth| flame_tests::hello_message(m.epoch, shard, peer, 0, 0, auth);
             for (what, peer, auth) in cases {
                 let conn = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
                     .await
@@ -1279,16 +1270,14 @@ fn a_client_reads_and_writes_only_the_volumes_its_ticket_names() {
                     let c = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
                         .await
                         .unwrap();
-                    c.send(&Message::Hello {
-                        id: RequestId(0),
+                    c.send(&flame_tests::hello_message(
                         epoch,
-                        versions: protocol::VERSIONS,
                         shard,
-                        peer: false,
-                        session: 0,
-                        generation: 0,
-                        auth: Some(Box::new(auth)),
-                    })
+                        false,
+                        0,
+                        0,
+                        Some(auth),
+                    ))
                     .unwrap();
                     assert!(matches!(
                         c.recv().await.unwrap(),

@@ -234,14 +234,16 @@ impl Conn {
         }
     }
 
-    /// What this connection has been stuck on since when, if anything: a payload
-    /// whose header arrived but whose bytes have not all come ([`Stall::Receive`]),
-    /// or queued sends the peer does not take ([`Stall::Send`]). The owner's
-    /// watchdog closes a connection stuck longer than its bound, so a trickling
-    /// or never-reading peer cannot hold pool memory and a slot forever. Only tcp
-    /// can be stuck this way (shm and rdma messages arrive whole; their send rings
-    /// are bounded by the peer's credits); the others say `None`.
-    pub fn stall(&self) -> Option<(Stall, std::time::Instant)> {
+    /// What this connection is waiting on, if anything, with a progress mark: a
+    /// payload whose header arrived but whose bytes have not all come
+    /// ([`Stall::Receive`]; the mark counts completed slow payloads), or a batch
+    /// of sends the peer does not take ([`Stall::Send`]; the mark counts written
+    /// batches). The owner's watchdog closes a connection whose answer stays the
+    /// same longer than its bound, so a trickling or never-reading peer cannot
+    /// hold pool memory and a slot forever; the data path reads no clock for it.
+    /// Only tcp can be stuck this way (shm and rdma messages arrive whole; their
+    /// send rings are bounded by the peer's credits); the others say `None`.
+    pub fn stall(&self) -> Option<(Stall, u64)> {
         match self {
             Conn::Tcp(c) => c.stall(),
             _ => None,

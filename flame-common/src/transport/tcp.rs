@@ -20,7 +20,6 @@ use super::grant::{
     Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
-use crate::clock;
 use crate::collections::HashMap;
 use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
@@ -34,7 +33,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// After a payload of at least this size, the next header is received alone (one
 /// more system call), so the payload after it is received straight into its buffer
@@ -85,11 +84,15 @@ pub struct TcpConn {
     /// Receive payloads into heap memory when the pool is exhausted instead of
     /// waiting (see [`super::Conn::set_never_wait_for_memory`]).
     never_wait: Cell<bool>,
-    /// Since when a payload whose header arrived is still being received (only
-    /// set when it did not come with its header: the slow path).
-    payload_since: Cell<Option<Instant>>,
-    /// Since when the writer has been writing one batch (set around each write).
-    send_since: Cell<Option<Instant>>,
+    /// A payload whose header arrived is still being received (only set when
+    /// it did not come with its header: the slow path), and how many such
+    /// payloads have completed: the owner's watchdog sees no progress when the
+    /// flag stays set and the count stays put. No clock is read here.
+    payload_pending: Cell<bool>,
+    payloads_done: Cell<u64>,
+    /// The writer is writing a batch, and how many batches it has written.
+    sending: Cell<bool>,
+    batches_done: Cell<u64>,
 }
 
 /// TCP keepalive: first probe after this much silence, then every
@@ -173,8 +176,10 @@ impl TcpConn {
             pending: StdRefCell::new(HashMap::default()),
             next_op: Cell::new(1),
             never_wait: Cell::new(false),
-            payload_since: Cell::new(None),
-            send_since: Cell::new(None),
+            payload_pending: Cell::new(false),
+            payloads_done: Cell::new(0),
+            sending: Cell::new(false),
+            batches_done: Cell::new(0),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -371,7 +376,7 @@ impl TcpConn {
         let mut filled = have;
         if filled < len {
             // The slow path: the watchdog of the connection's owner sees it.
-            self.payload_since.set(Some(clock::now()));
+            self.payload_pending.set(true);
         }
         // Bounded: every round receives at least one byte or returns.
         while filled < len {
@@ -387,7 +392,9 @@ impl TcpConn {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.payload_since.set(None);
+        if self.payload_pending.replace(false) {
+            self.payloads_done.set(self.payloads_done.get() + 1);
+        }
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             st.header_only = true;
         }
@@ -701,11 +708,13 @@ impl TcpConn {
     }
 
     /// See [`super::Conn::stall`].
-    pub fn stall(&self) -> Option<(super::Stall, Instant)> {
-        if let Some(t) = self.payload_since.get() {
-            return Some((super::Stall::Receive, t));
+    pub fn stall(&self) -> Option<(super::Stall, u64)> {
+        if self.payload_pending.get() {
+            return Some((super::Stall::Receive, self.payloads_done.get()));
         }
-        self.send_since.get().map(|t| (super::Stall::Send, t))
+        self.sending
+            .get()
+            .then(|| (super::Stall::Send, self.batches_done.get()))
     }
 
     /// See [`super::Conn::is_closed`].
@@ -743,9 +752,10 @@ async fn writer(conn: Rc<TcpConn>) {
         })
         .await;
         let Some(bufs) = bufs else { return };
-        conn.send_since.set(Some(clock::now()));
+        conn.sending.set(true);
         let written = reactor::writev_all(fd, bufs).await;
-        conn.send_since.set(None);
+        conn.sending.set(false);
+        conn.batches_done.set(conn.batches_done.get() + 1);
         if written.is_err() {
             conn.close();
             return;
