@@ -34,6 +34,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A clean clone builds everything once: incremental compilation's caches would only
+# take disk (a CI run once failed with ENOSPC writing one) and time.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 START=$SECONDS
 section_start=$SECONDS
@@ -80,6 +83,14 @@ if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     "${SUDO[@]}" apt-get update -q
     "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # A machine may come with a newer qemu-utils than its apt sources hold; the
+    # sources' qemu-system-common Breaks it, so apt removes it to install the VM's
+    # QEMU. Then put back the sources' own qemu-utils (qemu-io, qemu-img,
+    # qemu-nbd), of the same version as qemu-system.
+    if ! command -v qemu-io >/dev/null; then
+        echo "qemu-utils was removed by the qemu-system install: installing the matching one"
+        "${SUDO[@]}" apt-get install -y -q --no-install-recommends qemu-utils
+    fi
 else
     echo "all present: ${PACKAGES[*]}"
 fi
@@ -97,6 +108,15 @@ compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || die "libclang is mi
 # The test clusters live on this file system; say how full it is (a nearly full
 # disk fails writes with ENOSPC, as it should).
 echo "disk: $(df -h --output=size,used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
+# The builds below (debug, the rdma build, release) take several GiB beside the
+# repository: say so first when there is less, so an ENOSPC later is explained.
+target_dir="${CARGO_TARGET_DIR:-$REPO/target}"
+mkdir -p "$target_dir"
+target_free_kib="$(df -k --output=avail "$target_dir" | tail -n 1 | tr -d ' ')"
+echo "disk of $target_dir: $((target_free_kib / 1024)) MiB free"
+if ((target_free_kib < 8 * 1024 * 1024)); then
+    echo "WARNING: less than 8 GiB free for the builds in $target_dir; a full run's builds take about 6 GiB" >&2
+fi
 echo "tools: $(rustc --version); $(qemu-io --version | head -n 1); $(nbdinfo --version | head -n 1); $(fio --version)"
 
 # ------------------------------------------------------------------------------
