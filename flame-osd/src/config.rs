@@ -2,8 +2,8 @@
 
 use flame_common::config::{Validate, cores};
 use flame_common::reactor::PollMode;
-use flame_common::transport::TransportKind;
 use flame_common::transport::tcp::SEND_QUEUE_BYTES_MAX;
+use flame_common::transport::{StallBounds, TransportKind};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -156,23 +156,11 @@ pub struct OsdConfig {
     pub reply_area_over_emulated: bool,
 }
 
-/// How long a connection may be stuck (`Conn::stall`) before it is closed
-/// (`payload_recv_timeout_ms`, `send_stall_timeout_ms`).
-#[derive(Clone, Copy, Debug)]
-pub struct StallBounds {
-    /// A payload's bytes after its header.
-    pub payload_recv: std::time::Duration,
-    /// Writing replies the peer does not read.
-    pub send: std::time::Duration,
-}
-
 impl OsdConfig {
-    /// The connection stall bounds of this configuration.
+    /// How long a connection may be stuck (`Conn::stall`) before it is closed
+    /// (`payload_recv_timeout_ms`, `send_stall_timeout_ms`).
     pub fn stall_bounds(&self) -> StallBounds {
-        StallBounds {
-            payload_recv: std::time::Duration::from_millis(self.payload_recv_timeout_ms),
-            send: std::time::Duration::from_millis(self.send_stall_timeout_ms),
-        }
+        StallBounds::from_ms(self.payload_recv_timeout_ms, self.send_stall_timeout_ms)
     }
 }
 

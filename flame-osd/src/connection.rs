@@ -258,49 +258,26 @@ pub(crate) async fn serve_connection(
 /// which would hold a pool buffer or queued replies and a slot) is closed,
 /// logged and counted. One timer per connection, waking a few times per bound:
 /// nothing on the data path. Only tcp connections can be stuck this way.
-pub(crate) fn watch_stalls(conn: &Conn, bounds: crate::config::StallBounds, shard_id: u16) {
+pub(crate) fn watch_stalls(
+    conn: &Conn,
+    bounds: flame_common::transport::StallBounds,
+    shard_id: u16,
+) {
     if !matches!(conn, Conn::Tcp(_)) {
         return;
     }
-    let conn = conn.clone();
-    let every = (bounds.payload_recv.min(bounds.send) / 4)
-        .clamp(Duration::from_millis(25), Duration::from_secs(5));
-    reactor::spawn(async move {
-        // The same stall (kind and progress mark) since when.
-        let mut seen: Option<((flame_common::transport::Stall, u64), std::time::Instant)> = None;
-        // Ends with the connection: at most one round after it closed.
-        loop {
-            reactor::sleep(every).await;
-            if conn.is_closed() {
-                return;
-            }
-            let now = flame_common::clock::now();
-            let Some(current) = conn.stall() else {
-                seen = None;
-                continue;
-            };
-            let since = match seen {
-                Some((s, since)) if s == current => since,
-                _ => {
-                    seen = Some((current, now));
-                    continue;
-                }
-            };
-            let stall = current.0;
-            let bound = match stall {
-                flame_common::transport::Stall::Receive => bounds.payload_recv,
-                flame_common::transport::Stall::Send => bounds.send,
-            };
-            let stuck = now.saturating_duration_since(since);
-            if stuck > bound {
-                tracing::warn!(shard = shard_id, peer = %conn.peer(), "closing a connection stuck for {stuck:?} ({}, bound {bound:?})", stall.label());
-                crate::metrics::stalled_connection_closed(stall.label());
-                conn.close();
-                return;
-            }
-        }
-    })
-    .detach();
+    let (sampled, watched, stuck) = (conn.clone(), conn.clone(), conn.clone());
+    flame_common::transport::stall::watch(
+        bounds,
+        move || sampled.stall(),
+        move || watched.is_closed(),
+        move |stall, took| {
+            let bound = bounds.of(stall);
+            tracing::warn!(shard = shard_id, peer = %stuck.peer(), "closing a connection stuck for {took:?} ({}, bound {bound:?})", stall.label());
+            crate::metrics::stalled_connection_closed(stall.label());
+            stuck.close();
+        },
+    );
 }
 
 /// Waits (at most [`HELLO_TIMEOUT`]) for a new connection's first message, which

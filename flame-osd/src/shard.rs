@@ -68,7 +68,7 @@ pub struct Shard {
     /// Who may connect ([`crate::hello_gate`]).
     pub(crate) hello_gate: crate::hello_gate::HelloGate,
     /// How long a connection may be stuck before it is closed.
-    pub(crate) stall_bounds: crate::config::StallBounds,
+    pub(crate) stall_bounds: flame_common::transport::StallBounds,
 
     pub(crate) max_inflight: u32,
     /// `reply_slots_per_connection_max` (remote fetching; 0 = off).

@@ -222,7 +222,7 @@ struct NetShard {
     connections_gauge: prometheus::IntGauge,
     /// Who may connect to this shard.
     hello_gate: crate::hello_gate::HelloGate,
-    stall_bounds: crate::config::StallBounds,
+    stall_bounds: flame_common::transport::StallBounds,
 }
 
 /// Replies waiting for their connection task, by token.

@@ -152,3 +152,114 @@ fn garbage_on_every_port_leaves_the_cluster_serving() {
     }
     assert_serving(&mut cluster, "50 connections opened and dropped per port");
 }
+
+/// An NBD client negotiated by hand (fixed newstyle, `NBD_OPT_EXPORT_NAME`, no
+/// zeroes), ready for transmission: what a misbehaving client needs.
+fn nbd_raw_client(addr: std::net::SocketAddr, export: &str) -> TcpStream {
+    use flame_client::nbd::proto;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    assert_eq!(greeting[..8], proto::NBDMAGIC.to_be_bytes());
+    assert_eq!(greeting[8..16], proto::IHAVEOPT.to_be_bytes());
+    let mut hello = Vec::new();
+    hello
+        .extend_from_slice(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes());
+    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
+    hello.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    hello.extend_from_slice(export.as_bytes());
+    s.write_all(&hello).unwrap();
+    let mut export_info = [0u8; 10];
+    s.read_exact(&mut export_info).unwrap();
+    s
+}
+
+/// An NBD request header.
+fn nbd_request(cmd: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut r = Vec::with_capacity(28);
+    r.extend_from_slice(&flame_client::nbd::proto::REQUEST_MAGIC.to_be_bytes());
+    r.extend_from_slice(&0u16.to_be_bytes());
+    r.extend_from_slice(&cmd.to_be_bytes());
+    r.extend_from_slice(&cookie.to_be_bytes());
+    r.extend_from_slice(&offset.to_be_bytes());
+    r.extend_from_slice(&len.to_be_bytes());
+    r
+}
+
+/// flame-nbd bounds a client's time as the OSDs do: a client that sends a 4 MiB
+/// WRITE's header and trickles its payload (holding a pool buffer) is closed once
+/// `payload_recv_timeout_ms` passes, one that asks for reads and never reads the
+/// replies once a batch of them has waited `send_stall_timeout_ms`; each is
+/// counted by reason, and flame-nbd serves others meanwhile and after.
+#[test]
+fn trickling_and_never_reading_nbd_clients_are_closed_within_their_bounds() {
+    use flame_client::nbd::proto::{CMD_READ, CMD_WRITE};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        nbd_extra_yaml: "payload_recv_timeout_ms: 1000\nsend_stall_timeout_ms: 1000\n".into(),
+        ..ClusterOptions::with_nbd()
+    });
+    cluster.create_nbd_volume("stall", 64 << 20);
+    cluster.qemu_io("stall", &["write -P 0x42 0 4M"]);
+    let (nbd, metrics) = (cluster.nbd_addr(), cluster.nbd_metrics_addr());
+    let counted = |reason: &str| {
+        let (_, text) = http_get(metrics, "/metrics").unwrap();
+        text.lines().any(|l| {
+            l.starts_with("flame_nbd_stalled_connections_closed_total")
+                && l.contains(&format!("reason=\"{reason}\""))
+                && l.ends_with(" 1")
+        })
+    };
+
+    // 1. The trickler: a 4 MiB write's header and 100 bytes, then one byte a
+    //    quarter second.
+    let mut t = nbd_raw_client(nbd, "stall");
+    t.write_all(&nbd_request(CMD_WRITE, 1, 4 << 20, 4 << 20))
+        .unwrap();
+    t.write_all(&[0x7e; 100]).unwrap();
+    let started = std::time::Instant::now();
+    let mut closed = false;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(250));
+        if t.write_all(&[0x7e]).is_err() || counted("payload_stall") {
+            closed = true;
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert!(closed, "the trickling NBD client was not closed in 10 s");
+    println!("trickler closed after {took:?} (bound 1 s)");
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    // Nothing of its write landed, and flame-nbd serves.
+    cluster.qemu_io(
+        "stall",
+        &[
+            "read -P 0 4M 4M",
+            "write -P 0x43 8M 64k",
+            "read -P 0x43 8M 64k",
+        ],
+    );
+
+    // 2. The non-reader: 32 reads of 4 MiB (128 MiB of replies), none read.
+    let mut n = nbd_raw_client(nbd, "stall");
+    for cookie in 0..32u64 {
+        n.write_all(&nbd_request(CMD_READ, 100 + cookie, 0, 4 << 20))
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    while !counted("send_stall") {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the non-reading NBD client was not closed in 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "non-reader closed after {:?} (bound 1 s)",
+        started.elapsed()
+    );
+    cluster.qemu_io("stall", &["read -P 0x42 0 4M"]);
+    drop(n);
+    drop(t);
+}

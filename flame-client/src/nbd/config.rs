@@ -10,6 +10,8 @@
 //! max_connections: 256           # NBD connections over all threads
 //! io_timeout_ms: 0               # bound on one backend operation (0 = never)
 //! handshake_timeout_ms: 10000    # a client must finish negotiation within this
+//! payload_recv_timeout_ms: 10000 # a WRITE's payload must arrive within this of its header
+//! send_stall_timeout_ms: 30000   # a client not reading its replies this long is closed
 //! connect_timeout_ms: 2000       # connecting to the manager / OSDs
 //! transfer_mode: convert         # convert (at/above the threshold) | inline
 //! convert_threshold_bytes: {tcp: 4294967295, shm: 65536, rdma: 4096}  # 4294967295 = never
@@ -54,6 +56,15 @@ pub struct NbdConfig {
     pub bind_addr: Option<std::net::IpAddr>,
     /// Longest a client may take from connect to the end of negotiation.
     pub handshake_timeout_ms: u64,
+    /// Longest a WRITE's payload may take to arrive once its header did: a client
+    /// that trickles it holds a pool buffer of up to 32 MiB. Past it the
+    /// connection is closed, logged and counted
+    /// (`flame_nbd_stalled_connections_closed_total{reason="payload_stall"}`).
+    pub payload_recv_timeout_ms: u64,
+    /// Longest one batch of replies may wait for the client to take it (a client
+    /// that stops reading holds the read data queued for it); then closed
+    /// (`reason="send_stall"`).
+    pub send_stall_timeout_ms: u64,
     /// Timeout for connecting to the manager and OSDs.
     pub connect_timeout_ms: u64,
     /// How I/O data travels to and from the OSDs (the client library's
@@ -92,6 +103,8 @@ impl Default for NbdConfig {
             io_timeout_ms: 0,
             bind_addr: None,
             handshake_timeout_ms: 10_000,
+            payload_recv_timeout_ms: 10_000,
+            send_stall_timeout_ms: 30_000,
             connect_timeout_ms: 2_000,
             transfer_mode: crate::config::TransferMode::Convert,
             convert_threshold_bytes: crate::config::ConvertThresholds::default(),
@@ -128,6 +141,15 @@ impl NbdConfig {
         }
     }
 
+    /// How long a connection may be stuck before it is closed
+    /// (`payload_recv_timeout_ms`, `send_stall_timeout_ms`).
+    pub fn stall_bounds(&self) -> flame_common::transport::StallBounds {
+        flame_common::transport::StallBounds::from_ms(
+            self.payload_recv_timeout_ms,
+            self.send_stall_timeout_ms,
+        )
+    }
+
     /// Threads to run: `threads`, or the core count when 0.
     pub fn thread_count(&self) -> usize {
         if self.threads == 0 {
@@ -156,6 +178,8 @@ impl Validate for NbdConfig {
         for (k, v) in [
             ("handshake_timeout_ms", self.handshake_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
+            ("payload_recv_timeout_ms", self.payload_recv_timeout_ms),
+            ("send_stall_timeout_ms", self.send_stall_timeout_ms),
         ] {
             if v == 0 || v > 3_600_000 {
                 return bad(k, "must be between 1 and 3600000 ms");

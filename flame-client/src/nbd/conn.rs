@@ -15,6 +15,7 @@
 
 use flame_common::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
 use flame_common::reactor::{self, IoBufMut};
+use flame_common::transport::{Stall, StallMarks};
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::TcpStream;
@@ -49,6 +50,8 @@ pub(crate) struct Conn {
     stream: TcpStream,
     queue: RefCell<SendQueue>,
     closed: Cell<bool>,
+    /// What the connection waits on, for its stall watchdog (no clock read here).
+    marks: StallMarks,
 }
 
 impl Conn {
@@ -58,6 +61,7 @@ impl Conn {
             stream,
             queue: RefCell::new(SendQueue::default()),
             closed: Cell::new(false),
+            marks: StallMarks::default(),
         });
         reactor::spawn(writer(conn.clone())).detach();
         conn
@@ -148,6 +152,12 @@ impl Conn {
         }
     }
 
+    /// What the connection is stuck on, if anything, with its progress mark
+    /// ([`flame_common::transport::stall`]).
+    pub(crate) fn stall(&self) -> Option<(Stall, u64)> {
+        self.marks.current()
+    }
+
     /// Whether the connection was closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.get()
@@ -196,7 +206,10 @@ async fn writer(conn: Rc<Conn>) {
                 w.wake();
             }
         }
-        if reactor::writev_all(fd, bufs).await.is_err() {
+        conn.marks.send_started();
+        let written = reactor::writev_all(fd, bufs).await;
+        conn.marks.send_finished();
+        if written.is_err() {
             conn.close();
             return;
         }
@@ -315,7 +328,12 @@ impl Reader {
         let mut out = PayloadBufMut::for_overwrite_wait(len).await?;
         out.as_mut_slice()[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
+        if have < len {
+            // The slow path: the connection's stall watchdog sees it.
+            self.conn.marks.payload_started();
+        }
         let out = self.recv_rest(out, have).await?;
+        self.conn.marks.payload_finished();
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             self.header_only = true;
         }

@@ -128,6 +128,27 @@ fn make_families(prefix: &str, what: &str, gauge: (&str, &str)) -> Families {
     }
 }
 
+/// Counts a connection the stall watchdog closed (`reason`: the stall's label,
+/// `payload_stall` or `send_stall`).
+pub fn stalled_connection_closed(reason: &str) {
+    static STALL_CLOSES: OnceLock<IntCounterVec> = OnceLock::new();
+    let counter = STALL_CLOSES.get_or_init(|| {
+        let c = IntCounterVec::new(
+            Opts::new(
+                "flame_nbd_stalled_connections_closed_total",
+                "NBD connections closed for being stuck past their bound: payload_stall (a \
+                 WRITE payload not delivered within payload_recv_timeout_ms of its header), \
+                 send_stall (replies not read within send_stall_timeout_ms)",
+            ),
+            &["reason"],
+        )
+        .unwrap_or_else(|_| unreachable_metric());
+        let _ = prometheus::default_registry().register(Box::new(c.clone()));
+        c
+    });
+    counter.with_label_values(&[reason]).inc();
+}
+
 #[cold]
 fn unreachable_metric<T>() -> T {
     // Metric names and label sets above are constants checked by the unit test.

@@ -125,6 +125,7 @@ struct ThreadCtx {
     conns: Arc<AtomicUsize>,
     max_connections: usize,
     handshake_timeout: Duration,
+    stall_bounds: flame_common::transport::StallBounds,
 }
 
 fn thread_main<E: Exports>(
@@ -144,6 +145,7 @@ fn thread_main<E: Exports>(
         conns,
         max_connections: config.max_connections,
         handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+        stall_bounds: config.stall_bounds(),
     });
     r.block_on(accept_loop(index, listener, exports, ctx))?;
     Ok(())
@@ -191,6 +193,26 @@ async fn accept_loop<E: Exports>(
     }
 }
 
+/// Watches a connection in transmission until it closes: one that stays stuck on
+/// a WRITE's payload or on its replies past its bound (a trickling or
+/// never-reading client, holding pool memory) is closed, logged and counted.
+/// Negotiation has its own deadline (`handshake_timeout_ms`).
+fn watch_stalls(conn: &Rc<Conn>, bounds: flame_common::transport::StallBounds, peer: &str) {
+    let (sampled, watched, stuck) = (conn.clone(), conn.clone(), conn.clone());
+    let peer = peer.to_string();
+    flame_common::transport::stall::watch(
+        bounds,
+        move || sampled.stall(),
+        move || watched.is_closed(),
+        move |stall, took| {
+            let bound = bounds.of(stall);
+            tracing::warn!(%peer, "closing an NBD connection stuck for {took:?} ({}, bound {bound:?})", stall.label());
+            super::metrics::stalled_connection_closed(stall.label());
+            stuck.close();
+        },
+    );
+}
+
 /// Decrements the connection count and gauge however the connection ends.
 struct ConnGuard {
     ctx: Rc<ThreadCtx>,
@@ -226,6 +248,7 @@ async fn connection<E: Exports>(fd: OwnedFd, exports: Rc<E>, ctx: Rc<ThreadCtx>)
             name,
         }) => {
             tracing::debug!(%peer, export = %name, structured, "transmission");
+            watch_stalls(&conn, ctx.stall_bounds, &peer);
             let res = transmission::serve(
                 conn.clone(),
                 rd,

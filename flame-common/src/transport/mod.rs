@@ -19,10 +19,12 @@ pub mod grant;
 pub mod rdma;
 pub mod shm;
 pub mod sim;
+pub mod stall;
 pub mod tcp;
 
 pub use crate::protocol::RemoteBuf;
 pub use grant::{Grant, Refusal, SharedArea, WriteGrant};
+pub use stall::{Stall, StallBounds, StallMarks};
 
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{Message, ProtocolError};
@@ -110,25 +112,6 @@ pub enum TransportError {
     /// The transport cannot be used here (no RDMA device, or a build without it).
     #[error("{0}")]
     Unavailable(String),
-}
-
-/// What a connection is stuck on ([`Conn::stall`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stall {
-    /// Receiving a payload whose header arrived.
-    Receive,
-    /// Writing queued messages the peer does not read.
-    Send,
-}
-
-impl Stall {
-    /// A label for metrics and logs.
-    pub fn label(self) -> &'static str {
-        match self {
-            Stall::Receive => "payload_stall",
-            Stall::Send => "send_stall",
-        }
-    }
 }
 
 /// A connection of any transport.

@@ -84,15 +84,9 @@ pub struct TcpConn {
     /// Receive payloads into heap memory when the pool is exhausted instead of
     /// waiting (see [`super::Conn::set_never_wait_for_memory`]).
     never_wait: Cell<bool>,
-    /// A payload whose header arrived is still being received (only set when
-    /// it did not come with its header: the slow path), and how many such
-    /// payloads have completed: the owner's watchdog sees no progress when the
-    /// flag stays set and the count stays put. No clock is read here.
-    payload_pending: Cell<bool>,
-    payloads_done: Cell<u64>,
-    /// The writer is writing a batch, and how many batches it has written.
-    sending: Cell<bool>,
-    batches_done: Cell<u64>,
+    /// What the connection is waiting on, for its owner's stall watchdog
+    /// ([`super::stall`]); no clock is read here.
+    marks: super::StallMarks,
 }
 
 /// TCP keepalive: first probe after this much silence, then every
@@ -176,10 +170,7 @@ impl TcpConn {
             pending: StdRefCell::new(HashMap::default()),
             next_op: Cell::new(1),
             never_wait: Cell::new(false),
-            payload_pending: Cell::new(false),
-            payloads_done: Cell::new(0),
-            sending: Cell::new(false),
-            batches_done: Cell::new(0),
+            marks: super::StallMarks::default(),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -376,7 +367,7 @@ impl TcpConn {
         let mut filled = have;
         if filled < len {
             // The slow path: the watchdog of the connection's owner sees it.
-            self.payload_pending.set(true);
+            self.marks.payload_started();
         }
         // Bounded: every round receives at least one byte or returns.
         while filled < len {
@@ -392,9 +383,7 @@ impl TcpConn {
                 Err(e) => return Err(e.into()),
             }
         }
-        if self.payload_pending.replace(false) {
-            self.payloads_done.set(self.payloads_done.get() + 1);
-        }
+        self.marks.payload_finished();
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             st.header_only = true;
         }
@@ -709,12 +698,7 @@ impl TcpConn {
 
     /// See [`super::Conn::stall`].
     pub fn stall(&self) -> Option<(super::Stall, u64)> {
-        if self.payload_pending.get() {
-            return Some((super::Stall::Receive, self.payloads_done.get()));
-        }
-        self.sending
-            .get()
-            .then(|| (super::Stall::Send, self.batches_done.get()))
+        self.marks.current()
     }
 
     /// See [`super::Conn::is_closed`].
@@ -752,10 +736,9 @@ async fn writer(conn: Rc<TcpConn>) {
         })
         .await;
         let Some(bufs) = bufs else { return };
-        conn.sending.set(true);
+        conn.marks.send_started();
         let written = reactor::writev_all(fd, bufs).await;
-        conn.sending.set(false);
-        conn.batches_done.set(conn.batches_done.get() + 1);
+        conn.marks.send_finished();
         if written.is_err() {
             conn.close();
             return;

@@ -156,10 +156,7 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
             None,
         )),
         hello_gate: crate::hello_gate::HelloGate::new(OsdId(0), None),
-        stall_bounds: crate::config::StallBounds {
-            payload_recv: Duration::from_secs(10),
-            send: Duration::from_secs(30),
-        },
+        stall_bounds: crate::config::OsdConfig::default().stall_bounds(),
         liveness,
         metrics,
         max_inflight: 16,
