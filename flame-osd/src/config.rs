@@ -107,6 +107,10 @@ pub struct OsdConfig {
     /// How long the shard may be stuck writing to a connection that does not
     /// read its replies (tcp) before closing it.
     pub send_stall_timeout_ms: u64,
+    /// How long a tcp connection may send nothing while nothing is in flight on
+    /// it before it is closed, freeing its slot (0 = never). Clients and peers
+    /// reconnect on their next request. Ceph's `ms_connection_idle_timeout`.
+    pub idle_timeout_ms: u64,
     /// Requests one connection may have in flight; further requests wait unread in
     /// the socket, which back-pressures the sender.
     pub max_inflight_per_connection: u32,
@@ -157,10 +161,12 @@ pub struct OsdConfig {
 }
 
 impl OsdConfig {
-    /// How long a connection may be stuck (`Conn::stall`) before it is closed
-    /// (`payload_recv_timeout_ms`, `send_stall_timeout_ms`).
+    /// How long a connection may be stuck or idle (`Conn::stall`) before it is
+    /// closed (`payload_recv_timeout_ms`, `send_stall_timeout_ms`,
+    /// `idle_timeout_ms`).
     pub fn stall_bounds(&self) -> StallBounds {
         StallBounds::from_ms(self.payload_recv_timeout_ms, self.send_stall_timeout_ms)
+            .with_idle_ms(self.idle_timeout_ms)
     }
 }
 
@@ -190,6 +196,7 @@ impl Default for OsdConfig {
             connections_reserved_for_peers: 64,
             payload_recv_timeout_ms: 10_000,
             send_stall_timeout_ms: 30_000,
+            idle_timeout_ms: 900_000,
             max_inflight_per_connection: 256,
             max_inflight_bytes_per_shard: 128 << 20,
             open_files_per_shard_max: 1024,
@@ -334,6 +341,9 @@ impl Validate for OsdConfig {
         }
         if !(100..=3_600_000).contains(&self.send_stall_timeout_ms) {
             return bad("send_stall_timeout_ms", "must be 100..=3600000");
+        }
+        if self.idle_timeout_ms != 0 && !(100..=86_400_000).contains(&self.idle_timeout_ms) {
+            return bad("idle_timeout_ms", "must be 0 (never) or 100..=86400000");
         }
         if !(1..=4096).contains(&self.max_inflight_per_connection) {
             return bad("max_inflight_per_connection", "must be 1..=4096");

@@ -110,13 +110,13 @@ pub(crate) async fn serve_connection(
         conn.close_after_send();
         return;
     }
-    watch_stalls(&conn, shard.stall_bounds, shard.id);
+    let inflight = Rc::new(Inflight::default());
+    watch_stalls(&conn, shard.stall_bounds, shard.id, &inflight);
     let access = crate::access::ConnAccess::new(
         is_peer,
         admitted.who.as_ref().map(|w| w.role),
         admitted.volumes.clone(),
     );
-    let inflight = Rc::new(Inflight::default());
     let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
     let _area_gauge = AreaGauge(shard.clone(), fetching.clone());
     loop {
@@ -256,23 +256,32 @@ pub(crate) async fn serve_connection(
 /// Watches an admitted connection until it closes: one that stays stuck on a
 /// payload or on its replies past its bound (a trickling or never-reading peer,
 /// which would hold a pool buffer or queued replies and a slot) is closed,
-/// logged and counted. One timer per connection, waking a few times per bound:
-/// nothing on the data path. Only tcp connections can be stuck this way.
+/// logged and counted, and so is one idle past `idle_timeout_ms` with nothing
+/// in flight (`inflight`: a request the shard still works on is not idleness).
+/// One timer per connection, waking a few times per bound: nothing on the data
+/// path. Only tcp connections are watched.
 pub(crate) fn watch_stalls(
     conn: &Conn,
     bounds: flame_common::transport::StallBounds,
     shard_id: u16,
+    inflight: &Rc<Inflight>,
 ) {
+    use flame_common::transport::Stall;
     if !matches!(conn, Conn::Tcp(_)) {
         return;
     }
     let (sampled, watched, stuck) = (conn.clone(), conn.clone(), conn.clone());
+    let inflight = inflight.clone();
     flame_common::transport::stall::watch(
         bounds,
-        move || sampled.stall(),
+        move || {
+            sampled
+                .stall()
+                .filter(|&(s, _)| s != Stall::Idle || inflight.is_empty())
+        },
         move || watched.is_closed(),
         move |stall, took| {
-            let bound = bounds.of(stall);
+            let bound = bounds.of(stall).unwrap_or_default();
             tracing::warn!(shard = shard_id, peer = %stuck.peer(), "closing a connection stuck for {took:?} ({}, bound {bound:?})", stall.label());
             crate::metrics::stalled_connection_closed(stall.label());
             stuck.close();
@@ -681,6 +690,11 @@ impl Drop for TransferGuard<'_> {
 }
 
 impl Inflight {
+    /// Nothing is in flight: no request running, no transfer.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count.get() == 0 && self.transfers.get() == 0
+    }
+
     /// A request was read and started.
     pub(crate) fn enter(&self) {
         self.count.set(self.count.get() + 1);

@@ -487,7 +487,6 @@ async fn serve(
         conn.close_after_send();
         return;
     }
-    crate::connection::watch_stalls(&conn, shard.stall_bounds, shard.id);
     let access = crate::access::ConnAccess::new(
         is_peer,
         admitted.who.as_ref().map(|w| w.role),
@@ -499,6 +498,7 @@ async fn serve(
         shard.max_inflight
     };
     let inflight = Rc::new(crate::connection::Inflight::default());
+    crate::connection::watch_stalls(&conn, shard.stall_bounds, shard.id, &inflight);
     loop {
         inflight.below(max_inflight).await;
         if !is_peer {

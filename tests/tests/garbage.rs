@@ -263,3 +263,89 @@ fn trickling_and_never_reading_nbd_clients_are_closed_within_their_bounds() {
     drop(n);
     drop(t);
 }
+
+/// Idle connections go: with `idle_timeout_ms` an OSD closes a tcp connection
+/// that has sent nothing and has nothing in flight for that long (a raw HELLO
+/// and then silence; flame-nbd's connections and the OSDs' replication
+/// connections between two bursts of I/O), counted as `reason="idle"`. Clients
+/// and peers reconnect on their next request: the writes after the pause are
+/// replicated and read back.
+#[test]
+fn idle_osd_connections_are_closed_and_clients_and_peers_reconnect() {
+    use flame_common::protocol::Header;
+    let mut cluster = TestCluster::start_with(ClusterOptions {
+        osd_extra_yaml: "idle_timeout_ms: 1000\n".into(),
+        ..ClusterOptions::with_nbd()
+    });
+    cluster.create_nbd_volume("idle", 64 << 20);
+    let idle_closed = |cluster: &TestCluster| -> u64 {
+        (0..cluster.osd_count())
+            .map(|i| {
+                let (_, text) = http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
+                text.lines()
+                    .filter(|l| {
+                        l.starts_with("flame_osd_stalled_connections_closed_total")
+                            && l.contains("reason=\"idle\"")
+                    })
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    // Replicated writes in every object of the first 16 MiB: flame-nbd talks to
+    // several primaries, and they to their replicas.
+    cluster.qemu_io("idle", &["write -P 0x31 0 16M"]);
+    let before = idle_closed(&cluster);
+
+    // A raw connection: HELLO, then nothing.
+    let map = cluster.map();
+    let (&osd, info) = map.osds.iter().next().unwrap();
+    let hm = cluster.hello_maker();
+    let mut raw = TcpStream::connect_timeout(&info.shard_addr(0), Duration::from_secs(5)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    raw.write_all(&hm.hello(osd, 0, map.epoch, false, 0, 0).encode())
+        .unwrap();
+    let mut h = [0u8; 128];
+    raw.read_exact(&mut h).unwrap();
+    let reply = Header::decode(&h).unwrap();
+    assert_eq!(reply.status, 0, "hello");
+    let mut rest = vec![0u8; reply.payload_len as usize];
+    raw.read_exact(&mut rest).unwrap();
+    let started = std::time::Instant::now();
+    let mut sink = [0u8; 64];
+    let closed = matches!(raw.read(&mut sink), Ok(0) | Err(_));
+    let took = started.elapsed();
+    assert!(closed, "the idle raw connection sent something");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "an idle connection closed after {took:?} (bound 1 s)"
+    );
+    println!("idle raw connection closed after {took:?} (bound 1 s)");
+
+    // flame-nbd's and the peers' connections idled too; I/O goes on over new ones.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while idle_closed(&cluster) < before + 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no idle connections closed beside the raw one: {} then {}",
+            before,
+            idle_closed(&cluster)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster.qemu_io(
+        "idle",
+        &[
+            "write -P 0x32 4M 8M",
+            "read -P 0x31 0 4M",
+            "read -P 0x32 4M 8M",
+            "read -P 0x31 12M 4M",
+        ],
+    );
+    cluster.assert_all_running();
+    println!(
+        "idle closes counted: {} before the pause, {} after",
+        before,
+        idle_closed(&cluster)
+    );
+}

@@ -155,7 +155,7 @@ impl Conn {
     /// What the connection is stuck on, if anything, with its progress mark
     /// ([`flame_common::transport::stall`]).
     pub(crate) fn stall(&self) -> Option<(Stall, u64)> {
-        self.marks.current()
+        Some(self.marks.current())
     }
 
     /// Whether the connection was closed.

@@ -205,7 +205,7 @@ fn watch_stalls(conn: &Rc<Conn>, bounds: flame_common::transport::StallBounds, p
         move || sampled.stall(),
         move || watched.is_closed(),
         move |stall, took| {
-            let bound = bounds.of(stall);
+            let bound = bounds.of(stall).unwrap_or_default();
             tracing::warn!(%peer, "closing an NBD connection stuck for {took:?} ({}, bound {bound:?})", stall.label());
             super::metrics::stalled_connection_closed(stall.label());
             stuck.close();

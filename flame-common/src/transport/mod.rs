@@ -221,11 +221,13 @@ impl Conn {
     /// payload whose header arrived but whose bytes have not all come
     /// ([`Stall::Receive`]; the mark counts completed slow payloads), or a batch
     /// of sends the peer does not take ([`Stall::Send`]; the mark counts written
-    /// batches). The owner's watchdog closes a connection whose answer stays the
-    /// same longer than its bound, so a trickling or never-reading peer cannot
-    /// hold pool memory and a slot forever; the data path reads no clock for it.
-    /// Only tcp can be stuck this way (shm and rdma messages arrive whole; their
-    /// send rings are bounded by the peer's credits); the others say `None`.
+    /// batches), or nothing ([`Stall::Idle`]; the mark counts frames received
+    /// and batches sent). The owner's watchdog closes a connection whose answer
+    /// stays the same longer than its bound, so a trickling or never-reading
+    /// peer cannot hold pool memory and a slot forever; the data path reads no
+    /// clock for it. Only tcp is watched (shm and rdma messages arrive whole;
+    /// their send rings are bounded by the peer's credits); the others say
+    /// `None`.
     pub fn stall(&self) -> Option<(Stall, u64)> {
         match self {
             Conn::Tcp(c) => c.stall(),

@@ -4,7 +4,10 @@
 //! Every byte-stream connection (the OSD's tcp connections, flame-nbd's) keeps
 //! [`StallMarks`] on its data path — two flags and two counters, no clock read —
 //! and one watchdog task per connection ([`watch`]) samples them a few times per
-//! bound; the decision is the pure [`StallWatch`].
+//! bound; the decision is the pure [`StallWatch`]. The same marks tell an idle
+//! connection (nothing received or sent for [`StallBounds::idle`]), which a
+//! daemon may close to free its slot (the OSD's `idle_timeout_ms`; clients and
+//! peers reconnect on their next request).
 //!
 //! The bounds are deadlines on whole units, not on byte progress: a payload must
 //! arrive completely within [`StallBounds::payload_recv`] of its header (a trickle
@@ -21,6 +24,8 @@ pub enum Stall {
     Receive,
     /// Writing queued messages the peer does not read.
     Send,
+    /// Nothing received, nothing being sent (the mark counts both).
+    Idle,
 }
 
 impl Stall {
@@ -29,6 +34,7 @@ impl Stall {
         match self {
             Stall::Receive => "payload_stall",
             Stall::Send => "send_stall",
+            Stall::Idle => "idle",
         }
     }
 }
@@ -40,30 +46,45 @@ pub struct StallBounds {
     pub payload_recv: Duration,
     /// Writing one batch of queued sends the peer does not take.
     pub send: Duration,
+    /// Neither receiving nor sending anything; `None`: idle connections stay.
+    pub idle: Option<Duration>,
 }
 
 impl StallBounds {
-    /// Bounds from configured milliseconds.
+    /// Bounds from configured milliseconds; idle connections stay.
     pub fn from_ms(payload_recv_ms: u64, send_ms: u64) -> StallBounds {
         StallBounds {
             payload_recv: Duration::from_millis(payload_recv_ms),
             send: Duration::from_millis(send_ms),
+            idle: None,
         }
     }
 
-    /// The bound of one kind of stall.
-    pub fn of(&self, stall: Stall) -> Duration {
+    /// These bounds, closing connections idle for `idle_ms` (0: never).
+    pub fn with_idle_ms(self, idle_ms: u64) -> StallBounds {
+        StallBounds {
+            idle: (idle_ms > 0).then(|| Duration::from_millis(idle_ms)),
+            ..self
+        }
+    }
+
+    /// The bound of one kind of stall (`None`: that kind is never closed).
+    pub fn of(&self, stall: Stall) -> Option<Duration> {
         match stall {
-            Stall::Receive => self.payload_recv,
-            Stall::Send => self.send,
+            Stall::Receive => Some(self.payload_recv),
+            Stall::Send => Some(self.send),
+            Stall::Idle => self.idle,
         }
     }
 
-    /// How often a watchdog samples: a quarter of the smaller bound, so a stall
+    /// How often a watchdog samples: a quarter of the smallest bound, so a stall
     /// is closed at most a quarter late, within 25 ms .. 5 s.
     pub fn sample_period(&self) -> Duration {
-        (self.payload_recv.min(self.send) / 4)
-            .clamp(Duration::from_millis(25), Duration::from_secs(5))
+        let smallest = self
+            .payload_recv
+            .min(self.send)
+            .min(self.idle.unwrap_or(Duration::MAX));
+        (smallest / 4).clamp(Duration::from_millis(25), Duration::from_secs(5))
     }
 }
 
@@ -78,6 +99,8 @@ pub struct StallMarks {
     /// The writer is writing a batch.
     sending: Cell<bool>,
     batches_done: Cell<u64>,
+    /// Frames (requests, messages) received.
+    frames_received: Cell<u64>,
 }
 
 impl StallMarks {
@@ -93,6 +116,12 @@ impl StallMarks {
         }
     }
 
+    /// A whole frame (a request's or message's header) arrived.
+    pub fn frame_received(&self) {
+        self.frames_received
+            .set(self.frames_received.get().wrapping_add(1));
+    }
+
     /// The writer hands a batch to the kernel.
     pub fn send_started(&self) {
         self.sending.set(true);
@@ -105,21 +134,27 @@ impl StallMarks {
     }
 
     /// What the connection is waiting on, with a progress mark that changes when
-    /// it finishes one unit of it; `None` when it waits on nothing. A receive
+    /// it finishes one unit of it; [`Stall::Idle`] when it waits on nothing (the
+    /// mark then changes with every frame received and batch sent). A receive
     /// stall is reported before a send stall.
-    pub fn current(&self) -> Option<(Stall, u64)> {
+    pub fn current(&self) -> (Stall, u64) {
         if self.payload_pending.get() {
-            return Some((Stall::Receive, self.payloads_done.get()));
+            return (Stall::Receive, self.payloads_done.get());
         }
-        self.sending
+        if self.sending.get() {
+            return (Stall::Send, self.batches_done.get());
+        }
+        let activity = self
+            .frames_received
             .get()
-            .then(|| (Stall::Send, self.batches_done.get()))
+            .wrapping_add(self.batches_done.get());
+        (Stall::Idle, activity)
     }
 }
 
 /// The watchdog's decision, without I/O: fed samples of [`StallMarks::current`]
-/// with the time they were taken, it says when one stall has lasted past its
-/// bound.
+/// (`None`: nothing to watch at this sample) with the time they were taken, it
+/// says when one stall has lasted past its bound.
 #[derive(Debug)]
 pub struct StallWatch {
     bounds: StallBounds,
@@ -142,7 +177,10 @@ impl StallWatch {
         current: Option<(Stall, u64)>,
         now: Instant,
     ) -> Option<(Stall, Duration)> {
-        let Some(current) = current else {
+        let Some((current, bound)) =
+            current.and_then(|c| self.bounds.of(c.0).map(|bound| (c, bound)))
+        else {
+            // Nothing to watch, or a kind these bounds never close.
             self.seen = None;
             return None;
         };
@@ -154,7 +192,7 @@ impl StallWatch {
             }
         };
         let stuck = now.saturating_duration_since(since);
-        (stuck > self.bounds.of(current.0)).then_some((current.0, stuck))
+        (stuck > bound).then_some((current.0, stuck))
     }
 }
 
@@ -201,24 +239,47 @@ mod tests {
     #[test]
     fn marks_report_receive_before_send_and_count_finished_units() {
         let m = StallMarks::default();
-        assert_eq!(m.current(), None);
+        assert_eq!(m.current(), (Stall::Idle, 0));
         m.send_started();
-        assert_eq!(m.current(), Some((Stall::Send, 0)));
+        assert_eq!(m.current(), (Stall::Send, 0));
         m.payload_started();
-        assert_eq!(m.current(), Some((Stall::Receive, 0)), "receive first");
+        assert_eq!(m.current(), (Stall::Receive, 0), "receive first");
         m.payload_finished();
-        assert_eq!(m.current(), Some((Stall::Send, 0)));
+        assert_eq!(m.current(), (Stall::Send, 0));
         m.send_finished();
-        assert_eq!(m.current(), None);
+        assert_eq!(m.current(), (Stall::Idle, 1), "a sent batch is activity");
+        m.frame_received();
+        assert_eq!(m.current(), (Stall::Idle, 2), "so is a received frame");
         m.send_started();
-        assert_eq!(m.current(), Some((Stall::Send, 1)), "a new mark per batch");
+        assert_eq!(m.current(), (Stall::Send, 1), "a new mark per batch");
         m.payload_finished();
         m.payload_started();
         assert_eq!(
             m.current(),
-            Some((Stall::Receive, 1)),
+            (Stall::Receive, 1),
             "finishing none counts none"
         );
+    }
+
+    #[test]
+    fn idleness_closes_only_with_an_idle_bound() {
+        let t0 = Instant::now();
+        let idle = Some((Stall::Idle, 7));
+        let mut w = StallWatch::new(bounds());
+        w.observe(idle, at(t0, 0));
+        assert_eq!(w.observe(idle, at(t0, 3_600_000)), None, "no idle bound");
+        let mut w = StallWatch::new(bounds().with_idle_ms(2_000));
+        w.observe(idle, at(t0, 0));
+        assert_eq!(w.observe(idle, at(t0, 1_900)), None);
+        // Activity (a new mark) restarts it.
+        assert_eq!(w.observe(Some((Stall::Idle, 8)), at(t0, 1_950)), None);
+        assert_eq!(w.observe(Some((Stall::Idle, 8)), at(t0, 3_900)), None);
+        assert_eq!(
+            w.observe(Some((Stall::Idle, 8)), at(t0, 4_000))
+                .map(|s| s.0),
+            Some(Stall::Idle)
+        );
+        assert_eq!(bounds().with_idle_ms(0).idle, None, "0 = never");
     }
 
     #[test]
@@ -281,6 +342,11 @@ mod tests {
         assert_eq!(
             StallBounds::from_ms(600_000, 600_000).sample_period(),
             Duration::from_secs(5)
+        );
+        assert_eq!(
+            bounds().with_idle_ms(400).sample_period(),
+            Duration::from_millis(100),
+            "the idle bound counts"
         );
     }
 }

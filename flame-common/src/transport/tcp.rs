@@ -348,6 +348,7 @@ impl TcpConn {
         hb.copy_from_slice(&st.buf[st.start..st.start + HEADER_LEN]);
         let header = Header::decode(&hb)?;
         st.start += HEADER_LEN;
+        self.marks.frame_received();
         st.header_only = false;
         // Payload: bounded by Header::decode before this allocation.
         let len = header.payload_len as usize;
@@ -698,7 +699,7 @@ impl TcpConn {
 
     /// See [`super::Conn::stall`].
     pub fn stall(&self) -> Option<(super::Stall, u64)> {
-        self.marks.current()
+        Some(self.marks.current())
     }
 
     /// See [`super::Conn::is_closed`].
