@@ -118,6 +118,11 @@ pub struct OsdConfig {
     /// all its connections; beyond it, connections stop reading until requests
     /// finish. Bounds a shard's memory whatever its clients do.
     pub max_inflight_bytes_per_shard: u64,
+    /// Payload bytes (forwarded writes, recovery reads) one shard lets OSD peers
+    /// have in flight, across all their connections; beyond it, peer connections
+    /// stop reading until requests finish. A bound of its own, so peers never
+    /// wait behind clients (`crate::byte_budget`).
+    pub max_peer_inflight_bytes_per_shard: u64,
     /// Object files one shard keeps open.
     pub open_files_per_shard_max: u32,
     /// Registered payload memory of the shard threads (docs/configuration.md,
@@ -199,6 +204,7 @@ impl Default for OsdConfig {
             idle_timeout_ms: 900_000,
             max_inflight_per_connection: 256,
             max_inflight_bytes_per_shard: 128 << 20,
+            max_peer_inflight_bytes_per_shard: 256 << 20,
             open_files_per_shard_max: 1024,
             memory_pool: Default::default(),
             connect_timeout_ms: 2000,
@@ -356,6 +362,12 @@ impl Validate for OsdConfig {
             return bad(
                 "max_inflight_bytes_per_shard",
                 &format!("must be 16 MiB..={} MiB (in bytes)", shard_bytes_max >> 20),
+            );
+        }
+        if !((16 << 20)..=(4 << 30)).contains(&self.max_peer_inflight_bytes_per_shard) {
+            return bad(
+                "max_peer_inflight_bytes_per_shard",
+                "must be 16 MiB..=4 GiB (in bytes)",
             );
         }
         if !(16..=1_000_000).contains(&self.open_files_per_shard_max) {

@@ -122,10 +122,10 @@ pub(crate) async fn serve_connection(
     loop {
         // Back-pressure: stop reading while the connection has too much in flight;
         // the unread requests wait in the socket and slow the sender down.
-        // Replication connections never wait on the shard's byte bound: their
+        // Replication connections never wait on the clients' byte bound: their
         // requests are what frees other shards' (and this one's) primaries, so
-        // blocking them could deadlock two OSDs waiting on each other. Their
-        // volume is bounded by the sending primaries' own bounds.
+        // blocking them could deadlock two OSDs waiting on each other. They have
+        // a byte bound of their own (crate::byte_budget), which frees by itself.
         //
         // Exception: while a converted request's one-sided transfer is running on
         // an emulated transport (tcp), its completion arrives through this
@@ -180,8 +180,8 @@ pub(crate) async fn serve_connection(
             }
             _ => {}
         }
-        let over_bound = inflight.count.get() >= max_inflight
-            || (!is_peer && shard.inflight_bytes.get() >= shard.inflight_bytes_max);
+        let over_bound =
+            inflight.count.get() >= max_inflight || !shard.bytes_of(is_peer).has_room();
         if over_bound {
             if conn
                 .send_owned(msg.reply(shard.epoch(), status::EAGAIN))
@@ -222,7 +222,7 @@ pub(crate) async fn serve_connection(
         }
         inflight.enter();
         let bytes = payload_bytes(&msg);
-        shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);
+        shard.bytes_of(is_peer).take(bytes);
         let shard = shard.clone();
         let conn = conn.clone();
         let inflight = inflight.clone();
@@ -233,7 +233,14 @@ pub(crate) async fn serve_connection(
                     msg,
                     Message::Write { .. } | Message::WriteZeroes { .. } | Message::Discard { .. }
                 );
-            if client_write && let Some(ms) = crate::failpoints::write_hold_ms() {
+            let hold = if client_write {
+                crate::failpoints::hold_ms("write_hold")
+            } else if is_peer && matches!(msg, Message::Write { .. }) {
+                crate::failpoints::hold_ms("forward_hold")
+            } else {
+                None
+            };
+            if let Some(ms) = hold {
                 reactor::sleep(Duration::from_millis(ms)).await;
             }
             if let Some(reply) = shard.execute_converting(&conn, &inflight, msg).await {
@@ -246,7 +253,7 @@ pub(crate) async fn serve_connection(
                     let _ = conn.send_owned(reply);
                 }
             }
-            shard.release_bytes(bytes);
+            shard.bytes_of(is_peer).release(bytes);
             inflight.leave();
         })
         .detach();
@@ -723,19 +730,19 @@ impl Inflight {
         .await
     }
 
-    /// Waits until the connection has room (in-flight count below `max` and, for
-    /// a client connection, the shard's bytes below their bound), or until a
-    /// transfer needs the receive loop.
+    /// Waits until the connection has room (in-flight count below `max` and the
+    /// shard's client or peer bytes below their bound), or until a transfer
+    /// needs the receive loop.
     async fn room_or_transfers(&self, max: u32, is_peer: bool, shard: &Shard) {
         std::future::poll_fn(|cx| {
-            let bytes_ok = is_peer || shard.inflight_bytes.get() < shard.inflight_bytes_max;
-            if self.transfers.get() > 0 || (self.count.get() < max && bytes_ok) {
+            if self.transfers.get() > 0 {
+                return std::task::Poll::Ready(());
+            }
+            let bytes_ok = shard.bytes_of(is_peer).poll_room(cx).is_ready();
+            if self.count.get() < max && bytes_ok {
                 return std::task::Poll::Ready(());
             }
             self.reader.set(Some(cx.waker().clone()));
-            if !bytes_ok {
-                shard.byte_waiters.borrow_mut().push(cx.waker().clone());
-            }
             std::task::Poll::Pending
         })
         .await

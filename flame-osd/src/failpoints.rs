@@ -16,8 +16,9 @@
 //! every copy — but its reply is dropped and the connection closed, so the client
 //! resends it: tests of retry de-duplication), and `write_hold`, whose
 //! `return(MS)` holds a client's write for `MS` milliseconds before it is executed,
-//! as if it sat in the network ([`write_hold_ms`]: tests of writes a client gave
-//! up on), and `map_fetch` (the control thread's fetch of a newer map: an OSD
+//! as if it sat in the network ([`hold_ms`]: tests of writes a client gave up
+//! on), `forward_hold`, the same for a write a primary forwarded to this OSD
+//! (tests of the peers' byte bound), and `map_fetch` (the control thread's fetch of a newer map: an OSD
 //! that cannot learn new maps, for tests of a primary replaced while it still
 //! runs).
 //!
@@ -37,7 +38,7 @@
 use std::io;
 
 /// Every failpoint the OSD has.
-pub const POINTS: [&str; 10] = [
+pub const POINTS: [&str; 11] = [
     "store_read",
     "store_write",
     "store_sync",
@@ -47,6 +48,7 @@ pub const POINTS: [&str; 10] = [
     "disk_usage",
     "reply_drop",
     "write_hold",
+    "forward_hold",
     "map_fetch",
 ];
 
@@ -101,20 +103,21 @@ pub fn forced_usage() -> Option<f64> {
     None
 }
 
-/// How long the `write_hold` failpoint holds a client write (`return(MS)`), if set
-/// and firing now. Bounded to a minute.
+/// How long a hold failpoint holds a request before it runs (`return(MS)`), if
+/// set and firing now: `write_hold` a client's write, `forward_hold` a write a
+/// primary forwarded. Bounded to a minute.
 #[cfg(feature = "failpoints")]
-pub fn write_hold_ms() -> Option<u64> {
-    fail::fail_point!("write_hold", |arg: Option<String>| arg
+pub fn hold_ms(point: &'static str) -> Option<u64> {
+    fail::fail_point!(point, |arg: Option<String>| arg
         .and_then(|a| a.trim().parse::<u64>().ok())
         .map(|ms| ms.min(60_000)));
     None
 }
 
-/// Failpoints are not compiled in: writes are never held.
+/// Failpoints are not compiled in: requests are never held.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn write_hold_ms() -> Option<u64> {
+pub fn hold_ms(_point: &'static str) -> Option<u64> {
     None
 }
 

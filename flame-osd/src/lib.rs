@@ -21,6 +21,7 @@
 
 pub mod access;
 pub mod activation;
+pub mod byte_budget;
 pub mod config;
 pub mod connection;
 pub mod connection_slots;

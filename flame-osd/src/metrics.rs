@@ -79,6 +79,15 @@ static CONNECTIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
 
+static INFLIGHT_BYTES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "flame_osd_inflight_bytes",
+        "Payload bytes of requests in flight, by kind (client|peer: each has its own bound, max_inflight_bytes_per_shard and max_peer_inflight_bytes_per_shard) and shard",
+        &["kind", "shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
 static CONVERTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "flame_osd_converted_total",
@@ -254,6 +263,11 @@ impl ShardMetrics {
     /// Resolves every child for `shard`.
     /// The `client` connections gauge of `shard` (the staged mode's network
     /// threads count the connections they own there).
+    /// The gauge of a shard's bytes in flight, `kind` client or peer.
+    pub fn inflight_bytes_gauge(kind: &str, shard: u16) -> IntGauge {
+        INFLIGHT_BYTES.with_label_values(&[kind, &shard.to_string()])
+    }
+
     pub fn connections_gauge(shard: u16) -> IntGauge {
         CONNECTIONS.with_label_values(&["client", &shard.to_string()])
     }

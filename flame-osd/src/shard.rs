@@ -79,11 +79,10 @@ pub struct Shard {
     pub(crate) reply_area_over_emulated: bool,
     /// Connection slots: per shard, per source, kept for peers.
     pub(crate) slots: Rc<RefCell<crate::connection_slots::ConnectionSlots>>,
-    /// Payload bytes in flight on this shard, and its bound.
-    pub(crate) inflight_bytes: Cell<u64>,
-    pub(crate) inflight_bytes_max: u64,
-    /// Connection readers waiting for `inflight_bytes` to drop below the bound.
-    pub(crate) byte_waiters: RefCell<Vec<std::task::Waker>>,
+    /// Payload bytes in flight on this shard: its clients', its peers'
+    /// ([`crate::byte_budget`]: two bounds, so peers never wait behind clients).
+    pub(crate) client_bytes: crate::byte_budget::ByteBudget,
+    pub(crate) peer_bytes: crate::byte_budget::ByteBudget,
     /// Newest connection generation of each session (see `Message::Hello`).
     pub(crate) sessions: RefCell<flame_common::collections::HashMap<u64, Rc<Cell<u64>>>>,
     /// The decision core of each placement group this shard has seen writes for
@@ -106,13 +105,12 @@ pub struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn release_bytes(&self, bytes: u64) {
-        let now = self.inflight_bytes.get() - bytes;
-        self.inflight_bytes.set(now);
-        if now < self.inflight_bytes_max {
-            for w in self.byte_waiters.borrow_mut().drain(..) {
-                w.wake();
-            }
+    /// The byte budget a connection's requests count against.
+    pub(crate) fn bytes_of(&self, is_peer: bool) -> &crate::byte_budget::ByteBudget {
+        if is_peer {
+            &self.peer_bytes
+        } else {
+            &self.client_bytes
         }
     }
 

@@ -183,9 +183,14 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             cfg.max_connections_per_source,
             cfg.connections_reserved_for_peers,
         ))),
-        inflight_bytes: Cell::new(0),
-        inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
-        byte_waiters: RefCell::new(Vec::new()),
+        client_bytes: crate::byte_budget::ByteBudget::new(
+            cfg.max_inflight_bytes_per_shard,
+            Some(ShardMetrics::inflight_bytes_gauge("client", id)),
+        ),
+        peer_bytes: crate::byte_budget::ByteBudget::new(
+            cfg.max_peer_inflight_bytes_per_shard,
+            Some(ShardMetrics::inflight_bytes_gauge("peer", id)),
+        ),
         sessions: RefCell::new(flame_common::collections::HashMap::default()),
         pgs: RefCell::new(crate::pg_core::PgCores::new(
             cfg.pg_log_entries_max as usize,

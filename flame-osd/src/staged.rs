@@ -26,7 +26,7 @@ use flame_common::map::ClusterMap;
 use flame_common::protocol::{Message, status};
 use flame_common::reactor::{self, Handle, PollSource};
 use flame_common::transport::{Conn, Listener};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -216,9 +216,9 @@ struct NetShard {
     map: Arc<ArcSwap<ClusterMap>>,
     slots: Rc<RefCell<crate::connection_slots::ConnectionSlots>>,
     max_inflight: u32,
-    inflight_bytes: Cell<u64>,
-    inflight_bytes_max: u64,
-    byte_waiters: RefCell<Vec<std::task::Waker>>,
+    /// Payload bytes in flight: clients', peers' (see [`crate::byte_budget`]).
+    client_bytes: crate::byte_budget::ByteBudget,
+    peer_bytes: crate::byte_budget::ByteBudget,
     connections_gauge: prometheus::IntGauge,
     /// Who may connect to this shard.
     hello_gate: crate::hello_gate::HelloGate,
@@ -365,9 +365,18 @@ async fn network_main(setup: NetSetup, handle: Handle) {
                 cfg.connections_reserved_for_peers,
             ))),
             max_inflight: cfg.max_inflight_per_connection,
-            inflight_bytes: Cell::new(0),
-            inflight_bytes_max: cfg.max_inflight_bytes_per_shard,
-            byte_waiters: RefCell::new(Vec::new()),
+            client_bytes: crate::byte_budget::ByteBudget::new(
+                cfg.max_inflight_bytes_per_shard,
+                Some(crate::metrics::ShardMetrics::inflight_bytes_gauge(
+                    "client", id,
+                )),
+            ),
+            peer_bytes: crate::byte_budget::ByteBudget::new(
+                cfg.max_peer_inflight_bytes_per_shard,
+                Some(crate::metrics::ShardMetrics::inflight_bytes_gauge(
+                    "peer", id,
+                )),
+            ),
             connections_gauge: crate::metrics::ShardMetrics::connections_gauge(id),
             hello_gate: crate::hello_gate::HelloGate::new(setup.osd, setup.service.clone()),
             stall_bounds: cfg.stall_bounds(),
@@ -501,9 +510,7 @@ async fn serve(
     crate::connection::watch_stalls(&conn, shard.stall_bounds, shard.id, &inflight);
     loop {
         inflight.below(max_inflight).await;
-        if !is_peer {
-            shard.bytes_below_bound().await;
-        }
+        shard.bytes_of(is_peer).room().await;
         let msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
@@ -535,7 +542,7 @@ async fn serve(
         }
         inflight.enter();
         let bytes = crate::connection::payload_bytes(&msg);
-        shard.inflight_bytes.set(shard.inflight_bytes.get() + bytes);
+        shard.bytes_of(is_peer).take(bytes);
         if converted(&msg) {
             // A one-sided transfer runs here, where the connection is: pull a
             // write's payload before handing it to a worker, push a read's data
@@ -550,7 +557,7 @@ async fn serve(
             );
             reactor::spawn(async move {
                 serve_converted(&shard, &conn, &inflight, &pending, replies, msg, fence).await;
-                shard.release_bytes(bytes);
+                shard.bytes_of(is_peer).release(bytes);
                 inflight.leave();
             })
             .detach();
@@ -586,7 +593,7 @@ async fn serve(
                     conn.close();
                 }
             }
-            shard.release_bytes(bytes);
+            shard.bytes_of(is_peer).release(bytes);
             inflight.leave();
         })
         .detach();
@@ -651,25 +658,12 @@ async fn serve_converted(
 }
 
 impl NetShard {
-    async fn bytes_below_bound(&self) {
-        std::future::poll_fn(|cx| {
-            if self.inflight_bytes.get() < self.inflight_bytes_max {
-                std::task::Poll::Ready(())
-            } else {
-                self.byte_waiters.borrow_mut().push(cx.waker().clone());
-                std::task::Poll::Pending
-            }
-        })
-        .await
-    }
-
-    fn release_bytes(&self, bytes: u64) {
-        let now = self.inflight_bytes.get() - bytes;
-        self.inflight_bytes.set(now);
-        if now < self.inflight_bytes_max {
-            for w in self.byte_waiters.borrow_mut().drain(..) {
-                w.wake();
-            }
+    /// The byte budget a connection's requests count against.
+    fn bytes_of(&self, is_peer: bool) -> &crate::byte_budget::ByteBudget {
+        if is_peer {
+            &self.peer_bytes
+        } else {
+            &self.client_bytes
         }
     }
 }

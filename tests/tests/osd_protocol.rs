@@ -1146,6 +1146,88 @@ fn trickling_and_never_reading_connections_are_closed_within_their_bounds() {
     drop(t);
 }
 
+/// Peers have a byte bound of their own: with `max_peer_inflight_bytes_per_shard`
+/// at 16 MiB and every forwarded write held 3 s on the replica (failpoint
+/// `forward_hold`), a peer connection that sends twelve 4 MiB forwarded writes
+/// has exactly four in flight (16 MiB: the rest wait unread in the socket, so
+/// the peer's memory is bounded, never heap without limit), the clients' bound
+/// is untouched, and all twelve are applied once the holds end (back-pressure:
+/// none is refused).
+#[test]
+fn peer_connections_have_a_byte_bound_of_their_own() {
+    use std::io::{Read as _, Write as _};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        shards: 1,
+        osd_extra_yaml: "max_peer_inflight_bytes_per_shard: 16777216\n".into(),
+        ..ClusterOptions::default()
+    });
+    let vol = cluster.create_volume("peerbytes", 64 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let replica = locate(&map, object).osds[1];
+    let process = process_of(&cluster, &map, replica);
+    let metrics = cluster.osd_metrics_addr(process);
+    let inflight = |kind: &str| -> u64 {
+        let (_, text) = flame_tests::http_get(metrics, "/metrics").unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("flame_osd_inflight_bytes{")
+                    && l.contains(&format!("kind=\"{kind}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    cluster.set_failpoint(process, "forward_hold", "return(3000)");
+    let hm = cluster.hello_maker();
+    let mut p = std::net::TcpStream::connect(map.osds[&replica].shard_addr(0)).unwrap();
+    p.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    p.write_all(&hm.hello(replica, 0, map.epoch, true, 0, 0).encode())
+        .unwrap();
+    let mut header = [0u8; 128];
+    let mut read_message = |p: &mut std::net::TcpStream| {
+        p.read_exact(&mut header).unwrap();
+        let h = protocol::Header::decode(&header).unwrap();
+        let mut body = vec![0u8; h.payload_len as usize];
+        p.read_exact(&mut body).unwrap();
+        h
+    };
+    assert_eq!(read_message(&mut p).status, 0, "peer hello");
+    // Twelve forwarded 4 MiB writes, sent from a thread (the socket fills up
+    // once the replica stops reading).
+    let mut sender = p.try_clone().unwrap();
+    let writes: Vec<Vec<u8>> = (0..12u64)
+        .map(|i| {
+            let mut msg = write(&map, 100 + i, object, 0, vec![0x5b; 4 << 20]);
+            if let Message::Write { flags, .. } = &mut msg {
+                *flags |= protocol::flags::REPLICA;
+            }
+            msg.encode()
+        })
+        .collect();
+    let sending = std::thread::spawn(move || {
+        for w in writes {
+            sender.write_all(&w).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (peer_bytes, client_bytes) = (inflight("peer"), inflight("client"));
+    println!("during the hold: {peer_bytes} peer bytes, {client_bytes} client bytes in flight");
+    assert_eq!(peer_bytes, 16 << 20, "four 4 MiB forwarded writes, no more");
+    assert_eq!(client_bytes, 0, "peers count against their own bound");
+    cluster.clear_failpoint(process, "forward_hold");
+    // Every write is answered (the first four after their hold), none refused.
+    let statuses: Vec<i32> = (0..12).map(|_| read_message(&mut p).status).collect();
+    assert!(
+        statuses.iter().all(|&st| st == status::OK),
+        "back-pressure, not refusal: every write waits its turn and is applied ({statuses:?})"
+    );
+    sending.join().unwrap();
+    assert_eq!(inflight("peer"), 0);
+}
+
 /// Connection slots: one source address holds at most
 /// `max_connections_per_source` connections to a shard; clients take at most
 /// `max_connections_per_shard - connections_reserved_for_peers`, and the rest

@@ -166,9 +166,8 @@ fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         slots: Rc::new(RefCell::new(crate::connection_slots::ConnectionSlots::new(
             16, 16, 1,
         ))),
-        inflight_bytes: Cell::new(0),
-        inflight_bytes_max: 16 << 20,
-        byte_waiters: RefCell::new(Vec::new()),
+        client_bytes: crate::byte_budget::ByteBudget::new(16 << 20, None),
+        peer_bytes: crate::byte_budget::ByteBudget::new(16 << 20, None),
         sessions: RefCell::default(),
         pgs: RefCell::new(crate::pg_core::PgCores::new(16)),
         recovery: Default::default(),
