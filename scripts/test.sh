@@ -24,6 +24,8 @@
 #      flame-nbd, down, up again (same data), down — in a temporary directory with
 #      its own port base (ports 16800..16839 by default), so it runs beside a
 #      default dev cluster (deploy/dev-cluster.sh up, ports 6800 etc.)
+#   6. the deterministic simulator's seeds 1..600 in the release build (the main
+#      pass ran 60 in the debug build)
 #
 # Environment: FLAME_SMOKE_PORT_BASE=N moves the smoke cluster to ports N..N+39 (for
 # two test runs at once, or a machine where 16800..16839 are taken);
@@ -164,7 +166,9 @@ section "cargo test --workspace --no-fail-fast"
 # the fault tests would find no failpoints. flame-osd's tests stay unit tests.
 [[ ! -d flame-osd/tests ]] || die "flame-osd/tests/ exists: cargo test would rebuild flame-osd without failpoints; make those tests unit tests (#[cfg(test)] modules)"
 echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
-cargo test --workspace --no-fail-fast
+# The simulator's seeds run here in the debug build (debug assertions on), 60 of
+# them; the release build the smoke test makes runs 600 more at the end.
+FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-60}" cargo test --workspace --no-fail-fast
 # flame-client's unit tests of the ublk module (its config, request decoding).
 cargo test -p flame-client --features ublk --lib ublk
 
@@ -288,5 +292,11 @@ else
     trap - EXIT
     cleanup
 fi
+
+section "simulator, release build: scripts/simulate.sh --seeds 600 --from 1 --jobs 2"
+# Seeds 1..600 (they include every seed docs/testing.md names for the
+# reintroduced bugs) in two processes: about 30 s, where the debug build runs
+# 60 in about as long. Built by the smoke test's release build (or here).
+scripts/simulate.sh --seeds 600 --from 1 --jobs 2
 
 section "all tests passed in $((SECONDS - START)) s"
