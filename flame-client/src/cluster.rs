@@ -184,14 +184,13 @@ impl Shared {
     /// watcher round checks; a failure keeps the old one and says so).
     fn renew_ticket_if_due(&self) {
         let due = self.tickets.load().as_ref().is_some_and(|t| {
-            let c = &t.ticket.claims;
-            let half = (c.expires_ms - c.issued_ms.min(c.expires_ms)) / 2;
-            let refused = t.refused.load(Ordering::Acquire)
-                && self
-                    .last_renewal
-                    .lock()
-                    .is_none_or(|at| clock::elapsed(at) >= TICKET_RENEW_INTERVAL_MIN);
-            refused || clock::unix_ms() >= c.issued_ms.saturating_add(half)
+            let since_last_renewal = self.last_renewal.lock().map(clock::elapsed);
+            renewal_due(
+                &t.ticket.claims,
+                t.refused.load(Ordering::Acquire),
+                since_last_renewal,
+                clock::unix_ms(),
+            )
         });
         if !due {
             return;
@@ -220,6 +219,24 @@ impl Shared {
             self.stop_cv.wait_for(&mut g, d);
         }
     }
+}
+
+/// Whether a ticket should be renewed now: from half its lifetime on (so an
+/// outage of the manager shorter than the other half costs nothing), or at once
+/// when an OSD refused it — but then at most every
+/// [`TICKET_RENEW_INTERVAL_MIN`] (`since_last_renewal`: `None` when this client
+/// never renewed), so a refusing OSD cannot make it hammer the manager. A ticket
+/// issued after it expires (a bad clock) is due at once.
+fn renewal_due(
+    claims: &flame_common::auth::TicketClaims,
+    refused: bool,
+    since_last_renewal: Option<Duration>,
+    now_ms: u64,
+) -> bool {
+    let half = (claims.expires_ms - claims.issued_ms.min(claims.expires_ms)) / 2;
+    let refused_and_free =
+        refused && since_last_renewal.is_none_or(|d| d >= TICKET_RENEW_INTERVAL_MIN);
+    refused_and_free || now_ms >= claims.issued_ms.saturating_add(half)
 }
 
 /// Checks a freshly fetched first map.
@@ -508,5 +525,59 @@ fn refresh_loop(s: Arc<Shared>) {
         s.renew_ticket_if_due();
         served = ticket;
         s.refresh_done.store(ticket, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod renewal_tests {
+    use super::*;
+    use flame_common::auth::{EntityName, Role, TicketClaims, VolumePatterns};
+
+    fn claims(issued_ms: u64, expires_ms: u64) -> TicketClaims {
+        TicketClaims {
+            entity: EntityName::parse("client.t").unwrap(),
+            role: Role::Client,
+            service_generation: 1,
+            issued_ms,
+            expires_ms,
+            volumes: VolumePatterns::default(),
+        }
+    }
+
+    #[test]
+    fn a_ticket_is_renewed_from_half_its_lifetime_on() {
+        let c = claims(1_000, 3_601_000);
+        assert!(!renewal_due(&c, false, None, 1_000));
+        assert!(!renewal_due(&c, false, None, 1_800_999));
+        assert!(renewal_due(&c, false, None, 1_801_000), "half-life");
+        assert!(
+            renewal_due(&c, false, Some(Duration::ZERO), 4_000_000),
+            "expired"
+        );
+    }
+
+    #[test]
+    fn a_refused_ticket_is_renewed_at_once_but_not_more_often_than_the_minimum_interval() {
+        let c = claims(1_000, 3_601_000);
+        assert!(renewal_due(&c, true, None, 2_000), "never renewed: at once");
+        assert!(renewal_due(
+            &c,
+            true,
+            Some(TICKET_RENEW_INTERVAL_MIN),
+            2_000
+        ));
+        assert!(
+            !renewal_due(&c, true, Some(Duration::from_secs(1)), 2_000),
+            "renewed a second ago: wait"
+        );
+        assert!(
+            renewal_due(&c, true, Some(Duration::from_secs(1)), 1_801_000),
+            "half-life wins over the interval"
+        );
+    }
+
+    #[test]
+    fn a_ticket_issued_after_its_expiry_is_due_at_once() {
+        assert!(renewal_due(&claims(5_000, 4_000), false, None, 5_000));
     }
 }

@@ -1746,6 +1746,23 @@ pub fn mgr_call_as(
     Ok((a.status, String::from_utf8_lossy(&a.body).into_owned()))
 }
 
+/// The sum of the samples of metric family `name` at `addr`'s `/metrics` whose
+/// labels contain `label` (`reason="idle"`; `""` for every sample): a counter or
+/// gauge over the children a test cares about. 0 when there are none.
+pub fn metric_sum(addr: SocketAddr, name: &str, label: &str) -> u64 {
+    let (code, text) = http_get(addr, "/metrics").unwrap_or_else(|e| panic!("{addr}: {e}"));
+    assert_eq!(code, 200, "{addr}/metrics: HTTP {code}");
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && l.contains(label)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
 /// `GET http://<addr><path>` → `(status, body)`, unsigned (OSD and flame-nbd
 /// endpoints, the manager's `/metrics`); errors are transport failures.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {

@@ -204,12 +204,12 @@ fn trickling_and_never_reading_nbd_clients_are_closed_within_their_bounds() {
     cluster.qemu_io("stall", &["write -P 0x42 0 4M"]);
     let (nbd, metrics) = (cluster.nbd_addr(), cluster.nbd_metrics_addr());
     let counted = |reason: &str| {
-        let (_, text) = http_get(metrics, "/metrics").unwrap();
-        text.lines().any(|l| {
-            l.starts_with("flame_nbd_stalled_connections_closed_total")
-                && l.contains(&format!("reason=\"{reason}\""))
-                && l.ends_with(" 1")
-        })
+        let label = format!("reason=\"{reason}\"");
+        flame_tests::metric_sum(
+            metrics,
+            "flame_nbd_stalled_connections_closed_total",
+            &label,
+        ) == 1
     };
 
     // 1. The trickler: a 4 MiB write's header and 100 bytes, then one byte a
@@ -281,14 +281,11 @@ fn idle_osd_connections_are_closed_and_clients_and_peers_reconnect() {
     let idle_closed = |cluster: &TestCluster| -> u64 {
         (0..cluster.osd_count())
             .map(|i| {
-                let (_, text) = http_get(cluster.osd_metrics_addr(i), "/metrics").unwrap();
-                text.lines()
-                    .filter(|l| {
-                        l.starts_with("flame_osd_stalled_connections_closed_total")
-                            && l.contains("reason=\"idle\"")
-                    })
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                    .sum::<u64>()
+                flame_tests::metric_sum(
+                    cluster.osd_metrics_addr(i),
+                    "flame_osd_stalled_connections_closed_total",
+                    "reason=\"idle\"",
+                )
             })
             .sum()
     };

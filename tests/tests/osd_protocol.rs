@@ -1077,12 +1077,12 @@ fn trickling_and_never_reading_connections_are_closed_within_their_bounds() {
         s
     };
     let counted = |reason: &str| {
-        let (_, text) = flame_tests::http_get(metrics, "/metrics").unwrap();
-        text.lines().any(|l| {
-            l.starts_with("flame_osd_stalled_connections_closed_total")
-                && l.contains(&format!("reason=\"{reason}\""))
-                && l.ends_with(" 1")
-        })
+        let label = format!("reason=\"{reason}\"");
+        flame_tests::metric_sum(
+            metrics,
+            "flame_osd_stalled_connections_closed_total",
+            &label,
+        ) == 1
     };
     // 1. The trickler: a 4 MiB write's header and 100 bytes, then one byte a
     //    quarter second.
@@ -1171,14 +1171,11 @@ fn peer_connections_have_a_byte_bound_of_their_own() {
     let process = process_of(&cluster, &map, replica);
     let metrics = cluster.osd_metrics_addr(process);
     let inflight = |kind: &str| -> u64 {
-        let (_, text) = flame_tests::http_get(metrics, "/metrics").unwrap();
-        text.lines()
-            .filter(|l| {
-                l.starts_with("flame_osd_inflight_bytes{")
-                    && l.contains(&format!("kind=\"{kind}\""))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
+        flame_tests::metric_sum(
+            metrics,
+            "flame_osd_inflight_bytes",
+            &format!("kind=\"{kind}\""),
+        )
     };
     cluster.set_failpoint(process, "forward_hold", "return(3000)");
     let hm = cluster.hello_maker();
