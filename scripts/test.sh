@@ -117,7 +117,7 @@ mkdir -p "$target_dir"
 target_free_kib="$(df -k --output=avail "$target_dir" | tail -n 1 | tr -d ' ')"
 echo "disk of $target_dir: $((target_free_kib / 1024)) MiB free"
 if ((target_free_kib < 8 * 1024 * 1024)); then
-    echo "WARNING: less than 8 GiB free for the builds in $target_dir; a full run's builds take about 6 GiB" >&2
+    echo "WARNING: less than 8 GiB free for the builds in $target_dir; a full run's builds take about 7 GiB" >&2
 fi
 echo "tools: $(rustc --version); $(qemu-io --version | head -n 1); $(nbdinfo --version | head -n 1); $(fio --version)"
 
