@@ -6,22 +6,22 @@
 //! out-of-order replies of pipelined requests that complete in one reactor tick
 //! leave in one system call. Reply headers are copied into a batch buffer; read data
 //! travels by reference, as its own iovecs, from the buffers it arrived in from the
-//! OSDs.
+//! OSDs. The queue and its writer are [`flame_common::transport::stream_send`], the
+//! same as the OSD protocol's tcp connections.
 //!
 //! A WRITE's payload is received into its own aligned [`PayloadBufMut`]: the part
 //! that came in with the request header is copied out of the receive buffer, the
 //! rest is received straight into it; after a large payload the next request header
 //! is received alone, so a stream of large writes lands without a copy.
 
-use flame_common::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
+use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::reactor::{self, IoBufMut};
-use flame_common::transport::{Stall, StallMarks};
-use std::cell::{Cell, RefCell};
+use flame_common::transport::Stall;
+use flame_common::transport::stream_send::{PushRefused, StreamSend, WriterEnd};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
 
 /// Receive buffer per connection: many request headers (and small writes) per
 /// system call.
@@ -30,28 +30,28 @@ const RECV_BUFFER_BYTES: usize = 128 << 10;
 /// (one more system call), so the payload after it is received straight into its
 /// buffer instead of being copied out of the receive buffer.
 const DIRECT_RECV_PAYLOAD_BYTES_MIN: usize = 64 << 10;
+/// Bound on reply bytes queued on one connection. The reader lets in at most
+/// what keeps the unsent replies under [`super::transmission::SEND_QUEUE_HIGH_BYTES`]
+/// plus the bytes in flight (one request may exceed that bound alone), so only
+/// a bug reaches it; the connection is then closed rather than grow.
+const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
+const _: () = assert!(
+    super::transmission::SEND_QUEUE_HIGH_BYTES
+        + super::transmission::INFLIGHT_BYTES_MAX as usize
+        + super::proto::PAYLOAD_BYTES_MAX as usize
+        + (1 << 20)
+        < SEND_QUEUE_BYTES_MAX
+);
 /// Size of an NBD request header: what a header-only receive asks for.
 const REQUEST_HEADER_BYTES: usize = super::proto::REQUEST_LEN;
-
-#[derive(Default)]
-struct SendQueue {
-    bufs: Vec<SendBuf>,
-    last_is_batch: bool,
-    queued_bytes: usize,
-    /// A `writev` round is in progress.
-    writing: bool,
-    writer: Option<Waker>,
-    /// Tasks waiting for the queue to drain (graceful close) or shrink (back-pressure).
-    drain_waiters: Vec<Waker>,
-}
 
 /// One accepted NBD connection, owned by the current reactor thread.
 pub(crate) struct Conn {
     stream: TcpStream,
-    queue: RefCell<SendQueue>,
-    closed: Cell<bool>,
-    /// What the connection waits on, for its stall watchdog (no clock read here).
-    marks: StallMarks,
+    /// The send queue, its writer's state, the closed flag and the stall marks
+    /// ([`flame_common::transport::stream_send`], shared with the OSD's tcp
+    /// connections).
+    tx: StreamSend,
 }
 
 impl Conn {
@@ -59,108 +59,64 @@ impl Conn {
     pub(crate) fn new(stream: TcpStream) -> Rc<Conn> {
         let conn = Rc::new(Conn {
             stream,
-            queue: RefCell::new(SendQueue::default()),
-            closed: Cell::new(false),
-            marks: StallMarks::default(),
+            tx: StreamSend::new(SEND_QUEUE_BYTES_MAX),
         });
         reactor::spawn(writer(conn.clone())).detach();
         conn
     }
 
-    fn wake_writer(q: &mut SendQueue) {
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-    }
-
     /// Queues bytes (copied), in order after everything queued before.
     pub(crate) fn send(&self, parts: &[&[u8]]) {
-        if self.closed.get() {
-            return;
-        }
-        let mut q = self.queue.borrow_mut();
-        if !q.last_is_batch {
-            q.bufs.push(SendBuf::Copied(Vec::with_capacity(4096)));
-            q.last_is_batch = true;
-        }
-        let mut n = 0;
-        if let Some(SendBuf::Copied(batch)) = q.bufs.last_mut() {
-            for p in parts {
-                batch.extend_from_slice(p);
-                n += p.len();
-            }
-        }
-        q.queued_bytes += n;
-        Self::wake_writer(&mut q);
+        self.push(parts, Vec::new(), 0);
     }
 
     /// Queues a header (copied) followed by `data` (by reference, never copied).
     pub(crate) fn send_with_data(&self, header: &[u8], data: Vec<PayloadBuf>) {
-        if self.closed.get() {
-            return;
+        let bytes = data.iter().map(PayloadBuf::len).sum();
+        self.push(&[header], data, bytes);
+    }
+
+    fn push(&self, parts: &[&[u8]], data: Vec<PayloadBuf>, bytes: usize) {
+        match self.tx.push(parts, data, bytes) {
+            Ok(()) | Err(PushRefused::Closed) => {}
+            Err(PushRefused::Backlog(max)) => {
+                // The reader stops at SEND_QUEUE_HIGH_BYTES, so only replies to
+                // requests already in flight come here: a client holding that
+                // much unread is gone in all but name.
+                tracing::warn!("NBD client left more than {max} bytes of replies unread; closing");
+                self.close();
+            }
         }
-        self.send(&[header]);
-        let mut q = self.queue.borrow_mut();
-        for d in data.into_iter().filter(|d| !d.is_empty()) {
-            q.queued_bytes += d.len();
-            q.bufs.push(SendBuf::Shared(d));
-            q.last_is_batch = false;
-        }
-        Self::wake_writer(&mut q);
     }
 
     /// Bytes queued and not yet handed to the kernel.
     pub(crate) fn queued_bytes(&self) -> usize {
-        self.queue.borrow().queued_bytes
+        self.tx.queued_bytes()
     }
 
     /// Waits until the queue holds at most `bytes_max` bytes (0 = everything written),
     /// or the connection is closed.
     pub(crate) async fn wait_queue_below(&self, bytes_max: usize) {
-        std::future::poll_fn(|cx| {
-            if self.closed.get() {
-                return Poll::Ready(());
-            }
-            let mut q = self.queue.borrow_mut();
-            let done = if bytes_max == 0 {
-                q.bufs.is_empty() && !q.writing
-            } else {
-                q.queued_bytes <= bytes_max
-            };
-            if done {
-                return Poll::Ready(());
-            }
-            q.drain_waiters.push(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
+        self.tx.wait_below(bytes_max).await
     }
 
     /// Closes the connection: pending receives complete, queued bytes are dropped.
     pub(crate) fn close(&self) {
-        if self.closed.replace(true) {
-            return;
-        }
-        // Shutting down wakes a pending receive (it completes with 0) and the writer.
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let mut q = self.queue.borrow_mut();
-        q.bufs.clear();
-        q.queued_bytes = 0;
-        Self::wake_writer(&mut q);
-        for w in q.drain_waiters.drain(..) {
-            w.wake();
+        if self.tx.close() {
+            // Shutting down wakes a pending receive (it completes with 0).
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
         }
     }
 
     /// What the connection is stuck on, if anything, with its progress mark
     /// ([`flame_common::transport::stall`]).
     pub(crate) fn stall(&self) -> Option<(Stall, u64)> {
-        Some(self.marks.current())
+        Some(self.tx.marks().current())
     }
 
     /// Whether the connection was closed.
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.get()
+        self.tx.is_closed()
     }
 
     fn fd(&self) -> i32 {
@@ -177,42 +133,8 @@ impl Drop for Conn {
 
 /// Drains the send queue until the connection closes.
 async fn writer(conn: Rc<Conn>) {
-    let fd = conn.fd();
-    loop {
-        let bufs = std::future::poll_fn(|cx| {
-            if conn.closed.get() {
-                return Poll::Ready(None);
-            }
-            let mut q = conn.queue.borrow_mut();
-            if q.bufs.is_empty() {
-                q.writing = false;
-                for w in q.drain_waiters.drain(..) {
-                    w.wake();
-                }
-                q.writer = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            q.writing = true;
-            q.last_is_batch = false;
-            q.queued_bytes = 0;
-            Poll::Ready(Some(std::mem::take(&mut q.bufs)))
-        })
-        .await;
-        let Some(bufs) = bufs else { return };
-        {
-            // Back-pressured readers may go on: the queue was just emptied.
-            let mut q = conn.queue.borrow_mut();
-            for w in q.drain_waiters.drain(..) {
-                w.wake();
-            }
-        }
-        conn.marks.send_started();
-        let written = reactor::writev_all(fd, bufs).await;
-        conn.marks.send_finished();
-        if written.is_err() {
-            conn.close();
-            return;
-        }
+    if conn.tx.write_until_closed(conn.fd()).await != WriterEnd::Closed {
+        conn.close();
     }
 }
 
@@ -330,10 +252,10 @@ impl Reader {
         self.start += have;
         if have < len {
             // The slow path: the connection's stall watchdog sees it.
-            self.conn.marks.payload_started();
+            self.conn.tx.marks().payload_started();
         }
         let out = self.recv_rest(out, have).await?;
-        self.conn.marks.payload_finished();
+        self.conn.tx.marks().payload_finished();
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             self.header_only = true;
         }

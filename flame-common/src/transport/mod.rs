@@ -20,6 +20,7 @@ pub mod rdma;
 pub mod shm;
 pub mod sim;
 pub mod stall;
+pub mod stream_send;
 pub mod tcp;
 
 pub use crate::protocol::RemoteBuf;

@@ -19,7 +19,8 @@ use super::TransportError;
 use super::grant::{
     Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
 };
-use crate::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
+use super::stream_send::{PushRefused, StreamSend, WriterEnd};
+use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::collections::HashMap;
 use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
@@ -46,15 +47,6 @@ const RECV_BUFFER_BYTES: usize = 256 << 10;
 /// growing memory without limit.
 pub const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
 
-struct SendQueue {
-    /// Buffers to write, in order. The last one may be a batch still being filled.
-    bufs: Vec<SendBuf>,
-    /// Whether the last buffer in `bufs` is a batch buffer that may take more.
-    last_is_batch: bool,
-    queued_bytes: usize,
-    writer: Option<Waker>,
-}
-
 struct RecvState {
     buf: Vec<u8>,
     start: usize,
@@ -68,11 +60,10 @@ struct RecvState {
 pub struct TcpConn {
     stream: TcpStream,
     peer: SocketAddr,
-    queue: RefCell<SendQueue>,
+    /// The send queue, its writer's state, the closed flags and the stall marks
+    /// ([`super::stream_send`], shared with flame-nbd's connections).
+    tx: StreamSend,
     recv_state: RefCell<Option<RecvState>>,
-    closed: Cell<bool>,
-    /// Close once everything queued so far is written (see `close_after_send`).
-    closing: Cell<bool>,
     /// Buffers this side granted to the peer; the receiving task serves the peer's
     /// one-sided requests from it.
     grants: Rc<GrantTable>,
@@ -84,9 +75,6 @@ pub struct TcpConn {
     /// Receive payloads into heap memory when the pool is exhausted instead of
     /// waiting (see [`super::Conn::set_never_wait_for_memory`]).
     never_wait: Cell<bool>,
-    /// What the connection is waiting on, for its owner's stall watchdog
-    /// ([`super::stall`]); no clock is read here.
-    marks: super::StallMarks,
 }
 
 /// TCP keepalive: first probe after this much silence, then every
@@ -152,25 +140,17 @@ impl TcpConn {
         let conn = Rc::new(TcpConn {
             stream,
             peer,
-            queue: RefCell::new(SendQueue {
-                bufs: Vec::new(),
-                last_is_batch: false,
-                queued_bytes: 0,
-                writer: None,
-            }),
+            tx: StreamSend::new(SEND_QUEUE_BYTES_MAX),
             recv_state: RefCell::new(Some(RecvState {
                 buf: vec![0u8; RECV_BUFFER_BYTES],
                 start: 0,
                 end: 0,
                 header_only: false,
             })),
-            closed: Cell::new(false),
-            closing: Cell::new(false),
             grants: Rc::new(GrantTable::default()),
             pending: StdRefCell::new(HashMap::default()),
             next_op: Cell::new(1),
             never_wait: Cell::new(false),
-            marks: super::StallMarks::default(),
         });
         reactor::spawn(writer(conn.clone())).detach();
         Ok(conn)
@@ -237,22 +217,8 @@ impl TcpConn {
     /// another protocol version, in that version's format
     /// ([`crate::protocol::version_refusal`]).
     pub fn send_raw(&self, bytes: Vec<u8>) -> Result<(), TransportError> {
-        if self.closed.get() {
-            return Err(TransportError::Closed);
-        }
-        let mut q = self.queue.borrow_mut();
-        if q.queued_bytes + bytes.len() > SEND_QUEUE_BYTES_MAX {
-            drop(q);
-            self.close();
-            return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
-        }
-        q.queued_bytes += bytes.len();
-        q.bufs.push(SendBuf::Copied(bytes));
-        q.last_is_batch = false;
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-        Ok(())
+        let pushed = self.tx.push_owned(bytes);
+        self.pushed(pushed)
     }
 
     /// Appends the header (and `inline` bytes: a HELLO's body) to the batch buffer
@@ -264,36 +230,26 @@ impl TcpConn {
         inline: &[u8],
         payload: Option<PayloadBuf>,
     ) -> Result<(), TransportError> {
-        if self.closed.get() {
-            return Err(TransportError::Closed);
-        }
         let payload = payload.filter(|p| !p.is_empty());
-        let payload_len = inline.len() + payload.as_ref().map_or(0, PayloadBuf::len);
-        debug_assert_eq!(header.payload_len as usize, payload_len);
-        let bytes = HEADER_LEN + payload_len;
-        let mut q = self.queue.borrow_mut();
-        if q.queued_bytes + bytes > SEND_QUEUE_BYTES_MAX {
-            drop(q);
-            self.close();
-            return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
+        let payload_bytes = payload.as_ref().map_or(0, PayloadBuf::len);
+        debug_assert_eq!(header.payload_len as usize, inline.len() + payload_bytes);
+        let pushed = self
+            .tx
+            .push(&[&header.encode(), inline], payload, payload_bytes);
+        self.pushed(pushed)
+    }
+
+    /// A push's outcome as the transport's: a queue past its bound closes the
+    /// connection (its peer does not read).
+    fn pushed(&self, pushed: Result<(), PushRefused>) -> Result<(), TransportError> {
+        match pushed {
+            Ok(()) => Ok(()),
+            Err(PushRefused::Closed) => Err(TransportError::Closed),
+            Err(PushRefused::Backlog(max)) => {
+                self.close();
+                Err(TransportError::Backlog(max))
+            }
         }
-        if !q.last_is_batch {
-            q.bufs.push(SendBuf::Copied(Vec::with_capacity(4096)));
-            q.last_is_batch = true;
-        }
-        if let Some(SendBuf::Copied(batch)) = q.bufs.last_mut() {
-            batch.extend_from_slice(&header.encode());
-            batch.extend_from_slice(inline);
-        }
-        if let Some(data) = payload {
-            q.bufs.push(SendBuf::Shared(data));
-            q.last_is_batch = false;
-        }
-        q.queued_bytes += bytes;
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-        Ok(())
     }
 
     /// See [`super::Conn::recv`].
@@ -348,7 +304,7 @@ impl TcpConn {
         hb.copy_from_slice(&st.buf[st.start..st.start + HEADER_LEN]);
         let header = Header::decode(&hb)?;
         st.start += HEADER_LEN;
-        self.marks.frame_received();
+        self.tx.marks().frame_received();
         st.header_only = false;
         // Payload: bounded by Header::decode before this allocation.
         let len = header.payload_len as usize;
@@ -368,11 +324,11 @@ impl TcpConn {
         let mut filled = have;
         if filled < len {
             // The slow path: the watchdog of the connection's owner sees it.
-            self.marks.payload_started();
+            self.tx.marks().payload_started();
         }
         // Bounded: every round receives at least one byte or returns.
         while filled < len {
-            if self.closed.get() {
+            if self.tx.is_closed() {
                 return Err(TransportError::Closed);
             }
             let (res, back) = reactor::recv(fd, payload, filled).await;
@@ -384,7 +340,7 @@ impl TcpConn {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.marks.payload_finished();
+        self.tx.marks().payload_finished();
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             st.header_only = true;
         }
@@ -569,7 +525,7 @@ impl TcpConn {
         len: u32,
         data: Option<PayloadBuf>,
     ) -> Result<PayloadBufMut, TransportError> {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return Err(TransportError::Closed);
         }
         if self.pending.borrow().len() >= ONE_SIDED_INFLIGHT_MAX {
@@ -612,7 +568,7 @@ impl TcpConn {
             if let Some(done) = op.done.take() {
                 return Poll::Ready(done);
             }
-            if self.closed.get() {
+            if self.tx.is_closed() {
                 return Poll::Ready(Err(TransportError::Closed));
             }
             op.waker = Some(cx.waker().clone());
@@ -622,7 +578,7 @@ impl TcpConn {
     }
 
     async fn fill(&self, fd: i32, st: &mut RecvState) -> Result<(), TransportError> {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return Err(TransportError::Closed);
         }
         if st.start == st.end {
@@ -656,14 +612,7 @@ impl TcpConn {
 
     /// See [`super::Conn::close_after_send`].
     pub fn close_after_send(&self) {
-        if self.closed.get() {
-            return;
-        }
-        self.closing.set(true);
-        // Wake the writer so an already-empty queue closes at once.
-        if let Some(w) = self.queue.borrow_mut().writer.take() {
-            w.wake();
-        }
+        self.tx.close_after_send();
     }
 
     /// See [`super::Conn::set_never_wait_for_memory`].
@@ -673,18 +622,11 @@ impl TcpConn {
 
     /// See [`super::Conn::close`].
     pub fn close(&self) {
-        if self.closed.replace(true) {
+        if !self.tx.close() {
             return;
         }
-        // Wakes a pending receive (it completes with 0 or an error) and the writer.
+        // Wakes a pending receive (it completes with 0 or an error).
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let mut q = self.queue.borrow_mut();
-        q.bufs.clear();
-        q.queued_bytes = 0;
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-        drop(q);
         // One-sided operations waiting for a reply fail now.
         let wakers: Vec<Waker> = self
             .pending
@@ -699,12 +641,12 @@ impl TcpConn {
 
     /// See [`super::Conn::stall`].
     pub fn stall(&self) -> Option<(super::Stall, u64)> {
-        Some(self.marks.current())
+        Some(self.tx.marks().current())
     }
 
     /// See [`super::Conn::is_closed`].
     pub fn is_closed(&self) -> bool {
-        self.closed.get()
+        self.tx.is_closed()
     }
 
     /// The peer's address.
@@ -716,34 +658,9 @@ impl TcpConn {
 /// Drains a connection's send queue until the connection closes.
 async fn writer(conn: Rc<TcpConn>) {
     let fd = conn.stream.as_raw_fd();
-    loop {
-        let bufs = std::future::poll_fn(|cx| {
-            if conn.closed.get() {
-                return Poll::Ready(None);
-            }
-            let mut q = conn.queue.borrow_mut();
-            if q.bufs.is_empty() {
-                if conn.closing.get() {
-                    drop(q);
-                    conn.close();
-                    return Poll::Ready(None);
-                }
-                q.writer = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            q.last_is_batch = false;
-            q.queued_bytes = 0;
-            Poll::Ready(Some(std::mem::take(&mut q.bufs)))
-        })
-        .await;
-        let Some(bufs) = bufs else { return };
-        conn.marks.send_started();
-        let written = reactor::writev_all(fd, bufs).await;
-        conn.marks.send_finished();
-        if written.is_err() {
-            conn.close();
-            return;
-        }
+    if conn.tx.write_until_closed(fd).await != WriterEnd::Closed {
+        // Drained after close_after_send, or the peer is gone.
+        conn.close();
     }
 }
 
