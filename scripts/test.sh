@@ -3,8 +3,9 @@
 # (as root, with Rust installed). Run it from anywhere: scripts/test.sh
 #
 #   1. installs the test tools with apt-get, only those missing
-#   2. cargo fmt --check, clippy -D warnings (also with flame-client's `ublk`
-#      feature)
+#   2. cargo fmt --check, clippy -D warnings (plain, then flame-common,
+#      flame-osd and flame-client once more with every feature: failpoints, ublk,
+#      rdma)
 #   3. cargo build --workspace --bins --features flame-osd/failpoints,flame-client/ublk;
 #      the test VM (scripts/vm.sh: a QEMU guest with Debian's 6.12 kernel, since
 #      this machine's kernel has no nbd or ublk module) prepared and booted once;
@@ -13,8 +14,8 @@
 #      for them; tests/tests/kernel_nbd.rs runs a cluster and the kernel's NBD
 #      client in the VM, tests/tests/ublk_vm.rs a cluster and flame-ublk with a
 #      kill -9 and recovery under ext4); flame-client's unit tests with `ublk`
-#   4. RDMA (feature `rdma`; must compile and lint everywhere): clippy with the
-#      feature, cargo test -p flame-common --features rdma rdma (the transport's pure
+#   4. RDMA (feature `rdma`; must compile and lint everywhere, linted in step 2):
+#      cargo test -p flame-common --features rdma rdma (the transport's pure
 #      parts and device discovery, which must answer cleanly without hardware), then
 #      flame-osd and flame-nbd rebuilt with the feature must refuse `transport: rdma`
 #      on a machine without a device, naming it (tests/tests/rdma_unavailable.rs),
@@ -128,12 +129,14 @@ shellcheck deploy/dev-cluster.sh scripts/*.sh tests/vm/*.sh .ci/run
 section "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-section "cargo clippy --workspace --all-targets -- -D warnings"
+section "cargo clippy --workspace --all-targets -- -D warnings (and with every feature)"
 cargo clippy --workspace --all-targets -- -D warnings
-# The failpoints code is compiled only with its feature: lint it too.
-cargo clippy -p flame-osd --all-targets --features failpoints -- -D warnings
-# flame-ublk (libublk, bindgen: needs libclang) is behind flame-client's `ublk`.
-cargo clippy -p flame-client --all-targets --features ublk -- -D warnings
+# The code behind features, linted in one more pass (one pass instead of three:
+# each re-checks every crate above the one whose features changed): flame-osd's
+# failpoints, flame-ublk (flame-client's `ublk`: libublk, bindgen, needs
+# libclang), and the rdma transport (`rdma`, sideway).
+cargo clippy -p flame-common -p flame-osd -p flame-client --all-targets --features \
+    flame-osd/failpoints,flame-client/ublk,flame-common/rdma,flame-osd/rdma,flame-client/rdma -- -D warnings
 
 section "cargo build --workspace --bins --features flame-osd/failpoints,flame-client/ublk"
 # The integration tests (tests/) start these binaries, so they are built first —
@@ -192,10 +195,8 @@ FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flame-tests -
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints
 
-section "rdma: clippy, unit tests, daemons refuse without a device, Soft-RoCE in the test VM"
-# The transport's code is compiled only with its feature: lint it too.
-cargo clippy -p flame-common -p flame-osd -p flame-client --all-targets --features \
-    flame-common/rdma,flame-osd/rdma,flame-client/rdma -- -D warnings
+section "rdma: unit tests, daemons refuse without a device, Soft-RoCE in the test VM"
+# (Its code was linted with the other features' at the start.)
 # Also builds the conformance executable with the feature (its rdma cases are
 # listed as ignored here: this machine has no RDMA device); rdma_vm runs them.
 cargo test -p flame-common --features rdma rdma
