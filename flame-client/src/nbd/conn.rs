@@ -31,17 +31,11 @@ const RECV_BUFFER_BYTES: usize = 128 << 10;
 /// buffer instead of being copied out of the receive buffer.
 const DIRECT_RECV_PAYLOAD_BYTES_MIN: usize = 64 << 10;
 /// Bound on reply bytes queued on one connection. The reader lets in at most
-/// what keeps the unsent replies under [`super::transmission::SEND_QUEUE_HIGH_BYTES`]
-/// plus the bytes in flight (one request may exceed that bound alone), so only
-/// a bug reaches it; the connection is then closed rather than grow.
-const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
-const _: () = assert!(
-    super::transmission::SEND_QUEUE_HIGH_BYTES
-        + super::transmission::INFLIGHT_BYTES_MAX as usize
-        + super::proto::PAYLOAD_BYTES_MAX as usize
-        + (1 << 20)
-        < SEND_QUEUE_BYTES_MAX
-);
+/// what keeps the unsent replies under the transmission's high mark plus the
+/// bytes in flight (one request may exceed that bound alone; asserted in
+/// `transmission`), so only a bug reaches it; the connection is then closed
+/// rather than grow.
+pub(crate) const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
 /// Size of an NBD request header: what a header-only receive asks for.
 const REQUEST_HEADER_BYTES: usize = super::proto::REQUEST_LEN;
 

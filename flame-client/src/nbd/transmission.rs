@@ -26,6 +26,12 @@ pub const INFLIGHT_REQUESTS_MAX: usize = 128;
 pub const INFLIGHT_BYTES_MAX: u64 = 128 << 20;
 /// Unsent reply bytes above which the reader stops reading requests.
 pub const SEND_QUEUE_HIGH_BYTES: usize = 64 << 20;
+// What the reader lets in stays below the connection's send-queue bound, so a
+// client that reads nothing is stopped by the reader, never by that bound.
+const _: () = assert!(
+    SEND_QUEUE_HIGH_BYTES + INFLIGHT_BYTES_MAX as usize + PAYLOAD_BYTES_MAX as usize + (1 << 20)
+        < super::conn::SEND_QUEUE_BYTES_MAX
+);
 
 /// Why transmission ended the connection without a soft disconnect.
 #[derive(Debug, thiserror::Error)]
