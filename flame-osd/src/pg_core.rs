@@ -728,6 +728,55 @@ mod tests {
         );
     }
 
+    /// Simulator seed 500164. A write (op 1) reached the primary then and the
+    /// member now primary, not R2 (dead, not yet marked down): not acknowledged.
+    /// This shard became primary, so op 1 is a replica entry here; its next
+    /// write started tracking R2 as complete — holding every earlier entry —
+    /// and R2 failed it. Then R2 was marked down and the client's retry of op 1
+    /// was answered from the log, copying to R1 only: acknowledged now, while R2
+    /// lacks it. Log catch-up of R2 must copy it.
+    #[test]
+    fn a_retry_acknowledged_while_a_tracked_member_is_away_is_its_miss() {
+        let mut c = PgCore::new(16);
+        c.log.record_replica(LogEntry {
+            seq: 4,
+            op: OpId { session: 7, seq: 1 },
+            ..c.log_entry_for_test()
+        });
+        // A new write under the new primary: R2 fails it.
+        let w = write(&mut c, 2, 8192, 8);
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        let replicas = [(R1, status::OK), (R2, status::EAGAIN)];
+        c.complete(w, c.primacy(), P, status::OK, &replicas, &roles());
+        // Peering equalised R1; R2, dead, was never peered.
+        c.log.peered(R1);
+        // R2 is down: the write set is P and R1, and the retry copies to R1.
+        let two = [P, R1];
+        let retry = write(&mut c, 1, 0, 10);
+        assert_eq!(
+            c.decide(&retry, P, &two),
+            Decision::Duplicate {
+                applied_seq: 4,
+                copy_to: vec![R1]
+            }
+        );
+        c.retry_copied(4, Epoch(10), &two);
+        let missed: Vec<u64> = c
+            .log
+            .missed_by(R2, 0)
+            .unwrap()
+            .iter()
+            .map(|(seq, ..)| *seq)
+            .collect();
+        assert!(
+            missed.contains(&4),
+            "the acknowledged retry is R2's miss: {missed:?}"
+        );
+        // And R2, never peered under this primacy, is backfilled anyway.
+        assert_eq!(c.log.catch_up(R2), None);
+        assert_eq!(c.log.catch_up(R1), Some(vec![]));
+    }
+
     #[test]
     #[should_panic(expected = "acknowledged without every member")]
     fn acknowledging_without_a_recovering_member_is_caught() {

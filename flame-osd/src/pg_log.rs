@@ -40,7 +40,7 @@
 //! holds their op ([`PgLog::forget_proof`]), so a later retry of such an op is
 //! applied, not answered from the log.
 
-use flame_common::collections::HashMap;
+use flame_common::collections::{HashMap, HashSet};
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -105,6 +105,17 @@ pub struct PgLog {
     /// Members this primary tracks: `None` = applied every entry since tracked;
     /// `Some(s)` = first entry not applied.
     tracked: HashMap<OsdId, Option<u64>>,
+    /// Members whose copy this primary made equal to its own since its primacy
+    /// began (peering compared every object, or recovery caught them up). A
+    /// complete member starts being tracked at the first write this primary
+    /// records, on the premise that it holds every earlier entry — true of the
+    /// acknowledged ones only: a write the previous primary (or this one, before
+    /// a primacy change) applied on some copies but not acknowledged is in the
+    /// log and on those copies, and may be acknowledged later by a retry. Only
+    /// peering, which compares everything, settles that; until it did, a
+    /// member's tracking is no base for catching it up from the log (see
+    /// [`PgLog::catch_up`]). Bounded by the group's members.
+    synced: HashSet<OsdId>,
     /// Sequence numbers assigned and not yet recorded (writes in flight). Bounded
     /// by the writes a shard has in flight.
     inflight: std::collections::BTreeSet<u64>,
@@ -302,10 +313,22 @@ impl PgLog {
     /// Every member of a write set now holds entry `seq` (the primary copied its
     /// bytes to those that might not), under the roles of `interval`: a further
     /// retry of its op is answered at once.
+    ///
+    /// The retry is acknowledged now: a tracked member outside the write set
+    /// misses it, as it would a new write ([`PgLog::record_primary`]) — its
+    /// tracking may have begun after the entry was first recorded, on the
+    /// premise that it held every acknowledged write before (simulator seed
+    /// 500164).
     pub fn now_held_by(&mut self, seq: u64, interval: Epoch, members: impl Iterator<Item = OsdId>) {
+        let members: Vec<OsdId> = members.collect();
+        for (id, t) in self.tracked.iter_mut() {
+            if !members.contains(id) {
+                note_miss(t, seq);
+            }
+        }
         if let Some(e) = self.entries.get_mut(&seq) {
             e.interval = interval;
-            e.applied = members.collect();
+            e.applied = members;
         }
     }
 
@@ -407,6 +430,29 @@ impl PgLog {
     /// began. Entries stay (their bounds are still reported), the numbering too.
     pub fn reset_tracking(&mut self) {
         self.tracked.clear();
+        self.synced.clear();
+    }
+
+    /// Peering made `member`'s copy equal to this primary's (every object
+    /// compared) under the current primacy: its tracking is now a sound base for
+    /// log catch-up ([`PgLog::catch_up`]).
+    pub fn peered(&mut self, member: OsdId) {
+        self.synced.insert(member);
+    }
+
+    /// What log catch-up copies to `member`: [`PgLog::missed_by`], but `None`
+    /// (backfill) for a member this primary has not made equal to its copy since
+    /// its primacy began — neither peered nor recovered. Its tracking started
+    /// from the premise that it held every earlier entry, which holds for the
+    /// acknowledged ones only; a write applied by the other copies but not by it
+    /// and acknowledged later (a retry answered from the log), or never
+    /// acknowledged (abandoned), would be left out (simulator seeds 500164,
+    /// 301476).
+    pub fn catch_up(&self, member: OsdId) -> Option<Vec<(u64, ObjectId, u32, u32)>> {
+        if !self.synced.contains(&member) {
+            return None;
+        }
+        self.missed_by(member, 0)
     }
 
     /// What `member` missed, as (object, offset, length) ranges of entries with
@@ -435,6 +481,7 @@ impl PgLog {
     /// here again: it must then be backfilled, not caught up from this log.
     pub fn forget_members(&mut self, keep: impl Fn(OsdId) -> bool) {
         self.tracked.retain(|m, _| keep(*m));
+        self.synced.retain(|m| keep(*m));
     }
 
     /// Whether `member` is tracked and missed nothing.
@@ -451,6 +498,7 @@ impl PgLog {
             .find(|(_, e)| !e.applied.contains(&member))
             .map(|(s, _)| *s);
         self.tracked.insert(member, still_missing);
+        self.synced.insert(member);
     }
 }
 
@@ -600,6 +648,49 @@ mod tests {
         assert_eq!(log.len(), 4);
         assert_eq!(log.first_seq(), 3);
         assert_eq!(log.missed_by(OsdId(3), 0), None, "entry 2 was trimmed");
+    }
+
+    /// Simulator seed 301476: a write applied by two copies failed on the third
+    /// (dead, not yet marked down) and was never acknowledged (abandoned); the
+    /// primary's tracking was reset (epochs skipped) and started again at the
+    /// next write, which the dead member failed too. Log catch-up from there left
+    /// out the earlier write: the copies differed for good.
+    #[test]
+    fn a_member_tracked_from_before_peering_is_backfilled() {
+        let mut log = PgLog::new(100);
+        let all = WriteSetRoles {
+            acting: &A,
+            recovering: &[],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+        log.recovered(OsdId(3), log.last_seq());
+        // OSD 3 dies: the write to object 1 is applied by 1 and 2 only.
+        let lost = log.next_seq();
+        log.record_primary(entry(lost, 1, &[1, 2]), &all);
+        assert_eq!(log.catch_up(OsdId(3)).map(|m| m.len()), Some(1));
+        // The primacy may have been interrupted: tracking restarts at the next
+        // write, which OSD 3 (still acting in the map) fails too.
+        log.reset_tracking();
+        let s = log.next_seq();
+        log.record_primary(entry(s, 2, &[1, 2]), &all);
+        // The tracking alone would copy object 2 only, not object 1.
+        let tracked: Vec<u64> = log
+            .missed_by(OsdId(3), 0)
+            .unwrap()
+            .iter()
+            .map(|(_, o, ..)| o.index)
+            .collect();
+        assert_eq!(tracked, vec![2]);
+        assert_eq!(log.catch_up(OsdId(3)), None, "backfill: never peered");
+        // Peering (or a recovery) under this primacy makes the tracking sound.
+        log.peered(OsdId(2));
+        assert_eq!(log.catch_up(OsdId(2)), Some(vec![]));
+        log.recovered(OsdId(3), log.last_seq());
+        assert_eq!(log.catch_up(OsdId(3)), Some(vec![]));
+        // A member that left the group is forgotten, synced or not.
+        log.forget_members(|m| m != OsdId(2));
+        assert_eq!(log.catch_up(OsdId(2)), None);
     }
 
     #[test]

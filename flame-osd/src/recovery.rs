@@ -952,7 +952,7 @@ impl Shard {
                 let logs = self.pgs.borrow();
                 match logs.log(pg) {
                     Some(_) if backfill_anyway => (None, false),
-                    Some(log) => (log.missed_by(member, 0), log.inflight_through(admitted)),
+                    Some(log) => (log.catch_up(member), log.inflight_through(admitted)),
                     None => (None, false),
                 }
             };
@@ -1078,6 +1078,12 @@ impl Shard {
                             if let Err(st) = self.flush_member(view, pg, member, &volumes).await {
                                 tracing::warn!(%pg, %member, st, "peering: flush failed");
                                 all_ok = false;
+                            } else if let Some(core) = self.pgs.borrow_mut().existing_mut(pg)
+                                && core.primacy() == primacy
+                            {
+                                // Its copy equals this one's now: its log
+                                // tracking is a base for catching it up.
+                                core.log.peered(member);
                             }
                         }
                         Err(e) => {
@@ -1385,7 +1391,7 @@ impl Shard {
             let done = reported
                 .get(&(pg, member))
                 .is_some_and(|r| Some(r.up_from) == up_from);
-            let log_objects = logs.log(pg).and_then(|l| l.missed_by(member, 0)).map(|e| {
+            let log_objects = logs.log(pg).and_then(|l| l.catch_up(member)).map(|e| {
                 e.iter()
                     .map(|(_, object, ..)| *object)
                     .collect::<HashSet<_>>()
