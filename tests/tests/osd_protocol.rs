@@ -1146,6 +1146,60 @@ fn trickling_and_never_reading_connections_are_closed_within_their_bounds() {
     drop(t);
 }
 
+/// Idleness counts only when nothing is in flight: with `idle_timeout_ms` at
+/// 1 s and a client's write held 2.5 s on its primary (failpoint
+/// `write_hold`), the connection that waits silently for the reply is not
+/// closed as idle; the reply arrives on it.
+#[test]
+fn a_connection_waiting_for_a_reply_is_not_idle() {
+    use std::io::{Read as _, Write as _};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        shards: 1,
+        osd_extra_yaml: "idle_timeout_ms: 1000\n".into(),
+        ..ClusterOptions::default()
+    });
+    let vol = cluster.create_volume("busy", 16 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let primary = locate(&map, object).osds[0];
+    let process = process_of(&cluster, &map, primary);
+    let hm = cluster.hello_maker();
+    let mut c = std::net::TcpStream::connect(map.osds[&primary].shard_addr(0)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.write_all(&hm.hello(primary, 0, map.epoch, false, 0, 0).encode())
+        .unwrap();
+    let mut header = [0u8; 128];
+    let mut read_message = |c: &mut std::net::TcpStream| {
+        c.read_exact(&mut header).unwrap();
+        let h = protocol::Header::decode(&header).unwrap();
+        let mut body = vec![0u8; h.payload_len as usize];
+        c.read_exact(&mut body).unwrap();
+        h
+    };
+    assert_eq!(read_message(&mut c).status, 0, "hello");
+    cluster.set_failpoint(process, "write_hold", "1*return(2500)");
+    let started = std::time::Instant::now();
+    c.write_all(&write(&map, 1, object, 0, vec![0x3c; 4096]).encode())
+        .unwrap();
+    let reply = read_message(&mut c);
+    let took = started.elapsed();
+    assert_eq!(reply.status, status::OK, "the held write's reply");
+    assert!(
+        took >= Duration::from_millis(2400),
+        "the write was held: {took:?}"
+    );
+    cluster.clear_failpoint(process, "write_hold");
+    // Silent now, with nothing in flight: closed as idle.
+    let mut sink = [0u8; 16];
+    assert!(
+        matches!(c.read(&mut sink), Ok(0) | Err(_)),
+        "closed once idle"
+    );
+}
+
 /// Peers have a byte bound of their own: with `max_peer_inflight_bytes_per_shard`
 /// at 16 MiB and every forwarded write held 3 s on the replica (failpoint
 /// `forward_hold`), a peer connection that sends twelve 4 MiB forwarded writes
