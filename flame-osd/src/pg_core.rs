@@ -288,6 +288,16 @@ impl PgCore {
             "write {} acknowledged without every member of its write set",
             w.seq
         );
+        if local != status::OK {
+            // This copy failed the write (a full disk, an exhausted pool) while
+            // members may have applied it: their bytes of the range now differ
+            // from this copy's, which is what reads are served from and what
+            // recovery copies. Nobody counts as holding the entry, so every
+            // tracked member misses it and is caught up to this copy's bytes (the
+            // write was not acknowledged: undoing it where it landed is allowed,
+            // and nobody read it, since only this copy serves reads).
+            applied.clear();
+        }
         let (op, object) = (w.op, w.object);
         let entry = LogEntry { applied, ..w };
         if primacy == self.primacy {
@@ -663,6 +673,30 @@ mod tests {
                 copy_to: vec![]
             }
         );
+    }
+
+    /// Found by the simulator once disks could fill up (seed 105): the primary's
+    /// own apply failed with ENOSPC while both replicas applied the write. The
+    /// client was told ENOSPC and gives up, so nothing retries it; the replicas
+    /// must still be brought back to the primary's bytes, or the copies differ
+    /// for good (and a failover would serve the refused write after reads
+    /// returned the older bytes).
+    #[test]
+    fn members_that_applied_a_write_the_primary_failed_are_caught_up_to_its_bytes() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 0, 5);
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        assert_eq!(
+            c.complete(w, c.primacy(), P, status::ENOSPC, &all_ok(), &roles()),
+            status::ENOSPC
+        );
+        for member in [R1, R2] {
+            assert_eq!(
+                c.log.missed_by(member, 0).map(|m| m.len()),
+                Some(1),
+                "{member} holds bytes the primary does not"
+            );
+        }
     }
 
     #[test]

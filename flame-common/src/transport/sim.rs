@@ -253,6 +253,17 @@ pub fn crash(ip: IpAddr) {
     n.prune();
 }
 
+/// The process whose tasks run now stops at once (its storage failed and it
+/// exits): its listeners and connections go, as in [`crash`], so nothing it
+/// would still send before the simulator drops it leaves it. Nothing without a
+/// current process.
+pub fn crash_current() {
+    let Ok(n) = net() else { return };
+    if let Some(ip) = n.current_node.get() {
+        crash(ip);
+    }
+}
+
 /// The ends at `from` of its connections to `to` are reset on `from`'s side only
 /// (a client's TCP timeout, a middlebox's reset towards it): `from` sees them
 /// closed at once and reconnects, while what it had already sent is still on

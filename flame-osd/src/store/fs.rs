@@ -60,6 +60,14 @@ impl Fs {
         matches!(self, Fs::Sim(_))
     }
 
+    /// On the simulated disk, the store stops the process (see
+    /// [`SimFs::fail_stop`]); the real daemon exits instead.
+    pub fn fail_stop(&self) {
+        if let Fs::Sim(sim) = self {
+            sim.fail_stop();
+        }
+    }
+
     /// Opens `path` read-write; with `create`, creates it if missing. `Ok(None)`:
     /// missing and `create` is false. The flag says whether this call created it.
     pub async fn open(&self, path: &Path, create: bool) -> io::Result<Option<(File, bool)>> {
@@ -150,6 +158,9 @@ impl Fs {
             }
             Fs::Sim(sim) => {
                 sim.tick()?;
+                if sim.write_error().is_some() {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
                 for f in sim.files.borrow().values() {
                     if f.parent == path {
                         f.name_stable.set(true);
@@ -368,6 +379,13 @@ impl File {
             File::Sim(sim, f) => {
                 sim.delay().await;
                 sim.tick()?;
+                sim.space_for(f, offset, data.len() as u64)?;
+                if let Some(landed) = sim.write_error() {
+                    if landed {
+                        f.write(offset, data.as_ref(), false);
+                    }
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
                 f.write(offset, data.as_ref(), dsync);
                 Ok(())
             }
@@ -396,6 +414,12 @@ impl File {
                 sim.tick()?;
                 let len = usize::try_from(len)
                     .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+                if let Some(landed) = sim.write_error() {
+                    if landed {
+                        f.write(offset, &vec![0u8; len], false);
+                    }
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
                 f.write(offset, &vec![0u8; len], false);
                 Ok(())
             }
@@ -424,9 +448,16 @@ impl File {
                     other => other,
                 }
             }
-            File::Sim(sim, _) => {
+            File::Sim(sim, f) => {
                 sim.delay().await;
-                sim.tick()
+                sim.tick()?;
+                sim.space_for(f, offset, len)?;
+                if len > 0 {
+                    let first = offset / SIM_PAGE as u64;
+                    let last = (offset + len - 1) / SIM_PAGE as u64;
+                    f.reserved.borrow_mut().extend(first..=last);
+                }
+                Ok(())
             }
         }
     }
@@ -442,6 +473,9 @@ impl File {
             File::Sim(sim, f) => {
                 sim.delay().await;
                 sim.tick()?;
+                if sim.write_error().is_some() {
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
                 f.sync();
                 Ok(())
             }
@@ -581,6 +615,16 @@ pub struct SimFs {
     /// Data reads ([`File::read_buf`]) fail with EIO with this probability,
     /// drawn from the generator (`None`: they never do).
     read_errors: RefCell<Option<(rand::rngs::StdRng, f64)>>,
+    /// Data writes, punches, syncs and directory syncs fail with EIO with this
+    /// probability, drawn from the generator (`None`: they never do). A failed
+    /// write may or may not have reached the disk (drawn too).
+    write_errors: RefCell<Option<(rand::rngs::StdRng, f64)>>,
+    /// The file system is full: a write or allocation that needs a page no file
+    /// holds or reserved fails with ENOSPC (overwrites and reserved space work).
+    full: Cell<bool>,
+    /// The store met an error it stops the process for (a failed sync or write:
+    /// `ObjectStore::sync_failed`); the simulator then kills the process.
+    fail_stopped: Cell<bool>,
 }
 
 /// The simulated disk's latency: a data operation (read, write, sync, allocate)
@@ -601,6 +645,9 @@ pub struct SimFile {
     dirty: RefCell<BTreeSet<u64>>,
     /// The file's name survives a power cut (its directory was synced).
     name_stable: Cell<bool>,
+    /// Pages allocated without being written (`fallocate`): a full disk still
+    /// lets them be written.
+    reserved: RefCell<BTreeSet<u64>>,
 }
 
 impl SimFs {
@@ -644,6 +691,73 @@ impl SimFs {
         };
         if failed {
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+
+    /// Makes data writes, punches, file and directory syncs fail with EIO with
+    /// `probability` (a failing disk or controller: the store stops the OSD, as
+    /// the daemon does), drawn from a generator seeded with `seed`; `probability`
+    /// 0 stops them.
+    pub fn set_write_errors(&self, probability: f64, seed: u64) {
+        use rand::SeedableRng;
+        *self.write_errors.borrow_mut() = (probability > 0.0).then(|| {
+            (
+                rand::rngs::StdRng::seed_from_u64(seed),
+                probability.min(1.0),
+            )
+        });
+    }
+
+    /// Fills the file system (`true`): writes and allocations that need new
+    /// pages fail with ENOSPC until it is freed (`false`).
+    pub fn set_full(&self, full: bool) {
+        self.full.set(full);
+    }
+
+    /// Whether the file system is full.
+    pub fn is_full(&self) -> bool {
+        self.full.get()
+    }
+
+    /// The store stops the process: nothing it does from now on reaches the
+    /// disk (as after `exit`), and the simulator kills it at its next look
+    /// ([`SimFs::take_fail_stop`]).
+    pub fn fail_stop(&self) {
+        self.fail_stopped.set(true);
+        self.dead.set(true);
+        flame_common::transport::sim::crash_current();
+    }
+
+    /// Whether the store stopped the process since the last call.
+    pub fn take_fail_stop(&self) -> bool {
+        self.fail_stopped.replace(false)
+    }
+
+    /// This write's, punch's or sync's simulated I/O error, if one is drawn,
+    /// and for a failed write whether its bytes reached the disk anyway.
+    fn write_error(&self) -> Option<bool> {
+        use rand::Rng;
+        let mut errors = self.write_errors.borrow_mut();
+        let (rng, p) = errors.as_mut()?;
+        if !rng.random_bool(*p) {
+            return None;
+        }
+        Some(rng.random_bool(0.5))
+    }
+
+    /// ENOSPC if the file system is full and `[offset, offset+len)` of `f`
+    /// needs a page that is neither written nor reserved.
+    fn space_for(&self, f: &SimFile, offset: u64, len: u64) -> io::Result<()> {
+        if !self.full.get() || len == 0 {
+            return Ok(());
+        }
+        let first = offset / SIM_PAGE as u64;
+        let last = (offset + len - 1) / SIM_PAGE as u64;
+        let cur = f.current.borrow();
+        let reserved = f.reserved.borrow();
+        if (first..=last).any(|p| !cur.contains_key(&p) && !reserved.contains(&p)) {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         Ok(())
     }
@@ -726,6 +840,7 @@ impl SimFile {
             current: RefCell::new(HashMap::default()),
             dirty: RefCell::new(BTreeSet::new()),
             name_stable: Cell::new(false),
+            reserved: RefCell::new(BTreeSet::new()),
         }
     }
 

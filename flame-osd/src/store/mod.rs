@@ -473,9 +473,12 @@ impl ObjectStore {
     /// A failed sync or journal write. On a real disk this stops the process: Linux
     /// reports a writeback error once and then marks the pages clean, so a retry
     /// would "succeed" without the data. Stopping makes the manager mark this OSD
-    /// down; clients wait for it. The simulation reports it instead.
+    /// down; clients wait for it. On the simulated disk the simulator kills the
+    /// process instead (`SimFs::fail_stop`: from here on nothing reaches its disk).
     fn sync_failed(&self, what: &str, e: io::Error) -> StoreError {
         if self.fs.is_sim() {
+            tracing::error!("{what} failed: {e}; the simulated OSD stops");
+            self.fs.fail_stop();
             return StoreError::Io(e);
         }
         tracing::error!(
@@ -550,7 +553,18 @@ impl ObjectStore {
             // 4 MiB object) are written at FLUSH, when ENOSPC would stop the OSD:
             // reserve their space now, where it fails the write with ENOSPC instead
             // (also for a file an earlier, failed attempt created).
-            state.file.allocate(0, (HEADER_LEN + BLOCK) as u64).await?;
+            if let Err(e) = state.file.allocate(0, (HEADER_LEN + BLOCK) as u64).await {
+                if created {
+                    // Take back the file this call made: an object file must
+                    // never exist without its metadata's space, or a later
+                    // discard of it (which opens without creating) would leave
+                    // a header for FLUSH to write on a full disk, and stop the
+                    // OSD (simulator seeds 726, 1106, 1215).
+                    drop(state);
+                    self.fs.unlink(&path, false).await?;
+                }
+                return Err(e.into());
+            }
         }
         // Another task may have opened it while this one waited: use theirs, whose
         // checksums may already be newer than the disk's.

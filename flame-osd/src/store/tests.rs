@@ -1246,3 +1246,51 @@ fn checksum_cost() {
         }
     }
 }
+
+/// Found by the simulator once file systems could fill up (seeds 726, 1106,
+/// 1215): a write to a new object on a full disk failed its metadata
+/// reservation with ENOSPC, as it should, but left the empty object file behind;
+/// a later zeroing of that object opened it without creating it (so without a
+/// reservation) and made it dirty, and the next FLUSH, writing its header on the
+/// still full disk, stopped the OSD — which could then not even start, its
+/// start-up recovery rewriting the same header. No object file may exist without
+/// its metadata's space.
+#[test]
+fn a_write_refused_for_a_full_disk_leaves_no_object_file_a_flush_would_need_space_for() {
+    let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+    r.block_on(async {
+        let (sim, fs, root) = sim_dir();
+        let store = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
+        // A first object, so the group's directory exists.
+        store
+            .write(PG, obj(0), 0, PayloadBuf::copy_from(&[1u8; BLOCK]), false)
+            .await
+            .unwrap();
+        store.flush(None).await.unwrap();
+        sim.set_full(true);
+        let err = store
+            .write(PG, obj(1), 0, PayloadBuf::copy_from(&[2u8; BLOCK]), false)
+            .await
+            .expect_err("a new object on a full disk");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        assert!(
+            !sim.paths().contains(&store.object_path(PG, obj(1))),
+            "the refused write left its object file"
+        );
+        store
+            .zero(PG, obj(1), 0, BLOCK as u32, false)
+            .await
+            .unwrap();
+        store.flush(None).await.unwrap();
+        assert!(!sim.take_fail_stop(), "the store stopped the OSD");
+        assert_eq!(
+            store
+                .read(PG, obj(1), 0, BLOCK as u32)
+                .await
+                .unwrap()
+                .as_slice(),
+            &[0u8; BLOCK][..]
+        );
+    })
+    .unwrap();
+}
