@@ -183,7 +183,7 @@ fn complete_trim(
 /// every piece (the primary applies each on every member of the placement group's
 /// write set before answering; members that are down get it through recovery), then
 /// flushes. Must run on a reactor thread.
-pub(crate) async fn trim_range(
+pub async fn trim_range(
     cluster: &Cluster,
     volume: VolumeId,
     range: TrimRange,

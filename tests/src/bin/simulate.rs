@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -26,6 +26,8 @@ fn main() -> ExitCode {
     let (mut ops, mut writers, mut faults, mut twice) = (None, None, true, false);
     let mut clients = None;
     let mut events = false;
+    let mut disk_faults = true;
+    let mut resizes = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -54,6 +56,8 @@ fn main() -> ExitCode {
                 None => return usage(),
             },
             "--no-faults" => faults = false,
+            "--no-disk-faults" => disk_faults = false,
+            "--no-resizes" => resizes = false,
             "--twice" => twice = true,
             "--events" => events = true,
             _ => return usage(),
@@ -68,6 +72,8 @@ fn main() -> ExitCode {
     for seed in first..first.saturating_add(count) {
         let mut cfg = SimConfig::new(seed);
         cfg.faults = faults;
+        cfg.disk_faults = disk_faults;
+        cfg.resizes = resizes;
         if let Some(n) = ops {
             cfg.ops = n;
         }

@@ -47,8 +47,8 @@ use flame_common::clock;
 use flame_common::ids::{Epoch, OsdId};
 use flame_common::map::{ClusterMap, PoolConfig};
 use flame_common::mgr_api::{
-    OsdBoot, OsdFailureReport, OsdHeartbeat, PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport,
-    VolumeCreate,
+    OsdBoot, OsdFailureReport, OsdHeartbeat, PG_RECOVERED_ENTRIES_MAX, PgRecoveredReport, TrimDone,
+    TrimRange, VolumeCreate, VolumeResize, VolumeTrim,
 };
 use flame_common::reactor::{self, Reactor};
 use flame_common::transport::sim::{self as net, LinkFault, NetConfig};
@@ -99,6 +99,11 @@ const DISK_LATENCY_US_MIN: u64 = 5;
 const DISK_LATENCY_US_MAX: u64 = 600;
 /// How often a fault comes with an OSD's disk failing some of its reads.
 const READ_ERRORS_CHANCE: f64 = 0.2;
+/// How often a fault comes with an OSD's disk failing writes and syncs (the OSD
+/// stops at the first, as the daemon does, and restarts later).
+const WRITE_ERRORS_CHANCE: f64 = 0.1;
+/// How often a fault comes with an OSD's file system full.
+const FULL_CHANCE: f64 = 0.08;
 /// How often a fault (with four OSDs) gets a second one overlapping it.
 const OVERLAP_CHANCE: f64 = 0.35;
 /// Events kept for the report of a failing seed.
@@ -130,6 +135,16 @@ pub struct SimConfig {
     /// operation a fault stalls fails: a write is then abandoned (issued, never
     /// acknowledged; it may still land, but never over a newer one).
     pub io_timeout_ms: u64,
+    /// Disk faults besides read errors: a disk that fails writes and syncs
+    /// (its OSD stops, as the daemon does, and restarts later) and a full file
+    /// system (writes fail with ENOSPC). Off for the seeds that found bugs in
+    /// the model before these existed, so that they replay as they did.
+    pub disk_faults: bool,
+    /// Half the seeds shrink the volume once while the workload runs (the
+    /// manager's new size, the client library's trim of the cut-off range on
+    /// every copy), and grow it back once the trim is done. Off for the seeds
+    /// that found bugs before resizes existed.
+    pub resizes: bool,
 }
 
 impl SimConfig {
@@ -148,6 +163,12 @@ impl SimConfig {
         }
         if !self.faults {
             c += " --no-faults";
+        }
+        if !self.disk_faults {
+            c += " --no-disk-faults";
+        }
+        if !self.resizes {
+            c += " --no-resizes";
         }
         c
     }
@@ -172,6 +193,8 @@ impl SimConfig {
             } else {
                 0
             },
+            disk_faults: true,
+            resizes: true,
         }
     }
 }
@@ -304,6 +327,30 @@ struct SimClient {
     cluster: Cluster,
 }
 
+/// A shrink of the volume and its growth back, step by step.
+struct Resize {
+    /// When the next step is due.
+    at: Instant,
+    /// The size to shrink to.
+    shrink_to: u64,
+    step: ResizeStep,
+}
+
+enum ResizeStep {
+    /// Not started.
+    Due,
+    /// The manager has the new size; client 0 trims the cut-off range (the
+    /// oracle's zeroing write from `first` with `counters`).
+    Trimming {
+        range: TrimRange,
+        first: u64,
+        counters: Vec<u64>,
+        result: Rc<RefCell<Option<Result<(), String>>>>,
+    },
+    /// Grown back to the full size.
+    Done,
+}
+
 /// An impairment in force, undone at `until`.
 struct Impairment {
     osd: usize,
@@ -319,6 +366,10 @@ struct Impairment {
     reset_clients: bool,
     /// This OSD's disk fails data reads meanwhile (bad sectors).
     read_errors_on: Option<usize>,
+    /// This OSD's disk fails writes and syncs meanwhile (it stops at the first).
+    write_errors_on: Option<usize>,
+    /// This OSD's file system is full meanwhile.
+    full_on: Option<usize>,
 }
 
 struct Sim {
@@ -339,6 +390,9 @@ struct Sim {
     overlap_rng: StdRng,
     /// Draws the disks' read errors, for the same reason.
     disk_rng: StdRng,
+    /// Draws the disks' write errors and full file systems, and what a stopped
+    /// OSD's disk keeps, for the same reason.
+    disk_fault_rng: StdRng,
     next_fault: Instant,
     next_tick: Instant,
     started: Instant,
@@ -346,6 +400,8 @@ struct Sim {
     errors: Vec<String>,
     faults: u64,
     last_epoch: Epoch,
+    /// The shrink and growth of the volume, if this seed has one.
+    resize: Option<Resize>,
     /// The OSDs' service key: every OSD checks HELLOs with it and makes its peer
     /// tickets with it, every client gets a ticket made with it (as the manager
     /// issues them), so every simulated connection is authenticated.
@@ -415,6 +471,7 @@ impl Sim {
             overlap_at: None,
             overlap_rng: StdRng::seed_from_u64(config.seed ^ 0x0e71_a9f5),
             disk_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_e770),
+            disk_fault_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_fa11),
             config,
             next_fault: now + Duration::from_millis(200),
             next_tick: now,
@@ -423,6 +480,7 @@ impl Sim {
             errors: Vec::new(),
             faults: 0,
             last_epoch: Epoch(0),
+            resize: None,
             service: {
                 // A fixed cluster secret: keys are not what the simulator
                 // explores, and a seed must replay exactly.
@@ -453,7 +511,7 @@ impl Sim {
         // The workload, with faults.
         let deadline = self.started + self.config.virtual_time_max;
         let finished = self.drive(deadline, true, |s| {
-            s.workload.as_ref().is_some_and(|w| w.finished())
+            s.workload.as_ref().is_some_and(|w| w.finished()) && s.resize_done()
         });
         if !finished {
             self.errors.push(format!(
@@ -550,6 +608,12 @@ impl Sim {
                 ran += step(&mut c.reactor);
             }
             net::set_current_node(None);
+            for i in 0..self.osds.len() {
+                if self.osds[i].fs.take_fail_stop() {
+                    self.fail_stopped(i);
+                    ran += 1;
+                }
+            }
             ran += net::deliver_due();
             let now = clock::now();
             if now >= self.next_tick {
@@ -592,6 +656,136 @@ impl Sim {
         }
     }
 
+    /// Whether the volume is at its full size again (or never shrinks).
+    fn resize_done(&self) -> bool {
+        self.resize
+            .as_ref()
+            .is_none_or(|r| matches!(r.step, ResizeStep::Done))
+    }
+
+    /// The next step of the seed's resize, when due: an administrator shrinks
+    /// the volume through the manager, client 0 runs the client library's trim
+    /// of the cut-off range (retried until it succeeds), reports it done, and
+    /// the volume is grown back. Only while client 0 reaches the manager.
+    fn resize_step(&mut self, now: Instant) {
+        let Some(mut r) = self.resize.take() else {
+            return;
+        };
+        if now >= r.at
+            && self
+                .clients
+                .first()
+                .is_some_and(|c| Self::reaches_mgr(c.ip))
+        {
+            r.step = match std::mem::replace(&mut r.step, ResizeStep::Done) {
+                ResizeStep::Due => self.shrink(r.shrink_to, now),
+                ResizeStep::Trimming {
+                    range,
+                    first,
+                    counters,
+                    result,
+                } => {
+                    let outcome = result.borrow_mut().take();
+                    match outcome {
+                        None => ResizeStep::Trimming {
+                            range,
+                            first,
+                            counters,
+                            result,
+                        },
+                        Some(Err(e)) => {
+                            self.event(format!("the trim failed ({e}); again"));
+                            self.trim(range, first, counters)
+                        }
+                        Some(Ok(())) => self.grow_back(range, first, &counters),
+                    }
+                }
+                ResizeStep::Done => ResizeStep::Done,
+            };
+        }
+        self.resize = Some(r);
+    }
+
+    fn shrink(&mut self, size: u64, now: Instant) -> ResizeStep {
+        let req = VolumeResize {
+            size,
+            allow_shrink: true,
+        };
+        if let Err(e) = self.mgr.resize_volume("sim", &req) {
+            self.errors.push(format!("shrinking the volume: {e}"));
+            return ResizeStep::Done;
+        }
+        let Ok(VolumeTrim {
+            pending: Some(range),
+            ..
+        }) = self.mgr.volume_trim("sim")
+        else {
+            self.errors
+                .push("a shrink left no pending trim".to_string());
+            return ResizeStep::Done;
+        };
+        let (first, counters) = match &self.workload {
+            Some(w) => w.shrinking(size / crate::oracle::BLOCK as u64),
+            None => (0, Vec::new()),
+        };
+        let _ = now;
+        self.event(format!(
+            "the volume shrinks to {size} bytes (trim {}..{})",
+            range.from, range.to
+        ));
+        self.trim(range, first, counters)
+    }
+
+    /// Starts client 0's trim of `range`.
+    fn trim(&mut self, range: TrimRange, first: u64, counters: Vec<u64>) -> ResizeStep {
+        let result: Rc<RefCell<Option<Result<(), String>>>> = Rc::new(RefCell::new(None));
+        let out = result.clone();
+        let volume = self.mgr.map().volumes.get("sim").map(|v| v.id);
+        if let (Some(c), Some(volume)) = (self.clients.first(), volume) {
+            let cluster = c.cluster.clone();
+            c.reactor.enter(|| {
+                reactor::spawn(async move {
+                    let r = flame_client::resize::trim_range(&cluster, volume, range)
+                        .await
+                        .map_err(|e| e.to_string());
+                    *out.borrow_mut() = Some(r);
+                })
+                .detach()
+            });
+        }
+        ResizeStep::Trimming {
+            range,
+            first,
+            counters,
+            result,
+        }
+    }
+
+    fn grow_back(&mut self, range: TrimRange, first: u64, counters: &[u64]) -> ResizeStep {
+        let Some(volume) = self.mgr.map().volumes.get("sim").map(|v| v.id) else {
+            return ResizeStep::Done;
+        };
+        if let Err(e) = self.mgr.trim_done("sim", &TrimDone { volume, range }) {
+            self.errors.push(format!("reporting the trim: {e}"));
+            return ResizeStep::Done;
+        }
+        if let Some(w) = &self.workload {
+            w.trimmed(first, counters);
+        }
+        let req = VolumeResize {
+            size: self.config.volume_bytes,
+            allow_shrink: false,
+        };
+        if let Err(e) = self.mgr.resize_volume("sim", &req) {
+            self.errors.push(format!("growing the volume back: {e}"));
+        }
+        self.event(format!(
+            "the trim is done; the volume grows back to {} bytes",
+            self.config.volume_bytes
+        ));
+        ResizeStep::Done
+    }
+
     fn reaches_mgr(ip: IpAddr) -> bool {
         net::fault(ip, MGR_IP).is_none() && net::fault(MGR_IP, ip).is_none()
     }
@@ -610,8 +804,13 @@ impl Sim {
             self.event(format!("manager marks {id} out"));
         }
         for i in 0..self.osds.len() {
+            if self.osds[i].live.is_none() && self.osds[i].restart_at.is_some_and(|t| now >= t) {
+                self.event(format!("osd.{i} restarts"));
+                self.start_osd(i);
+            }
             self.control(i, now);
         }
+        self.resize_step(now);
         for c in &self.clients {
             if Self::reaches_mgr(c.ip) {
                 c.cluster.publish_map(self.mgr.map().clone());
@@ -667,6 +866,7 @@ impl Sim {
         }
         let liveness = live.liveness.clone();
         let uuid = o.uuid.clone();
+        let full = o.fs.is_full();
         let mut by_epoch: std::collections::BTreeMap<Epoch, Vec<_>> = Default::default();
         for (e, pg, member) in reports {
             by_epoch.entry(e).or_default().push((pg, member));
@@ -697,7 +897,9 @@ impl Sim {
                 id,
                 uuid,
                 epoch,
-                used_bytes: 0,
+                // A full file system says so: the manager marks the OSD full
+                // and primaries refuse writes to its groups.
+                used_bytes: if full { 1 << 40 } else { 0 },
                 capacity_bytes: 1 << 40,
                 object_bytes: 0,
                 recovery: None,
@@ -722,6 +924,10 @@ impl Sim {
             }
         };
         net::set_current_node(Some(o.ip));
+        // The cause of a stop for a disk error is gone (a controller reset, a
+        // replaced cable): the restarted OSD's writes work.
+        o.fs.set_write_errors(0.0, 0);
+        o.fs.take_fail_stop();
         // The daemon's start: recover the store from its journal, then boot.
         let fs = Fs::Sim(o.fs.clone());
         let root = o.root.clone();
@@ -828,6 +1034,21 @@ impl Sim {
             size,
             self.config.io_timeout_ms > 0,
         ));
+        if self.config.resizes {
+            // Its own stream, so that seeds without one run as before.
+            let mut rng = StdRng::seed_from_u64(self.config.seed ^ 0x5e51_2e00);
+            if rng.random_bool(0.5) {
+                let block = crate::oracle::BLOCK as u64;
+                let blocks = size / block;
+                // Some of the last writer's blocks, sometimes whole objects.
+                let cut = rng.random_range(1..=blocks / 4);
+                self.resize = Some(Resize {
+                    at: clock::now() + Duration::from_millis(rng.random_range(300..6000)),
+                    shrink_to: size - cut * block,
+                    step: ResizeStep::Due,
+                });
+            }
+        }
         let clients = self.config.clients.max(1);
         for k in 0..clients {
             let config = ClientConfig {
@@ -922,13 +1143,32 @@ impl Sim {
                 .iter()
                 .filter_map(|&m| index_of(m))
                 .collect();
-            let copies: Vec<(usize, Vec<u8>)> = members
+            let found: Vec<(usize, Option<Vec<u8>>)> = members
                 .iter()
                 .map(|&i| {
                     let o = &self.osds[i];
                     let path = layout::pgs_dir(&o.root).join(rel);
-                    (i, o.fs.contents(&path).unwrap_or_default())
+                    (i, o.fs.contents(&path))
                 })
+                .collect();
+            // A copy without the file reads as zeroes, as does one whose file
+            // holds no checksummed block and only zeroes (a write that created
+            // it on some copies was refused on another and caught up from
+            // zeroes there, which creates no file): the same object. Any other
+            // difference with a missing file is one.
+            let reads_as_zeroes = |d: &Vec<u8>| {
+                d.get(36..40) == Some(&[0u8; 4][..]) && d.iter().skip(data_at).all(|&b| b == 0)
+            };
+            if found.iter().any(|(_, d)| d.is_none())
+                && found
+                    .iter()
+                    .all(|(_, d)| d.as_ref().is_none_or(reads_as_zeroes))
+            {
+                continue;
+            }
+            let copies: Vec<(usize, Vec<u8>)> = found
+                .into_iter()
+                .map(|(i, d)| (i, d.unwrap_or_default()))
                 .collect();
             let len = copies.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
             let padded: Vec<(usize, Vec<u8>)> = copies
@@ -1021,6 +1261,7 @@ impl Sim {
             if let Some(j) = imp.read_errors_on {
                 self.osds[j].fs.set_read_errors(0.0, 0);
             }
+            self.end_disk_faults(&imp);
             if imp.manager {
                 self.mgr = manager(self.mgr.persisted.clone(), clock::now());
                 self.event("the manager restarts".into());
@@ -1070,6 +1311,7 @@ impl Sim {
             self.osds[j].fs.set_read_errors(0.0, 0);
             self.event(format!("osd.{j}'s disk reads well again"));
         }
+        self.end_disk_faults(&imp);
         for &(a, b, _) in &imp.cut {
             net::set_fault(a, b, None);
         }
@@ -1268,6 +1510,7 @@ impl Sim {
             }
         }
         let read_errors_on = self.read_errors(i);
+        let (write_errors_on, full_on) = self.disk_faults(i);
         self.impaired.push(Impairment {
             osd: i,
             until: now + hold,
@@ -1276,6 +1519,8 @@ impl Sim {
             out,
             reset_clients: kind == 15,
             read_errors_on,
+            write_errors_on,
+            full_on,
         });
         // Sometimes a second fault on another OSD overlaps this crash, power
         // loss or cut (never the manager's stop, an out or a slow OSD).
@@ -1305,6 +1550,76 @@ impl Sim {
             p * 100.0
         ));
         Some(j)
+    }
+
+    /// Sometimes (drawn from `disk_fault_rng`, and only with
+    /// [`SimConfig::disk_faults`]) an OSD's disk — the impaired one's or
+    /// another's — fails some of its writes and syncs while the impairment
+    /// lasts (the OSD stops at the first: [`Sim::fail_stopped`]), or its file
+    /// system is full (writes needing new space fail with ENOSPC, and its
+    /// heartbeats say so).
+    fn disk_faults(&mut self, impaired: usize) -> (Option<usize>, Option<usize>) {
+        if !self.config.disk_faults {
+            return (None, None);
+        }
+        let r: f64 = self.disk_fault_rng.random();
+        if r >= WRITE_ERRORS_CHANCE + FULL_CHANCE {
+            return (None, None);
+        }
+        let j = if self.disk_fault_rng.random_bool(0.5) {
+            impaired
+        } else {
+            self.disk_fault_rng.random_range(0..self.osds.len())
+        };
+        if r < WRITE_ERRORS_CHANCE {
+            let p = self.disk_fault_rng.random_range(0.002..0.05);
+            let seed = self.disk_fault_rng.random();
+            self.osds[j].fs.set_write_errors(p, seed);
+            self.event(format!(
+                "osd.{j}'s disk fails {:.1} % of its writes and syncs meanwhile",
+                p * 100.0
+            ));
+            (Some(j), None)
+        } else {
+            self.osds[j].fs.set_full(true);
+            if let Some(w) = &self.workload {
+                w.allow_enospc();
+            }
+            self.event(format!("osd.{j}'s file system is full meanwhile"));
+            (None, Some(j))
+        }
+    }
+
+    /// Ends `imp`'s disk faults.
+    fn end_disk_faults(&mut self, imp: &Impairment) {
+        if let Some(j) = imp.write_errors_on {
+            self.osds[j].fs.set_write_errors(0.0, 0);
+            self.event(format!("osd.{j}'s disk writes well again"));
+        }
+        if let Some(j) = imp.full_on {
+            self.osds[j].fs.set_full(false);
+            self.event(format!("osd.{j}'s file system has space again"));
+        }
+    }
+
+    /// OSD `i`'s store met a failed write or sync and stopped the process (the
+    /// daemon exits with status 74): its tasks go, and its disk keeps what the
+    /// kernel had written back (a random part of what was not stable, as after
+    /// a power cut: pages whose writeback failed are lost, others may be). It
+    /// restarts 0.3–3 s later, as a service manager would start it again.
+    fn fail_stopped(&mut self, i: usize) {
+        let ip = self.osds[i].ip;
+        net::crash(ip);
+        drop(self.osds[i].live.take());
+        let rng = &mut self.disk_fault_rng;
+        self.osds[i].fs.power_cut(&mut || rng.random_bool(0.5));
+        self.osds[i].fs.set_write_errors(0.0, 0);
+        let after = Duration::from_millis(self.disk_fault_rng.random_range(300..3000));
+        self.osds[i].restart_at = Some(clock::now() + after);
+        self.event(format!(
+            "osd.{i} stops: its disk failed a write or sync; it restarts in {} ms",
+            after.as_millis()
+        ));
     }
 
     /// A second fault while one is in force, on another OSD: a kill -9, a cut
@@ -1370,6 +1685,8 @@ impl Sim {
             out: None,
             reset_clients: false,
             read_errors_on: None,
+            write_errors_on: None,
+            full_on: None,
         });
         self.next_fault = self.next_impairment_change();
     }
@@ -1397,6 +1714,8 @@ impl Sim {
         net::crash(ip);
         let live = self.osds[i].live.take();
         drop(live);
+        // Started again when the fault that crashed it ends.
+        self.osds[i].restart_at = None;
         if power {
             let rng = &mut self.rng;
             self.osds[i].fs.power_cut(&mut || rng.random_bool(0.5));

@@ -45,14 +45,27 @@ pub struct WorkloadFigures {
     pub failed: u64,
     /// Writes given up on (the client's I/O timeout): issued, never acknowledged.
     pub abandoned: u64,
+    /// Writes refused with ENOSPC while a file system was full (issued, never
+    /// acknowledged: the copies that took one may keep it).
+    pub refused_full: u64,
+    /// Reads and writes refused for reaching past the volume's end while a
+    /// shrink had cut their blocks off (given up on, for a write).
+    pub outside: u64,
 }
 
 impl std::fmt::Display for WorkloadFigures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} writes ({} abandoned), {} reads, {} flushes, {} blocks checked, {} failed",
-            self.writes, self.abandoned, self.reads, self.flushes, self.blocks_checked, self.failed
+            "{} writes ({} abandoned, {} refused for a full disk), {} reads, {} flushes, {} blocks checked, {} failed, {} outside a shrunk volume",
+            self.writes,
+            self.abandoned,
+            self.refused_full,
+            self.reads,
+            self.flushes,
+            self.blocks_checked,
+            self.failed,
+            self.outside
         )
     }
 }
@@ -76,6 +89,14 @@ pub struct Workload {
     /// The client has an I/O timeout: an operation that times out is abandoned,
     /// not an error (any other failure still is).
     may_time_out: Cell<bool>,
+    /// A file system has been full: a write may fail with ENOSPC (Flame's
+    /// answer when a member of the group is full), which abandons it.
+    enospc_allowed: Cell<bool>,
+    /// The first block a shrink of the volume cut off (`None`: never shrunk):
+    /// from there on, I/O may be refused as outside the volume (by a client's
+    /// own map, or by an OSD's) while the volume is small or a client's map
+    /// still says so.
+    cut_from: Cell<Option<u64>>,
 }
 
 impl Workload {
@@ -97,6 +118,8 @@ impl Workload {
             verify_waker: RefCell::new(None),
             verified: Cell::new(false),
             may_time_out: Cell::new(may_time_out),
+            enospc_allowed: Cell::new(false),
+            cut_from: Cell::new(None),
         }
     }
 
@@ -112,6 +135,38 @@ impl Workload {
         if let Some(w) = self.verify_waker.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    /// A file system is full from now on (for a while): writes may fail with
+    /// ENOSPC. Never taken back: the map may say "full" for a while after.
+    pub fn allow_enospc(&self) {
+        self.enospc_allowed.set(true);
+    }
+
+    /// A shrink to `blocks` blocks starts (the manager has the new size): every
+    /// block past it is zeroed as one write issued now, acknowledged when the
+    /// trim completed ([`Workload::trimmed`]) — its old bytes must never be read
+    /// again once the volume grows back. Returns the write's first block and
+    /// counters.
+    pub fn shrinking(&self, blocks: u64) -> (u64, Vec<u64>) {
+        let first = blocks.min(self.blocks);
+        self.cut_from
+            .set(Some(self.cut_from.get().map_or(first, |c| c.min(first))));
+        (
+            first,
+            self.oracle.borrow_mut().issue_zero(first..self.blocks),
+        )
+    }
+
+    /// The shrink's trim completed on every copy (and stably).
+    pub fn trimmed(&self, first: u64, counters: &[u64]) {
+        self.oracle.borrow_mut().ack_write(first, counters);
+    }
+
+    /// Whether I/O to `n` blocks from `first` may be refused as outside the
+    /// volume.
+    fn may_be_outside(&self, first: u64, n: u64) -> bool {
+        self.cut_from.get().is_some_and(|c| first + n > c)
     }
 
     /// The read-back is done.
@@ -166,6 +221,9 @@ impl Workload {
             Err(e) if self.may_time_out.get() && is_timeout(&e) => {
                 self.count(|f| f.failed += 1);
             }
+            Err(e) if self.may_be_outside(first, n) && is_outside(&e) => {
+                self.count(|f| f.outside += 1);
+            }
             Err(e) => {
                 self.count(|f| f.failed += 1);
                 self.complain(format!("read of blocks {first}+{n} failed: {e}"));
@@ -201,6 +259,20 @@ impl Workload {
                 // Abandoned: issued, never acknowledged; it may still land.
                 self.oracle.borrow_mut().give_up_write(first, &counters);
                 self.count(|f| f.abandoned += 1);
+            }
+            Err(e) if self.enospc_allowed.get() && e.errno() == libc::ENOSPC => {
+                // Refused for a full disk: the copies that took it before the
+                // refusal may keep it, so it may still be read (never over a
+                // newer write).
+                self.oracle.borrow_mut().give_up_write(first, &counters);
+                self.count(|f| f.refused_full += 1);
+            }
+            Err(e) if self.may_be_outside(first, n) && is_outside(&e) => {
+                // Past the end of the shrunk volume (in this client's map or the
+                // primary's): refused; it may have landed before the trim, never
+                // after it.
+                self.oracle.borrow_mut().give_up_write(first, &counters);
+                self.count(|f| f.outside += 1);
             }
             Err(e) => {
                 self.oracle.borrow_mut().give_up_write(first, &counters);
@@ -304,6 +376,12 @@ enum WriteKind {
     Zeroes { fua: bool },
     /// `DISCARD` (TRIM): reads back as zeroes, as Flame guarantees.
     Discard,
+}
+
+/// Whether a client error says the range lies past the volume's end (the
+/// client's own check, or an OSD's `EINVAL` for a write past the end in its map).
+fn is_outside(e: &flame_client::error::ClientError) -> bool {
+    matches!(e, flame_client::error::ClientError::OutOfRange { .. }) || e.errno() == libc::EINVAL
 }
 
 /// Whether a client error is its I/O timeout.
