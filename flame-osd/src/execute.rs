@@ -182,6 +182,15 @@ impl Shard {
                 if replica && let Err(st) = self.admit_forward(&view, target.pg, &msg) {
                     return (st, PayloadBuf::empty());
                 }
+                if !replica
+                    && let Err(st) = crate::pg_core::admit_client_write(
+                        sender_epoch,
+                        view.map.interval_since(target.pg),
+                    )
+                {
+                    tracing::debug!(object = %target.object, sender = %sender_epoch, "client write refused: sent under a map older than the group's interval");
+                    return (st, PayloadBuf::empty());
+                }
                 if replica {
                     // Ordered like on the primary: a forwarded write that outlived its
                     // primary's timeout (and a retry of it on a new connection) must

@@ -121,6 +121,27 @@ pub enum ForwardAdmit {
     Newer,
 }
 
+/// Whether the primary admits a client's write (data, write-zeroes, discard)
+/// sent under `sender_epoch` to a group whose current interval began at
+/// `interval`: not when it was sent under a map older than the interval
+/// (`ESTALE`; the client fetches the current map and sends it again).
+///
+/// Such a write may be a ghost: sent to this OSD in an earlier interval, held by
+/// the network (TCP retransmits what an iptables DROP or a cut cable kept from
+/// arriving, also for a socket its client has closed after giving up on it) and
+/// arriving after the client wrote the same blocks again through another
+/// primary. This copy was then caught up by backfill, which carries no op ids,
+/// so the log cannot tell the ghost is older, and applying it would put the
+/// blocks back one write (simulator seed 1617). A client still waiting for the
+/// write resends it under its new map, and the log deduplicates it as usual.
+pub fn admit_client_write(sender_epoch: Epoch, interval: Epoch) -> Result<(), i32> {
+    if sender_epoch < interval {
+        Err(status::ESTALE)
+    } else {
+        Ok(())
+    }
+}
+
 /// Merges the local result and the replicas' results of a replicated write into
 /// the client's status: OK only when every copy applied it; else the local
 /// failure, or the first replica's (ESTALE becomes EAGAIN: maps disagree, the
@@ -833,6 +854,29 @@ mod tests {
             seq: 1,
             newer_map_pending: sender > mine,
         }
+    }
+
+    /// Seed 1617: a client write held by the network since an earlier interval
+    /// (sent under e10) reached the primary after the client had written the
+    /// block again elsewhere, and put it back one write.
+    #[test]
+    fn a_client_write_sent_before_the_groups_interval_began_is_refused() {
+        assert_eq!(
+            admit_client_write(Epoch(10), Epoch(12)),
+            Err(status::ESTALE)
+        );
+        assert_eq!(
+            admit_client_write(Epoch(11), Epoch(12)),
+            Err(status::ESTALE)
+        );
+    }
+
+    #[test]
+    fn a_client_write_sent_in_the_groups_interval_is_admitted() {
+        // Under the map that began the interval, a later one, or one newer than
+        // the primary's (that case never gets here: the primary fetches it).
+        assert_eq!(admit_client_write(Epoch(12), Epoch(12)), Ok(()));
+        assert_eq!(admit_client_write(Epoch(15), Epoch(12)), Ok(()));
     }
 
     #[test]

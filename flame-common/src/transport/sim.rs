@@ -18,7 +18,13 @@
 //!   reset when the path heals: TCP never delivers a stream with a gap in it (it
 //!   retransmits, or gives up and resets), so a reply lost in the hole is never
 //!   silently missing from a connection that goes on working (simulator seed
-//!   45377: a client waited for it forever).
+//!   45377: a client waited for it forever). With [`set_hold_black_holes`] a
+//!   black hole instead holds what is sent into it and delivers it, in order,
+//!   0–4 s after the path heals — TCP retransmitting once the `DROP` is
+//!   removed — also for connection ends that were closed or whose process was
+//!   killed meanwhile (the kernel keeps sending an orphaned socket's data and
+//!   its FIN; [`power_off`] loses it): a request a client gave up on can arrive
+//!   long after it resent it elsewhere (simulator seed 1617).
 //!
 //! Messages go through the real codec ([`Message::encode`] and
 //! [`Message::decode`]), so the receiver owns its own bytes, as over a socket.
@@ -124,6 +130,22 @@ struct Net {
     dump: bool,
     /// Virtual time zero of the trace (instants are folded in relative to it).
     epoch: Instant,
+    /// Black holes hold what is sent into them and deliver it, in order, some
+    /// time after the path heals (TCP retransmitting after an iptables DROP is
+    /// removed) instead of resetting the connection ([`set_hold_black_holes`]).
+    hold: Cell<bool>,
+    /// Held cargo of connection ends dropped before their path healed (the
+    /// kernel keeps retransmitting an orphaned socket's data).
+    orphans: RefCell<Vec<Orphan>>,
+}
+
+/// What a holding black hole kept of a connection end that is gone.
+struct Orphan {
+    from: SocketAddr,
+    to: SocketAddr,
+    /// The peer's inbox.
+    inbox: Weak<Pipe>,
+    held: Vec<Cargo>,
 }
 
 thread_local! {
@@ -158,6 +180,8 @@ pub fn install(config: NetConfig) {
         delivered: Cell::new(0),
         epoch: clock::now(),
         dump: std::env::var_os("FLAME_SIM_DUMP").is_some(),
+        hold: Cell::new(false),
+        orphans: RefCell::default(),
     };
     NET.with(|n| *n.borrow_mut() = Some(Rc::new(net)));
 }
@@ -185,8 +209,74 @@ pub fn set_fault(from: IpAddr, to: IpAddr, fault: Option<LinkFault>) {
             Some(f) => n.faults.borrow_mut().insert((from, to), f),
             None => n.faults.borrow_mut().remove(&(from, to)),
         };
+        if fault.is_none() {
+            release_held(&n, |c| c.local.ip() == from && c.peer.ip() == to);
+        }
         if fault != Some(LinkFault::BlackHole) {
             reset_lossy(&n, |c| c.local.ip() == from && c.peer.ip() == to);
+        }
+    }
+}
+
+/// Whether black holes hold what is sent into them (see `Net::hold`).
+pub fn set_hold_black_holes(on: bool) {
+    if let Ok(n) = net() {
+        n.hold.set(on);
+    }
+}
+
+/// Delivers what black holes held on the connections chosen by `which` whose
+/// path is open again: in order, after a retransmission delay of 0-4 s; what is
+/// sent on them later arrives after it.
+fn release_held(n: &Net, which: impl Fn(&SimConn) -> bool) {
+    let ends: Vec<Rc<SimConn>> = n
+        .ends
+        .borrow()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| !c.held.borrow().is_empty() && which(c))
+        .filter(|c| n.fault(c.local.ip(), c.peer.ip()).is_none())
+        .collect();
+    let orphans: Vec<Orphan> = {
+        let mut o = n.orphans.borrow_mut();
+        let (go, stay): (Vec<Orphan>, Vec<Orphan>) = std::mem::take(&mut *o)
+            .into_iter()
+            .partition(|o| n.fault(o.from.ip(), o.to.ip()).is_none());
+        *o = stay;
+        go
+    };
+    for o in orphans {
+        let delay = Duration::from_millis(n.rng.borrow_mut().random_range(0..=4000));
+        let last = Cell::new(clock::now() + delay);
+        for cargo in o.held {
+            n.post(
+                &last,
+                Delivery {
+                    to: o.inbox.clone(),
+                    cargo,
+                    from: o.from,
+                    dest: o.to,
+                },
+            );
+        }
+    }
+    for c in ends {
+        let delay = Duration::from_millis(n.rng.borrow_mut().random_range(0..=4000));
+        let at = clock::now() + delay;
+        if c.last_arrival.get() < at {
+            c.last_arrival.set(at);
+        }
+        let held = std::mem::take(&mut *c.held.borrow_mut());
+        for cargo in held {
+            n.post(
+                &c.last_arrival,
+                Delivery {
+                    to: c.outbox.clone(),
+                    cargo,
+                    from: c.local,
+                    dest: c.peer,
+                },
+            );
         }
     }
 }
@@ -231,6 +321,7 @@ pub fn heal_all() {
     if let Ok(n) = net() {
         n.faults.borrow_mut().clear();
         n.slow.borrow_mut().clear();
+        release_held(&n, |_| true);
         reset_lossy(&n, |_| true);
     }
 }
@@ -251,6 +342,23 @@ pub fn crash(ip: IpAddr) {
         c.shut();
     }
     n.prune();
+}
+
+/// The node at `ip` lost its power: as [`crash`], but what holding black holes
+/// kept of its connections is lost with its kernel.
+pub fn power_off(ip: IpAddr) {
+    let Ok(n) = net() else { return };
+    for c in n.ends.borrow().iter().filter_map(Weak::upgrade) {
+        if c.local.ip() == ip {
+            c.held.borrow_mut().clear();
+        }
+    }
+    n.orphans.borrow_mut().retain(|o| o.from.ip() != ip);
+    drop(n);
+    crash(ip);
+    if let Ok(n) = net() {
+        n.orphans.borrow_mut().retain(|o| o.from.ip() != ip);
+    }
 }
 
 /// The process whose tasks run now stops at once (its storage failed and it
@@ -425,6 +533,8 @@ pub struct SimConn {
     closed: Cell<bool>,
     /// A send on this end vanished in a black hole: reset when the path heals.
     lost: Cell<bool>,
+    /// What a holding black hole keeps until the path heals (`Net::hold`).
+    held: RefCell<Vec<Cargo>>,
     net: Weak<Net>,
 }
 
@@ -470,6 +580,7 @@ impl SimConn {
             last_arrival: Cell::new(now),
             closed: Cell::new(false),
             lost: Cell::new(false),
+            held: RefCell::default(),
             net: Rc::downgrade(&net),
         });
         let theirs = Rc::new(SimConn {
@@ -480,6 +591,7 @@ impl SimConn {
             last_arrival: Cell::new(now),
             closed: Cell::new(false),
             lost: Cell::new(false),
+            held: RefCell::default(),
             net: Rc::downgrade(&net),
         });
         // The accepting side keeps the other pipe alive through its end.
@@ -508,7 +620,13 @@ impl SimConn {
         let Some(net) = self.net.upgrade() else {
             return Err(TransportError::Closed);
         };
-        match net.fault(self.local.ip(), self.peer.ip()) {
+        let fault = net.fault(self.local.ip(), self.peer.ip());
+        if net.hold.get() && (fault == Some(LinkFault::BlackHole) || !self.held.borrow().is_empty())
+        {
+            self.held.borrow_mut().push(Cargo::Frame(bytes));
+            return Ok(());
+        }
+        match fault {
             Some(LinkFault::BlackHole) => {
                 self.lost.set(true);
                 return Ok(());
@@ -568,6 +686,13 @@ impl SimConn {
         }
         self.inbox.wake();
         if let Some(net) = self.net.upgrade() {
+            if net.hold.get()
+                && (net.fault(self.local.ip(), self.peer.ip()) == Some(LinkFault::BlackHole)
+                    || !self.held.borrow().is_empty())
+            {
+                self.held.borrow_mut().push(Cargo::End);
+                return;
+            }
             net.post(
                 &self.last_arrival,
                 Delivery {
@@ -594,6 +719,17 @@ impl SimConn {
 impl Drop for SimConn {
     fn drop(&mut self) {
         self.shut();
+        let held = std::mem::take(&mut *self.held.borrow_mut());
+        if !held.is_empty()
+            && let Some(net) = self.net.upgrade()
+        {
+            net.orphans.borrow_mut().push(Orphan {
+                from: self.local,
+                to: self.peer,
+                inbox: self.outbox.clone(),
+                held,
+            });
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
     let mut events = false;
     let mut disk_faults = true;
     let mut resizes = true;
+    let mut tcp_holds = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
             "--no-faults" => faults = false,
             "--no-disk-faults" => disk_faults = false,
             "--no-resizes" => resizes = false,
+            "--no-tcp-holds" => tcp_holds = false,
             "--twice" => twice = true,
             "--events" => events = true,
             _ => return usage(),
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         cfg.faults = faults;
         cfg.disk_faults = disk_faults;
         cfg.resizes = resizes;
+        cfg.tcp_holds = tcp_holds;
         if let Some(n) = ops {
             cfg.ops = n;
         }

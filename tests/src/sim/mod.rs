@@ -145,6 +145,12 @@ pub struct SimConfig {
     /// every copy), and grow it back once the trim is done. Off for the seeds
     /// that found bugs before resizes existed.
     pub resizes: bool,
+    /// Half the seeds' black holes hold what is sent into them and deliver it,
+    /// in order, 0-4 s after the path heals — TCP retransmitting once an
+    /// iptables DROP is removed, also for sockets their process closed or lost
+    /// meanwhile — instead of losing it and resetting the connection. Off for
+    /// the seeds that found bugs before it existed.
+    pub tcp_holds: bool,
 }
 
 impl SimConfig {
@@ -169,6 +175,9 @@ impl SimConfig {
         }
         if !self.resizes {
             c += " --no-resizes";
+        }
+        if !self.tcp_holds {
+            c += " --no-tcp-holds";
         }
         c
     }
@@ -195,6 +204,7 @@ impl SimConfig {
             },
             disk_faults: true,
             resizes: true,
+            tcp_holds: true,
         }
     }
 }
@@ -274,6 +284,10 @@ pub fn run(config: SimConfig) -> SimReport {
                 latency_us_min: 20,
                 latency_us_max: 400,
             });
+            // Its own stream, so that seeds whose black holes lose run as before.
+            if config.tcp_holds && StdRng::seed_from_u64(seed ^ 0x7c90_1d00).random_bool(0.5) {
+                net::set_hold_black_holes(true);
+            }
             let report = Sim::new(config).run();
             net::uninstall();
             report
@@ -1711,7 +1725,11 @@ impl Sim {
     /// stable).
     fn crash(&mut self, i: usize, power: bool) {
         let ip = self.osds[i].ip;
-        net::crash(ip);
+        if power {
+            net::power_off(ip);
+        } else {
+            net::crash(ip);
+        }
         let live = self.osds[i].live.take();
         drop(live);
         // Started again when the fault that crashed it ends.
