@@ -990,4 +990,72 @@ mod tests {
             assert_eq!(got.get(), 1, "only the message sent before the black hole");
         });
     }
+
+    /// A holding black hole delivers what it held once the path heals, in order
+    /// and before anything sent later — also what was sent on a connection its
+    /// sender has dropped meanwhile (an orphaned socket's data, then its end);
+    /// a power-off loses it.
+    #[test]
+    fn a_holding_black_hole_delivers_after_the_heal_even_for_a_dropped_end() {
+        for power in [false, true] {
+            sim_thread(move || {
+                set_hold_black_holes(true);
+                let mut a = Reactor::new_simulated().unwrap();
+                let mut b = Reactor::new_simulated().unwrap();
+                let addr = SocketAddr::new(B, 7000);
+                let l = b.enter(|| SimListener::bind(addr)).unwrap();
+                let got = Rc::new(RefCell::new(Vec::new()));
+                let g = got.clone();
+                b.enter(|| {
+                    spawn(async move {
+                        loop {
+                            let c = l.accept().await.unwrap();
+                            let g = g.clone();
+                            spawn(async move {
+                                while let Ok(m) = c.recv().await {
+                                    g.borrow_mut().push(m.id().0);
+                                }
+                                g.borrow_mut().push(u64::MAX);
+                            })
+                            .detach();
+                        }
+                    })
+                    .detach()
+                });
+                set_current_node(Some(A));
+                a.enter(|| {
+                    spawn(async move {
+                        let c = SimConn::connect(addr, Duration::from_secs(1))
+                            .await
+                            .unwrap();
+                        c.send(&ping(1)).unwrap();
+                        crate::reactor::sleep(Duration::from_millis(10)).await;
+                        set_fault(A, B, Some(LinkFault::BlackHole));
+                        c.send(&ping(2)).unwrap();
+                        c.send(&ping(3)).unwrap();
+                        // The client gives up on this connection.
+                        drop(c);
+                    })
+                    .detach()
+                });
+                run(&mut [(&mut a, A), (&mut b, B)]);
+                assert_eq!(*got.borrow(), vec![1], "nothing crosses the hole");
+                if power {
+                    power_off(A);
+                }
+                set_fault(A, B, None);
+                let took = run(&mut [(&mut a, A), (&mut b, B)]);
+                if power {
+                    assert_eq!(*got.borrow(), vec![1], "lost with the power");
+                } else {
+                    assert_eq!(
+                        *got.borrow(),
+                        vec![1, 2, 3, u64::MAX],
+                        "held, then delivered in order with the end"
+                    );
+                    assert!(took <= Duration::from_millis(4_500), "{took:?}");
+                }
+            });
+        }
+    }
 }
