@@ -157,7 +157,7 @@ proptest! {
         fix in any::<bool>(),
     ) {
         let h = meta::Header { object: o, pg: PgId(pg), crc_count, version };
-        let mut b = meta::encode_meta(&h, &sums);
+        let mut b = meta::encode_meta(&h, &sums, 0);
         prop_assert_eq!(meta::Header::decode(&b, o), Loaded::Valid(h));
         prop_assert_eq!(meta::decode_sums(&b[meta::HEADER_LEN..], sums.len()), sums);
         damage(&mut b, &m, fix.then_some(meta::HEADER_LEN - 4));

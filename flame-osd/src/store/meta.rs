@@ -157,8 +157,17 @@ impl Header {
 }
 
 /// Encodes header and checksums as one block-aligned write at file offset 0.
-pub fn encode_meta(header: &Header, sums: &[u32]) -> Vec<u8> {
-    let crc_bytes = (sums.len() * 4).div_ceil(BLOCK) * BLOCK;
+///
+/// `on_disk` is how many slots the file may hold from its last metadata write
+/// (that write's `crc_count`): the slots from `sums.len()` up to it are written as
+/// zeroes, so that every slot past `crc_count` is zero on disk however the list
+/// shrank — to nothing (a write of the header alone) or to fewer 4 KiB blocks of
+/// slots. A stale slot is never read (only `crc_count` slots are), but copies with
+/// the same data would differ byte for byte, and a slot past `crc_count` must read
+/// as the zero block's (simulator seed 436).
+pub fn encode_meta(header: &Header, sums: &[u32], on_disk: usize) -> Vec<u8> {
+    let slots = sums.len().max(on_disk.min(BLOCKS_MAX));
+    let crc_bytes = (slots * 4).div_ceil(BLOCK) * BLOCK;
     let mut out = Vec::with_capacity(HEADER_LEN + crc_bytes);
     out.extend_from_slice(&header.encode());
     for s in sums {
@@ -199,7 +208,7 @@ mod tests {
             crc_count: 2,
             version: 42,
         };
-        let m = encode_meta(&h, &[5, 6]);
+        let m = encode_meta(&h, &[5, 6], 0);
         assert_eq!(m.len(), HEADER_LEN + BLOCK);
         assert_eq!(Header::decode(&m, o), Loaded::Valid(h.clone()));
         assert_eq!(decode_sums(&m[HEADER_LEN..], 2), vec![5, 6]);

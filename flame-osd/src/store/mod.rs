@@ -182,6 +182,10 @@ struct ObjectState {
     sums: RefCell<Vec<u32>>,
     /// The header on disk was invalid: no block of this object can be verified.
     meta_bad: Cell<bool>,
+    /// Checksum slots the file may hold non-zero: the `crc_count` of its last
+    /// metadata write (or more, for a file whose stale slots a load found). The
+    /// next metadata write zeroes those past the new count ([`meta::encode_meta`]).
+    disk_slots: Cell<usize>,
     version: Cell<u64>,
     /// Writes in flight, and a counter bumped when one starts or ends; a read that
     /// saw either change may have raced a write and re-reads.
@@ -538,6 +542,7 @@ impl ObjectStore {
             file,
             sums: RefCell::new(Vec::new()),
             meta_bad: Cell::new(false),
+            disk_slots: Cell::new(0),
             version: Cell::new(0),
             writes_inflight: Cell::new(0),
             write_epoch: Cell::new(0),
@@ -972,9 +977,17 @@ impl ObjectStore {
                         // newest (never older than `generation` says).
                         let _meta = state.meta.lock().await;
                         if with_meta && !state.meta_bad.get() {
-                            let m = meta::encode_meta(&state.header(), &state.sums.borrow());
+                            let (m, count) = {
+                                let sums = state.sums.borrow();
+                                let on_disk = state.disk_slots.get();
+                                (
+                                    meta::encode_meta(&state.header(), &sums, on_disk),
+                                    sums.len(),
+                                )
+                            };
                             crate::failpoints::check("store_meta_write")?;
                             state.file.write(0, m, None).await?;
+                            state.disk_slots.set(count);
                         }
                         state.file.datasync().await
                     }),
@@ -1165,11 +1178,23 @@ fn block_span(offset: u32, len: u32) -> (usize, usize) {
     (first, last - first + 1)
 }
 
+/// Slots in the first block of an object's checksum area (`head`: its header
+/// block and that block) up to the last non-zero one: past its `crc_count` there
+/// are none, but a file written before the metadata write cleared shrunk slots
+/// may have some, which the next metadata write then clears.
+fn stale_slots(head: &[u8]) -> usize {
+    let slots = head.get(HEADER_LEN..).unwrap_or_default();
+    slots
+        .chunks_exact(4)
+        .rposition(|c| c != [0u8; 4])
+        .map_or(0, |i| i + 1)
+}
+
 /// Loads an object's header and checksums from its file.
 async fn load_meta(state: &ObjectState) -> io::Result<()> {
     let head = state.file.read(0, HEADER_LEN + BLOCK).await?;
     match Header::decode(&head, state.object) {
-        Loaded::Fresh => {}
+        Loaded::Fresh => state.disk_slots.set(stale_slots(&head)),
         Loaded::Valid(h) => {
             let count = h.crc_count as usize;
             let sums = if count * 4 <= BLOCK {
@@ -1180,6 +1205,7 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
             };
             *state.sums.borrow_mut() = sums;
             state.version.set(h.version);
+            state.disk_slots.set(count.max(stale_slots(&head)));
         }
         Loaded::Bad(why) => {
             tracing::error!(object = %state.object, "object metadata unreadable ({why}): every block needs repair");
@@ -1232,11 +1258,13 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> 
                 recomputed.push((pg, object));
                 continue;
             };
-            let head = file.read(0, HEADER_LEN).await?;
-            let version = match Header::decode(&head, object) {
-                Loaded::Valid(h) => h.version,
-                _ => 0,
+            let head = file.read(0, HEADER_LEN + BLOCK).await?;
+            // The slots the last metadata write left (cleared past the new count).
+            let (version, on_disk) = match Header::decode(&head, object) {
+                Loaded::Valid(h) => (h.version, h.crc_count as usize),
+                _ => (0, 0),
             };
+            let on_disk = on_disk.max(stale_slots(&head));
             let data_len = file.size().await?.saturating_sub(DATA_OFFSET);
             let blocks = (data_len.div_ceil(BLOCK as u64) as usize).min(BLOCKS_MAX);
             let mut sums = Vec::with_capacity(blocks);
@@ -1259,7 +1287,7 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> 
                 crc_count: sums.len() as u32,
                 version,
             };
-            file.write(0, meta::encode_meta(&header, &sums), None)
+            file.write(0, meta::encode_meta(&header, &sums, on_disk), None)
                 .await?;
             file.datasync().await?;
             if let Some(dir) = path.parent() {
