@@ -93,8 +93,12 @@ const SEEDS_THAT_FOUND_DISK_BUGS: [u64; 4] = [105, 726, 1106, 1215];
 
 /// Seeds that found a bug with black holes that hold what is sent into them
 /// (1617: a client write held since an earlier interval landed over a newer
-/// one), in today's full model.
-const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 1] = [1617];
+/// one; 507: 436's bug), in today's full model.
+const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 2] = [507, 1617];
+
+/// Seeds that found a bug with resizes, before holding black holes (436: the
+/// checksum slots of trimmed blocks left on disk).
+const SEEDS_THAT_FOUND_RESIZE_BUGS: [u64; 1] = [436];
 
 #[test]
 fn every_seed_that_found_a_bug_passes() {
@@ -109,11 +113,16 @@ fn every_seed_that_found_a_bug_passes() {
         tcp_holds: false,
         ..SimConfig::new(seed)
     });
+    let with_resizes = SEEDS_THAT_FOUND_RESIZE_BUGS.iter().map(|&seed| SimConfig {
+        tcp_holds: false,
+        ..SimConfig::new(seed)
+    });
     let with_holds = SEEDS_THAT_FOUND_HOLD_BUGS
         .iter()
         .map(|&s| SimConfig::new(s));
     let failed: Vec<String> = before_disk_faults
         .chain(with_disk_faults)
+        .chain(with_resizes)
         .chain(with_holds)
         .map(run)
         .filter(|r| !r.passed())
