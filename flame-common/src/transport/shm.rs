@@ -2,13 +2,18 @@
 //!
 //! # Connecting
 //! An OSD shard listening on `ip:port` with `transport: shm` also listens on the
-//! abstract Unix socket `flame-shm/ip:port` (`flame-shm/any:port` when it listens on
-//! every address). Abstract names live in the network namespace, like the TCP port,
-//! so a client reaches the socket exactly when it is on the same host and namespace;
-//! otherwise the connect fails at once and the connection falls back to TCP. Both
-//! sides check the other's user (`SO_PEERCRED`) before sending anything: only the
-//! same user (or root) may share memory, so another local user who binds a
-//! listener's name first gets no memfd. Received doorbells must be eventfds.
+//! Unix socket `ip:port` (`any:port` when it listens on every address) in its
+//! user's socket directory ([`socket_dir`]: `$FLAME_SHM_DIR`, else
+//! `/tmp/flame-shm-<uid>`), a directory of mode 0700 owned by that user: no other
+//! user can bind a listener's name before it (and so make its clients fall back
+//! to TCP) or connect to it. A client looks in its own user's directory, so it
+//! reaches the socket exactly when it runs as the same user on the same host;
+//! otherwise the connect fails at once and the connection falls back to TCP. A
+//! directory that is not a directory, is a symbolic link, is not the user's own or
+//! is open to others is refused (the listener does not start, the client uses
+//! TCP), with an error that names it. Both sides also check the other's user
+//! (`SO_PEERCRED`) before sending anything: only the same user (or root) may share
+//! memory. Received doorbells must be eventfds.
 //!
 //! Handshake: each side sends a hello (magic, version, layout, its segment's
 //! address, and the address and length of up to [`REGIONS_MAX`] registered pool
@@ -79,8 +84,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -152,12 +157,66 @@ const QUARANTINE_ENTRIES_MAX: usize = 1024;
 /// the accept gives up on that peer (listener).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The abstract socket name of a listener on `addr`.
-fn socket_name(addr: SocketAddr) -> String {
+/// The directory of this user's shm sockets: `$FLAME_SHM_DIR` if set, else
+/// `/tmp/flame-shm-<euid>`. Listener and client find each other through it, so
+/// both must see the same one (a service with a private /tmp, such as systemd's
+/// `PrivateTmp=`, needs `FLAME_SHM_DIR` set for it and its clients).
+pub fn socket_dir() -> PathBuf {
+    match std::env::var_os("FLAME_SHM_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        // SAFETY: plain syscall.
+        _ => PathBuf::from(format!("/tmp/flame-shm-{}", unsafe { libc::geteuid() })),
+    }
+}
+
+/// Checks that `dir` is a directory (not a symbolic link) owned by this process's
+/// user with mode 0700 — nobody else can create, replace or reach a socket in it.
+/// With `create`, makes it first if it does not exist.
+fn check_socket_dir(dir: &Path, create: bool) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if create {
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("shm socket directory {}: {e}", dir.display()),
+                ));
+            }
+        }
+    }
+    let md = std::fs::symlink_metadata(dir)?;
+    // SAFETY: plain syscall.
+    let me = unsafe { libc::geteuid() };
+    let mode = md.mode() & 0o7777;
+    if !md.is_dir() || md.uid() != me || mode != 0o700 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "shm socket directory {} must be a directory of mode 0700 owned by uid {me} \
+                 (it is {}, mode {mode:04o}, owned by uid {}): remove it, or set FLAME_SHM_DIR",
+                dir.display(),
+                if md.is_symlink() {
+                    "a symbolic link"
+                } else if md.is_dir() {
+                    "a directory"
+                } else {
+                    "not a directory"
+                },
+                md.uid()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The socket of a listener on `addr` in `dir`.
+fn socket_path(dir: &Path, addr: SocketAddr) -> PathBuf {
     if addr.ip().is_unspecified() {
-        format!("flame-shm/any:{}", addr.port())
+        dir.join(format!("any:{}", addr.port()))
     } else {
-        format!("flame-shm/{addr}")
+        dir.join(addr.to_string())
     }
 }
 
@@ -1016,22 +1075,23 @@ pub fn decode_ring_record(
     }
 }
 
-/// Connects to the abstract Unix socket `name` without blocking: `None` when it
-/// does not exist, refuses, or its backlog is full (a stopped listener must not
-/// stall the caller's reactor thread; the caller then uses TCP, with its timeout).
-fn connect_abstract(name: &str) -> Option<UnixStream> {
+/// Connects to the Unix socket at `path` without blocking: `None` when it does
+/// not exist, refuses, or its backlog is full (a stopped listener must not stall
+/// the caller's reactor thread; the caller then uses TCP, with its timeout).
+fn connect_path(path: &Path) -> Option<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
     // SAFETY: sockaddr_un is plain data; all-zero is valid.
     let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = name.as_bytes();
-    if bytes.len() + 1 > sa.sun_path.len() {
+    let bytes = path.as_os_str().as_bytes();
+    // Room for the terminating zero.
+    if bytes.len() >= sa.sun_path.len() || bytes.contains(&0) {
         return None;
     }
-    // sun_path[0] = 0 marks an abstract name.
     for (i, &b) in bytes.iter().enumerate() {
-        sa.sun_path[i + 1] = b as libc::c_char;
+        sa.sun_path[i] = b as libc::c_char;
     }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
     // SAFETY: plain syscall; the result is checked.
     let fd = unsafe {
         libc::socket(
@@ -1150,10 +1210,24 @@ impl ShmConn {
     /// such listener is reachable (another host, another namespace, tcp-only
     /// daemon): the caller falls back to TCP.
     pub async fn connect(addr: SocketAddr) -> Result<Option<Rc<ShmConn>>, TransportError> {
+        ShmConn::connect_in(&socket_dir(), addr).await
+    }
+
+    /// [`ShmConn::connect`] with the socket directory `dir`.
+    async fn connect_in(
+        dir: &Path,
+        addr: SocketAddr,
+    ) -> Result<Option<Rc<ShmConn>>, TransportError> {
+        if let Err(e) = check_socket_dir(dir, false) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(%addr, "not using shm: {e}");
+            }
+            return Ok(None);
+        }
         let mut sock = None;
         let any = SocketAddr::new([0, 0, 0, 0].into(), addr.port());
-        for name in [socket_name(addr), socket_name(any)] {
-            if let Some(s) = connect_abstract(&name) {
+        for path in [socket_path(dir, addr), socket_path(dir, any)] {
+            if let Some(s) = connect_path(&path) {
                 sock = Some(s);
                 break;
             }
@@ -1901,19 +1975,50 @@ pub struct ShmListener {
     tcp: std::net::TcpListener,
     unix: UnixListener,
     addr: SocketAddr,
+    /// The Unix socket's file, removed when the listener goes.
+    path: PathBuf,
 }
 
 impl ShmListener {
-    /// Binds `addr` (TCP) and the abstract Unix socket named after it.
+    /// Binds `addr` (TCP) and the Unix socket named after it in this user's socket
+    /// directory ([`socket_dir`], created if missing, refused if others could
+    /// reach into it).
     pub fn bind(addr: SocketAddr) -> io::Result<ShmListener> {
+        ShmListener::bind_in(&socket_dir(), addr)
+    }
+
+    /// [`ShmListener::bind`] with the socket directory `dir`.
+    fn bind_in(dir: &Path, addr: SocketAddr) -> io::Result<ShmListener> {
+        check_socket_dir(dir, true)?;
         let tcp = std::net::TcpListener::bind(addr)?;
         let addr = tcp.local_addr()?;
-        let name = socket_name(addr);
-        let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-        let unix = UnixListener::bind_addr(&a)?;
+        let path = socket_path(dir, addr);
+        // The TCP address is ours now, and with it the name: a file already
+        // there is a socket a killed listener left behind.
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("removing the stale shm socket {}: {e}", path.display()),
+                ));
+            }
+        }
+        let unix = UnixListener::bind(&path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("binding the shm socket {}: {e}", path.display()),
+            )
+        })?;
         tcp.set_nonblocking(true)?;
         unix.set_nonblocking(true)?;
-        Ok(ShmListener { tcp, unix, addr })
+        Ok(ShmListener {
+            tcp,
+            unix,
+            addr,
+            path,
+        })
     }
 
     /// The bound TCP address.
@@ -1950,6 +2055,13 @@ impl ShmListener {
             let u = reactor::poll_readable(self.unix.as_raw_fd());
             let _ = futures_lite::future::or(t, u).await;
         }
+    }
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        // Ours as long as the TCP address is (see `bind`).
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -2212,5 +2324,85 @@ mod tests {
                 "{mode:?}: {rung} doorbells for 100 messages"
             );
         }
+    }
+
+    /// A listener's socket is a file in a 0700 directory of its user (created
+    /// if missing), reached by a client looking there and removed with the
+    /// listener; a stale one a killed listener left is replaced.
+    #[test]
+    fn the_socket_is_a_file_in_a_private_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let cfg = registered::MemoryPoolConfig {
+            bytes_per_thread: 4 << 20,
+            ..Default::default()
+        };
+        registered::install_on_this_thread(&cfg).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sockets");
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let l = ShmListener::bind_in(&dir, "127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr();
+            let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700);
+            let path = socket_path(&dir, addr);
+            assert!(path.exists(), "{}", path.display());
+            let accept = crate::reactor::spawn(async move {
+                let c = l.accept().await.unwrap();
+                (l, c)
+            });
+            let c = ShmConn::connect_in(&dir, addr).await.unwrap();
+            assert!(c.is_some(), "no shm connection");
+            let (l, accepted) = accept.await;
+            assert!(matches!(accepted, super::super::Conn::Shm(_)));
+            drop((c, accepted, l));
+            assert!(!path.exists(), "the socket outlived its listener");
+            // A file left where the socket goes (a killed listener's) is replaced.
+            let stale = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port_addr = stale.local_addr().unwrap();
+            drop(stale);
+            std::fs::write(socket_path(&dir, port_addr), b"").unwrap();
+            let l = ShmListener::bind_in(&dir, port_addr).unwrap();
+            drop(l);
+        })
+        .unwrap();
+    }
+
+    /// A socket directory others could reach into is refused: the listener does
+    /// not start (the error names the directory and what is wrong), and a client
+    /// uses TCP instead of connecting through it.
+    #[test]
+    fn a_socket_directory_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sockets");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = ShmListener::bind_in(&dir, "127.0.0.1:0".parse().unwrap())
+            .err()
+            .expect("a world-writable directory was used");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&dir.display().to_string()) && msg.contains("0777"),
+            "{msg}"
+        );
+        let link = tmp.path().join("link");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let err = ShmListener::bind_in(&link, "127.0.0.1:0".parse().unwrap())
+            .err()
+            .expect("a symbolic link was followed");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        // A client does not connect through such a directory, even to a socket
+        // a real listener put there.
+        let good = tmp.path().join("good");
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let l = ShmListener::bind_in(&good, "127.0.0.1:0".parse().unwrap()).unwrap();
+            std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let c = ShmConn::connect_in(&good, l.local_addr()).await.unwrap();
+            assert!(c.is_none(), "connected through a directory open to others");
+        })
+        .unwrap();
     }
 }
