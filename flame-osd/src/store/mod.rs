@@ -267,6 +267,11 @@ struct ObjectLock {
 
 impl ObjectLock {
     async fn lock(&self) -> ObjectLockGuard<'_> {
+        self.acquire().await;
+        ObjectLockGuard(self)
+    }
+
+    async fn acquire(&self) {
         std::future::poll_fn(|cx| {
             if self.locked.get() {
                 self.waiters.borrow_mut().push(cx.waker().clone());
@@ -277,7 +282,13 @@ impl ObjectLock {
         })
         .await;
         self.locked.set(true);
-        ObjectLockGuard(self)
+    }
+
+    fn release(&self) {
+        self.locked.set(false);
+        for w in self.waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
     }
 }
 
@@ -285,9 +296,24 @@ struct ObjectLockGuard<'a>(&'a ObjectLock);
 
 impl Drop for ObjectLockGuard<'_> {
     fn drop(&mut self) {
-        self.0.locked.set(false);
-        for w in self.0.waiters.borrow_mut().drain(..) {
-            w.wake();
+        self.0.release();
+    }
+}
+
+/// Holds the opening of one object ([`ObjectStore::opening`]); the lock is
+/// dropped from the map when nobody else waits for it.
+struct OpeningGuard<'a> {
+    store: &'a ObjectStore,
+    object: ObjectId,
+    lock: Rc<ObjectLock>,
+}
+
+impl Drop for OpeningGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.release();
+        // The map's reference and this one: no task waits for it.
+        if Rc::strong_count(&self.lock) == 2 {
+            self.store.opening.borrow_mut().remove(&self.object);
         }
     }
 }
@@ -374,6 +400,13 @@ pub struct ObjectStore {
     /// would otherwise cost a failing `open` each). Exact, because only this shard
     /// creates or removes its objects; cleared when it grows past its bound.
     absent: RefCell<HashSet<ObjectId>>,
+    /// Objects being opened (or removed), one task at a time each. An open
+    /// awaits the disk between finding the file and caching its state, and a
+    /// create refused for a full disk takes its file back meanwhile: a second
+    /// opener that found the file then would cache the state of an unlinked
+    /// file, and every later write of the object would land in that orphan
+    /// (simulator seed 13469).
+    opening: RefCell<HashMap<ObjectId, Rc<ObjectLock>>>,
     /// Volumes removed (by a DeleteVolume request or a tombstone in the map): no
     /// object of theirs is created again. Volume ids are never reused. Bounded by
     /// [`DELETED_VOLUMES_MAX`] (the newest ids, like the map's tombstones).
@@ -461,6 +494,7 @@ impl ObjectStore {
             generation: Cell::new(0),
             known_dirs: RefCell::new(HashSet::default()),
             absent: RefCell::new(HashSet::default()),
+            opening: RefCell::new(HashMap::default()),
             removed_volumes: RefCell::new(BTreeSet::new()),
             writes_inflight: Cell::new(0),
             journal_max: Cell::new(journal::JOURNAL_ENTRIES_SOFT_MAX),
@@ -500,6 +534,12 @@ impl ObjectStore {
         object: ObjectId,
         create: bool,
     ) -> Result<Option<Rc<ObjectState>>, StoreError> {
+        if let Some(s) = self.cached(object) {
+            return Ok(Some(s));
+        }
+        let _opening = self.lock_opening(object).await;
+        // Opened (or found missing, or created and taken back) by the task this
+        // one waited for.
         if let Some(s) = self.cached(object) {
             return Ok(Some(s));
         }
@@ -579,6 +619,18 @@ impl ObjectStore {
         let state = Rc::new(state);
         self.files.borrow_mut().insert(state.clone(), self.open_max);
         Ok(Some(state))
+    }
+
+    /// Waits until no other task opens or removes `object`, and holds that until
+    /// the guard is dropped.
+    async fn lock_opening(&self, object: ObjectId) -> OpeningGuard<'_> {
+        let lock = self.opening.borrow_mut().entry(object).or_default().clone();
+        lock.acquire().await;
+        OpeningGuard {
+            store: self,
+            object,
+            lock,
+        }
     }
 
     fn cached(&self, object: ObjectId) -> Option<Rc<ObjectState>> {

@@ -103,6 +103,9 @@ impl ObjectStore {
     /// Removes this shard's copy of an object (`Ok(false)`: there was none). The
     /// removal is made durable by the next FLUSH's directory sync.
     pub async fn remove_object(&self, pg: PgId, object: ObjectId) -> Result<bool, StoreError> {
+        // Not while another task opens it: it would cache the state of the file
+        // this unlinks.
+        let _opening = self.lock_opening(object).await;
         if let Some(state) = self.cached(object) {
             state.wait_idle().await;
         }

@@ -1360,3 +1360,67 @@ fn a_write_refused_for_a_full_disk_leaves_no_object_file_a_flush_would_need_spac
     })
     .unwrap();
 }
+
+/// Simulator seed 13469: a forwarded write to a new object on a full disk
+/// created the object's file and failed its metadata reservation; while that
+/// reservation waited for the disk, another operation on the object that opens
+/// without creating (a read here) found the file and loaded its (empty)
+/// metadata. The writer took its file back (unlinked it) and the reader then
+/// cached its open state of the unlinked file: once the disk had space, every
+/// later write of the object landed in that orphan, acknowledged, while the
+/// object's file on disk stayed missing — this copy lost every block of it.
+/// Only one task opens an object at a time; the others use its result.
+#[test]
+fn a_read_racing_a_create_refused_for_a_full_disk_caches_no_unlinked_file() {
+    let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+    r.block_on(async {
+        let (sim, fs, root) = sim_dir();
+        // Every disk operation takes the same time: the read's metadata load
+        // ends just after the refused create took its file back.
+        sim.set_latency(100..=100, 1);
+        let store = Rc::new(ObjectStore::with_fs(
+            fs.clone(),
+            &root,
+            0,
+            opts(false, true),
+        ));
+        store
+            .write(PG, obj(0), 0, PayloadBuf::copy_from(&[1u8; BLOCK]), false)
+            .await
+            .unwrap();
+        store.flush(None).await.unwrap();
+        sim.set_full(true);
+        let s = store.clone();
+        let write = reactor::spawn(async move {
+            s.write(PG, obj(1), 0, PayloadBuf::copy_from(&[2u8; BLOCK]), false)
+                .await
+        });
+        let s = store.clone();
+        let read = reactor::spawn(async move { s.read(PG, obj(1), 0, BLOCK as u32).await });
+        let err = write.await.expect_err("a new object on a full disk");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        assert_eq!(read.await.unwrap().as_slice(), &[0u8; BLOCK][..]);
+        // Space again: the object is written, and flushed.
+        sim.set_full(false);
+        store
+            .write(PG, obj(1), 0, PayloadBuf::copy_from(&[3u8; BLOCK]), false)
+            .await
+            .unwrap();
+        store.flush(None).await.unwrap();
+        assert!(
+            sim.paths().contains(&store.object_path(PG, obj(1))),
+            "the acknowledged write went to an unlinked file"
+        );
+        // What the disk holds, through a store that opens it afresh.
+        let fresh = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
+        assert_eq!(
+            fresh
+                .read(PG, obj(1), 0, BLOCK as u32)
+                .await
+                .unwrap()
+                .as_slice(),
+            &[3u8; BLOCK][..]
+        );
+    })
+    .unwrap();
+}
