@@ -1163,6 +1163,9 @@ impl ObjectStore {
                 if object.volume != volume {
                     continue;
                 }
+                // Not while another task opens it (as `remove_object`): it would
+                // cache the state of the file this unlinks.
+                let _opening = self.lock_opening(object).await;
                 self.files.borrow_mut().remove(&object);
                 self.dirty.borrow_mut().remove(&object);
                 if self.fs.unlink(&dir.join(&name), false).await? {
