@@ -81,16 +81,37 @@ async fn call(conn: &Conn, msg: Message) -> Message {
 /// primary reports as EAGAIN) a heartbeat behind. After an OSD returns, recovery
 /// reports move the map every few milliseconds and a replica refuses forwards from
 /// an older epoch, so on a loaded two-core machine this can take seconds: 30 s.
-async fn call_retry(conn: &Conn, msg: Message, also_eagain: bool) -> Message {
+///
+/// After ESTALE from an OSD whose map is newer, the request goes again under that
+/// epoch, as a client's does once it fetched the newer map: a primary refuses a
+/// client write sent under a map older than its group's interval, and recovery
+/// after a restart starts new intervals.
+async fn call_retry(conn: &Conn, mut msg: Message, also_eagain: bool) -> Message {
     for _ in 0..600 {
         let reply = call(conn, msg.clone()).await;
         let st = status_of(&reply);
         if st != status::ESTALE && !(also_eagain && st == status::EAGAIN) {
             return reply;
         }
+        if st == status::ESTALE && reply.epoch() > msg.epoch() {
+            set_epoch(&mut msg, reply.epoch());
+        }
         flame_common::reactor::sleep(Duration::from_millis(50)).await;
     }
     panic!("OSD kept asking for a retry for 30 s");
+}
+
+/// `msg` sent under `to` (the requests `call_retry` resends).
+fn set_epoch(msg: &mut Message, to: flame_common::ids::Epoch) {
+    match msg {
+        Message::Read { epoch, .. }
+        | Message::Write { epoch, .. }
+        | Message::WriteZeroes { epoch, .. }
+        | Message::Discard { epoch, .. }
+        | Message::Flush { epoch, .. }
+        | Message::Ping { epoch, .. } => *epoch = to,
+        other => panic!("call_retry does not resend {:?}", other.op()),
+    }
 }
 
 fn status_of(m: &Message) -> i32 {
