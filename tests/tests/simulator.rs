@@ -91,8 +91,9 @@ const SEEDS_THAT_FOUND_BUGS: [u64; 14] = [
 /// holes.
 const SEEDS_THAT_FOUND_DISK_BUGS: [u64; 4] = [105, 726, 1106, 1215];
 
-/// Seeds that found a bug in today's full model, black holes that hold what is
-/// sent into them included (1617: a client write held since an earlier
+/// Seeds that found a bug in the full model of their day (before resizes kept
+/// the volume shrunk a while), black holes that hold what is sent into them
+/// included (1617: a client write held since an earlier
 /// interval landed over a newer one; 507: 436's bug; 13469: a copy's writes
 /// went into a file a create refused for a full disk had unlinked).
 const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 3] = [507, 1617, 13469];
@@ -116,11 +117,13 @@ fn every_seed_that_found_a_bug_passes() {
     });
     let with_resizes = SEEDS_THAT_FOUND_RESIZE_BUGS.iter().map(|&seed| SimConfig {
         tcp_holds: false,
+        resize_stays_shrunk: false,
         ..SimConfig::new(seed)
     });
-    let with_holds = SEEDS_THAT_FOUND_HOLD_BUGS
-        .iter()
-        .map(|&s| SimConfig::new(s));
+    let with_holds = SEEDS_THAT_FOUND_HOLD_BUGS.iter().map(|&seed| SimConfig {
+        resize_stays_shrunk: false,
+        ..SimConfig::new(seed)
+    });
     let failed: Vec<String> = before_disk_faults
         .chain(with_disk_faults)
         .chain(with_resizes)

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -29,6 +29,7 @@ fn main() -> ExitCode {
     let mut disk_faults = true;
     let mut resizes = true;
     let mut tcp_holds = true;
+    let mut shrunk_wait = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -60,6 +61,7 @@ fn main() -> ExitCode {
             "--no-disk-faults" => disk_faults = false,
             "--no-resizes" => resizes = false,
             "--no-tcp-holds" => tcp_holds = false,
+            "--no-shrunk-wait" => shrunk_wait = false,
             "--twice" => twice = true,
             "--events" => events = true,
             _ => return usage(),
@@ -77,6 +79,7 @@ fn main() -> ExitCode {
         cfg.disk_faults = disk_faults;
         cfg.resizes = resizes;
         cfg.tcp_holds = tcp_holds;
+        cfg.resize_stays_shrunk = shrunk_wait;
         if let Some(n) = ops {
             cfg.ops = n;
         }

@@ -151,6 +151,11 @@ pub struct SimConfig {
     /// meanwhile — instead of losing it and resetting the connection. Off for
     /// the seeds that found bugs before it existed.
     pub tcp_holds: bool,
+    /// A resize keeps the volume shrunk 0.2-2 s after its trim before it grows
+    /// back, and in half of them the last client gets no map from the shrink
+    /// to the grow (its writes past the new end must be refused by the OSDs).
+    /// Off for the seeds that found bugs before it existed.
+    pub resize_stays_shrunk: bool,
 }
 
 impl SimConfig {
@@ -179,6 +184,9 @@ impl SimConfig {
         if !self.tcp_holds {
             c += " --no-tcp-holds";
         }
+        if !self.resize_stays_shrunk {
+            c += " --no-shrunk-wait";
+        }
         c
     }
 
@@ -205,6 +213,7 @@ impl SimConfig {
             disk_faults: true,
             resizes: true,
             tcp_holds: true,
+            resize_stays_shrunk: true,
         }
     }
 }
@@ -347,6 +356,11 @@ struct Resize {
     at: Instant,
     /// The size to shrink to.
     shrink_to: u64,
+    /// How long the volume stays shrunk after its trim, before it grows back.
+    shrunk_for: Duration,
+    /// The last client gets no map from the shrink to the grow: its writes past
+    /// the new end go out under the old size, for the OSDs to refuse.
+    stale_client: bool,
     step: ResizeStep,
 }
 
@@ -361,6 +375,8 @@ enum ResizeStep {
         counters: Vec<u64>,
         result: Rc<RefCell<Option<Result<(), String>>>>,
     },
+    /// Trimmed, reported, and small until `Resize::at`.
+    Shrunk,
     /// Grown back to the full size.
     Done,
 }
@@ -711,9 +727,16 @@ impl Sim {
                             self.event(format!("the trim failed ({e}); again"));
                             self.trim(range, first, counters)
                         }
-                        Some(Ok(())) => self.grow_back(range, first, &counters),
+                        Some(Ok(())) => match self.trim_reported(range, first, &counters) {
+                            ResizeStep::Shrunk if r.shrunk_for.is_zero() => self.grow_back(),
+                            step => {
+                                r.at = now + r.shrunk_for;
+                                step
+                            }
+                        },
                     }
                 }
+                ResizeStep::Shrunk => self.grow_back(),
                 ResizeStep::Done => ResizeStep::Done,
             };
         }
@@ -775,7 +798,8 @@ impl Sim {
         }
     }
 
-    fn grow_back(&mut self, range: TrimRange, first: u64, counters: &[u64]) -> ResizeStep {
+    /// Reports the trim done to the manager and the oracle.
+    fn trim_reported(&mut self, range: TrimRange, first: u64, counters: &[u64]) -> ResizeStep {
         let Some(volume) = self.mgr.map().volumes.get("sim").map(|v| v.id) else {
             return ResizeStep::Done;
         };
@@ -786,6 +810,14 @@ impl Sim {
         if let Some(w) = &self.workload {
             w.trimmed(first, counters);
         }
+        self.event("the trim is done".to_string());
+        ResizeStep::Shrunk
+    }
+
+    fn grow_back(&mut self) -> ResizeStep {
+        if let Some(w) = &self.workload {
+            w.grown();
+        }
         let req = VolumeResize {
             size: self.config.volume_bytes,
             allow_shrink: false,
@@ -794,7 +826,7 @@ impl Sim {
             self.errors.push(format!("growing the volume back: {e}"));
         }
         self.event(format!(
-            "the trim is done; the volume grows back to {} bytes",
+            "the volume grows back to {} bytes",
             self.config.volume_bytes
         ));
         ResizeStep::Done
@@ -825,8 +857,13 @@ impl Sim {
             self.control(i, now);
         }
         self.resize_step(now);
-        for c in &self.clients {
-            if Self::reaches_mgr(c.ip) {
+        // The resize's stale client gets no map from the shrink to the grow.
+        let stale = self.resize.as_ref().and_then(|r| {
+            (r.stale_client && matches!(r.step, ResizeStep::Trimming { .. } | ResizeStep::Shrunk))
+                .then(|| self.clients.len() - 1)
+        });
+        for (k, c) in self.clients.iter().enumerate() {
+            if Some(k) != stale && Self::reaches_mgr(c.ip) {
                 c.cluster.publish_map(self.mgr.map().clone());
                 if let Some(ticket) = c.cluster.pending_refresh() {
                     c.cluster.refresh_served(ticket);
@@ -1056,9 +1093,20 @@ impl Sim {
                 let blocks = size / block;
                 // Some of the last writer's blocks, sometimes whole objects.
                 let cut = rng.random_range(1..=blocks / 4);
+                let at = clock::now() + Duration::from_millis(rng.random_range(300..6000));
+                let (shrunk_for, stale_client) = if self.config.resize_stays_shrunk {
+                    (
+                        Duration::from_millis(rng.random_range(200..2000)),
+                        self.config.clients > 1 && rng.random_bool(0.5),
+                    )
+                } else {
+                    (Duration::ZERO, false)
+                };
                 self.resize = Some(Resize {
-                    at: clock::now() + Duration::from_millis(rng.random_range(300..6000)),
+                    at,
                     shrink_to: size - cut * block,
+                    shrunk_for,
+                    stale_client,
                     step: ResizeStep::Due,
                 });
             }

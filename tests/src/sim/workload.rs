@@ -97,6 +97,11 @@ pub struct Workload {
     /// own map, or by an OSD's) while the volume is small or a client's map
     /// still says so.
     cut_from: Cell<Option<u64>>,
+    /// The first block cut off while the volume is shrunk and trimmed
+    /// ([`Workload::trimmed`] to [`Workload::grown`]): no data write past it may
+    /// be acknowledged then — every OSD that took the trim refuses it (a
+    /// client's map that predates the shrink notwithstanding).
+    shrunk_from: Cell<Option<u64>>,
 }
 
 impl Workload {
@@ -120,6 +125,7 @@ impl Workload {
             may_time_out: Cell::new(may_time_out),
             enospc_allowed: Cell::new(false),
             cut_from: Cell::new(None),
+            shrunk_from: Cell::new(None),
         }
     }
 
@@ -161,6 +167,12 @@ impl Workload {
     /// The shrink's trim completed on every copy (and stably).
     pub fn trimmed(&self, first: u64, counters: &[u64]) {
         self.oracle.borrow_mut().ack_write(first, counters);
+        self.shrunk_from.set(Some(first));
+    }
+
+    /// The volume has grown back to its size: writes past the old cut land again.
+    pub fn grown(&self) {
+        self.shrunk_from.set(None);
     }
 
     /// Whether I/O to `n` blocks from `first` may be refused as outside the
@@ -236,6 +248,12 @@ impl Workload {
     async fn write(self: Rc<Self>, vol: Rc<Volume>, first: u64, n: u64, how: WriteKind) {
         let range = first..first + n;
         let (offset, len) = (first * BLOCK, n * BLOCK);
+        // Data only: OSDs take discards and write-zeroes past the end (a shrink's
+        // trim is made of them), which cannot bring old bytes back.
+        let data = matches!(how, WriteKind::Data { .. });
+        let past_the_trimmed_end =
+            |w: &Self| data && w.shrunk_from.get().is_some_and(|c| first + n > c);
+        let issued_past_the_trimmed_end = past_the_trimmed_end(&self);
         let (res, counters) = match how {
             WriteKind::Data { fua } => {
                 let (data, counters) = self.oracle.borrow_mut().issue_write(range);
@@ -254,6 +272,12 @@ impl Workload {
             Ok(()) => {
                 self.oracle.borrow_mut().ack_write(first, &counters);
                 self.count(|f| f.writes += 1);
+                if issued_past_the_trimmed_end && past_the_trimmed_end(&self) {
+                    self.complain(format!(
+                        "write of blocks {first}+{n}, past the end of the shrunk and trimmed \
+                         volume, was acknowledged before the volume grew back"
+                    ));
+                }
             }
             Err(e) if self.may_time_out.get() && is_timeout(&e) => {
                 // Abandoned: issued, never acknowledged; it may still land.
