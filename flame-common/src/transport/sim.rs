@@ -246,38 +246,12 @@ fn release_held(n: &Net, which: impl Fn(&SimConn) -> bool) {
         go
     };
     for o in orphans {
-        let delay = Duration::from_millis(n.rng.borrow_mut().random_range(0..=4000));
-        let last = Cell::new(clock::now() + delay);
-        for cargo in o.held {
-            n.post(
-                &last,
-                Delivery {
-                    to: o.inbox.clone(),
-                    cargo,
-                    from: o.from,
-                    dest: o.to,
-                },
-            );
-        }
+        let last = Cell::new(clock::now());
+        n.post_held(&last, &o.inbox, o.from, o.to, o.held);
     }
     for c in ends {
-        let delay = Duration::from_millis(n.rng.borrow_mut().random_range(0..=4000));
-        let at = clock::now() + delay;
-        if c.last_arrival.get() < at {
-            c.last_arrival.set(at);
-        }
         let held = std::mem::take(&mut *c.held.borrow_mut());
-        for cargo in held {
-            n.post(
-                &c.last_arrival,
-                Delivery {
-                    to: c.outbox.clone(),
-                    cargo,
-                    from: c.local,
-                    dest: c.peer,
-                },
-            );
-        }
+        n.post_held(&c.last_arrival, &c.outbox, c.local, c.peer, held);
     }
 }
 
@@ -354,11 +328,7 @@ pub fn power_off(ip: IpAddr) {
         }
     }
     n.orphans.borrow_mut().retain(|o| o.from.ip() != ip);
-    drop(n);
     crash(ip);
-    if let Ok(n) = net() {
-        n.orphans.borrow_mut().retain(|o| o.from.ip() != ip);
-    }
 }
 
 /// The process whose tasks run now stops at once (its storage failed and it
@@ -488,6 +458,32 @@ impl Net {
             lo
         };
         Duration::from_micros(us)
+    }
+
+    /// Puts what a black hole held on the wire once its path healed: after a
+    /// retransmission delay of 0-4 s, in order, and before anything sent on the
+    /// same direction (`last`) later.
+    fn post_held(
+        &self,
+        last: &Cell<Instant>,
+        to: &Weak<Pipe>,
+        from: SocketAddr,
+        dest: SocketAddr,
+        held: Vec<Cargo>,
+    ) {
+        let delay = Duration::from_millis(self.rng.borrow_mut().random_range(0..=4000));
+        last.set(last.get().max(clock::now() + delay));
+        for cargo in held {
+            self.post(
+                last,
+                Delivery {
+                    to: to.clone(),
+                    cargo,
+                    from,
+                    dest,
+                },
+            );
+        }
     }
 
     /// Puts `cargo` on the wire to arrive no earlier than anything sent before it
@@ -620,13 +616,11 @@ impl SimConn {
         let Some(net) = self.net.upgrade() else {
             return Err(TransportError::Closed);
         };
-        let fault = net.fault(self.local.ip(), self.peer.ip());
-        if net.hold.get() && (fault == Some(LinkFault::BlackHole) || !self.held.borrow().is_empty())
-        {
+        if self.holds(&net) {
             self.held.borrow_mut().push(Cargo::Frame(bytes));
             return Ok(());
         }
-        match fault {
+        match net.fault(self.local.ip(), self.peer.ip()) {
             Some(LinkFault::BlackHole) => {
                 self.lost.set(true);
                 return Ok(());
@@ -686,10 +680,7 @@ impl SimConn {
         }
         self.inbox.wake();
         if let Some(net) = self.net.upgrade() {
-            if net.hold.get()
-                && (net.fault(self.local.ip(), self.peer.ip()) == Some(LinkFault::BlackHole)
-                    || !self.held.borrow().is_empty())
-            {
+            if self.holds(&net) {
                 self.held.borrow_mut().push(Cargo::End);
                 return;
             }
@@ -703,6 +694,14 @@ impl SimConn {
                 },
             );
         }
+    }
+
+    /// Whether what this end sends now is held (`Net::hold`): its path is a
+    /// black hole, or what it sent before is still held (order is kept).
+    fn holds(&self, net: &Net) -> bool {
+        net.hold.get()
+            && (net.fault(self.local.ip(), self.peer.ip()) == Some(LinkFault::BlackHole)
+                || !self.held.borrow().is_empty())
     }
 
     /// Whether this end is closed (or the peer's end arrived).

@@ -24,6 +24,14 @@ use std::rc::Rc;
 /// Page size of the simulated disk: the unit a power cut keeps or drops whole.
 const SIM_PAGE: usize = 4096;
 
+/// The simulated pages `[offset, offset+len)` touches (none for `len` 0).
+fn sim_pages(offset: u64, len: u64) -> std::ops::Range<u64> {
+    if len == 0 {
+        return 0..0;
+    }
+    offset / SIM_PAGE as u64..(offset + len - 1) / SIM_PAGE as u64 + 1
+}
+
 /// Where the store's files live.
 #[derive(Clone)]
 pub enum Fs {
@@ -158,9 +166,7 @@ impl Fs {
             }
             Fs::Sim(sim) => {
                 sim.tick()?;
-                if sim.write_error().is_some() {
-                    return Err(io::Error::from_raw_os_error(libc::EIO));
-                }
+                sim.sync_error()?;
                 for f in sim.files.borrow().values() {
                     if f.parent == path {
                         f.name_stable.set(true);
@@ -452,11 +458,7 @@ impl File {
                 sim.delay().await;
                 sim.tick()?;
                 sim.space_for(f, offset, len)?;
-                if len > 0 {
-                    let first = offset / SIM_PAGE as u64;
-                    let last = (offset + len - 1) / SIM_PAGE as u64;
-                    f.reserved.borrow_mut().extend(first..=last);
-                }
+                f.reserved.borrow_mut().extend(sim_pages(offset, len));
                 Ok(())
             }
         }
@@ -473,9 +475,7 @@ impl File {
             File::Sim(sim, f) => {
                 sim.delay().await;
                 sim.tick()?;
-                if sim.write_error().is_some() {
-                    return Err(io::Error::from_raw_os_error(libc::EIO));
-                }
+                sim.sync_error()?;
                 f.sync();
                 Ok(())
             }
@@ -734,6 +734,14 @@ impl SimFs {
         self.fail_stopped.replace(false)
     }
 
+    /// EIO when a sync's simulated I/O error is drawn ([`SimFs::write_error`]).
+    fn sync_error(&self) -> io::Result<()> {
+        match self.write_error() {
+            Some(_) => Err(io::Error::from_raw_os_error(libc::EIO)),
+            None => Ok(()),
+        }
+    }
+
     /// This write's, punch's or sync's simulated I/O error, if one is drawn,
     /// and for a failed write whether its bytes reached the disk anyway.
     fn write_error(&self) -> Option<bool> {
@@ -752,11 +760,9 @@ impl SimFs {
         if !self.full.get() || len == 0 {
             return Ok(());
         }
-        let first = offset / SIM_PAGE as u64;
-        let last = (offset + len - 1) / SIM_PAGE as u64;
         let cur = f.current.borrow();
         let reserved = f.reserved.borrow();
-        if (first..=last).any(|p| !cur.contains_key(&p) && !reserved.contains(&p)) {
+        if sim_pages(offset, len).any(|p| !cur.contains_key(&p) && !reserved.contains(&p)) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         Ok(())
