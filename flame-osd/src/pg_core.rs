@@ -321,12 +321,19 @@ impl PgCore {
         }
         let (op, object) = (w.op, w.object);
         let entry = LogEntry { applied, ..w };
-        if primacy == self.primacy {
-            self.log.record_primary(entry, roles);
-        } else {
+        let primacy_changed = primacy != self.primacy;
+        if primacy_changed {
             self.log.record_untracked(entry);
+        } else {
+            self.log.record_primary(entry, roles);
         }
-        if local != status::OK {
+        if local != status::OK || primacy_changed {
+            // No proof that this copy holds the op: it failed it, or it applied
+            // it under a primacy that ended meanwhile — in between, this copy may
+            // have been a recovering member whose bytes of the object were
+            // replaced by another primary's (backfill, log catch-up) that lack
+            // the write. A retry is applied again instead of answered (and
+            // copied to the others) from this copy.
             self.log.unprove_op(object, op);
         }
         result
@@ -950,12 +957,39 @@ mod tests {
         );
         assert!(!c.log.tracks(R2), "tracking must restart from backfill");
         assert_eq!(c.log.missed_by(R2, 0), None);
-        // The entry itself is kept: a retry of it is still recognised.
+        // The entry itself is kept (numbering, older ops superseded), but it
+        // proves nothing about this copy's bytes: see the next test.
         let retry = write(c, 1, 0, 5);
-        assert!(matches!(
-            c.decide(&retry, P, &SET),
-            Decision::Duplicate { .. }
-        ));
+        assert_eq!(c.decide(&retry, P, &SET), Decision::Apply);
+    }
+
+    /// Seed 201884: a write applied by the primary whose forwards were held
+    /// past its primacy; meanwhile the OSD was marked down, backfilled from the
+    /// new primary (without the write), and made primary again. The old
+    /// write's completion must not prove the op on this copy: a retry answered
+    /// from it would acknowledge bytes that no copy holds.
+    #[test]
+    fn a_write_completed_after_its_primacy_ended_proves_nothing_to_a_retry() {
+        let mut cores = PgCores::new(16);
+        let pg = PgId(5);
+        let c = cores.get_mut(pg);
+        let w = write(c, 7, 4096, 4);
+        let admitted_under = c.primacy();
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        // Marked down (primacy interrupted), backfilled, primary again.
+        cores.primacy_changed(pg);
+        cores.primacy_changed(pg);
+        let c = cores.get_mut(pg);
+        // The replicas refused the held forwards; this copy had applied it.
+        let refused: Vec<(OsdId, i32)> = SET[1..].iter().map(|&m| (m, status::EAGAIN)).collect();
+        assert_eq!(
+            c.complete(w, admitted_under, P, status::OK, &refused, &roles()),
+            status::EAGAIN
+        );
+        // The client's retry, under the new interval: applied again on every
+        // copy, not answered from this one.
+        let retry = write(c, 7, 4096, 12);
+        assert_eq!(c.decide(&retry, P, &SET), Decision::Apply);
     }
 
     #[test]
