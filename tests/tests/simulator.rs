@@ -95,8 +95,9 @@ const SEEDS_THAT_FOUND_DISK_BUGS: [u64; 4] = [105, 726, 1106, 1215];
 /// the volume shrunk a while), black holes that hold what is sent into them
 /// included (1617: a client write held since an earlier
 /// interval landed over a newer one; 507: 436's bug; 13469: a copy's writes
-/// went into a file a create refused for a full disk had unlinked).
-const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 3] = [507, 1617, 13469];
+/// went into a file a create refused for a full disk had unlinked; 201884: a
+/// write completed after its primacy ended answered a retry from the log).
+const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 4] = [507, 1617, 13469, 201884];
 
 /// Seeds that found a bug with resizes, before holding black holes (436: the
 /// checksum slots of trimmed blocks left on disk).
