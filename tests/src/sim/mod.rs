@@ -832,6 +832,11 @@ impl Sim {
         ResizeStep::Done
     }
 
+    /// Whether the manager is stopped (an impairment in force).
+    fn manager_stopped(&self) -> bool {
+        self.impaired.iter().any(|imp| imp.manager)
+    }
+
     fn reaches_mgr(ip: IpAddr) -> bool {
         net::fault(ip, MGR_IP).is_none() && net::fault(MGR_IP, ip).is_none()
     }
@@ -840,17 +845,27 @@ impl Sim {
     /// heartbeat, reports and map fetch, the client's map.
     fn tick(&mut self) {
         let now = clock::now();
-        let (down, out) = self
-            .mgr
-            .check_failures(now, HEARTBEAT_GRACE, Duration::ZERO);
-        for id in down {
-            self.event(format!("manager marks {id} down"));
-        }
-        for id in out {
-            self.event(format!("manager marks {id} out"));
+        // A stopped manager decides nothing: it marks no OSD down for the
+        // heartbeats it does not hear (it restarts counting every OSD as just
+        // heard from).
+        if !self.manager_stopped() {
+            let (down, out) = self
+                .mgr
+                .check_failures(now, HEARTBEAT_GRACE, Duration::ZERO);
+            for id in down {
+                self.event(format!("manager marks {id} down"));
+            }
+            for id in out {
+                self.event(format!("manager marks {id} out"));
+            }
         }
         for i in 0..self.osds.len() {
-            if self.osds[i].live.is_none() && self.osds[i].restart_at.is_some_and(|t| now >= t) {
+            // A restarted daemon boots with the manager before it serves: it
+            // retries until it reaches the manager.
+            if self.osds[i].live.is_none()
+                && self.osds[i].restart_at.is_some_and(|t| now >= t)
+                && Self::reaches_mgr(self.osds[i].ip)
+            {
                 self.event(format!("osd.{i} restarts"));
                 self.start_osd(i);
             }
@@ -1406,7 +1421,12 @@ impl Sim {
             self.mgr = manager(self.mgr.persisted.clone(), now);
             self.event("the manager restarts".into());
         } else if self.osds[imp.osd].live.is_none() {
-            self.start_osd(imp.osd);
+            if Self::reaches_mgr(self.osds[imp.osd].ip) {
+                self.start_osd(imp.osd);
+            } else {
+                // It boots once it reaches the manager (`tick`).
+                self.osds[imp.osd].restart_at = Some(now);
+            }
         } else {
             self.event(format!("osd.{} reconnected", imp.osd));
         }
