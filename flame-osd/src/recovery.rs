@@ -111,6 +111,8 @@ pub struct RecoveryShared {
     pub objects_recovered: AtomicU64,
     /// Bytes copied since start.
     pub bytes_recovered: AtomicU64,
+    /// Group scrubs (not dry runs) finished since start.
+    pub scrubs: AtomicU64,
     /// Objects scrubs found inconsistent since start.
     pub scrub_errors: AtomicU64,
     /// Objects scrubs repaired since start.

@@ -315,6 +315,7 @@ impl Shard {
         if !dry_run {
             crate::metrics::scrub_result(counts.inconsistent, counts.repaired);
             let shared = &self.recovery_shared;
+            shared.scrubs.fetch_add(1, Ordering::Relaxed);
             shared
                 .scrub_errors
                 .fetch_add(counts.inconsistent, Ordering::Relaxed);

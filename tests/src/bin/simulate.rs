@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -30,6 +30,7 @@ fn main() -> ExitCode {
     let mut resizes = true;
     let mut tcp_holds = true;
     let mut shrunk_wait = true;
+    let mut scrubs = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -62,6 +63,7 @@ fn main() -> ExitCode {
             "--no-resizes" => resizes = false,
             "--no-tcp-holds" => tcp_holds = false,
             "--no-shrunk-wait" => shrunk_wait = false,
+            "--no-scrubs" => scrubs = false,
             "--twice" => twice = true,
             "--events" => events = true,
             _ => return usage(),
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
         cfg.resizes = resizes;
         cfg.tcp_holds = tcp_holds;
         cfg.resize_stays_shrunk = shrunk_wait;
+        cfg.scrubs = scrubs;
         if let Some(n) = ops {
             cfg.ops = n;
         }

@@ -156,6 +156,11 @@ pub struct SimConfig {
     /// to the grow (its writes past the new end must be refused by the OSDs).
     /// Off for the seeds that found bugs before it existed.
     pub resize_stays_shrunk: bool,
+    /// Half the seeds' OSDs scrub each group they are the primary of every
+    /// 1-3 s of virtual time (background scrub: compare every acting copy,
+    /// repair the minority), under the workload and the faults. Off for the
+    /// seeds that found bugs before it existed.
+    pub scrubs: bool,
 }
 
 impl SimConfig {
@@ -187,6 +192,9 @@ impl SimConfig {
         if !self.resize_stays_shrunk {
             c += " --no-shrunk-wait";
         }
+        if !self.scrubs {
+            c += " --no-scrubs";
+        }
         c
     }
 
@@ -214,7 +222,15 @@ impl SimConfig {
             resizes: true,
             tcp_holds: true,
             resize_stays_shrunk: true,
+            scrubs: true,
         }
+    }
+
+    /// The background scrub interval of this seed's OSDs, if it scrubs: drawn
+    /// from a stream of its own, so seeds that do not scrub run as before.
+    fn scrub_interval_s(&self) -> Option<u64> {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x5c2b_d0e5);
+        (self.scrubs && rng.random_bool(0.5)).then(|| rng.random_range(1..=3))
     }
 }
 
@@ -234,6 +250,8 @@ pub struct SimReport {
     pub workload: WorkloadFigures,
     /// Faults injected.
     pub faults: u64,
+    /// What the OSDs' background scrubs did.
+    pub scrubs: ScrubFigures,
     /// Every checker's complaint (empty: the seed passed).
     pub errors: Vec<String>,
     /// The last events before the end (faults, restarts, epochs), for a failure.
@@ -241,6 +259,17 @@ pub struct SimReport {
     /// The command that replays this run (with its options that differ from the
     /// defaults).
     pub replay: String,
+}
+
+/// Background scrubs over a run, summed over every OSD process.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ScrubFigures {
+    /// Group scrubs finished.
+    pub groups: u64,
+    /// Objects found with copies that did not agree.
+    pub inconsistent: u64,
+    /// Objects repaired.
+    pub repaired: u64,
 }
 
 impl SimReport {
@@ -254,7 +283,7 @@ impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}",
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired)",
             self.seed,
             if self.passed() { "passed" } else { "FAILED" },
             self.virtual_time.as_secs_f64(),
@@ -262,6 +291,9 @@ impl std::fmt::Display for SimReport {
             self.faults,
             self.trace_hash,
             self.workload,
+            self.scrubs.groups,
+            self.scrubs.inconsistent,
+            self.scrubs.repaired,
         )?;
         for e in &self.errors {
             writeln!(f, "  error: {e}")?;
@@ -429,6 +461,8 @@ struct Sim {
     events: VecDeque<String>,
     errors: Vec<String>,
     faults: u64,
+    /// Every OSD process's recovery figures, for the scrub counts.
+    recoveries: Vec<Arc<RecoveryShared>>,
     last_epoch: Epoch,
     /// The shrink and growth of the volume, if this seed has one.
     resize: Option<Resize>,
@@ -449,6 +483,7 @@ impl Sim {
         };
         let fsid = format!("sim-{:016x}", config.seed);
         let mgr = manager(PersistedState::new_cluster(fsid, pool), now);
+        let scrub_interval_s = config.scrub_interval_s();
         let osds = (0..config.osds)
             .map(|i| {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 1, 10 + i as u8));
@@ -475,6 +510,8 @@ impl Sim {
                     connect_timeout_ms: 1000,
                     replica_timeout_ms: 3000,
                     stray_delete_delay_ms: 2000,
+                    scrub_interval_s: scrub_interval_s
+                        .unwrap_or(OsdConfig::default().scrub_interval_s),
                     ..OsdConfig::default()
                 };
                 SimOsd {
@@ -509,6 +546,7 @@ impl Sim {
             events: VecDeque::new(),
             errors: Vec::new(),
             faults: 0,
+            recoveries: Vec::new(),
             last_epoch: Epoch(0),
             resize: None,
             service: {
@@ -603,6 +641,12 @@ impl Sim {
             self.errors.extend(w.errors());
         }
         let virtual_time = clock::elapsed(self.started);
+        let mut scrubs = ScrubFigures::default();
+        for r in &self.recoveries {
+            scrubs.groups += r.scrubs.load(Ordering::Relaxed);
+            scrubs.inconsistent += r.scrub_errors.load(Ordering::Relaxed);
+            scrubs.repaired += r.scrub_repaired.load(Ordering::Relaxed);
+        }
         // Drop every process before the network goes.
         self.clients.clear();
         self.workload = None;
@@ -616,6 +660,7 @@ impl Sim {
             virtual_time,
             workload,
             faults: self.faults,
+            scrubs,
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
             replay: self.config.replay_command(),
@@ -1032,6 +1077,7 @@ impl Sim {
         let liveness = Arc::new(Liveness::new(1));
         liveness.renew(liveness.now_ms(), LEASE_MS);
         let recovery = Arc::new(RecoveryShared::default());
+        self.recoveries.push(recovery.clone());
         let cfg = o.config.clone();
         let store = ObjectStore::with_fs(
             fs,
