@@ -231,9 +231,9 @@ impl Shard {
     /// primary's copy and over the copies of replicas that reported it bad. `Ok`:
     /// the primary's block is good now; `EAGAIN`: no copy verified but some could
     /// not be asked (unreachable, busy); `EIO`: none verifies, or the rewrite failed.
-    async fn repair_one(
+    pub(crate) async fn repair_one(
         self: &Rc<Self>,
-        view: &Rc<MapView>,
+        view: &MapView,
         target: &IoTarget,
         block: u32,
         replicas: &[OsdId],

@@ -754,12 +754,44 @@ impl Shard {
             }
             return Ok(true);
         }
-        let local = self.object_sums(view, pg, object, self.osd).await?;
-        if local.iter().any(|b| b.bad) {
-            // This copy is the source and is corrupt there: a read repairs it (or
-            // scrub does); copying it now would spread the damage.
-            tracing::error!(%object, "this copy has blocks failing their checksums; not copying it");
-            return Err(status::EIO);
+        let mut local = self.object_sums(view, pg, object, self.osd).await?;
+        let bad: Vec<u32> = (0u32..)
+            .zip(&local)
+            .filter(|(_, b)| b.bad)
+            .map(|(i, _)| i)
+            .collect();
+        if !bad.is_empty() {
+            // This copy is the source and is corrupt there: copying it would
+            // spread the damage, and waiting for a read or a scrub (a day
+            // away) to repair it would hold the member's recovery until then
+            // (simulator, bit rot). Repair those blocks from another complete
+            // copy first, as a read does (the gate over the object is held).
+            let others: Vec<OsdId> = view
+                .table
+                .pg(pg)
+                .acting
+                .iter()
+                .copied()
+                .filter(|&m| m != self.osd && m != member)
+                .collect();
+            let whole = IoTarget {
+                pg,
+                object,
+                offset: 0,
+                length: 0,
+            };
+            for &block in &bad {
+                if let Err(st) = self.repair_one(view, &whole, block, &others).await {
+                    tracing::error!(%object, block, st, "this copy has a block failing its checksum that no other copy could repair; not copying it");
+                    return Err(status::EIO);
+                }
+            }
+            tracing::warn!(%object, blocks = bad.len(), "repaired blocks failing their checksums on the source copy before copying it");
+            local = self.object_sums(view, pg, object, self.osd).await?;
+            if local.iter().any(|b| b.bad) {
+                tracing::error!(%object, "this copy still has blocks failing their checksums; not copying it");
+                return Err(status::EIO);
+            }
         }
         let remote = self.object_sums(view, pg, object, member).await?;
         if local.is_empty() {

@@ -822,6 +822,26 @@ impl SimFs {
         Some(f.read(0, end as usize))
     }
 
+    /// Bit rot: flips bit `bit` (0-7) of the byte at `offset` of `path`, in what
+    /// a read sees and in what is stable alike (the medium changed under the
+    /// file system, which reports nothing). False if no page holds that byte.
+    pub fn flip_bit(&self, path: &Path, offset: u64, bit: u8) -> bool {
+        let files = self.files.borrow();
+        let Some(f) = files.get(path) else {
+            return false;
+        };
+        let page = offset / SIM_PAGE as u64;
+        let within = (offset % SIM_PAGE as u64) as usize;
+        let mut flipped = false;
+        for pages in [&f.current, &f.stable] {
+            if let Some(p) = pages.borrow_mut().get_mut(&page) {
+                p[within] ^= 1 << (bit % 8);
+                flipped = true;
+            }
+        }
+        flipped
+    }
+
     /// The power comes back: every page not made stable was either written by the
     /// disk before the cut or lost (chosen by `keep`, called once per such page), a
     /// file whose name was never made stable is lost, and operations work again.

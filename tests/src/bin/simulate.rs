@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -31,6 +31,7 @@ fn main() -> ExitCode {
     let mut tcp_holds = true;
     let mut shrunk_wait = true;
     let mut scrubs = true;
+    let mut bit_rot = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
             "--no-tcp-holds" => tcp_holds = false,
             "--no-shrunk-wait" => shrunk_wait = false,
             "--no-scrubs" => scrubs = false,
+            "--no-bit-rot" => bit_rot = false,
             "--twice" => twice = true,
             "--events" => events = true,
             _ => return usage(),
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         cfg.tcp_holds = tcp_holds;
         cfg.resize_stays_shrunk = shrunk_wait;
         cfg.scrubs = scrubs;
+        cfg.bit_rot = bit_rot;
         if let Some(n) = ops {
             cfg.ops = n;
         }

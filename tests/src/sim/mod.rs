@@ -99,6 +99,9 @@ const DISK_LATENCY_US_MIN: u64 = 5;
 const DISK_LATENCY_US_MAX: u64 = 600;
 /// How often a fault comes with an OSD's disk failing some of its reads.
 const READ_ERRORS_CHANCE: f64 = 0.2;
+/// Chance that a fault also flips one bit of a checksummed block of one copy
+/// (with [`SimConfig::bit_rot`]).
+const BIT_ROT_CHANCE: f64 = 0.3;
 /// How often a fault comes with an OSD's disk failing writes and syncs (the OSD
 /// stops at the first, as the daemon does, and restarts later).
 const WRITE_ERRORS_CHANCE: f64 = 0.1;
@@ -161,6 +164,11 @@ pub struct SimConfig {
     /// repair the minority), under the workload and the faults. Off for the
     /// seeds that found bugs before it existed.
     pub scrubs: bool,
+    /// Bit rot: with some faults, one bit of a checksummed data block of one
+    /// copy flips on its disk (silently: the file system reports nothing).
+    /// Reads must never return it (the store's checksums, read repair) and
+    /// scrubs repair it. Off for the seeds that found bugs before it existed.
+    pub bit_rot: bool,
 }
 
 impl SimConfig {
@@ -195,6 +203,9 @@ impl SimConfig {
         if !self.scrubs {
             c += " --no-scrubs";
         }
+        if !self.bit_rot {
+            c += " --no-bit-rot";
+        }
         c
     }
 
@@ -223,6 +234,7 @@ impl SimConfig {
             tcp_holds: true,
             resize_stays_shrunk: true,
             scrubs: true,
+            bit_rot: true,
         }
     }
 
@@ -252,6 +264,8 @@ pub struct SimReport {
     pub faults: u64,
     /// What the OSDs' background scrubs did.
     pub scrubs: ScrubFigures,
+    /// Bit rot injected, and how much was left unrepaired.
+    pub rot: RotFigures,
     /// Every checker's complaint (empty: the seed passed).
     pub errors: Vec<String>,
     /// The last events before the end (faults, restarts, epochs), for a failure.
@@ -259,6 +273,27 @@ pub struct SimReport {
     /// The command that replays this run (with its options that differ from the
     /// defaults).
     pub replay: String,
+}
+
+/// A block the simulator rotted: on OSD `osd`'s disk, in `path`, the block at
+/// `start` in the file, bit `bit` of byte `at` flipped, which left it `rotted`.
+struct Rot {
+    osd: usize,
+    path: PathBuf,
+    start: usize,
+    at: u64,
+    bit: u8,
+    rotted: Vec<u8>,
+}
+
+/// Bit rot over a run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RotFigures {
+    /// Blocks rotted.
+    pub injected: u64,
+    /// Of those, still rotted at the end (nothing read or scrubbed them since):
+    /// undone before the copies are compared.
+    pub unrepaired: u64,
 }
 
 /// Background scrubs over a run, summed over every OSD process.
@@ -283,7 +318,7 @@ impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired)",
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end)",
             self.seed,
             if self.passed() { "passed" } else { "FAILED" },
             self.virtual_time.as_secs_f64(),
@@ -294,6 +329,8 @@ impl std::fmt::Display for SimReport {
             self.scrubs.groups,
             self.scrubs.inconsistent,
             self.scrubs.repaired,
+            self.rot.injected,
+            self.rot.unrepaired,
         )?;
         for e in &self.errors {
             writeln!(f, "  error: {e}")?;
@@ -455,6 +492,13 @@ struct Sim {
     /// Draws the disks' write errors and full file systems, and what a stopped
     /// OSD's disk keeps, for the same reason.
     disk_fault_rng: StdRng,
+    /// Bit rot's draws: a stream of its own, so seeds that draw none run as
+    /// before.
+    rot_rng: StdRng,
+    /// Every block the simulator rotted.
+    rots: Vec<Rot>,
+    /// What became of them.
+    rot_figures: RotFigures,
     next_fault: Instant,
     next_tick: Instant,
     started: Instant,
@@ -539,6 +583,9 @@ impl Sim {
             overlap_rng: StdRng::seed_from_u64(config.seed ^ 0x0e71_a9f5),
             disk_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_e770),
             disk_fault_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_fa11),
+            rot_rng: StdRng::seed_from_u64(config.seed ^ 0x0b17_2071),
+            rots: Vec::new(),
+            rot_figures: RotFigures::default(),
             config,
             next_fault: now + Duration::from_millis(200),
             next_tick: now,
@@ -624,6 +671,7 @@ impl Sim {
         // The read-back began with a FLUSH: every copy's checksums are on disk too,
         // so whole files are compared, header and checksums included.
         if clean && verified {
+            self.undo_unrepaired_rot();
             let differing = self.compare_copies();
             self.errors.extend(differing);
         }
@@ -661,6 +709,7 @@ impl Sim {
             workload,
             faults: self.faults,
             scrubs,
+            rot: self.rot_figures,
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
             replay: self.config.replay_command(),
@@ -1227,6 +1276,97 @@ impl Sim {
     /// every member of its group — header, checksums and data. Bytes past a
     /// copy's end read as zeroes; a member without the file holds zeroes. Copies
     /// on OSDs that are no longer members (strays, deleted later) are not looked at.
+    /// Sometimes (drawn from `rot_rng`, with [`SimConfig::bit_rot`]) one bit of
+    /// a checksummed data block of one copy of one object flips on disk.
+    fn bit_rot(&mut self) {
+        if !self.config.bit_rot || !self.rot_rng.random_bool(BIT_ROT_CHANCE) {
+            return;
+        }
+        let j = self.rot_rng.random_range(0..self.osds.len());
+        let pgs = layout::pgs_dir(&self.osds[j].root);
+        let files: Vec<PathBuf> = self.osds[j]
+            .fs
+            .paths()
+            .into_iter()
+            .filter(|p| {
+                p.strip_prefix(&pgs).is_ok_and(|rel| {
+                    rel.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| layout::parse_object_name(n).is_some())
+                })
+            })
+            .collect();
+        if files.is_empty() {
+            return;
+        }
+        let path = files[self.rot_rng.random_range(0..files.len())].clone();
+        let Some(d) = self.osds[j].fs.contents(&path) else {
+            return;
+        };
+        // Only blocks the store holds a checksum of: rot elsewhere (a block
+        // never written) is beyond what any store without a checksum of it
+        // can see.
+        let crc_count = d
+            .get(36..40)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes) as usize;
+        let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
+        let blocks = crc_count.min(d.len().saturating_sub(data_at) / 4096);
+        if blocks == 0 {
+            return;
+        }
+        let block = self.rot_rng.random_range(0..blocks);
+        let start = data_at + block * 4096;
+        let at = (start + self.rot_rng.random_range(0..4096)) as u64;
+        let bit: u8 = self.rot_rng.random_range(0..8);
+        // One rot per block at a time, so each can be told apart at the end.
+        if self
+            .rots
+            .iter()
+            .any(|r| r.osd == j && r.path == path && r.start == start)
+        {
+            return;
+        }
+        if !self.osds[j].fs.flip_bit(&path, at, bit) {
+            return;
+        }
+        let rotted = self.osds[j]
+            .fs
+            .contents(&path)
+            .and_then(|d| d.get(start..start + 4096).map(<[u8]>::to_vec))
+            .unwrap_or_default();
+        self.rot_figures.injected += 1;
+        self.rots.push(Rot {
+            osd: j,
+            path: path.clone(),
+            start,
+            at,
+            bit,
+            rotted,
+        });
+        self.event(format!(
+            "bit rot on osd.{j}: {} block {block}",
+            path.display()
+        ));
+    }
+
+    /// A rotted block that nothing read or scrubbed since it rotted still
+    /// holds the rot: the medium's fault, not a divergence of the copies.
+    /// Undone before the copies are compared (any other difference counts);
+    /// counted in the report.
+    fn undo_unrepaired_rot(&mut self) {
+        for r in std::mem::take(&mut self.rots) {
+            let fs = &self.osds[r.osd].fs;
+            let now = fs
+                .contents(&r.path)
+                .and_then(|d| d.get(r.start..r.start + 4096).map(<[u8]>::to_vec));
+            if now.as_deref() == Some(&r.rotted[..]) {
+                self.rot_figures.unrepaired += 1;
+                fs.flip_bit(&r.path, r.at, r.bit);
+            }
+        }
+    }
+
     fn compare_copies(&self) -> Vec<String> {
         let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
         let describe = |at: usize| {
@@ -1639,6 +1779,7 @@ impl Sim {
         }
         let read_errors_on = self.read_errors(i);
         let (write_errors_on, full_on) = self.disk_faults(i);
+        self.bit_rot();
         self.impaired.push(Impairment {
             osd: i,
             until: now + hold,
