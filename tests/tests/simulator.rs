@@ -102,6 +102,11 @@ const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 3] = [507, 1617, 13469];
 /// checksum slots of trimmed blocks left on disk).
 const SEEDS_THAT_FOUND_RESIZE_BUGS: [u64; 1] = [436];
 
+/// Seeds that found a bug in the full current model (every option on:
+/// `SimConfig::new`). 501399: a primary's read error repaired from a replica
+/// whose full disk had refused a write over the bytes.
+const SEEDS_THAT_FOUND_CURRENT_BUGS: [u64; 1] = [501399];
+
 #[test]
 fn every_seed_that_found_a_bug_passes() {
     let before_disk_faults = SEEDS_THAT_FOUND_BUGS.iter().map(|&seed| SimConfig {
@@ -124,10 +129,14 @@ fn every_seed_that_found_a_bug_passes() {
         resize_stays_shrunk: false,
         ..SimConfig::new(seed)
     });
+    let current = SEEDS_THAT_FOUND_CURRENT_BUGS
+        .iter()
+        .map(|&seed| SimConfig::new(seed));
     let failed: Vec<String> = before_disk_faults
         .chain(with_disk_faults)
         .chain(with_resizes)
         .chain(with_holds)
+        .chain(current)
         .map(run)
         .filter(|r| !r.passed())
         .map(|r| r.to_string())
