@@ -19,7 +19,7 @@
 
 use crate::pg_log::{LogEntry, OpCheck, PgLog, WriteSetRoles};
 use flame_common::collections::HashMap;
-use flame_common::ids::{Epoch, OsdId, PgId};
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId};
 use flame_common::protocol::status;
 
 /// Highest placement-group sequence number a forward may carry. A replica that
@@ -337,6 +337,32 @@ impl PgCore {
             self.log.unprove_op(object, op);
         }
         result
+    }
+
+    /// The replicas of `replicas` (in their order) whose bytes of
+    /// `[offset, offset+length)` of `object` may replace this primary's copy of
+    /// them when its own cannot be read (a disk read error, a checksum
+    /// mismatch). Not a member the log shows missing a write over those bytes
+    /// (or missing one the log no longer holds): its bytes are older there, and
+    /// written over this copy they would undo the write here while the members
+    /// that applied it keep it — and log catch-up, which then copies this
+    /// copy's bytes to the member that missed it, leaves those members alone,
+    /// so the copies would differ for good (simulator seed 501399: a write
+    /// refused by one replica's full disk, then the primary's read error
+    /// repaired from that replica). Such a member gets the bytes from this copy
+    /// once its catch-up runs.
+    pub fn repair_sources(
+        &self,
+        replicas: &[OsdId],
+        object: ObjectId,
+        offset: u32,
+        length: u32,
+    ) -> Vec<OsdId> {
+        replicas
+            .iter()
+            .filter(|m| !self.log.may_lack(**m, object, offset, length))
+            .copied()
+            .collect()
     }
 
     /// Every member of `write_set` now holds entry `applied_seq` (the primary
@@ -725,6 +751,73 @@ mod tests {
                 "{member} holds bytes the primary does not"
             );
         }
+    }
+
+    /// Found by the simulator (seed 501399): a write refused by one replica's
+    /// full disk (ENOSPC) was applied by the primary and the other replica; then
+    /// the primary's disk failed a read of those blocks and it rewrote them from
+    /// the first replica — the one without the write. The primary's copy went
+    /// back one write, the other replica kept it, and log catch-up of the
+    /// replica that missed it copied the primary's (older) bytes to it alone:
+    /// the copies differed for good. A member that missed a write over the bytes
+    /// is no source for them until it is caught up.
+    #[test]
+    fn a_member_that_missed_a_write_is_no_source_for_its_bytes_until_caught_up() {
+        let mut c = PgCore::new(16);
+        let w = write(&mut c, 1, 8192, 5);
+        assert_eq!(c.decide(&w, P, &SET), Decision::Apply);
+        let replicas = [(R1, status::ENOSPC), (R2, status::OK)];
+        assert_eq!(
+            c.complete(w, c.primacy(), P, status::OK, &replicas, &roles()),
+            status::ENOSPC
+        );
+        let object = ObjectId {
+            volume: VolumeId(1),
+            index: 0,
+        };
+        let replicas = [R1, R2];
+        assert_eq!(c.repair_sources(&replicas, object, 8192, 4096), vec![R2]);
+        assert_eq!(
+            c.repair_sources(&replicas, object, 4096, 8192),
+            vec![R2],
+            "a range overlapping the missed write"
+        );
+        // Bytes it missed nothing of, and another object: any member.
+        assert_eq!(c.repair_sources(&replicas, object, 0, 8192), vec![R1, R2]);
+        let other = ObjectId { index: 1, ..object };
+        assert_eq!(c.repair_sources(&replicas, other, 8192, 4096), vec![R1, R2]);
+        // Caught up: a source again.
+        c.log.recovered(R1, c.log.last_seq());
+        assert_eq!(
+            c.repair_sources(&replicas, object, 8192, 4096),
+            vec![R1, R2]
+        );
+    }
+
+    /// A member whose first miss the log trimmed may lack anything: no source.
+    #[test]
+    fn a_member_whose_miss_was_trimmed_is_no_source() {
+        let mut c = PgCore::new(2);
+        let w = write(&mut c, 1, 0, 5);
+        c.decide(&w, P, &SET);
+        c.complete(
+            w,
+            c.primacy(),
+            P,
+            status::OK,
+            &[(R1, status::OK), (R2, status::EIO)],
+            &roles(),
+        );
+        for op in 2..=3 {
+            let w = write(&mut c, op, 65536, 5);
+            c.decide(&w, P, &SET);
+            c.complete(w, c.primacy(), P, status::OK, &all_ok(), &roles());
+        }
+        let object = ObjectId {
+            volume: VolumeId(1),
+            index: 7,
+        };
+        assert_eq!(c.repair_sources(&[R1, R2], object, 0, 4096), vec![R1]);
     }
 
     #[test]

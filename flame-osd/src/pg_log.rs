@@ -475,6 +475,25 @@ impl PgLog {
         )
     }
 
+    /// Whether `member`'s copy of `[offset, offset+length)` of `object` may lack
+    /// an entry of this log: it is tracked, and it missed an entry over those
+    /// bytes that catch-up has not brought it yet, or it missed one this log no
+    /// longer holds (so the log cannot tell which bytes). `false` for a member
+    /// not tracked: the log knows nothing against it.
+    pub fn may_lack(&self, member: OsdId, object: ObjectId, offset: u32, length: u32) -> bool {
+        let Some(Some(first_missed)) = self.tracked.get(&member).copied() else {
+            return false;
+        };
+        if first_missed <= self.trimmed_through {
+            return true;
+        }
+        self.entries.range(first_missed..).any(|(_, e)| {
+            e.object == object
+                && !e.applied.contains(&member)
+                && overlaps(e.offset, e.length, offset, length)
+        })
+    }
+
     /// Stops tracking every member `keep` refuses: one that left the group (no
     /// longer placed, nor a complete copy still serving). Its copy becomes a stray
     /// and is deleted, so what it applied before proves nothing when it is placed

@@ -7,7 +7,11 @@
 //! bad too, which is how a replica reports a mismatch). The first copy that
 //! verifies is written over the primary's bad block and over every replica that
 //! reported it bad, and the read is served again from the repaired store. Only when
-//! no copy verifies does the read fail with EIO. Every block is counted in
+//! no copy verifies does the read fail with EIO. A replica the group's log shows
+//! missing a write over the bytes (a full disk refused it, say) is never the
+//! source: its older bytes would undo the write on the primary only
+//! ([`crate::pg_core::PgCore::repair_sources`]); if no other copy can be asked,
+//! the read gets EAGAIN. Every block is counted in
 //! `flame_osd_checksum_errors_total{result="repaired"|"unrepaired"}` and logged.
 
 use crate::pg::MapView;
@@ -41,6 +45,28 @@ impl Shard {
             remote: None,
         };
         self.peers.call_reply(osd, shard, epoch, read).await
+    }
+
+    /// The acting replicas whose copy of `target`'s bytes may replace the
+    /// primary's, in the map's order ([`crate::pg_core::PgCore::repair_sources`]),
+    /// and whether any replica was left out.
+    fn repair_sources(&self, view: &MapView, target: &IoTarget) -> (Vec<OsdId>, bool) {
+        let replicas: Vec<OsdId> = view
+            .table
+            .pg(target.pg)
+            .acting
+            .iter()
+            .skip(1)
+            .copied()
+            .collect();
+        let sources = match self.pgs.borrow().get(target.pg) {
+            Some(core) => {
+                core.repair_sources(&replicas, target.object, target.offset, target.length)
+            }
+            None => replicas.clone(),
+        };
+        let left_out = sources.len() < replicas.len();
+        (sources, left_out)
     }
 
     /// Reads `target` on the primary, repairing bad blocks from the replicas.
@@ -86,18 +112,10 @@ impl Shard {
         for e in earlier {
             e.wait().await;
         }
-        let replicas: Vec<OsdId> = view
-            .table
-            .pg(target.pg)
-            .acting
-            .iter()
-            .skip(1)
-            .copied()
-            .collect();
         let mut unrepaired = 0u64;
         let mut unasked = false;
         for &block in &blocks {
-            match self.repair_one(view, target, block, &replicas).await {
+            match self.repair_one(view, target, block).await {
                 Ok(()) => {}
                 Err(status::EAGAIN) => unasked = true,
                 Err(_) => unrepaired += 1,
@@ -151,18 +169,11 @@ impl Shard {
             length: hi - lo,
         };
         let epoch = view.map.epoch;
-        let replicas: Vec<OsdId> = view
-            .table
-            .pg(target.pg)
-            .acting
-            .iter()
-            .skip(1)
-            .copied()
-            .collect();
+        // Replicas that could not be asked (unreachable, busy, another map), or
+        // were not (their copy lacks a write this one holds, until it is caught
+        // up): their copies may well be good.
+        let (replicas, mut unasked) = self.repair_sources(view, &span);
         let mut good = None;
-        // Replicas that could not be asked (unreachable, busy, another map):
-        // their copies may well be good.
-        let mut unasked = false;
         for id in replicas {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
@@ -236,7 +247,6 @@ impl Shard {
         view: &MapView,
         target: &IoTarget,
         block: u32,
-        replicas: &[OsdId],
     ) -> Result<(), i32> {
         let block_target = IoTarget {
             pg: target.pg,
@@ -247,8 +257,10 @@ impl Shard {
         let epoch = view.map.epoch;
         let mut bad_replicas = Vec::new();
         let mut good = None;
-        let mut unasked = false;
-        for &id in replicas {
+        // A replica whose copy lacks a write this one holds is not asked (nor
+        // repaired here): its catch-up brings it this copy's bytes.
+        let (sources, mut unasked) = self.repair_sources(view, &block_target);
+        for id in sources {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;
             };

@@ -765,15 +765,8 @@ impl Shard {
             // spread the damage, and waiting for a read or a scrub (a day
             // away) to repair it would hold the member's recovery until then
             // (simulator, bit rot). Repair those blocks from another complete
-            // copy first, as a read does (the gate over the object is held).
-            let others: Vec<OsdId> = view
-                .table
-                .pg(pg)
-                .acting
-                .iter()
-                .copied()
-                .filter(|&m| m != self.osd && m != member)
-                .collect();
+            // copy first, as a read does (the gate over the object is held;
+            // `repair_one` asks only replicas that lack no write there).
             let whole = IoTarget {
                 pg,
                 object,
@@ -781,7 +774,7 @@ impl Shard {
                 length: 0,
             };
             for &block in &bad {
-                if let Err(st) = self.repair_one(view, &whole, block, &others).await {
+                if let Err(st) = self.repair_one(view, &whole, block).await {
                     tracing::error!(%object, block, st, "this copy has a block failing its checksum that no other copy could repair; not copying it");
                     return Err(status::EIO);
                 }

@@ -103,6 +103,16 @@ const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 4] = [507, 1617, 13469, 201884];
 /// checksum slots of trimmed blocks left on disk).
 const SEEDS_THAT_FOUND_RESIZE_BUGS: [u64; 1] = [436];
 
+/// Seeds that found a bug in the full current model (every option on:
+/// `SimConfig::new`). 501399: a primary's read error repaired from a replica
+/// whose full disk had refused a write over the bytes.
+const SEEDS_THAT_FOUND_CURRENT_BUGS: [u64; 1] = [501399];
+
+/// Seeds that found a bug with background scrubs and bit rot (64, 159: a
+/// recovery source whose copy of a block rotted refused to copy it and
+/// waited for a read or scrub to repair it, so its group never became clean).
+const SEEDS_THAT_FOUND_ROT_BUGS: [u64; 2] = [64, 159];
+
 #[test]
 fn every_seed_that_found_a_bug_passes() {
     let before_disk_faults = SEEDS_THAT_FOUND_BUGS.iter().map(|&seed| SimConfig {
@@ -133,10 +143,20 @@ fn every_seed_that_found_a_bug_passes() {
         bit_rot: false,
         ..SimConfig::new(seed)
     });
+    let current = SEEDS_THAT_FOUND_CURRENT_BUGS.iter().map(|&seed| SimConfig {
+        scrubs: false,
+        bit_rot: false,
+        ..SimConfig::new(seed)
+    });
+    let with_rot = SEEDS_THAT_FOUND_ROT_BUGS
+        .iter()
+        .map(|&seed| SimConfig::new(seed));
     let failed: Vec<String> = before_disk_faults
         .chain(with_disk_faults)
         .chain(with_resizes)
         .chain(with_holds)
+        .chain(current)
+        .chain(with_rot)
         .map(run)
         .filter(|r| !r.passed())
         .map(|r| r.to_string())
