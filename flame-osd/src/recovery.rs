@@ -32,6 +32,7 @@
 
 use crate::pg::MapView;
 use crate::shard::Shard;
+use crate::store::StoreError;
 use flame_common::clock;
 use flame_common::collections::{HashMap, HashSet};
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, PgSeq, RequestId, VolumeId};
@@ -84,6 +85,10 @@ pub(crate) struct CopyMode {
     pub fua: bool,
     /// Within `recovery_bytes_per_sec`.
     pub throttled: bool,
+    /// The caller holds the object's write gate: blocks of this copy that fail
+    /// their checksums are repaired from another copy before they are copied
+    /// ([`Shard::repair_source_blocks`]) instead of failing the copy.
+    pub repairs_source: bool,
 }
 
 impl CopyMode {
@@ -91,6 +96,7 @@ impl CopyMode {
     pub const RECOVERY: CopyMode = CopyMode {
         fua: false,
         throttled: true,
+        repairs_source: true,
     };
 }
 
@@ -684,7 +690,15 @@ impl Shard {
                 )
                 .await;
             }
-            let data = self.store.read(pg, object, at, n).await.map_err(|e| {
+            let data = match self.store.read(pg, object, at, n).await {
+                Err(StoreError::Checksum { blocks, .. }) if mode.repairs_source => {
+                    self.repair_source_blocks(view, pg, object, &blocks)
+                        .await?;
+                    self.store.read(pg, object, at, n).await
+                }
+                other => other,
+            }
+            .map_err(|e| {
                 tracing::error!(%object, "recovery cannot read this copy: {e}");
                 status::EIO
             })?;
@@ -731,6 +745,36 @@ impl Shard {
         Ok(sent)
     }
 
+    /// This copy is a recovery source and `blocks` of `object` fail their
+    /// checksums on it: copying them would spread the damage, and waiting for a
+    /// read or a scrub (a day away) to repair them would hold the member's
+    /// recovery until then (simulator seeds 64 and 159, bit rot). Repairs them
+    /// from another acting copy first, as a read does (`repair_one` asks only
+    /// replicas that lack no write there). The caller holds the object's write
+    /// gate. EIO when some block has no copy to repair it from.
+    async fn repair_source_blocks(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        blocks: &[u32],
+    ) -> Result<(), i32> {
+        let whole = IoTarget {
+            pg,
+            object,
+            offset: 0,
+            length: 0,
+        };
+        for &block in blocks {
+            if let Err(st) = self.repair_one(view, &whole, block).await {
+                tracing::error!(%object, block, st, "this copy has a block failing its checksum that no other copy could repair; not copying it");
+                return Err(status::EIO);
+            }
+        }
+        tracing::warn!(%object, blocks = blocks.len(), "repaired blocks failing their checksums on the recovery source before copying them");
+        Ok(())
+    }
+
     /// Brings one object of `member` up to date with this copy, holding the
     /// object's write gate throughout. `ranges`: only these (log-based); `None`:
     /// compare every block (backfill, peering). Returns whether anything changed.
@@ -761,25 +805,7 @@ impl Shard {
             .map(|(i, _)| i)
             .collect();
         if !bad.is_empty() {
-            // This copy is the source and is corrupt there: copying it would
-            // spread the damage, and waiting for a read or a scrub (a day
-            // away) to repair it would hold the member's recovery until then
-            // (simulator, bit rot). Repair those blocks from another complete
-            // copy first, as a read does (the gate over the object is held;
-            // `repair_one` asks only replicas that lack no write there).
-            let whole = IoTarget {
-                pg,
-                object,
-                offset: 0,
-                length: 0,
-            };
-            for &block in &bad {
-                if let Err(st) = self.repair_one(view, &whole, block).await {
-                    tracing::error!(%object, block, st, "this copy has a block failing its checksum that no other copy could repair; not copying it");
-                    return Err(status::EIO);
-                }
-            }
-            tracing::warn!(%object, blocks = bad.len(), "repaired blocks failing their checksums on the source copy before copying it");
+            self.repair_source_blocks(view, pg, object, &bad).await?;
             local = self.object_sums(view, pg, object, self.osd).await?;
             if local.iter().any(|b| b.bad) {
                 tracing::error!(%object, "this copy still has blocks failing their checksums; not copying it");

@@ -201,9 +201,12 @@ impl Shard {
             crate::metrics::dup_op("answered");
             return status::OK;
         }
+        // Not gated over the whole object: a copy that fails a checksum is
+        // answered EAGAIN below, and the client's retry rewrites the range.
         let mode = CopyMode {
             fua,
             throttled: false,
+            repairs_source: false,
         };
         let range = (target.offset, target.length);
         let copies: Vec<_> = copy_to
