@@ -128,6 +128,9 @@ struct Shared {
     refresh_cv: Condvar,
     /// Highest ticket whose fetch attempt has finished (successfully or not).
     refresh_done: AtomicU64,
+    /// An OSD that answered with a newer epoch than ours, and that epoch: the
+    /// data path asks it for its map ([`Cluster::take_newer_map_source`]).
+    newer_map_at: Mutex<Option<(Epoch, crate::connection::Target)>>,
     stop: AtomicBool,
     stop_lock: Mutex<()>,
     stop_cv: Condvar,
@@ -151,6 +154,7 @@ impl Shared {
             refresh_requested: Mutex::new(0),
             refresh_cv: Condvar::new(),
             refresh_done: AtomicU64::new(0),
+            newer_map_at: Mutex::new(None),
             stop: AtomicBool::new(false),
             stop_lock: Mutex::new(()),
             stop_cv: Condvar::new(),
@@ -389,6 +393,41 @@ impl Cluster {
         if epoch > self.epoch() {
             self.request_map_refresh();
         }
+    }
+
+    /// [`Cluster::note_epoch`] for a reply from `target`: a newer epoch also
+    /// makes that OSD a source of the newer map, should the manager be out of
+    /// reach (a client cut off from it).
+    pub(crate) fn note_epoch_from(&self, epoch: Epoch, target: &crate::connection::Target) {
+        if epoch > self.epoch() {
+            let mut at = self.inner.shared.newer_map_at.lock();
+            if at.as_ref().is_none_or(|(e, _)| *e < epoch) {
+                *at = Some((epoch, *target));
+            }
+            drop(at);
+            self.request_map_refresh();
+        }
+    }
+
+    /// The OSD last seen with a newer map than ours, and its epoch; taken, so
+    /// one task asks it. `None` when there is none or our map caught up.
+    pub(crate) fn take_newer_map_source(&self) -> Option<(Epoch, crate::connection::Target)> {
+        let at = self.inner.shared.newer_map_at.lock().take()?;
+        (at.0 > self.epoch()).then_some(at)
+    }
+
+    /// Publishes a map an OSD handed over (checked as the manager's are: this
+    /// cluster's, newer, valid) and, if it was newer, counts every refresh asked
+    /// for so far as served: the tasks waiting for the manager's map go on with
+    /// this one. Returns whether it was published.
+    pub(crate) fn publish_osd_map(&self, map: ClusterMap) -> bool {
+        let s = &self.inner.shared;
+        if !s.publish(map) {
+            return false;
+        }
+        let requested = *s.refresh_requested.lock();
+        s.refresh_done.fetch_max(requested, Ordering::AcqRel);
+        true
     }
 
     /// Whether the fetch for `ticket` has been attempted.

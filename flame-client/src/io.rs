@@ -29,7 +29,7 @@ use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig};
 use flame_common::placement;
-use flame_common::protocol::{IoTarget, Message, OpCode, flags};
+use flame_common::protocol::{IoTarget, Message, OpCode, flags, status};
 use flame_common::reactor;
 use std::cell::RefCell;
 
@@ -78,6 +78,10 @@ impl From<ConnError> for Transient {
     }
 }
 
+/// Longest a retry waits for an OSD's map (as for the manager's,
+/// `cluster::REFRESH_WAIT_MAX`): the retry goes on with the map it has.
+const MAP_FROM_OSD_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Outcome of one try.
 enum Try<T> {
     Done(T),
@@ -105,13 +109,59 @@ async fn back_off(
     // retry of every piece would hammer the manager exactly during an incident.
     let ticket = matches!(t.reason, RetryReason::Stale | RetryReason::Connection)
         .then(|| cluster.request_map_refresh());
+    // An OSD that refused us as stale has the newer map: ask it too, so that
+    // a client the manager cannot reach goes on (as Ceph's OSDs share maps).
+    let from_osd =
+        t.reason == RetryReason::Stale && map_from_osd(cluster, backoff.deadline()).await;
     reactor::sleep(delay).await;
     if let Some(ticket) = ticket
         && t.reason.wants_fresh_map()
+        && !from_osd
     {
         cluster.wait_refreshed(ticket, backoff.deadline()).await;
     }
     Ok(())
+}
+
+/// Asks the OSD last seen with a newer epoch than ours for its map
+/// ([`Message::MapRequest`]) and publishes it if it checks. Returns whether a
+/// newer map was published. Bounded by [`MAP_FROM_OSD_WAIT_MAX`] and `deadline`.
+async fn map_from_osd(cluster: &Cluster, deadline: Instant) -> bool {
+    let Some((epoch, target)) = cluster.take_newer_map_source() else {
+        return false;
+    };
+    let msg = Message::MapRequest {
+        id: RequestId(0),
+        epoch: cluster.epoch(),
+    };
+    let deadline = deadline.min(clock::now() + MAP_FROM_OSD_WAIT_MAX);
+    let attempt = async {
+        match exchange(cluster, &target, &msg, Transfer::default()).await {
+            Ok(reply) => Try::Done(reply),
+            Err(t) => Try::Retry(t),
+        }
+    };
+    let reply = match bounded(deadline, attempt).await {
+        Some(Try::Done(reply)) => reply,
+        _ => return false,
+    };
+    if reply.status != status::OK || reply.data.is_empty() {
+        return false;
+    }
+    match serde_json::from_slice::<ClusterMap>(reply.data.as_slice()) {
+        Ok(map) => {
+            let got = map.epoch;
+            let published = cluster.publish_osd_map(map);
+            if published {
+                tracing::info!(%epoch, %got, osd = %target.key.osd, "took a newer map from an OSD");
+            }
+            published
+        }
+        Err(e) => {
+            tracing::warn!(osd = %target.key.osd, "an OSD's map did not decode: {e}");
+            false
+        }
+    }
 }
 
 fn timeout(cluster: &Cluster, op: &'static str, last: String) -> ClientError {
@@ -443,7 +493,7 @@ async fn piece_try(
         Ok(reply) => reply,
         Err(t) => return Try::Retry(t),
     };
-    cluster.note_epoch(reply.epoch);
+    cluster.note_epoch_from(reply.epoch, &target);
     match classify(reply.status) {
         Verdict::Done => {
             if matches!(op, PieceOp::Read) && reply.data.len() != piece.length as usize {
@@ -531,7 +581,7 @@ async fn shard_call(
                 };
                 match exchange(cluster, &target, &msg, how).await {
                     Ok(reply) => {
-                        cluster.note_epoch(reply.epoch);
+                        cluster.note_epoch_from(reply.epoch, &target);
                         match classify(reply.status) {
                             Verdict::Done => Try::Done(()),
                             Verdict::Retry(reason) => Try::Retry(Transient {

@@ -67,6 +67,11 @@ pub const HEADER_PREFIX_LEN: usize = 64;
 pub const PAYLOAD_BYTES_MAX: u32 = 4 << 20;
 /// Largest byte range one request may name (reads, zeroing, discards).
 pub const IO_BYTES_MAX: u32 = PAYLOAD_BYTES_MAX;
+
+/// Largest map a [`Message::MapRequest`] reply carries (a frame's payload bound):
+/// an OSD whose map is larger answers `E2BIG`, and the client waits for the
+/// manager's map instead.
+pub const MAP_REPLY_BYTES_MAX: usize = PAYLOAD_BYTES_MAX as usize;
 /// Size of a HELLO's body (its payload) without authentication.
 pub const HELLO_BODY_LEN: usize = 32;
 /// Size of a HELLO reply's body (its payload) without the OSD's proof.
@@ -204,6 +209,12 @@ pub enum OpCode {
     /// kept each block old or new). Recovery copies them whole before the member
     /// counts as complete, whatever the log says it applied.
     PgSuspects = 42,
+    /// The receiving OSD's cluster map, if it is newer than the sender's epoch
+    /// (the reply's payload: the map as JSON, at most [`MAP_REPLY_BYTES_MAX`];
+    /// empty when it has nothing newer). A client whose write was refused for
+    /// a stale map gets the map from the OSD that refused it, as Ceph's OSDs
+    /// share maps, so a client cut off from the manager can go on.
+    MapRequest = 43,
 }
 
 impl OpCode {
@@ -227,6 +238,7 @@ impl OpCode {
             40 => OpCode::ReplyArea,
             41 => OpCode::PushReply,
             42 => OpCode::PgSuspects,
+            43 => OpCode::MapRequest,
             _ => return None,
         })
     }
@@ -251,6 +263,7 @@ impl OpCode {
             OpCode::ReplyArea => "reply_area",
             OpCode::PushReply => "push_reply",
             OpCode::PgSuspects => "pg_suspects",
+            OpCode::MapRequest => "map_request",
         }
     }
 
@@ -758,6 +771,13 @@ pub enum Message {
         /// Sender's epoch.
         epoch: Epoch,
     },
+    /// Asks for the receiver's map if it is newer than `epoch` ([`OpCode::MapRequest`]).
+    MapRequest {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+    },
     /// List the objects of placement group `pg` held by the receiving shard, in
     /// ascending (volume, index) order, starting at `start` (inclusive), at most
     /// `max` of them ([`PG_LIST_MAX`]). The reply's payload is
@@ -963,6 +983,7 @@ impl Message {
             | Message::Flush { id, .. }
             | Message::DeleteVolume { id, .. }
             | Message::Ping { id, .. }
+            | Message::MapRequest { id, .. }
             | Message::PgList { id, .. }
             | Message::PgSuspects { id, .. }
             | Message::ObjectSums { id, .. }
@@ -987,6 +1008,7 @@ impl Message {
             | Message::Flush { id, .. }
             | Message::DeleteVolume { id, .. }
             | Message::Ping { id, .. }
+            | Message::MapRequest { id, .. }
             | Message::PgList { id, .. }
             | Message::PgSuspects { id, .. }
             | Message::ObjectSums { id, .. }
@@ -1010,6 +1032,7 @@ impl Message {
             | Message::Flush { epoch, .. }
             | Message::DeleteVolume { epoch, .. }
             | Message::Ping { epoch, .. }
+            | Message::MapRequest { epoch, .. }
             | Message::PgList { epoch, .. }
             | Message::PgSuspects { epoch, .. }
             | Message::ObjectSums { epoch, .. }
@@ -1133,6 +1156,7 @@ impl Message {
                 ..base(OpCode::DeleteVolume as u8, *id, *epoch)
             },
             Message::Ping { id, epoch } => base(OpCode::Ping as u8, *id, *epoch),
+            Message::MapRequest { id, epoch } => base(OpCode::MapRequest as u8, *id, *epoch),
             Message::PgList {
                 id,
                 epoch,
@@ -1505,6 +1529,7 @@ impl Message {
                 volume: VolumeId(h.volume),
             },
             OpCode::Ping => Message::Ping { id, epoch },
+            OpCode::MapRequest => Message::MapRequest { id, epoch },
             OpCode::PgSuspects => Message::PgSuspects {
                 id,
                 epoch,
@@ -1619,6 +1644,7 @@ impl Message {
             Message::Flush { .. } => OpCode::Flush,
             Message::DeleteVolume { .. } => OpCode::DeleteVolume,
             Message::Ping { .. } => OpCode::Ping,
+            Message::MapRequest { .. } => OpCode::MapRequest,
             Message::PgList { .. } => OpCode::PgList,
             Message::PgSuspects { .. } => OpCode::PgSuspects,
             Message::ObjectSums { .. } => OpCode::ObjectSums,
@@ -2008,6 +2034,7 @@ mod tests {
                 pg: PgId(4),
             },
             Message::Ping { id, epoch },
+            Message::MapRequest { id, epoch },
             Message::PgList {
                 id,
                 epoch,

@@ -260,6 +260,14 @@ impl Shard {
                 }
             }
             Message::Ping { .. } => (status::OK, PayloadBuf::empty()),
+            // A sender with an older map (a client whose write this OSD refused
+            // as sent before the group's interval, say) gets this one; the
+            // client checks it as it checks the manager's. Nothing newer: empty.
+            Message::MapRequest { epoch, .. } if *epoch < map.epoch => match view.encoded() {
+                Ok(b) => (status::OK, PayloadBuf::copy_from(&b)),
+                Err(st) => (st, PayloadBuf::empty()),
+            },
+            Message::MapRequest { .. } => (status::OK, PayloadBuf::empty()),
             Message::PgList { pg, start, max, .. } => {
                 if !self.holds(&view, *pg) {
                     return (status::ESTALE, PayloadBuf::empty());

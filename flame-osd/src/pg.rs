@@ -16,6 +16,12 @@ pub struct MapView {
     /// Every volume's size in bytes, by id: a write is checked against its
     /// volume's end with one lookup.
     volume_bytes: HashMap<VolumeId, u64>,
+    /// The map as JSON, made at the first [`Message::MapRequest`] for this
+    /// epoch (a client sent a write under an older map): once per epoch, not
+    /// once per request.
+    ///
+    /// [`Message::MapRequest`]: flame_common::protocol::Message::MapRequest
+    encoded: std::cell::OnceCell<Result<std::rc::Rc<[u8]>, i32>>,
 }
 
 impl MapView {
@@ -36,7 +42,33 @@ impl MapView {
             map: map.clone(),
             table: PgTable::new(map),
             volume_bytes: map.volumes.values().map(|v| (v.id, v.size)).collect(),
+            encoded: std::cell::OnceCell::new(),
         }
+    }
+
+    /// The map as JSON for a [`MapRequest`] reply: `E2BIG` when it exceeds
+    /// [`MAP_REPLY_BYTES_MAX`] (the client then waits for the manager's map),
+    /// `EIO` if it does not encode.
+    ///
+    /// [`MapRequest`]: flame_common::protocol::Message::MapRequest
+    /// [`MAP_REPLY_BYTES_MAX`]: flame_common::protocol::MAP_REPLY_BYTES_MAX
+    pub(crate) fn encoded(&self) -> Result<std::rc::Rc<[u8]>, i32> {
+        self.encoded
+            .get_or_init(|| match serde_json::to_vec(&self.map) {
+                Ok(b) if b.len() <= flame_common::protocol::MAP_REPLY_BYTES_MAX => Ok(b.into()),
+                Ok(b) => {
+                    tracing::warn!(
+                        bytes = b.len(),
+                        "the map is too large to hand to a client; it waits for the manager's"
+                    );
+                    Err(flame_common::protocol::status::E2BIG)
+                }
+                Err(e) => {
+                    tracing::error!("the map does not encode: {e}");
+                    Err(flame_common::protocol::status::EIO)
+                }
+            })
+            .clone()
     }
 
     /// Checks that a write of `target` lies inside its volume as this map knows

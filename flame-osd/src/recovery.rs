@@ -692,8 +692,7 @@ impl Shard {
             }
             let data = match self.store.read(pg, object, at, n).await {
                 Err(StoreError::Checksum { blocks, .. }) if mode.repairs_source => {
-                    self.repair_source_blocks(view, pg, object, &blocks)
-                        .await?;
+                    self.repair_source_blocks(view, pg, object, &blocks).await?;
                     self.store.read(pg, object, at, n).await
                 }
                 other => other,

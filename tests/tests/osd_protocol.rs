@@ -6,7 +6,7 @@
 //! non-primaries and wrong shards refuse I/O with ESTALE; and that a write whose
 //! replica is gone is refused with EAGAIN, never acknowledged.
 
-use flame_common::ids::{ObjectId, OsdId, PgSeq, RequestId};
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgSeq, RequestId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::locate;
 use flame_common::protocol::{self, IoTarget, Message, status};
@@ -1484,4 +1484,55 @@ fn a_client_reads_and_writes_only_the_volumes_its_ticket_names() {
         .unwrap();
     assert_eq!(code, 200, "{body}");
     assert!(mgr.ticket().unwrap().unwrap().claims.volumes.is_all());
+}
+
+/// An OSD hands its map to a sender whose map is older (a client it refused as
+/// stale, which may be cut off from the manager), answers a sender whose map is
+/// as new with nothing, and refuses (ESTALE) one whose map is newer than its
+/// own: it fetches that map before it answers for it.
+#[test]
+fn an_osd_hands_its_map_to_a_sender_with_an_older_one() {
+    let cluster = TestCluster::start();
+    let map = cluster.map();
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
+    reactor
+        .block_on(async move {
+            let osd = *map.osds.keys().next().unwrap();
+            let conn = connect(&hm, &map, osd, 0).await;
+            let ask = |id, epoch| Message::MapRequest {
+                id: RequestId(id),
+                epoch,
+            };
+            let (st, theirs, data) = match call(&conn, ask(1, Epoch(1))).await {
+                Message::Reply {
+                    status,
+                    epoch,
+                    data,
+                    ..
+                } => (status, epoch, data),
+                other => panic!("not a reply: {other:?}"),
+            };
+            assert_eq!(st, status::OK);
+            let handed: ClusterMap =
+                serde_json::from_slice(data.as_slice()).expect("the reply is a map");
+            assert_eq!(
+                handed.epoch, theirs,
+                "the map of the epoch it answers under"
+            );
+            assert!(handed.epoch > Epoch(1));
+            assert_eq!(handed.fsid, map.fsid);
+            match call(&conn, ask(2, theirs)).await {
+                Message::Reply { status, data, .. } => {
+                    assert_eq!(status, status::OK);
+                    assert!(data.is_empty(), "nothing newer: nothing handed");
+                }
+                other => panic!("not a reply: {other:?}"),
+            }
+            assert_eq!(
+                status_of(&call(&conn, ask(3, Epoch(theirs.0 + 100))).await),
+                status::ESTALE
+            );
+        })
+        .unwrap();
 }
