@@ -131,6 +131,9 @@ struct Shared {
     /// An OSD that answered with a newer epoch than ours, and that epoch: the
     /// data path asks it for its map ([`Cluster::take_newer_map_source`]).
     newer_map_at: Mutex<Option<(Epoch, crate::connection::Target)>>,
+    /// The highest epoch an OSD was asked for (or is being asked for): a burst
+    /// of stale replies under one epoch makes one request, not one per piece.
+    newer_map_asked: AtomicU64,
     stop: AtomicBool,
     stop_lock: Mutex<()>,
     stop_cv: Condvar,
@@ -155,6 +158,7 @@ impl Shared {
             refresh_cv: Condvar::new(),
             refresh_done: AtomicU64::new(0),
             newer_map_at: Mutex::new(None),
+            newer_map_asked: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             stop_lock: Mutex::new(()),
             stop_cv: Condvar::new(),
@@ -400,8 +404,11 @@ impl Cluster {
     /// reach (a client cut off from it).
     pub(crate) fn note_epoch_from(&self, epoch: Epoch, target: &crate::connection::Target) {
         if epoch > self.epoch() {
-            let mut at = self.inner.shared.newer_map_at.lock();
-            if at.as_ref().is_none_or(|(e, _)| *e < epoch) {
+            let s = &self.inner.shared;
+            let mut at = s.newer_map_at.lock();
+            if epoch.0 > s.newer_map_asked.load(Ordering::Acquire)
+                && at.as_ref().is_none_or(|(e, _)| *e < epoch)
+            {
                 *at = Some((epoch, *target));
             }
             drop(at);
@@ -412,7 +419,9 @@ impl Cluster {
     /// The OSD last seen with a newer map than ours, and its epoch; taken, so
     /// one task asks it. `None` when there is none or our map caught up.
     pub(crate) fn take_newer_map_source(&self) -> Option<(Epoch, crate::connection::Target)> {
-        let at = self.inner.shared.newer_map_at.lock().take()?;
+        let s = &self.inner.shared;
+        let at = s.newer_map_at.lock().take()?;
+        s.newer_map_asked.fetch_max(at.0.0, Ordering::AcqRel);
         (at.0 > self.epoch()).then_some(at)
     }
 
@@ -563,7 +572,9 @@ fn refresh_loop(s: Arc<Shared>) {
         // refresh: renew it here rather than at its half-life.
         s.renew_ticket_if_due();
         served = ticket;
-        s.refresh_done.store(ticket, Ordering::Release);
+        // Never backwards: an OSD's map may have served later tickets meanwhile
+        // (`publish_osd_map`).
+        s.refresh_done.fetch_max(ticket, Ordering::AcqRel);
     }
 }
 

@@ -149,6 +149,13 @@ async fn map_from_osd(cluster: &Cluster, deadline: Instant) -> bool {
         return false;
     }
     match serde_json::from_slice::<ClusterMap>(reply.data.as_slice()) {
+        // Only the map of the epoch the OSD answers under (the one it showed
+        // us): an OSD cannot hand over a map from a made-up future, after
+        // which no map of the manager's would be newer.
+        Ok(map) if map.epoch != reply.epoch => {
+            tracing::warn!(osd = %target.key.osd, handed = %map.epoch, answered = %reply.epoch, "an OSD handed a map of another epoch than its own; ignoring it");
+            false
+        }
         Ok(map) => {
             let got = map.epoch;
             let published = cluster.publish_osd_map(map);

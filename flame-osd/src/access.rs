@@ -5,7 +5,9 @@
 //! * with authentication: the group-internal requests (object lists, suspects,
 //!   sums, object removal) only from OSDs, `DELETE_VOLUME` and `SCRUB` only from
 //!   an admin or an OSD, and reads and writes only of the volumes the entity's
-//!   ticket names (`flame_common::auth::VolumePatterns`) — EPERM.
+//!   ticket names (`flame_common::auth::VolumePatterns`) — EPERM. Anything
+//!   else (PING, MAP_REQUEST: the map is what `GET /v1/map` gives every
+//!   entity) is open to every authenticated entity.
 //!
 //! The volume check costs nothing for an entity allowed every volume (the
 //! usual case) and one lookup in a per-connection cache otherwise (filled once

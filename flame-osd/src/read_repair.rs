@@ -49,8 +49,15 @@ impl Shard {
 
     /// The acting replicas whose copy of `target`'s bytes may replace the
     /// primary's, in the map's order ([`crate::pg_core::PgCore::repair_sources`]),
-    /// and whether any replica was left out.
-    fn repair_sources(&self, view: &MapView, target: &IoTarget) -> (Vec<OsdId>, bool) {
+    /// and whether any replica was left out. Never `exclude`: the member
+    /// recovery is bringing up to date with this copy (its bytes are what is
+    /// in question).
+    fn repair_sources(
+        &self,
+        view: &MapView,
+        target: &IoTarget,
+        exclude: Option<OsdId>,
+    ) -> (Vec<OsdId>, bool) {
         let replicas: Vec<OsdId> = view
             .table
             .pg(target.pg)
@@ -58,6 +65,7 @@ impl Shard {
             .iter()
             .skip(1)
             .copied()
+            .filter(|&m| Some(m) != exclude)
             .collect();
         let sources = match self.pgs.borrow().get(target.pg) {
             Some(core) => {
@@ -115,7 +123,7 @@ impl Shard {
         let mut unrepaired = 0u64;
         let mut unasked = false;
         for &block in &blocks {
-            match self.repair_one(view, target, block).await {
+            match self.repair_one(view, target, block, None).await {
                 Ok(()) => {}
                 Err(status::EAGAIN) => unasked = true,
                 Err(_) => unrepaired += 1,
@@ -172,7 +180,7 @@ impl Shard {
         // Replicas that could not be asked (unreachable, busy, another map), or
         // were not (their copy lacks a write this one holds, until it is caught
         // up): their copies may well be good.
-        let (replicas, mut unasked) = self.repair_sources(view, &span);
+        let (replicas, mut unasked) = self.repair_sources(view, &span, None);
         let mut good = None;
         for id in replicas {
             let Some(osd) = view.map.osds.get(&id) else {
@@ -242,11 +250,13 @@ impl Shard {
     /// primary's copy and over the copies of replicas that reported it bad. `Ok`:
     /// the primary's block is good now; `EAGAIN`: no copy verified but some could
     /// not be asked (unreachable, busy); `EIO`: none verifies, or the rewrite failed.
+    /// `exclude`: a replica not to ask (recovery's target member).
     pub(crate) async fn repair_one(
         self: &Rc<Self>,
         view: &MapView,
         target: &IoTarget,
         block: u32,
+        exclude: Option<OsdId>,
     ) -> Result<(), i32> {
         let block_target = IoTarget {
             pg: target.pg,
@@ -259,7 +269,7 @@ impl Shard {
         let mut good = None;
         // A replica whose copy lacks a write this one holds is not asked (nor
         // repaired here): its catch-up brings it this copy's bytes.
-        let (sources, mut unasked) = self.repair_sources(view, &block_target);
+        let (sources, mut unasked) = self.repair_sources(view, &block_target, exclude);
         for id in sources {
             let Some(osd) = view.map.osds.get(&id) else {
                 continue;

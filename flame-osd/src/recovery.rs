@@ -692,7 +692,8 @@ impl Shard {
             }
             let data = match self.store.read(pg, object, at, n).await {
                 Err(StoreError::Checksum { blocks, .. }) if mode.repairs_source => {
-                    self.repair_source_blocks(view, pg, object, &blocks).await?;
+                    self.repair_source_blocks(view, (pg, object, member), &blocks)
+                        .await?;
                     self.store.read(pg, object, at, n).await
                 }
                 other => other,
@@ -749,13 +750,14 @@ impl Shard {
     /// read or a scrub (a day away) to repair them would hold the member's
     /// recovery until then (simulator seeds 64 and 159, bit rot). Repairs them
     /// from another acting copy first, as a read does (`repair_one` asks only
-    /// replicas that lack no write there). The caller holds the object's write
-    /// gate. EIO when some block has no copy to repair it from.
+    /// replicas that lack no write there, and never `member`, the copy being
+    /// brought up to date, whose bytes may be the older ones: a restarted
+    /// member's suspect object, a peering target). The caller holds the
+    /// object's write gate. EIO when some block has no copy to repair it from.
     async fn repair_source_blocks(
         self: &Rc<Self>,
         view: &MapView,
-        pg: PgId,
-        object: ObjectId,
+        (pg, object, member): (PgId, ObjectId, OsdId),
         blocks: &[u32],
     ) -> Result<(), i32> {
         let whole = IoTarget {
@@ -765,7 +767,7 @@ impl Shard {
             length: 0,
         };
         for &block in blocks {
-            if let Err(st) = self.repair_one(view, &whole, block).await {
+            if let Err(st) = self.repair_one(view, &whole, block, Some(member)).await {
                 tracing::error!(%object, block, st, "this copy has a block failing its checksum that no other copy could repair; not copying it");
                 return Err(status::EIO);
             }
@@ -804,7 +806,8 @@ impl Shard {
             .map(|(i, _)| i)
             .collect();
         if !bad.is_empty() {
-            self.repair_source_blocks(view, pg, object, &bad).await?;
+            self.repair_source_blocks(view, (pg, object, member), &bad)
+                .await?;
             local = self.object_sums(view, pg, object, self.osd).await?;
             if local.iter().any(|b| b.bad) {
                 tracing::error!(%object, "this copy still has blocks failing their checksums; not copying it");

@@ -201,8 +201,10 @@ impl Shard {
             crate::metrics::dup_op("answered");
             return status::OK;
         }
-        // Not gated over the whole object: a copy that fails a checksum is
-        // answered EAGAIN below, and the client's retry rewrites the range.
+        // No source repair here: the gate held covers the retried range only,
+        // and a repair rewrites whole blocks (and other members' copies). A
+        // copy that fails a checksum is answered EAGAIN below, and the
+        // client's retry rewrites the range.
         let mode = CopyMode {
             fua,
             throttled: false,

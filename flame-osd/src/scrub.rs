@@ -27,7 +27,7 @@ use flame_common::protocol::{BlockSum, IoTarget, Message, ScrubCounts, flags, st
 use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Block size of the store's checksums.
 const BLOCK: u32 = 4096;
@@ -327,9 +327,7 @@ impl Shard {
             .last_scrub
             .borrow_mut()
             .insert(pg, clock::now());
-        let unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let unix = clock::unix_ms() / 1000;
         self.recovery_shared
             .last_scrub_unix
             .store(unix, Ordering::Relaxed);
@@ -343,7 +341,8 @@ impl Shard {
         if self.scrub_interval.is_zero() {
             return;
         }
-        let started = *self.recovery.started.get_or_init(Instant::now);
+        // The process's clock (virtual in the simulator): a run replays.
+        let started = *self.recovery.started.get_or_init(clock::now);
         let due = view
             .table
             .iter()

@@ -103,8 +103,8 @@ const SEEDS_THAT_FOUND_HOLD_BUGS: [u64; 4] = [507, 1617, 13469, 201884];
 /// checksum slots of trimmed blocks left on disk).
 const SEEDS_THAT_FOUND_RESIZE_BUGS: [u64; 1] = [436];
 
-/// Seeds that found a bug in the full current model (every option on:
-/// `SimConfig::new`). 501399: a primary's read error repaired from a replica
+/// Seeds that found a bug in the full model before scrubs and bit rot (every
+/// other option on). 501399: a primary's read error repaired from a replica
 /// whose full disk had refused a write over the bytes.
 const SEEDS_THAT_FOUND_CURRENT_BUGS: [u64; 1] = [501399];
 

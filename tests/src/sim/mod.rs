@@ -1272,10 +1272,6 @@ impl Sim {
         })
     }
 
-    /// After the cluster is clean and flushed: every object file is the same on
-    /// every member of its group — header, checksums and data. Bytes past a
-    /// copy's end read as zeroes; a member without the file holds zeroes. Copies
-    /// on OSDs that are no longer members (strays, deleted later) are not looked at.
     /// Sometimes (drawn from `rot_rng`, with [`SimConfig::bit_rot`]) one bit of
     /// a checksummed data block of one copy of one object flips on disk.
     fn bit_rot(&mut self) {
@@ -1367,6 +1363,10 @@ impl Sim {
         }
     }
 
+    /// After the cluster is clean and flushed: every object file is the same on
+    /// every member of its group — header, checksums and data. Bytes past a
+    /// copy's end read as zeroes; a member without the file holds zeroes. Copies
+    /// on OSDs that are no longer members (strays, deleted later) are not looked at.
     fn compare_copies(&self) -> Vec<String> {
         let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
         let describe = |at: usize| {
