@@ -631,3 +631,73 @@ mod renewal_tests {
         assert!(renewal_due(&claims(5_000, 4_000), false, None, 5_000));
     }
 }
+
+#[cfg(test)]
+mod osd_map_tests {
+    use super::*;
+    use crate::connection::{ConnKey, Target};
+    use flame_common::ids::OsdId;
+    use flame_common::map::PoolConfig;
+    use flame_common::transport::TransportKind;
+
+    fn target(osd: u32) -> Target {
+        Target {
+            key: ConnKey {
+                cluster: 1,
+                osd: OsdId(osd),
+                shard: 0,
+            },
+            addr: "127.0.0.1:6900".parse().unwrap(),
+            transport: TransportKind::Tcp,
+            source: None,
+            timeout: Duration::from_secs(1),
+            epoch: Epoch(5),
+            shards: 1,
+            fetch: None,
+        }
+    }
+
+    fn map_at(epoch: u64) -> ClusterMap {
+        let mut m = ClusterMap::new("f".into(), PoolConfig::default());
+        m.epoch = Epoch(epoch);
+        m
+    }
+
+    #[test]
+    fn a_newer_epoch_is_asked_of_one_osd_once() {
+        let c = Cluster::simulated(ClientConfig::default(), map_at(5), 1).unwrap();
+        c.note_epoch_from(Epoch(5), &target(1));
+        assert!(c.take_newer_map_source().is_none(), "not newer than ours");
+        c.note_epoch_from(Epoch(7), &target(1));
+        c.note_epoch_from(Epoch(6), &target(2));
+        let (epoch, t) = c.take_newer_map_source().unwrap();
+        assert_eq!((epoch, t.key.osd), (Epoch(7), OsdId(1)), "the newest seen");
+        assert!(c.take_newer_map_source().is_none(), "taken: one task asks");
+        // More stale replies under the epoch already asked for: no second request.
+        c.note_epoch_from(Epoch(7), &target(3));
+        assert!(c.take_newer_map_source().is_none());
+        c.note_epoch_from(Epoch(8), &target(3));
+        assert_eq!(c.take_newer_map_source().map(|(e, _)| e), Some(Epoch(8)));
+    }
+
+    #[test]
+    fn an_osds_map_is_checked_as_the_managers_and_serves_the_waiting_refreshes() {
+        let c = Cluster::simulated(ClientConfig::default(), map_at(5), 1).unwrap();
+        let ticket = c.request_map_refresh();
+        let mut foreign = map_at(7);
+        foreign.fsid = "another cluster".into();
+        assert!(!c.publish_osd_map(foreign));
+        assert!(!c.publish_osd_map(map_at(5)), "not newer");
+        assert_eq!(c.epoch(), Epoch(5));
+        assert!(
+            !c.refreshed(ticket),
+            "nothing published: the refresh still waits"
+        );
+        assert!(c.publish_osd_map(map_at(7)));
+        assert_eq!(c.epoch(), Epoch(7));
+        assert!(
+            c.refreshed(ticket),
+            "a newer map serves the waiting refresh"
+        );
+    }
+}
