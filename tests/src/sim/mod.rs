@@ -1302,10 +1302,7 @@ impl Sim {
         // Only blocks the store holds a checksum of: rot elsewhere (a block
         // never written) is beyond what any store without a checksum of it
         // can see.
-        let crc_count = d
-            .get(36..40)
-            .and_then(|b| b.try_into().ok())
-            .map_or(0, u32::from_le_bytes) as usize;
+        let crc_count = crc_count(&d) as usize;
         let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
         let blocks = crc_count.min(d.len().saturating_sub(data_at) / 4096);
         if blocks == 0 {
@@ -1470,11 +1467,6 @@ impl Sim {
                     .map_or("data equal".to_string(), |d| {
                         format!("data differs from byte {d}")
                     });
-                let crc_count = |d: &[u8]| {
-                    d.get(36..40)
-                        .and_then(|b| b.try_into().ok())
-                        .map_or(0, u32::from_le_bytes)
-                };
                 // A differing checksum slot: does each copy's stored checksum
                 // match its own data (which one would fail a read)?
                 let header = flame_osd::store::meta::HEADER_LEN;
@@ -2002,6 +1994,15 @@ impl Sim {
             }
         ));
     }
+}
+
+/// The checksum count of an object file's header (bytes 36..40,
+/// docs/on-disk-format.md): how many of its blocks the store holds a checksum
+/// of. 0 for a file too short to have one.
+fn crc_count(file: &[u8]) -> u32 {
+    file.get(36..40)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
 }
 
 /// The manager's state machine on `persisted` (what `state.json` holds), with the
