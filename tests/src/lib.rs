@@ -889,6 +889,31 @@ impl TestCluster {
             .join(format!("{:016x}.{index:016x}", volume.0))
     }
 
+    /// Byte `at` (a data offset within the object) of OSD process `i`'s copy of object
+    /// 0 of `volume`; with `set`, overwrites it first and syncs (behind the OSD's
+    /// back: bit rot). Wait for the groups to be clean first: a recovery still
+    /// comparing the object would repair the byte before the test looks.
+    pub fn object_byte(&self, i: usize, volume: VolumeId, at: usize, set: Option<u8>) -> u8 {
+        use std::os::unix::fs::FileExt;
+        let path = self.object_path(i, volume, 0);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let pos = (OBJECT_DATA_OFFSET + at) as u64;
+        if let Some(v) = set {
+            f.write_all_at(&[v], pos)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            f.sync_all()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, pos)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        b[0]
+    }
+
     /// The data bytes of an object file (what follows its header and checksum area,
     /// [`OBJECT_DATA_OFFSET`]), or `None` if OSD process `i` has no file for it.
     /// Byte `k` is byte `k` of the object; bytes past the end read as zero.

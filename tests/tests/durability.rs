@@ -7,10 +7,9 @@
 //! Also: a corrupt block is never returned to a client, and an OSD refuses a data
 //! directory of the old format with exit status 2.
 
-use flame_common::ids::{ObjectId, VolumeId};
+use flame_common::ids::ObjectId;
 use flame_tests::{
-    ClusterOptions, OBJECT_DATA_OFFSET, TOOL_TIMEOUT, TestCluster, http_get, output_text,
-    require_tool, run_bounded,
+    ClusterOptions, TOOL_TIMEOUT, TestCluster, http_get, output_text, require_tool, run_bounded,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -232,26 +231,6 @@ fn checksum_errors(cluster: &TestCluster, i: usize, result: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// Byte `at` (a data offset within the object) of OSD process `i`'s copy of object
-/// 0 of `vol`; with `set`, overwrites it first (behind the OSD's back: bit rot).
-fn object_byte(cluster: &TestCluster, i: usize, vol: VolumeId, at: usize, set: Option<u8>) -> u8 {
-    use std::os::unix::fs::FileExt;
-    let path = cluster.object_path(i, vol, 0);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let pos = (OBJECT_DATA_OFFSET + at) as u64;
-    if let Some(v) = set {
-        f.write_all_at(&[v], pos).unwrap();
-        f.sync_all().unwrap();
-    }
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, pos).unwrap();
-    b[0]
-}
-
 fn qemu_io_read(cluster: &TestCluster, volume: &str, command: &str) -> String {
     let out = run_bounded(
         Command::new(require_tool("qemu-io"))
@@ -272,6 +251,9 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     let vol = cluster.create_nbd_volume("rot", 16 * MIB);
     cluster.qemu_io("rot", &["write -P 0x77 0 16384", "flush"]);
+    // Recovery from the OSDs' boots may still be comparing this object: it would
+    // repair the byte corrupted below before the read looks.
+    cluster.wait_clean(Duration::from_secs(30));
     let map = cluster.map();
     let object = ObjectId {
         volume: vol.id,
@@ -293,17 +275,14 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
 
     // 1. Bit rot in block 1 of the primary's copy: repaired from a replica.
     let at1 = 4096 + 10;
-    assert_eq!(
-        object_byte(&cluster, primary, vol.id, at1, Some(0x78)),
-        0x78
-    );
+    assert_eq!(cluster.object_byte(primary, vol.id, at1, Some(0x78)), 0x78);
     let text = qemu_io_read(&cluster, "rot", "read -P 0x77 0 8192");
     assert!(
         !text.contains("error") && !text.contains("Pattern verification failed"),
         "the read must be served from a good copy:\n{text}"
     );
     assert_eq!(
-        object_byte(&cluster, primary, vol.id, at1, None),
+        cluster.object_byte(primary, vol.id, at1, None),
         0x77,
         "the primary's copy was not repaired"
     );
@@ -315,16 +294,16 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     // 2. The same block rotten on the primary and on the first replica: both are
     // repaired from the second replica.
     let at2 = 2 * 4096 + 99;
-    object_byte(&cluster, primary, vol.id, at2, Some(0x01));
-    object_byte(&cluster, r1, vol.id, at2, Some(0x02));
+    cluster.object_byte(primary, vol.id, at2, Some(0x01));
+    cluster.object_byte(r1, vol.id, at2, Some(0x02));
     let text = qemu_io_read(&cluster, "rot", "read -P 0x77 8192 4096");
     assert!(
         !text.contains("error") && !text.contains("Pattern verification failed"),
         "the read must be served from the one good copy:\n{text}"
     );
-    assert_eq!(object_byte(&cluster, primary, vol.id, at2, None), 0x77);
+    assert_eq!(cluster.object_byte(primary, vol.id, at2, None), 0x77);
     assert_eq!(
-        object_byte(&cluster, r1, vol.id, at2, None),
+        cluster.object_byte(r1, vol.id, at2, None),
         0x77,
         "the replica that reported the block bad was not repaired"
     );
@@ -337,7 +316,7 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     let unrepaired0 = checksum_errors(&cluster, primary, "unrepaired");
     let at3 = 3 * 4096 + 7;
     for i in [primary, r1, r2] {
-        object_byte(&cluster, i, vol.id, at3, Some(0x55));
+        cluster.object_byte(i, vol.id, at3, Some(0x55));
     }
     let text = qemu_io_read(&cluster, "rot", "read -P 0x77 12288 4096");
     assert!(

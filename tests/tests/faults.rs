@@ -11,38 +11,12 @@
 //!   by the client: the client sees no error and the copies agree.
 
 use flame_common::ids::ObjectId;
-use flame_tests::{ClusterOptions, OBJECT_DATA_OFFSET, TOOL_TIMEOUT, TestCluster, output_text};
+use flame_tests::{ClusterOptions, TOOL_TIMEOUT, TestCluster, output_text};
 use flame_tests::{require_tool, run_bounded};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-/// Byte `at` (a data offset within the object) of OSD process `i`'s copy of object
-/// 0 of `vol`; with `set`, overwrites it first (behind the OSD's back).
-fn object_byte(
-    cluster: &TestCluster,
-    i: usize,
-    vol: flame_common::ids::VolumeId,
-    at: usize,
-    set: Option<u8>,
-) -> u8 {
-    use std::os::unix::fs::FileExt;
-    let path = cluster.object_path(i, vol, 0);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let pos = (OBJECT_DATA_OFFSET + at) as u64;
-    if let Some(v) = set {
-        f.write_all_at(&[v], pos).unwrap();
-        f.sync_all().unwrap();
-    }
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, pos).unwrap();
-    b[0]
-}
 
 /// Sum over shards of the metric lines starting with `prefix` on OSD process `i`.
 fn metric_sum(cluster: &TestCluster, i: usize, prefix: &str) -> f64 {
@@ -58,6 +32,9 @@ fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     let vol = cluster.create_nbd_volume("eio", 16 * MIB);
     cluster.qemu_io("eio", &["write -P 0x77 0 16384", "flush"]);
+    // Recovery from the OSDs' boots may still be comparing this object: it would
+    // repair the byte corrupted below before the read looks.
+    cluster.wait_clean(Duration::from_secs(30));
     let osds = cluster.object_osds(ObjectId {
         volume: vol.id,
         index: 0,
@@ -67,7 +44,7 @@ fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
     // disk fails: only a copy from a replica can give the right bytes, and only a
     // rewrite from it restores the byte.
     let at = 4096 + 10;
-    assert_eq!(object_byte(&cluster, primary, vol.id, at, Some(0x78)), 0x78);
+    assert_eq!(cluster.object_byte(primary, vol.id, at, Some(0x78)), 0x78);
     let repaired = "flame_osd_read_errors_total{result=\"repaired\"}";
     let before = cluster.osd_metric(primary, repaired);
     let checksum_before = cluster.osd_metric(
@@ -91,7 +68,7 @@ fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
     );
     cluster.clear_failpoint(primary, "store_read");
     assert_eq!(
-        object_byte(&cluster, primary, vol.id, at, None),
+        cluster.object_byte(primary, vol.id, at, None),
         0x77,
         "the primary's copy was not rewritten from another copy"
     );
