@@ -215,6 +215,12 @@ pub enum OpCode {
     /// a stale map gets the map from the OSD that refused it, as Ceph's OSDs
     /// share maps, so a client cut off from the manager can go on.
     MapRequest = 43,
+    /// The client ops of one placement group's log on the receiving shard
+    /// (the reply's payload: [`encode_log_ops`]). A new primary asks every other
+    /// complete copy before peering, and first takes over an object from a copy
+    /// whose log shows writes to it that its own does not (Ceph's authoritative
+    /// log): peering then spreads the newest copy, not the primary's.
+    PgLogOps = 44,
 }
 
 impl OpCode {
@@ -239,6 +245,7 @@ impl OpCode {
             41 => OpCode::PushReply,
             42 => OpCode::PgSuspects,
             43 => OpCode::MapRequest,
+            44 => OpCode::PgLogOps,
             _ => return None,
         })
     }
@@ -264,6 +271,7 @@ impl OpCode {
             OpCode::PushReply => "push_reply",
             OpCode::PgSuspects => "pg_suspects",
             OpCode::MapRequest => "map_request",
+            OpCode::PgLogOps => "pg_log_ops",
         }
     }
 
@@ -807,6 +815,17 @@ pub enum Message {
         /// The placement group.
         pg: PgId,
     },
+    /// The client ops of placement group `pg`'s log on the receiving shard
+    /// ([`OpCode::PgLogOps`]). The reply's payload is [`encode_log_ops`].
+    /// Header: `pg`.
+    PgLogOps {
+        /// Request id.
+        id: RequestId,
+        /// Sender's epoch.
+        epoch: Epoch,
+        /// The placement group.
+        pg: PgId,
+    },
     /// The checksums of every block of one object as its data on disk is now: the
     /// receiver reads the whole object and checksums each block. Reply payload:
     /// [`encode_block_sums`]. `target.offset` and `target.length` are 0.
@@ -986,6 +1005,7 @@ impl Message {
             | Message::MapRequest { id, .. }
             | Message::PgList { id, .. }
             | Message::PgSuspects { id, .. }
+            | Message::PgLogOps { id, .. }
             | Message::ObjectSums { id, .. }
             | Message::RemoveObject { id, .. }
             | Message::Scrub { id, .. }
@@ -1011,6 +1031,7 @@ impl Message {
             | Message::MapRequest { id, .. }
             | Message::PgList { id, .. }
             | Message::PgSuspects { id, .. }
+            | Message::PgLogOps { id, .. }
             | Message::ObjectSums { id, .. }
             | Message::RemoveObject { id, .. }
             | Message::Scrub { id, .. }
@@ -1035,6 +1056,7 @@ impl Message {
             | Message::MapRequest { epoch, .. }
             | Message::PgList { epoch, .. }
             | Message::PgSuspects { epoch, .. }
+            | Message::PgLogOps { epoch, .. }
             | Message::ObjectSums { epoch, .. }
             | Message::RemoveObject { epoch, .. }
             | Message::Scrub { epoch, .. }
@@ -1173,6 +1195,10 @@ impl Message {
             Message::PgSuspects { id, epoch, pg } => Header {
                 pg: pg.0,
                 ..base(OpCode::PgSuspects as u8, *id, *epoch)
+            },
+            Message::PgLogOps { id, epoch, pg } => Header {
+                pg: pg.0,
+                ..base(OpCode::PgLogOps as u8, *id, *epoch)
             },
             Message::ObjectSums { id, epoch, target } => {
                 io(OpCode::ObjectSums, *id, *epoch, target, 0)
@@ -1535,6 +1561,11 @@ impl Message {
                 epoch,
                 pg: PgId(h.pg),
             },
+            OpCode::PgLogOps => Message::PgLogOps {
+                id,
+                epoch,
+                pg: PgId(h.pg),
+            },
             OpCode::PgList => {
                 if h.length == 0 || h.length > PG_LIST_MAX {
                     return Err(ProtocolError::TooLong {
@@ -1647,6 +1678,7 @@ impl Message {
             Message::MapRequest { .. } => OpCode::MapRequest,
             Message::PgList { .. } => OpCode::PgList,
             Message::PgSuspects { .. } => OpCode::PgSuspects,
+            Message::PgLogOps { .. } => OpCode::PgLogOps,
             Message::ObjectSums { .. } => OpCode::ObjectSums,
             Message::RemoveObject { .. } => OpCode::RemoveObject,
             Message::Scrub { .. } => OpCode::Scrub,
@@ -1766,6 +1798,82 @@ pub fn decode_object_list(b: &[u8]) -> Option<Vec<ObjectId>> {
             })
             .collect(),
     )
+}
+
+/// One client op of a placement group's log, as [`Message::PgLogOps`] reports
+/// it: the log entry's sequence number, the op, and the object it wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogOp {
+    /// The entry's placement-group sequence number.
+    pub seq: u64,
+    /// The client op (never [`OpId::NONE`]: entries without one are not reported).
+    pub op: OpId,
+    /// The object it wrote.
+    pub object: ObjectId,
+}
+
+/// A [`Message::PgLogOps`] reply: the highest sequence number the log has
+/// dropped (its entries at or below may be gone), then its client ops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOps {
+    /// Highest sequence number trimmed from the log (0: none).
+    pub trimmed_through: u64,
+    /// The retained entries' client ops.
+    pub ops: Vec<LogOp>,
+}
+
+/// Bytes of one [`LogOp`] in [`encode_log_ops`].
+const LOG_OP_BYTES: usize = 40;
+
+/// A [`Message::PgLogOps`] reply's payload: `trimmed_through` (u64), then 40
+/// bytes per op: seq, session, op seq, volume, object index (little-endian u64s).
+/// At most [`PG_LIST_MAX`] ops (2.5 MiB; a log keeps far fewer).
+pub fn encode_log_ops(log: &LogOps) -> Vec<u8> {
+    let mut b = Vec::with_capacity(8 + log.ops.len() * LOG_OP_BYTES);
+    b.extend_from_slice(&log.trimmed_through.to_le_bytes());
+    for o in &log.ops {
+        for v in [
+            o.seq,
+            o.op.session,
+            o.op.seq,
+            o.object.volume.0,
+            o.object.index,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    b
+}
+
+/// Decodes [`encode_log_ops`]; `None` if the length does not fit, the list is
+/// longer than [`PG_LIST_MAX`] or an op is [`OpId::NONE`] (a broken peer).
+pub fn decode_log_ops(b: &[u8]) -> Option<LogOps> {
+    let (head, rest) = b.split_at_checked(8)?;
+    if !rest.len().is_multiple_of(LOG_OP_BYTES) || rest.len() / LOG_OP_BYTES > PG_LIST_MAX as usize
+    {
+        return None;
+    }
+    let ops = rest
+        .chunks_exact(LOG_OP_BYTES)
+        .map(|c| {
+            let op = OpId {
+                session: u64_at(c, 8),
+                seq: u64_at(c, 16),
+            };
+            (!op.is_none()).then_some(LogOp {
+                seq: u64_at(c, 0),
+                op,
+                object: ObjectId {
+                    volume: VolumeId(u64_at(c, 24)),
+                    index: u64_at(c, 32),
+                },
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(LogOps {
+        trimmed_through: u64_at(head, 0),
+        ops,
+    })
 }
 
 /// One block of an object as a copy holds it: a fingerprint of its data now (a
@@ -2032,6 +2140,11 @@ mod tests {
                 id,
                 epoch,
                 pg: PgId(4),
+            },
+            Message::PgLogOps {
+                id,
+                epoch,
+                pg: PgId(5),
             },
             Message::Ping { id, epoch },
             Message::MapRequest { id, epoch },
@@ -2650,6 +2763,11 @@ mod payload_props {
         if let Some(c) = ScrubCounts::decode(b) {
             assert_eq!(c.encode(), b);
         }
+        if let Some(l) = decode_log_ops(b) {
+            assert!(l.ops.len() <= PG_LIST_MAX as usize);
+            assert!(l.ops.iter().all(|o| !o.op.is_none()));
+            assert_eq!(encode_log_ops(&l), b);
+        }
         if let Some(r) = ReplyAreaInfo::decode(b) {
             assert_eq!(r.encode(), b);
             assert!(r.slots >= 1 && r.slots <= REPLY_SLOTS_MAX);
@@ -2680,6 +2798,32 @@ mod payload_props {
         ) {
             let mut b = encode_object_list(&l);
             prop_assert_eq!(decode_object_list(&b), Some(l));
+            mutate(&mut b, &m);
+            check_all(&b);
+        }
+
+        #[test]
+        fn log_ops_round_trip_and_survive_mutation(
+            trimmed_through in any::<u64>(),
+            ops in proptest::collection::vec(
+                (any::<u64>(), 1..u64::MAX, any::<u64>(), object()),
+                0..40,
+            ),
+            m in mutations(6),
+        ) {
+            let l = LogOps {
+                trimmed_through,
+                ops: ops
+                    .into_iter()
+                    .map(|(seq, session, op_seq, object)| LogOp {
+                        seq,
+                        op: OpId { session, seq: op_seq },
+                        object,
+                    })
+                    .collect(),
+            };
+            let mut b = encode_log_ops(&l);
+            prop_assert_eq!(decode_log_ops(&b), Some(l));
             mutate(&mut b, &m);
             check_all(&b);
         }

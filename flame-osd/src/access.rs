@@ -125,6 +125,7 @@ impl ConnAccess {
         let volume = match msg {
             Message::PgList { .. }
             | Message::PgSuspects { .. }
+            | Message::PgLogOps { .. }
             | Message::ObjectSums { .. }
             | Message::RemoveObject { .. } => {
                 return perm("a group-internal request from a client");

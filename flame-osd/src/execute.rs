@@ -303,6 +303,21 @@ impl Shard {
                     PayloadBuf::copy_from(&protocol::encode_object_list(&suspects)),
                 )
             }
+            Message::PgLogOps { pg, .. } => {
+                if !self.holds(&view, *pg) {
+                    return (status::ESTALE, PayloadBuf::empty());
+                }
+                let ops = self
+                    .pgs
+                    .borrow()
+                    .log(*pg)
+                    .map(|l| l.log_ops())
+                    .unwrap_or_default();
+                (
+                    status::OK,
+                    PayloadBuf::copy_from(&protocol::encode_log_ops(&ops)),
+                )
+            }
             Message::ObjectSums { target, .. } => {
                 if !self.holds(&view, target.pg)
                     || object_pg(target.object, map.pool.pg_count) != target.pg

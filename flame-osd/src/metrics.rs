@@ -402,6 +402,13 @@ static RECOVERY_MEMBERS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
+static NEWER_COPIES_TAKEN: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_osd_peering_newer_copies_taken_total",
+        "Objects a new primary took from another complete copy whose log showed newer writes of them, before peering"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
 static SCRUB_ERRORS: LazyLock<IntCounter> = LazyLock::new(|| {
     prometheus::register_int_counter!(
         "flame_osd_scrub_errors_total",
@@ -477,6 +484,7 @@ pub fn register_recovery_metrics(shard: u16) {
         RECOVERY_MEMBERS.with_label_values(&[kind]);
     }
     LazyLock::force(&RECOVERY_BYTES);
+    LazyLock::force(&NEWER_COPIES_TAKEN);
     RECOVERY_REMAINING.with_label_values(&[&shard.to_string()]);
     LazyLock::force(&SCRUB_ERRORS);
     LazyLock::force(&SCRUB_REPAIRED);
@@ -500,6 +508,11 @@ pub fn recovery_object(kind: &str) {
 /// A member recovered in one group (`kind`: log or backfill).
 pub fn recovery_member(kind: &str) {
     RECOVERY_MEMBERS.with_label_values(&[kind]).inc();
+}
+
+/// Objects peering took from a copy with newer writes of them.
+pub fn newer_copies_taken(objects: u64) {
+    NEWER_COPIES_TAKEN.inc_by(objects);
 }
 
 /// Bytes copied by recovery or repair.

@@ -42,6 +42,7 @@
 
 use flame_common::collections::{HashMap, HashSet};
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId};
+use flame_common::protocol::{LogOp, LogOps};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -503,6 +504,121 @@ impl PgLog {
         self.synced.retain(|m| keep(*m));
     }
 
+    /// The client ops of the retained entries, for a peering primary
+    /// ([`flame_common::protocol::Message::PgLogOps`]; bounded by the log).
+    pub fn log_ops(&self) -> LogOps {
+        LogOps {
+            trimmed_through: self.trimmed_through,
+            ops: self
+                .entries
+                .values()
+                .filter(|e| !e.op.is_none())
+                .map(|e| LogOp {
+                    seq: e.seq,
+                    op: e.op,
+                    object: e.object,
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether this copy may have applied op `op` (numbered `seq` where it was
+    /// logged) to `object`: its log holds it, or may have dropped it.
+    fn may_have_applied(&self, op: OpId, object: ObjectId, seq: u64) -> bool {
+        seq <= self.trimmed_through
+            || self
+                .ops
+                .get(&object)
+                .is_some_and(|m| m.contains_key(&(op.session, op.seq)))
+            || self.check_trimmed(op) == OpCheck::Superseded
+    }
+
+    /// Peering's first step, on a new primary (Ceph's authoritative log, per
+    /// object): the objects another complete copy holds newer writes of than
+    /// this one, each with the copy to take it from. `members` are the other
+    /// complete copies' logs ([`PgLog::log_ops`]).
+    ///
+    /// A member is ahead on an object when its log shows ops to it that this
+    /// log neither holds nor may have dropped, and behind when this log holds
+    /// ops to it (that the member's log still reaches back to) which the member's
+    /// does not. Only a member ahead and not behind is a source: its bytes carry
+    /// everything this copy's do and more. Of several, the one whose ops include
+    /// every other source's is taken (the first such in `members`' order); when
+    /// none does, the copies diverged both ways and the object is left to
+    /// peering as before. An object this log wrote without an op id is never
+    /// taken (nothing tells whether the member has that write).
+    ///
+    /// Why at all: a write is acknowledged only once every member of its write
+    /// set applied it and the primary is always a complete copy, so what a
+    /// member holds beyond the primary was never acknowledged — unless the
+    /// primary's copy lost it (a bug, a disk that drops writes). Taking the newest
+    /// copy makes peering spread that one instead of the primary's.
+    pub fn sources_ahead(&self, members: &[(OsdId, LogOps)]) -> Vec<(ObjectId, OsdId)> {
+        let no_op_id: HashSet<ObjectId> = self
+            .entries
+            .values()
+            .filter(|e| e.op.is_none())
+            .map(|e| e.object)
+            .collect();
+        // Per object, per member: its ops to it.
+        let mut theirs: BTreeMap<ObjectId, Vec<(usize, HashSet<OpId>)>> = BTreeMap::new();
+        // Per object, per member: its ops to it this log may lack.
+        let mut ahead: BTreeMap<ObjectId, Vec<(usize, Vec<OpId>)>> = BTreeMap::new();
+        for (i, (_, log)) in members.iter().enumerate() {
+            for o in &log.ops {
+                let per = theirs.entry(o.object).or_default();
+                match per.last_mut() {
+                    Some((j, set)) if *j == i => {
+                        set.insert(o.op);
+                    }
+                    _ => per.push((i, HashSet::from_iter([o.op]))),
+                }
+                if !self.may_have_applied(o.op, o.object, o.seq) {
+                    let per = ahead.entry(o.object).or_default();
+                    match per.last_mut() {
+                        Some((j, v)) if *j == i => v.push(o.op),
+                        _ => per.push((i, vec![o.op])),
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (object, candidates) in ahead {
+            if no_op_id.contains(&object) {
+                continue;
+            }
+            let ops_of = |i: usize| {
+                theirs
+                    .get(&object)
+                    .and_then(|per| per.iter().find(|(j, _)| *j == i))
+                    .map(|(_, set)| set)
+            };
+            // Not behind: every op of this log to the object that the member's
+            // log still reaches is in it.
+            let behind = |i: usize| {
+                let floor = members[i].1.trimmed_through;
+                self.ops.get(&object).is_some_and(|m| {
+                    m.iter().any(|(&(session, seq), r)| {
+                        r.seq > floor
+                            && !ops_of(i).is_some_and(|set| set.contains(&OpId { session, seq }))
+                    })
+                })
+            };
+            let sources: Vec<&(usize, Vec<OpId>)> =
+                candidates.iter().filter(|(i, _)| !behind(*i)).collect();
+            let dominant = sources.iter().find(|(i, _)| {
+                let mine = ops_of(*i);
+                sources
+                    .iter()
+                    .all(|(_, v)| v.iter().all(|op| mine.is_some_and(|set| set.contains(op))))
+            });
+            if let Some((i, _)) = dominant {
+                out.push((object, members[*i].0));
+            }
+        }
+        out
+    }
+
     /// Whether `member` is tracked and missed nothing.
     pub fn tracks(&self, member: OsdId) -> bool {
         self.tracked.contains_key(&member)
@@ -881,5 +997,146 @@ mod tests {
         let mut log = PgLog::new(10);
         log.record_replica(entry(41, 0, &[]));
         assert_eq!(log.next_seq(), 42);
+    }
+
+    /// A log of the ops `(seq, session, op seq, object index)`, as a member
+    /// reports it.
+    fn reported(trimmed_through: u64, ops: &[(u64, u64, u64, u64)]) -> LogOps {
+        LogOps {
+            trimmed_through,
+            ops: ops
+                .iter()
+                .map(|&(seq, session, op_seq, index)| LogOp {
+                    seq,
+                    op: OpId {
+                        session,
+                        seq: op_seq,
+                    },
+                    object: obj(index),
+                })
+                .collect(),
+        }
+    }
+
+    /// This log, holding the ops `(seq, session, op seq, object index)`.
+    fn holding(ops: &[(u64, u64, u64, u64)]) -> PgLog {
+        let mut log = PgLog::new(100);
+        for &(seq, session, op_seq, index) in ops {
+            log.record_replica(LogEntry {
+                object: obj(index),
+                ..op_entry(
+                    seq,
+                    OpId {
+                        session,
+                        seq: op_seq,
+                    },
+                    0,
+                    4096,
+                )
+            });
+        }
+        log
+    }
+
+    #[test]
+    fn a_copy_whose_log_shows_a_write_this_one_lacks_is_taken_before_peering() {
+        let log = holding(&[(1, 7, 1, 0)]);
+        let member = reported(0, &[(1, 7, 1, 0), (2, 7, 2, 0), (3, 7, 3, 5)]);
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(2), member.clone())]),
+            vec![(obj(0), OsdId(2)), (obj(5), OsdId(2))],
+            "object 0 (one op more) and object 5 (only there) come from the member"
+        );
+        // A member holding what this log holds, no more: nothing to take.
+        assert!(
+            log.sources_ahead(&[(OsdId(2), reported(0, &[(1, 7, 1, 0)]))])
+                .is_empty()
+        );
+        assert!(log.sources_ahead(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_copy_that_lacks_a_write_this_one_holds_is_no_source_for_that_object() {
+        // Both diverged on object 0: this log has op 2, the member op 3.
+        let log = holding(&[(1, 7, 1, 0), (2, 7, 2, 0)]);
+        let member = reported(0, &[(1, 7, 1, 0), (3, 7, 3, 0), (4, 7, 4, 1)]);
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(2), member)]),
+            vec![(obj(1), OsdId(2))],
+            "object 0 stays this copy's; object 1 is only ahead there"
+        );
+        // What the member's log no longer reaches does not count against it.
+        let member = reported(2, &[(3, 7, 3, 0)]);
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(2), member)]),
+            vec![(obj(0), OsdId(2))]
+        );
+    }
+
+    #[test]
+    fn ops_this_log_may_have_dropped_do_not_make_a_copy_ahead() {
+        let mut log = PgLog::new(2);
+        for seq in 1..=4 {
+            log.record_replica(op_entry(seq, OpId { session: 7, seq }, 0, 4096));
+        }
+        // Entries 1 and 2 were trimmed here: the member's copies of them prove
+        // nothing, whatever their numbering.
+        let member = reported(0, &[(1, 7, 1, 0), (2, 7, 2, 0), (3, 7, 3, 0), (4, 7, 4, 0)]);
+        assert!(log.sources_ahead(&[(OsdId(2), member)]).is_empty());
+        // An op of a session this log trimmed through, under a seq it never saw.
+        let member = reported(0, &[(9, 7, 2, 0), (3, 7, 3, 0), (4, 7, 4, 0)]);
+        assert!(log.sources_ahead(&[(OsdId(2), member)]).is_empty());
+        // Another session's op numbered where this log was trimmed.
+        let member = reported(0, &[(2, 9, 1, 0), (3, 7, 3, 0), (4, 7, 4, 0)]);
+        assert!(log.sources_ahead(&[(OsdId(2), member)]).is_empty());
+        // Numbered above the trim, of a session never trimmed: ahead.
+        let member = reported(0, &[(5, 9, 1, 0), (3, 7, 3, 0), (4, 7, 4, 0)]);
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(2), member)]),
+            vec![(obj(0), OsdId(2))]
+        );
+    }
+
+    #[test]
+    fn of_two_copies_ahead_the_one_holding_the_others_writes_is_taken() {
+        let log = holding(&[(1, 7, 1, 0)]);
+        let short = reported(0, &[(1, 7, 1, 0), (2, 7, 2, 0)]);
+        let long = reported(0, &[(1, 7, 1, 0), (2, 7, 2, 0), (3, 7, 3, 0)]);
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(2), short.clone()), (OsdId(3), long.clone())]),
+            vec![(obj(0), OsdId(3))]
+        );
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(3), long), (OsdId(2), short.clone())]),
+            vec![(obj(0), OsdId(3))]
+        );
+        // Ahead both, each with a write the other lacks: neither is taken.
+        let other = reported(0, &[(1, 7, 1, 0), (3, 8, 1, 0)]);
+        assert!(
+            log.sources_ahead(&[(OsdId(2), short.clone()), (OsdId(3), other)])
+                .is_empty()
+        );
+        // Equal: the first.
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(3), short.clone()), (OsdId(2), short)]),
+            vec![(obj(0), OsdId(3))]
+        );
+    }
+
+    #[test]
+    fn an_object_written_without_an_op_id_here_is_never_taken() {
+        let mut log = holding(&[(1, 7, 1, 0)]);
+        log.record_replica(entry(2, 0, &[]));
+        let member = reported(0, &[(1, 7, 1, 0), (3, 7, 3, 0)]);
+        assert!(log.sources_ahead(&[(OsdId(2), member)]).is_empty());
+    }
+
+    #[test]
+    fn the_log_reports_its_client_ops_and_how_far_it_was_trimmed() {
+        let mut log = PgLog::new(2);
+        log.record_replica(op_entry(1, OpId { session: 7, seq: 1 }, 0, 4096));
+        log.record_replica(entry(2, 3, &[]));
+        log.record_replica(op_entry(3, OpId { session: 7, seq: 3 }, 0, 4096));
+        assert_eq!(log.log_ops(), reported(1, &[(3, 7, 3, 0)]));
     }
 }

@@ -3,10 +3,12 @@
 //! One task per shard ([`recovery_loop`]) watches the map. For every group whose
 //! primary is this shard:
 //!
-//! * **New interval** (this shard just became the primary, or the OSD started): the
-//!   other acting copies are compared with this one object by object, block by
-//!   block ("peering"), and made equal to it — writes of a dead primary that never
-//!   were acknowledged may have reached some copies only.
+//! * **New interval** (this shard just became the primary, or the OSD started):
+//!   first every object another acting copy's log shows newer writes of is taken
+//!   from that copy (`newest_copy`: the newest copy wins, not the primary's); then
+//!   the other acting copies are compared with this one object by object, block
+//!   by block ("peering"), and made equal to it — writes of a dead primary that
+//!   never were acknowledged may have reached some copies only.
 //! * **Recovering members** (placed, up, not complete): caught up from the group's
 //!   log ([`crate::pg_log`]) when it shows what the member missed — only those
 //!   objects and byte ranges are copied — else backfilled: the objects of both
@@ -125,6 +127,9 @@ pub struct RecoveryShared {
     pub scrub_repaired: AtomicU64,
     /// When a scrub of a group last finished, seconds since the Unix epoch.
     pub last_scrub_unix: AtomicU64,
+    /// Objects peering took from another complete copy that held newer writes
+    /// of them than this one (`recovery/newest_copy.rs`).
+    pub newer_copies_taken: AtomicU64,
 }
 
 /// What one shard's recovery still has to do, as last published.
@@ -1123,6 +1128,15 @@ impl Shard {
             let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
             if self.recovery.peered.borrow().get(&pg) != Some(&primacy) {
                 let mut all_ok = true;
+                // The newest copy first: peering spreads this one's bytes.
+                if let Err(st) = self.take_newer_copies(view, pg, &members).await {
+                    tracing::info!(%pg, st, "peering: asking the other copies for their logs did not finish; will retry");
+                    self.recovery
+                        .retry_after
+                        .borrow_mut()
+                        .insert(pg, clock::now() + RETRY_DELAY);
+                    continue;
+                }
                 for &member in members.acting.iter().skip(1) {
                     let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
                         continue;
@@ -1586,6 +1600,7 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
 
 #[cfg(test)]
 mod gate_test;
+mod newest_copy;
 mod suspects;
 
 #[cfg(test)]

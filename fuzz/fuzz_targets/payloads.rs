@@ -1,5 +1,5 @@
 //! Fuzzes the reply-payload decoders (`flame-common/src/protocol.rs`): object
-//! lists, block sums, scrub counts, reply-area info. Input byte 0 picks the mode:
+//! lists, block sums, scrub counts, log ops, reply-area info. Input byte 0 picks the mode:
 //! the rest as it is, or a valid encoding (chosen and sized by the input) damaged
 //! by the mutations the rest encodes. Whatever decodes must re-encode to the same
 //! bytes; nothing may panic. The same properties run in CI, seeded and bounded, in
@@ -25,6 +25,10 @@ fn check(b: &[u8]) {
         assert_eq!(c.encode(), b);
         let mut t = c;
         t.add(&c);
+    }
+    if let Some(l) = decode_log_ops(b) {
+        assert!(l.ops.len() <= PG_LIST_MAX as usize);
+        assert_eq!(encode_log_ops(&l), b);
     }
     if let Some(r) = ReplyAreaInfo::decode(b) {
         assert_eq!(r.encode(), b);

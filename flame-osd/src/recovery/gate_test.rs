@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 /// What the scripted member saw: (seq of a WRITE/DISCARD, received at, answered at).
 type Seen = Arc<Mutex<Vec<(u64, Instant, Option<Instant>)>>>;
 
-fn read_msg(s: &mut TcpStream) -> Option<Message> {
+pub(super) fn read_msg(s: &mut TcpStream) -> Option<Message> {
     let mut hb = [0u8; HEADER_LEN];
     s.read_exact(&mut hb).ok()?;
     let h = Header::decode(&hb).ok()?;
@@ -98,7 +98,7 @@ fn osd(id: u32, addr: SocketAddr) -> OsdInfo {
     }
 }
 
-fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
+pub(super) fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
     crate::store::layout::open_data_dir(dir, "gate-test", true).unwrap();
     let mut map = ClusterMap::new(
         "t".into(),

@@ -59,7 +59,7 @@ impl Shard {
         for object in mine {
             match settle(object, &others, members.down_complete.len()) {
                 Settle::PullFrom(source) => {
-                    if self.pull_object(view, pg, object, source).await? {
+                    if self.pull_object(view, pg, object, source, None).await? {
                         replaced += 1;
                     }
                 }
@@ -79,19 +79,24 @@ impl Shard {
     }
 
     /// Replaces this copy of `object` by `source`'s, holding the object's write
-    /// gate throughout. Returns whether anything changed.
-    async fn pull_object(
+    /// gate throughout — if `still` (asked once the writes before it finished)
+    /// says it is still wanted. Returns whether anything changed.
+    pub(super) async fn pull_object(
         self: &Rc<Self>,
         view: &Rc<MapView>,
         pg: PgId,
         object: ObjectId,
         source: OsdId,
+        still: Option<&dyn Fn() -> bool>,
     ) -> Result<bool, i32> {
         let object_size = view.map.pool.object_size;
         let _slot = self.take_slot().await;
         let (_guard, earlier) = self.gate.enter(object, 0, object_size);
         for e in earlier {
             e.wait().await;
+        }
+        if still.is_some_and(|f| !f()) {
+            return Ok(false);
         }
         let theirs = self.object_sums(view, pg, object, source).await?;
         let mine = self.object_sums(view, pg, object, self.osd).await?;

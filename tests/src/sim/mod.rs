@@ -266,6 +266,9 @@ pub struct SimReport {
     pub scrubs: ScrubFigures,
     /// Bit rot injected, and how much was left unrepaired.
     pub rot: RotFigures,
+    /// Objects new primaries took from a complete copy with newer writes
+    /// before peering (`flame-osd/src/recovery/newest_copy.rs`).
+    pub newer_copies_taken: u64,
     /// Every checker's complaint (empty: the seed passed).
     pub errors: Vec<String>,
     /// The last events before the end (faults, restarts, epochs), for a failure.
@@ -318,7 +321,7 @@ impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end)",
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering",
             self.seed,
             if self.passed() { "passed" } else { "FAILED" },
             self.virtual_time.as_secs_f64(),
@@ -331,6 +334,7 @@ impl std::fmt::Display for SimReport {
             self.scrubs.repaired,
             self.rot.injected,
             self.rot.unrepaired,
+            self.newer_copies_taken,
         )?;
         for e in &self.errors {
             writeln!(f, "  error: {e}")?;
@@ -690,7 +694,9 @@ impl Sim {
         }
         let virtual_time = clock::elapsed(self.started);
         let mut scrubs = ScrubFigures::default();
+        let mut newer_copies_taken = 0;
         for r in &self.recoveries {
+            newer_copies_taken += r.newer_copies_taken.load(Ordering::Relaxed);
             scrubs.groups += r.scrubs.load(Ordering::Relaxed);
             scrubs.inconsistent += r.scrub_errors.load(Ordering::Relaxed);
             scrubs.repaired += r.scrub_repaired.load(Ordering::Relaxed);
@@ -710,6 +716,7 @@ impl Sim {
             faults: self.faults,
             scrubs,
             rot: self.rot_figures,
+            newer_copies_taken,
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
             replay: self.config.replay_command(),
