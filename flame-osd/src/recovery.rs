@@ -1128,16 +1128,15 @@ impl Shard {
             let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
             if self.recovery.peered.borrow().get(&pg) != Some(&primacy) {
                 let mut all_ok = true;
-                // The newest copy first: peering spreads this one's bytes.
-                if let Err(st) = self.take_newer_copies(view, pg, &members).await {
-                    tracing::info!(%pg, st, "peering: asking the other copies for their logs did not finish; will retry");
-                    self.recovery
-                        .retry_after
-                        .borrow_mut()
-                        .insert(pg, clock::now() + RETRY_DELAY);
-                    continue;
+                // The newest copy first: peering spreads this one's bytes. If
+                // taking it failed, nobody is peered this pass (the pushes
+                // would overwrite newer bytes); recovery goes on.
+                let newest = self.take_newer_copies(view, pg, &members).await;
+                if let Err(st) = newest {
+                    tracing::info!(%pg, st, "peering: taking a newer copy did not finish; will retry");
+                    all_ok = false;
                 }
-                for &member in members.acting.iter().skip(1) {
+                for &member in members.acting.iter().skip(1).filter(|_| newest.is_ok()) {
                     let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
                         continue;
                     };

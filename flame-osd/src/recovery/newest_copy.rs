@@ -9,7 +9,7 @@ use crate::pg::MapView;
 use crate::shard::Shard;
 use flame_common::ids::{OsdId, PgId, RequestId};
 use flame_common::placement::PgMembers;
-use flame_common::protocol::{LogOps, Message, decode_log_ops, status};
+use flame_common::protocol::{LogOps, Message, decode_log_ops};
 use std::rc::Rc;
 
 impl Shard {
@@ -17,9 +17,12 @@ impl Shard {
     /// for its log's client ops ([`Message::PgLogOps`]) and replaces each object
     /// one of them is ahead on by that member's copy, holding the object's write
     /// gate (an object this shard's own in-flight write was ahead on is checked
-    /// again once that write finished, and left alone). An error (a member
-    /// unreachable) leaves the group unpeered: peering must not push this
-    /// copy's bytes over a member that may hold newer ones.
+    /// again once that write finished, and left alone). A member that does not
+    /// answer (unreachable, or its map is older) is left out of the choice: it
+    /// may be about to be marked down, or be a deposed primary that cannot
+    /// learn the new map, and the group's recovery must not wait for it. An
+    /// error pulling an object is returned: the caller then peers nobody this
+    /// pass (peering must not push this copy's bytes over newer ones).
     pub(crate) async fn take_newer_copies(
         self: &Rc<Self>,
         view: &Rc<MapView>,
@@ -34,10 +37,20 @@ impl Shard {
                 epoch: view.map.epoch,
                 pg,
             };
-            let Message::Reply { data, .. } = self.ask(view, member, pg, msg).await? else {
-                return Err(status::EIO);
+            let ops = match self.ask(view, member, pg, msg).await {
+                Ok(Message::Reply { data, .. }) => decode_log_ops(&data),
+                Ok(_) => None,
+                Err(st) => {
+                    tracing::debug!(%pg, %member, st, "peering: a copy did not answer with its log; left out of the choice of the newest copy");
+                    continue;
+                }
             };
-            logs.push((member, decode_log_ops(&data).ok_or(status::EIO)?));
+            match ops {
+                Some(ops) => logs.push((member, ops)),
+                None => {
+                    tracing::warn!(%pg, %member, "peering: a copy answered with a log that does not decode; left out of the choice of the newest copy");
+                }
+            }
         }
         let plan = match self.pgs.borrow().log(pg) {
             Some(log) => log.sources_ahead(&logs),
