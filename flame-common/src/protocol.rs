@@ -1824,10 +1824,12 @@ pub struct LogOps {
 
 /// Bytes of one [`LogOp`] in [`encode_log_ops`].
 const LOG_OP_BYTES: usize = 40;
+const _: () = assert!(8 + LOG_OP_BYTES * PG_LIST_MAX as usize <= PAYLOAD_BYTES_MAX as usize);
 
 /// A [`Message::PgLogOps`] reply's payload: `trimmed_through` (u64), then 40
 /// bytes per op: seq, session, op seq, volume, object index (little-endian u64s).
-/// At most [`PG_LIST_MAX`] ops (2.5 MiB; a log keeps far fewer).
+/// At most [`PG_LIST_MAX`] ops (2.5 MiB, within [`PAYLOAD_BYTES_MAX`]; a
+/// longer log reports its newest and counts the rest as trimmed).
 pub fn encode_log_ops(log: &LogOps) -> Vec<u8> {
     let mut b = Vec::with_capacity(8 + log.ops.len() * LOG_OP_BYTES);
     b.extend_from_slice(&log.trimmed_through.to_le_bytes());

@@ -268,9 +268,19 @@ mod tests {
             admin.check(&sums, || &m).is_err(),
             "group-internal: peers only"
         );
+        let log_ops = Message::PgLogOps {
+            id: RequestId(1),
+            epoch: Epoch(3),
+            pg: PgId(0),
+        };
+        assert!(
+            admin.check(&log_ops, || &m).is_err(),
+            "a group's log: peers only"
+        );
         let peer = ConnAccess::new(true, Some(Role::Osd), VolumePatterns::all());
         assert!(peer.is_peer());
         assert_eq!(peer.check(&sums, || &m), Ok(()));
+        assert_eq!(peer.check(&log_ops, || &m), Ok(()));
         assert_eq!(peer.check(&write(2, flags::REPLICA), || &m), Ok(()));
         // Without authentication: only the replica rule.
         let open = ConnAccess::new(false, None, VolumePatterns::all());

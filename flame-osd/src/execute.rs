@@ -307,11 +307,16 @@ impl Shard {
                 if !self.holds(&view, *pg) {
                     return (status::ESTALE, PayloadBuf::empty());
                 }
+                // A copy its restart left in doubt is no source for the newest
+                // bytes (its log may name writes its disk lost).
+                if self.suspects.borrow().has(*pg) {
+                    return (status::EAGAIN, PayloadBuf::empty());
+                }
                 let ops = self
                     .pgs
                     .borrow()
                     .log(*pg)
-                    .map(|l| l.log_ops())
+                    .map(|l| l.log_ops(protocol::PG_LIST_MAX as usize))
                     .unwrap_or_default();
                 (
                     status::OK,

@@ -504,32 +504,55 @@ impl PgLog {
         self.synced.retain(|m| keep(*m));
     }
 
-    /// The client ops of the retained entries, for a peering primary
-    /// ([`flame_common::protocol::Message::PgLogOps`]; bounded by the log).
-    pub fn log_ops(&self) -> LogOps {
+    /// The client ops of the retained entries whose effect this copy still
+    /// holds (no copy from another member replaced those bytes since), for a
+    /// peering primary ([`flame_common::protocol::Message::PgLogOps`]). At most
+    /// the newest `max` (a reply's bound, [`flame_common::protocol::PG_LIST_MAX`]):
+    /// older ones are then reported as trimmed.
+    pub fn log_ops(&self, max: usize) -> LogOps {
+        let mut trimmed_through = self.trimmed_through;
+        let mut ops = Vec::new();
+        // Bounded: one pass over the retained entries, newest first.
+        for e in self.entries.values().rev() {
+            if ops.len() == max {
+                trimmed_through = trimmed_through.max(e.seq);
+                break;
+            }
+            if e.op.is_none() || !self.holds_op(e.op, e.object, e.seq) {
+                continue;
+            }
+            ops.push(LogOp {
+                seq: e.seq,
+                op: e.op,
+                object: e.object,
+            });
+        }
+        ops.reverse();
         LogOps {
-            trimmed_through: self.trimmed_through,
-            ops: self
-                .entries
-                .values()
-                .filter(|e| !e.op.is_none())
-                .map(|e| LogOp {
-                    seq: e.seq,
-                    op: e.op,
-                    object: e.object,
-                })
-                .collect(),
+            trimmed_through,
+            ops,
         }
     }
 
-    /// Whether this copy may have applied op `op` (numbered `seq` where it was
-    /// logged) to `object`: its log holds it, or may have dropped it.
+    /// Whether this copy provably holds op `op`, logged as entry `seq`, of `object`.
+    fn holds_op(&self, op: OpId, object: ObjectId, seq: u64) -> bool {
+        self.ops
+            .get(&object)
+            .and_then(|m| m.get(&(op.session, op.seq)))
+            .is_some_and(|r| r.proof && r.seq == seq)
+    }
+
+    /// Whether this copy may hold op `op` (numbered `seq` where it was logged)
+    /// of `object`: its log holds it with proof, or may have dropped it. An op
+    /// whose bytes a copy from another member replaced (or that this copy failed
+    /// to apply) is not counted: another copy holding it is ahead.
     fn may_have_applied(&self, op: OpId, object: ObjectId, seq: u64) -> bool {
         seq <= self.trimmed_through
             || self
                 .ops
                 .get(&object)
-                .is_some_and(|m| m.contains_key(&(op.session, op.seq)))
+                .and_then(|m| m.get(&(op.session, op.seq)))
+                .is_some_and(|r| r.proof)
             || self.check_trimmed(op) == OpCheck::Superseded
     }
 
@@ -1137,6 +1160,24 @@ mod tests {
         log.record_replica(op_entry(1, OpId { session: 7, seq: 1 }, 0, 4096));
         log.record_replica(entry(2, 3, &[]));
         log.record_replica(op_entry(3, OpId { session: 7, seq: 3 }, 0, 4096));
-        assert_eq!(log.log_ops(), reported(1, &[(3, 7, 3, 0)]));
+        assert_eq!(log.log_ops(100), reported(1, &[(3, 7, 3, 0)]));
+        // Bounded: the newest only, the rest reported as trimmed.
+        log.record_replica(op_entry(4, OpId { session: 7, seq: 4 }, 0, 4096));
+        assert_eq!(log.log_ops(1), reported(3, &[(4, 7, 4, 0)]));
+        // An op whose bytes a copy replaced is not reported.
+        log.forget_proof(obj(0), 0, 0);
+        assert_eq!(log.log_ops(100), reported(2, &[]));
+    }
+
+    #[test]
+    fn an_op_this_copy_no_longer_provably_holds_counts_as_lacking() {
+        let mut log = holding(&[(1, 7, 1, 0)]);
+        let member = reported(0, &[(1, 7, 1, 0)]);
+        assert!(log.sources_ahead(&[(OsdId(2), member.clone())]).is_empty());
+        log.unprove_op(obj(0), OpId { session: 7, seq: 1 });
+        assert_eq!(
+            log.sources_ahead(&[(OsdId(2), member)]),
+            vec![(obj(0), OsdId(2))]
+        );
     }
 }

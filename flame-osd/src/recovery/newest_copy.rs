@@ -56,14 +56,48 @@ impl Shard {
             Some(log) => log.sources_ahead(&logs),
             None => Vec::new(),
         };
+        if plan.is_empty() {
+            return Ok(0);
+        }
+        // The members' incarnations when they answered: a source that restarted
+        // since may have lost what its log named (its answer is stale).
+        let incarnation = |id: OsdId| self.view().map.osds.get(&id).map(|o| o.up_from);
+        let answered: Vec<(OsdId, Option<flame_common::ids::Epoch>)> =
+            logs.iter().map(|(id, _)| (*id, incarnation(*id))).collect();
+        let primacy = self.pgs.borrow().primacy(pg);
         let mut taken = 0u64;
         for (object, source) in plan {
-            let still = || {
-                self.pgs
-                    .borrow()
-                    .log(pg)
-                    .is_some_and(|log| log.sources_ahead(&logs).contains(&(object, source)))
-            };
+            // The members' ops to this object alone: the check again once the
+            // writes before the pull finished costs what this object's do.
+            let theirs: Vec<(OsdId, LogOps)> = logs
+                .iter()
+                .map(|(id, l)| {
+                    let ops = l
+                        .ops
+                        .iter()
+                        .filter(|o| o.object == object)
+                        .copied()
+                        .collect();
+                    (
+                        *id,
+                        LogOps {
+                            trimmed_through: l.trimmed_through,
+                            ops,
+                        },
+                    )
+                })
+                .collect();
+            let still =
+                || {
+                    self.pgs.borrow().primacy(pg) == primacy
+                        && self.view().table.pg(pg).acting.contains(&source)
+                        && answered
+                            .iter()
+                            .all(|(id, up_from)| incarnation(*id) == *up_from)
+                        && self.pgs.borrow().log(pg).is_some_and(|log| {
+                            log.sources_ahead(&theirs).contains(&(object, source))
+                        })
+                };
             if self
                 .pull_object(view, pg, object, source, Some(&still))
                 .await?

@@ -80,7 +80,9 @@ impl Shard {
 
     /// Replaces this copy of `object` by `source`'s, holding the object's write
     /// gate throughout — if `still` (asked once the writes before it finished)
-    /// says it is still wanted. Returns whether anything changed.
+    /// says it is still wanted. With `still`, an object the source lacks is
+    /// left alone; without (a restart's doubt), it is removed here too.
+    /// Returns whether anything changed.
     pub(super) async fn pull_object(
         self: &Rc<Self>,
         view: &Rc<MapView>,
@@ -101,7 +103,9 @@ impl Shard {
         let theirs = self.object_sums(view, pg, object, source).await?;
         let mine = self.object_sums(view, pg, object, self.osd).await?;
         if theirs.is_empty() {
-            if mine.is_empty() {
+            // Taking a newer copy (`still` given) never removes this one: a
+            // source whose log names writes to an object it lacks is wrong.
+            if mine.is_empty() || still.is_some() {
                 return Ok(false);
             }
             // No acknowledged write created it: the other copy would have it.
