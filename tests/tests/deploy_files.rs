@@ -1,7 +1,8 @@
 //! The systemd units in deploy/systemd point at documentation that exists: every
 //! `Documentation=` is a file their own install steps put under
 //! /usr/local/share/doc/flame (there is no public project page to link to), and a
-//! bad config (exit status 2) is not restarted in a loop.
+//! bad config (exit status 2) is not restarted in a loop; flame-ublk's unit
+//! restarts into the device the kernel kept.
 
 use std::path::Path;
 
@@ -16,7 +17,7 @@ fn systemd_units_document_installed_files() {
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "service"))
         .collect();
-    assert_eq!(units.len(), 3, "{units:?}");
+    assert_eq!(units.len(), 4, "{units:?}");
     for unit in units {
         let text = std::fs::read_to_string(&unit).unwrap();
         let name = unit.display();
@@ -28,6 +29,16 @@ fn systemd_units_document_installed_files() {
             text.lines().any(|l| l == "RestartPreventExitStatus=2"),
             "{name}: a bad config (exit 2) must not restart in a loop"
         );
+        if unit.ends_with("flame-ublk@.service") {
+            // A restart after a crash must take over the device the kernel kept
+            // (the `--device` path tests/vm/ublk.sh runs after its kill -9).
+            assert!(
+                text.lines().any(|l| l.starts_with("ExecStart=")
+                    && l.contains("--device %i")
+                    && l.contains("/etc/flame/ublk-%i.yaml")),
+                "{name}: ExecStart must run --device %i with the instance's config"
+            );
+        }
         let docs: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("Documentation="))

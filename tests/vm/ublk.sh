@@ -16,10 +16,11 @@
 #   4. Under the mounted file system: fio (randwrite, crc32c verify) and a writer
 #      that fsyncs files one after the other; flame-ublk is killed with SIGKILL
 #      after the writer's second file; `--recover 0` for another volume must be
-#      refused (its size differs), then `flame-ublk --recover 0` started; fio
+#      refused (its size differs), then `flame-ublk --device 0` (what the systemd
+#      unit runs) must find the device kept and recover it; fio
 #      and every write and fsync must succeed, the file system must stay
 #      read-write, the kernel must log no I/O error.
-#   5. SIGTERM: flame-ublk stops and deletes /dev/ublkb0; a new flame-ublk adds it
+#   5. SIGTERM: flame-ublk stops and deletes /dev/ublkb0; `--device 0` adds it
 #      again, caches dropped, mount read-only: every fsynced file checks (read
 #      back from the cluster).
 # Prints "ublk: OK" at the end; any failure exits non-zero with the logs.
@@ -169,9 +170,13 @@ if [[ "${FLAME_UBLK_NOKILL:-0}" != 1 ]]; then # (a debugging switch: the same ru
     if ((rc == 0)) || ! grep -q "not this volume's device" "$DIR/wrong.err"; then
         fail "flame-ublk --volume other --recover 0 did not refuse the device (exit $rc): $(cat "$DIR/wrong.err")"
     fi
-    start_ublk --recover 0
+    # What the systemd unit runs (deploy/systemd/flame-ublk@.service): the
+    # kernel still holds the device, so --device takes it over.
+    start_ublk --device 0
+    grep -q '^flame-ublk: /dev/ublkb0 recovered' logs/ublk.out ||
+        fail "flame-ublk --device 0 did not recover the device the kernel kept"
 fi
-log "flame-ublk --recover 0: $(tail -n 1 logs/ublk.out) ($((SECONDS - t_kill)) s after the kill)"
+log "flame-ublk --device 0: $(tail -n 1 logs/ublk.out) ($((SECONDS - t_kill)) s after the kill)"
 t_rec=$SECONDS
 while ((SECONDS - t_rec < 120)); do
     kill -0 "$WRITER" 2>/dev/null || kill -0 "$FIO" 2>/dev/null || break
@@ -222,8 +227,16 @@ for ((i = 0; i < 50; i++)); do
     sleep 0.1
 done
 [[ -e "$DEV" ]] && fail "$DEV still exists after flame-ublk stopped"
+for ((i = 0; i < 50; i++)); do
+    [[ -e /dev/ublkc0 ]] || break
+    sleep 0.1
+done
+[[ -e /dev/ublkc0 ]] && fail "/dev/ublkc0 still exists after flame-ublk stopped"
 echo 3 >/proc/sys/vm/drop_caches
-start_ublk
+# --device again: the device is gone, so it is added.
+start_ublk --device 0
+[[ "$(tail -n 1 logs/ublk.out)" == "flame-ublk: /dev/ublkb0 ready"* ]] ||
+    fail "flame-ublk --device 0 did not add a new device: $(tail -n 1 logs/ublk.out)"
 mount -o ro,noload "$DEV" "$MNT" || fail "read-only mount of the re-added device failed"
 verify_sums "read back through a new device"
 umount "$MNT"

@@ -4,6 +4,7 @@
 //! ```text
 //! flame-ublk --config /etc/flame/ublk.yaml --volume demo       # add /dev/ublkbN
 //! flame-ublk --config ublk.yaml --volume demo --recover 0      # after a crash: take over /dev/ublkb0
+//! flame-ublk --config ublk.yaml --volume demo --device 0       # either: what a service manager runs
 //! ```
 //!
 //! The device is created with user recovery: if this process dies, the kernel
@@ -40,6 +41,12 @@ struct Args {
     /// (its queue count and depth are the device's).
     #[arg(long, value_name = "N")]
     recover: Option<u32>,
+    /// Device N whichever way it is: taken over if the kernel still holds it (a
+    /// flame-ublk serving it died: its `/dev/ublkcN` is still there), added
+    /// otherwise. What a service manager restarting flame-ublk runs
+    /// (deploy/systemd/flame-ublk@.service).
+    #[arg(long, value_name = "N", conflicts_with_all = ["recover", "dev_id"])]
+    device: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -66,6 +73,15 @@ fn main() -> ExitCode {
     }
     if let Some(id) = args.dev_id {
         config.dev_id = id;
+    }
+    if let Some(id) = args.device {
+        match i32::try_from(id) {
+            Ok(id) => config.dev_id = id,
+            Err(_) => {
+                eprintln!("flame-ublk: invalid --device {id}");
+                return ExitCode::from(2);
+            }
+        }
     }
     // The flags are checked like the file's keys.
     if let Err((key, msg)) = flame_common::config::Validate::validate(&config) {
@@ -108,9 +124,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    let mode = match args.recover {
-        Some(id) => Mode::Recover(id),
-        None => Mode::Add,
+    let mode = match (args.recover, args.device) {
+        (Some(id), _) => Mode::Recover(id),
+        (None, Some(id)) => Mode::for_device(id, |p| p.exists()),
+        (None, None) => Mode::Add,
     };
     let volume = config.volume.clone();
     let result = flame_client::ublk::run(&config, mode, cluster, signals, |path, id| {

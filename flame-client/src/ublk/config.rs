@@ -195,4 +195,20 @@ mod tests {
             assert!(e.to_string().contains(key), "{yaml}: {e}");
         }
     }
+
+    /// deploy/examples/ublk.yaml documents the keys with their defaults: it
+    /// parses, and only the keys an operator must set differ.
+    #[test]
+    fn the_example_configuration_holds_the_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples/ublk.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let c: UblkConfig = parse_str(&text, path).unwrap();
+        assert_eq!(
+            c,
+            UblkConfig {
+                keyring: Some("/etc/flame/keys/client.ublk.keyring".into()),
+                ..UblkConfig::default()
+            }
+        );
+    }
 }

@@ -44,6 +44,20 @@ pub enum Mode {
     Recover(u32),
 }
 
+impl Mode {
+    /// How to attach device `id` whichever way it is (`flame-ublk --device`,
+    /// what a service manager restarting it runs): recover it when its control
+    /// node `/dev/ublkcN` exists (the kernel kept the device of a process that
+    /// died), else add it (with `dev_id` = `id`).
+    pub fn for_device(id: u32, exists: impl Fn(&std::path::Path) -> bool) -> Mode {
+        if exists(std::path::Path::new(&format!("/dev/ublkc{id}"))) {
+            Mode::Recover(id)
+        } else {
+            Mode::Add
+        }
+    }
+}
+
 /// Why the export could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum UblkError {
@@ -358,4 +372,23 @@ fn queue_thread(
         tracing::debug!(q_id, "queue stopped");
         Ok::<(), UblkError>(())
     })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_the_kernel_still_holds_is_recovered_else_added() {
+        let held = |n: &'static str| move |p: &std::path::Path| p == std::path::Path::new(n);
+        assert!(matches!(
+            Mode::for_device(3, held("/dev/ublkc3")),
+            Mode::Recover(3)
+        ));
+        assert!(matches!(Mode::for_device(3, |_| false), Mode::Add));
+        assert!(matches!(
+            Mode::for_device(3, held("/dev/ublkc4")),
+            Mode::Add
+        ));
+    }
 }

@@ -36,6 +36,19 @@ pub(super) fn read_msg(s: &mut TcpStream) -> Option<Message> {
     Message::from_parts(&h, PayloadBuf::copy_from(&p)).ok()
 }
 
+/// A scripted member's answer to HELLO: epoch 5, one shard.
+pub(super) fn hello_reply(id: RequestId) -> Message {
+    Message::HelloReply {
+        id,
+        epoch: Epoch(5),
+        status: 0,
+        versions: VERSIONS,
+        shard: 0,
+        shards: 1,
+        proof: None,
+    }
+}
+
 /// A member that answers writes after `delay`, each on its own thread.
 fn scripted_member(delay: Duration) -> (SocketAddr, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -49,15 +62,7 @@ fn scripted_member(delay: Duration) -> (SocketAddr, Seen) {
         let out = Arc::new(Mutex::new(conn.try_clone().unwrap()));
         while let Some(msg) = read_msg(&mut conn) {
             let reply = match &msg {
-                Message::Hello { id, .. } => Message::HelloReply {
-                    id: *id,
-                    epoch: Epoch(5),
-                    status: 0,
-                    versions: VERSIONS,
-                    shard: 0,
-                    shards: 1,
-                    proof: None,
-                },
+                Message::Hello { id, .. } => hello_reply(*id),
                 m => m.reply(Epoch(5), status::OK),
             };
             let seq = match &msg {

@@ -120,7 +120,7 @@ impl Shard {
 /// (OSD 2) that answers with its log's ops, its block sums and its bytes.
 #[cfg(test)]
 mod tests {
-    use super::super::gate_test::{read_msg, shard};
+    use super::super::gate_test::{hello_reply, read_msg, shard};
     use crate::pg::MapView;
     use crate::pg_log::{EntryKind, LogEntry};
     use crate::store::meta::compare_sum;
@@ -128,8 +128,7 @@ mod tests {
     use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, VolumeId};
     use flame_common::placement::PgMembers;
     use flame_common::protocol::{
-        BlockSum, LogOp, LogOps, Message, OpCode, VERSIONS, encode_block_sums, encode_log_ops,
-        status,
+        BlockSum, LogOp, LogOps, Message, OpCode, encode_block_sums, encode_log_ops, status,
     };
     use flame_common::reactor::Reactor;
     use std::io::Write;
@@ -176,15 +175,7 @@ mod tests {
                     data: PayloadBuf::copy_from(&d),
                 };
                 let reply = match &msg {
-                    Message::Hello { id, .. } => Message::HelloReply {
-                        id: *id,
-                        epoch: Epoch(5),
-                        status: 0,
-                        versions: VERSIONS,
-                        shard: 0,
-                        shards: 1,
-                        proof: None,
-                    },
+                    Message::Hello { id, .. } => hello_reply(*id),
                     Message::PgLogOps { .. } => data(encode_log_ops(&log)),
                     Message::ObjectSums { .. } => {
                         let sums: Vec<BlockSum> = bytes
