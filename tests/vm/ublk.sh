@@ -11,7 +11,8 @@
 #   2. Raw: a 1 MiB random pattern written with O_DIRECT (and fsync: a FLUSH),
 #      read back with O_DIRECT, compared; blkdiscard of 64 KiB (discard) and
 #      blkdiscard -z of 64 KiB (write-zeroes) read back as zeroes, the pattern
-#      around them intact; flame-ublk's metrics count every operation.
+#      around them intact; flame-ublk's metrics count every operation; an
+#      O_DSYNC write arrives at every copy as FUA (flame_osd_syncs_total).
 #   3. mkfs.ext4, mount, files written with dd conv=fsync, their sha256 recorded.
 #   4. Under the mounted file system: fio (randwrite, crc32c verify) and a writer
 #      that fsyncs files one after the other; flame-ublk is killed with SIGKILL
@@ -130,6 +131,25 @@ for op in read write trim write_zeroes flush; do
     grep -qE "op=\"$op\"\} [1-9]" <<<"$ops" || fail "flame_ublk_ops_total{op=\"$op\"} is not counted: $ops"
 done
 log "raw: 1 MiB pattern written and read back (O_DIRECT), discard and write-zeroes read as zeroes; metrics count every operation"
+
+# FUA arrives: an O_DIRECT|O_DSYNC write is REQ_FUA on a device with FUA, and
+# must reach every copy as a synced write (flame_osd_syncs_total{kind="fua"}
+# on each of the three OSDs), not be dropped or turned into nothing.
+fua_syncs() {
+    local n v s=0
+    for n in 0 1 2; do
+        v="$(curl -s "http://127.0.0.1:920$n/metrics" | awk '/^flame_osd_syncs_total\{kind="fua"\}/ {s += $2} END {printf "%d", s}')"
+        s=$((s + v))
+    done
+    echo "$s"
+}
+fua0="$(fua_syncs)"
+dd if=pattern of="$DEV" bs=4K count=1 seek="$((RAW_OFF_MIB * 256))" oflag=direct,dsync status=none ||
+    fail "O_DSYNC write failed"
+fua1="$(fua_syncs)"
+((fua1 - fua0 >= 3)) ||
+    fail "an O_DSYNC (FUA) write reached the OSDs as $((fua1 - fua0)) synced writes, not one per copy (3)"
+log "FUA: an O_DSYNC write arrived as $((fua1 - fua0)) synced writes on the OSDs"
 
 # ------------------------------------------------------ 3. ext4, fsynced files
 write_file() { # name KiB
