@@ -116,10 +116,32 @@ pub fn prepare() -> Result<VmOutput, String> {
     Ok(out)
 }
 
+/// Whether a run failed in the harness before the guest started the command
+/// (status 125 and no "guest up" line: the emulated boot died — seen once under
+/// load, the guest powering off within 2 s of boot). Nothing of the command ran,
+/// so running it again in a fresh guest hides nothing about the code under test.
+fn failed_before_the_command(out: &VmOutput) -> bool {
+    out.code() == Some(125) && !out.output.contains("flame-vm: guest up after")
+}
+
 /// Runs `command` in a fresh guest and returns its output and exit status. Err
 /// only when the run could not be made or outlived its bound (the process group
-/// is then killed); a command that fails is an Ok with its status.
+/// is then killed); a command that fails is an Ok with its status. A guest that
+/// died before it started the command is booted once more (said on stderr, with
+/// the first console).
 pub fn run(command: &VmCommand) -> Result<VmOutput, String> {
+    let first = run_once(command)?;
+    if !failed_before_the_command(&first) {
+        return Ok(first);
+    }
+    eprintln!(
+        "vm: the guest died before it ran the command; booting a fresh one once more. The first console:\n{}",
+        first.output
+    );
+    run_once(command)
+}
+
+fn run_once(command: &VmCommand) -> Result<VmOutput, String> {
     let secs = command.timeout.as_secs().max(1);
     let mut cmd = Command::new(script());
     cmd.arg("--timeout")
@@ -206,4 +228,34 @@ fn run_bounded_group(mut cmd: Command, bound: Duration) -> Result<VmOutput, Stri
         output,
         wall,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn out(code: i32, output: &str) -> VmOutput {
+        VmOutput {
+            status: ExitStatus::from_raw(code << 8),
+            output: output.into(),
+            wall: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn only_a_guest_that_died_before_the_command_is_booted_again() {
+        assert!(failed_before_the_command(&out(
+            125,
+            "SeaBIOS\nBooting from ROM...\nvm.sh: FAILED: no exit marker"
+        )));
+        // The command ran: its failure is the test's, never retried.
+        assert!(!failed_before_the_command(&out(
+            125,
+            "flame-vm: guest up after 4.2 s (kernel uptime), running the command\nvm.sh: FAILED: no exit marker"
+        )));
+        assert!(!failed_before_the_command(&out(1, "")));
+        assert!(!failed_before_the_command(&out(124, "")));
+        assert!(!failed_before_the_command(&out(0, "")));
+    }
 }

@@ -15,6 +15,7 @@
 #   wait_written N    wait up to 60 s until the writer has fsynced N files
 #   admin ARGS        flame-admin against the cluster
 #   wait_port P WHAT  wait up to 30 s for 127.0.0.1:P to accept connections
+#   check_fua_arrives DEV BLOCK  an O_DSYNC 4 KiB write must reach every OSD as FUA
 #   log MSG, fail MSG
 
 MGR=127.0.0.1:6800
@@ -49,6 +50,29 @@ wait_port() { # port what
         sleep 0.1
     done
     fail "$2 does not listen on port $1 after 30 s"
+}
+
+# FUA arrives: an O_DIRECT|O_DSYNC write to DEVICE at 4 KiB block BLOCK is
+# REQ_FUA on a device that advertises FUA, and must reach every copy as a synced
+# write (flame_osd_syncs_total{kind="fua"} on each of the three OSDs) — not be
+# dropped by the bridge or the kernel's client on the way.
+check_fua_arrives() { # device block
+    local before after
+    before="$(osd_fua_syncs)"
+    dd if=/dev/urandom of="$1" bs=4K count=1 seek="$2" oflag=direct,dsync status=none ||
+        fail "O_DSYNC write to $1 failed"
+    after="$(osd_fua_syncs)"
+    ((after - before >= 3)) ||
+        fail "an O_DSYNC (FUA) write to $1 reached the OSDs as $((after - before)) synced writes, not one per copy (3)"
+    log "FUA: an O_DSYNC write to $1 arrived as $((after - before)) synced writes on the OSDs"
+}
+osd_fua_syncs() {
+    local n v s=0
+    for n in 0 1 2; do
+        v="$(curl -s "http://127.0.0.1:920$n/metrics" | awk '/^flame_osd_syncs_total\{kind="fua"\}/ {s += $2} END {printf "%d", s}')"
+        s=$((s + v))
+    done
+    echo "$s"
 }
 
 cluster_up() {

@@ -33,8 +33,8 @@ NAME=kernel_nbd
 source "$(dirname "${BASH_SOURCE[0]}")/cluster.sh"
 trap 'fail "command failed at line $LINENO: $BASH_COMMAND"' ERR
 
-for tool in nbd-client qemu-nbd mkfs.ext4 sha256sum timeout mount umount dd; do
-    command -v "$tool" >/dev/null || fail "required tool '$tool' is missing on the host (apt-get install nbd-client qemu-utils e2fsprogs)"
+for tool in nbd-client qemu-nbd mkfs.ext4 sha256sum timeout mount umount dd curl awk; do
+    command -v "$tool" >/dev/null || fail "required tool '$tool' is missing on the host (apt-get install nbd-client qemu-utils e2fsprogs curl)"
 done
 for b in flame-mgr flame-osd flame-nbd flame-admin; do
     [[ -x "$BIN/$b" ]] || fail "$BIN/$b missing: build it first (cargo build --workspace --bins)"
@@ -109,6 +109,9 @@ timeout 60 nbd-client -N "$VOLUME" -timeout 60 127.0.0.1 "$NBD_PORT" "$DEV" ||
 if pgrep -x nbd-client >/dev/null; then
     fail "an nbd-client process stayed after connecting: netlink mode behaves differently from what docs/testing.md records; check -persist again and update the README"
 fi
+[[ "$(cat /sys/block/nbd0/queue/fua)" == 1 ]] ||
+    fail "$DEV: fua is $(cat /sys/block/nbd0/queue/fua): flame-nbd's NBD_FLAG_SEND_FUA was not taken up"
+check_fua_arrives "$DEV" 0
 timeout 120 mkfs.ext4 -q -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$DEV" || fail "mkfs.ext4 failed"
 mount -o noinit_itable "$DEV" "$MNT" || fail "mount failed"
 write_file big.bin 8192

@@ -132,24 +132,7 @@ for op in read write trim write_zeroes flush; do
 done
 log "raw: 1 MiB pattern written and read back (O_DIRECT), discard and write-zeroes read as zeroes; metrics count every operation"
 
-# FUA arrives: an O_DIRECT|O_DSYNC write is REQ_FUA on a device with FUA, and
-# must reach every copy as a synced write (flame_osd_syncs_total{kind="fua"}
-# on each of the three OSDs), not be dropped or turned into nothing.
-fua_syncs() {
-    local n v s=0
-    for n in 0 1 2; do
-        v="$(curl -s "http://127.0.0.1:920$n/metrics" | awk '/^flame_osd_syncs_total\{kind="fua"\}/ {s += $2} END {printf "%d", s}')"
-        s=$((s + v))
-    done
-    echo "$s"
-}
-fua0="$(fua_syncs)"
-dd if=pattern of="$DEV" bs=4K count=1 seek="$((RAW_OFF_MIB * 256))" oflag=direct,dsync status=none ||
-    fail "O_DSYNC write failed"
-fua1="$(fua_syncs)"
-((fua1 - fua0 >= 3)) ||
-    fail "an O_DSYNC (FUA) write reached the OSDs as $((fua1 - fua0)) synced writes, not one per copy (3)"
-log "FUA: an O_DSYNC write arrived as $((fua1 - fua0)) synced writes on the OSDs"
+check_fua_arrives "$DEV" "$((RAW_OFF_MIB * 256))"
 
 # ------------------------------------------------------ 3. ext4, fsynced files
 write_file() { # name KiB
