@@ -116,12 +116,15 @@ pub fn prepare() -> Result<VmOutput, String> {
     Ok(out)
 }
 
-/// Whether a run failed in the harness before the guest started the command
-/// (status 125 and no "guest up" line: the emulated boot died — seen once under
-/// load, the guest powering off within 2 s of boot). Nothing of the command ran,
-/// so running it again in a fresh guest hides nothing about the code under test.
+/// Whether the guest died before it started the command: status 125 with the
+/// harness's "no exit marker" and no "guest up" line (seen once under load:
+/// QEMU exited 0 after 7.7 s). Nothing of the command ran, so running it again
+/// in a fresh guest hides nothing about the code under test; the harness's
+/// other failures (a missing package, an init that failed) are not retried.
 fn failed_before_the_command(out: &VmOutput) -> bool {
-    out.code() == Some(125) && !out.output.contains("flame-vm: guest up after")
+    out.code() == Some(125)
+        && out.output.contains("no exit marker from the guest")
+        && !out.output.contains("flame-vm: guest up after")
 }
 
 /// Runs `command` in a fresh guest and returns its output and exit status. Err
@@ -253,6 +256,10 @@ mod tests {
         assert!(!failed_before_the_command(&out(
             125,
             "flame-vm: guest up after 4.2 s (kernel uptime), running the command\nvm.sh: FAILED: no exit marker"
+        )));
+        assert!(!failed_before_the_command(&out(
+            125,
+            "vm.sh: FAILED: qemu-system-x86_64 is missing"
         )));
         assert!(!failed_before_the_command(&out(1, "")));
         assert!(!failed_before_the_command(&out(124, "")));

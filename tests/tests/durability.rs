@@ -253,7 +253,7 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     cluster.qemu_io("rot", &["write -P 0x77 0 16384", "flush"]);
     // Recovery from the OSDs' boots may still be comparing this object: it would
     // repair the byte corrupted below before the read looks.
-    cluster.wait_clean(Duration::from_secs(30));
+    cluster.wait_clean(Duration::from_secs(60));
     let map = cluster.map();
     let object = ObjectId {
         volume: vol.id,

@@ -34,7 +34,7 @@ fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
     cluster.qemu_io("eio", &["write -P 0x77 0 16384", "flush"]);
     // Recovery from the OSDs' boots may still be comparing this object: it would
     // repair the byte corrupted below before the read looks.
-    cluster.wait_clean(Duration::from_secs(30));
+    cluster.wait_clean(Duration::from_secs(60));
     let osds = cluster.object_osds(ObjectId {
         volume: vol.id,
         index: 0,

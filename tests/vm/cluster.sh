@@ -54,25 +54,24 @@ wait_port() { # port what
 
 # FUA arrives: an O_DIRECT|O_DSYNC write to DEVICE at 4 KiB block BLOCK is
 # REQ_FUA on a device that advertises FUA, and must reach every copy as a synced
-# write (flame_osd_syncs_total{kind="fua"} on each of the three OSDs) — not be
+# write (flame_osd_syncs_total{kind="fua"} up on each of the three OSDs) — not be
 # dropped by the bridge or the kernel's client on the way.
 check_fua_arrives() { # device block
-    local before after
-    before="$(osd_fua_syncs)"
+    local n before=() after=()
+    for n in 0 1 2; do before[n]="$(osd_fua_syncs "$n")" || fail "GET /metrics of osd.$n failed"; done
     dd if=/dev/urandom of="$1" bs=4K count=1 seek="$2" oflag=direct,dsync status=none ||
         fail "O_DSYNC write to $1 failed"
-    after="$(osd_fua_syncs)"
-    ((after - before >= 3)) ||
-        fail "an O_DSYNC (FUA) write to $1 reached the OSDs as $((after - before)) synced writes, not one per copy (3)"
-    log "FUA: an O_DSYNC write to $1 arrived as $((after - before)) synced writes on the OSDs"
-}
-osd_fua_syncs() {
-    local n v s=0
+    for n in 0 1 2; do after[n]="$(osd_fua_syncs "$n")" || fail "GET /metrics of osd.$n failed"; done
     for n in 0 1 2; do
-        v="$(curl -s "http://127.0.0.1:920$n/metrics" | awk '/^flame_osd_syncs_total\{kind="fua"\}/ {s += $2} END {printf "%d", s}')"
-        s=$((s + v))
+        ((after[n] > before[n])) ||
+            fail "an O_DSYNC (FUA) write to $1 did not reach osd.$n as a synced write (fua syncs ${before[*]} -> ${after[*]})"
     done
-    echo "$s"
+    log "FUA: an O_DSYNC write to $1 arrived at every copy as a synced write (fua syncs ${before[*]} -> ${after[*]})"
+}
+osd_fua_syncs() { # osd number; fails when its metrics cannot be read
+    local body
+    body="$(curl -fsS --max-time 10 "http://127.0.0.1:920$1/metrics")" || return 1
+    awk '/^flame_osd_syncs_total\{kind="fua"\}/ {s += $2} END {printf "%d", s}' <<<"$body"
 }
 
 cluster_up() {

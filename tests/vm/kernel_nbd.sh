@@ -109,8 +109,8 @@ timeout 60 nbd-client -N "$VOLUME" -timeout 60 127.0.0.1 "$NBD_PORT" "$DEV" ||
 if pgrep -x nbd-client >/dev/null; then
     fail "an nbd-client process stayed after connecting: netlink mode behaves differently from what docs/testing.md records; check -persist again and update the README"
 fi
-[[ "$(cat /sys/block/nbd0/queue/fua)" == 1 ]] ||
-    fail "$DEV: fua is $(cat /sys/block/nbd0/queue/fua): flame-nbd's NBD_FLAG_SEND_FUA was not taken up"
+[[ "$(cat "/sys/block/${DEV#/dev/}/queue/fua")" == 1 ]] ||
+    fail "$DEV: fua is $(cat "/sys/block/${DEV#/dev/}/queue/fua"): flame-nbd's NBD_FLAG_SEND_FUA was not taken up"
 check_fua_arrives "$DEV" 0
 timeout 120 mkfs.ext4 -q -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$DEV" || fail "mkfs.ext4 failed"
 mount -o noinit_itable "$DEV" "$MNT" || fail "mount failed"

@@ -60,7 +60,6 @@ mgr: "$MGR"
 keyring: "$BRIDGE_KEYRING"
 volume: $VOLUME
 metrics_listen: "127.0.0.1:9310"
-dev_id: 0
 queues: 2
 queue_depth: 32
 poll_mode: interrupt
@@ -86,7 +85,13 @@ start_ublk() { # extra flags; waits for the "ready"/"recovered" line
 cluster_up
 admin volume create "$VOLUME" --size 1G >/dev/null
 admin volume create other --size 512M >/dev/null
-start_ublk
+start_ublk --dev-id 0
+# --device on a device another live flame-ublk serves: refused at once, exit 2
+# (a service manager must not loop on it), and the device keeps serving.
+rc=0
+timeout 60 "$BIN/flame-ublk" --config ublk.yaml --device 0 >/dev/null 2>"$DIR/busy.err" || rc=$?
+((rc == 2)) && grep -q "served by process $UBLK_PID" "$DIR/busy.err" ||
+    fail "flame-ublk --device 0 on a served device: exit $rc, not 2 naming pid $UBLK_PID: $(cat "$DIR/busy.err")"
 [[ -b "$DEV" ]] || fail "$DEV is not a block device after flame-ublk reported it ready"
 size="$(blockdev --getsize64 "$DEV")"
 ((size == 1 << 30)) || fail "$DEV has $size bytes, the volume 1 GiB"

@@ -218,7 +218,7 @@ fn weight_arg(s: &str) -> std::result::Result<f64, String> {
 pub enum VolumeCommand {
     /// Create a thin-provisioned volume.
     Create {
-        /// Volume name (also the NBD export name).
+        /// Volume name (flame-nbd exports it under this name; flame-ublk takes it as `--volume`).
         name: String,
         /// Size, e.g. 10G or 1.5GiB: a multiple of 512 bytes, at most 1 PiB. Units are
         /// binary (K/KiB = 1024, M/MiB, G/GiB, T/TiB, P/PiB); fractions are accepted

@@ -41,10 +41,10 @@ struct Args {
     /// (its queue count and depth are the device's).
     #[arg(long, value_name = "N")]
     recover: Option<u32>,
-    /// Device N whichever way it is: taken over if the kernel still holds it (a
-    /// flame-ublk serving it died: its `/dev/ublkcN` is still there), added
-    /// otherwise. What a service manager restarting flame-ublk runs
-    /// (deploy/systemd/flame-ublk@.service).
+    /// Device N whichever way it is: added if the kernel has no device N, taken
+    /// over if it holds one whose flame-ublk died, refused (exit 2) if another
+    /// live process serves it. What a service manager restarting flame-ublk
+    /// runs (deploy/systemd/flame-ublk@.service).
     #[arg(long, value_name = "N", conflicts_with_all = ["recover", "dev_id"])]
     device: Option<u32>,
 }
@@ -104,6 +104,29 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(1);
     }
+    // Before the cluster and the metrics port: a device another process serves
+    // is refused at once.
+    let mode = match (args.recover, args.device) {
+        (Some(id), _) => Mode::Recover(id),
+        (None, Some(id)) => {
+            let found = match flame_client::ublk::probe_device(id) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("flame-ublk: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match Mode::for_device(id, found) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Not restartable into: a service manager must not loop on it.
+                    eprintln!("flame-ublk: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        (None, None) => Mode::Add,
+    };
     let cluster = match flame_client::bridge::connect_cluster(config.client_config()) {
         Ok(c) => c,
         Err(e) => {
@@ -124,11 +147,6 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    let mode = match (args.recover, args.device) {
-        (Some(id), _) => Mode::Recover(id),
-        (None, Some(id)) => Mode::for_device(id, |p| p.exists()),
-        (None, None) => Mode::Add,
-    };
     let volume = config.volume.clone();
     let result = flame_client::ublk::run(&config, mode, cluster, signals, |path, id| {
         let how = if matches!(mode, Mode::Recover(_)) {

@@ -44,17 +44,72 @@ pub enum Mode {
     Recover(u32),
 }
 
+/// What the kernel holds as ublk device N ([`probe_device`], `GET_DEV_INFO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceFound {
+    /// No such device.
+    Absent,
+    /// A device: started (`LIVE`) or not (quiesced after its server died,
+    /// or never started), and whether the process recorded as serving it
+    /// still exists.
+    Present {
+        /// State `UBLK_S_DEV_LIVE`.
+        live: bool,
+        /// The serving process the kernel recorded (`ublksrv_pid`).
+        server: i32,
+        /// Whether that process exists.
+        server_alive: bool,
+    },
+}
+
 impl Mode {
     /// How to attach device `id` whichever way it is (`flame-ublk --device`,
-    /// what a service manager restarting it runs): recover it when its control
-    /// node `/dev/ublkcN` exists (the kernel kept the device of a process that
-    /// died), else add it (with `dev_id` = `id`).
-    pub fn for_device(id: u32, exists: impl Fn(&std::path::Path) -> bool) -> Mode {
-        if exists(std::path::Path::new(&format!("/dev/ublkc{id}"))) {
-            Mode::Recover(id)
-        } else {
-            Mode::Add
+    /// what a service manager restarting it runs): add it when the kernel has
+    /// no such device (with `dev_id` = `id`); refuse when it is live and its
+    /// server is alive (another flame-ublk serves it: taking it over would
+    /// wait 30 s for nothing, then fail, in a restart loop); otherwise take it
+    /// over (quiesced after its server died, or live with a dead server, which
+    /// the kernel quiesces shortly).
+    pub fn for_device(id: u32, found: DeviceFound) -> Result<Mode, String> {
+        match found {
+            DeviceFound::Absent => Ok(Mode::Add),
+            DeviceFound::Present {
+                live: true,
+                server,
+                server_alive: true,
+            } => Err(format!(
+                "ublk device {id} is live and served by process {server}: stop that one first"
+            )),
+            DeviceFound::Present { .. } => Ok(Mode::Recover(id)),
         }
+    }
+}
+
+/// Asks the kernel about ublk device `id` (`GET_DEV_INFO`): absent when it
+/// answers ENODEV.
+pub fn probe_device(id: u32) -> Result<DeviceFound, UblkError> {
+    let Ok(n) = i32::try_from(id) else {
+        return Err(UblkError::Recover(id, "is not a ublk device number".into()));
+    };
+    match UblkCtrl::new_simple(n) {
+        Ok(c) => {
+            let info = c.dev_info();
+            let server = info.ublksrv_pid;
+            Ok(DeviceFound::Present {
+                live: u32::from(info.state) == sys::UBLK_S_DEV_LIVE,
+                server,
+                server_alive: server > 0
+                    && std::path::Path::new(&format!("/proc/{server}")).exists(),
+            })
+        }
+        Err(libublk::UblkError::UringIOError(e) | libublk::UblkError::OtherError(e))
+            if e.abs() == libc::ENODEV =>
+        {
+            Ok(DeviceFound::Absent)
+        }
+        Err(e) => Err(ctrl_err(format!(
+            "asking the kernel about ublk device {id}"
+        ))(e)),
     }
 }
 
@@ -282,8 +337,10 @@ pub fn run(
 /// Checks device `id` can be taken over for a volume of `size` bytes, and starts
 /// its recovery. Returns its control handle, queue count, depth and request size.
 fn recover_ctrl(id: u32, size: u64) -> Result<(UblkCtrl, u16, u16, u32), UblkError> {
-    let probe =
-        UblkCtrl::new_simple(id as i32).map_err(ctrl_err(format!("opening ublk device {id}")))?;
+    let Ok(n) = i32::try_from(id) else {
+        return Err(UblkError::Recover(id, "is not a ublk device number".into()));
+    };
+    let probe = UblkCtrl::new_simple(n).map_err(ctrl_err(format!("opening ublk device {id}")))?;
     let info = probe.dev_info();
     if info.flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
         return Err(UblkError::Recover(
@@ -312,7 +369,7 @@ fn recover_ctrl(id: u32, size: u64) -> Result<(UblkCtrl, u16, u16, u32), UblkErr
     drop(probe);
     let ctrl = UblkCtrlBuilder::default()
         .name("flame")
-        .id(id as i32)
+        .id(n)
         .nr_queues(queues)
         .depth(depth)
         .io_buf_bytes(max_io)
@@ -320,8 +377,19 @@ fn recover_ctrl(id: u32, size: u64) -> Result<(UblkCtrl, u16, u16, u32), UblkErr
         .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
         .build()
         .map_err(ctrl_err(format!("opening ublk device {id} for recovery")))?;
-    ctrl.start_user_recover()
+    let started = ctrl
+        .start_user_recover()
         .map_err(ctrl_err(format!("START_USER_RECOVERY of ublk device {id}")))?;
+    // libublk answers a device that stayed busy for its 30 s as Ok(-EBUSY).
+    if started < 0 {
+        return Err(UblkError::Recover(
+            id,
+            format!(
+                "START_USER_RECOVERY failed: {} (another process still holds it?)",
+                io::Error::from_raw_os_error(-started)
+            ),
+        ));
+    }
     tracing::info!(queues, depth, "recovering /dev/ublkb{id}");
     Ok((ctrl, queues, depth, max_io))
 }
@@ -379,16 +447,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_device_the_kernel_still_holds_is_recovered_else_added() {
-        let held = |n: &'static str| move |p: &std::path::Path| p == std::path::Path::new(n);
-        assert!(matches!(
-            Mode::for_device(3, held("/dev/ublkc3")),
-            Mode::Recover(3)
-        ));
-        assert!(matches!(Mode::for_device(3, |_| false), Mode::Add));
-        assert!(matches!(
-            Mode::for_device(3, held("/dev/ublkc4")),
-            Mode::Add
-        ));
+    fn a_device_is_added_taken_over_or_refused_by_what_the_kernel_holds() {
+        assert_eq!(Mode::for_device(3, DeviceFound::Absent), Ok(Mode::Add));
+        // Its server died: quiesced, or still live until the kernel notices.
+        for live in [false, true] {
+            let found = DeviceFound::Present {
+                live,
+                server: 77,
+                server_alive: false,
+            };
+            assert_eq!(Mode::for_device(3, found), Ok(Mode::Recover(3)));
+        }
+        // Another flame-ublk serves it.
+        let served = DeviceFound::Present {
+            live: true,
+            server: 77,
+            server_alive: true,
+        };
+        let e = Mode::for_device(3, served).unwrap_err();
+        assert!(e.contains("served by process 77"), "{e}");
     }
 }

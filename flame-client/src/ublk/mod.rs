@@ -24,4 +24,4 @@ pub(crate) mod queue;
 pub use libublk::sys;
 
 pub use config::UblkConfig;
-pub use export::{Mode, UblkError, run};
+pub use export::{DeviceFound, Mode, UblkError, probe_device, run};
