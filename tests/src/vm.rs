@@ -250,12 +250,12 @@ mod tests {
     fn only_a_guest_that_died_before_the_command_is_booted_again() {
         assert!(failed_before_the_command(&out(
             125,
-            "SeaBIOS\nBooting from ROM...\nvm.sh: FAILED: no exit marker"
+            "SeaBIOS\nBooting from ROM...\nvm.sh: FAILED: no exit marker from the guest (QEMU exit status 0)"
         )));
         // The command ran: its failure is the test's, never retried.
         assert!(!failed_before_the_command(&out(
             125,
-            "flame-vm: guest up after 4.2 s (kernel uptime), running the command\nvm.sh: FAILED: no exit marker"
+            "flame-vm: guest up after 4.2 s (kernel uptime), running the command\nvm.sh: FAILED: no exit marker from the guest (QEMU exit status 0)"
         )));
         assert!(!failed_before_the_command(&out(
             125,
