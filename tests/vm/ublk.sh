@@ -90,8 +90,9 @@ start_ublk --dev-id 0
 # (a service manager must not loop on it), and the device keeps serving.
 rc=0
 timeout 60 "$BIN/flame-ublk" --config ublk.yaml --device 0 >/dev/null 2>"$DIR/busy.err" || rc=$?
-((rc == 2)) && grep -q "served by process $UBLK_PID" "$DIR/busy.err" ||
+if ((rc != 2)) || ! grep -q "served by process $UBLK_PID" "$DIR/busy.err"; then
     fail "flame-ublk --device 0 on a served device: exit $rc, not 2 naming pid $UBLK_PID: $(cat "$DIR/busy.err")"
+fi
 [[ -b "$DEV" ]] || fail "$DEV is not a block device after flame-ublk reported it ready"
 size="$(blockdev --getsize64 "$DEV")"
 ((size == 1 << 30)) || fail "$DEV has $size bytes, the volume 1 GiB"
