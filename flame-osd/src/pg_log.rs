@@ -583,25 +583,21 @@ impl PgLog {
             .filter(|e| e.op.is_none())
             .map(|e| e.object)
             .collect();
-        // Per object, per member: its ops to it.
-        let mut theirs: BTreeMap<ObjectId, Vec<(usize, HashSet<OpId>)>> = BTreeMap::new();
-        // Per object, per member: its ops to it this log may lack.
-        let mut ahead: BTreeMap<ObjectId, Vec<(usize, Vec<OpId>)>> = BTreeMap::new();
+        // Per (object, member index): its ops to the object.
+        let mut theirs: HashMap<(ObjectId, usize), HashSet<OpId>> = HashMap::default();
+        // Per object, per member index (in `members`' order): its ops to the
+        // object this log may lack.
+        let mut ahead: BTreeMap<ObjectId, BTreeMap<usize, Vec<OpId>>> = BTreeMap::new();
         for (i, (_, log)) in members.iter().enumerate() {
             for o in &log.ops {
-                let per = theirs.entry(o.object).or_default();
-                match per.last_mut() {
-                    Some((j, set)) if *j == i => {
-                        set.insert(o.op);
-                    }
-                    _ => per.push((i, HashSet::from_iter([o.op]))),
-                }
+                theirs.entry((o.object, i)).or_default().insert(o.op);
                 if !self.may_have_applied(o.op, o.object, o.seq) {
-                    let per = ahead.entry(o.object).or_default();
-                    match per.last_mut() {
-                        Some((j, v)) if *j == i => v.push(o.op),
-                        _ => per.push((i, vec![o.op])),
-                    }
+                    ahead
+                        .entry(o.object)
+                        .or_default()
+                        .entry(i)
+                        .or_default()
+                        .push(o.op);
                 }
             }
         }
@@ -610,12 +606,7 @@ impl PgLog {
             if no_op_id.contains(&object) {
                 continue;
             }
-            let ops_of = |i: usize| {
-                theirs
-                    .get(&object)
-                    .and_then(|per| per.iter().find(|(j, _)| *j == i))
-                    .map(|(_, set)| set)
-            };
+            let ops_of = |i: usize| theirs.get(&(object, i));
             // Not behind: every op of this log to the object that the member's
             // log still reaches is in it.
             let behind = |i: usize| {
@@ -627,16 +618,16 @@ impl PgLog {
                     })
                 })
             };
-            let sources: Vec<&(usize, Vec<OpId>)> =
-                candidates.iter().filter(|(i, _)| !behind(*i)).collect();
+            let sources: Vec<(&usize, &Vec<OpId>)> =
+                candidates.iter().filter(|(i, _)| !behind(**i)).collect();
             let dominant = sources.iter().find(|(i, _)| {
-                let mine = ops_of(*i);
+                let mine = ops_of(**i);
                 sources
                     .iter()
                     .all(|(_, v)| v.iter().all(|op| mine.is_some_and(|set| set.contains(op))))
             });
             if let Some((i, _)) = dominant {
-                out.push((object, members[*i].0));
+                out.push((object, members[**i].0));
             }
         }
         out

@@ -7,9 +7,10 @@
 
 use crate::pg::MapView;
 use crate::shard::Shard;
-use flame_common::ids::{OsdId, PgId, RequestId};
+use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, RequestId};
 use flame_common::placement::PgMembers;
 use flame_common::protocol::{LogOps, Message, decode_log_ops};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 impl Shard {
@@ -59,41 +60,50 @@ impl Shard {
         if plan.is_empty() {
             return Ok(0);
         }
-        // The members' incarnations when they answered: a source that restarted
-        // since may have lost what its log named (its answer is stale).
-        let incarnation = |id: OsdId| self.view().map.osds.get(&id).map(|o| o.up_from);
-        let answered: Vec<(OsdId, Option<flame_common::ids::Epoch>)> =
-            logs.iter().map(|(id, _)| (*id, incarnation(*id))).collect();
+        // The members' incarnations in the map they were asked under: a source
+        // that restarted since may have lost what its log named.
+        let up_from = |v: &MapView, id: OsdId| v.map.osds.get(&id).map(|o| o.up_from);
+        let answered: Vec<(OsdId, Option<Epoch>)> = logs
+            .iter()
+            .map(|(id, _)| (*id, up_from(view, *id)))
+            .collect();
         let primacy = self.pgs.borrow().primacy(pg);
+        // The members' ops grouped by planned object, in one pass: the check
+        // again once the writes before a pull finished costs what that
+        // object's ops do.
+        let mut per_object: BTreeMap<ObjectId, Vec<(OsdId, LogOps)>> = plan
+            .iter()
+            .map(|(object, _)| {
+                let empty = logs
+                    .iter()
+                    .map(|(id, l)| {
+                        let log = LogOps {
+                            trimmed_through: l.trimmed_through,
+                            ops: Vec::new(),
+                        };
+                        (*id, log)
+                    })
+                    .collect();
+                (*object, empty)
+            })
+            .collect();
+        for (i, (_, l)) in logs.iter().enumerate() {
+            for op in &l.ops {
+                if let Some(per) = per_object.get_mut(&op.object) {
+                    per[i].1.ops.push(*op);
+                }
+            }
+        }
         let mut taken = 0u64;
         for (object, source) in plan {
-            // The members' ops to this object alone: the check again once the
-            // writes before the pull finished costs what this object's do.
-            let theirs: Vec<(OsdId, LogOps)> = logs
-                .iter()
-                .map(|(id, l)| {
-                    let ops = l
-                        .ops
-                        .iter()
-                        .filter(|o| o.object == object)
-                        .copied()
-                        .collect();
-                    (
-                        *id,
-                        LogOps {
-                            trimmed_through: l.trimmed_through,
-                            ops,
-                        },
-                    )
-                })
-                .collect();
+            let theirs = per_object.remove(&object).unwrap_or_default();
             let still =
                 || {
                     self.pgs.borrow().primacy(pg) == primacy
                         && self.view().table.pg(pg).acting.contains(&source)
                         && answered
                             .iter()
-                            .all(|(id, up_from)| incarnation(*id) == *up_from)
+                            .all(|(id, was)| up_from(&self.view(), *id) == *was)
                         && self.pgs.borrow().log(pg).is_some_and(|log| {
                             log.sources_ahead(&theirs).contains(&(object, source))
                         })
