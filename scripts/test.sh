@@ -20,7 +20,8 @@
 #      flame-osd and flame-nbd rebuilt with the feature must refuse `transport: rdma`
 #      on a machine without a device, naming it (tests/tests/rdma_unavailable.rs),
 #      and, in the test VM over Soft-RoCE, the transport conformance suite's rdma
-#      cases and a cluster on `transport: rdma` (tests/tests/rdma_vm.rs)
+#      cases, a cluster on `transport: rdma` and the replication and nbd_cluster
+#      suites with FLAME_TEST_TRANSPORT=rdma (tests/tests/rdma_vm.rs)
 #   5. smoke test of deploy/dev-cluster.sh: up, flame-admin status, qemu-io through
 #      flame-nbd, down, up again (same data), down — in a temporary directory with
 #      its own port base (ports 16800..16839 by default), so it runs beside a
@@ -205,10 +206,12 @@ cargo test -p flame-common --features rdma rdma
 cargo build -p flame-osd -p flame-client --bins --features flame-osd/rdma,flame-client/rdma
 FLAME_TEST_RDMA_BUILD=1 cargo test -p flame-tests --test rdma_unavailable
 # In the test VM, over Soft-RoCE (rxe0 on a guest-local dummy netdev): the
-# conformance suite's rdma cases, and a three-OSD cluster with flame-nbd on
-# transport: rdma (conversion, fetched replies, a copy killed) through NBD.
+# conformance suite's rdma cases, a three-OSD cluster with flame-nbd on
+# transport: rdma (conversion, fetched replies, a copy killed) through NBD, and
+# the replication and nbd_cluster suites with FLAME_TEST_TRANSPORT=rdma.
 # Ignored in the main pass (they need the two rdma builds just made); about
-# 1-2 minutes (docs/testing.md, "rdma over Soft-RoCE").
+# 4-5 minutes (docs/testing.md, "rdma over Soft-RoCE").
+cargo test -p flame-tests --test replication --test nbd_cluster --no-run
 cargo test -p flame-tests --test rdma_vm -- --ignored --test-threads 1
 
 # ------------------------------------------------------------------------------

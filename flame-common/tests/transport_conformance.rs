@@ -840,6 +840,106 @@ fn rdma_receive_waits_for_pool_memory() {
     receive_waits_for_pool_memory(TransportKind::Rdma)
 }
 
+/// An OSD on `transport: rdma` also serves TCP clients (flame-admin, a host
+/// without RDMA) on its one port: the listener tells them apart by their first
+/// bytes. A TCP client, a peer sending garbage (skipped, logged) and an RDMA
+/// client in turn: the listener accepts the first as TCP, the third as RDMA, and
+/// messages cross both.
+#[cfg(feature = "rdma")]
+#[test]
+#[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
+fn rdma_listener_serves_tcp_clients_too() {
+    require(TransportKind::Rdma, "rdma_listener_serves_tcp_clients_too");
+    run(async move {
+        let l = Listener::bind(TransportKind::Rdma, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accepted = spawn(async move {
+            let tcp = l.accept().await.unwrap();
+            let rdma = l.accept().await.unwrap();
+            (tcp, rdma)
+        });
+        let tcp = Conn::connect(TransportKind::Tcp, addr, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let m = write_msg(1, PayloadBuf::copy_from(&pattern(4096, 1)));
+        tcp.send(&m).unwrap();
+        // Not a Flame endpoint of either kind: its bring-up fails and the
+        // listener goes on to the next connection.
+        let mut garbage = std::net::TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let rdma = Conn::connect(TransportKind::Rdma, addr, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let (s_tcp, s_rdma) = accepted.await;
+        assert_eq!(
+            s_tcp.kind(),
+            TransportKind::Tcp,
+            "a TCP client accepted as another transport"
+        );
+        assert_eq!(
+            s_rdma.kind(),
+            TransportKind::Rdma,
+            "an RDMA client accepted as another transport"
+        );
+        assert_eq!(s_tcp.recv().await.unwrap(), m);
+        let m2 = write_msg(2, PayloadBuf::copy_from(&pattern(65536, 2)));
+        rdma.send(&m2).unwrap();
+        assert_eq!(s_rdma.recv().await.unwrap(), m2);
+        s_tcp.send(&m2).unwrap();
+        assert_eq!(tcp.recv().await.unwrap(), m2);
+        drop(garbage);
+    });
+}
+
+/// Connections are brought up concurrently: two peers that connect and send
+/// nothing hold the rdma listener for nothing — an RDMA client and a TCP client
+/// behind them are accepted at once (brought up one at a time, the listener
+/// would wait 5 s for each silent peer, longer than the RDMA client's own 5 s
+/// bring-up bound).
+#[cfg(feature = "rdma")]
+#[test]
+#[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
+fn rdma_listener_is_not_held_up_by_silent_peers() {
+    require(
+        TransportKind::Rdma,
+        "rdma_listener_is_not_held_up_by_silent_peers",
+    );
+    run(async move {
+        let l = Listener::bind(TransportKind::Rdma, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accepted = spawn(async move {
+            let a = l.accept().await.unwrap();
+            let b = l.accept().await.unwrap();
+            (a, b, l)
+        });
+        let silent: Vec<_> = (0..2)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        reactor::sleep(Duration::from_millis(100)).await;
+        let rdma = Conn::connect(TransportKind::Rdma, addr, Duration::from_secs(5))
+            .await
+            .expect("an RDMA client behind two silent peers must be brought up");
+        let tcp = Conn::connect(TransportKind::Tcp, addr, Duration::from_secs(5))
+            .await
+            .unwrap();
+        tcp.send(&write_msg(1, PayloadBuf::copy_from(&pattern(512, 1))))
+            .unwrap();
+        let (a, b, _l) = accepted.await;
+        let mut kinds = [a.kind(), b.kind()];
+        kinds.sort_by_key(|k| k.name());
+        assert_eq!(kinds, [TransportKind::Rdma, TransportKind::Tcp]);
+        let m = write_msg(2, PayloadBuf::copy_from(&pattern(4096, 2)));
+        rdma.send(&m).unwrap();
+        let s_rdma = if a.kind() == TransportKind::Rdma {
+            a
+        } else {
+            b
+        };
+        assert_eq!(s_rdma.recv().await.unwrap(), m);
+        drop(silent);
+    });
+}
+
 #[test]
 #[ignore = "the child half of peer_process_killed_mid_operation"]
 fn peer_process_child_entry() {

@@ -91,7 +91,7 @@ pub struct ClusterOptions {
     /// addresses cut exactly one link (the partition tests), and never another
     /// cluster's or another test run's. Otherwise everything is on 127.0.0.1.
     pub per_daemon_addrs: bool,
-    /// The `transport` of every OSD and of flame-nbd (`tcp` or `shm`). Default: the
+    /// The `transport` of every OSD and of flame-nbd (`tcp`, `shm` or `rdma`). Default: the
     /// environment's `FLAME_TEST_TRANSPORT`, else `tcp`, so the whole suite can be
     /// run over shared memory (`FLAME_TEST_TRANSPORT=shm cargo test -p
     /// flame-tests`). Tests that cut links with iptables need `tcp`: shared memory
@@ -281,12 +281,15 @@ impl TestKeys {
 }
 
 /// The transport the test clusters use unless a test says otherwise
-/// (`FLAME_TEST_TRANSPORT`: `tcp` or `shm`; default `tcp`).
+/// (`FLAME_TEST_TRANSPORT`: `tcp`, `shm` or `rdma`; default `tcp`). `rdma` needs
+/// daemons built with the `rdma` features and a device named by the
+/// environment the daemons inherit (`FLAME_RDMA_DEVICE`, ...): the test VM's
+/// Soft-RoCE (`tests/tests/rdma_vm.rs`) runs the cluster suites that way.
 pub fn test_transport() -> String {
     match std::env::var("FLAME_TEST_TRANSPORT") {
-        Ok(t) if t == "tcp" || t == "shm" => t,
+        Ok(t) if t == "tcp" || t == "shm" || t == "rdma" => t,
         Ok(t) if t.is_empty() => "tcp".to_string(),
-        Ok(t) => panic!("FLAME_TEST_TRANSPORT={t}: expected tcp or shm"),
+        Ok(t) => panic!("FLAME_TEST_TRANSPORT={t}: expected tcp, shm or rdma"),
         Err(_) => "tcp".to_string(),
     }
 }

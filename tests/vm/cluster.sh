@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # Sourced by the test VM's guest scripts (tests/vm/ublk.sh, tests/vm/kernel_nbd.sh,
-# tests/vm/bench_ublk_nbd.sh): a Flame cluster on the guest's loopback —
-# flame-mgr on 127.0.0.1:6800 and three flame-osd (one shard each, small memory
-# pools: the guest is emulated and a registered pool is resident from the start),
-# all state under the current directory. The caller sets NAME (its log prefix),
-# BIN (the binaries) and DIR (its directory, with DIR/logs), and may define
+# tests/vm/bench_ublk_nbd.sh, tests/vm/rdma_cluster.sh): a Flame cluster on the
+# guest's loopback — flame-mgr on 127.0.0.1:6800 and three flame-osd (one shard
+# each, small memory pools: the guest is emulated and a registered pool is
+# resident from the start), all state under the current directory. The caller
+# sets NAME (its log prefix), BIN (the binaries) and DIR (its directory, with
+# DIR/logs), and may set CLUSTER_TRANSPORT (the OSDs' `transport`, default tcp),
+# change POOL_YAML (every daemon's memory pool) after sourcing, and define
 # extra_failure_output to add to what `fail` prints.
 #
-#   cluster_up        start the daemons and wait until the three OSDs are up
+#   cluster_up        start the daemons (their pids in OSD_PIDS) and wait until
+#                     the three OSDs are up
 #   start_fsync_writer N BLOCKS  in the background (pid in WRITER), write and
 #                     fsync $MNT/during1..N.bin (BLOCKS x 64 KiB each) one after
 #                     the other; each one's sha256 goes to $SUMS.during once its
 #                     fsync returned, and its number to $DIR/written
 #   wait_written N    wait up to 60 s until the writer has fsynced N files
 #   admin ARGS        flame-admin against the cluster
+#   osds_up           how many OSDs the manager has up
 #   wait_port P WHAT  wait up to 30 s for 127.0.0.1:P to accept connections
 #   check_fua_arrives DEV BLOCK  an O_DSYNC 4 KiB write must reach every OSD as FUA
 #   log MSG, fail MSG
 
 MGR=127.0.0.1:6800
+CLUSTER_TRANSPORT="${CLUSTER_TRANSPORT:-tcp}"
 # Every daemon's memory pool: 8 MiB per thread.
 POOL_YAML='memory_pool: {bytes_per_thread: 8388608, large_bytes_per_thread: 8388608}'
 
@@ -95,26 +100,33 @@ data_dir: ./osd.$n
 host: vm-host-$n
 shards: 1
 poll_mode: interrupt
-transport: tcp
+transport: $CLUSTER_TRANSPORT
 direct_io: auto
 $POOL_YAML
 EOF2
     done
-    log "starting flame-mgr, 3 flame-osd from $BIN"
+    log "starting flame-mgr, 3 flame-osd (transport $CLUSTER_TRANSPORT) from $BIN"
     "$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
     wait_port 6800 flame-mgr
     admin auth add client.bridge --role client --cluster-keyring "$KEYS/cluster.keyring" \
         --out "$BRIDGE_KEYRING" >/dev/null || fail "cannot add the bridges' entity client.bridge"
+    OSD_PIDS=()
     for n in 0 1 2; do
         "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
+        OSD_PIDS+=($!)
     done
     for ((i = 0; i < 300; i++)); do
-        up="$(admin osd ls 2>/dev/null | awk '$1 ~ /^osd\./ && $6 == "up"' | wc -l)" || up=0
+        up="$(osds_up)" || up=0
         ((up == 3)) && return 0
+        for n in 0 1 2; do
+            kill -0 "${OSD_PIDS[$n]}" 2>/dev/null || fail "osd.$n exited during start-up"
+        done
         sleep 0.2
     done
     fail "only $up of 3 OSDs up after 60 s"
 }
+# How many OSDs the manager has up.
+osds_up() { admin osd ls 2>/dev/null | awk '$1 ~ /^osd\./ && $6 == "up"' | wc -l; }
 
 start_fsync_writer() { # count, 64 KiB blocks per file
     (

@@ -2,12 +2,13 @@
 # Runs INSIDE the test VM (scripts/vm.sh; started by tests/tests/rdma_vm.rs): a
 # Flame cluster on `transport: rdma` over Soft-RoCE, and a data test through NBD.
 #
-#   1. rxe0 on dummy0 (tests/vm/soft_roce.sh). flame-mgr, three flame-osd and
-#      flame-nbd from $FLAME_BIN (the host's build with --features
+#   1. rxe0 on dummy0 (tests/vm/soft_roce.sh). flame-mgr and three flame-osd
+#      (tests/vm/cluster.sh, CLUSTER_TRANSPORT=rdma) and flame-nbd from
+#      $FLAME_BIN (the host's build with --features
 #      flame-osd/rdma,flame-client/rdma, seen read-only over 9p), all state in a
-#      guest tmpfs; the OSDs listen on dummy0's address with `transport: rdma`, so
-#      flame-nbd -> OSD and OSD -> OSD (replication) connections are RDMA queue
-#      pairs on rxe0 (their TCP bootstraps on that address). flame-nbd converts
+#      guest tmpfs; the OSDs and flame-nbd on `transport: rdma`, so flame-nbd ->
+#      OSD and OSD -> OSD (replication) connections are RDMA queue pairs on rxe0
+#      (their TCP bootstraps on the guest's loopback). flame-nbd converts
 #      every request of 4 KiB and more (`transfer_mode: convert`: writes pulled by
 #      the OSD with RDMA READ, reads pushed with RDMA WRITE) and fetches its
 #      replies (`reply_mode: fetch`: RDMA READs of the OSD's reply area).
@@ -26,26 +27,19 @@ set -euo pipefail
 
 BIN="${FLAME_BIN:?FLAME_BIN must name the directory of the flame binaries (built with --features flame-osd/rdma,flame-client/rdma)}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+NAME=rdma_cluster
 DIR="${TMPDIR:-/tmp}/flame-rdma-cluster"
 NBD_PORT=10809
-MGR=127.0.0.1:6800
 VOLUME=vol
 START=$SECONDS
+CLUSTER_TRANSPORT=rdma
 # shellcheck source=tests/vm/soft_roce.sh
 source "$HERE/soft_roce.sh"
-
-log() { printf '[rdma_cluster %5.1fs] %s\n' "$(awk '{print $1}' /proc/uptime)" "$*"; }
-fail() {
-    echo "rdma_cluster: FAILED: $*" >&2
-    for f in "$DIR"/logs/*.log; do
-        [[ -f "$f" ]] || continue
-        echo "---- $f (last 30 lines) ----" >&2
-        tail -n 30 "$f" >&2
-    done
-    echo "---- dmesg (last 20 lines) ----" >&2
-    dmesg | tail -n 20 >&2
-    exit 1
-}
+# shellcheck source=tests/vm/cluster.sh
+source "$HERE/cluster.sh"
+# Each RDMA connection pins 1 MiB of slots beside the pool; the guest runs as
+# root (no RLIMIT_MEMLOCK). 16 MiB per thread: 4 MiB patterns are converted.
+POOL_YAML='memory_pool: {bytes_per_thread: 16777216, large_bytes_per_thread: 16777216}'
 trap 'fail "command failed at line $LINENO: $BASH_COMMAND"' ERR
 
 for tool in qemu-io curl timeout awk; do
@@ -56,24 +50,11 @@ for b in flame-mgr flame-osd flame-nbd flame-admin; do
 done
 
 soft_roce_up
-ADDR="$SOFT_ROCE_ADDR"
 
 rm -rf "$DIR"
 mkdir -p "$DIR/logs"
 cd "$DIR"
 
-KEYS="$DIR/keys"
-admin() { "$BIN/flame-admin" --mgr "$MGR" --keyring "$KEYS/client.admin.keyring" "$@"; }
-port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
-wait_port() { # host port what
-    local i
-    for ((i = 0; i < 300; i++)); do
-        port_open "$1" "$2" && return 0
-        sleep 0.1
-    done
-    fail "$3 does not listen on $1:$2 after 30 s"
-}
-osds_up() { admin osd ls 2>/dev/null | awk '$1 ~ /^osd\./ && $6 == "up"' | wc -l; }
 # Every daemon's /metrics, fetched once into metrics.PORT (each exec costs a
 # visible fraction of a second in this emulated guest).
 fetch_metrics() {
@@ -99,35 +80,13 @@ metric() { metric_sum "$2" "metrics.$1"; }
 osd_metric() { metric_sum "$1" metrics.9200 metrics.9201 metrics.9202; }
 
 # ---------------------------------------------------------------- the cluster
-# One shard per OSD and small memory pools: the guest is emulated. Each RDMA
-# connection pins 1 MiB of slots; the guest runs as root (no RLIMIT_MEMLOCK).
-"$BIN/flame-admin" auth init --dir "$KEYS" >/dev/null || fail "flame-admin auth init failed"
-cat >mgr.yaml <<EOF
-listen: "$MGR"
-data_dir: ./mgr
-keyring: "$KEYS/cluster.keyring"
-heartbeat_grace_ms: 4000
-failure_check_interval_ms: 500
-pool: {size: 3, min_size: 2, pg_count: 32, object_size: 4194304}
-EOF
+cluster_up
 for n in 0 1 2; do
-    cat >"osd.$n.yaml" <<EOF
-mgr: "$MGR"
-keyring: "$KEYS/osd.keyring"
-listen: "$ADDR:69${n}0"
-metrics_listen: "127.0.0.1:920$n"
-data_dir: ./osd.$n
-host: vm-host-$n
-shards: 1
-poll_mode: interrupt
-transport: rdma
-direct_io: auto
-memory_pool: {bytes_per_thread: 16777216, large_bytes_per_thread: 16777216}
-EOF
+    grep -q "RDMA device opened" "logs/osd.$n.log" || fail "osd.$n did not open the RDMA device"
 done
 cat >nbd.yaml <<EOF
 mgr: "$MGR"
-keyring: "$KEYS/client.nbd.keyring"
+keyring: "$BRIDGE_KEYRING"
 listen: "127.0.0.1:$NBD_PORT"
 metrics_listen: "127.0.0.1:9300"
 threads: 1
@@ -136,36 +95,12 @@ transport: rdma
 transfer_mode: convert
 convert_threshold_bytes: {tcp: 4294967295, shm: 65536, rdma: 4096}
 reply_mode: fetch
-memory_pool: {bytes_per_thread: 16777216, large_bytes_per_thread: 16777216}
+$POOL_YAML
 EOF
-
-log "starting flame-mgr, 3 flame-osd (transport rdma on $FLAME_RDMA_DEVICE), flame-nbd from $BIN"
-"$BIN/flame-mgr" --config mgr.yaml >logs/mgr.log 2>&1 &
-wait_port 127.0.0.1 6800 flame-mgr
-admin auth add client.nbd --role client --cluster-keyring "$KEYS/cluster.keyring" \
-    --out "$KEYS/client.nbd.keyring" >/dev/null || fail "cannot add entity client.nbd"
-OSD_PIDS=()
-for n in 0 1 2; do
-    "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
-    OSD_PIDS+=($!)
-done
-up=0
-for ((i = 0; i < 300; i++)); do
-    up="$(osds_up)" || up=0
-    ((up == 3)) && break
-    for n in 0 1 2; do
-        kill -0 "${OSD_PIDS[$n]}" 2>/dev/null || fail "osd.$n exited during start-up"
-    done
-    sleep 0.2
-done
-((up == 3)) || fail "only $up of 3 OSDs up after 60 s"
-for n in 0 1 2; do
-    grep -q "RDMA device opened" "logs/osd.$n.log" || fail "osd.$n did not open the RDMA device"
-done
 admin volume create "$VOLUME" --size 256M >/dev/null
 "$BIN/flame-nbd" --config nbd.yaml >logs/nbd.log 2>&1 &
 NBD_PID=$!
-wait_port 127.0.0.1 "$NBD_PORT" flame-nbd
+wait_port "$NBD_PORT" flame-nbd
 grep -q "RDMA device opened" logs/nbd.log || fail "flame-nbd did not open the RDMA device"
 log "cluster up ($((SECONDS - START)) s)"
 

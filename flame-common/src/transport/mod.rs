@@ -416,7 +416,7 @@ pub enum Listener {
     Tcp(tcp::TcpListener),
     /// TCP plus the shm Unix socket of the same address.
     Shm(shm::ShmListener),
-    /// RDMA (a TCP listener for the bootstrap exchange).
+    /// RDMA (a TCP listener for the bootstrap exchange), and TCP on the same port.
     #[cfg(feature = "rdma")]
     Rdma(rdma::RdmaListener),
     /// The simulator's network.
@@ -447,7 +447,7 @@ impl Listener {
             Listener::Tcp(l) => Ok(Conn::Tcp(l.accept().await?)),
             Listener::Shm(l) => l.accept().await,
             #[cfg(feature = "rdma")]
-            Listener::Rdma(l) => Ok(Conn::Rdma(l.accept().await?)),
+            Listener::Rdma(l) => l.accept().await,
             Listener::Sim(l) => Ok(Conn::Sim(l.accept().await?)),
         }
     }

@@ -47,8 +47,8 @@
 
 use super::device::{Device, device, mtu_code, mtu_from_code};
 use super::wire::{
-    CONN_INFO_LEN, ConnInfo, Credits, FRAME_HEADER_LEN, FrameHeader, FrameKind, PayloadAlloc,
-    QP_NUM_MASK, StreamDecoder, WrId, WrKind,
+    CONN_INFO_LEN, CONN_INFO_MAGIC, ConnInfo, Credits, FRAME_HEADER_LEN, FrameHeader, FrameKind,
+    PayloadAlloc, QP_NUM_MASK, StreamDecoder, WrId, WrKind,
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::collections::HashMap;
@@ -1706,9 +1706,159 @@ impl GrantOwner for RdmaConn {
     }
 }
 
-/// Accepts RDMA connections: a TCP listener for the bootstrap.
+/// Accepts RDMA connections (a TCP listener for the bootstrap) and, on the same
+/// port, plain TCP connections: a client without an RDMA device (flame-admin
+/// deleting a volume's objects, a host whose NIC has no RDMA) still reaches an
+/// OSD on `transport: rdma`, as Vitastor's OSDs serve TCP beside RDMA. The
+/// first four bytes a peer sends tell the two apart: an RDMA bootstrap starts
+/// with [`CONN_INFO_MAGIC`], a Flame TCP connection with the wire protocol's
+/// [`MAGIC`](crate::protocol::MAGIC) (its HELLO). Both are authenticated the same
+/// way afterwards, at HELLO.
+///
+/// Each accepted connection is brought up by its own task, at most
+/// [`BRING_UPS_MAX`] at once, so a peer that connects and sends nothing holds
+/// one of those for [`HANDSHAKE_TIMEOUT_MS`], not the listener.
 pub struct RdmaListener {
+    /// Non-blocking: waited on with `poll_readable`, which a dropped `accept`
+    /// cancels without losing a connection.
     inner: std::net::TcpListener,
+    /// Names this listener's [`BringUps`] on the accepting thread. The listener
+    /// is bound on one thread and moved to the one that accepts (a shard's), so
+    /// it holds nothing tied to a thread itself.
+    id: u64,
+}
+
+/// A listener's bring-ups, kept on the thread that accepts (in
+/// [`BRING_UPS`]): the tasks bringing connections up and the connections they
+/// brought up, waiting for `accept`.
+#[derive(Default)]
+struct BringUps {
+    /// Brought up, not yet handed out.
+    done: RefCell<VecDeque<crate::transport::Conn>>,
+    /// Tasks still bringing a connection up.
+    running: Cell<usize>,
+    /// The `accept` waiting for `done` (or for room to start another).
+    waker: RefCell<Option<Waker>>,
+}
+
+impl BringUps {
+    /// Bring-ups running or brought up and waiting: at most [`BRING_UPS_MAX`].
+    fn in_use(&self) -> usize {
+        self.running.get() + self.done.borrow().len()
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+thread_local! {
+    /// Each listener's bring-ups on this thread, by [`RdmaListener::id`].
+    static BRING_UPS: RefCell<HashMap<u64, Rc<BringUps>>> = RefCell::new(HashMap::default());
+}
+
+static NEXT_LISTENER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Connections an [`RdmaListener`] brings up at once (each bounded by
+/// [`HANDSHAKE_TIMEOUT_MS`]); more wait in the kernel's backlog.
+pub const BRING_UPS_MAX: usize = 64;
+
+/// What a connection's first four bytes say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstBytes {
+    /// An RDMA bootstrap.
+    RdmaBootstrap,
+    /// A Flame frame over TCP.
+    Tcp,
+    /// Neither: refused at once, without waiting for a bootstrap that will not
+    /// come (the listener brings connections up one at a time).
+    Unknown(u32),
+}
+
+impl FirstBytes {
+    fn of(first: [u8; 4]) -> FirstBytes {
+        match u32::from_le_bytes(first) {
+            crate::protocol::MAGIC => FirstBytes::Tcp,
+            CONN_INFO_MAGIC => FirstBytes::RdmaBootstrap,
+            other => FirstBytes::Unknown(other),
+        }
+    }
+}
+
+/// Waits (bounded by [`HANDSHAKE_TIMEOUT_MS`]) until `fd` holds four bytes and
+/// returns them without consuming them (`MSG_PEEK`), so either path then reads
+/// the stream from its first byte.
+async fn peek_first_bytes(fd: RawFd) -> Result<[u8; 4], TransportError> {
+    with_timeout(HANDSHAKE_TIMEOUT_MS, "first bytes of a connection", async {
+        let mut first = [0u8; 4];
+        // Bounded by the timeout around it; each round waits for readability
+        // (or a short sleep when fewer than four bytes have arrived).
+        loop {
+            // SAFETY: `first` is a live 4-byte buffer; MSG_DONTWAIT never blocks.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    first.as_mut_ptr().cast(),
+                    first.len(),
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n == 4 {
+                return Ok(first);
+            }
+            if n == 0 {
+                return Err(TransportError::Closed);
+            }
+            if n > 0 {
+                reactor::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => {
+                    reactor::poll_readable(fd).await?;
+                }
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(e.into()),
+            }
+        }
+    })
+    .await
+}
+
+/// Brings `stream` up in a task of its own; the connection goes to `ups.done`,
+/// a failure to the log.
+fn start_bring_up(ups: &Rc<BringUps>, stream: TcpStream, from: SocketAddr) {
+    ups.running.set(ups.running.get() + 1);
+    let ups = ups.clone();
+    reactor::spawn(async move {
+        let result = bring_up_accepted(stream).await;
+        ups.running.set(ups.running.get() - 1);
+        match result {
+            Ok(conn) => ups.done.borrow_mut().push_back(conn),
+            Err(e) => tracing::warn!(peer = %from, "connection bring-up failed: {e}"),
+        }
+        ups.wake();
+    })
+    .detach();
+}
+
+/// What an accepted connection is (its first bytes), brought up as that.
+async fn bring_up_accepted(stream: TcpStream) -> Result<crate::transport::Conn, TransportError> {
+    match FirstBytes::of(peek_first_bytes(stream.as_raw_fd()).await?) {
+        FirstBytes::Tcp => Ok(crate::transport::Conn::Tcp(
+            crate::transport::tcp::TcpConn::from_stream(stream)?,
+        )),
+        FirstBytes::RdmaBootstrap => RdmaConn::establish(stream, false)
+            .await
+            .map(crate::transport::Conn::Rdma),
+        FirstBytes::Unknown(magic) => Err(err(format!(
+            "first bytes {magic:#010x} are neither an RDMA bootstrap nor a Flame frame: \
+             not a Flame endpoint"
+        ))),
+    }
 }
 
 impl RdmaListener {
@@ -1717,21 +1867,56 @@ impl RdmaListener {
     pub fn bind(addr: SocketAddr) -> Result<RdmaListener, TransportError> {
         device().map_err(TransportError::Unavailable)?;
         let inner = crate::transport::bind_retrying(|| std::net::TcpListener::bind(addr))?;
-        Ok(RdmaListener { inner })
+        inner.set_nonblocking(true)?;
+        Ok(RdmaListener {
+            inner,
+            id: NEXT_LISTENER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        })
     }
 
-    /// Accepts the next connection whose bring-up succeeds; a peer whose bring-up
-    /// fails (not an RDMA endpoint, timeout) is logged and skipped. Bring-ups run
-    /// one at a time, each bounded by [`HANDSHAKE_TIMEOUT_MS`].
-    pub async fn accept(&self) -> Result<Rc<RdmaConn>, TransportError> {
+    /// The next connection brought up, RDMA or TCP (see the type's
+    /// documentation); a peer whose bring-up fails (not a Flame endpoint,
+    /// timeout) is logged and skipped.
+    pub async fn accept(&self) -> Result<crate::transport::Conn, TransportError> {
+        let ups = BRING_UPS.with(|m| m.borrow_mut().entry(self.id).or_default().clone());
+        // Bounded: each round returns, starts a bring-up (at most BRING_UPS_MAX
+        // before one finishes) or waits for a connection or a bring-up.
         loop {
-            let fd = reactor::accept(self.inner.as_raw_fd()).await?;
-            let stream = TcpStream::from(fd);
-            let from = stream.peer_addr().ok();
-            match RdmaConn::establish(stream, false).await {
-                Ok(c) => return Ok(c),
-                Err(e) => tracing::warn!(peer = ?from, "RDMA connection bring-up failed: {e}"),
+            if let Some(conn) = ups.done.borrow_mut().pop_front() {
+                return Ok(conn);
             }
+            let room = ups.in_use() < BRING_UPS_MAX;
+            if room {
+                match self.inner.accept() {
+                    Ok((stream, from)) => {
+                        stream.set_nonblocking(false)?;
+                        start_bring_up(&ups, stream, from);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let fd = self.inner.as_raw_fd();
+            let arrival = async move {
+                if room {
+                    let _ = reactor::poll_readable(fd).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            // Ready when a bring-up finished (with a connection or with room).
+            let in_use = ups.in_use();
+            let finished = std::future::poll_fn(|cx| {
+                if ups.in_use() != in_use || !ups.done.borrow().is_empty() {
+                    Poll::Ready(())
+                } else {
+                    *ups.waker.borrow_mut() = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            });
+            futures_lite::future::or(finished, arrival).await;
         }
     }
 
@@ -1740,5 +1925,30 @@ impl RdmaListener {
         self.inner
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+}
+
+impl Drop for RdmaListener {
+    /// Forgets the bring-ups on this thread: connections brought up and not
+    /// accepted close, running bring-ups finish into nothing.
+    fn drop(&mut self) {
+        let _ = BRING_UPS.try_with(|m| m.borrow_mut().remove(&self.id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_tell_rdma_from_tcp() {
+        let tcp = crate::protocol::MAGIC.to_le_bytes();
+        let rdma = CONN_INFO_MAGIC.to_le_bytes();
+        assert_eq!(FirstBytes::of(tcp), FirstBytes::Tcp);
+        assert_eq!(FirstBytes::of(rdma), FirstBytes::RdmaBootstrap);
+        assert_eq!(
+            FirstBytes::of(*b"GET "),
+            FirstBytes::Unknown(u32::from_le_bytes(*b"GET "))
+        );
     }
 }
