@@ -192,6 +192,9 @@ section "FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flam
 # by default: the network threads must run the one-sided transfers (a bug once:
 # every converted request failed with EINVAL in staged mode).
 FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flame-tests --test nbd_cluster
+# Sessions and their fences in staged mode (the workers keep them), keyed by
+# entity (another entity's claim of a session id fences nothing).
+FLAME_TEST_THREADING=staged cargo test -p flame-tests --test osd_protocol a_reconnected_session_fences_its_old_connection
 
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints

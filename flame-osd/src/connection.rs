@@ -91,7 +91,10 @@ pub(crate) async fn serve_connection(
     ) = (&hello, &mut reply)
         && *session != 0
     {
-        match shard.register_session(*session, *generation) {
+        match shard.register_session(
+            SessionKey::new(admitted.who.as_ref(), *session),
+            *generation,
+        ) {
             Some(f) => fence = Some(f),
             None => {
                 tracing::warn!(shard = shard.id, %peer, session, generation, "hello from a superseded connection; refusing");
@@ -762,6 +765,38 @@ impl Inflight {
     }
 }
 
+/// A session as a shard keys it: the entity that opened it (a keyed hash of its
+/// name, 0 without authentication) and the id it chose. Session ids travel in
+/// clear in HELLO, so keyed by id alone, anyone holding *some* valid ticket
+/// could fence another client's connections by claiming its id with a higher
+/// generation; keyed by entity too, a claim only ever reaches the claimer's own
+/// sessions. The hash is keyed per process (SipHash with a random key), so no
+/// one can pick a name that collides with another entity's. `Copy`, so the
+/// staged mode's per-request check costs one lookup and no allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    entity: u64,
+    id: u64,
+}
+
+impl SessionKey {
+    /// The session `id` of the connection `who` authenticated as (`None`:
+    /// without authentication).
+    pub fn new(who: Option<&flame_common::auth::handshake::Authenticated>, id: u64) -> SessionKey {
+        static ENTITY_HASHER: std::sync::LazyLock<std::hash::RandomState> =
+            std::sync::LazyLock::new(std::hash::RandomState::new);
+        let entity = who.map_or(0, |w| {
+            std::hash::BuildHasher::hash_one(&*ENTITY_HASHER, w.entity.as_str())
+        });
+        SessionKey { entity, id }
+    }
+
+    /// The id the client chose (for logs).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 /// A connection's place in its session: it may execute requests only while its
 /// generation is the session's newest.
 pub(crate) struct Fence {
@@ -783,7 +818,7 @@ pub(crate) fn payload_bytes(msg: &Message) -> u64 {
 impl Shard {
     /// Records that `session` opened connection `generation`. `None` if the session
     /// already has a newer connection (this hello is itself stale).
-    pub(crate) fn register_session(&self, session: u64, generation: u64) -> Option<Fence> {
+    pub(crate) fn register_session(&self, session: SessionKey, generation: u64) -> Option<Fence> {
         let mut sessions = self.sessions.borrow_mut();
         if sessions.len() >= SESSIONS_MAX {
             // Forget sessions without a live connection (only their fences hold
@@ -805,7 +840,7 @@ impl Shard {
     }
 
     /// The newest generation of `session`, if the shard remembers it.
-    pub(crate) fn session_generation(&self, session: u64) -> Option<u64> {
+    pub(crate) fn session_generation(&self, session: SessionKey) -> Option<u64> {
         self.sessions.borrow().get(&session).map(|c| c.get())
     }
 
@@ -841,5 +876,32 @@ impl Shard {
             // Set by the connection from its gate's verdict.
             proof: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::auth::handshake::Authenticated;
+    use flame_common::auth::{EntityName, Role};
+
+    fn who(name: &str) -> Authenticated {
+        Authenticated {
+            entity: EntityName::parse(name).unwrap(),
+            role: Role::Client,
+        }
+    }
+
+    #[test]
+    fn a_session_is_keyed_by_its_entity_and_its_id() {
+        let a = who("client.a");
+        let b = who("client.b");
+        assert_eq!(SessionKey::new(Some(&a), 7), SessionKey::new(Some(&a), 7));
+        assert_ne!(SessionKey::new(Some(&a), 7), SessionKey::new(Some(&b), 7));
+        assert_ne!(SessionKey::new(Some(&a), 7), SessionKey::new(Some(&a), 8));
+        // Without authentication, one namespace.
+        assert_eq!(SessionKey::new(None, 7), SessionKey::new(None, 7));
+        assert_ne!(SessionKey::new(None, 7), SessionKey::new(Some(&a), 7));
+        assert_eq!(SessionKey::new(Some(&b), 9).id(), 9);
     }
 }

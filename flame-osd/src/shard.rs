@@ -84,7 +84,8 @@ pub struct Shard {
     pub(crate) client_bytes: crate::byte_budget::ByteBudget,
     pub(crate) peer_bytes: crate::byte_budget::ByteBudget,
     /// Newest connection generation of each session (see `Message::Hello`).
-    pub(crate) sessions: RefCell<flame_common::collections::HashMap<u64, Rc<Cell<u64>>>>,
+    pub(crate) sessions:
+        RefCell<flame_common::collections::HashMap<crate::connection::SessionKey, Rc<Cell<u64>>>>,
     /// The decision core of each placement group this shard has seen writes for
     /// ([`crate::pg_core`]: its log, its replica fence, its primacy generation).
     pub(crate) pgs: RefCell<PgCores>,

@@ -19,6 +19,7 @@
 //! request of a superseded connection must not run) is checked on the worker, just
 //! before the request runs.
 
+use crate::connection::SessionKey;
 use crate::shard::Shard;
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
@@ -93,14 +94,15 @@ impl<T> Mailbox<T> {
 
 /// What a network thread asks a worker to do.
 pub enum Work {
-    /// A connection's HELLO: build the reply and register its session.
-    Hello(Message),
+    /// A connection's HELLO: build the reply and register its session (keyed
+    /// by the entity that said it: the connection's fence).
+    Hello(Message, Option<(SessionKey, u64)>),
     /// A request; `fence` is the connection's (session, generation) if it has one.
     Request {
         /// The decoded request.
         msg: Message,
         /// The connection's session and generation.
-        fence: Option<(u64, u64)>,
+        fence: Option<(SessionKey, u64)>,
     },
 }
 
@@ -171,22 +173,15 @@ pub(crate) fn start_worker(shard: Rc<Shard>, mailbox: Arc<Mailbox<Job>>, handle:
 impl Shard {
     async fn run_staged(self: &Rc<Self>, work: Work) -> Outcome {
         match work {
-            Work::Hello(hello) => {
+            Work::Hello(hello, fence) => {
                 let mut reply = self.hello(&hello);
-                if let (
-                    Message::Hello {
-                        session,
-                        generation,
-                        ..
-                    },
-                    Message::HelloReply { status: st @ 0, .. },
-                ) = (&hello, &mut reply)
-                    && *session != 0
-                    && self.register_session(*session, *generation).is_none()
+                if let (Some((session, generation)), Message::HelloReply { status: st @ 0, .. }) =
+                    (fence, &mut reply)
+                    && self.register_session(session, generation).is_none()
                 {
                     tracing::warn!(
                         shard = self.id,
-                        session,
+                        session = session.id(),
                         generation,
                         "hello from a superseded connection; refusing"
                     );
@@ -472,11 +467,14 @@ async fn serve(
             session,
             generation,
             ..
-        } if *session != 0 => Some((*session, *generation)),
+        } if *session != 0 => Some((
+            SessionKey::new(admitted.who.as_ref(), *session),
+            *generation,
+        )),
         _ => None,
     };
     let Some(Outcome::Reply(mut reply)) =
-        submit(&shard, Work::Hello(hello), &replies, &pending).await
+        submit(&shard, Work::Hello(hello, fence), &replies, &pending).await
     else {
         conn.close();
         return;
@@ -625,7 +623,7 @@ async fn serve_converted(
     pending: &Rc<Pending>,
     replies: Arc<Mailbox<Done>>,
     mut msg: Message,
-    fence: Option<(u64, u64)>,
+    fence: Option<(SessionKey, u64)>,
 ) {
     let Some((dest, _)) =
         crate::connection::pull_converted(conn, inflight, shard.id, &mut msg).await

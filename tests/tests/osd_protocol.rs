@@ -458,6 +458,36 @@ fn a_reconnected_session_fences_its_old_connection() {
                 status_of(&call(&other, read(&m, 5, object, 0, 16)).await),
                 status::OK
             );
+            // Session ids travel in clear. Another entity (client.admin's ticket)
+            // claiming this session with the highest generation opens a session
+            // of its own: the client's connection keeps executing, and the client
+            // can still reconnect. Without authentication there are no entities,
+            // and the claim fences the session (docs/security.md says so).
+            let claim = connect_as(&hm.as_admin(), &m, primary, shard, session, u64::MAX).await;
+            assert_eq!(
+                status_of(&call(&claim, read(&m, 6, object, 0, 16)).await),
+                status::OK
+            );
+            if hm.service.is_some() {
+                assert_eq!(
+                    status_of(&call(&new, write(&m, 7, object, 0, vec![7; 4096])).await),
+                    status::OK,
+                    "another entity's claim of the session fenced the client's connection"
+                );
+                let again = connect_as(&hm, &m, primary, shard, session, 3).await;
+                assert_eq!(
+                    status_of(&call(&again, read(&m, 8, object, 0, 16)).await),
+                    status::OK
+                );
+            } else {
+                new.send(&write(&m, 7, object, 0, vec![7; 4096])).unwrap();
+                let late = futures_lite::future::or(async { new.recv().await.ok() }, async {
+                    flame_common::reactor::sleep(Duration::from_secs(5)).await;
+                    None
+                })
+                .await;
+                assert!(late.is_none(), "without entities, a claim fences: {late:?}");
+            }
         })
         .unwrap();
 }
