@@ -940,6 +940,68 @@ fn rdma_listener_is_not_held_up_by_silent_peers() {
     });
 }
 
+/// A peer that stops reading shows in the sender's stall marks as a send stall
+/// whose progress mark stands still — what the OSD's watchdog closes after
+/// `send_stall_timeout_ms`, so a client that never reads its replies cannot
+/// hold their buffers — and the mark moves once the peer reads again.
+fn stall_marks_show_a_peer_that_stops_reading(kind: TransportKind) {
+    use flame_common::transport::Stall;
+    const MESSAGES: u64 = 32;
+    run(async move {
+        let (c, s) = pair(kind).await;
+        // 32 MiB: more than the peer's receive slots (rdma) or socket buffers
+        // (tcp) take without the peer reading.
+        for i in 0..MESSAGES {
+            s.send_owned(write_msg(i, PayloadBuf::copy_from(&pattern(1 << 20, i))))
+                .unwrap();
+        }
+        // Bounded: until the marks stand still on a send stall (what can go has
+        // gone), at most 5 s.
+        let mut last = None;
+        for _ in 0..250 {
+            reactor::sleep(Duration::from_millis(20)).await;
+            let now = s.stall().expect("a watched transport keeps stall marks");
+            if now.0 == Stall::Send && last == Some(now) {
+                break;
+            }
+            last = Some(now);
+        }
+        let stuck = s.stall().unwrap();
+        assert_eq!(stuck.0, Stall::Send, "a sender whose peer does not read");
+        reactor::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            s.stall(),
+            Some(stuck),
+            "no progress while the peer does not read"
+        );
+        let reader = spawn(async move {
+            for i in 0..MESSAGES {
+                let m = c.recv().await.unwrap();
+                assert_eq!(m, write_msg(i, PayloadBuf::copy_from(&pattern(1 << 20, i))));
+            }
+            c
+        });
+        let _c = reader.await;
+        assert_ne!(s.stall(), Some(stuck), "the marks moved once the peer read");
+    });
+}
+
+#[test]
+fn tcp_stall_marks_show_a_peer_that_stops_reading() {
+    stall_marks_show_a_peer_that_stops_reading(TransportKind::Tcp)
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+#[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
+fn rdma_stall_marks_show_a_peer_that_stops_reading() {
+    require(
+        TransportKind::Rdma,
+        "stall_marks_show_a_peer_that_stops_reading",
+    );
+    stall_marks_show_a_peer_that_stops_reading(TransportKind::Rdma)
+}
+
 #[test]
 #[ignore = "the child half of peer_process_killed_mid_operation"]
 fn peer_process_child_entry() {

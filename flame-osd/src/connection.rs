@@ -269,7 +269,8 @@ pub(crate) async fn serve_connection(
 /// logged and counted, and so is one idle past `idle_timeout_ms` with nothing
 /// in flight (`inflight`: a request the shard still works on is not idleness).
 /// One timer per connection, waking a few times per bound: nothing on the data
-/// path. Only tcp connections are watched.
+/// path. tcp and rdma connections are watched (those whose transport keeps
+/// [`Conn::stall`] marks); shm's are not.
 pub(crate) fn watch_stalls(
     conn: &Conn,
     bounds: flame_common::transport::StallBounds,
@@ -277,7 +278,8 @@ pub(crate) fn watch_stalls(
     inflight: &Rc<Inflight>,
 ) {
     use flame_common::transport::Stall;
-    if !matches!(conn, Conn::Tcp(_)) {
+    if conn.stall().is_none() {
+        // Not a watched transport (shm, the simulator's links).
         return;
     }
     let (sampled, watched, stuck) = (conn.clone(), conn.clone(), conn.clone());

@@ -14,7 +14,7 @@
 //!   `FLAME_TEST_TRANSPORT=rdma` (`tests/vm/rdma_suites.sh`): the harness's own
 //!   clusters, every OSD and flame-nbd on `transport: rdma`.
 //!
-//! Both need builds `cargo test --workspace` does not make — the daemons with
+//! They need builds `cargo test --workspace` does not make — the daemons with
 //! `--features flame-osd/rdma,flame-client/rdma` (which replace the failpoints
 //! build in the target directory) and the conformance executable with `--features
 //! rdma` — so they are ignored in the main pass, and scripts/test.sh runs them

@@ -226,13 +226,16 @@ impl Conn {
     /// and batches sent). The owner's watchdog closes a connection whose answer
     /// stays the same longer than its bound, so a trickling or never-reading
     /// peer cannot hold pool memory and a slot forever; the data path reads no
-    /// clock for it. Only tcp is watched (shm and rdma messages arrive whole;
-    /// their send rings are bounded by the peer's credits); the others say
-    /// `None`.
+    /// clock for it. tcp and rdma (whose messages come in frames of at most 16
+    /// KiB, so a peer can stop mid-payload, and whose send queue waits on the
+    /// peer's credits) are watched; shm (messages arrive whole, in rings
+    /// bounded by the peer's credits) and the simulator's links say `None`.
     pub fn stall(&self) -> Option<(Stall, u64)> {
         match self {
             Conn::Tcp(c) => c.stall(),
-            _ => None,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => Some(c.stall()),
+            Conn::Shm(_) | Conn::Sim(_) => None,
         }
     }
 

@@ -1,8 +1,8 @@
 //! Stalled connections: a peer that sends a payload's header and then trickles
 //! its bytes holds a receive buffer, and one that never reads its replies holds
 //! queued buffers; either holds them as long as it likes unless someone closes it.
-//! Every byte-stream connection (the OSD's tcp connections, flame-nbd's) keeps
-//! [`StallMarks`] on its data path — two flags and two counters, no clock read —
+//! Every byte-stream connection (tcp and rdma connections, flame-nbd's NBD
+//! connections) keeps [`StallMarks`] on its data path — two flags and two counters, no clock read —
 //! and one watchdog task per connection ([`watch`]) samples them a few times per
 //! bound; the decision is the pure [`StallWatch`]. The same marks tell an idle
 //! connection (nothing received or sent for [`StallBounds::idle`]), which a

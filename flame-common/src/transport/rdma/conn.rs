@@ -629,6 +629,13 @@ pub struct RdmaConn {
     /// here: a grant is reachable only through a queue pair, and the queue pair is
     /// destroyed first.
     grants: RefCell<HashMap<u32, GrantEntry>>,
+    /// What the connection waits on, for the owner's stall watchdog
+    /// ([`crate::transport::stall`]): a message partly received when the
+    /// received frames ran out (a peer that stops mid-payload holds a pool
+    /// buffer), data queued that no SEND could take for lack of the peer's
+    /// credits (a peer that stops reading holds the queued payloads); one unit
+    /// of send progress is one data frame posted.
+    marks: crate::transport::StallMarks,
 }
 
 impl Drop for RdmaConn {
@@ -764,6 +771,7 @@ impl RdmaConn {
             never_wait: Cell::new(false),
             failure: RefCell::new(None),
             grants: RefCell::new(HashMap::default()),
+            marks: crate::transport::StallMarks::default(),
         });
         thread.conns.borrow_mut().insert(id, Rc::downgrade(&conn));
         let conn = Self::bring_up(conn, initiator).await?;
@@ -917,6 +925,14 @@ impl RdmaConn {
         if self.closed.get() {
             return;
         }
+        self.pump_frames();
+        // Data left queued waits for the peer's credits (or a send slot).
+        if self.state.borrow().queued_bytes > 0 {
+            self.marks.send_started();
+        }
+    }
+
+    fn pump_frames(&self) {
         for _ in 0..SEND_SLOTS {
             let mut st = self.state.borrow_mut();
             if st.free_send.is_empty() {
@@ -988,6 +1004,9 @@ impl RdmaConn {
             if let Err(e) = posted {
                 self.fail(format!("posting an RDMA SEND: {e}"));
                 return;
+            }
+            if kind == FrameKind::Data {
+                self.marks.send_finished();
             }
         }
     }
@@ -1265,6 +1284,10 @@ impl RdmaConn {
                 return Poll::Ready(Ok(Received::NeedsMemory(len)));
             }
             let Some(&(slot, len, used)) = st.filled.front() else {
+                if st.decoder.in_message() {
+                    // The peer's next frame of this message has not come.
+                    self.marks.payload_started();
+                }
                 st.recv_waker = Some(cx.waker().clone());
                 return Poll::Pending;
             };
@@ -1285,6 +1308,8 @@ impl RdmaConn {
                 self.pump();
             }
             if let Some(msg) = msg {
+                self.marks.payload_finished();
+                self.marks.frame_received();
                 return Poll::Ready(msg.map(Received::Message).map_err(TransportError::from));
             }
         }
@@ -1293,6 +1318,11 @@ impl RdmaConn {
     /// See [`crate::transport::Conn::set_never_wait_for_memory`].
     pub fn set_never_wait_for_memory(&self, on: bool) {
         self.never_wait.set(on);
+    }
+
+    /// See [`crate::transport::Conn::stall`].
+    pub fn stall(&self) -> (crate::transport::Stall, u64) {
+        self.marks.current()
     }
 
     /// See [`crate::transport::Conn::close`]: the queue pair goes to the error
@@ -1772,8 +1802,8 @@ enum FirstBytes {
     RdmaBootstrap,
     /// A Flame frame over TCP.
     Tcp,
-    /// Neither: refused at once, without waiting for a bootstrap that will not
-    /// come (the listener brings connections up one at a time).
+    /// Neither: refused at once, without holding a bring-up slot for a
+    /// bootstrap that will not come.
     Unknown(u32),
 }
 
@@ -1794,7 +1824,8 @@ async fn peek_first_bytes(fd: RawFd) -> Result<[u8; 4], TransportError> {
     with_timeout(HANDSHAKE_TIMEOUT_MS, "first bytes of a connection", async {
         let mut first = [0u8; 4];
         // Bounded by the timeout around it; each round waits for readability
-        // (or a short sleep when fewer than four bytes have arrived).
+        // (or a short sleep when fewer than four bytes have arrived: the peer's
+        // first write is a whole header or bootstrap, so that is rare).
         loop {
             // SAFETY: `first` is a live 4-byte buffer; MSG_DONTWAIT never blocks.
             let n = unsafe {
@@ -1812,7 +1843,7 @@ async fn peek_first_bytes(fd: RawFd) -> Result<[u8; 4], TransportError> {
                 return Err(TransportError::Closed);
             }
             if n > 0 {
-                reactor::sleep(Duration::from_millis(1)).await;
+                reactor::sleep(Duration::from_millis(5)).await;
                 continue;
             }
             let e = io::Error::last_os_error();
@@ -1901,22 +1932,22 @@ impl RdmaListener {
             let fd = self.inner.as_raw_fd();
             let arrival = async move {
                 if room {
-                    let _ = reactor::poll_readable(fd).await;
+                    reactor::poll_readable(fd).await.map(|_| ())
                 } else {
-                    std::future::pending::<()>().await;
+                    std::future::pending().await
                 }
             };
             // Ready when a bring-up finished (with a connection or with room).
             let in_use = ups.in_use();
             let finished = std::future::poll_fn(|cx| {
                 if ups.in_use() != in_use || !ups.done.borrow().is_empty() {
-                    Poll::Ready(())
+                    Poll::Ready(Ok(()))
                 } else {
                     *ups.waker.borrow_mut() = Some(cx.waker().clone());
                     Poll::Pending
                 }
             });
-            futures_lite::future::or(finished, arrival).await;
+            futures_lite::future::or(finished, arrival).await?;
         }
     }
 
