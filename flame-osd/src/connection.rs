@@ -772,8 +772,8 @@ impl Inflight {
 /// clear in HELLO, so keyed by id alone, anyone holding *some* valid ticket
 /// could fence another client's connections by claiming its id with a higher
 /// generation; keyed by entity too, a claim only ever reaches the claimer's own
-/// sessions. The hash is keyed per process (SipHash with a random key), so no
-/// one can pick a name that collides with another entity's. `Copy`, so the
+/// sessions. The hash is keyed per process (std's `RandomState`), so no one can
+/// pick a name that collides with another entity's. `Copy`, so the
 /// staged mode's per-request check costs one lookup and no allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SessionKey {

@@ -24,9 +24,10 @@ source "$HERE/soft_roce.sh"
 
 fail() { echo "rdma_suites: FAILED: $*" >&2; exit 1; }
 (($# > 0)) || fail "usage: rdma_suites.sh TEST_EXECUTABLE..."
-# One entry per suite: "NAME=VALUE ... /absolute/exe" (the variables' values
-# hold no spaces: FLAME_TEST_* settings).
-runs=()
+# One entry per suite in each array: its settings ("NAME=VALUE ...": the
+# FLAME_TEST_* values hold no spaces) and its executable's absolute path.
+run_settings=()
+run_exes=()
 settings=""
 for arg in "$@"; do
     if [[ "$arg" =~ ^FLAME_TEST_[A-Z_]+=[^[:space:]]*$ ]]; then
@@ -34,23 +35,24 @@ for arg in "$@"; do
         continue
     fi
     [[ -x "$arg" ]] || fail "$arg is neither a FLAME_TEST_NAME=VALUE setting nor an executable"
-    runs+=("$settings$(cd "$(dirname "$arg")" && pwd)/$(basename "$arg")")
+    run_settings+=("$settings")
+    run_exes+=("$(cd "$(dirname "$arg")" && pwd)/$(basename "$arg")")
     settings=""
 done
-((${#runs[@]} > 0)) || fail "no test executable given"
+((${#run_exes[@]} > 0)) || fail "no test executable given"
 [[ -z "$settings" ]] || fail "settings after the last executable: $settings"
 soft_roce_up
 
 counter() { cat "/sys/class/infiniband/$SOFT_ROCE_DEV/ports/1/hw_counters/$1" 2>/dev/null || echo 0; }
 sent_before="$(counter sent_pkts)"
 cd "${TMPDIR:-/tmp}"
-for run in "${runs[@]}"; do
-    read -r -a words <<<"$run"
-    exe="${words[-1]}"
+for i in "${!run_exes[@]}"; do
+    read -r -a vars <<<"${run_settings[$i]}"
+    exe="${run_exes[$i]}"
     start=$SECONDS
     rc=0
-    echo "rdma_suites: FLAME_TEST_TRANSPORT=rdma $run"
-    env FLAME_TEST_TRANSPORT=rdma "${words[@]}" --test-threads 1 || rc=$?
+    echo "rdma_suites: FLAME_TEST_TRANSPORT=rdma ${run_settings[$i]}$exe"
+    env FLAME_TEST_TRANSPORT=rdma "${vars[@]}" "$exe" --test-threads 1 || rc=$?
     echo "rdma_suites: $(basename "$exe"): $((SECONDS - start)) s in the guest, exit $rc"
     ((rc == 0)) || fail "$(basename "$exe") failed with transport rdma (exit $rc)"
 done

@@ -596,6 +596,13 @@ struct State {
     /// Bytes of the front chunk already sent.
     front_sent: usize,
     queued_bytes: usize,
+    /// Data bytes posted in SENDs since the connection began.
+    posted_bytes: u64,
+    /// While data waits for the peer's credits: the `posted_bytes` at which
+    /// everything queued when the wait began will have gone (the stall marks'
+    /// unit of send progress, a batch, as on tcp: a peer returning a credit now
+    /// and then does not count as reading).
+    batch_end: Option<u64>,
     /// Received data frames not yet consumed: (slot, data length, consumed).
     filled: VecDeque<(u32, u32, u32)>,
     decoder: StreamDecoder,
@@ -751,6 +758,8 @@ impl RdmaConn {
                 queue: VecDeque::new(),
                 front_sent: 0,
                 queued_bytes: 0,
+                posted_bytes: 0,
+                batch_end: None,
                 filled: VecDeque::new(),
                 decoder: StreamDecoder::default(),
                 recv_waker: None,
@@ -925,14 +934,32 @@ impl RdmaConn {
         if self.closed.get() {
             return;
         }
-        self.pump_frames();
+        let posted = self.pump_frames();
+        let mut st = self.state.borrow_mut();
+        st.posted_bytes += posted as u64;
+        match st.batch_end {
+            // Everything queued when the wait began has gone.
+            Some(end) if st.posted_bytes >= end => {
+                st.batch_end = None;
+                self.marks.send_finished();
+            }
+            // A batch that went at once (activity, for idleness).
+            None if posted > 0 && st.queued_bytes == 0 => {
+                self.marks.send_started();
+                self.marks.send_finished();
+            }
+            _ => {}
+        }
         // Data left queued waits for the peer's credits (or a send slot).
-        if self.state.borrow().queued_bytes > 0 {
+        if st.queued_bytes > 0 && st.batch_end.is_none() {
+            st.batch_end = Some(st.posted_bytes + st.queued_bytes as u64);
             self.marks.send_started();
         }
     }
 
-    fn pump_frames(&self) {
+    /// Posts frames; returns the data bytes posted.
+    fn pump_frames(&self) -> usize {
+        let mut data_posted = 0;
         for _ in 0..SEND_SLOTS {
             let mut st = self.state.borrow_mut();
             if st.free_send.is_empty() {
@@ -1003,12 +1030,11 @@ impl RdmaConn {
             };
             if let Err(e) = posted {
                 self.fail(format!("posting an RDMA SEND: {e}"));
-                return;
+                return 0;
             }
-            if kind == FrameKind::Data {
-                self.marks.send_finished();
-            }
+            data_posted += len;
         }
+        data_posted
     }
 
     /// A completion of one of this connection's work requests.
@@ -1284,8 +1310,10 @@ impl RdmaConn {
                 return Poll::Ready(Ok(Received::NeedsMemory(len)));
             }
             let Some(&(slot, len, used)) = st.filled.front() else {
-                if st.decoder.in_message() {
-                    // The peer's next frame of this message has not come.
+                if st.decoder.in_payload() {
+                    // The peer's next frame of this payload has not come (a
+                    // header split across frames, or a wait for pool memory,
+                    // is not the peer's stall: as on tcp, only a payload is).
                     self.marks.payload_started();
                 }
                 st.recv_waker = Some(cx.waker().clone());
@@ -1745,9 +1773,17 @@ impl GrantOwner for RdmaConn {
 /// [`MAGIC`](crate::protocol::MAGIC) (its HELLO). Both are authenticated the same
 /// way afterwards, at HELLO.
 ///
-/// Each accepted connection is brought up by its own task, at most
-/// [`BRING_UPS_MAX`] at once, so a peer that connects and sends nothing holds
-/// one of those for [`HANDSHAKE_TIMEOUT_MS`], not the listener.
+/// Each accepted connection is brought up by its own task, within
+/// [`HANDSHAKE_TIMEOUT_MS`] in all, at most [`BRING_UPS_MAX`] at once and
+/// [`BRING_UPS_PER_SOURCE_MAX`] per source address, so a peer that connects and
+/// sends nothing holds one of those for 5 s, not the listener. An RDMA
+/// bring-up holds a queue pair and 1 MiB of pinned slots before the peer has
+/// authenticated (at HELLO, after it): at most 64 MiB per listener.
+///
+/// One task accepts on a listener (a shard's accept loop); it must be dropped
+/// on that task's thread, where its bring-ups live (dropped elsewhere, they
+/// stay until that thread ends). Bring-ups running when it is dropped finish
+/// (within their 5 s) and close.
 pub struct RdmaListener {
     /// Non-blocking: waited on with `poll_readable`, which a dropped `accept`
     /// cancels without losing a connection.
@@ -1767,6 +1803,8 @@ struct BringUps {
     done: RefCell<VecDeque<crate::transport::Conn>>,
     /// Tasks still bringing a connection up.
     running: Cell<usize>,
+    /// Of those, how many from each source address.
+    running_from: RefCell<HashMap<std::net::IpAddr, usize>>,
     /// The `accept` waiting for `done` (or for room to start another).
     waker: RefCell<Option<Waker>>,
 }
@@ -1792,8 +1830,15 @@ thread_local! {
 static NEXT_LISTENER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Connections an [`RdmaListener`] brings up at once (each bounded by
-/// [`HANDSHAKE_TIMEOUT_MS`]); more wait in the kernel's backlog.
+/// [`HANDSHAKE_TIMEOUT_MS`] in all); more wait in the kernel's backlog.
 pub const BRING_UPS_MAX: usize = 64;
+
+/// Bring-ups one source address may have running at once; a connection from a
+/// source at its bound is closed at once (before anything is allocated for it),
+/// so one host's silent connections hold at most a quarter of
+/// [`BRING_UPS_MAX`]. (A client host whose threads all reconnect at once past
+/// this bound sees some connections closed; they retry.)
+pub const BRING_UPS_PER_SOURCE_MAX: usize = 16;
 
 /// What a connection's first four bytes say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1859,14 +1904,39 @@ async fn peek_first_bytes(fd: RawFd) -> Result<[u8; 4], TransportError> {
     .await
 }
 
-/// Brings `stream` up in a task of its own; the connection goes to `ups.done`,
-/// a failure to the log.
+/// Brings `stream` up in a task of its own, within [`HANDSHAKE_TIMEOUT_MS`] in
+/// all; the connection goes to `ups.done`, a failure to the log. A source
+/// already at [`BRING_UPS_PER_SOURCE_MAX`] is refused (the stream closed).
 fn start_bring_up(ups: &Rc<BringUps>, stream: TcpStream, from: SocketAddr) {
+    let source = from.ip();
+    {
+        let mut running_from = ups.running_from.borrow_mut();
+        let n = running_from.entry(source).or_insert(0);
+        if *n >= BRING_UPS_PER_SOURCE_MAX {
+            tracing::warn!(peer = %from, "refusing a connection: {BRING_UPS_PER_SOURCE_MAX} from this address are being brought up already");
+            return;
+        }
+        *n += 1;
+    }
     ups.running.set(ups.running.get() + 1);
     let ups = ups.clone();
     reactor::spawn(async move {
-        let result = bring_up_accepted(stream).await;
+        let result = with_timeout(
+            HANDSHAKE_TIMEOUT_MS,
+            "connection bring-up",
+            bring_up_accepted(stream),
+        )
+        .await;
         ups.running.set(ups.running.get() - 1);
+        {
+            let mut running_from = ups.running_from.borrow_mut();
+            if let Some(n) = running_from.get_mut(&source) {
+                *n -= 1;
+                if *n == 0 {
+                    running_from.remove(&source);
+                }
+            }
+        }
         match result {
             Ok(conn) => ups.done.borrow_mut().push_back(conn),
             Err(e) => tracing::warn!(peer = %from, "connection bring-up failed: {e}"),
@@ -1920,7 +1990,9 @@ impl RdmaListener {
             if room {
                 match self.inner.accept() {
                     Ok((stream, from)) => {
-                        stream.set_nonblocking(false)?;
+                        // (Blocking: an accepted socket does not inherit the
+                        // listener's O_NONBLOCK on Linux; the peek uses
+                        // MSG_DONTWAIT and everything after it io_uring.)
                         start_bring_up(&ups, stream, from);
                         continue;
                     }
@@ -1932,7 +2004,12 @@ impl RdmaListener {
             let fd = self.inner.as_raw_fd();
             let arrival = async move {
                 if room {
-                    reactor::poll_readable(fd).await.map(|_| ())
+                    let polled = reactor::poll_readable(fd).await.map(|_| ());
+                    if polled.is_err() {
+                        // A listener-level failure: do not let the caller spin.
+                        reactor::sleep(Duration::from_millis(100)).await;
+                    }
+                    polled
                 } else {
                     std::future::pending().await
                 }

@@ -449,6 +449,12 @@ impl StreamDecoder {
     pub fn in_message(&self) -> bool {
         !self.head.is_empty() || self.body.is_some() || self.pending.is_some()
     }
+
+    /// Whether a payload is partly received: its header decoded, its buffer
+    /// given, some of its bytes still to come from the peer.
+    pub fn in_payload(&self) -> bool {
+        self.body.is_some()
+    }
 }
 
 #[cfg(test)]
@@ -742,6 +748,8 @@ mod tests {
         );
         assert_eq!(d.needs_memory(), Some(70_000));
         assert!(d.in_message());
+        // Waiting for this side's memory is not a payload the peer owes.
+        assert!(!d.in_payload());
         // Nothing more is consumed while it waits, and a wrong buffer is refused.
         assert_eq!(d.feed(&stream[n..], PayloadAlloc::PoolOrWait).0, 0);
         assert!(d.supply(PayloadBufMut::for_overwrite(4096)).is_err());
@@ -749,6 +757,10 @@ mod tests {
         let buf = PayloadBufMut::try_for_overwrite(70_000).expect("memory freed");
         assert!(d.supply(buf).is_ok());
         assert_eq!(d.needs_memory(), None);
+        assert!(
+            d.in_payload(),
+            "the payload's bytes are now the peer's to send"
+        );
         let mut got = Vec::new();
         let mut at = n;
         // Bounded: every round consumes bytes or ends the stream.
