@@ -193,8 +193,9 @@ section "FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flam
 # every converted request failed with EINVAL in staged mode).
 FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flame-tests --test nbd_cluster
 # Sessions and their fences in staged mode (the workers keep them), keyed by
-# entity (another entity's claim of a session id fences nothing).
-FLAME_TEST_THREADING=staged cargo test -p flame-tests --test osd_protocol a_reconnected_session_fences_its_old_connection
+# entity (another entity's claim of a session id fences nothing), and op ids
+# scoped by entity (the network threads scope them).
+FLAME_TEST_THREADING=staged cargo test -p flame-tests --test osd_protocol -- a_reconnected_session_fences_its_old_connection a_clients_op_ids_are_scoped_to_its_entity
 
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints

@@ -13,7 +13,7 @@
 //! usual case) and one lookup in a per-connection cache otherwise (filled once
 //! per volume and map epoch). Pure: the map is an argument.
 
-use flame_common::auth::{Role, VolumePatterns};
+use flame_common::auth::{EntityName, Role, VolumePatterns, scoped_op_session};
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, VolumeId};
 use flame_common::map::ClusterMap;
@@ -45,6 +45,13 @@ pub struct ConnAccess {
     is_peer: bool,
     /// `None`: the OSD runs without authentication (no role is known).
     role: Option<Role>,
+    /// The authenticated entity of a client connection, whose op ids are
+    /// scoped to it ([`ConnAccess::scope_op`]); `None` for peers and without
+    /// authentication.
+    op_entity: Option<EntityName>,
+    /// The last (session, scoped session) pair: a client connection uses one
+    /// session, so the hash runs once per connection, not per write.
+    op_scoped: std::cell::Cell<(u64, u64)>,
     volumes: VolumePatterns,
     /// `(epoch, volume) → allowed`, for restricted entities.
     cache: RefCell<(Epoch, HashMap<VolumeId, bool>)>,
@@ -84,12 +91,18 @@ pub struct Refusal {
 }
 
 impl ConnAccess {
-    /// The rights of a connection: a peer's or a client's, of `role` (`None`
+    /// The rights of a connection: a peer's or a client's, of `who` (`None`
     /// without authentication), limited to `volumes`.
-    pub fn new(is_peer: bool, role: Option<Role>, volumes: VolumePatterns) -> ConnAccess {
+    pub fn new(
+        is_peer: bool,
+        who: Option<&flame_common::auth::handshake::Authenticated>,
+        volumes: VolumePatterns,
+    ) -> ConnAccess {
         ConnAccess {
             is_peer,
-            role,
+            role: who.map(|w| w.role),
+            op_entity: who.filter(|_| !is_peer).map(|w| w.entity.clone()),
+            op_scoped: std::cell::Cell::new((0, 0)),
             volumes,
             cache: RefCell::new((Epoch(0), HashMap::default())),
         }
@@ -98,6 +111,33 @@ impl ConnAccess {
     /// Whether this is a replication connection.
     pub fn is_peer(&self) -> bool {
         self.is_peer
+    }
+
+    /// Scopes the op id of a client's write to its entity
+    /// ([`scoped_op_session`]), before anything records it: the group's log,
+    /// replicas and retries then see the scoped session. Peers' requests carry
+    /// ids a primary scoped already; without authentication ids stay as sent.
+    pub fn scope_op(&self, msg: &mut Message) {
+        let Some(entity) = &self.op_entity else {
+            return;
+        };
+        let op = match msg {
+            Message::Write { op, .. }
+            | Message::WriteZeroes { op, .. }
+            | Message::Discard { op, .. } => op,
+            _ => return,
+        };
+        if op.is_none() {
+            return;
+        }
+        let (raw, scoped) = self.op_scoped.get();
+        op.session = if raw == op.session && scoped != 0 {
+            scoped
+        } else {
+            let scoped = scoped_op_session(entity, op.session);
+            self.op_scoped.set((op.session, scoped));
+            scoped
+        };
     }
 
     /// Checks `msg` against these rights; `map` gives the current map, and is
@@ -215,11 +255,81 @@ mod tests {
         }
     }
 
+    fn who(name: &str, role: Role) -> flame_common::auth::handshake::Authenticated {
+        flame_common::auth::handshake::Authenticated {
+            entity: EntityName::parse(name).unwrap(),
+            role,
+        }
+    }
+
+    fn op_of(msg: &Message) -> OpId {
+        match msg {
+            Message::Write { op, .. } => *op,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_clients_op_ids_are_scoped_to_its_entity() {
+        let with_op = |session| {
+            let mut m = write(1, 0);
+            if let Message::Write { op, .. } = &mut m {
+                *op = OpId { session, seq: 9 };
+            }
+            m
+        };
+        let a = ConnAccess::new(
+            false,
+            Some(&who("client.a", Role::Client)),
+            VolumePatterns::all(),
+        );
+        let b = ConnAccess::new(
+            false,
+            Some(&who("client.b", Role::Client)),
+            VolumePatterns::all(),
+        );
+        let (mut ma, mut mb, mut ma2) = (with_op(7), with_op(7), with_op(7));
+        a.scope_op(&mut ma);
+        b.scope_op(&mut mb);
+        a.scope_op(&mut ma2);
+        assert_ne!(op_of(&ma).session, 7, "scoped");
+        assert_ne!(
+            op_of(&ma).session,
+            op_of(&mb).session,
+            "another entity, another session"
+        );
+        assert_eq!(
+            op_of(&ma),
+            op_of(&ma2),
+            "the same on every write (and every OSD)"
+        );
+        assert_eq!(op_of(&ma).seq, 9);
+        assert_eq!(
+            op_of(&ma).session,
+            scoped_op_session(&EntityName::parse("client.a").unwrap(), 7)
+        );
+        // Another session of the same connection after the cached one.
+        let mut m8 = with_op(8);
+        a.scope_op(&mut m8);
+        assert_ne!(op_of(&m8).session, op_of(&ma).session);
+        // No op id, a peer's forwarded write, no authentication: unchanged.
+        let mut none = write(1, 0);
+        a.scope_op(&mut none);
+        assert!(op_of(&none).is_none());
+        let peer = ConnAccess::new(true, Some(&who("osd", Role::Osd)), VolumePatterns::all());
+        let open = ConnAccess::new(false, None, VolumePatterns::all());
+        for access in [&peer, &open] {
+            let mut m = with_op(7);
+            access.scope_op(&mut m);
+            assert_eq!(op_of(&m).session, 7);
+        }
+    }
+
     #[test]
     fn every_rule() {
         let m = map();
         let vm1 = VolumePatterns::parse_list("vm1-*").unwrap();
-        let client = ConnAccess::new(false, Some(Role::Client), vm1.clone());
+        let client = ConnAccess::new(false, Some(&who("client.vm1", Role::Client)), vm1.clone());
         assert_eq!(client.check(&write(1, 0), || &m), Ok(()));
         assert_eq!(
             client.check(&write(2, 0), || &m).unwrap_err().status,
@@ -251,7 +361,11 @@ mod tests {
             volume: VolumeId(1),
         };
         assert!(client.check(&delete, || &m).is_err());
-        let admin = ConnAccess::new(false, Some(Role::Admin), VolumePatterns::all());
+        let admin = ConnAccess::new(
+            false,
+            Some(&who("client.admin", Role::Admin)),
+            VolumePatterns::all(),
+        );
         assert_eq!(admin.check(&delete, || &m), Ok(()));
         assert_eq!(admin.check(&write(2, 0), || &m), Ok(()));
         let sums = Message::PgList {
@@ -277,7 +391,7 @@ mod tests {
             admin.check(&log_ops, || &m).is_err(),
             "a group's log: peers only"
         );
-        let peer = ConnAccess::new(true, Some(Role::Osd), VolumePatterns::all());
+        let peer = ConnAccess::new(true, Some(&who("osd", Role::Osd)), VolumePatterns::all());
         assert!(peer.is_peer());
         assert_eq!(peer.check(&sums, || &m), Ok(()));
         assert_eq!(peer.check(&log_ops, || &m), Ok(()));

@@ -115,11 +115,8 @@ pub(crate) async fn serve_connection(
     }
     let inflight = Rc::new(Inflight::default());
     watch_stalls(&conn, shard.stall_bounds, shard.id, &inflight);
-    let access = crate::access::ConnAccess::new(
-        is_peer,
-        admitted.who.as_ref().map(|w| w.role),
-        admitted.volumes.clone(),
-    );
+    let access =
+        crate::access::ConnAccess::new(is_peer, admitted.who.as_ref(), admitted.volumes.clone());
     let fetching: Rc<RefCell<Option<Fetching>>> = Rc::new(RefCell::new(None));
     let _area_gauge = AreaGauge(shard.clone(), fetching.clone());
     loop {
@@ -223,6 +220,7 @@ pub(crate) async fn serve_connection(
             }
             continue;
         }
+        access.scope_op(&mut msg);
         inflight.enter();
         let bytes = payload_bytes(&msg);
         shard.bytes_of(is_peer).take(bytes);

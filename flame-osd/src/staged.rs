@@ -494,11 +494,8 @@ async fn serve(
         conn.close_after_send();
         return;
     }
-    let access = crate::access::ConnAccess::new(
-        is_peer,
-        admitted.who.as_ref().map(|w| w.role),
-        admitted.volumes.clone(),
-    );
+    let access =
+        crate::access::ConnAccess::new(is_peer, admitted.who.as_ref(), admitted.volumes.clone());
     let max_inflight = if is_peer {
         shard.max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR)
     } else {
@@ -509,7 +506,7 @@ async fn serve(
     loop {
         inflight.below(max_inflight).await;
         shard.bytes_of(is_peer).room().await;
-        let msg = match conn.recv().await {
+        let mut msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
                 tracing::debug!(shard = shard.id, %peer, "connection ended: {e}");
@@ -538,6 +535,7 @@ async fn serve(
             }
             continue;
         }
+        access.scope_op(&mut msg);
         inflight.enter();
         let bytes = crate::connection::payload_bytes(&msg);
         shard.bytes_of(is_peer).take(bytes);

@@ -114,6 +114,33 @@ impl Role {
     }
 }
 
+/// The op session a placement group's log records for session `session` of
+/// `entity`: the first 8 bytes of SHA-256(`flame-op-session-v1\0` ‖ name ‖
+/// `\0` ‖ session, little-endian), never 0 (0 means "no op id").
+///
+/// Clients choose their session ids, and they travel in clear. Recorded raw, a
+/// writer of any volume that reuses a sniffed client's session id with a huge
+/// sequence number makes the group refuse that client's writes as superseded;
+/// scoped by the entity, the same id said by another entity is another session
+/// in every log. Deterministic and the same on every OSD, so retries and
+/// supersession work across primaries; a preimage for another entity's value
+/// costs 2^64 hashes.
+pub fn scoped_op_session(entity: &EntityName, session: u64) -> u64 {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"flame-op-session-v1\0");
+    h.update(entity.as_str().as_bytes());
+    h.update(b"\0");
+    h.update(session.to_le_bytes());
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    match u64::from_le_bytes(first) {
+        0 => 1,
+        v => v,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +177,16 @@ mod tests {
         let n: EntityName = serde_json::from_str("\"client.x\"").unwrap();
         assert_eq!(serde_json::to_string(&n).unwrap(), "\"client.x\"");
         assert!(serde_json::from_str::<EntityName>("\"bogus\"").is_err());
+    }
+
+    #[test]
+    fn op_sessions_are_scoped_by_entity_deterministically() {
+        let a = EntityName::parse("client.a").unwrap();
+        let b = EntityName::parse("client.b").unwrap();
+        assert_eq!(scoped_op_session(&a, 7), scoped_op_session(&a, 7));
+        assert_ne!(scoped_op_session(&a, 7), scoped_op_session(&b, 7));
+        assert_ne!(scoped_op_session(&a, 7), scoped_op_session(&a, 8));
+        assert_ne!(scoped_op_session(&a, 7), 0);
+        assert_ne!(scoped_op_session(&a, 7), 7);
     }
 }

@@ -37,7 +37,7 @@ mod signature;
 mod ticket;
 
 pub use caps::VolumePatterns;
-pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName, Role};
+pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName, Role, scoped_op_session};
 pub use key::{KeyGeneration, SecretKey};
 pub use keyring::{KEYRING_BYTES_MAX, Keyring, KeyringEntity};
 pub use replay::{REPLAY_ENTRIES_MAX, REPLAY_WINDOW_MS, ReplayGuard, ReplayRefusal};
