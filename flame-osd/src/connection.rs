@@ -765,17 +765,19 @@ impl Inflight {
     }
 }
 
-/// A session as a shard keys it: the entity that opened it (a keyed hash of its
-/// name, 0 without authentication) and the id it chose. Session ids travel in
-/// clear in HELLO, so keyed by id alone, anyone holding *some* valid ticket
-/// could fence another client's connections by claiming its id with a higher
-/// generation; keyed by entity too, a claim only ever reaches the claimer's own
-/// sessions. The hash is keyed per process (std's `RandomState`), so no one can
-/// pick a name that collides with another entity's. `Copy`, so the
-/// staged mode's per-request check costs one lookup and no allocation.
+/// A session as a shard keys it: the id the client chose, scoped to the
+/// entity that said it by the same function that scopes its op ids
+/// ([`flame_common::auth::scoped_op_session`]; the id as sent without
+/// authentication). Session ids travel in clear in HELLO, so keyed by id
+/// alone, anyone holding *some* valid ticket could fence another client's
+/// connections by claiming its id with a higher generation; scoped, a claim only
+/// ever reaches the claimer's own sessions. Computed once per HELLO; `Copy`, so
+/// the staged mode's per-request check costs one lookup and no allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SessionKey {
-    entity: u64,
+    /// Whether `scoped` is an entity's (never equal to an unauthenticated id).
+    authenticated: bool,
+    scoped: u64,
     id: u64,
 }
 
@@ -783,12 +785,11 @@ impl SessionKey {
     /// The session `id` of the connection `who` authenticated as (`None`:
     /// without authentication).
     pub fn new(who: Option<&flame_common::auth::handshake::Authenticated>, id: u64) -> SessionKey {
-        static ENTITY_HASHER: std::sync::LazyLock<std::hash::RandomState> =
-            std::sync::LazyLock::new(std::hash::RandomState::new);
-        let entity = who.map_or(0, |w| {
-            std::hash::BuildHasher::hash_one(&*ENTITY_HASHER, w.entity.as_str())
-        });
-        SessionKey { entity, id }
+        SessionKey {
+            authenticated: who.is_some(),
+            scoped: who.map_or(id, |w| flame_common::auth::scoped_op_session(&w.entity, id)),
+            id,
+        }
     }
 
     /// The id the client chose (for logs).

@@ -115,7 +115,8 @@ impl Role {
 }
 
 /// The op session a placement group's log records for session `session` of
-/// `entity`: the first 8 bytes of SHA-256(`flame-op-session-v1\0` ‖ name ‖
+/// `entity`, and the session an OSD shard fences connections by (both are
+/// client-chosen ids scoped to who said them): the first 8 bytes of SHA-256(`flame-op-session-v1\0` ‖ name ‖
 /// `\0` ‖ session, little-endian), never 0 (0 means "no op id").
 ///
 /// Clients choose their session ids, and they travel in clear. Recorded raw, a
