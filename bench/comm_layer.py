@@ -181,7 +181,7 @@ class Cluster(pm.Cluster):
         for n in range(pm.OSDS):
             text[f"osd.{n}"] = (f'mgr: "{pm.HOST}:{p.mgr}"\nlisten: "{pm.HOST}:{p.osd[n]}"\n'
                                 f'metrics_listen: "{pm.HOST}:{p.osd_metrics[n]}"\ndata_dir: ./osd.{n}\n'
-                                f"host: bench-host-{n}\n" + self.auth_yaml("osd") + to_yaml(cfgs["osd"]))
+                                f"host: bench-host-{n}\n" + self.auth_yaml("osd", n) + to_yaml(cfgs["osd"]))
         for name, t in text.items():
             with open(os.path.join(self.dir, f"{name}.yaml"), "w") as f:
                 f.write(t + "\n")

@@ -250,13 +250,23 @@ class Cluster:
             capture_output=True, text=True, timeout=timeout,
         )
 
-    def auth_yaml(self, daemon):
+    def auth_yaml(self, daemon, n=None):
         """The YAML lines that give `daemon` (mgr, osd, nbd) its key, or turn
         authentication off on the manager."""
         if not self.auth:
             return "auth: none\n" if daemon == "mgr" else ""
-        keyring = {"mgr": "cluster", "osd": "osd", "nbd": "client.admin"}[daemon]
+        keyring = {"mgr": "cluster", "osd": f"osd.{n}", "nbd": "client.admin"}[daemon]
         return f"keyring: ./keys/{keyring}.keyring\n"
+
+    def add_osd_key(self, n):
+        """OSD n's own key (osd.N), added once the manager answers."""
+        if not self.auth:
+            return
+        keys = os.path.join(self.dir, "keys")
+        r = self.admin("auth", "add", f"osd.{n}", "--cluster-keyring", os.path.join(keys, "cluster.keyring"),
+                       "--out", os.path.join(keys, f"osd.{n}.keyring"), timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"flame-admin auth add osd.{n} failed: {r.stderr.strip()}")
 
     def init_keys(self):
         if not self.auth:
@@ -297,7 +307,7 @@ host: bench-host-{n}
 shards: {SHARDS}
 poll_mode: {self.mode}
 direct_io: auto
-""" + self.auth_yaml("osd")
+""" + self.auth_yaml("osd", n)
         for name, text in cfg.items():
             with open(os.path.join(self.dir, f"{name}.yaml"), "w") as f:
                 f.write(text)
@@ -339,6 +349,7 @@ direct_io: auto
                 raise RuntimeError("flame-mgr did not listen in time")
             time.sleep(0.1)
         for n in range(OSDS):
+            self.add_osd_key(n)
             self.start_one(f"osd.{n}", "flame-osd")
         self.start_one("nbd", "flame-nbd")
         while True:

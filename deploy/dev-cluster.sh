@@ -247,7 +247,7 @@ pool:
     for ((n = 0; n < OSDS; n++)); do
         write_config "osd.$n" "$header
 mgr: \"$HOST:$MGR_PORT\"
-keyring: ./keys/osd.keyring
+keyring: ./keys/osd.$n.keyring     # this OSD's own key (osd.$n): it acts only as osd.$n
 listen: \"$HOST:$(osd_port "$n")\"        # shard i listens on this port + i
 metrics_listen: \"$HOST:$(osd_metrics_port "$n")\"
 data_dir: ./osd.$n
@@ -357,22 +357,25 @@ admin() { "$ADMIN" --mgr "$HOST:$MGR_PORT" --keyring "$DIR/keys/client.admin.key
 ensure_keys() {
     [[ -f "$DIR/keys/cluster.keyring" ]] && return 0
     "$ADMIN" auth init --dir "$DIR/keys" >/dev/null || die "flame-admin auth init failed"
-    note "created the cluster's keys in $DIR/keys (cluster, client.admin, osd)"
+    note "created the cluster's keys in $DIR/keys (cluster, client.admin)"
 }
 
-# flame-nbd's own entity (role client), added once the manager answers.
-ensure_nbd_key() {
-    [[ -f "$DIR/keys/client.nbd.keyring" ]] && return 0
+# An entity of the daemon's own (osd.N: role osd; client.nbd: role client,
+# reads the map and changes nothing) and its keyring, added once the manager
+# answers.
+ensure_entity_key() { # entity
+    local entity="$1"
+    [[ -f "$DIR/keys/$entity.keyring" ]] && return 0
     local deadline=$((SECONDS + TIMEOUT_S))
     until admin auth ls >/dev/null 2>&1; do
         ((SECONDS < deadline)) || die "the manager did not answer within ${TIMEOUT_S}s; see $(logfile mgr)"
         sleep 0.2
     done
-    local write=(--cluster-keyring "$DIR/keys/cluster.keyring" --out "$DIR/keys/client.nbd.keyring")
-    if admin auth ls | awk '{ print $1 }' | grep -qx client.nbd; then
-        admin auth key client.nbd "${write[@]}" >/dev/null || die "cannot write client.nbd's keyring"
+    local write=(--cluster-keyring "$DIR/keys/cluster.keyring" --out "$DIR/keys/$entity.keyring")
+    if admin auth ls | awk '{ print $1 }' | grep -qx "$entity"; then
+        admin auth key "$entity" "${write[@]}" >/dev/null || die "cannot write $entity's keyring"
     else
-        admin auth add client.nbd --role client "${write[@]}" >/dev/null || die "cannot add entity client.nbd"
+        admin auth add "$entity" "${write[@]}" >/dev/null || die "cannot add entity $entity"
     fi
 }
 
@@ -509,7 +512,10 @@ cmd_up() {
             note "$name already running (pid $pid)"
             continue
         fi
-        [[ "$name" == nbd ]] && ensure_nbd_key
+        case "$name" in
+            nbd) ensure_entity_key client.nbd ;;
+            osd.*) ensure_entity_key "$name" ;;
+        esac
         start_daemon "$name"
         started=$((started + 1))
         note "started $name (pid $(running_pid "$name"), log $(logfile "$name"))"

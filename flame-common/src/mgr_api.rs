@@ -39,6 +39,7 @@
 //! | DELETE | `/v1/auth/entities/{name}` | → [`AuthEntityInfo`] (the removed entity) |
 //! | POST | `/v1/auth/entities/{name}/volumes` | [`AuthEntityVolumes`] → [`AuthEntityInfo`] |
 //! | POST | `/v1/auth/ticket` | → [`TicketGrant`] for the signer (any entity); 409 with `auth: none` |
+//! | POST | `/v1/auth/service-key` | → [`ServiceKeyGrant`] for the signer (role osd only); 409 with `auth: none` |
 //! | GET | `/metrics` | → Prometheus text |
 
 use crate::ids::{Epoch, OsdId, PgId};
@@ -687,4 +688,16 @@ pub struct TicketGrant {
     pub ticket: String,
     /// The session key sealed for the signer (`auth::seal_session_key`), hex.
     pub sealed_session_key: String,
+}
+
+/// `POST /v1/auth/service-key`: the OSDs' service key (what makes and checks
+/// tickets) for an OSD that holds only its own `osd.N` key, sealed under that
+/// key (`auth::ServiceKey::seal_for`). Only role osd may ask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceKeyGrant {
+    /// The `osd` key generation the service key belongs to (tickets carry it).
+    pub generation: u64,
+    /// The sealed key, hex.
+    pub sealed_key: String,
 }

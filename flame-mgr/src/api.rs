@@ -187,6 +187,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/pgs/{id}", get(get_pg))
         .route("/v1/auth/entities", get(list_entities).post(add_entity))
         .route("/v1/auth/ticket", post(issue_ticket))
+        .route("/v1/auth/service-key", post(grant_service_key))
         .route("/v1/auth/entities/{name}/rotate", post(rotate_entity))
         .route("/v1/auth/entities/{name}/volumes", post(set_entity_volumes))
         .route(
@@ -341,6 +342,42 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
             .insert(flame_common::auth::SIGNATURE_HEADER, v);
     }
     Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// The OSDs' service key, sealed for the signing OSD.
+async fn grant_service_key(
+    State(shared): State<Arc<Shared>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+) -> Result<Response, HttpError> {
+    let (Some(verifier), Some(axum::Extension(caller))) = (&shared.verifier, caller) else {
+        return Err(HttpError::new(
+            StatusCode::CONFLICT,
+            "authentication is off on this cluster (auth: none): there is no service key",
+        ));
+    };
+    let grant = verifier
+        .lock()
+        .grant_service_key(&shared.auth_table(), &caller)
+        .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(ok_json(&grant))
+}
+
+/// Refuses (403, counted) a request on an OSD route whose signer may not act as
+/// OSD `osd` ([`crate::auth::check_acts_for`]).
+fn check_acts_for(
+    shared: &Shared,
+    caller: Option<&axum::Extension<crate::auth::Caller>>,
+    osd: OsdId,
+) -> Result<(), HttpError> {
+    crate::auth::check_acts_for(caller.map(|c| &c.creds.entity), osd).map_err(|r| {
+        shared
+            .metrics
+            .auth_refusals
+            .with_label_values(&[r.reason()])
+            .inc();
+        info!("refused an OSD request: {r}");
+        HttpError::new(StatusCode::FORBIDDEN, r.to_string())
+    })
 }
 
 /// A ticket for the signer, to open OSD connections with.
@@ -550,11 +587,17 @@ async fn get_osds(State(shared): State<Arc<Shared>>) -> Result<Response, HttpErr
 
 async fn osd_boot(
     State(shared): State<Arc<Shared>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     ApiJson(req): ApiJson<OsdBoot>,
 ) -> Result<Response, HttpError> {
+    let key_of = caller.as_ref().and_then(|c| c.creds.entity.osd_id());
+    if let Some(asked) = req.id {
+        // A data directory that recorded another id than the key's.
+        check_acts_for(&shared, caller.as_ref(), asked)?;
+    }
     let (id, fsid, epoch) = shared
         .commit(move |s, now| {
-            let id = s.boot(&req, now)?;
+            let id = s.boot_as(&req, key_of, now)?;
             Ok((id, s.map().fsid.clone(), s.epoch()))
         })
         .await?;
@@ -564,8 +607,10 @@ async fn osd_boot(
 
 async fn osd_heartbeat(
     State(shared): State<Arc<Shared>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     ApiJson(hb): ApiJson<OsdHeartbeat>,
 ) -> Result<Response, HttpError> {
+    check_acts_for(&shared, caller.as_ref(), hb.id)?;
     let epoch = shared
         .commit(move |s, now| {
             s.heartbeat(&hb, now)?;
@@ -577,8 +622,10 @@ async fn osd_heartbeat(
 
 async fn osd_failure(
     State(shared): State<Arc<Shared>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     ApiJson(r): ApiJson<OsdFailureReport>,
 ) -> Result<Response, HttpError> {
+    check_acts_for(&shared, caller.as_ref(), r.reporter)?;
     let reply = shared
         .commit(move |s, now| {
             let down = s.failure_report(&r, now)?;
@@ -593,8 +640,10 @@ async fn osd_failure(
 
 async fn pg_recovered(
     State(shared): State<Arc<Shared>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     ApiJson(r): ApiJson<PgRecoveredReport>,
 ) -> Result<Response, HttpError> {
+    check_acts_for(&shared, caller.as_ref(), r.reporter)?;
     let reporter = r.reporter;
     let reply = shared
         .commit(move |s, _| {

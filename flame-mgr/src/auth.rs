@@ -5,13 +5,15 @@
 //! Roles: `admin` may do everything; `osd` may read and do what an OSD does
 //! (boot, heartbeat, failure reports, recovered copies, finishing a trim is the
 //! admin's); `client` may only read (the map, status, volumes). `/metrics` is
-//! open, as Prometheus scrapes it without a key.
+//! open, as Prometheus scrapes it without a key. An `osd.N` entity acts only as
+//! OSD N ([`check_acts_for`]); the shared `osd` entity, as any OSD.
 
 pub use flame_common::auth::Role;
 use flame_common::auth::{
     Credentials, EntityName, KeyGeneration, Nonce, ReplayGuard, ReplayRefusal, RequestAuth,
     SecretKey, VolumePatterns,
 };
+use flame_common::ids::OsdId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -78,25 +80,37 @@ impl AuthTable {
         if let Some((name, _)) = self.entities.iter().find(|(_, r)| r.generation == 0) {
             return Err(format!("entity {name} has key generation 0"));
         }
-        if let Some((name, _)) = self.entities.iter().find(|(n, r)| {
-            n.as_str() == EntityName::OSD && r.role != Role::Osd
-                || n.as_str() != EntityName::OSD && r.role == Role::Osd
-        }) {
-            return Err(format!("entity {name}: only `osd` has the osd role"));
+        if let Some((name, _)) = self
+            .entities
+            .iter()
+            .find(|(n, r)| n.is_osd() != (r.role == Role::Osd))
+        {
+            return Err(format!(
+                "entity {name}: `osd` and `osd.N` have the osd role, and nothing else"
+            ));
         }
         Ok(())
     }
 
-    /// Adds a `client.NAME` entity with `role` (client or admin) at generation 1,
-    /// allowed `volumes`.
+    /// Adds a `client.NAME` entity with `role` (client or admin), or an `osd.N`
+    /// entity with role osd, at generation 1, allowed `volumes`.
     pub fn add(
         &mut self,
         name: &EntityName,
         role: Role,
         volumes: VolumePatterns,
     ) -> Result<EntityRecord, String> {
-        if name.as_str() == EntityName::OSD || role == Role::Osd {
-            return Err("the osd role belongs to the built-in entity `osd` only".into());
+        if *name == EntityName::osd() {
+            return Err("entity osd is built in".into());
+        }
+        if name.is_osd() != (role == Role::Osd) {
+            return Err(format!(
+                "entity {name}: osd.N entities have the osd role, and only they (add \
+                 osd.N with --role osd)"
+            ));
+        }
+        if name.is_osd() && !volumes.is_all() {
+            return Err(format!("entity {name}: an OSD serves every volume"));
         }
         if self.entities.contains_key(name) {
             return Err(format!("entity {name} exists already"));
@@ -121,8 +135,8 @@ impl AuthTable {
         name: &EntityName,
         volumes: VolumePatterns,
     ) -> Result<EntityRecord, String> {
-        if *name == EntityName::osd() {
-            return Err("the osd entity serves every volume".into());
+        if name.is_osd() {
+            return Err(format!("entity {name}: an OSD serves every volume"));
         }
         let rec = self
             .entities
@@ -167,6 +181,8 @@ pub enum Access {
     Any,
     /// The osd role (or admin).
     Osd,
+    /// The osd role only (the service key: not even an admin needs it).
+    OsdOnly,
     /// The admin role.
     Admin,
 }
@@ -181,6 +197,7 @@ pub fn required_access(method: &str, route: Option<&str>) -> Access {
     match (method, route) {
         (_, "/metrics") => Access::Open,
         ("POST", "/v1/auth/ticket") => Access::Any,
+        ("POST", "/v1/auth/service-key") => Access::OsdOnly,
         ("GET" | "HEAD", r) if !r.starts_with("/v1/auth/") => Access::Any,
         ("POST", "/v1/osd/boot" | "/v1/osd/heartbeat" | "/v1/osd/failure" | "/v1/pg/recovered") => {
             Access::Osd
@@ -194,7 +211,22 @@ pub fn permits(role: Role, access: Access) -> bool {
     match access {
         Access::Open | Access::Any => true,
         Access::Osd => matches!(role, Role::Osd | Role::Admin),
+        Access::OsdOnly => role == Role::Osd,
         Access::Admin => role == Role::Admin,
+    }
+}
+
+/// Whether the signer of a request on an OSD route (boot, heartbeat, failure
+/// report, recovered copies) may act as OSD `osd`: an `osd.N` entity only as
+/// OSD N; the shared `osd` entity and admins as any; `None` (auth: none) too.
+/// The one place this rule lives, so every OSD route applies the same.
+pub fn check_acts_for(signer: Option<&EntityName>, osd: OsdId) -> Result<(), Refusal> {
+    match signer.and_then(|e| e.osd_id().map(|own| (e, own))) {
+        Some((entity, own)) if own != osd => Err(Refusal::OtherOsd {
+            entity: entity.clone(),
+            osd,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -220,6 +252,13 @@ pub enum Refusal {
     BadSignature(EntityName),
     /// A stale, future or replayed request.
     Replay(EntityName, ReplayRefusal),
+    /// An `osd.N` entity acting for another OSD.
+    OtherOsd {
+        /// Who (`osd.N`).
+        entity: EntityName,
+        /// The OSD it acted for.
+        osd: OsdId,
+    },
     /// Authenticated, but the role does not allow this route.
     Forbidden {
         /// Who.
@@ -236,7 +275,7 @@ impl Refusal {
     /// replay window is full (retry), 400 for malformed.
     pub fn status(&self) -> u16 {
         match self {
-            Refusal::Forbidden { .. } => 403,
+            Refusal::Forbidden { .. } | Refusal::OtherOsd { .. } => 403,
             Refusal::Malformed(_) => 400,
             Refusal::Replay(_, ReplayRefusal::Full) => 429,
             _ => 401,
@@ -255,6 +294,7 @@ impl Refusal {
             Refusal::Replay(_, ReplayRefusal::Full) => "replay_window_full",
             Refusal::Replay(..) => "clock",
             Refusal::Forbidden { .. } => "forbidden",
+            Refusal::OtherOsd { .. } => "other_osd",
         }
     }
 }
@@ -286,6 +326,12 @@ impl std::fmt::Display for Refusal {
                  request was altered)"
             ),
             Refusal::Replay(e, r) => write!(f, "entity {e}: {r}"),
+            Refusal::OtherOsd { entity, osd } => write!(
+                f,
+                "entity {entity} may act only as its own OSD, not as {osd} (an OSD's \
+                 keyring must be its own: `flame-admin auth add {}`)",
+                EntityName::of_osd(*osd)
+            ),
             Refusal::Forbidden {
                 entity,
                 role,
@@ -296,7 +342,7 @@ impl std::fmt::Display for Refusal {
                 role.as_str(),
                 match needed {
                     Access::Admin => "the admin role",
-                    Access::Osd => "the osd role",
+                    Access::Osd | Access::OsdOnly => "the osd role",
                     Access::Any | Access::Open => "a key",
                 }
             ),
@@ -413,6 +459,36 @@ pub struct Caller {
 }
 
 impl Verifier {
+    /// The OSDs' service key: derived from the `osd` key of the generation in
+    /// `table` (so rotating `osd` changes it, and OSDs holding the shared `osd`
+    /// key derive it themselves).
+    fn service_key(&self, table: &AuthTable) -> Result<flame_common::auth::ServiceKey, String> {
+        let osd = EntityName::osd();
+        let generation = table
+            .entities
+            .get(&osd)
+            .map(|r| r.generation)
+            .ok_or("the entity table has no osd entity")?;
+        Ok(flame_common::auth::ServiceKey::from_osd_key(
+            &self.secret.derive_entity_key(&osd, generation),
+            generation,
+        ))
+    }
+
+    /// The service key sealed for `caller` (an OSD: the route needs role osd),
+    /// so an OSD holding only its own `osd.N` key can check tickets.
+    pub fn grant_service_key(
+        &self,
+        table: &AuthTable,
+        caller: &Caller,
+    ) -> Result<flame_common::mgr_api::ServiceKeyGrant, String> {
+        let service = self.service_key(table)?;
+        Ok(flame_common::mgr_api::ServiceKeyGrant {
+            generation: service.generation(),
+            sealed_key: hex::encode(service.seal_for(&caller.creds.key)?),
+        })
+    }
+
     /// A ticket for `caller` at `now_ms`, under the service key of the `osd` key
     /// generation in `table`, its session key sealed under the caller's key.
     pub fn issue_ticket(
@@ -421,16 +497,7 @@ impl Verifier {
         caller: &Caller,
         now_ms: u64,
     ) -> Result<flame_common::mgr_api::TicketGrant, String> {
-        let osd = EntityName::osd();
-        let generation = table
-            .entities
-            .get(&osd)
-            .map(|r| r.generation)
-            .ok_or("the entity table has no osd entity")?;
-        let service = flame_common::auth::ServiceKey::from_osd_key(
-            &self.secret.derive_entity_key(&osd, generation),
-            generation,
-        );
+        let service = self.service_key(table)?;
         let volumes = table
             .entities
             .get(&caller.creds.entity)
@@ -533,6 +600,7 @@ mod tests {
             ("POST", Some("/v1/osd/heartbeat"), Osd),
             ("POST", Some("/v1/osd/failure"), Osd),
             ("POST", Some("/v1/pg/recovered"), Osd),
+            ("POST", Some("/v1/auth/service-key"), OsdOnly),
             ("POST", Some("/v1/volumes"), Admin),
             ("DELETE", Some("/v1/volumes/{name}"), Admin),
             ("POST", Some("/v1/volumes/{name}/resize"), Admin),
@@ -649,6 +717,90 @@ mod tests {
             v.verify(&c, "GET", "/v1/map", b"", now, Access::Any)
                 .is_ok()
         );
+    }
+
+    /// `osd.N` entities: only with role osd, every volume, removable; they act
+    /// only as their own OSD, and get the service key sealed under their key.
+    #[test]
+    fn per_osd_entities_act_only_as_their_own_osd() {
+        let mut t = AuthTable::default();
+        let o3 = EntityName::parse("osd.3").unwrap();
+        for role in [Role::Client, Role::Admin] {
+            let e = t.add(&o3, role, VolumePatterns::all()).unwrap_err();
+            assert!(e.contains("osd role"), "{e}");
+        }
+        let e = t
+            .add(&o3, Role::Osd, VolumePatterns::parse_list("vm-*").unwrap())
+            .unwrap_err();
+        assert!(e.contains("every volume"), "{e}");
+        assert!(
+            t.add(&EntityName::osd(), Role::Osd, VolumePatterns::all())
+                .is_err()
+        );
+        t.add(&o3, Role::Osd, VolumePatterns::all()).unwrap();
+        t.check().unwrap();
+        assert!(
+            t.set_volumes(&o3, VolumePatterns::parse_list("x").unwrap())
+                .is_err()
+        );
+        // A table where a client holds the osd role, or osd.N another, is refused.
+        let mut bad = t.clone();
+        bad.entities.get_mut(&o3).unwrap().role = Role::Admin;
+        assert!(bad.check().is_err());
+
+        assert_eq!(check_acts_for(Some(&o3), OsdId(3)), Ok(()));
+        let e = check_acts_for(Some(&o3), OsdId(4)).unwrap_err();
+        assert_eq!((e.status(), e.reason()), (403, "other_osd"));
+        assert!(
+            e.to_string().contains("osd.3") && e.to_string().contains("osd.4"),
+            "{e}"
+        );
+        for anyone in [EntityName::osd(), EntityName::admin()] {
+            assert_eq!(check_acts_for(Some(&anyone), OsdId(4)), Ok(()));
+        }
+        assert_eq!(check_acts_for(None, OsdId(4)), Ok(()));
+
+        // The service key: only the osd role asks; it opens with the OSD's key.
+        assert_eq!(
+            required_access("POST", Some("/v1/auth/service-key")),
+            Access::OsdOnly
+        );
+        assert!(permits(Role::Osd, Access::OsdOnly));
+        assert!(!permits(Role::Admin, Access::OsdOnly) && !permits(Role::Client, Access::OsdOnly));
+        let v = Verifier::new(secret());
+        let caller = Caller {
+            creds: creds("osd.3", 1),
+            role: Role::Osd,
+        };
+        let g = v.grant_service_key(&t, &caller).unwrap();
+        let sealed = hex::decode(&g.sealed_key).unwrap();
+        let got =
+            flame_common::auth::ServiceKey::open_sealed(&caller.creds.key, g.generation, &sealed)
+                .unwrap();
+        let ticket = v
+            .issue_ticket(
+                &t,
+                &Caller {
+                    creds: creds("client.admin", 1),
+                    role: Role::Admin,
+                },
+                1_900_000_000_000,
+            )
+            .unwrap();
+        let bytes = hex::decode(&ticket.ticket).unwrap();
+        assert!(
+            got.open(&bytes, 1_900_000_000_000).is_ok(),
+            "the same key tickets are made with"
+        );
+        assert!(
+            flame_common::auth::ServiceKey::open_sealed(
+                &creds("osd.4", 1).key,
+                g.generation,
+                &sealed
+            )
+            .is_err()
+        );
+        assert_eq!(t.remove(&o3).unwrap().role, Role::Osd);
     }
 
     #[test]

@@ -414,6 +414,23 @@ impl ClusterState {
     ///   heartbeats are refused while the new OSD is up). Down OSDs are never
     ///   contacted, so sharing an address with one routes nothing wrongly.
     pub fn boot(&mut self, req: &OsdBoot, now: Instant) -> Result<OsdId, StateError> {
+        self.boot_as(req, None, now)
+    }
+
+    /// [`Self::boot`], signed with the key of `key_of`.
+    ///
+    /// `key_of`: the OSD whose own key (`osd.N`) signed the boot, if one did. Such
+    /// a boot must be OSD N's and nobody else's: a data directory registered as
+    /// another id, a new data directory while N is bound to another, and an
+    /// address overlapping any other OSD's (up or down: with its own key an OSD
+    /// never needs another's address) are refused, so a host holding one OSD's
+    /// key cannot pose as another OSD or lock one out.
+    pub fn boot_as(
+        &mut self,
+        req: &OsdBoot,
+        key_of: Option<OsdId>,
+        now: Instant,
+    ) -> Result<OsdId, StateError> {
         validate_boot(req)?;
         if let Some(fsid) = &req.fsid
             && *fsid != self.persisted.map.fsid
@@ -426,6 +443,9 @@ impl ClusterState {
             )));
         }
         let known = self.persisted.osd_uuids.get(&req.uuid).copied();
+        if let Some(n) = key_of {
+            self.check_boot_of_own_key(req, known, n)?;
+        }
         if let Some(holder) = self.live_osd_at(req.addr, req.shards, known) {
             let held = holder.shard_addr(0);
             return Err(StateError::Conflict(format!(
@@ -451,7 +471,7 @@ impl ClusterState {
                         "the cluster already has the maximum of {OSD_COUNT_MAX} OSDs"
                     )));
                 }
-                let id = match req.id {
+                let id = match key_of.or(req.id) {
                     Some(asked) if self.osd_id_free(asked) => asked,
                     _ => OsdId(self.persisted.next_osd_id),
                 };
@@ -531,13 +551,72 @@ impl ClusterState {
     /// An up OSD other than `me` whose shard ports (`addr.port()` up to
     /// `+ shards - 1` on the same IP) overlap `[addr, addr + shards)`.
     fn live_osd_at(&self, addr: SocketAddr, shards: u16, me: Option<OsdId>) -> Option<&OsdInfo> {
+        self.osds_at(addr, shards, me).find(|o| o.up)
+    }
+
+    /// The OSDs but `me` whose data ports overlap `shards` ports from `addr`.
+    fn osds_at(
+        &self,
+        addr: SocketAddr,
+        shards: u16,
+        me: Option<OsdId>,
+    ) -> impl Iterator<Item = &OsdInfo> {
         let lo = u32::from(addr.port());
         let hi = lo + u32::from(shards.max(1));
-        self.persisted.map.osds.values().find(|o| {
+        self.persisted.map.osds.values().filter(move |o| {
             let o_lo = u32::from(o.addr.port());
             let o_hi = o_lo + u32::from(o.shards.max(1));
-            Some(o.id) != me && o.up && o.addr.ip() == addr.ip() && lo < o_hi && o_lo < hi
+            Some(o.id) != me && o.addr.ip() == addr.ip() && lo < o_hi && o_lo < hi
         })
+    }
+
+    /// The checks of a boot signed with OSD `n`'s own key (see [`Self::boot`]);
+    /// `known`: the id the boot's data directory is registered as.
+    fn check_boot_of_own_key(
+        &self,
+        req: &OsdBoot,
+        known: Option<OsdId>,
+        n: OsdId,
+    ) -> Result<(), StateError> {
+        match known {
+            Some(id) if id != n => {
+                return Err(StateError::Conflict(format!(
+                    "this data directory (uuid {}) is registered as {id}, but the boot is \
+                     signed with the key of {n}: give this OSD the keyring of {id}",
+                    req.uuid
+                )));
+            }
+            Some(_) => {}
+            None if !self.osd_id_free(n) => {
+                let holder = self
+                    .persisted
+                    .osd_uuids
+                    .iter()
+                    .find(|(_, id)| **id == n)
+                    .map_or_else(
+                        || "another data directory".to_string(),
+                        |(u, _)| format!("uuid {u}"),
+                    );
+                return Err(StateError::Conflict(format!(
+                    "{n} is registered with {holder}, not with this new data directory (uuid {}): \
+                     a new data directory cannot take an OSD's id. If {n}'s old data is gone for \
+                     good, remove it first (`flame-admin osd rm {n}`, once its groups are \
+                     recovered elsewhere); else give this OSD a key of its own \
+                     (`flame-admin auth add osd.M`)",
+                    req.uuid
+                )));
+            }
+            None => {}
+        }
+        if let Some(other) = self.osds_at(req.addr, req.shards, Some(n)).next() {
+            return Err(StateError::Conflict(format!(
+                "address {} ({} shard ports) overlaps {} at {} ({} shard ports): an OSD \
+                 booting with its own key may not take another OSD's address, up or down. \
+                 Give it another listen port, or remove {} (`flame-admin osd rm`) first",
+                req.addr, req.shards, other.id, other.addr, other.shards, other.id
+            )));
+        }
+        Ok(())
     }
 
     /// The OSD bound to `uuid` if it is `id`; `NotFound` otherwise (a stale process,
@@ -1874,6 +1953,57 @@ mod tests {
         let mut req = boot_req("u-b", 6910, "h2");
         req.id = Some(OsdId(7));
         assert_eq!(s.boot(&req, now).unwrap(), b);
+        s.persisted.check().unwrap();
+    }
+
+    /// A boot signed with OSD N's own key is N's and nobody else's: it gets id N
+    /// (whatever id it asked for), and a data directory of another id, a new
+    /// data directory while N is bound, and another OSD's address (even a down
+    /// one's) are refused before anything is recorded.
+    #[test]
+    fn a_boot_signed_with_an_osds_own_key_is_that_osds_only() {
+        let mut s = state();
+        let now = Instant::now();
+        // Key osd.5, fresh data directory: id 5, not the next free id (0).
+        assert_eq!(
+            s.boot_as(&boot_req("u-5", 6900, "h1"), Some(OsdId(5)), now)
+                .unwrap(),
+            OsdId(5)
+        );
+        assert_eq!(s.boot(&boot_req("u-x", 6910, "h2"), now).unwrap(), OsdId(6));
+        // Again, and after a move to a free address: still 5.
+        assert_eq!(
+            s.boot_as(&boot_req("u-5", 6950, "h1"), Some(OsdId(5)), now)
+                .unwrap(),
+            OsdId(5)
+        );
+        let before = s.persisted.clone();
+        let refused = |s: &mut ClusterState, req: &OsdBoot, key: u32, want: &str| {
+            let e = s.boot_as(req, Some(OsdId(key)), now).unwrap_err();
+            assert!(matches!(e, StateError::Conflict(_)), "{e:?}");
+            assert!(e.to_string().contains(want), "{e}");
+        };
+        // osd.5's key on osd.6's data directory.
+        refused(
+            &mut s,
+            &boot_req("u-x", 6910, "h2"),
+            5,
+            "registered as osd.6",
+        );
+        // osd.6's key on a new data directory: 6 is bound to u-x.
+        refused(&mut s, &boot_req("u-new", 6990, "h3"), 6, "uuid u-x");
+        // osd.5 at osd.6's address, while 6 is up and once it is down.
+        refused(&mut s, &boot_req("u-5", 6910, "h1"), 5, "overlaps osd.6");
+        s.persisted.map.osds.get_mut(&OsdId(6)).unwrap().up = false;
+        let before_down = s.persisted.clone();
+        refused(&mut s, &boot_req("u-5", 6911, "h1"), 5, "overlaps osd.6");
+        assert_eq!(s.persisted, before_down, "a refused boot left a trace");
+        s.persisted.map.osds.get_mut(&OsdId(6)).unwrap().up = true;
+        assert_eq!(s.persisted, before);
+        // Without an own key (the shared `osd` key) the down holder's address may
+        // be taken, as before.
+        s.persisted.map.osds.get_mut(&OsdId(6)).unwrap().up = false;
+        assert_eq!(s.boot(&boot_req("u-y", 6910, "h4"), now).unwrap(), OsdId(7));
         s.persisted.check().unwrap();
     }
 

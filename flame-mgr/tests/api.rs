@@ -1217,6 +1217,159 @@ fn authentication_and_roles_refuse_everything_without_a_key() {
     assert_eq!(call_as(&removed, "GET", "/v1/map", None).0, 401);
 }
 
+/// The made-up-OSD attack by the holder of one OSD's own key (`osd.1`): it may
+/// boot, heartbeat and report only as OSD 1. New uuids (with a huge weight),
+/// another OSD's data directory or address, heartbeats, failure reports and
+/// recovered copies for OSD 0 are refused (403 naming the entity, or 409),
+/// counted, and the map stays as it was. The service key is sealed for the
+/// asking OSD alone; no admin or client gets it.
+#[test]
+fn an_osds_own_key_acts_only_as_that_osd() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mgr = Mgr::start(&write_config(d, "pool:\n  pg_count: 16\n"));
+    for n in ["osd.0", "osd.1"] {
+        let (st, v) = mgr.post(
+            "/v1/auth/entities",
+            &serde_json::json!({"entity": n, "role": "osd"}),
+        );
+        assert_eq!(st, 200, "{v}");
+    }
+    let osd0 = mgr.endpoint(Some(creds_in(d, "osd.0", 1)));
+    let osd1 = mgr.endpoint(Some(creds_in(d, "osd.1", 1)));
+    fn j<T: Serialize>(v: &T) -> Vec<u8> {
+        serde_json::to_vec(v).unwrap()
+    }
+    // Each boots as its own id, whatever the order.
+    let r: OsdBootReply = ok(call_as(
+        &osd1,
+        "POST",
+        "/v1/osd/boot",
+        Some(&j(&boot("u-1", 7010, "h1"))),
+    ));
+    assert_eq!(r.id, OsdId(1));
+    let r: OsdBootReply = ok(call_as(
+        &osd0,
+        "POST",
+        "/v1/osd/boot",
+        Some(&j(&boot("u-0", 7000, "h0"))),
+    ));
+    assert_eq!(r.id, OsdId(0));
+    let epoch = mgr.map().epoch;
+
+    // osd.1's key poses as new OSDs with a huge weight, as osd.0's data
+    // directory, at osd.0's address, and asks for osd.0's id.
+    let mut refusals = vec![];
+    for (i, port) in [7100u16, 7110, 7120].into_iter().enumerate() {
+        let b = OsdBoot {
+            weight: 100.0,
+            ..boot(&format!("made-up-{i}"), port, "evil")
+        };
+        refusals.push(("a new uuid", j(&b), 409, "registered with uuid u-1"));
+    }
+    refusals.push((
+        "osd.0's data directory",
+        j(&boot("u-0", 7200, "evil")),
+        409,
+        "registered as osd.0",
+    ));
+    refusals.push((
+        "osd.0's address",
+        j(&boot("u-1", 7001, "h1")),
+        409,
+        "overlaps osd.0",
+    ));
+    let asks_0 = OsdBoot {
+        id: Some(OsdId(0)),
+        ..boot("made-up-3", 7300, "evil")
+    };
+    refusals.push(("osd.0's id", j(&asks_0), 403, "not as osd.0"));
+    for (what, body, status, needle) in refusals {
+        let (got, v) = call_as(&osd1, "POST", "/v1/osd/boot", Some(&body));
+        assert_eq!(got, status, "{what}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{what}: {v}");
+    }
+    let as_osd0: [(&str, Vec<u8>); 3] = [
+        ("/v1/osd/heartbeat", j(&heartbeat(OsdId(0), "u-0"))),
+        (
+            "/v1/osd/failure",
+            j(&OsdFailureReport {
+                reporter: OsdId(0),
+                uuid: "u-0".into(),
+                failed: OsdId(1),
+                epoch,
+            }),
+        ),
+        (
+            "/v1/pg/recovered",
+            j(&PgRecoveredReport {
+                reporter: OsdId(0),
+                uuid: "u-0".into(),
+                epoch,
+                recovered: vec![(flame_common::ids::PgId(0), OsdId(1))],
+            }),
+        ),
+    ];
+    for (path, body) in &as_osd0 {
+        let (got, v) = call_as(&osd1, "POST", path, Some(body));
+        assert_eq!(got, 403, "{path}: {v}");
+        let e = v["error"].as_str().unwrap();
+        assert!(
+            e.contains("osd.1 may act only as its own OSD, not as osd.0"),
+            "{path}: {e}"
+        );
+    }
+    assert_eq!(mgr.map().epoch, epoch, "a refused request changed the map");
+    assert_eq!(mgr.map().osds.len(), 2);
+    // Its own heartbeat is fine.
+    let _: HeartbeatReply = ok(call_as(
+        &osd1,
+        "POST",
+        "/v1/osd/heartbeat",
+        Some(&j(&heartbeat(OsdId(1), "u-1"))),
+    ));
+
+    // The service key: sealed for the asking OSD, the key tickets are made with.
+    let g: flame_common::mgr_api::ServiceKeyGrant =
+        ok(call_as(&osd1, "POST", "/v1/auth/service-key", None));
+    let sealed = hex::decode(&g.sealed_key).unwrap();
+    let service = flame_common::auth::ServiceKey::open_sealed(
+        &creds_in(d, "osd.1", 1).key,
+        g.generation,
+        &sealed,
+    )
+    .unwrap();
+    assert!(
+        flame_common::auth::ServiceKey::open_sealed(
+            &creds_in(d, "osd.0", 1).key,
+            g.generation,
+            &sealed
+        )
+        .is_err()
+    );
+    let t: flame_common::mgr_api::TicketGrant = ok(mgr.call("POST", "/v1/auth/ticket", None));
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let (claims, _) = service
+        .open(&hex::decode(&t.ticket).unwrap(), now_ms)
+        .unwrap();
+    assert_eq!(claims.entity, EntityName::admin());
+    assert_err(
+        mgr.call("POST", "/v1/auth/service-key", None),
+        403,
+        "osd role",
+    );
+
+    let mut resp = agent().get(mgr.url("/metrics")).call().unwrap();
+    let text = resp.body_mut().read_to_string().unwrap();
+    assert!(
+        text.contains("flame_mgr_auth_refusals_total{reason=\"other_osd\"} 4"),
+        "{text}"
+    );
+}
+
 /// `auth: required` without a keyring, a world-readable keyring and an entity's
 /// keyring in place of the cluster's refuse to start (status 2, one line naming
 /// the fix); `auth: none` starts and says so in its health.

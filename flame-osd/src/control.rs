@@ -207,6 +207,37 @@ impl Control {
         Ok((reply.id, map))
     }
 
+    /// The OSDs' service key, for an OSD that holds its own `osd.N` key: asked
+    /// of the manager (`POST /v1/auth/service-key`), which seals it under this
+    /// OSD's key. Retries while the manager does not answer; a refusal is final.
+    pub fn fetch_service_key(&self) -> Result<flame_common::auth::ServiceKey, String> {
+        let creds = self
+            .mgr
+            .creds
+            .as_ref()
+            .ok_or("no keyring: there is no service key to fetch")?;
+        let mut delay = Duration::from_millis(100);
+        let grant: flame_common::mgr_api::ServiceKeyGrant = loop {
+            match self.post("/v1/auth/service-key", &()) {
+                Ok(g) => break g,
+                Err(e) if e.starts_with("refused: ") => {
+                    return Err(format!("the manager refused this OSD the service key: {e}"));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "service key: manager at {} not answering ({e}); retrying",
+                        self.cfg.mgr
+                    );
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+        let sealed = hex::decode(&grant.sealed_key)
+            .map_err(|e| format!("the manager's sealed service key is not hex: {e}"))?;
+        flame_common::auth::ServiceKey::open_sealed(&creds.key, grant.generation, &sealed)
+    }
+
     fn post<B: Serialize, R: for<'de> Deserialize<'de>>(
         &self,
         path: &str,

@@ -129,14 +129,26 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         .map(flame_common::auth::Credentials::load)
         .transpose()
         .map_err(|message| StartError { message, status: 2 })?;
-    let service = match &creds {
-        Some(c) if c.entity == flame_common::auth::EntityName::osd() => Some(
-            flame_common::auth::ServiceKey::from_osd_key(&c.key, c.generation),
-        ),
+    // The service key (what checks HELLO tickets): derived from the shared `osd`
+    // key here, or, for an OSD's own `osd.N` key, asked of the manager after
+    // the boot (below).
+    let mut service = match &creds {
+        Some(c) if c.entity == flame_common::auth::EntityName::osd() => {
+            tracing::warn!(
+                "this OSD signs with the shared `osd` key, with which any holder may act \
+                 as any OSD; give each OSD its own (`flame-admin auth add osd.N`)"
+            );
+            Some(flame_common::auth::ServiceKey::from_osd_key(
+                &c.key,
+                c.generation,
+            ))
+        }
+        Some(c) if c.entity.is_osd() => None,
         Some(c) => {
             return Err(StartError {
                 message: format!(
-                    "keyring {} is {}'s; an OSD needs the osd keyring (osd.keyring from `flame-admin auth init`)",
+                    "keyring {} is {}'s; an OSD needs its own osd.N keyring \
+                     (`flame-admin auth add osd.N --cluster-keyring … --out osd.N.keyring`)",
                     cfg.keyring
                         .as_deref()
                         .map_or_else(String::new, |p| p.display().to_string()),
@@ -152,6 +164,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             None
         }
     };
+    let own_key_of = creds.as_ref().and_then(|c| c.entity.osd_id());
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
     std::fs::create_dir_all(&cfg.data_dir)
@@ -207,6 +220,19 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone(), creds);
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
+    if let Some(own) = own_key_of {
+        // The manager refuses a boot signed with another OSD's key; this is
+        // the hand-over's assertion.
+        if own != osd_id {
+            return Err(StartError {
+                message: format!(
+                    "the manager registered this OSD as {osd_id}, but its key is {own}'s"
+                ),
+                status: 2,
+            });
+        }
+        service = Some(control.fetch_service_key()?);
+    }
     let map = Arc::new(ArcSwap::from_pointee(map));
     let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));
 

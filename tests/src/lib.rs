@@ -124,7 +124,9 @@ pub fn test_auth() -> bool {
 #[derive(Debug)]
 pub struct TestKeys {
     /// The directory holding `cluster.keyring`, `client.admin.keyring`,
-    /// `osd.keyring` and `client.test.keyring` (role client).
+    /// `client.test.keyring` (role client), `osd.N.keyring` (OSD process N's own
+    /// key) and `osd.keyring` (the shared key every OSD may hold, for tests of
+    /// it).
     pub dir: PathBuf,
     /// The cluster secret.
     pub secret: flame_common::auth::SecretKey,
@@ -235,7 +237,8 @@ pub fn hello_auth(
 
 impl TestKeys {
     /// Writes a new cluster's keys into `dir` (created, mode 0700), as
-    /// `flame-admin auth init` does, plus `client.test` (generation 1).
+    /// `flame-admin auth init` does, plus `client.test` and the shared `osd`
+    /// (generation 1).
     pub fn create(dir: &Path) -> TestKeys {
         let (secret, _) = flame_common::auth::Keyring::init_cluster(dir)
             .unwrap_or_else(|e| panic!("test keys: {e}"));
@@ -244,6 +247,7 @@ impl TestKeys {
             secret,
         };
         keys.write_keyring("client.test", 1);
+        keys.write_keyring("osd", 1);
         keys
     }
 
@@ -264,7 +268,8 @@ impl TestKeys {
         path
     }
 
-    /// The keyring file of `entity` (`client.admin`, `osd`, `client.test`).
+    /// The keyring file of `entity` (`client.admin`, `osd.N`, `osd`,
+    /// `client.test`).
     pub fn keyring(&self, entity: &str) -> PathBuf {
         self.dir.join(format!("{entity}.keyring"))
     }
@@ -714,6 +719,10 @@ impl TestCluster {
                 &serde_json::json!({"entity": "client.test", "role": "client"}),
             );
             assert!(matches!(added, Ok((200, _))), "add client.test: {added:?}");
+            // Every OSD process its own key, as deployed (process i is osd.i).
+            for i in 0..cluster.osds.len() {
+                cluster.add_osd_entity(i);
+            }
         }
         if cluster.opts.osds_one_by_one {
             for i in 0..cluster.osds.len() {
@@ -1274,6 +1283,16 @@ impl TestCluster {
         mgr_call_as(&self.mgr_endpoint(creds), method, path, body)
     }
 
+    /// Adds OSD process `i`'s own entity `osd.i` (role osd) to the manager's
+    /// table; its keyring is written with its configuration.
+    pub fn add_osd_entity(&self, i: usize) {
+        let added = self.mgr_post(
+            "/v1/auth/entities",
+            &serde_json::json!({"entity": format!("osd.{i}"), "role": "osd"}),
+        );
+        assert!(matches!(added, Ok((200, _))), "add osd.{i}: {added:?}");
+    }
+
     /// `POST path` with JSON `body` as `client.admin`: `(status, body)`.
     pub fn mgr_post<B: serde::Serialize>(
         &self,
@@ -1588,7 +1607,11 @@ fn osd_daemon(
 ) -> (Daemon, OsdAddrs) {
     let on = |ip: Ipv4Addr, port: u16| SocketAddr::from((ip, port));
     let keyring_yaml = keys
-        .map(|k| format!("keyring: \"{}\"\n", k.keyring("osd").display()))
+        .map(|k| {
+            let entity = format!("osd.{i}");
+            k.write_keyring(&entity, 1);
+            format!("keyring: \"{}\"\n", k.keyring(&entity).display())
+        })
         .unwrap_or_default();
     let addrs = OsdAddrs {
         data: on(ip, free_ports_on(ip, opts.shards)),

@@ -255,10 +255,17 @@ fn auth_commands_manage_keys_end_to_end() {
         std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
         0o700
     );
-    for f in ["cluster.keyring", "client.admin.keyring", "osd.keyring"] {
+    for f in ["cluster.keyring", "client.admin.keyring"] {
         let mode = std::fs::metadata(d.join(f)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{f}");
     }
+    // No shared OSD key: each OSD gets its own once the manager runs.
+    assert!(!d.join("osd.keyring").exists());
+    assert!(
+        stdout(&out).contains("auth add osd.N"),
+        "{}",
+        output_text(&out)
+    );
     let again = admin(&["auth", "init", "--dir", ds]);
     assert_eq!(again.status.code(), Some(1));
     assert!(
@@ -296,6 +303,25 @@ fn auth_commands_manage_keys_end_to_end() {
         output_text(&refused)
     );
 
+    // An OSD's own key: role osd without asking, and no other role.
+    let k7 = tmp.path().join("osd.7.keyring");
+    let out = admin(&[
+        "auth",
+        "add",
+        "osd.7",
+        "--cluster-keyring",
+        ck,
+        "--out",
+        k7.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(stdout(&out).contains("role osd"), "{}", output_text(&out));
+    let out = admin(&["auth", "add", "osd.8", "--role", "admin"]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+    assert!(stderr(&out).contains("osd role"), "{}", output_text(&out));
+    let out = admin(&["auth", "add", "client.x", "--role", "osd"]);
+    assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
+
     let out = admin(&["auth", "rotate", "osd"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--force"), "{}", output_text(&out));
@@ -325,7 +351,13 @@ fn auth_commands_manage_keys_end_to_end() {
         .iter()
         .map(|e| e["entity"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["client.admin", "client.cli", "client.test", "osd"]);
+    let mut want = vec!["client.admin", "client.cli", "client.test", "osd"];
+    let osds: Vec<String> = (0..cluster.osd_count())
+        .map(|i| format!("osd.{i}"))
+        .chain(["osd.7".to_string()])
+        .collect();
+    want.extend(osds.iter().map(String::as_str));
+    assert_eq!(names, want);
     assert!(admin(&["auth", "rm", "client.cli"]).status.success());
     assert!(!as_cli(&k2, &["status"]).status.success());
 

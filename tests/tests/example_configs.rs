@@ -109,7 +109,16 @@ fn example_configs_start_the_daemons() {
     osd_yaml = set(&osd_yaml, "listen", &osd_addr.to_string());
     osd_yaml = set(&osd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
     osd_yaml = set(&osd_yaml, "data_dir", &quoted(&d.join("osd")));
-    osd_yaml = set(&osd_yaml, "keyring", &quoted(&keys.keyring("osd")));
+    // The example's own key, osd.0, added as documented.
+    let added = mgr_call_as(
+        &mgr,
+        "POST",
+        "/v1/auth/entities",
+        Some(br#"{"entity":"osd.0","role":"osd"}"#),
+    );
+    assert!(matches!(added, Ok((200, _))), "{added:?}");
+    keys.write_keyring("osd.0", 1);
+    osd_yaml = set(&osd_yaml, "keyring", &quoted(&keys.keyring("osd.0")));
     std::fs::write(d.join("osd.yaml"), osd_yaml).unwrap();
     let mut osd = start("flame-osd", d.join("osd.yaml"), &d.join("osd.log"));
     wait_for("flame-osd", &mut osd, || {

@@ -93,7 +93,7 @@ EOF2
     for n in 0 1 2; do
         cat >"osd.$n.yaml" <<EOF2
 mgr: "$MGR"
-keyring: "$KEYS/osd.keyring"
+keyring: "$KEYS/osd.$n.keyring"
 listen: "127.0.0.1:69${n}0"
 metrics_listen: "127.0.0.1:920$n"
 data_dir: ./osd.$n
@@ -112,6 +112,8 @@ EOF2
         --out "$BRIDGE_KEYRING" >/dev/null || fail "cannot add the bridges' entity client.bridge"
     OSD_PIDS=()
     for n in 0 1 2; do
+        admin auth add "osd.$n" --cluster-keyring "$KEYS/cluster.keyring" \
+            --out "$KEYS/osd.$n.keyring" >/dev/null || fail "cannot add osd.$n's own key"
         "$BIN/flame-osd" --config "osd.$n.yaml" >"logs/osd.$n.log" 2>&1 &
         OSD_PIDS+=($!)
     done

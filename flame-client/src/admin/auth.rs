@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Subcommand, Debug)]
 pub enum AuthCommand {
     /// Create a new cluster's keys in DIR (offline, once): cluster.keyring (the
-    /// secret, for the manager's `keyring:`), client.admin.keyring (for
-    /// flame-admin) and osd.keyring (for every OSD's `keyring:`). DIR is created
-    /// with mode 0700; existing keyrings are never overwritten.
+    /// secret, for the manager's `keyring:`) and client.admin.keyring (for
+    /// flame-admin). Each OSD then gets its own key once the manager runs
+    /// (`auth add osd.N`). DIR is created with mode 0700; existing keyrings are
+    /// never overwritten.
     Init {
         /// Directory to write the keyrings to.
         #[arg(long)]
@@ -28,16 +29,18 @@ pub enum AuthCommand {
     },
     /// Every entity with its role and key generation.
     Ls,
-    /// Add an entity `client.NAME` with role `client` (read-only: what flame-nbd
-    /// and flame-ublk need) or `admin`. With --cluster-keyring and --out, also
-    /// writes its keyring.
+    /// Add an entity: `osd.N` (OSD N's own key: it may boot, heartbeat and
+    /// report only as OSD N), or `client.NAME` with role `client` (read-only:
+    /// what flame-nbd and flame-ublk need) or `admin`. With --cluster-keyring
+    /// and --out, also writes its keyring.
     Add {
-        /// `client.NAME`.
+        /// `osd.N` or `client.NAME`.
         #[arg(value_parser = entity_arg)]
         entity: EntityName,
-        /// `client` or `admin`.
-        #[arg(long, default_value = "client", value_parser = role_arg)]
-        role: Role,
+        /// `client` or `admin` for a client (default `client`); `osd` for
+        /// `osd.N` (the default, and the only role it may have).
+        #[arg(long, value_parser = role_arg)]
+        role: Option<Role>,
         /// The volumes it may read and write on the OSDs: names or `prefix*`,
         /// comma-separated (default: every volume).
         #[arg(long, default_value = "", value_parser = volumes_arg)]
@@ -114,8 +117,9 @@ fn role_arg(s: &str) -> std::result::Result<Role, String> {
     match s {
         "client" => Ok(Role::Client),
         "admin" => Ok(Role::Admin),
+        "osd" => Ok(Role::Osd),
         _ => Err(format!(
-            "`{s}`: a role is `client` or `admin` (only the built-in `osd` has role osd)"
+            "`{s}`: a role is `client`, `admin` or `osd` (osd only for osd.N entities)"
         )),
     }
 }
@@ -149,10 +153,11 @@ pub fn init(dir: &Path, as_json: bool) -> Result<String> {
     }
     let d = dir.display();
     Ok(format!(
-        "{}\nNext: set `keyring: {d}/cluster.keyring` in the manager's config, \
-         `keyring: {d}/osd.keyring` in every OSD's, and run flame-admin with \
-         `--keyring {d}/client.admin.keyring` (or FLAME_KEYRING). Keep cluster.keyring on \
-         the manager's host only.\n",
+        "{}\nNext: set `keyring: {d}/cluster.keyring` in the manager's config and run \
+         flame-admin with `--keyring {d}/client.admin.keyring` (or FLAME_KEYRING). Once \
+         the manager runs, give each OSD a key of its own: `flame-admin auth add osd.N \
+         --cluster-keyring {d}/cluster.keyring --out {d}/osd.N.keyring`, and set it as \
+         `keyring:` in OSD N's config. Keep cluster.keyring on the manager's host only.\n",
         table(
             &["ENTITY", "GEN", "KEYRING"],
             &written
@@ -210,7 +215,12 @@ pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> 
             write,
         } => {
             check_write(write)?;
-            let info = mgr.auth_add(entity, *role, volumes.clone())?;
+            let role = role.unwrap_or(if entity.is_osd() {
+                Role::Osd
+            } else {
+                Role::Client
+            });
+            let info = mgr.auth_add(entity, role, volumes.clone())?;
             changed(
                 &format!("{entity} added with role {}", info.role.as_str()),
                 entity,
@@ -226,9 +236,11 @@ pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> 
         } => {
             if *entity == EntityName::osd() && !force {
                 return Err(AdminError(
-                    "rotating `osd` locks out every OSD until each has the new keyring and \
-                     is restarted (they stop serving when their lease runs out): pass \
-                     --force to do it anyway"
+                    "rotating `osd` changes the OSDs' service key: every ticket stops \
+                     working until each OSD is restarted (one with its own osd.N key fetches \
+                     the new service key at start; one with the shared osd key is refused by \
+                     the manager, and stops serving when its lease runs out, until it has the \
+                     new keyring): pass --force to do it anyway"
                         .into(),
                 ));
             }

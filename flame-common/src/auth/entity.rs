@@ -1,5 +1,6 @@
 //! Entity names: who signs a request.
 
+use crate::ids::OsdId;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
@@ -7,10 +8,13 @@ use std::fmt;
 /// and are keys of the manager's entity table.
 pub const ENTITY_NAME_BYTES_MAX: usize = 64;
 
-/// The name of an authenticated party: `osd` (the key every OSD holds) or
-/// `client.NAME` with NAME of letters, digits, `_`, `-` and `.` (`client.admin`
-/// is the administrator). Validated on construction, so a name that reached a
-/// table, a header or a log is always well-formed and bounded.
+/// The name of an authenticated party: `osd.N` (the key of OSD N alone), `osd`
+/// (the key shared by every OSD of older deployments, which may act as any OSD),
+/// or `client.NAME` with NAME of letters, digits, `_`, `-` and `.`
+/// (`client.admin` is the administrator). N is written in canonical decimal
+/// (`osd.3`, never `osd.03`), so one OSD has one name. Validated on construction,
+/// so a name that reached a table, a header or a log is always well-formed and
+/// bounded.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EntityName(String);
 
@@ -31,9 +35,18 @@ impl EntityName {
         if text == Self::OSD {
             return Ok(EntityName(text.to_string()));
         }
+        if let Some(digits) = text.strip_prefix("osd.") {
+            return match canonical_osd_number(digits) {
+                Some(_) => Ok(EntityName(text.to_string())),
+                None => Err(format!(
+                    "entity name `{shown}`: expected osd.N with N an OSD id in decimal \
+                     without leading zeros (e.g. osd.3)"
+                )),
+            };
+        }
         let Some(rest) = text.strip_prefix("client.") else {
             return Err(format!(
-                "entity name `{shown}`: expected `osd` or `client.NAME` (e.g. client.vm1)"
+                "entity name `{shown}`: expected `osd.N` or `client.NAME` (e.g. osd.3, client.vm1)"
             ));
         };
         let ok = !rest.is_empty()
@@ -55,15 +68,44 @@ impl EntityName {
         EntityName(Self::ADMIN.to_string())
     }
 
-    /// `osd`.
+    /// `osd`, the key every OSD may share (see [`EntityName`]).
     pub fn osd() -> EntityName {
         EntityName(Self::OSD.to_string())
+    }
+
+    /// `osd.N`: the entity of OSD `id` alone.
+    pub fn of_osd(id: OsdId) -> EntityName {
+        EntityName(format!("osd.{}", id.0))
+    }
+
+    /// The OSD an `osd.N` entity is bound to; `None` for every other name
+    /// (`osd` included: it is bound to none, and may act as any).
+    pub fn osd_id(&self) -> Option<OsdId> {
+        self.0
+            .strip_prefix("osd.")
+            .and_then(canonical_osd_number)
+            .map(OsdId)
+    }
+
+    /// Whether this is an OSD's entity (`osd` or `osd.N`): the only names that
+    /// may hold the osd role.
+    pub fn is_osd(&self) -> bool {
+        self.0 == Self::OSD || self.osd_id().is_some()
     }
 
     /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// N of `osd.N`: a u32 in canonical decimal (no sign, no leading zero but `0`).
+fn canonical_osd_number(digits: &str) -> Option<u32> {
+    let canonical = !digits.is_empty()
+        && digits.len() <= 10
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    canonical.then(|| digits.parse().ok()).flatten()
 }
 
 impl fmt::Display for EntityName {
@@ -160,13 +202,29 @@ mod tests {
             "client..x",
             "client.a b",
             "client.a/b",
-            "osd.3",
+            "osd.",
+            "osd.03",
+            "osd.-1",
+            "osd.+1",
+            "osd.3a",
+            "osd.4294967296",
+            "osd.3.1",
             "mgr",
             "admin",
             "client.é",
         ] {
             assert!(EntityName::parse(bad).is_err(), "{bad}");
         }
+        for (name, id) in [("osd.0", 0), ("osd.3", 3), ("osd.4294967295", u32::MAX)] {
+            let n = EntityName::parse(name).unwrap();
+            assert_eq!(n.osd_id(), Some(OsdId(id)), "{name}");
+            assert_eq!(EntityName::of_osd(OsdId(id)), n);
+            assert!(n.is_osd());
+        }
+        assert_eq!(EntityName::osd().osd_id(), None);
+        assert!(EntityName::osd().is_osd());
+        assert!(!EntityName::admin().is_osd());
+        assert_eq!(EntityName::admin().osd_id(), None);
         let long = format!("client.{}", "a".repeat(ENTITY_NAME_BYTES_MAX));
         assert!(EntityName::parse(&long).unwrap_err().contains("longer"));
         let max = format!("client.{}", "a".repeat(ENTITY_NAME_BYTES_MAX - 7));

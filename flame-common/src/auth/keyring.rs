@@ -152,7 +152,8 @@ impl Keyring {
 
     /// Creates a new cluster's keys in `dir` (created with mode 0700 if missing):
     /// a fresh cluster secret in `cluster.keyring` and, derived from it,
-    /// `client.admin.keyring` and `osd.keyring` at generation 1. Refuses before
+    /// `client.admin.keyring` at generation 1. (Each OSD gets a key of its own,
+    /// `osd.N`, once the manager runs: `flame-admin auth add osd.N`.) Refuses before
     /// writing anything if any of them exists (a half-written set would mix two
     /// secrets). Returns the secret and the files written, cluster first.
     pub fn init_cluster(dir: &Path) -> Result<(SecretKey, Vec<(KeyringEntity, PathBuf)>), String> {
@@ -162,7 +163,7 @@ impl Keyring {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
         }
-        let names = ["cluster", EntityName::ADMIN, EntityName::OSD];
+        let names = ["cluster", EntityName::ADMIN];
         for name in names {
             let p = dir.join(format!("{name}.keyring"));
             if p.exists() {
@@ -197,7 +198,7 @@ impl Keyring {
             KeyringEntity::Entity(name, g) => Ok((name.clone(), *g)),
             KeyringEntity::Cluster => Err(format!(
                 "keyring {what} holds the cluster secret, not an entity's key; give the \
-                 keyring of an entity (e.g. client.admin.keyring or osd.keyring)"
+                 keyring of an entity (e.g. client.admin.keyring or osd.3.keyring)"
             )),
         }
     }
@@ -246,7 +247,7 @@ mod tests {
         let d = dir.path().join("keys");
         let (secret, written) = Keyring::init_cluster(&d).unwrap();
         assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
-        assert_eq!(written.len(), 3);
+        assert_eq!(written.len(), 2);
         assert_eq!(written[0].0, KeyringEntity::Cluster);
         for (entity, path) in &written {
             let k = Keyring::load(path).unwrap();
@@ -257,11 +258,11 @@ mod tests {
             };
             assert_eq!(k.key.to_hex(), want);
         }
-        std::fs::remove_file(d.join("osd.keyring")).unwrap();
+        std::fs::remove_file(d.join("client.admin.keyring")).unwrap();
         let e = Keyring::init_cluster(&d).unwrap_err();
         assert!(e.contains("cluster.keyring already exists"), "{e}");
         assert!(
-            !d.join("osd.keyring").exists(),
+            !d.join("client.admin.keyring").exists(),
             "nothing written after a refusal"
         );
     }

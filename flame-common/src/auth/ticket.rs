@@ -51,6 +51,9 @@ const SERVICE_KEY_CONTEXT: &[u8] = b"flame-osd-service-key-v1\0";
 const TICKET_MAC_CONTEXT: &[u8] = b"flame-ticket-mac-v1\0";
 const SESSION_KEY_CONTEXT: &[u8] = b"flame-session-key-v1\0";
 const SEAL_KEY_CONTEXT: &[u8] = b"flame-ticket-seal-v1\0";
+/// The associated data a sealed service key is bound to (with its generation):
+/// never a ticket (those start `FTK1`), so neither opens as the other.
+const SERVICE_SEAL_CONTEXT: &[u8] = b"flame-service-key-seal-v1\0";
 
 /// The key that makes and checks tickets, known to the manager and the OSDs.
 #[derive(Clone, Debug)]
@@ -193,6 +196,26 @@ impl ServiceKey {
     /// The `osd` key generation this key belongs to.
     pub fn generation(&self) -> KeyGeneration {
         self.generation
+    }
+
+    /// This key sealed for the holder of `entity_key` (ChaCha20-Poly1305, bound
+    /// to the generation): how the manager hands it to an OSD that holds only
+    /// its own `osd.N` key (`GET /v1/auth/service-key`). Only that OSD opens it.
+    pub fn seal_for(&self, entity_key: &SecretKey) -> Result<Vec<u8>, String> {
+        seal_session_key(entity_key, &service_seal_aad(self.generation), &self.key)
+    }
+
+    /// Opens a service key of `generation` sealed by [`ServiceKey::seal_for`] for
+    /// `entity_key`; an error if it was sealed for another key or generation, or
+    /// altered.
+    pub fn open_sealed(
+        entity_key: &SecretKey,
+        generation: KeyGeneration,
+        sealed: &[u8],
+    ) -> Result<ServiceKey, String> {
+        let key = open_session_key(entity_key, &service_seal_aad(generation), sealed)
+            .map_err(|e| format!("the sealed service key: {e}"))?;
+        Ok(ServiceKey { key, generation })
     }
 
     fn ticket_mac(&self, body: &[u8]) -> HmacSha256 {
@@ -352,6 +375,12 @@ pub fn decode_claims(ticket: &[u8]) -> Result<TicketClaims, TicketRefusal> {
         expires_ms: u64_at(ticket, 24),
         volumes,
     })
+}
+
+fn service_seal_aad(generation: KeyGeneration) -> Vec<u8> {
+    let mut aad = SERVICE_SEAL_CONTEXT.to_vec();
+    aad.extend_from_slice(&generation.to_le_bytes());
+    aad
 }
 
 /// The ChaCha20-Poly1305 key that seals `entity_key`'s session keys.
@@ -603,5 +632,35 @@ mod tests {
             seal_session_key(&mine, &t.bytes, &t.session_key).unwrap(),
             sealed
         );
+    }
+
+    #[test]
+    fn sealed_service_keys_open_only_for_their_osd_and_generation() {
+        let s = service(3);
+        let osd2 = SecretKey::from_hex(&"23".repeat(32)).unwrap();
+        let osd5 = SecretKey::from_hex(&"25".repeat(32)).unwrap();
+        let sealed = s.seal_for(&osd2).unwrap();
+        let opened = ServiceKey::open_sealed(&osd2, 3, &sealed).unwrap();
+        assert_eq!(opened.generation(), 3);
+        // The same key: a ticket of one opens with the other.
+        let t = s.issue(&client(), Role::Client, NOW, 1000);
+        let (claims, session) = opened.open(&t.bytes, NOW).unwrap();
+        assert_eq!(claims, t.claims);
+        assert_eq!(session.to_hex(), t.session_key.to_hex());
+        assert!(
+            ServiceKey::open_sealed(&osd5, 3, &sealed).is_err(),
+            "another OSD's key"
+        );
+        assert!(
+            ServiceKey::open_sealed(&osd2, 4, &sealed).is_err(),
+            "another generation"
+        );
+        let mut bad = sealed.clone();
+        bad[30] ^= 1;
+        assert!(ServiceKey::open_sealed(&osd2, 3, &bad).is_err());
+        // A sealed session key is not a sealed service key, nor the reverse.
+        let sk = seal_session_key(&osd2, &t.bytes, &t.session_key).unwrap();
+        assert!(ServiceKey::open_sealed(&osd2, 3, &sk).is_err());
+        assert!(open_session_key(&osd2, &t.bytes, &sealed).is_err());
     }
 }
