@@ -65,9 +65,10 @@ pub enum AuthCommand {
         /// The entity.
         #[arg(value_parser = entity_arg)]
         entity: EntityName,
-        /// Needed to rotate `osd`, the key every OSD shares: each OSD is refused
-        /// by the manager (and stops serving when its lease runs out) until its
-        /// keyring file is replaced and it is restarted.
+        /// Needed to rotate `osd`, whose generation is the OSDs' service key's:
+        /// every ticket stops working until each OSD is restarted (and an OSD
+        /// still on the shared `osd` keyring is refused by the manager until it
+        /// has the new one).
         #[arg(long)]
         force: bool,
         #[command(flatten)]
