@@ -940,6 +940,43 @@ fn rdma_listener_is_not_held_up_by_silent_peers() {
     });
 }
 
+/// Local peers that connect to an shm listener's socket and send nothing do not
+/// hold up the listener: a real shm client behind them is handshaken (each
+/// handshake runs in a task of its own, `transport::bring_up`). With the
+/// handshakes run one at a time in the accept loop, as they were, the client's
+/// own 2 s handshake bound runs out behind the first silent peer's and it falls
+/// back to TCP.
+#[test]
+fn shm_listener_is_not_held_up_by_silent_peers() {
+    run(async move {
+        let l = Listener::bind(TransportKind::Shm, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accepted = spawn(async move {
+            let a = l.accept().await.unwrap();
+            (a, l)
+        });
+        let path = flame_common::transport::shm::listener_socket_path(addr);
+        let silent: Vec<_> = (0..3)
+            .map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap())
+            .collect();
+        reactor::sleep(Duration::from_millis(100)).await;
+        let c = Conn::connect(TransportKind::Shm, addr, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            c.kind(),
+            TransportKind::Shm,
+            "an shm client behind silent peers must get shared memory"
+        );
+        let (s, _l) = accepted.await;
+        assert_eq!(s.kind(), TransportKind::Shm);
+        let m = write_msg(1, PayloadBuf::copy_from(&pattern(4096, 1)));
+        c.send(&m).unwrap();
+        assert_eq!(s.recv().await.unwrap(), m);
+        drop(silent);
+    });
+}
+
 /// A peer that stops reading shows in the sender's stall marks as a send stall
 /// whose progress mark stands still — what the OSD's watchdog closes after
 /// `send_stall_timeout_ms`, so a client that never reads its replies cannot
@@ -949,8 +986,8 @@ fn stall_marks_show_a_peer_that_stops_reading(kind: TransportKind) {
     const MESSAGES: u64 = 32;
     run(async move {
         let (c, s) = pair(kind).await;
-        // 32 MiB: more than the peer's receive slots (rdma) or socket buffers
-        // (tcp) take without the peer reading.
+        // 32 MiB: more than the peer's receive slots (rdma), ring (shm) or
+        // socket buffers (tcp) take without the peer reading.
         for i in 0..MESSAGES {
             s.send_owned(write_msg(i, PayloadBuf::copy_from(&pattern(1 << 20, i))))
                 .unwrap();
@@ -989,6 +1026,11 @@ fn stall_marks_show_a_peer_that_stops_reading(kind: TransportKind) {
 #[test]
 fn tcp_stall_marks_show_a_peer_that_stops_reading() {
     stall_marks_show_a_peer_that_stops_reading(TransportKind::Tcp)
+}
+
+#[test]
+fn shm_stall_marks_show_a_peer_that_stops_reading() {
+    stall_marks_show_a_peer_that_stops_reading(TransportKind::Shm)
 }
 
 #[cfg(feature = "rdma")]

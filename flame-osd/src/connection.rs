@@ -267,8 +267,8 @@ pub(crate) async fn serve_connection(
 /// logged and counted, and so is one idle past `idle_timeout_ms` with nothing
 /// in flight (`inflight`: a request the shard still works on is not idleness).
 /// One timer per connection, waking a few times per bound: nothing on the data
-/// path. tcp and rdma connections are watched (those whose transport keeps
-/// [`Conn::stall`] marks); shm's are not.
+/// path. tcp, rdma and shm connections are watched (those whose transport
+/// keeps [`Conn::stall`] marks); the simulator's links are not.
 pub(crate) fn watch_stalls(
     conn: &Conn,
     bounds: flame_common::transport::StallBounds,
@@ -277,7 +277,7 @@ pub(crate) fn watch_stalls(
 ) {
     use flame_common::transport::Stall;
     if conn.stall().is_none() {
-        // Not a watched transport (shm, the simulator's links).
+        // Not a watched transport (the simulator's links).
         return;
     }
     let (sampled, watched, stuck) = (conn.clone(), conn.clone(), conn.clone());

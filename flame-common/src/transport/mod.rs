@@ -14,6 +14,7 @@
 //! The OSD and the client only see [`Conn`] and [`Listener`]; adding a transport
 //! means adding a variant here.
 
+pub mod bring_up;
 pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
@@ -226,16 +227,17 @@ impl Conn {
     /// and batches sent). The owner's watchdog closes a connection whose answer
     /// stays the same longer than its bound, so a trickling or never-reading
     /// peer cannot hold pool memory and a slot forever; the data path reads no
-    /// clock for it. tcp and rdma (whose messages come in frames of at most 16
-    /// KiB, so a peer can stop mid-payload, and whose send queue waits on the
-    /// peer's credits) are watched; shm (messages arrive whole, in rings
-    /// bounded by the peer's credits) and the simulator's links say `None`.
+    /// clock for it. tcp, rdma and shm are watched (over shm a message is
+    /// always whole in the ring, so it never shows a receive stall; its
+    /// backlog waits on room in the peer's ring); the simulator's links say
+    /// `None`.
     pub fn stall(&self) -> Option<(Stall, u64)> {
         match self {
             Conn::Tcp(c) => c.stall(),
             #[cfg(feature = "rdma")]
             Conn::Rdma(c) => Some(c.stall()),
-            Conn::Shm(_) | Conn::Sim(_) => None,
+            Conn::Shm(c) => Some(c.stall()),
+            Conn::Sim(_) => None,
         }
     }
 

@@ -211,6 +211,12 @@ fn check_socket_dir(dir: &Path, create: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// The socket of a listener on `addr` in this user's socket directory (what a
+/// client tries first; tests connect raw sockets to it).
+pub fn listener_socket_path(addr: SocketAddr) -> PathBuf {
+    socket_path(&socket_dir(), addr)
+}
+
 /// The socket of a listener on `addr` in `dir`.
 fn socket_path(dir: &Path, addr: SocketAddr) -> PathBuf {
     if addr.ip().is_unspecified() {
@@ -593,6 +599,13 @@ struct SendQueue {
     backlog: VecDeque<(Vec<u8>, Option<PayloadBuf>)>,
     backlog_bytes: usize,
     writer: Option<Waker>,
+    /// Bytes ever put into the backlog, and ever moved from it into the ring:
+    /// the stall marks' batches are counted in these.
+    backlog_in_total: u64,
+    backlog_out_total: u64,
+    /// While the backlog drains: the `backlog_in_total` that ends the current
+    /// batch (everything queued when it began), for [`ShmConn::stall`].
+    batch_end: Option<u64>,
 }
 
 /// One shared-memory connection owned by the current reactor thread.
@@ -641,6 +654,13 @@ pub struct ShmConn {
     quarantine_timer: Cell<bool>,
     /// This connection (for the tasks it spawns).
     me: std::rc::Weak<ShmConn>,
+    /// What the connection waits on, for the owner's stall watchdog
+    /// ([`crate::transport::stall`]): a backlog the peer does not make room
+    /// for (progress counted per batch, everything backlogged when the wait
+    /// began, so a peer that takes a record now and then still counts as not
+    /// reading), and messages in and out for idleness. A message is always
+    /// whole in the ring, so there is no payload receive stall.
+    marks: super::StallMarks,
 }
 
 /// The shm connection as a completion source of its thread's reactor: the reactor
@@ -1179,6 +1199,9 @@ impl ShmConn {
                 backlog: VecDeque::new(),
                 backlog_bytes: 0,
                 writer: None,
+                backlog_in_total: 0,
+                backlog_out_total: 0,
+                batch_end: None,
             }),
             recv_busy: Cell::new(false),
             closed: Cell::new(false),
@@ -1194,6 +1217,7 @@ impl ShmConn {
             end_waker: RefCell::new(None),
             quarantine_timer: Cell::new(false),
             me: me.clone(),
+            marks: super::StallMarks::default(),
         });
         let source = RingSource {
             conn: Rc::downgrade(&conn),
@@ -1273,6 +1297,9 @@ impl ShmConn {
         }
         let mut q = self.queue.borrow_mut();
         if q.backlog.is_empty() && self.try_put(&head, payload.as_deref())? {
+            // Went at once: activity, never a stall.
+            self.marks.send_started();
+            self.marks.send_finished();
             return Ok(());
         }
         let bytes = head.len() + payload.as_ref().map_or(0, |p| p.len());
@@ -1282,6 +1309,7 @@ impl ShmConn {
             return Err(TransportError::Backlog(SEND_BACKLOG_BYTES_MAX));
         }
         q.backlog_bytes += bytes;
+        q.backlog_in_total += bytes as u64;
         q.backlog.push_back((head, payload));
         if let Some(w) = q.writer.take() {
             w.wake();
@@ -1490,6 +1518,7 @@ impl ShmConn {
                     "a tcp one-sided frame on a shm connection",
                 )));
             }
+            self.marks.frame_received();
             return Ok(Some(Message::from_parts(&header, payload.freeze())?));
         }
         Ok(None)
@@ -1506,6 +1535,11 @@ impl ShmConn {
             // The peer's one doorbell: its poll source then sees the room.
             ring_doorbell(self.remote.data_efd.as_raw_fd());
         }
+    }
+
+    /// See [`crate::transport::Conn::stall`].
+    pub fn stall(&self) -> (super::Stall, u64) {
+        self.marks.current()
     }
 
     /// See [`super::Conn::close`].
@@ -1889,6 +1923,13 @@ async fn writer(conn: Rc<ShmConn>) {
         if !go {
             return;
         }
+        {
+            let mut q = conn.queue.borrow_mut();
+            if q.batch_end.is_none() {
+                q.batch_end = Some(q.backlog_in_total);
+                conn.marks.send_started();
+            }
+        }
         // Move as much as fits; when the ring is full, wait until the peer's
         // consumer position moves (the poll source checks it and, before the
         // thread sleeps, sets the space flag the peer rings the doorbell for).
@@ -1907,7 +1948,20 @@ async fn writer(conn: Rc<ShmConn>) {
                 Ok(true) => {
                     let mut q = conn.queue.borrow_mut();
                     if let Some((h, p)) = q.backlog.pop_front() {
-                        q.backlog_bytes -= h.len() + p.as_ref().map_or(0, |p| p.len());
+                        let bytes = h.len() + p.as_ref().map_or(0, |p| p.len());
+                        q.backlog_bytes -= bytes;
+                        q.backlog_out_total += bytes as u64;
+                    }
+                    if q.batch_end.is_some_and(|end| q.backlog_out_total >= end) {
+                        // The batch went: progress. What was backlogged since is
+                        // the next batch.
+                        conn.marks.send_finished();
+                        q.batch_end = if q.backlog.is_empty() {
+                            None
+                        } else {
+                            conn.marks.send_started();
+                            Some(q.backlog_in_total)
+                        };
                     }
                 }
                 Ok(false) => {
@@ -1977,6 +2031,9 @@ pub struct ShmListener {
     addr: SocketAddr,
     /// The Unix socket's file, removed when the listener goes.
     path: PathBuf,
+    /// Names this listener's handshakes in progress on the accepting thread
+    /// ([`super::bring_up`]).
+    id: u64,
 }
 
 impl ShmListener {
@@ -2018,6 +2075,7 @@ impl ShmListener {
             unix,
             addr,
             path,
+            id: super::bring_up::listener_id(),
         })
     }
 
@@ -2026,40 +2084,60 @@ impl ShmListener {
         self.addr
     }
 
-    /// Accepts the next connection of either kind. A shm peer whose handshake fails
-    /// is dropped (logged) and the wait goes on.
+    /// Accepts the next connection of either kind. Shm handshakes run in tasks
+    /// of their own ([`super::bring_up`]: each within [`HANDSHAKE_TIMEOUT`], at
+    /// most [`super::bring_up::BRING_UPS_MAX`] at once, 16 of them local), so a
+    /// local peer that connects and sends nothing holds one slot for 2 s, not
+    /// the listener. A shm peer whose handshake fails is dropped (logged) and
+    /// the wait goes on.
+    ///
+    /// One task accepts on a listener; drop it on that task's thread (see
+    /// [`super::bring_up`]).
     pub async fn accept(&self) -> Result<super::Conn, TransportError> {
-        loop {
-            match self.tcp.accept() {
-                Ok((s, _)) => {
-                    s.set_nonblocking(false)?;
-                    return Ok(super::Conn::Tcp(super::tcp::TcpConn::from_stream(s)?));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            }
-            match self.unix.accept() {
-                Ok((s, _)) => match ShmConn::establish(s, self.addr).await {
-                    Ok(c) => return Ok(super::Conn::Shm(c)),
-                    Err(e) => {
-                        tracing::warn!(addr = %self.addr, "shm handshake failed: {e}");
-                        continue;
+        use super::bring_up::{Arrival, BringUps, Source};
+        let ups = BringUps::of(self.id);
+        let fds = [self.tcp.as_raw_fd(), self.unix.as_raw_fd()];
+        ups.accept(&fds, HANDSHAKE_TIMEOUT, || {
+            // Bounded: one accept of each kind per call, each retried only when
+            // interrupted.
+            loop {
+                match self.tcp.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false)?;
+                        let c = super::tcp::TcpConn::from_stream(s)?;
+                        return Ok(Some(Arrival::Ready(super::Conn::Tcp(c))));
                     }
-                },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e.into()),
+                }
             }
-            let t = reactor::poll_readable(self.tcp.as_raw_fd());
-            let u = reactor::poll_readable(self.unix.as_raw_fd());
-            let _ = futures_lite::future::or(t, u).await;
-        }
+            loop {
+                return match self.unix.accept() {
+                    Ok((s, _)) => {
+                        let addr = self.addr;
+                        Ok(Some(Arrival::BringUp {
+                            source: Source::Local,
+                            peer: format!("shm peer of {addr}"),
+                            task: Box::pin(async move {
+                                let c = ShmConn::establish(s, addr).await?;
+                                Ok(super::Conn::Shm(c))
+                            }),
+                        }))
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => Err(e.into()),
+                };
+            }
+        })
+        .await
     }
 }
 
 impl Drop for ShmListener {
     fn drop(&mut self) {
+        super::bring_up::BringUps::forget(self.id);
         // Ours as long as the TCP address is (see `bind`).
         let _ = std::fs::remove_file(&self.path);
     }

@@ -1773,12 +1773,13 @@ impl GrantOwner for RdmaConn {
 /// [`MAGIC`](crate::protocol::MAGIC) (its HELLO). Both are authenticated the same
 /// way afterwards, at HELLO.
 ///
-/// Each accepted connection is brought up by its own task, within
-/// [`HANDSHAKE_TIMEOUT_MS`] in all, at most [`BRING_UPS_MAX`] at once and
-/// [`BRING_UPS_PER_SOURCE_MAX`] per source address, so a peer that connects and
-/// sends nothing holds one of those for 5 s, not the listener. An RDMA
-/// bring-up holds a queue pair and 1 MiB of pinned slots before the peer has
-/// authenticated (at HELLO, after it): at most 64 MiB per listener.
+/// Each accepted connection is brought up by its own task
+/// ([`crate::transport::bring_up`]), within [`HANDSHAKE_TIMEOUT_MS`] in all, at
+/// most [`BRING_UPS_MAX`] at once and [`BRING_UPS_PER_SOURCE_MAX`] per source
+/// address, so a peer that connects and sends nothing holds one of those for
+/// 5 s, not the listener. An RDMA bring-up holds a queue pair and 1 MiB of
+/// pinned slots before the peer has authenticated (at HELLO, after it): at most
+/// 64 MiB per listener.
 ///
 /// One task accepts on a listener (a shard's accept loop); it must be dropped
 /// on that task's thread, where its bring-ups live (dropped elsewhere, they
@@ -1788,57 +1789,13 @@ pub struct RdmaListener {
     /// Non-blocking: waited on with `poll_readable`, which a dropped `accept`
     /// cancels without losing a connection.
     inner: std::net::TcpListener,
-    /// Names this listener's [`BringUps`] on the accepting thread. The listener
+    /// Names this listener's [`BringUps`](crate::transport::bring_up::BringUps) on the accepting thread. The listener
     /// is bound on one thread and moved to the one that accepts (a shard's), so
     /// it holds nothing tied to a thread itself.
     id: u64,
 }
 
-/// A listener's bring-ups, kept on the thread that accepts (in
-/// [`BRING_UPS`]): the tasks bringing connections up and the connections they
-/// brought up, waiting for `accept`.
-#[derive(Default)]
-struct BringUps {
-    /// Brought up, not yet handed out.
-    done: RefCell<VecDeque<crate::transport::Conn>>,
-    /// Tasks still bringing a connection up.
-    running: Cell<usize>,
-    /// Of those, how many from each source address.
-    running_from: RefCell<HashMap<std::net::IpAddr, usize>>,
-    /// The `accept` waiting for `done` (or for room to start another).
-    waker: RefCell<Option<Waker>>,
-}
-
-impl BringUps {
-    /// Bring-ups running or brought up and waiting: at most [`BRING_UPS_MAX`].
-    fn in_use(&self) -> usize {
-        self.running.get() + self.done.borrow().len()
-    }
-
-    fn wake(&self) {
-        if let Some(w) = self.waker.borrow_mut().take() {
-            w.wake();
-        }
-    }
-}
-
-thread_local! {
-    /// Each listener's bring-ups on this thread, by [`RdmaListener::id`].
-    static BRING_UPS: RefCell<HashMap<u64, Rc<BringUps>>> = RefCell::new(HashMap::default());
-}
-
-static NEXT_LISTENER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// Connections an [`RdmaListener`] brings up at once (each bounded by
-/// [`HANDSHAKE_TIMEOUT_MS`] in all); more wait in the kernel's backlog.
-pub const BRING_UPS_MAX: usize = 64;
-
-/// Bring-ups one source address may have running at once; a connection from a
-/// source at its bound is closed at once (before anything is allocated for it),
-/// so one host's silent connections hold at most a quarter of
-/// [`BRING_UPS_MAX`]. (A client host whose threads all reconnect at once past
-/// this bound sees some connections closed; they retry.)
-pub const BRING_UPS_PER_SOURCE_MAX: usize = 16;
+pub use crate::transport::bring_up::{BRING_UPS_MAX, BRING_UPS_PER_SOURCE_MAX};
 
 /// What a connection's first four bytes say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1904,48 +1861,6 @@ async fn peek_first_bytes(fd: RawFd) -> Result<[u8; 4], TransportError> {
     .await
 }
 
-/// Brings `stream` up in a task of its own, within [`HANDSHAKE_TIMEOUT_MS`] in
-/// all; the connection goes to `ups.done`, a failure to the log. A source
-/// already at [`BRING_UPS_PER_SOURCE_MAX`] is refused (the stream closed).
-fn start_bring_up(ups: &Rc<BringUps>, stream: TcpStream, from: SocketAddr) {
-    let source = from.ip();
-    {
-        let mut running_from = ups.running_from.borrow_mut();
-        let n = running_from.entry(source).or_insert(0);
-        if *n >= BRING_UPS_PER_SOURCE_MAX {
-            tracing::warn!(peer = %from, "refusing a connection: {BRING_UPS_PER_SOURCE_MAX} from this address are being brought up already");
-            return;
-        }
-        *n += 1;
-    }
-    ups.running.set(ups.running.get() + 1);
-    let ups = ups.clone();
-    reactor::spawn(async move {
-        let result = with_timeout(
-            HANDSHAKE_TIMEOUT_MS,
-            "connection bring-up",
-            bring_up_accepted(stream),
-        )
-        .await;
-        ups.running.set(ups.running.get() - 1);
-        {
-            let mut running_from = ups.running_from.borrow_mut();
-            if let Some(n) = running_from.get_mut(&source) {
-                *n -= 1;
-                if *n == 0 {
-                    running_from.remove(&source);
-                }
-            }
-        }
-        match result {
-            Ok(conn) => ups.done.borrow_mut().push_back(conn),
-            Err(e) => tracing::warn!(peer = %from, "connection bring-up failed: {e}"),
-        }
-        ups.wake();
-    })
-    .detach();
-}
-
 /// What an accepted connection is (its first bytes), brought up as that.
 async fn bring_up_accepted(stream: TcpStream) -> Result<crate::transport::Conn, TransportError> {
     match FirstBytes::of(peek_first_bytes(stream.as_raw_fd()).await?) {
@@ -1971,7 +1886,7 @@ impl RdmaListener {
         inner.set_nonblocking(true)?;
         Ok(RdmaListener {
             inner,
-            id: NEXT_LISTENER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: crate::transport::bring_up::listener_id(),
         })
     }
 
@@ -1979,53 +1894,28 @@ impl RdmaListener {
     /// documentation); a peer whose bring-up fails (not a Flame endpoint,
     /// timeout) is logged and skipped.
     pub async fn accept(&self) -> Result<crate::transport::Conn, TransportError> {
-        let ups = BRING_UPS.with(|m| m.borrow_mut().entry(self.id).or_default().clone());
-        // Bounded: each round returns, starts a bring-up (at most BRING_UPS_MAX
-        // before one finishes) or waits for a connection or a bring-up.
-        loop {
-            if let Some(conn) = ups.done.borrow_mut().pop_front() {
-                return Ok(conn);
-            }
-            let room = ups.in_use() < BRING_UPS_MAX;
-            if room {
-                match self.inner.accept() {
-                    Ok((stream, from)) => {
-                        // (Blocking: an accepted socket does not inherit the
-                        // listener's O_NONBLOCK on Linux; the peek uses
-                        // MSG_DONTWAIT and everything after it io_uring.)
-                        start_bring_up(&ups, stream, from);
-                        continue;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        use crate::transport::bring_up::{Arrival, BringUps, Source};
+        let ups = BringUps::of(self.id);
+        let deadline = Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
+        ups.accept(&[self.inner.as_raw_fd()], deadline, || {
+            // Bounded: one accept per call, retried only when interrupted.
+            loop {
+                return match self.inner.accept() {
+                    // (Blocking: an accepted socket does not inherit the
+                    // listener's O_NONBLOCK on Linux; the peek uses MSG_DONTWAIT
+                    // and everything after it io_uring.)
+                    Ok((stream, from)) => Ok(Some(Arrival::BringUp {
+                        source: Source::Ip(from.ip()),
+                        peer: from.to_string(),
+                        task: Box::pin(bring_up_accepted(stream)),
+                    })),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e.into()),
-                }
+                    Err(e) => Err(e.into()),
+                };
             }
-            let fd = self.inner.as_raw_fd();
-            let arrival = async move {
-                if room {
-                    let polled = reactor::poll_readable(fd).await.map(|_| ());
-                    if polled.is_err() {
-                        // A listener-level failure: do not let the caller spin.
-                        reactor::sleep(Duration::from_millis(100)).await;
-                    }
-                    polled
-                } else {
-                    std::future::pending().await
-                }
-            };
-            // Ready when a bring-up finished (with a connection or with room).
-            let in_use = ups.in_use();
-            let finished = std::future::poll_fn(|cx| {
-                if ups.in_use() != in_use || !ups.done.borrow().is_empty() {
-                    Poll::Ready(Ok(()))
-                } else {
-                    *ups.waker.borrow_mut() = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-            });
-            futures_lite::future::or(finished, arrival).await?;
-        }
+        })
+        .await
     }
 
     /// The bound bootstrap address.
@@ -2040,7 +1930,7 @@ impl Drop for RdmaListener {
     /// Forgets the bring-ups on this thread: connections brought up and not
     /// accepted close, running bring-ups finish into nothing.
     fn drop(&mut self) {
-        let _ = BRING_UPS.try_with(|m| m.borrow_mut().remove(&self.id));
+        crate::transport::bring_up::BringUps::forget(self.id);
     }
 }
 
