@@ -611,9 +611,13 @@ async fn osd_heartbeat(
     ApiJson(hb): ApiJson<OsdHeartbeat>,
 ) -> Result<Response, HttpError> {
     check_acts_for(&shared, caller.as_ref(), hb.id)?;
+    let shared_key = caller
+        .as_ref()
+        .is_some_and(|c| c.creds.entity == flame_common::auth::EntityName::osd());
     let epoch = shared
         .commit(move |s, now| {
             s.heartbeat(&hb, now)?;
+            s.note_osd_key(hb.id, shared_key);
             Ok(s.epoch())
         })
         .await?;

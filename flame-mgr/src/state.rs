@@ -218,6 +218,9 @@ pub struct OsdRuntime {
     /// manager started, the start time): `down_out_interval_ms` counts from here.
     /// `None` while it is up.
     pub down_since: Option<Instant>,
+    /// Whether its last heartbeat was signed with the shared `osd` key (any
+    /// holder of which may act as any OSD): `status` warns.
+    pub shared_key: bool,
 }
 
 impl OsdRuntime {
@@ -230,6 +233,7 @@ impl OsdRuntime {
             capacity_bytes: 0,
             usage_reported: false,
             down_since: None,
+            shared_key: false,
         }
     }
 }
@@ -314,6 +318,7 @@ impl ClusterState {
                         // The time it went down died with the previous manager:
                         // the down-out clock starts again (documented).
                         down_since: (!osd.up).then_some(now),
+                        shared_key: false,
                     },
                 )
             })
@@ -1454,6 +1459,14 @@ impl ClusterState {
         Ok(rec)
     }
 
+    /// Records which key OSD `id` signed its heartbeat with: the shared `osd`
+    /// key (`shared`) or its own (`status` warns about the first).
+    pub fn note_osd_key(&mut self, id: OsdId, shared: bool) {
+        if let Some(rt) = self.runtime.get_mut(&id) {
+            rt.shared_key = shared;
+        }
+    }
+
     /// `GET /v1/status`. `pgs` is the [`PgTable`] of the current map; `now`
     /// dates the recovery rate.
     pub fn status(&self, pgs: &PgTable, now: Instant) -> ClusterStatus {
@@ -1467,6 +1480,20 @@ impl ClusterState {
                  and set `auth: required`"
                     .into(),
             );
+        }
+        let shared: Vec<String> = map
+            .osds
+            .values()
+            .filter(|o| o.up && self.runtime.get(&o.id).is_some_and(|rt| rt.shared_key))
+            .map(|o| o.id.to_string())
+            .collect();
+        if !shared.is_empty() {
+            health = health.max(Health::Warn);
+            health_detail.push(format!(
+                "{} sign with the shared `osd` key, whose holder may act as any OSD: give \
+                 each OSD its own (`flame-admin auth add osd.N`, then `keyring:` and a restart)",
+                shared.join(", ")
+            ));
         }
         let (pgs_by_state, pg_summary) = crate::pg_status::summarize(pgs, map);
         ClusterStatus {

@@ -1329,6 +1329,36 @@ fn an_osds_own_key_acts_only_as_that_osd() {
         Some(&j(&heartbeat(OsdId(1), "u-1"))),
     ));
 
+    // Status warns about OSDs on the shared `osd` key, and only about them.
+    let detail = |mgr: &Mgr| {
+        mgr.get_ok::<ClusterStatus>("/v1/status")
+            .health_detail
+            .join("\n")
+    };
+    assert!(
+        !detail(&mgr).contains("shared `osd` key"),
+        "{}",
+        detail(&mgr)
+    );
+    let legacy = mgr.endpoint(Some(creds_in(d, "osd", 1)));
+    let r: OsdBootReply = ok(call_as(
+        &legacy,
+        "POST",
+        "/v1/osd/boot",
+        Some(&j(&boot("u-2", 7020, "h2"))),
+    ));
+    let _: HeartbeatReply = ok(call_as(
+        &legacy,
+        "POST",
+        "/v1/osd/heartbeat",
+        Some(&j(&heartbeat(r.id, "u-2"))),
+    ));
+    let text = detail(&mgr);
+    assert!(
+        text.contains(&format!("{} sign with the shared `osd` key", r.id)),
+        "{text}"
+    );
+
     // The service key: sealed for the asking OSD, the key tickets are made with.
     let g: flame_common::mgr_api::ServiceKeyGrant =
         ok(call_as(&osd1, "POST", "/v1/auth/service-key", None));

@@ -190,6 +190,10 @@ impl TestCluster {
         );
         self.osds.push(daemon);
         self.osd_addrs.push(addrs);
+        if self.keys.is_some() {
+            // Its own key, as every OSD of the harness.
+            self.add_osd_entity(i);
+        }
         let since = Instant::now();
         self.osds[i].start();
         self.wait_osd_ready(i, since);
