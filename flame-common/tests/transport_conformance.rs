@@ -977,6 +977,94 @@ fn shm_listener_is_not_held_up_by_silent_peers() {
     });
 }
 
+/// A receive whose future is dropped while it waits between messages (a
+/// timeout raced against it) leaves the connection working on shm and rdma:
+/// the next receive gets the next message (`transport::receive`: before, rdma
+/// kept its receive taken, and every later receive failed with "two tasks
+/// receiving on one connection").
+fn an_abandoned_receive_leaves_the_connection_working(kind: TransportKind) {
+    run(async move {
+        let (c, s) = pair(kind).await;
+        let abandoned = futures_lite::future::or(async { Some(s.recv().await) }, async {
+            reactor::sleep(Duration::from_millis(50)).await;
+            None
+        })
+        .await;
+        assert!(abandoned.is_none(), "nothing was sent: {abandoned:?}");
+        let m = write_msg(1, PayloadBuf::copy_from(&pattern(4096, 1)));
+        c.send(&m).unwrap();
+        assert_eq!(s.recv().await.unwrap(), m);
+        assert!(!s.is_closed());
+    });
+}
+
+#[test]
+fn shm_an_abandoned_receive_leaves_the_connection_working() {
+    an_abandoned_receive_leaves_the_connection_working(TransportKind::Shm)
+}
+
+#[cfg(feature = "rdma")]
+#[test]
+#[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
+fn rdma_an_abandoned_receive_leaves_the_connection_working() {
+    require(
+        TransportKind::Rdma,
+        "an_abandoned_receive_leaves_the_connection_working",
+    );
+    an_abandoned_receive_leaves_the_connection_working(TransportKind::Rdma)
+}
+
+/// A tcp receive whose future is dropped closes the connection, cleanly: it
+/// waited either with a socket receive in flight (bytes it took are gone with
+/// it) or after a header whose payload is unread, and the next receive would
+/// read payload bytes as a header. Before, the connection stayed open with its
+/// receive state lost: every later receive failed with "two tasks receiving on
+/// one connection", and its sends went on.
+#[test]
+fn a_tcp_receive_abandoned_closes_the_connection() {
+    // Between messages.
+    run(async move {
+        let (c, s) = pair(TransportKind::Tcp).await;
+        let abandoned = futures_lite::future::or(async { Some(s.recv().await) }, async {
+            reactor::sleep(Duration::from_millis(50)).await;
+            None
+        })
+        .await;
+        assert!(abandoned.is_none(), "nothing was sent: {abandoned:?}");
+        assert!(s.is_closed());
+        assert!(matches!(s.recv().await, Err(TransportError::Closed)));
+        // The peer sees the end.
+        assert!(c.recv().await.is_err());
+    });
+    // Mid-message: a header, then part of its payload.
+    use std::io::Write;
+    run(async move {
+        let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accept = spawn(async move { l.accept().await.unwrap() });
+        let mut raw = std::net::TcpStream::connect(addr).unwrap();
+        let s = accept.await;
+        let m = write_msg(1, PayloadBuf::copy_from(&pattern(1 << 20, 1)));
+        let (header, _) = m.to_header();
+        raw.write_all(&header.encode()).unwrap();
+        raw.write_all(&pattern(1000, 1)).unwrap();
+        let abandoned = futures_lite::future::or(async { Some(s.recv().await) }, async {
+            reactor::sleep(Duration::from_millis(200)).await;
+            None
+        })
+        .await;
+        assert!(
+            abandoned.is_none(),
+            "the payload never came whole: {abandoned:?}"
+        );
+        assert!(
+            s.is_closed(),
+            "abandoned mid-message, the connection must close"
+        );
+        assert!(s.recv().await.is_err());
+    });
+}
+
 /// A peer that stops reading shows in the sender's stall marks as a send stall
 /// whose progress mark stands still — what the OSD's watchdog closes after
 /// `send_stall_timeout_ms`, so a client that never reads its replies cannot

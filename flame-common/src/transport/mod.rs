@@ -18,6 +18,7 @@ pub mod bring_up;
 pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod receive;
 pub mod shm;
 pub mod sim;
 pub mod stall;

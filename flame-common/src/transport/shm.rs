@@ -73,6 +73,7 @@ use super::TransportError;
 use super::grant::{
     Grant, GrantOwner, Refusal, SharedArea, WriteGrant, check_bounds, check_grant_len, random_key,
 };
+use super::receive::{Abandoned, Ending, Receiver};
 use crate::buffer::registered::{self, RegionInfo};
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{
@@ -622,7 +623,9 @@ pub struct ShmConn {
     /// The peer's consumer position last seen (it must never go backwards).
     peer_cons: Cell<u64>,
     queue: RefCell<SendQueue>,
-    recv_busy: Cell<bool>,
+    /// The one receive at a time ([`super::receive`]); a record is taken
+    /// from the ring whole, so an abandoned receive loses nothing.
+    rx: Receiver<()>,
     closed: Cell<bool>,
     closing: Cell<bool>,
     /// The Unix socket closed: the peer is gone (messages already in the ring are
@@ -1203,7 +1206,7 @@ impl ShmConn {
                 backlog_out_total: 0,
                 batch_end: None,
             }),
-            recv_busy: Cell::new(false),
+            rx: Receiver::new((), Abandoned::Resumes),
             closed: Cell::new(false),
             closing: Cell::new(false),
             peer_gone: Cell::new(false),
@@ -1382,22 +1385,13 @@ impl ShmConn {
 
     /// See [`super::Conn::recv`].
     pub async fn recv(&self) -> Result<Message, TransportError> {
-        if self.recv_busy.replace(true) {
-            return Err(TransportError::Io(io::Error::other(
-                "two tasks receiving on one connection",
-            )));
-        }
-        // Cleared however the receive ends, also when its future is dropped.
-        struct Busy<'a>(&'a Cell<bool>);
-        impl Drop for Busy<'_> {
-            fn drop(&mut self) {
-                self.0.set(false);
-            }
-        }
-        let _busy = Busy(&self.recv_busy);
+        let close = || self.close();
+        let turn = self.rx.begin(&close)?;
         let r = self.recv_inner().await;
-        if r.is_err() {
-            self.close();
+        match turn.end(&r) {
+            Ending::Open => {}
+            Ending::CloseAfterSend => self.close_after_send(),
+            Ending::Close => self.close(),
         }
         r
     }

@@ -19,6 +19,7 @@ use super::TransportError;
 use super::grant::{
     Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
 };
+use super::receive::{Abandoned, Ending, Receiver};
 use super::stream_send::{PushRefused, StreamSend, WriterEnd};
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::collections::HashMap;
@@ -26,8 +27,8 @@ use crate::protocol::{
     HEADER_LEN, HEADER_PREFIX_LEN, Header, Message, OpCode, ProtocolError, RemoteBuf, status,
 };
 use crate::reactor;
+use std::cell::Cell;
 use std::cell::RefCell as StdRefCell;
-use std::cell::{Cell, RefCell};
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -63,7 +64,9 @@ pub struct TcpConn {
     /// The send queue, its writer's state, the closed flags and the stall marks
     /// ([`super::stream_send`], shared with flame-nbd's connections).
     tx: StreamSend,
-    recv_state: RefCell<Option<RecvState>>,
+    /// The receive buffer, taken by the one receive running
+    /// ([`super::receive`]: drop-safe, one error policy).
+    rx: Receiver<RecvState>,
     /// Buffers this side granted to the peer; the receiving task serves the peer's
     /// one-sided requests from it.
     grants: Rc<GrantTable>,
@@ -141,12 +144,17 @@ impl TcpConn {
             stream,
             peer,
             tx: StreamSend::new(SEND_QUEUE_BYTES_MAX),
-            recv_state: RefCell::new(Some(RecvState {
-                buf: vec![0u8; RECV_BUFFER_BYTES],
-                start: 0,
-                end: 0,
-                header_only: false,
-            })),
+            // Every wait of a receive holds a socket receive in flight or
+            // follows a header whose payload is unread: abandoned, it closes.
+            rx: Receiver::new(
+                RecvState {
+                    buf: vec![0u8; RECV_BUFFER_BYTES],
+                    start: 0,
+                    end: 0,
+                    header_only: false,
+                },
+                Abandoned::Closes,
+            ),
             grants: Rc::new(GrantTable::default()),
             pending: StdRefCell::new(HashMap::default()),
             next_op: Cell::new(1),
@@ -254,13 +262,10 @@ impl TcpConn {
 
     /// See [`super::Conn::recv`].
     pub async fn recv(&self) -> Result<Message, TransportError> {
-        let Some(mut st) = self.recv_state.borrow_mut().take() else {
-            return Err(TransportError::Io(io::Error::other(
-                "two tasks receiving on one connection",
-            )));
-        };
+        let close = || self.close();
+        let mut turn = self.rx.begin(&close)?;
         let result = loop {
-            match self.recv_inner(&mut st).await {
+            match self.recv_inner(&mut turn).await {
                 Ok(Frame::Message(m)) => break Ok(m),
                 Ok(Frame::Internal(h, payload)) => {
                     if let Err(e) = self.serve_internal(&h, payload) {
@@ -270,18 +275,15 @@ impl TcpConn {
                 Err(e) => break Err(e),
             }
         };
-        *self.recv_state.borrow_mut() = Some(st);
-        match &result {
-            // A peer of another protocol version: close once what is queued has
-            // been sent, so the caller can still queue a refusal in the peer's
-            // format ([`crate::protocol::version_refusal`]) before it yields.
-            Err(TransportError::Protocol(ProtocolError::ForeignVersion { .. })) => {
-                self.close_after_send()
-            }
-            // The refusal reply is queued: let it reach the peer, then close.
-            Err(TransportError::Refused(_)) => self.close_after_send(),
-            Err(_) => self.close(),
-            Ok(_) => {}
+        // A peer of another protocol version, or a refused one-sided access:
+        // close once what is queued has been sent, so the caller can still
+        // queue a refusal in the peer's format
+        // ([`crate::protocol::version_refusal`]), and the access refusal
+        // reaches the peer.
+        match turn.end(&result) {
+            Ending::Open => {}
+            Ending::CloseAfterSend => self.close_after_send(),
+            Ending::Close => self.close(),
         }
         result
     }
@@ -304,6 +306,7 @@ impl TcpConn {
         hb.copy_from_slice(&st.buf[st.start..st.start + HEADER_LEN]);
         let header = Header::decode(&hb)?;
         st.start += HEADER_LEN;
+
         self.tx.marks().frame_received();
         st.header_only = false;
         // Payload: bounded by Header::decode before this allocation.

@@ -52,13 +52,14 @@ use super::wire::{
 };
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::collections::HashMap;
-use crate::protocol::{Message, PAYLOAD_BYTES_MAX, ProtocolError, RemoteBuf};
+use crate::protocol::{Message, PAYLOAD_BYTES_MAX, RemoteBuf};
 use crate::reactor;
 use crate::transport::TransportError;
 use crate::transport::grant::{
     GRANTS_PER_CONN_MAX, Grant, GrantOwner, Refusal, SharedArea, WriteGrant, buffer_writer,
     check_grant_len,
 };
+use crate::transport::receive::{Abandoned, Ending, Receiver};
 use rdma_mummy_sys::{
     ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
     ibv_wc_status,
@@ -607,7 +608,6 @@ struct State {
     filled: VecDeque<(u32, u32, u32)>,
     decoder: StreamDecoder,
     recv_waker: Option<Waker>,
-    receiving: bool,
     ops: slab::Slab<OneSidedOp>,
     op_waiters: VecDeque<Waker>,
 }
@@ -643,6 +643,9 @@ pub struct RdmaConn {
     /// credits (a peer that stops reading holds the queued payloads); one unit
     /// of send progress is one data frame posted.
     marks: crate::transport::StallMarks,
+    /// The one receive at a time ([`crate::transport::receive`]); the decoder
+    /// keeps a message's progress, so an abandoned receive loses nothing.
+    rx: Receiver<()>,
 }
 
 impl Drop for RdmaConn {
@@ -763,7 +766,6 @@ impl RdmaConn {
                 filled: VecDeque::new(),
                 decoder: StreamDecoder::default(),
                 recv_waker: None,
-                receiving: false,
                 ops: slab::Slab::with_capacity(ONE_SIDED_MAX as usize),
                 op_waiters: VecDeque::new(),
             }),
@@ -781,6 +783,7 @@ impl RdmaConn {
             failure: RefCell::new(None),
             grants: RefCell::new(HashMap::default()),
             marks: crate::transport::StallMarks::default(),
+            rx: Receiver::new((), Abandoned::Resumes),
         });
         thread.conns.borrow_mut().insert(id, Rc::downgrade(&conn));
         let conn = Self::bring_up(conn, initiator).await?;
@@ -1249,17 +1252,13 @@ impl RdmaConn {
     /// to never wait ([`RdmaConn::set_never_wait_for_memory`]) takes heap memory
     /// instead.
     pub async fn recv(&self) -> Result<Message, TransportError> {
-        if std::mem::replace(&mut self.state.borrow_mut().receiving, true) {
-            return Err(err("two tasks receiving on one connection"));
-        }
+        let close = || self.close();
+        let turn = self.rx.begin(&close)?;
         let res = self.recv_inner().await;
-        self.state.borrow_mut().receiving = false;
-        match &res {
-            Err(TransportError::Protocol(ProtocolError::ForeignVersion { .. })) => {
-                self.close_after_send()
-            }
-            Err(_) => self.close(),
-            Ok(_) => {}
+        match turn.end(&res) {
+            Ending::Open => {}
+            Ending::CloseAfterSend => self.close_after_send(),
+            Ending::Close => self.close(),
         }
         res
     }
