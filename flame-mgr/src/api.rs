@@ -344,17 +344,34 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
+/// The verifier and the verified signer of a request to an auth route; 409
+/// with `auth: none`, where there is neither (`what` says what is missing).
+fn verified_caller<'a>(
+    shared: &'a Shared,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+    what: &str,
+) -> Result<
+    (
+        &'a parking_lot::Mutex<crate::auth::Verifier>,
+        crate::auth::Caller,
+    ),
+    HttpError,
+> {
+    match (&shared.verifier, caller) {
+        (Some(verifier), Some(axum::Extension(caller))) => Ok((verifier, caller)),
+        _ => Err(HttpError::new(
+            StatusCode::CONFLICT,
+            format!("authentication is off on this cluster (auth: none): {what}"),
+        )),
+    }
+}
+
 /// The OSDs' service key, sealed for the signing OSD.
 async fn grant_service_key(
     State(shared): State<Arc<Shared>>,
     caller: Option<axum::Extension<crate::auth::Caller>>,
 ) -> Result<Response, HttpError> {
-    let (Some(verifier), Some(axum::Extension(caller))) = (&shared.verifier, caller) else {
-        return Err(HttpError::new(
-            StatusCode::CONFLICT,
-            "authentication is off on this cluster (auth: none): there is no service key",
-        ));
-    };
+    let (verifier, caller) = verified_caller(&shared, caller, "there is no service key")?;
     let grant = verifier
         .lock()
         .grant_service_key(&shared.auth_table(), &caller)
@@ -385,12 +402,8 @@ async fn issue_ticket(
     State(shared): State<Arc<Shared>>,
     caller: Option<axum::Extension<crate::auth::Caller>>,
 ) -> Result<Response, HttpError> {
-    let (Some(verifier), Some(axum::Extension(caller))) = (&shared.verifier, caller) else {
-        return Err(HttpError::new(
-            StatusCode::CONFLICT,
-            "authentication is off on this cluster (auth: none): OSDs take connections without tickets",
-        ));
-    };
+    let (verifier, caller) =
+        verified_caller(&shared, caller, "OSDs take connections without tickets")?;
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);

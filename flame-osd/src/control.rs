@@ -161,30 +161,22 @@ impl Control {
             fsid: self.identity.fsid.clone(),
             incarnation: self.incarnation,
         };
-        let mut delay = Duration::from_millis(100);
-        let (reply, sent_ms): (OsdBootReply, u64) = loop {
-            let sent_ms = self.liveness.now_ms();
-            match self.post("/v1/osd/boot", &body) {
-                Ok(r) => break (r, sent_ms),
+        let mut sent_ms = 0;
+        let reply: OsdBootReply =
+            match self.post_until_answered("boot", "/v1/osd/boot", &body, |l| {
+                sent_ms = l.now_ms();
+            }) {
+                Ok(r) => r,
                 // 4xx: the manager refused this OSD (another cluster's data
-                // directory, an address held by another live OSD, an invalid
-                // setting). Retrying cannot help: say why and stop with status 2,
-                // as for a bad configuration.
-                Err(e) if e.starts_with("refused: ") => {
+                // directory, an address held by another live OSD, another OSD's
+                // key, an invalid setting). Retrying cannot help: say why and stop
+                // with status 2, as for a bad configuration.
+                Err(e) => {
                     tracing::error!("the manager refused this OSD: {e}");
                     eprintln!("flame-osd: the manager at {} {e}", self.cfg.mgr);
                     std::process::exit(2);
                 }
-                Err(e) => {
-                    tracing::warn!(
-                        "boot: manager at {} not answering ({e}); retrying",
-                        self.cfg.mgr
-                    );
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-            }
-        };
+            };
         if let Some(fsid) = &self.identity.fsid
             && *fsid != reply.fsid
         {
@@ -216,26 +208,42 @@ impl Control {
             .creds
             .as_ref()
             .ok_or("no keyring: there is no service key to fetch")?;
+        let grant: flame_common::mgr_api::ServiceKeyGrant = self
+            .post_until_answered("service key", "/v1/auth/service-key", &(), |_| {})
+            .map_err(|e| format!("the manager refused this OSD the service key: {e}"))?;
+        let sealed = hex::decode(&grant.sealed_key)
+            .map_err(|e| format!("the manager's sealed service key is not hex: {e}"))?;
+        flame_common::auth::ServiceKey::open_sealed(&creds.key, grant.generation, &sealed)
+    }
+
+    /// [`Self::post`], retried (with backoff up to 2 s) while the manager does
+    /// not answer; a refusal (4xx) is returned. `before_each` runs before each
+    /// attempt (the boot notes when it was sent).
+    fn post_until_answered<B: Serialize, R: for<'de> Deserialize<'de>>(
+        &self,
+        what: &str,
+        path: &str,
+        body: &B,
+        mut before_each: impl FnMut(&Liveness),
+    ) -> Result<R, String> {
         let mut delay = Duration::from_millis(100);
-        let grant: flame_common::mgr_api::ServiceKeyGrant = loop {
-            match self.post("/v1/auth/service-key", &()) {
-                Ok(g) => break g,
-                Err(e) if e.starts_with("refused: ") => {
-                    return Err(format!("the manager refused this OSD the service key: {e}"));
-                }
+        // Unbounded in count by design: an OSD waits for its manager. Each
+        // round waits at least 100 ms.
+        loop {
+            before_each(&self.liveness);
+            match self.post(path, body) {
+                Ok(r) => return Ok(r),
+                Err(e) if e.starts_with("refused: ") => return Err(e),
                 Err(e) => {
                     tracing::warn!(
-                        "service key: manager at {} not answering ({e}); retrying",
+                        "{what}: manager at {} not answering ({e}); retrying",
                         self.cfg.mgr
                     );
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
-        };
-        let sealed = hex::decode(&grant.sealed_key)
-            .map_err(|e| format!("the manager's sealed service key is not hex: {e}"))?;
-        flame_common::auth::ServiceKey::open_sealed(&creds.key, grant.generation, &sealed)
+        }
     }
 
     fn post<B: Serialize, R: for<'de> Deserialize<'de>>(

@@ -19,6 +19,7 @@
 
 pub mod failover;
 pub mod faults;
+pub mod misbehaving;
 pub mod net;
 pub mod oracle;
 pub mod sim;

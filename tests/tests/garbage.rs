@@ -3,6 +3,7 @@
 
 use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{IoTarget, Message, PAYLOAD_BYTES_MAX};
+use flame_tests::misbehaving::{nbd_raw_client, nbd_request};
 use flame_tests::{ClusterOptions, Endpoint, PortKind, TestCluster, http_get, pattern};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -151,41 +152,6 @@ fn garbage_on_every_port_leaves_the_cluster_serving() {
         drop(conns);
     }
     assert_serving(&mut cluster, "50 connections opened and dropped per port");
-}
-
-/// An NBD client negotiated by hand (fixed newstyle, `NBD_OPT_EXPORT_NAME`, no
-/// zeroes), ready for transmission: what a misbehaving client needs.
-fn nbd_raw_client(addr: std::net::SocketAddr, export: &str) -> TcpStream {
-    use flame_client::nbd::proto;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).unwrap();
-    assert_eq!(greeting[..8], proto::NBDMAGIC.to_be_bytes());
-    assert_eq!(greeting[8..16], proto::IHAVEOPT.to_be_bytes());
-    let mut hello = Vec::new();
-    hello
-        .extend_from_slice(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes());
-    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
-    hello.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    hello.extend_from_slice(export.as_bytes());
-    s.write_all(&hello).unwrap();
-    let mut export_info = [0u8; 10];
-    s.read_exact(&mut export_info).unwrap();
-    s
-}
-
-/// An NBD request header.
-fn nbd_request(cmd: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
-    let mut r = Vec::with_capacity(28);
-    r.extend_from_slice(&flame_client::nbd::proto::REQUEST_MAGIC.to_be_bytes());
-    r.extend_from_slice(&0u16.to_be_bytes());
-    r.extend_from_slice(&cmd.to_be_bytes());
-    r.extend_from_slice(&cookie.to_be_bytes());
-    r.extend_from_slice(&offset.to_be_bytes());
-    r.extend_from_slice(&len.to_be_bytes());
-    r
 }
 
 /// flame-nbd bounds a client's time as the OSDs do: a client that sends a 4 MiB

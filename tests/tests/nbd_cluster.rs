@@ -268,29 +268,7 @@ fn nbdinfo_lists_exports_and_unknown_names_are_refused() {
 #[test]
 fn fio_randrw_with_crc32c_verify() {
     let cluster = cluster_with_volume("fio", 64 * MIB);
-    let out = run_bounded(
-        Command::new(require_tool("fio")).args([
-            "--name=flame-verify",
-            "--ioengine=nbd",
-            &format!("--uri={}", cluster.nbd_uri("fio")),
-            "--rw=randrw",
-            "--rwmixread=50",
-            "--bs=16k",
-            "--size=32M",
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            // No verify state file in the working directory.
-            "--verify_state_save=0",
-            "--randrepeat=0",
-            "--runtime=120",
-        ]),
-        Duration::from_secs(240),
-    );
-    let text = output_text(&out);
-    assert!(out.status.success(), "fio failed:\n{text}");
-    assert!(text.contains("err= 0"), "fio job errors:\n{text}");
+    flame_tests::misbehaving::fio_randrw_verify(&cluster.nbd_uri("fio"), "0", "32M");
 }
 
 /// nbdfuse exposes the volume as a file; dd through it reaches the cluster.

@@ -8,10 +8,10 @@ use flame_common::ids::{ObjectId, OsdId, PgSeq, RequestId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::locate;
 use flame_common::protocol::{self, IoTarget, Message};
-use flame_tests::{ClusterOptions, TestCluster, output_text, require_tool, run_bounded};
+use flame_tests::misbehaving::{fio_randrw_verify, nbd_raw_client, nbd_request};
+use flame_tests::{ClusterOptions, TestCluster};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Tricklers per OSD shard and against flame-nbd (the figure).
@@ -48,36 +48,6 @@ fn osd_client(cluster: &TestCluster, map: &ClusterMap, osd: OsdId, shard: u16) -
     let mut body = vec![0u8; h.payload_len as usize];
     s.read_exact(&mut body).unwrap();
     s
-}
-
-fn nbd_client(addr: std::net::SocketAddr, export: &str) -> TcpStream {
-    use flame_client::nbd::proto;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).unwrap();
-    let mut hello = Vec::new();
-    hello
-        .extend_from_slice(&(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES).to_be_bytes());
-    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&proto::OPT_EXPORT_NAME.to_be_bytes());
-    hello.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    hello.extend_from_slice(export.as_bytes());
-    s.write_all(&hello).unwrap();
-    let mut export_info = [0u8; 10];
-    s.read_exact(&mut export_info).unwrap();
-    s
-}
-
-fn nbd_request(cmd: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
-    let mut r = Vec::with_capacity(28);
-    r.extend_from_slice(&flame_client::nbd::proto::REQUEST_MAGIC.to_be_bytes());
-    r.extend_from_slice(&0u16.to_be_bytes());
-    r.extend_from_slice(&cmd.to_be_bytes());
-    r.extend_from_slice(&cookie.to_be_bytes());
-    r.extend_from_slice(&offset.to_be_bytes());
-    r.extend_from_slice(&len.to_be_bytes());
-    r
 }
 
 /// Whether the daemon closed `s` (EOF or reset), reading and discarding
@@ -128,22 +98,28 @@ fn one_object_per_shard(
     found
 }
 
+/// The first 4 MiB of `object`.
+fn first_4m(map: &ClusterMap, object: ObjectId) -> IoTarget {
+    IoTarget {
+        pg: locate(map, object).pg,
+        object,
+        offset: 0,
+        length: 4 << 20,
+    }
+}
+
 fn write_header(map: &ClusterMap, id: u64, object: ObjectId) -> Vec<u8> {
-    let len = 4 << 20;
+    let target = first_4m(map, object);
+    let len = target.length as usize;
     let msg = Message::Write {
         id: RequestId(id),
         epoch: map.epoch,
-        target: IoTarget {
-            pg: locate(map, object).pg,
-            object,
-            offset: 0,
-            length: len,
-        },
+        target,
         flags: 0,
         seq: PgSeq(0),
         op: flame_common::ids::OpId::NONE,
         remote: None,
-        data: flame_common::buffer::PayloadBuf::copy_from(&vec![0x7e; len as usize]),
+        data: flame_common::buffer::PayloadBuf::copy_from(&vec![0x7e; len]),
     };
     // The header and the first 100 bytes of the payload: then nothing more.
     msg.encode()[..protocol::HEADER_LEN + 100].to_vec()
@@ -153,12 +129,7 @@ fn read_request(map: &ClusterMap, id: u64, object: ObjectId) -> Vec<u8> {
     Message::Read {
         id: RequestId(id),
         epoch: map.epoch,
-        target: IoTarget {
-            pg: locate(map, object).pg,
-            object,
-            offset: 0,
-            length: 4 << 20,
-        },
+        target: first_4m(map, object),
         flags: 0,
         remote: None,
     }
@@ -233,13 +204,13 @@ fn fio_through_flame_nbd_sees_no_error_while_peers_trickle_stall_and_idle() {
     }
     let nbd = cluster.nbd_addr();
     for i in 0..TRICKLERS_PER_TARGET {
-        let mut s = nbd_client(nbd, "siege");
+        let mut s = nbd_raw_client(nbd, "siege");
         s.write_all(&nbd_request(CMD_WRITE, i as u64, 32 << 20, 4 << 20))
             .unwrap();
         s.write_all(&[0x7e; 100]).unwrap();
         tricklers.push(s);
     }
-    let mut s = nbd_client(nbd, "siege");
+    let mut s = nbd_raw_client(nbd, "siege");
     for cookie in 0..32u64 {
         s.write_all(&nbd_request(CMD_READ, 100 + cookie, 0, 4 << 20))
             .unwrap();
@@ -254,29 +225,7 @@ fn fio_through_flame_nbd_sees_no_error_while_peers_trickle_stall_and_idle() {
 
     // fio through flame-nbd meanwhile: verified random reads and writes.
     let started = Instant::now();
-    let out = run_bounded(
-        Command::new(require_tool("fio")).args([
-            "--name=siege",
-            "--ioengine=nbd",
-            &format!("--uri={}", cluster.nbd_uri("siege")),
-            "--rw=randrw",
-            "--rwmixread=50",
-            "--bs=16k",
-            "--offset=8M",
-            "--size=16M",
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--verify_state_save=0",
-            "--randrepeat=0",
-            "--runtime=120",
-        ]),
-        Duration::from_secs(240),
-    );
-    let text = output_text(&out);
-    assert!(out.status.success(), "fio failed under the siege:\n{text}");
-    assert!(text.contains("err= 0"), "fio job errors:\n{text}");
+    fio_randrw_verify(&cluster.nbd_uri("siege"), "8M", "16M");
     println!("fio done in {:?} under the siege", started.elapsed());
 
     // Every offender is closed by the daemons.
