@@ -1036,6 +1036,31 @@ fn a_tcp_receive_abandoned_closes_the_connection() {
         // The peer sees the end.
         assert!(c.recv().await.is_err());
     });
+    // Mid-header: more than the prefix every version shares, less than a
+    // header (the next receive must not read the buffer the abandoned one's
+    // socket receive held).
+    run(async move {
+        use std::io::Write;
+        let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accept = spawn(async move { l.accept().await.unwrap() });
+        let mut raw = std::net::TcpStream::connect(addr).unwrap();
+        let s = accept.await;
+        let m = write_msg(1, PayloadBuf::copy_from(&pattern(4096, 1)));
+        let (header, _) = m.to_header();
+        raw.write_all(&header.encode()[..100]).unwrap();
+        let abandoned = futures_lite::future::or(async { Some(s.recv().await) }, async {
+            reactor::sleep(Duration::from_millis(200)).await;
+            None
+        })
+        .await;
+        assert!(
+            abandoned.is_none(),
+            "the header never came whole: {abandoned:?}"
+        );
+        assert!(s.is_closed());
+        assert!(matches!(s.recv().await, Err(TransportError::Closed)));
+    });
     // Mid-message: a header, then part of its payload.
     use std::io::Write;
     run(async move {

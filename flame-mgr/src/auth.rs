@@ -100,6 +100,21 @@ impl AuthTable {
         role: Role,
         volumes: VolumePatterns,
     ) -> Result<EntityRecord, String> {
+        self.add_at(name, role, volumes, 1)
+    }
+
+    /// [`Self::add`] at key generation `generation` (≥ 1): above the last one a
+    /// removed entity of the same name had, so its old key never works again.
+    pub fn add_at(
+        &mut self,
+        name: &EntityName,
+        role: Role,
+        volumes: VolumePatterns,
+        generation: KeyGeneration,
+    ) -> Result<EntityRecord, String> {
+        if generation == 0 {
+            return Err(format!("entity {name}: key generation 0"));
+        }
         if *name == EntityName::osd() {
             return Err("entity osd is built in".into());
         }
@@ -107,6 +122,14 @@ impl AuthTable {
             return Err(format!(
                 "entity {name}: osd.N entities have the osd role, and only they (add \
                  osd.N with --role osd)"
+            ));
+        }
+        if let Some(id) = name.osd_id()
+            && id.0 >= crate::state::OSD_ID_MAX
+        {
+            return Err(format!(
+                "entity {name}: OSD ids are below {}",
+                crate::state::OSD_ID_MAX
             ));
         }
         if name.is_osd() && !volumes.is_all() {
@@ -122,7 +145,7 @@ impl AuthTable {
         }
         let rec = EntityRecord {
             role,
-            generation: 1,
+            generation,
             volumes,
         };
         self.entities.insert(name.clone(), rec.clone());
@@ -737,6 +760,11 @@ mod tests {
             t.add(&EntityName::osd(), Role::Osd, VolumePatterns::all())
                 .is_err()
         );
+        let too_big = EntityName::of_osd(OsdId(crate::state::OSD_ID_MAX));
+        let e = t
+            .add(&too_big, Role::Osd, VolumePatterns::all())
+            .unwrap_err();
+        assert!(e.contains("below"), "{e}");
         t.add(&o3, Role::Osd, VolumePatterns::all()).unwrap();
         t.check().unwrap();
         assert!(

@@ -127,7 +127,7 @@ impl Metrics {
                     "flame_mgr_auth_refusals_total",
                     "API requests refused by authentication, by reason (missing, \
                      malformed, unknown_entity, rotated_key, bad_signature, replayed, \
-                     replay_window_full, clock, forbidden).",
+                     replay_window_full, clock, forbidden, other_osd).",
                 ),
                 &["reason"],
             )?)?,

@@ -98,7 +98,16 @@ pub struct PersistedState {
     /// older files: the built-ins `client.admin` and `osd` at generation 1.
     #[serde(default)]
     pub auth: crate::auth::AuthTable,
+    /// The last key generation of every removed entity: one added again under
+    /// the same name starts above it, so a removed (perhaps stolen) key never
+    /// works again. At most [`AUTH_REMOVED_MAX`]. Absent in older files.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub auth_removed: BTreeMap<EntityName, flame_common::auth::KeyGeneration>,
 }
+
+/// Most removed entities the manager remembers ([`PersistedState::auth_removed`]);
+/// past it, removing another is refused (rotate its key instead).
+pub const AUTH_REMOVED_MAX: usize = 65_536;
 
 impl PersistedState {
     /// State of a brand-new cluster: no OSDs, no volumes, epoch 1.
@@ -112,6 +121,7 @@ impl PersistedState {
             pending_trims: BTreeMap::new(),
             osd_incarnations: BTreeMap::new(),
             auth: crate::auth::AuthTable::default(),
+            auth_removed: BTreeMap::new(),
         }
     }
 
@@ -1401,11 +1411,18 @@ impl ClusterState {
         role: crate::auth::Role,
         volumes: flame_common::auth::VolumePatterns,
     ) -> Result<crate::auth::EntityRecord, StateError> {
+        let generation = match self.persisted.auth_removed.get(name) {
+            None => 1,
+            Some(&last) => last.checked_add(1).ok_or_else(|| {
+                StateError::Conflict(format!("entity {name}: key generations exhausted"))
+            })?,
+        };
         let rec = self
             .persisted
             .auth
-            .add(name, role, volumes)
+            .add_at(name, role, volumes, generation)
             .map_err(StateError::Conflict)?;
+        self.persisted.auth_removed.remove(name);
         self.bump_epoch();
         Ok(rec)
     }
@@ -1450,11 +1467,22 @@ impl ClusterState {
         if !self.persisted.auth.entities.contains_key(name) {
             return Err(StateError::NotFound(format!("no entity {name}")));
         }
+        if self.persisted.auth_removed.len() >= AUTH_REMOVED_MAX
+            && !self.persisted.auth_removed.contains_key(name)
+        {
+            return Err(StateError::Conflict(format!(
+                "the manager remembers {AUTH_REMOVED_MAX} removed entities already (so \
+                 their keys never work again); rotate {name}'s key instead of removing it"
+            )));
+        }
         let rec = self
             .persisted
             .auth
             .remove(name)
             .map_err(StateError::Invalid)?;
+        self.persisted
+            .auth_removed
+            .insert(name.clone(), rec.generation);
         self.bump_epoch();
         Ok(rec)
     }

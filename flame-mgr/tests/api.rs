@@ -1215,6 +1215,16 @@ fn authentication_and_roles_refuse_everything_without_a_key() {
     assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
     let removed = mgr.endpoint(Some(creds_in(d, "client.vm", 2)));
     assert_eq!(call_as(&removed, "GET", "/v1/map", None).0, 401);
+    // Added again under the same name, it starts above its removed key (a
+    // removed, perhaps stolen, key never works again), also after the restart.
+    let (st, v) = mgr.post(
+        "/v1/auth/entities",
+        &serde_json::json!({"entity": "client.vm", "role": "client"}),
+    );
+    assert_eq!((st, v["generation"].as_u64()), (200, Some(3)), "{v}");
+    assert_eq!(call_as(&removed, "GET", "/v1/map", None).0, 401);
+    let again = mgr.endpoint(Some(creds_in(d, "client.vm", 3)));
+    assert_eq!(call_as(&again, "GET", "/v1/map", None).0, 200);
 }
 
 /// The made-up-OSD attack by the holder of one OSD's own key (`osd.1`): it may

@@ -44,8 +44,9 @@ pub enum Threading {
 pub struct OsdConfig {
     /// Manager API address.
     pub mgr: String,
-    /// The `osd` keyring (`flame-admin auth init` writes `osd.keyring`) this OSD
-    /// signs its manager requests with. Needed unless the manager runs with
+    /// This OSD's own keyring, `osd.N` (`flame-admin auth add osd.N`; the shared
+    /// `osd` keyring of older deployments works too), that it signs its manager
+    /// requests with. Needed unless the manager runs with
     /// `auth: none`; without it such a manager refuses the boot, and the OSD
     /// stops with the manager's reason.
     pub keyring: Option<PathBuf>,

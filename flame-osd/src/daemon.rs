@@ -218,20 +218,27 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let liveness = Arc::new(crate::liveness::Liveness::new(shards));
     let mut control =
         control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone(), creds);
+    if own_key_of.is_some() {
+        // Before the boot, so a manager that refuses it (one with `auth:
+        // none`, a removed key) stops this OSD as a configuration error
+        // (status 2, which systemd does not restart) before it is marked up.
+        service = Some(
+            control
+                .fetch_service_key()
+                .map_err(|message| StartError { message, status: 2 })?,
+        );
+    }
     let (osd_id, map) = control.boot()?;
     tracing::info!(osd = %osd_id, epoch = %map.epoch, "registered with the manager");
-    if let Some(own) = own_key_of {
+    if let Some(own) = own_key_of
+        && own != osd_id
+    {
         // The manager refuses a boot signed with another OSD's key; this is
         // the hand-over's assertion.
-        if own != osd_id {
-            return Err(StartError {
-                message: format!(
-                    "the manager registered this OSD as {osd_id}, but its key is {own}'s"
-                ),
-                status: 2,
-            });
-        }
-        service = Some(control.fetch_service_key()?);
+        return Err(StartError {
+            message: format!("the manager registered this OSD as {osd_id}, but its key is {own}'s"),
+            status: 2,
+        });
     }
     let map = Arc::new(ArcSwap::from_pointee(map));
     let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -22,6 +22,17 @@ fn run_extra_osd(
     osd_json: Option<&str>,
     advertise: Option<SocketAddr>,
 ) -> std::process::Output {
+    run_extra_osd_with(cluster, name, osd_json, advertise, cluster.keyring("osd"))
+}
+
+/// [`run_extra_osd`] with `keyring` (`None`: none).
+fn run_extra_osd_with(
+    cluster: &TestCluster,
+    name: &str,
+    osd_json: Option<&str>,
+    advertise: Option<SocketAddr>,
+    keyring: Option<std::path::PathBuf>,
+) -> std::process::Output {
     let dir = cluster.dir().join(name);
     std::fs::create_dir_all(&dir).unwrap();
     if let Some(json) = osd_json {
@@ -35,9 +46,7 @@ fn run_extra_osd(
     );
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_ports(1)));
     let advertise = advertise.map_or(String::new(), |a| format!("advertise: \"{a}\"\n"));
-    let keyring = cluster
-        .keyring("osd")
-        .map_or(String::new(), |k| format!("keyring: \"{}\"\n", k.display()));
+    let keyring = keyring.map_or(String::new(), |k| format!("keyring: \"{}\"\n", k.display()));
     let yaml = format!(
         "mgr: \"{}\"\n{keyring}listen: \"{listen}\"\n{advertise}metrics_listen: \"{metrics}\"\n\
          data_dir: \"{}\"\nhost: \"{name}\"\nshards: 1\npoll_mode: interrupt\n",
@@ -105,4 +114,38 @@ fn an_osd_of_another_cluster_or_a_taken_address_is_refused_without_a_trace() {
         "a second OSD was registered at {taken}"
     );
     assert_eq!(after.epoch, before.epoch);
+}
+
+/// An OSD with its own key (`osd.N`) against a manager that runs with `auth:
+/// none` (so it has no service key to give) stops with status 2 and the
+/// manager's reason before it boots: nothing is registered, and systemd does
+/// not restart it in a loop (each restart would have marked it up first).
+#[test]
+fn an_osd_with_its_own_key_stops_before_it_boots_where_it_gets_no_service_key() {
+    use flame_common::auth::{EntityName, Keyring, SecretKey};
+    let cluster = TestCluster::start_with(flame_tests::ClusterOptions {
+        auth: false,
+        ..flame_tests::ClusterOptions::default()
+    });
+    let before = cluster.map();
+    let keyring = cluster.dir().join("osd.7.keyring");
+    let secret = SecretKey::random().unwrap();
+    let entity = EntityName::parse("osd.7").unwrap();
+    Keyring::derived(&secret, &entity, 1)
+        .save(&keyring)
+        .unwrap();
+    let out = run_extra_osd_with(&cluster, "own-key", None, None, Some(keyring));
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("service key") && text.contains("auth: none"),
+        "the refusal must say why: {text}"
+    );
+    let after = cluster.map();
+    assert_eq!(
+        after.osds.len(),
+        before.osds.len(),
+        "it was registered: {after:?}"
+    );
+    assert_eq!(after.epoch, before.epoch, "its start changed the map");
 }

@@ -177,6 +177,10 @@ fn fio_through_flame_nbd_sees_no_error_while_peers_trickle_stall_and_idle() {
         .chain([("flame-nbd".to_string(), cluster.nbd_pid().unwrap())])
         .collect();
     let rss_before: Vec<u64> = pids.iter().map(|(_, p)| vm_rss_kib(*p)).collect();
+    assert!(
+        rss_before.iter().all(|&k| k > 0),
+        "no VmRSS read: {rss_before:?}"
+    );
 
     // The offenders, all at once.
     let targets = one_object_per_shard(&map, raw.id);

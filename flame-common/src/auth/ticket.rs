@@ -200,7 +200,7 @@ impl ServiceKey {
 
     /// This key sealed for the holder of `entity_key` (ChaCha20-Poly1305, bound
     /// to the generation): how the manager hands it to an OSD that holds only
-    /// its own `osd.N` key (`GET /v1/auth/service-key`). Only that OSD opens it.
+    /// its own `osd.N` key (`POST /v1/auth/service-key`). Only that OSD opens it.
     pub fn seal_for(&self, entity_key: &SecretKey) -> Result<Vec<u8>, String> {
         seal_session_key(entity_key, &service_seal_aad(self.generation), &self.key)
     }

@@ -2080,7 +2080,8 @@ impl ShmListener {
 
     /// Accepts the next connection of either kind. Shm handshakes run in tasks
     /// of their own ([`super::bring_up`]: each within [`HANDSHAKE_TIMEOUT`], at
-    /// most [`super::bring_up::BRING_UPS_MAX`] at once, 16 of them local), so a
+    /// most [`super::bring_up::BRING_UPS_PER_SOURCE_MAX`] at once: every local
+    /// peer is one source), so a
     /// local peer that connects and sends nothing holds one slot for 2 s, not
     /// the listener. A shm peer whose handshake fails is dropped (logged) and
     /// the wait goes on.

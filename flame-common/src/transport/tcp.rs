@@ -289,6 +289,12 @@ impl TcpConn {
     }
 
     async fn recv_inner(&self, st: &mut RecvState) -> Result<Frame, TransportError> {
+        // First: a receive abandoned half-way closed the connection, and may
+        // have left the state without its buffer (an in-flight receive owned
+        // it), so nothing below may read it then.
+        if self.tx.is_closed() {
+            return Err(TransportError::Closed);
+        }
         let fd = self.stream.as_raw_fd();
         // Header: first the prefix every protocol version shares, so a peer of
         // another version (whose header may be shorter) is recognised from what it
