@@ -1146,6 +1146,40 @@ fn shm_stall_marks_show_a_peer_that_stops_reading() {
     stall_marks_show_a_peer_that_stops_reading(TransportKind::Shm)
 }
 
+/// Over shm a send stall's progress is a whole batch (everything backlogged
+/// when the wait began), not one record: a peer that takes a message now and
+/// then keeps its backlog for as long as it likes and must still show as
+/// stuck, so the watchdog closes it; once the batch has gone, the mark moves.
+#[test]
+fn shm_a_peer_that_takes_a_message_now_and_then_still_shows_a_send_stall() {
+    use flame_common::transport::Stall;
+    const MESSAGES: u64 = 32;
+    run(async move {
+        let (c, s) = pair(TransportKind::Shm).await;
+        for i in 0..MESSAGES {
+            s.send_owned(write_msg(i, PayloadBuf::copy_from(&pattern(1 << 20, i))))
+                .unwrap();
+        }
+        // The writer takes the backlog up when it runs.
+        reactor::sleep(Duration::from_millis(50)).await;
+        let stuck = s.stall().unwrap();
+        assert_eq!(stuck.0, Stall::Send, "a backlog waits for room");
+        // Ten messages taken, one every 50 ms: room for ten more records, far
+        // from the whole backlog.
+        for i in 0..10 {
+            reactor::sleep(Duration::from_millis(50)).await;
+            let m = c.recv().await.unwrap();
+            assert_eq!(m.id(), RequestId(i));
+            assert_eq!(s.stall(), Some(stuck), "a trickle of reads is no progress");
+        }
+        for i in 10..MESSAGES {
+            assert_eq!(c.recv().await.unwrap().id(), RequestId(i));
+        }
+        reactor::sleep(Duration::from_millis(50)).await;
+        assert_ne!(s.stall(), Some(stuck), "the batch went: progress");
+    });
+}
+
 #[cfg(feature = "rdma")]
 #[test]
 #[ignore = "needs an RDMA device (Soft-RoCE is enough): run with -- --ignored where one exists"]
