@@ -194,8 +194,9 @@ section "FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flam
 FLAME_TEST_TRANSPORT=shm FLAME_TEST_THREADING=staged cargo test -p flame-tests --test nbd_cluster
 # Sessions and their fences in staged mode (the workers keep them), keyed by
 # entity (another entity's claim of a session id fences nothing), and op ids
-# scoped by entity (the network threads scope them).
-FLAME_TEST_THREADING=staged cargo test -p flame-tests --test osd_protocol -- a_reconnected_session_fences_its_old_connection a_clients_op_ids_are_scoped_to_its_entity
+# scoped by entity (the network threads scope them), and a rotated osd key
+# followed by the network threads' HELLO gates.
+FLAME_TEST_THREADING=staged cargo test -p flame-tests --test osd_protocol -- a_reconnected_session_fences_its_old_connection a_clients_op_ids_are_scoped_to_its_entity a_rotated_osd_key_reaches_every_osd_without_a_restart
 
 section "cargo test -p flame-osd --features failpoints failpoints"
 cargo test -p flame-osd --features failpoints failpoints

@@ -170,6 +170,12 @@ pub struct RecoveryProgress {
 pub struct HeartbeatReply {
     /// Current map epoch.
     pub epoch: Epoch,
+    /// The `osd` key generation, whose service key checks tickets (`None`
+    /// with `auth: none`, and from older managers): an OSD with its own key
+    /// that holds another fetches the new one, so a rotation of `osd` needs no
+    /// OSD restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_generation: Option<u64>,
 }
 
 /// A primary telling the manager that members of its placement groups now hold

@@ -634,7 +634,17 @@ async fn osd_heartbeat(
             Ok(s.epoch())
         })
         .await?;
-    Ok(ok_json(&HeartbeatReply { epoch }))
+    let service_generation = shared.verifier.as_ref().and_then(|_| {
+        shared
+            .auth_table()
+            .entities
+            .get(&flame_common::auth::EntityName::osd())
+            .map(|r| r.generation)
+    });
+    Ok(ok_json(&HeartbeatReply {
+        epoch,
+        service_generation,
+    }))
 }
 
 async fn osd_failure(

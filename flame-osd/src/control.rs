@@ -118,6 +118,9 @@ pub struct Control {
     /// Finds objects of removed volumes in every new map's tombstones.
     tombstones: crate::tombstones::Scanner,
     liveness: Arc<Liveness>,
+    /// The shards' service key, for an OSD with its own key: replaced when a
+    /// heartbeat answer names another `osd` key generation.
+    service_keys: Option<crate::service_key::ServiceKeys>,
 }
 
 impl Control {
@@ -144,6 +147,7 @@ impl Control {
             incarnation: rand::random(),
             tombstones: crate::tombstones::Scanner::default(),
             liveness,
+            service_keys: None,
         }
     }
 
@@ -199,18 +203,29 @@ impl Control {
         Ok((reply.id, map))
     }
 
+    /// Keeps `keys` (the shards' service key) at the manager's `osd` key
+    /// generation from now on (an OSD with its own key; see [`Self::run`]).
+    pub fn follow_service_key(&mut self, keys: Option<crate::service_key::ServiceKeys>) {
+        self.service_keys = keys;
+    }
+
     /// The OSDs' service key, for an OSD that holds its own `osd.N` key: asked
     /// of the manager (`POST /v1/auth/service-key`), which seals it under this
-    /// OSD's key. Retries while the manager does not answer; a refusal is final.
-    pub fn fetch_service_key(&self) -> Result<flame_common::auth::ServiceKey, String> {
+    /// OSD's key. With `retry`, retries while the manager does not answer (at
+    /// start); a refusal is final.
+    pub fn fetch_service_key(&self, retry: bool) -> Result<flame_common::auth::ServiceKey, String> {
         let creds = self
             .mgr
             .creds
             .as_ref()
             .ok_or("no keyring: there is no service key to fetch")?;
-        let grant: flame_common::mgr_api::ServiceKeyGrant = self
-            .post_until_answered("service key", "/v1/auth/service-key", &(), |_| {})
-            .map_err(|e| format!("the manager refused this OSD the service key: {e}"))?;
+        let path = "/v1/auth/service-key";
+        let grant: flame_common::mgr_api::ServiceKeyGrant = if retry {
+            self.post_until_answered("service key", path, &(), |_| {})
+        } else {
+            self.post(path, &())
+        }
+        .map_err(|e| format!("the manager refused this OSD the service key: {e}"))?;
         let sealed = hex::decode(&grant.sealed_key)
             .map_err(|e| format!("the manager's sealed service key is not hex: {e}"))?;
         flame_common::auth::ServiceKey::open_sealed(&creds.key, grant.generation, &sealed)
@@ -243,6 +258,35 @@ impl Control {
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
+        }
+    }
+
+    /// After a heartbeat: when the manager's `osd` key generation
+    /// (`generation`) is not the one the shards hold, fetches the new service
+    /// key and hands it to them (one try per heartbeat; a failure is logged and
+    /// tried again at the next).
+    fn follow_rotation(&self, generation: Option<flame_common::auth::KeyGeneration>) {
+        let (Some(keys), Some(generation)) = (&self.service_keys, generation) else {
+            return;
+        };
+        if keys.generation() == generation {
+            return;
+        }
+        match self.fetch_service_key(false) {
+            Ok(key) if key.generation() == generation => {
+                tracing::info!(
+                    from = keys.generation(),
+                    to = generation,
+                    "the osd key was rotated: checking tickets with the new service key"
+                );
+                keys.replace(key);
+            }
+            Ok(key) => tracing::warn!(
+                got = key.generation(),
+                want = generation,
+                "service key of another generation than the heartbeat said; trying again"
+            ),
+            Err(e) => tracing::warn!("cannot fetch the rotated service key: {e}"),
         }
     }
 
@@ -399,6 +443,7 @@ impl Control {
             let sent_ms = self.liveness.now_ms();
             match self.post::<_, HeartbeatReply>("/v1/osd/heartbeat", &hb) {
                 Ok(reply) => {
+                    self.follow_rotation(reply.service_generation);
                     if reply.epoch > map.load().epoch {
                         match self.fetch_map() {
                             Ok(m) => {

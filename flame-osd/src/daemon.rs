@@ -224,7 +224,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         // (status 2, which systemd does not restart) before it is marked up.
         service = Some(
             control
-                .fetch_service_key()
+                .fetch_service_key(true)
                 .map_err(|message| StartError { message, status: 2 })?,
         );
     }
@@ -239,6 +239,12 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             message: format!("the manager registered this OSD as {osd_id}, but its key is {own}'s"),
             status: 2,
         });
+    }
+    // One cell every shard reads; an OSD with its own key has it replaced when
+    // the `osd` key is rotated (the control thread fetches the new one).
+    let service = service.map(crate::service_key::ServiceKeys::new);
+    if own_key_of.is_some() {
+        control.follow_service_key(service.clone());
     }
     let map = Arc::new(ArcSwap::from_pointee(map));
     let wanted_epoch = Arc::new(std::sync::atomic::AtomicU64::new(0));

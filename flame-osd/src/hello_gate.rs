@@ -9,7 +9,7 @@
 //! the sender meant: replayed at another OSD it fails, at another shard of this
 //! one it is answered ESTALE (the shard number does not match) and closed.
 
-use flame_common::auth::ServiceKey;
+use crate::service_key::ServiceKeys;
 use flame_common::auth::handshake::{Authenticated, HelloBinding, HelloRefusal, HelloVerifier};
 use flame_common::clock;
 use flame_common::ids::OsdId;
@@ -20,7 +20,8 @@ use std::cell::RefCell;
 #[derive(Debug)]
 pub struct HelloGate {
     osd: OsdId,
-    verifier: Option<RefCell<HelloVerifier>>,
+    /// The verifier, and the shared key it follows.
+    verifier: Option<(RefCell<HelloVerifier>, ServiceKeys)>,
 }
 
 /// What an admitted HELLO brings.
@@ -35,20 +36,27 @@ pub struct Admitted {
 }
 
 impl HelloGate {
-    /// A gate of a shard of `osd`; `service`: the OSD's service key, `None`
-    /// when it runs without a keyring.
-    pub fn new(osd: OsdId, service: Option<ServiceKey>) -> HelloGate {
+    /// A gate of a shard of `osd`; `service`: the OSD's service key (followed
+    /// when it is replaced), `None` when it runs without a keyring.
+    pub fn new(osd: OsdId, service: Option<ServiceKeys>) -> HelloGate {
         HelloGate {
             osd,
-            verifier: service.map(|s| RefCell::new(HelloVerifier::new(s))),
+            verifier: service.map(|keys| {
+                let current = (*keys.current()).clone();
+                (RefCell::new(HelloVerifier::new(current)), keys)
+            }),
         }
     }
 
     /// Admits or refuses `hello` (a `Message::Hello`) now.
     pub fn check(&self, hello: &Message) -> Result<Admitted, HelloRefusal> {
-        let Some(verifier) = &self.verifier else {
+        let Some((verifier, keys)) = &self.verifier else {
             return Ok(Admitted::default());
         };
+        if keys.generation() != verifier.borrow().service().generation() {
+            // The `osd` key was rotated: check with the new service key.
+            verifier.borrow_mut().set_service((*keys.current()).clone());
+        }
         let (Message::Hello { peer, auth, .. }, Some(binding)) =
             (hello, HelloBinding::of(self.osd.0, hello))
         else {
@@ -74,15 +82,30 @@ impl HelloGate {
 mod tests {
     use super::*;
     use flame_common::auth::handshake::hello_auth;
-    use flame_common::auth::{EntityName, Nonce, Role, SecretKey, TICKET_LIFETIME_MS};
+    use flame_common::auth::{EntityName, Nonce, Role, SecretKey, ServiceKey, TICKET_LIFETIME_MS};
     use flame_common::ids::{Epoch, RequestId};
     use flame_common::protocol::VERSIONS;
 
+    fn service_of(generation: u64) -> ServiceKey {
+        let osd_key = SecretKey::from_hex(&"77".repeat(32))
+            .unwrap()
+            .derive_entity_key(&EntityName::osd(), generation);
+        ServiceKey::from_osd_key(&osd_key, generation)
+    }
+
     fn service() -> ServiceKey {
-        ServiceKey::from_osd_key(&SecretKey::from_hex(&"77".repeat(32)).unwrap(), 1)
+        service_of(1)
+    }
+
+    fn keys() -> ServiceKeys {
+        ServiceKeys::new(service())
     }
 
     fn hello(shard: u16, peer: bool, role: Option<Role>) -> Message {
+        hello_under(&service(), shard, peer, role)
+    }
+
+    fn hello_under(service: &ServiceKey, shard: u16, peer: bool, role: Option<Role>) -> Message {
         let binding = HelloBinding {
             osd: 4,
             shard,
@@ -96,7 +119,7 @@ mod tests {
             } else {
                 EntityName::parse("client.t").unwrap()
             };
-            let t = service().issue(&name, r, clock::unix_ms(), TICKET_LIFETIME_MS);
+            let t = service.issue(&name, r, clock::unix_ms(), TICKET_LIFETIME_MS);
             Box::new(hello_auth(
                 &t,
                 &binding,
@@ -125,7 +148,7 @@ mod tests {
 
     #[test]
     fn with_a_key_only_valid_tickets_and_osds_as_peers() {
-        let g = HelloGate::new(OsdId(4), Some(service()));
+        let g = HelloGate::new(OsdId(4), Some(keys()));
         assert_eq!(
             g.check(&hello(0, false, None)).unwrap_err(),
             HelloRefusal::Missing
@@ -144,7 +167,7 @@ mod tests {
         // by the shard, which is not shard 1).
         assert!(g.check(&hello(1, false, Some(Role::Client))).is_ok());
         // Made for another OSD.
-        let g5 = HelloGate::new(OsdId(5), Some(service()));
+        let g5 = HelloGate::new(OsdId(5), Some(keys()));
         assert_eq!(
             g5.check(&hello(0, false, Some(Role::Client)))
                 .unwrap_err()
@@ -154,10 +177,10 @@ mod tests {
         // Another cluster's OSD key.
         let other = HelloGate::new(
             OsdId(4),
-            Some(ServiceKey::from_osd_key(
+            Some(ServiceKeys::new(ServiceKey::from_osd_key(
                 &SecretKey::from_hex(&"78".repeat(32)).unwrap(),
                 1,
-            )),
+            ))),
         );
         assert_eq!(
             other
@@ -165,6 +188,37 @@ mod tests {
                 .unwrap_err()
                 .label(),
             "forged_ticket"
+        );
+    }
+
+    /// A rotated `osd` key reaches the gate through the shared cell, without a
+    /// new gate: tickets of the new generation are admitted from then on, the
+    /// old generation's refused (as `ticket_generation`).
+    #[test]
+    fn the_gate_follows_a_replaced_service_key() {
+        let keys = keys();
+        let g = HelloGate::new(OsdId(4), Some(keys.clone()));
+        let (old, new) = (service_of(1), service_of(2));
+        assert!(
+            g.check(&hello_under(&old, 0, false, Some(Role::Client)))
+                .is_ok()
+        );
+        assert_eq!(
+            g.check(&hello_under(&new, 0, false, Some(Role::Client)))
+                .unwrap_err()
+                .label(),
+            "ticket_generation"
+        );
+        keys.replace(new.clone());
+        assert!(
+            g.check(&hello_under(&new, 0, false, Some(Role::Client)))
+                .is_ok()
+        );
+        assert_eq!(
+            g.check(&hello_under(&old, 0, false, Some(Role::Client)))
+                .unwrap_err()
+                .label(),
+            "ticket_generation"
         );
     }
 }

@@ -42,6 +42,7 @@ pub mod recovery;
 pub mod replication;
 pub mod restart_suspects;
 pub mod scrub;
+pub mod service_key;
 pub mod shard;
 pub mod shard_thread;
 pub mod staged;

@@ -8,8 +8,9 @@
 
 use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
+use crate::service_key::ServiceKeys;
 use flame_common::auth::handshake::{self, HelloBinding};
-use flame_common::auth::{EntityName, Role, ServiceKey, TICKET_LIFETIME_MS};
+use flame_common::auth::{EntityName, Role, TICKET_LIFETIME_MS};
 use flame_common::clock;
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
@@ -55,7 +56,7 @@ pub struct Peers {
     liveness: Arc<Liveness>,
     /// The service key this OSD mints its own peer tickets with (`None`: no
     /// keyring, unauthenticated HELLOs).
-    service: Option<ServiceKey>,
+    service: Option<ServiceKeys>,
 }
 
 impl Peers {
@@ -67,7 +68,7 @@ impl Peers {
         call_timeout: Duration,
         metrics: Rc<ShardMetrics>,
         liveness: Arc<Liveness>,
-        service: Option<ServiceKey>,
+        service: Option<ServiceKeys>,
     ) -> Peers {
         Peers {
             service,
@@ -264,9 +265,10 @@ impl Peers {
         // A ticket of its own per connection: this OSD holds the service key.
         let now_ms = clock::unix_ms();
         let auth = match &self.service {
-            Some(service) => {
+            Some(keys) => {
                 let ticket =
-                    service.issue(&EntityName::osd(), Role::Osd, now_ms, TICKET_LIFETIME_MS);
+                    keys.current()
+                        .issue(&EntityName::osd(), Role::Osd, now_ms, TICKET_LIFETIME_MS);
                 let auth =
                     handshake::hello_auth(&ticket, &binding, now_ms, handshake::hello_nonce());
                 Some((ticket, auth))

@@ -48,7 +48,7 @@ pub struct ShardSetup {
     /// What start-up store recovery left in doubt ([`crate::store::recover`]).
     pub restart_suspects: Arc<Vec<(flame_common::ids::PgId, flame_common::ids::ObjectId)>>,
     /// See [`ShardParts::service`].
-    pub service: Option<flame_common::auth::ServiceKey>,
+    pub service: Option<crate::service_key::ServiceKeys>,
 }
 
 /// Where a shard thread's requests come from.
@@ -131,7 +131,7 @@ pub struct ShardParts<'a> {
     pub restart_suspects: &'a [(flame_common::ids::PgId, flame_common::ids::ObjectId)],
     /// The service key (from the `osd` keyring): HELLOs are checked with it and
     /// peer tickets made with it. `None`: no keyring, no checks.
-    pub service: Option<flame_common::auth::ServiceKey>,
+    pub service: Option<crate::service_key::ServiceKeys>,
 }
 
 /// Builds a shard's state around `store`, on the thread (reactor) that will run

@@ -301,7 +301,7 @@ pub struct NetSetup {
     /// This OSD's id (HELLO proofs name it).
     pub osd: flame_common::ids::OsdId,
     /// The service key HELLOs are checked with (`None`: no keyring, no checks).
-    pub service: Option<flame_common::auth::ServiceKey>,
+    pub service: Option<crate::service_key::ServiceKeys>,
 }
 
 /// Starts a network thread. It runs until the process exits.

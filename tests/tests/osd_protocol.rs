@@ -1617,3 +1617,57 @@ fn an_osd_hands_its_map_to_a_sender_with_an_older_one() {
         })
         .unwrap();
 }
+
+/// `flame-admin auth rotate osd --force` reaches every OSD without a restart:
+/// each OSD (on its own `osd.N` key) sees the new `osd` generation in a
+/// heartbeat answer, fetches the new service key sealed for it, and admits
+/// HELLOs with tickets of the new generation within a few heartbeats, and no
+/// longer those of the old one.
+#[test]
+fn a_rotated_osd_key_reaches_every_osd_without_a_restart() {
+    use flame_common::auth::{EntityName, ServiceKey};
+    use std::io::{Read as _, Write as _};
+    let cluster = TestCluster::start();
+    let keys = cluster
+        .keys()
+        .expect("this test needs a cluster with authentication (FLAME_TEST_AUTH unset)");
+    let map = cluster.map();
+    let old = cluster.hello_maker();
+    let out = cluster.admin(&["auth", "rotate", "osd", "--force"]);
+    assert!(out.status.success(), "{}", flame_tests::output_text(&out));
+    let new_service: &'static ServiceKey = Box::leak(Box::new(ServiceKey::from_osd_key(
+        &keys.secret.derive_entity_key(&EntityName::osd(), 2),
+        2,
+    )));
+    let new = HelloMaker {
+        service: Some(new_service),
+        ..old
+    };
+    // The status of a raw HELLO made by `maker` to `osd`'s shard 0.
+    let hello_status = |maker: &HelloMaker, osd: OsdId| -> i32 {
+        let addr = map.osds[&osd].shard_addr(0);
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&maker.hello(osd, 0, map.epoch, false, 0, 0).encode())
+            .unwrap();
+        let mut head = [0u8; 128];
+        s.read_exact(&mut head).unwrap();
+        protocol::Header::decode(&head).unwrap().status
+    };
+    for &osd in map.osds.keys() {
+        // Bounded: 100 tries, 100 ms apart (heartbeats are every 500 ms).
+        let admitted = (0..100).any(|_| {
+            let ok = hello_status(&new, osd) == 0;
+            if !ok {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            ok
+        });
+        assert!(admitted, "{osd} never admitted a ticket of the rotated key");
+        assert_ne!(
+            hello_status(&old, osd),
+            0,
+            "{osd} still admits the old generation's tickets"
+        );
+    }
+}

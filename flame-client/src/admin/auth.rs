@@ -66,9 +66,10 @@ pub enum AuthCommand {
         #[arg(value_parser = entity_arg)]
         entity: EntityName,
         /// Needed to rotate `osd`, whose generation is the OSDs' service key's:
-        /// every ticket stops working until each OSD is restarted (and an OSD
-        /// still on the shared `osd` keyring is refused by the manager until it
-        /// has the new one).
+        /// every ticket issued before stops working (clients renew), OSDs with
+        /// their own keys follow at their next heartbeat, and an OSD still on
+        /// the shared `osd` keyring is refused by the manager until it has the
+        /// new one and is restarted.
         #[arg(long)]
         force: bool,
         #[command(flatten)]
@@ -237,11 +238,12 @@ pub fn run(mgr: &MgrClient, cmd: &AuthCommand, as_json: bool) -> Result<String> 
         } => {
             if *entity == EntityName::osd() && !force {
                 return Err(AdminError(
-                    "rotating `osd` changes the OSDs' service key: every ticket stops \
-                     working until each OSD is restarted (one with its own osd.N key fetches \
-                     the new service key at start; one with the shared osd key is refused by \
-                     the manager, and stops serving when its lease runs out, until it has the \
-                     new keyring): pass --force to do it anyway"
+                    "rotating `osd` changes the OSDs' service key: every ticket issued \
+                     before stops working (clients renew theirs), OSDs with their own osd.N \
+                     keys follow at their next heartbeat, and an OSD on the shared osd key \
+                     is refused by the manager (it stops serving when its lease runs out) \
+                     until it has the new keyring and is restarted: pass --force to do it \
+                     anyway"
                         .into(),
                 ));
             }

@@ -231,6 +231,12 @@ impl HelloVerifier {
         &self.service
     }
 
+    /// Checks HELLOs with `service` from now on (a rotated `osd` key), keeping
+    /// the replay guard: a HELLO seen under the old key is still a replay.
+    pub fn set_service(&mut self, service: ServiceKey) {
+        self.service = service;
+    }
+
     /// Checks a HELLO's authentication section for `binding` at `now_ms`. The
     /// replay guard remembers only HELLOs whose ticket and proof check, so only a
     /// key holder can fill it.

@@ -1154,7 +1154,9 @@ impl Sim {
             recovery: recovery.clone(),
             liveness: liveness.clone(),
             restart_suspects: &suspects,
-            service: Some(self.service.clone()),
+            service: Some(flame_osd::service_key::ServiceKeys::new(
+                self.service.clone(),
+            )),
         };
         let handle = reactor.handle();
         let started = reactor.enter(|| -> Result<(), String> {
