@@ -34,20 +34,34 @@ fn vm_rss_kib(pid: u32) -> u64 {
 
 /// A raw client connection to `osd`'s `shard`, HELLO answered.
 fn osd_client(cluster: &TestCluster, map: &ClusterMap, osd: OsdId, shard: u16) -> TcpStream {
+    try_osd_client(cluster.hello_maker(), map, osd, shard)
+        .unwrap_or_else(|e| panic!("hello to {osd} shard {shard}: {e}"))
+}
+
+/// [`osd_client`], or why the OSD would not have it (the offenders that keep
+/// coming during fio may be refused: that is the bounds at work).
+fn try_osd_client(
+    maker: flame_tests::HelloMaker,
+    map: &ClusterMap,
+    osd: OsdId,
+    shard: u16,
+) -> Result<TcpStream, String> {
     let addr = map.osds[&osd].shard_addr(shard);
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let hello = cluster
-        .hello_maker()
-        .hello(osd, shard, map.epoch, false, 0, 0);
-    s.write_all(&hello.encode()).unwrap();
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    let hello = maker.hello(osd, shard, map.epoch, false, 0, 0);
+    s.write_all(&hello.encode()).map_err(|e| e.to_string())?;
     let mut head = [0u8; protocol::HEADER_LEN];
-    s.read_exact(&mut head).unwrap();
-    let h = protocol::Header::decode(&head).unwrap();
-    assert_eq!(h.status, 0, "hello to {osd} shard {shard}");
+    s.read_exact(&mut head).map_err(|e| e.to_string())?;
+    let h = protocol::Header::decode(&head).map_err(|e| e.to_string())?;
+    if h.status != 0 {
+        return Err(format!("status {}", h.status));
+    }
     let mut body = vec![0u8; h.payload_len as usize];
-    s.read_exact(&mut body).unwrap();
-    s
+    s.read_exact(&mut body).map_err(|e| e.to_string())?;
+    Ok(s)
 }
 
 /// Whether the daemon closed `s` (EOF or reset), reading and discarding
@@ -227,10 +241,49 @@ fn fio_through_flame_nbd_sees_no_error_while_peers_trickle_stall_and_idle() {
         idle.len()
     );
 
-    // fio through flame-nbd meanwhile: verified random reads and writes.
+    // fio through flame-nbd meanwhile: verified random reads and writes. The
+    // tricklers keep coming while it runs (closed ones are replaced: four new
+    // ones on every shard every 250 ms), so fio runs under the siege, not after
+    // it.
     let started = Instant::now();
-    fio_randrw_verify(&cluster.nbd_uri("siege"), "8M", "16M");
-    println!("fio done in {:?} under the siege", started.elapsed());
+    let fio_done = std::sync::atomic::AtomicBool::new(false);
+    let (maker, uri) = (cluster.hello_maker(), cluster.nbd_uri("siege"));
+    let (more, refused) = std::thread::scope(|scope| {
+        let attacker = scope.spawn(|| {
+            let (mut more, mut refused) = (Vec::new(), 0usize);
+            // Bounded: at most 240 rounds (60 s), until fio is done.
+            for round in 0..240u64 {
+                if fio_done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                for &(osd, shard, object) in &targets {
+                    for i in 0..4 {
+                        match try_osd_client(maker, &map, osd, shard) {
+                            Ok(mut s) => {
+                                let id = 10_000 + round * 8 + i;
+                                if s.write_all(&write_header(&map, id, object)).is_ok() {
+                                    more.push(s);
+                                }
+                            }
+                            Err(_) => refused += 1,
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            (more, refused)
+        });
+        fio_randrw_verify(&uri, "8M", "16M");
+        fio_done.store(true, std::sync::atomic::Ordering::Relaxed);
+        attacker.join().unwrap()
+    });
+    println!(
+        "fio done in {:?} under the siege; {} more tricklers came meanwhile ({refused} refused at HELLO)",
+        started.elapsed(),
+        more.len()
+    );
+    assert!(!more.is_empty(), "no trickler came while fio ran");
+    tricklers.extend(more);
 
     // Every offender is closed by the daemons.
     let deadline = Instant::now() + CLOSED_WITHIN;
