@@ -307,7 +307,18 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
         0x77,
         "the replica that reported the block bad was not repaired"
     );
-    assert_eq!(
+    // The replica's repair is counted once its write is acknowledged, which
+    // may be just after the read's reply: wait for it (bounded, 10 s).
+    let counted = (0..100).any(|_| {
+        let ok = checksum_errors(&cluster, primary, "repaired") == repaired0 + 3;
+        if !ok {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        ok
+    });
+    assert!(
+        counted,
+        "repairs counted: {} (want {})",
         checksum_errors(&cluster, primary, "repaired"),
         repaired0 + 3
     );
