@@ -394,6 +394,14 @@ static RECOVERY_REMAINING: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
+static PGS_UNPEERED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "flame_osd_pgs_unpeered",
+        "Placement groups this shard is the primary of whose members' copies it has not yet compared (peered) since it became primary, by shard: until 0, peering may still overwrite a member's differing copy",
+        &["shard"]
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
 static RECOVERY_MEMBERS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "flame_osd_recovery_members_total",
@@ -486,6 +494,7 @@ pub fn register_recovery_metrics(shard: u16) {
     LazyLock::force(&RECOVERY_BYTES);
     LazyLock::force(&NEWER_COPIES_TAKEN);
     RECOVERY_REMAINING.with_label_values(&[&shard.to_string()]);
+    PGS_UNPEERED.with_label_values(&[&shard.to_string()]);
     LazyLock::force(&SCRUB_ERRORS);
     LazyLock::force(&SCRUB_REPAIRED);
     LazyLock::force(&STRAYS_REMOVED);
@@ -525,6 +534,13 @@ pub fn recovery_remaining(shard: u16, objects: u64) {
     RECOVERY_REMAINING
         .with_label_values(&[&shard.to_string()])
         .set(objects as i64);
+}
+
+/// Sets how many of a shard's primary groups are not peered yet.
+pub fn pgs_unpeered(shard: u16, pgs: u64) {
+    PGS_UNPEERED
+        .with_label_values(&[&shard.to_string()])
+        .set(pgs as i64);
 }
 
 /// Counts a scrub's inconsistent and repaired objects.

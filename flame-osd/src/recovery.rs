@@ -206,6 +206,9 @@ pub struct PgStatus {
     pub recovering: Vec<u32>,
     /// Whether the group serves I/O.
     pub active: bool,
+    /// This copy is the primary and has compared every member's copy with its
+    /// own since it became primary (peering). `false` for other roles.
+    pub peered: bool,
     /// Oldest sequence number in this shard's log of the group.
     pub log_first_seq: u64,
     /// Newest sequence number assigned or seen.
@@ -1488,18 +1491,20 @@ impl Shard {
     /// to do. Runs from its own task, also while a recovery pass is under way;
     /// skips a round if some state is borrowed at that instant.
     fn publish_status(&self, view: &MapView) {
-        let (Ok(logs), Ok(recovered), Ok(jobs), Ok(reported), Ok(stray), Ok(counts)) = (
+        let (Ok(logs), Ok(recovered), Ok(jobs), Ok(reported), Ok(stray), Ok(counts), Ok(peered)) = (
             self.pgs.try_borrow(),
             self.recovery.recovered_per_pg.try_borrow(),
             self.recovery.remaining_per_job.try_borrow(),
             self.recovery.reported.try_borrow(),
             self.recovery.stray_since.try_borrow(),
             self.recovery.object_counts.try_borrow(),
+            self.recovery.peered.try_borrow(),
         ) else {
             return;
         };
         let mut out = Vec::new();
         let mut work = ShardWork::default();
+        let mut unpeered = 0u64;
         for (pg, m) in view.table.iter() {
             if !self.holds(view, pg) {
                 continue;
@@ -1530,6 +1535,8 @@ impl Shard {
             } else {
                 (0, false)
             };
+            let is_peered = role == "primary" && peered.get(&pg) == Some(&logs.primacy(pg));
+            unpeered += u64::from(role == "primary" && !is_peered);
             if role == "primary" && !m.recovering.is_empty() {
                 work.pgs_recovering += 1;
                 work.pgs_unestimated += u32::from(unknown);
@@ -1543,6 +1550,7 @@ impl Shard {
                 acting: m.acting.iter().map(|o| o.0).collect(),
                 recovering: m.recovering.iter().map(|o| o.0).collect(),
                 active: m.active,
+                peered: is_peered,
                 log_first_seq: log.map_or(1, |l| l.first_seq()),
                 log_last_seq: log.map_or(0, |l| l.last_seq()),
                 log_entries: log.map_or(0, |l| l.len()),
@@ -1553,6 +1561,7 @@ impl Shard {
             });
         }
         crate::metrics::recovery_remaining(self.id, work.objects);
+        crate::metrics::pgs_unpeered(self.id, unpeered);
         self.recovery_shared.publish(self.id, out, work);
     }
 }

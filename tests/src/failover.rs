@@ -161,6 +161,36 @@ impl TestCluster {
         })
     }
 
+    /// Waits until every OSD process in `osds` has compared every member's copy
+    /// of each group it is the primary of (`flame_osd_pgs_unpeered` 0 on every
+    /// shard). A clean map does not say so: a new primary's peering pass goes
+    /// through its groups one after another, and until it reaches a group it may
+    /// overwrite a member's differing copy (which a test corrupting a copy on
+    /// purpose would see repaired behind its back).
+    pub fn wait_peered(&self, osds: &[usize], timeout: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let unpeered: Vec<(usize, u64)> = osds
+                .iter()
+                .map(|&i| {
+                    let n =
+                        crate::metric_sum(self.osd_metrics_addr(i), "flame_osd_pgs_unpeered", "");
+                    (i, n)
+                })
+                .filter(|&(_, n)| n > 0)
+                .collect();
+            if unpeered.is_empty() {
+                return;
+            }
+            assert!(
+                t0.elapsed() < timeout,
+                "groups not peered within {timeout:?} (osd process, groups): {unpeered:?}\n{}",
+                self.log_tails()
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
     /// [`Self::wait_clean`] without the panic: the last problem on timeout.
     pub fn try_wait_clean(&self, timeout: Duration) -> Result<Duration, String> {
         self.try_wait_map(timeout, |m| {

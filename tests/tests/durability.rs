@@ -251,9 +251,12 @@ fn a_corrupt_block_is_repaired_from_a_good_copy_and_never_returned() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     let vol = cluster.create_nbd_volume("rot", 16 * MIB);
     cluster.qemu_io("rot", &["write -P 0x77 0 16384", "flush"]);
-    // Recovery from the OSDs' boots may still be comparing this object: it would
-    // repair the byte corrupted below before the read looks.
+    // Recovery and peering from the OSDs' boots may still be comparing this
+    // object: they would repair the bytes corrupted below before the read looks
+    // (a CI run saw peering copy the object over the first replica's rot).
     cluster.wait_clean(Duration::from_secs(60));
+    let all: Vec<usize> = (0..cluster.osd_count()).collect();
+    cluster.wait_peered(&all, Duration::from_secs(60));
     let map = cluster.map();
     let object = ObjectId {
         volume: vol.id,
