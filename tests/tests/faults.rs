@@ -32,9 +32,11 @@ fn a_read_the_disk_fails_is_served_from_another_copy_and_rewritten() {
     let cluster = TestCluster::start_with(ClusterOptions::with_nbd());
     let vol = cluster.create_nbd_volume("eio", 16 * MIB);
     cluster.qemu_io("eio", &["write -P 0x77 0 16384", "flush"]);
-    // Recovery from the OSDs' boots may still be comparing this object: it would
-    // repair the byte corrupted below before the read looks.
+    // Recovery and peering from the OSDs' boots may still be comparing this
+    // object: they would repair the byte corrupted below before the read looks.
     cluster.wait_clean(Duration::from_secs(60));
+    let all: Vec<usize> = (0..cluster.osd_count()).collect();
+    cluster.wait_peered(&all, Duration::from_secs(60));
     let osds = cluster.object_osds(ObjectId {
         volume: vol.id,
         index: 0,

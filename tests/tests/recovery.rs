@@ -226,6 +226,10 @@ fn scrub_finds_and_repairs_bits_flipped_in_a_replica() {
     let writes = start_writes(&cluster, "scrub", "2s", 3);
     finish_writes(&cluster, writes);
     cluster.admin_ok(&["pg", "compare", "scrub"]);
+    // Peering would copy the primary's object over a flipped replica before the
+    // scrub looks.
+    let all: Vec<usize> = (0..cluster.osd_count()).collect();
+    cluster.wait_peered(&all, Duration::from_secs(60));
     // Flip bits in a block a replica stores (not the primary: a client read would
     // repair a bad primary block first).
     let map = cluster.map();

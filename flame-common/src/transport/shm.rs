@@ -2478,4 +2478,194 @@ mod tests {
         })
         .unwrap();
     }
+
+    /// The uid tests' other user (`nobody` on Debian).
+    const OTHER_UID: u32 = 65534;
+
+    /// Forks a child that drops to [`OTHER_UID`] and runs `f`, whose two
+    /// numbers it writes to the returned pipe before it exits. The child uses
+    /// only system calls and this process's already loaded code.
+    fn fork_as_other_user(f: impl FnOnce() -> [u64; 2]) -> (libc::pid_t, OwnedFd) {
+        // SAFETY: geteuid is a plain syscall.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "this test runs a peer as another user: run it as root (CI does)"
+        );
+        let mut pipe = [0 as RawFd; 2];
+        // SAFETY: plain syscall into a local array.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child only makes system calls and exits with _exit; glibc
+        // keeps malloc usable after fork.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: plain syscalls; the child never returns into the test.
+            unsafe {
+                libc::close(pipe[0]);
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(OTHER_UID, OTHER_UID, OTHER_UID) != 0
+                    || libc::setresuid(OTHER_UID, OTHER_UID, OTHER_UID) != 0
+                {
+                    libc::_exit(3);
+                }
+                let out = f();
+                let bytes: [u8; 16] = std::mem::transmute(out);
+                libc::write(pipe[1], bytes.as_ptr().cast(), 16);
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: we own both ends.
+        unsafe { libc::close(pipe[1]) };
+        // SAFETY: the read end is ours.
+        (pid, unsafe { OwnedFd::from_raw_fd(pipe[0]) })
+    }
+
+    /// Waits for the child of [`fork_as_other_user`] and returns its numbers.
+    fn child_result(pid: libc::pid_t, pipe: OwnedFd) -> [u64; 2] {
+        let mut bytes = [0u8; 16];
+        let mut got = 0;
+        while got < 16 {
+            // SAFETY: reads into the rest of a local array.
+            let n =
+                unsafe { libc::read(pipe.as_raw_fd(), bytes[got..].as_mut_ptr().cast(), 16 - got) };
+            if n <= 0 {
+                break;
+            }
+            got += n as usize;
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 && got == 16,
+            "the other user's process failed (status {status:#x}, {got} bytes)"
+        );
+        [
+            u64::from_ne_bytes(bytes[..8].try_into().unwrap()),
+            u64::from_ne_bytes(bytes[8..].try_into().unwrap()),
+        ]
+    }
+
+    /// Reads from `sock` until it closes or 5 s pass; returns the bytes and the
+    /// file descriptors received (closing those).
+    fn drain_counting(sock: &UnixStream) -> [u64; 2] {
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (mut bytes, mut fds) = (0u64, 0u64);
+        let mut buf = [0u8; 4096];
+        let mut cmsg = [0u64; 64];
+        loop {
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: msghdr is plain data; filled in below.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cmsg.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cmsg) as _;
+            // SAFETY: the buffers outlive the call.
+            let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if n <= 0 {
+                return [bytes, fds];
+            }
+            bytes += n as u64;
+            // SAFETY: walks the control messages the kernel wrote.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                        let p = libc::CMSG_DATA(c).cast::<RawFd>();
+                        for i in 0..len / std::mem::size_of::<RawFd>() {
+                            libc::close(*p.add(i));
+                            fds += 1;
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+        }
+    }
+
+    /// Memory is shared only with the same user (or root), checked on both
+    /// sides before anything is sent (`SO_PEERCRED`): a process of another user
+    /// that listens where a client connects (a squatter), or that connects to a
+    /// listener, gets no byte and no memfd, and the handshake fails naming its
+    /// uid. (The 0700 socket directory keeps other users out in the first place;
+    /// this is the check behind it, so the directory here is open to them.)
+    #[test]
+    fn a_peer_of_another_user_receives_no_byte_and_no_memory() {
+        use std::io::{Read, Write};
+        use std::os::unix::fs::PermissionsExt;
+        let cfg = registered::MemoryPoolConfig {
+            bytes_per_thread: 4 << 20,
+            ..Default::default()
+        };
+        registered::install_on_this_thread(&cfg).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+
+        // 1. The squatter listens; we connect and would hand it our memory.
+        let path = tmp.path().join("squatter");
+        let (ready_tx, ready_rx) = UnixStream::pair().unwrap();
+        let squat_path = path.clone();
+        let (pid, result) = fork_as_other_user(move || {
+            let Ok(l) = std::os::unix::net::UnixListener::bind(&squat_path) else {
+                return [u64::MAX, u64::MAX];
+            };
+            let _ = (&ready_tx).write_all(b"r");
+            match l.accept() {
+                Ok((s, _)) => drain_counting(&s),
+                Err(_) => [u64::MAX, u64::MAX],
+            }
+        });
+        let mut byte = [0u8; 1];
+        ready_rx
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        (&ready_rx).read_exact(&mut byte).unwrap();
+        let sock = UnixStream::connect(&path).unwrap();
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        let err = r
+            .block_on(async move { ShmConn::establish(sock, peer).await.map(|_| ()) })
+            .unwrap()
+            .expect_err("a handshake with another user's listener");
+        assert!(
+            err.kind() == io::ErrorKind::PermissionDenied
+                && err.to_string().contains(&format!("uid {OTHER_UID}")),
+            "{err}"
+        );
+        assert_eq!(
+            child_result(pid, result),
+            [0, 0],
+            "the squatter received [bytes, fds]"
+        );
+
+        // 2. Another user connects to our listening socket.
+        let path = tmp.path().join("listener");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dial = path.clone();
+        let (pid, result) = fork_as_other_user(move || match UnixStream::connect(&dial) {
+            Ok(s) => drain_counting(&s),
+            Err(_) => [u64::MAX, u64::MAX],
+        });
+        let (sock, _) = l.accept().unwrap();
+        let err = r
+            .block_on(async move { ShmConn::establish(sock, peer).await.map(|_| ()) })
+            .unwrap()
+            .expect_err("a handshake with another user's client");
+        assert!(
+            err.to_string().contains(&format!("uid {OTHER_UID}")),
+            "{err}"
+        );
+        assert_eq!(
+            child_result(pid, result),
+            [0, 0],
+            "the other user's client received [bytes, fds]"
+        );
+    }
 }
