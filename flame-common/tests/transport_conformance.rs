@@ -822,6 +822,99 @@ fn receive_waits_for_pool_memory(kind: TransportKind) {
     }
 }
 
+/// The unfinished payloads of one source hold at most its share of the
+/// receiving thread's pool (a quarter of it here): eight peers of one address
+/// that each send a 4 MiB write's header and then trickle would hold the whole
+/// 32 MiB pool, so every other peer's message would wait for memory; with the
+/// share two of them hold 8 MiB, the others wait without holding any, and a
+/// peer of another address gets its 4 MiB messages through at once.
+#[test]
+fn a_tcp_sources_unfinished_payloads_hold_at_most_its_share_of_the_pool() {
+    use std::io::Write;
+    const TRICKLERS: usize = 8;
+    let cfg = flame_common::buffer::registered::MemoryPoolConfig {
+        bytes_per_thread: 32 << 20,
+        exhausted_wait_ms: 30_000,
+        ..Default::default()
+    };
+    flame_common::buffer::registered::install_on_this_thread(&cfg).unwrap();
+    let share_waits = || {
+        flame_common::metrics::render()
+            .lines()
+            .find_map(|l| l.strip_prefix("flame_receive_share_waits_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let waits_before = share_waits();
+    run(async move {
+        let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accepted = spawn(async move {
+            let mut receiving = Vec::new();
+            for _ in 0..TRICKLERS {
+                let conn = l.accept().await.unwrap();
+                receiving.push(serve(conn));
+            }
+            receiving
+        });
+        let trickler_ip: std::net::SocketAddr = "127.0.0.2:0".parse().unwrap();
+        let mut tricklers = Vec::new();
+        for i in 0..TRICKLERS {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.bind(&trickler_ip.into()).unwrap();
+            sock.connect(&addr.into()).unwrap();
+            let mut raw: std::net::TcpStream = sock.into();
+            let m = write_msg(i as u64, PayloadBuf::copy_from(&pattern(4 << 20, 7)));
+            raw.write_all(&m.to_header().0.encode()).unwrap();
+            raw.write_all(&pattern(1000, 7)).unwrap();
+            tricklers.push(raw);
+        }
+        let receiving = accepted.await;
+        reactor::sleep(Duration::from_millis(100)).await;
+
+        // The tricklers past the share wait for it.
+        assert!(
+            share_waits() >= waits_before + (TRICKLERS as u64 - 2),
+            "the tricklers past their share did not wait for it"
+        );
+
+        // Another address: its 4 MiB messages arrive at once, one after another.
+        let (c, s) = pair(TransportKind::Tcp).await;
+        let t0 = std::time::Instant::now();
+        for i in 0..4u64 {
+            c.send(&write_msg(
+                100 + i,
+                PayloadBuf::copy_from(&pattern(4 << 20, i)),
+            ))
+            .unwrap();
+        }
+        let received = futures_lite::future::or(
+            async {
+                for _ in 0..4 {
+                    s.recv().await.unwrap();
+                }
+                true
+            },
+            async {
+                reactor::sleep(Duration::from_secs(5)).await;
+                false
+            },
+        )
+        .await;
+        assert!(
+            received,
+            "another address's messages waited {:?} for memory one address's tricklers held",
+            t0.elapsed()
+        );
+        drop(tricklers);
+        for r in receiving {
+            let (m, _) = r.await;
+            assert!(m.is_empty(), "a trickler's message came whole");
+        }
+    });
+}
+
 #[test]
 fn tcp_receive_waits_for_pool_memory() {
     receive_waits_for_pool_memory(TransportKind::Tcp)

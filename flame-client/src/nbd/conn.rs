@@ -17,6 +17,8 @@
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
 use flame_common::reactor::{self, IoBufMut};
 use flame_common::transport::Stall;
+use flame_common::transport::bring_up::Source;
+use flame_common::transport::receive_share;
 use flame_common::transport::stream_send::{PushRefused, StreamSend, WriterEnd};
 use std::io;
 use std::net::TcpStream;
@@ -42,6 +44,9 @@ const REQUEST_HEADER_BYTES: usize = super::proto::REQUEST_LEN;
 /// One accepted NBD connection, owned by the current reactor thread.
 pub(crate) struct Conn {
     stream: TcpStream,
+    /// Whose share of the pool its unfinished payloads hold
+    /// ([`flame_common::transport::receive_share`]).
+    source: Source,
     /// The send queue, its writer's state, the closed flag and the stall marks
     /// ([`flame_common::transport::stream_send`], shared with the OSD's tcp
     /// connections).
@@ -51,8 +56,12 @@ pub(crate) struct Conn {
 impl Conn {
     /// Wraps an accepted socket and starts its writer task.
     pub(crate) fn new(stream: TcpStream) -> Rc<Conn> {
+        let source = stream
+            .peer_addr()
+            .map_or(Source::Local, |a| Source::Ip(a.ip()));
         let conn = Rc::new(Conn {
             stream,
+            source,
             tx: StreamSend::new(SEND_QUEUE_BYTES_MAX),
         });
         reactor::spawn(writer(conn.clone())).detach();
@@ -238,18 +247,27 @@ impl Reader {
     /// The caller bounds `len`.
     pub(crate) async fn read_payload(&mut self, len: usize) -> io::Result<PayloadBufMut> {
         let have = self.buffered().min(len);
-        // From the thread's memory pool, waiting for frees when it is exhausted (the
-        // socket is not read meanwhile: back-pressure); past the pool's wait bound
-        // the error ends the connection.
+        // A payload still to come holds part of its source's share of the pool
+        // until it is whole (trickling clients cannot take the whole pool). From
+        // the thread's memory pool, waiting for frees when it is exhausted (the
+        // socket is not read meanwhile: back-pressure); past the pool's wait
+        // bound the error ends the connection.
+        if have < len {
+            // The slow path: the connection's stall watchdog sees it, from here
+            // (a wait for the source's share counts).
+            self.conn.tx.marks().payload_started();
+        }
+        let share = if have < len {
+            Some(receive_share::take(self.conn.source, len as u64).await?)
+        } else {
+            None
+        };
         let mut out = PayloadBufMut::for_overwrite_wait(len).await?;
         out.as_mut_slice()[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
         self.start += have;
-        if have < len {
-            // The slow path: the connection's stall watchdog sees it.
-            self.conn.tx.marks().payload_started();
-        }
         let out = self.recv_rest(out, have).await?;
         self.conn.tx.marks().payload_finished();
+        drop(share);
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             self.header_only = true;
         }

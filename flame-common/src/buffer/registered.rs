@@ -893,6 +893,9 @@ impl PoolInstaller {
         };
         set_thread_pool(pool);
         set_thread_wait_ms(self.cfg.exhausted_wait_ms);
+        crate::transport::receive_share::set_thread_share_bytes(source_share_bytes(
+            self.cfg.bytes_per_thread,
+        ));
         Ok(())
     }
 
@@ -907,8 +910,15 @@ thread_local! {
         const { std::cell::Cell::new(10_000) };
 }
 
-fn set_thread_wait_ms(ms: u64) {
+pub(crate) fn set_thread_wait_ms(ms: u64) {
     WAIT_MS.with(|w| w.set(ms));
+}
+
+/// Each source's share of a pool of `bytes_per_thread` for its unfinished
+/// payloads ([`crate::transport::receive_share`]): a quarter of the pool, at
+/// least two of the largest pooled buffers.
+pub fn source_share_bytes(bytes_per_thread: u64) -> u64 {
+    (bytes_per_thread / 4).max(2 * CLASS_BYTES_MAX as u64)
 }
 
 /// How long the calling thread's data-path allocations wait on an exhausted pool.
@@ -935,6 +945,7 @@ pub fn install_on_this_thread(cfg: &MemoryPoolConfig) -> std::io::Result<()> {
 pub fn register_metrics() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
+        crate::transport::receive_share::register_metrics();
         if let Some(c) = PoolCollector::new()
             && let Err(e) = prometheus::register(Box::new(c))
         {

@@ -19,6 +19,7 @@ pub mod grant;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod receive;
+pub mod receive_share;
 pub mod shm;
 pub mod sim;
 pub mod stall;

@@ -16,10 +16,12 @@
 //! alone, so a stream of large writes lands in its payload buffers without a copy.
 
 use super::TransportError;
+use super::bring_up::Source;
 use super::grant::{
     Grant, GrantOwner, GrantTable, GrantedBuf, SharedArea, WriteGrant, check_grant_len,
 };
 use super::receive::{Abandoned, Ending, Receiver};
+use super::receive_share;
 use super::stream_send::{PushRefused, StreamSend, WriterEnd};
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::collections::HashMap;
@@ -318,9 +320,21 @@ impl TcpConn {
         // Payload: bounded by Header::decode before this allocation.
         let len = header.payload_len as usize;
         let have = (st.end - st.start).min(len);
-        // From the thread's memory pool; when it is exhausted this waits for frees
-        // (not reading the socket meanwhile back-pressures the peer) and, past the
-        // pool's wait bound, fails, which closes the connection.
+        // A payload still to come holds part of its source's share of the pool
+        // until it is whole, so trickling peers cannot take the whole pool
+        // ([`super::receive_share`]); waiting for it, or for pool memory, does
+        // not read the socket (back-pressure), and past the pool's wait bound
+        // fails, which closes the connection.
+        if have < len {
+            // The slow path: the watchdog of the connection's owner sees it,
+            // from here (a wait for the source's share counts).
+            self.tx.marks().payload_started();
+        }
+        let share = if have < len && !self.never_wait.get() {
+            Some(receive_share::take(Source::Ip(self.peer.ip()), len as u64).await?)
+        } else {
+            None
+        };
         let mut payload = if self.never_wait.get() {
             PayloadBufMut::for_overwrite(len)
         } else {
@@ -331,10 +345,6 @@ impl TcpConn {
         payload.as_mut_slice()[..have].copy_from_slice(&st.buf[st.start..st.start + have]);
         st.start += have;
         let mut filled = have;
-        if filled < len {
-            // The slow path: the watchdog of the connection's owner sees it.
-            self.tx.marks().payload_started();
-        }
         // Bounded: every round receives at least one byte or returns.
         while filled < len {
             if self.tx.is_closed() {
@@ -350,6 +360,7 @@ impl TcpConn {
             }
         }
         self.tx.marks().payload_finished();
+        drop(share);
         if len >= DIRECT_RECV_PAYLOAD_BYTES_MIN {
             st.header_only = true;
         }

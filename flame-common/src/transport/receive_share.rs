@@ -1,0 +1,337 @@
+//! Each source's share of the thread's memory pool for the payloads it has
+//! begun to send: one slow host cannot take the pool from everyone else.
+//!
+//! A stream receive takes its payload's whole buffer from the pool as soon as
+//! the header has arrived, so the payload can land in it without a copy. A peer
+//! that sends a 4 MiB WRITE header and then trickles holds those 4 MiB until its
+//! payload deadline closes it; peers that keep arriving that way keep the pool
+//! empty, and every other client's receive waits for memory (the siege test
+//! measured fio three times slower while they came).
+//!
+//! So the unfinished payloads of one source (an IP address; all local peers
+//! are one, [`Source::Local`]) hold at most the thread's share
+//! ([`crate::buffer::registered::source_share_bytes`]: a quarter of its
+//! pool, at least two of the largest payloads) — always at least one payload,
+//! so a source alone never waits for itself. A receive over its source's share
+//! waits without holding pool memory and without reading its socket
+//! (back-pressure), for at most the pool's `exhausted_wait_ms`; then the
+//! connection is closed, as on an exhausted pool. The share is given back as
+//! soon as the payload is whole: what becomes of the buffer then is bounded by
+//! the connection's in-flight limit.
+//!
+//! A payload already whole in the connection's receive buffer takes no share
+//! (it waits for nobody): the small messages of the data path pay nothing.
+//! [`ShareBook`] decides; [`take`] waits on the calling thread's book.
+
+use super::bring_up::Source;
+use crate::buffer::registered;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::LazyLock;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// The bytes of unfinished payloads each source holds on one thread, against
+/// one share for every source. Entries are removed at zero, so the map is
+/// bounded by the connections receiving a payload at once.
+#[derive(Debug)]
+pub struct ShareBook {
+    held: HashMap<Source, u64>,
+    share_bytes_max: u64,
+}
+
+impl ShareBook {
+    /// A book giving each source at most `share_bytes_max` at once (beyond one
+    /// payload).
+    pub fn new(share_bytes_max: u64) -> ShareBook {
+        ShareBook {
+            held: HashMap::new(),
+            share_bytes_max,
+        }
+    }
+
+    /// Takes `bytes` for `source` if they fit in its share, or if it holds
+    /// nothing (one payload always fits). Returns whether it took them.
+    pub fn try_take(&mut self, source: Source, bytes: u64) -> bool {
+        let held = self.held(source);
+        if held > 0 && held.saturating_add(bytes) > self.share_bytes_max {
+            return false;
+        }
+        self.held.insert(source, held.saturating_add(bytes));
+        true
+    }
+
+    /// Gives back `bytes` `source` took.
+    pub fn give_back(&mut self, source: Source, bytes: u64) {
+        let Some(held) = self.held.get_mut(&source) else {
+            debug_assert!(false, "{source:?} gives back {bytes} bytes it never took");
+            return;
+        };
+        debug_assert!(*held >= bytes, "{source:?} gives back more than it holds");
+        *held = held.saturating_sub(bytes);
+        if *held == 0 {
+            self.held.remove(&source);
+        }
+    }
+
+    /// What `source` holds now.
+    pub fn held(&self, source: Source) -> u64 {
+        self.held.get(&source).copied().unwrap_or(0)
+    }
+
+    /// How many sources hold something.
+    pub fn sources(&self) -> usize {
+        self.held.len()
+    }
+
+    fn set_share_bytes_max(&mut self, bytes: u64) {
+        self.share_bytes_max = bytes;
+    }
+}
+
+thread_local! {
+    static BOOK: RefCell<ShareBook> =
+        RefCell::new(ShareBook::new(registered::source_share_bytes(
+            registered::MemoryPoolConfig::default().bytes_per_thread,
+        )));
+}
+
+static SHARE_WAITS: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_receive_share_waits_total",
+        "Payload receives that waited because their source's unfinished payloads held its share of the thread's memory pool"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+static SHARE_CLOSES: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_receive_share_closes_total",
+        "Connections closed because their source's share of the memory pool stayed held for the pool's exhausted_wait_ms"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
+
+/// Makes the share metrics appear from the start (0 before any wait).
+pub fn register_metrics() {
+    LazyLock::force(&SHARE_WAITS);
+    LazyLock::force(&SHARE_CLOSES);
+}
+
+/// A source's hold on part of its share: given back when dropped, on the
+/// thread that took it (hence not `Send`).
+#[derive(Debug)]
+pub struct ReceiveShare {
+    source: Source,
+    bytes: u64,
+    _thread: PhantomData<Rc<()>>,
+}
+
+impl Drop for ReceiveShare {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            BOOK.with(|b| b.borrow_mut().give_back(self.source, self.bytes));
+            wake_waiting(self.source);
+        }
+    }
+}
+
+/// Takes `bytes` of `source`'s share on this thread (the thread's pool's
+/// figures), waiting while its other unfinished payloads hold it — woken when
+/// one of them gives its share back, not polling — for at most the pool's
+/// `exhausted_wait_ms`. The error names the source and closes the connection
+/// that asked.
+pub async fn take(source: Source, bytes: u64) -> io::Result<ReceiveShare> {
+    let taken = || ReceiveShare {
+        source,
+        bytes,
+        _thread: PhantomData,
+    };
+    if BOOK.with(|b| b.borrow_mut().try_take(source, bytes)) {
+        return Ok(taken());
+    }
+    SHARE_WAITS.inc();
+    let wait = Duration::from_millis(registered::thread_wait_ms());
+    let got = futures_lite::future::or(
+        async {
+            ShareWait::new(source, bytes).await;
+            true
+        },
+        async {
+            crate::reactor::sleep(wait).await;
+            false
+        },
+    )
+    .await;
+    if got {
+        return Ok(taken());
+    }
+    SHARE_CLOSES.inc();
+    Err(io::Error::new(
+        io::ErrorKind::OutOfMemory,
+        format!(
+            "the unfinished payloads from {source:?} held its share of the memory pool \
+             ({} bytes) for {} ms",
+            BOOK.with(|b| b.borrow().held(source)),
+            wait.as_millis()
+        ),
+    ))
+}
+
+thread_local! {
+    /// The receives waiting for each source's share, by wait id: woken (all of
+    /// that source's) when the source gives bytes back. Bounded by the
+    /// connections receiving at once; each wait removes itself when dropped.
+    static WAITING: RefCell<HashMap<Source, Vec<(u64, Waker)>>> = RefCell::new(HashMap::new());
+    static NEXT_WAIT_ID: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Wakes the receives waiting for `source`'s share.
+fn wake_waiting(source: Source) {
+    let wakers = WAITING.with(|w| w.borrow_mut().remove(&source));
+    for (_, waker) in wakers.into_iter().flatten() {
+        waker.wake();
+    }
+}
+
+/// One receive waiting for its source's share: ready once it took the bytes.
+struct ShareWait {
+    source: Source,
+    bytes: u64,
+    id: u64,
+}
+
+impl ShareWait {
+    fn new(source: Source, bytes: u64) -> ShareWait {
+        let id = NEXT_WAIT_ID.with(|n| {
+            let id = n.get();
+            n.set(id.wrapping_add(1));
+            id
+        });
+        ShareWait { source, bytes, id }
+    }
+
+    fn forget_waker(&self) {
+        WAITING.with(|w| {
+            let mut w = w.borrow_mut();
+            if let Some(list) = w.get_mut(&self.source) {
+                list.retain(|(id, _)| *id != self.id);
+                if list.is_empty() {
+                    w.remove(&self.source);
+                }
+            }
+        });
+    }
+}
+
+impl Future for ShareWait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if BOOK.with(|b| b.borrow_mut().try_take(self.source, self.bytes)) {
+            self.forget_waker();
+            return Poll::Ready(());
+        }
+        WAITING.with(|w| {
+            let mut w = w.borrow_mut();
+            let list = w.entry(self.source).or_default();
+            match list.iter_mut().find(|(id, _)| *id == self.id) {
+                Some((_, waker)) => waker.clone_from(cx.waker()),
+                None => list.push((self.id, cx.waker().clone())),
+            }
+        });
+        Poll::Pending
+    }
+}
+
+impl Drop for ShareWait {
+    fn drop(&mut self) {
+        self.forget_waker();
+    }
+}
+
+/// Sets this thread's share (the pool installer, from the pool's size).
+pub(crate) fn set_thread_share_bytes(bytes: u64) {
+    BOOK.with(|b| b.borrow_mut().set_share_bytes_max(bytes));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn ip(last: u8) -> Source {
+        Source::Ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)))
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share_and_others_are_not_held_up() {
+        let mut book = ShareBook::new(8 << 20);
+        // One payload always fits, even one larger than the share.
+        assert!(book.try_take(ip(1), 16 << 20));
+        assert!(!book.try_take(ip(1), 1));
+        book.give_back(ip(1), 16 << 20);
+        assert_eq!(book.sources(), 0, "entries go at zero");
+        // Up to the share, then no more from that source...
+        assert!(book.try_take(ip(1), 4 << 20));
+        assert!(book.try_take(ip(1), 4 << 20));
+        assert!(!book.try_take(ip(1), 4 << 20));
+        assert_eq!(book.held(ip(1)), 8 << 20);
+        // ...while every other source has its own.
+        assert!(book.try_take(ip(2), 4 << 20));
+        assert!(book.try_take(Source::Local, 8 << 20));
+        assert!(!book.try_take(Source::Local, 1));
+        // Given back, the share takes again.
+        book.give_back(ip(1), 4 << 20);
+        assert!(book.try_take(ip(1), 4 << 20));
+        for (s, b) in [
+            (ip(1), 8u64 << 20),
+            (ip(2), 4 << 20),
+            (Source::Local, 8 << 20),
+        ] {
+            book.give_back(s, b);
+        }
+        assert_eq!(book.sources(), 0);
+    }
+
+    #[test]
+    fn a_receive_over_its_share_waits_for_a_give_back_and_fails_past_the_bound() {
+        use crate::reactor::{Reactor, ReactorConfig};
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            set_thread_share_bytes(4 << 20);
+            let first = take(ip(9), 4 << 20).await.unwrap();
+            // Another source is not held up.
+            let other = take(ip(10), 4 << 20).await.unwrap();
+            // The same source waits until the first is given back.
+            let done = Rc::new(std::cell::Cell::new(false));
+            let flag = done.clone();
+            let waiter = crate::reactor::spawn(async move {
+                let s = take(ip(9), 1 << 20).await;
+                flag.set(true);
+                s.map(|s| s.bytes)
+            });
+            crate::reactor::sleep(Duration::from_millis(20)).await;
+            assert!(!done.get(), "took beyond its share");
+            drop(first);
+            assert_eq!(waiter.await.unwrap(), 1 << 20);
+            drop(other);
+            // Held past the wait bound: an error naming the source, nothing kept.
+            registered::set_thread_wait_ms(30);
+            let held = take(ip(11), 4 << 20).await.unwrap();
+            let err = take(ip(11), 4 << 20).await.unwrap_err();
+            assert!(err.to_string().contains("127.0.0.11"), "{err}");
+            drop(held);
+            assert_eq!(BOOK.with(|b| b.borrow().sources()), 0);
+            assert!(
+                WAITING.with(|w| w.borrow().is_empty()),
+                "a wait left its waker"
+            );
+        })
+        .unwrap();
+    }
+}
