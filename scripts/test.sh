@@ -249,8 +249,8 @@ else
     "${DEV[@]}" up || smoke_fail "dev-cluster.sh up"
     "${DEV[@]}" up >/dev/null || smoke_fail "dev-cluster.sh up on a running cluster must succeed"
     "${DEV[@]}" status || smoke_fail "dev-cluster.sh status"
-    # No --mgr: flame-admin finds this cluster's manager and admin keyring through
-    # the env file `up` writes (FLAME_MGR, FLAME_KEYRING).
+    # No --mgr: flame-admin finds this cluster's manager, admin keyring and CA
+    # through the env file `up` writes (FLAME_MGR, FLAME_KEYRING, FLAME_MGR_CA).
     # shellcheck source=/dev/null
     source "$SMOKE_DIR/env" || smoke_fail "dev-cluster.sh up wrote no $SMOKE_DIR/env"
     [[ "${FLAME_MGR:-}" == "127.0.0.1:$SMOKE_PORT_BASE" ]] || smoke_fail "env file sets FLAME_MGR=${FLAME_MGR:-} (want 127.0.0.1:$SMOKE_PORT_BASE)"
@@ -260,8 +260,13 @@ else
     "$ADMIN" volume info demo || smoke_fail "volume demo missing"
     # Nobody without the key changes anything: a raw DELETE and flame-admin without
     # FLAME_KEYRING are refused, and the volume is still there.
-    code="$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "http://127.0.0.1:$SMOKE_PORT_BASE/v1/volumes/demo")"
+    # The manager serves HTTPS only, under the cluster CA the env file names.
+    [[ -f "${FLAME_MGR_CA:-}" ]] || smoke_fail "env file sets no FLAME_MGR_CA (the cluster CA)"
+    code="$(curl -s -o /dev/null -w '%{http_code}' --cacert "$FLAME_MGR_CA" -X DELETE "https://127.0.0.1:$SMOKE_PORT_BASE/v1/volumes/demo")"
     [[ "$code" == 401 ]] || smoke_fail "an unsigned DELETE of a volume answered $code, not 401"
+    if curl -sf -m 5 "http://127.0.0.1:$SMOKE_PORT_BASE/v1/map" >/dev/null 2>&1; then
+        smoke_fail "the manager answered plain HTTP"
+    fi
     if env -u FLAME_KEYRING "$ADMIN" volume rm demo 2>/dev/null; then
         smoke_fail "flame-admin without a keyring removed a volume"
     fi

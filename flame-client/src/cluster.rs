@@ -299,7 +299,7 @@ impl Cluster {
     ) -> Result<Cluster, ClientError> {
         config.validate()?;
         check_first_map(&map)?;
-        let mgr = MgrClient::new_from(&config.mgr, config.bind_addr)?;
+        let mgr = MgrClient::new_from(&config.mgr, config.bind_addr, None)?;
         let shared = Shared::new(config, mgr, map, None);
         Ok(Cluster {
             inner: Arc::new(Inner {

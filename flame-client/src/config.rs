@@ -14,8 +14,11 @@ use std::time::Duration;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
-    /// Manager address: `host:port` or an `http://host:port` URL.
+    /// Manager address: `host:port`, or an `http://` or `https://` URL.
     pub mgr: String,
+    /// The cluster CA (`flame-admin tls init`'s `ca.crt`): the manager serves
+    /// TLS, verified against this CA only. `null`: plain HTTP.
+    pub mgr_tls_ca: Option<std::path::PathBuf>,
     /// Transport used to reach the OSDs.
     pub transport: TransportKind,
     /// Total time one request may take, retries included, before it fails with
@@ -185,6 +188,7 @@ impl Default for ClientConfig {
             fetch_slot_payload_bytes: 4096,
             fetch_over_emulated: false,
             keyring: None,
+            mgr_tls_ca: None,
         }
     }
 }
@@ -218,8 +222,16 @@ impl ClientConfig {
 
     /// A client of this configuration's manager, signing with its keyring.
     pub fn mgr_client(&self) -> Result<crate::MgrClient, ClientError> {
-        Ok(crate::MgrClient::new_from(&self.mgr, self.bind_addr)?
-            .with_credentials(self.credentials()?))
+        let trust = self
+            .mgr_tls_ca
+            .as_deref()
+            .map(flame_common::tls::MgrTrust::load)
+            .transpose()
+            .map_err(ClientError::InvalidArgument)?;
+        Ok(
+            crate::MgrClient::new_from(&self.mgr, self.bind_addr, trust.as_ref())?
+                .with_credentials(self.credentials()?),
+        )
     }
 
     /// Checks every value, naming the bad key.

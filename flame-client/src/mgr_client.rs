@@ -35,51 +35,28 @@ pub struct MgrClient {
     endpoint: MgrEndpoint,
 }
 
-/// Turns `host:port` or `http://host:port[/]` into a base URL without a trailing
-/// slash.
-pub fn base_url(addr: &str) -> Result<String, ClientError> {
-    let a = addr.trim().trim_end_matches('/');
-    if a.is_empty() {
-        return Err(ClientError::InvalidArgument(
-            "manager address is empty".into(),
-        ));
-    }
-    if a.starts_with("https://") {
-        return Err(ClientError::InvalidArgument(format!(
-            "manager address `{addr}`: https is not supported; use http://HOST:PORT or HOST:PORT"
-        )));
-    }
-    let url = if a.starts_with("http://") {
-        a.to_string()
-    } else if a.contains("://") {
-        return Err(ClientError::InvalidArgument(format!(
-            "manager address `{addr}`: expected HOST:PORT or http://HOST:PORT"
-        )));
-    } else {
-        format!("http://{a}")
-    };
-    Ok(url)
-}
-
 impl MgrClient {
-    /// A client of the manager at `addr` (`host:port` or `http://host:port`).
+    /// A client of the manager at `addr` (`host:port` or `http://host:port`),
+    /// over plain HTTP.
     pub fn new(addr: &str) -> Result<MgrClient, ClientError> {
-        Self::new_from(addr, None)
+        Self::new_from(addr, None, None)
     }
 
     /// Like [`MgrClient::new`], with connections leaving from local address
-    /// `source` when given (the client's `bind_addr`).
+    /// `source` when given (the client's `bind_addr`), and over TLS verified
+    /// against `trust` (the cluster CA) when given.
     pub fn new_from(
         addr: &str,
         source: Option<std::net::IpAddr>,
+        trust: Option<&flame_common::tls::MgrTrust>,
     ) -> Result<MgrClient, ClientError> {
-        let base = base_url(addr)?;
+        let base = flame_common::http::mgr_base_url(addr, trust.is_some())
+            .map_err(ClientError::InvalidArgument)?;
         let config = ureq::Agent::config_builder()
             // Error statuses carry an ApiError body we want to show.
             .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(3)))
-            .build();
-        let agent = flame_common::http::agent(config, source);
+            .timeout_connect(Some(Duration::from_secs(3)));
+        let agent = flame_common::http::agent(config, source, trust);
         Ok(MgrClient {
             endpoint: MgrEndpoint {
                 agent,
@@ -396,11 +373,30 @@ mod tests {
 
     #[test]
     fn base_urls() {
-        assert_eq!(base_url("127.0.0.1:6800").unwrap(), "http://127.0.0.1:6800");
-        assert_eq!(base_url("http://mgr:6800/").unwrap(), "http://mgr:6800");
-        assert!(base_url("").is_err());
-        assert!(base_url("https://x:1").is_err());
-        assert!(base_url("ftp://x:1").is_err());
+        use flame_common::http::mgr_base_url;
+        assert_eq!(
+            mgr_base_url("127.0.0.1:6800", false).unwrap(),
+            "http://127.0.0.1:6800"
+        );
+        assert_eq!(
+            mgr_base_url("http://mgr:6800/", false).unwrap(),
+            "http://mgr:6800"
+        );
+        assert_eq!(
+            mgr_base_url("127.0.0.1:6800", true).unwrap(),
+            "https://127.0.0.1:6800"
+        );
+        assert_eq!(
+            mgr_base_url("https://mgr:6800", true).unwrap(),
+            "https://mgr:6800"
+        );
+        assert!(mgr_base_url("", false).is_err());
+        let e = mgr_base_url("https://x:1", false).unwrap_err();
+        assert!(e.contains("CA"), "{e}");
+        let e = mgr_base_url("http://x:1", true).unwrap_err();
+        assert!(e.contains("serves TLS"), "{e}");
+        assert!(mgr_base_url("ftp://x:1", false).is_err());
+        assert!(mgr_base_url("http://x:1/v1", false).is_err());
     }
 
     #[test]

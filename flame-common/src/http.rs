@@ -14,17 +14,62 @@ use std::sync::Arc;
 use ureq::Error;
 use ureq::unversioned::resolver::DefaultResolver;
 use ureq::unversioned::transport::{
-    Buffers, ConnectionDetails, Connector, LazyBuffers, NextTimeout, ShutdownHandle, Transport,
+    Buffers, ConnectionDetails, Connector, LazyBuffers, NextTimeout, RustlsConnector,
+    ShutdownHandle, Transport,
 };
 
 /// An agent with `config` whose connections are bound to `source` when given
-/// (plain ureq otherwise). Plain `http://` only: the manager API has no TLS.
-pub fn agent(config: ureq::config::Config, source: Option<IpAddr>) -> ureq::Agent {
+/// (plain ureq otherwise). `https://` URLs are verified against `trust` (the
+/// cluster CA, [`crate::tls`]) only; without it they fail.
+pub fn agent(
+    config: ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    source: Option<IpAddr>,
+    trust: Option<&crate::tls::MgrTrust>,
+) -> ureq::Agent {
+    let config = config
+        .tls_config(crate::tls::agent_tls_config(trust))
+        .build();
     match source {
         None => ureq::Agent::new_with_config(config),
-        Some(ip) => {
-            ureq::Agent::with_parts(config, BoundConnector { ip }, DefaultResolver::default())
+        Some(ip) => ureq::Agent::with_parts(
+            config,
+            BoundConnector { ip }.chain(RustlsConnector::default()),
+            DefaultResolver::default(),
+        ),
+    }
+}
+
+/// The base URL of the manager at `addr` (`HOST:PORT`, `http://HOST:PORT` or
+/// `https://HOST:PORT`): `https://` when the caller trusts a CA for it, which
+/// it must for an `https://` address; `http://` otherwise.
+pub fn mgr_base_url(addr: &str, tls: bool) -> Result<String, String> {
+    let a = addr.trim().trim_end_matches('/');
+    if a.is_empty() {
+        return Err("manager address is empty".into());
+    }
+    let (scheme, rest) = match a.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (Some(s), rest),
+        Some(_) => {
+            return Err(format!(
+                "manager address `{addr}`: expected HOST:PORT, http://HOST:PORT or https://HOST:PORT"
+            ));
         }
+        None => (None, a),
+    };
+    if rest.is_empty() || rest.contains('/') {
+        return Err(format!("manager address `{addr}`: expected HOST:PORT"));
+    }
+    match (scheme, tls) {
+        (Some("https"), false) => Err(format!(
+            "manager address `{addr}`: https needs the cluster CA (`mgr_tls_ca` in the \
+             config, --mgr-ca or FLAME_MGR_CA for flame-admin)"
+        )),
+        (Some("http"), true) => Err(format!(
+            "manager address `{addr}`: http:// while a manager CA is set; the manager \
+             serves TLS: use HOST:PORT or https://"
+        )),
+        (_, true) => Ok(format!("https://{rest}")),
+        (_, false) => Ok(format!("http://{rest}")),
     }
 }
 
@@ -61,7 +106,8 @@ pub enum CallError {
 pub struct MgrEndpoint {
     /// The HTTP agent (connection pool, source address).
     pub agent: ureq::Agent,
-    /// `http://host:port`, no trailing slash.
+    /// `http://host:port` or `https://host:port` ([`mgr_base_url`]), no
+    /// trailing slash.
     pub base: String,
     /// What requests are signed with; `None` against a manager with `auth: none`.
     pub creds: Option<crate::auth::Credentials>,
@@ -300,7 +346,7 @@ mod tests {
             peer
         });
         let source: IpAddr = "127.0.0.7".parse().unwrap();
-        let agent = agent(ureq::Agent::config_builder().build(), Some(source));
+        let agent = agent(ureq::Agent::config_builder(), Some(source), None);
         let body = agent
             .get(&format!("http://{addr}/x"))
             .call()

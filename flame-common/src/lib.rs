@@ -28,4 +28,5 @@ pub mod pg_state;
 pub mod placement;
 pub mod protocol;
 pub mod reactor;
+pub mod tls;
 pub mod transport;

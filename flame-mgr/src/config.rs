@@ -86,7 +86,23 @@ pub struct MgrConfig {
     pub connections_max: u32,
     /// How long a client may take to send a request's headers before its
     /// connection is closed (half-sent requests must not hold connections).
+    /// It bounds the TLS handshake too.
     pub header_read_timeout_ms: u64,
+    /// TLS on the API (`flame-admin tls init` writes the files): with it the
+    /// manager serves only HTTPS, and clients verify it against the cluster CA
+    /// (`mgr_tls_ca`). `null`: plain HTTP (requests are still signed).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The manager's certificate and private key (PEM; the key mode 0600).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// The certificate (chain), signed by the cluster CA, naming every address
+    /// clients reach the manager by.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
 }
 
 /// Whether the API requires authentication.
@@ -117,6 +133,7 @@ impl Default for MgrConfig {
             keyring: None,
             connections_max: 4096,
             header_read_timeout_ms: 10_000,
+            tls: None,
         }
     }
 }

@@ -195,13 +195,22 @@ async fn serve(
         );
         cluster_state.auth_disabled = true;
     }
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|t| flame_common::tls::server_config(&t.cert_file, &t.key_file))
+        .transpose()?;
+    if tls.is_none() {
+        info!("the API serves plain HTTP (no `tls:`): requests are signed, not private");
+    }
     let shared = shared::Shared::new(store, cluster_state, metrics, verifier);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
     // Tests and scripts parse this line to find a port-0 listener.
-    info!("flame-mgr listening on http://{addr} (cluster {fsid})");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    info!("flame-mgr listening on {scheme}://{addr} (cluster {fsid})");
 
     tokio::spawn(failure::run(
         std::sync::Arc::clone(&shared),
@@ -225,6 +234,7 @@ async fn serve(
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
             shutdown_wait: SHUTDOWN_WAIT,
         },
+        tls,
         stop_rx,
     )
     .await;

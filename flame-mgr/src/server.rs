@@ -3,7 +3,9 @@
 //! request's headers (a slowloris flood of half-sent requests would otherwise
 //! hold connections, memory and file descriptors forever), and how many
 //! connections are open at once (beyond the cap, new connections wait in the
-//! listen backlog instead of exhausting descriptors). Requests are bounded
+//! listen backlog instead of exhausting descriptors); with `tls:`, every
+//! connection is a TLS one (rustls), its handshake bounded like the headers.
+//! Requests are bounded
 //! further in [`crate::api`] (body sizes) and [`crate::shared`] (heartbeats
 //! ahead of everything an API client can flood).
 
@@ -35,8 +37,10 @@ pub async fn run(
     listener: TcpListener,
     router: Router,
     limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(limits.connections_max));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
@@ -82,15 +86,43 @@ pub async fn run(
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 router.clone().oneshot(req.map(axum::body::Body::new))
             });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            // Errors are the client's (a reset, a header timeout): nothing to do.
-            let _ = conn.await;
-            drop(permit);
-        });
+        match &acceptor {
+            None => {
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    // Errors are the client's (a reset, a header timeout).
+                    let _ = conn.await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                // The handshake in the connection's own task, within the header
+                // timeout: a client that connects and sends nothing holds its
+                // slot no longer than one that sends half a request.
+                let handshake = acceptor.accept(stream);
+                let (builder, watcher) = (Arc::clone(&builder), graceful.watcher());
+                let bound = limits.header_read_timeout;
+                tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(bound, handshake).await {
+                        Ok(Ok(s)) => s,
+                        // Not TLS, a wrong CA on the client's side, too slow.
+                        Ok(Err(e)) => {
+                            tracing::debug!("TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .into_owned();
+                    let _ = watcher.watch(conn).await;
+                    drop(permit);
+                });
+            }
+        }
     }
     tokio::select! {
         _ = graceful.shutdown() => {}

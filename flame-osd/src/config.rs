@@ -42,7 +42,7 @@ pub enum Threading {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OsdConfig {
-    /// Manager API address.
+    /// Manager API address: `host:port`, or an `http://` or `https://` URL.
     pub mgr: String,
     /// This OSD's own keyring, `osd.N` (`flame-admin auth add osd.N`; the shared
     /// `osd` keyring of older deployments works too), that it signs its manager
@@ -50,6 +50,10 @@ pub struct OsdConfig {
     /// `auth: none`; without it such a manager refuses the boot, and the OSD
     /// stops with the manager's reason.
     pub keyring: Option<PathBuf>,
+    /// The cluster CA (`flame-admin tls init`'s `ca.crt`) when the manager
+    /// serves TLS: its certificate is verified against this CA only. `null`:
+    /// plain HTTP.
+    pub mgr_tls_ca: Option<PathBuf>,
     /// Data address of shard 0; shard `i` listens on port + `i`.
     pub listen: SocketAddr,
     /// Address published in the cluster map for shard 0 (clients and peers connect
@@ -181,6 +185,7 @@ impl Default for OsdConfig {
         OsdConfig {
             mgr: "127.0.0.1:6800".into(),
             keyring: None,
+            mgr_tls_ca: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 6900)),
             advertise: None,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9201)),

@@ -124,23 +124,22 @@ pub struct Control {
 }
 
 impl Control {
-    /// A control plane for this OSD. Its HTTP calls leave from the OSD's own
-    /// address ([`OsdConfig::source_ip`]).
+    /// A control plane for this OSD, calling the manager at `base` (a checked
+    /// URL, [`flame_common::http::mgr_base_url`]), over TLS verified against
+    /// `trust` when given. Its HTTP calls leave from the OSD's own address
+    /// ([`OsdConfig::source_ip`]).
     pub fn new(
         cfg: Arc<OsdConfig>,
         identity: Identity,
         metrics_addr: SocketAddr,
         liveness: Arc<Liveness>,
         creds: Option<Credentials>,
+        (base, trust): (String, Option<&flame_common::tls::MgrTrust>),
     ) -> Control {
         let agent =
-            flame_common::http::agent(ureq::Agent::config_builder().build(), Some(cfg.source_ip()));
+            flame_common::http::agent(ureq::Agent::config_builder(), Some(cfg.source_ip()), trust);
         Control {
-            mgr: MgrEndpoint {
-                agent,
-                base: format!("http://{}", cfg.mgr),
-                creds,
-            },
+            mgr: MgrEndpoint { agent, base, creds },
             cfg,
             identity,
             metrics_addr,

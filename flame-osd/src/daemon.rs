@@ -129,6 +129,15 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         .map(flame_common::auth::Credentials::load)
         .transpose()
         .map_err(|message| StartError { message, status: 2 })?;
+    // And the manager's CA and address.
+    let mgr_trust = cfg
+        .mgr_tls_ca
+        .as_deref()
+        .map(flame_common::tls::MgrTrust::load)
+        .transpose()
+        .map_err(|message| StartError { message, status: 2 })?;
+    let mgr_base = flame_common::http::mgr_base_url(&cfg.mgr, mgr_trust.is_some())
+        .map_err(|message| StartError { message, status: 2 })?;
     // The service key (what checks HELLO tickets): derived from the shared `osd`
     // key here, or, for an OSD's own `osd.N` key, asked of the manager after
     // the boot (below).
@@ -216,8 +225,14 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let liveness = Arc::new(crate::liveness::Liveness::new(shards));
-    let mut control =
-        control::Control::new(cfg.clone(), identity, metrics_addr, liveness.clone(), creds);
+    let mut control = control::Control::new(
+        cfg.clone(),
+        identity,
+        metrics_addr,
+        liveness.clone(),
+        creds,
+        (mgr_base, mgr_trust.as_ref()),
+    );
     if own_key_of.is_some() {
         // Before the boot, so a manager that refuses it (one with `auth:
         // none`, a removed key) stops this OSD as a configuration error

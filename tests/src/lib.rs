@@ -108,6 +108,10 @@ pub struct ClusterOptions {
     /// daemon and helper signing). Default: on, unless `FLAME_TEST_AUTH=none`
     /// (CI runs one suite that way, as an operator with `auth: none` would).
     pub auth: bool,
+    /// Whether the manager serves TLS: the harness makes a cluster CA and the
+    /// manager's certificate (`DIR/tls`, for the manager's address), and every
+    /// daemon, flame-admin and the harness's own calls trust that CA only.
+    pub mgr_tls: bool,
 }
 
 /// Whether test clusters authenticate (`FLAME_TEST_AUTH`: `required`, the
@@ -341,6 +345,7 @@ impl Default for ClusterOptions {
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| "interrupt".into()),
             auth: test_auth(),
+            mgr_tls: false,
         }
     }
 }
@@ -606,6 +611,18 @@ impl TestCluster {
                 .unwrap_or_default()
         };
         let mgr_addr = on(ips.mgr, free_ports_on(ips.mgr, 1));
+        let tls_dir = root.join("tls");
+        let tls_yaml = if opts.mgr_tls {
+            flame_client::admin::tls::generate(&tls_dir, &[ips.mgr.to_string()])
+                .unwrap_or_else(|e| panic!("tls init: {e}"));
+            format!(
+                "tls:\n  cert_file: \"{}\"\n  key_file: \"{}\"\n",
+                tls_dir.join(flame_common::tls::MGR_CERT_FILE).display(),
+                tls_dir.join(flame_common::tls::MGR_KEY_FILE).display()
+            )
+        } else {
+            String::new()
+        };
         let mgr_yaml = format!(
             "# flame-mgr config written by the test harness\n\
              {}\
@@ -614,7 +631,7 @@ impl TestCluster {
              heartbeat_grace_ms: {}\n\
              failure_check_interval_ms: 500\n\
              pool:\n  size: 3\n  min_size: 2\n  pg_count: {}\n  object_size: 4194304\n\
-             {}{}{}\n",
+             {tls_yaml}{}{}{}\n",
             match &keys {
                 Some(k) => format!("keyring: \"{}\"\n", k.dir.join("cluster.keyring").display()),
                 None => "auth: none\n".to_string(),
@@ -676,7 +693,8 @@ impl TestCluster {
                  threads: 2\n\
                  poll_mode: {poll_mode}\n\
                  transport: {transport}\n\
-                 {bind}{}{}{}{}",
+                 {bind}{}{}{}{}{}",
+                mgr_ca_yaml(&opts, &root),
                 keyring_yaml("client.test"),
                 client_env_yaml(),
                 opts.nbd_extra_yaml,
@@ -751,9 +769,15 @@ impl TestCluster {
         self.mgr_addr
     }
 
-    /// `http://<mgr><path>`.
+    /// `http://<mgr><path>` (`https://` when the manager serves TLS).
     pub fn mgr_url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.mgr_addr)
+        let scheme = if self.opts.mgr_tls { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.mgr_addr)
+    }
+
+    /// The cluster CA when the manager serves TLS ([`ClusterOptions::mgr_tls`]).
+    pub fn mgr_tls_ca(&self) -> Option<PathBuf> {
+        mgr_ca_path(&self.opts, &self.root)
     }
 
     /// The manager's IP address.
@@ -1219,6 +1243,7 @@ impl TestCluster {
         oracle::ClientTarget {
             mgr: self.mgr_addr.to_string(),
             keyring: self.keyring("client.admin"),
+            mgr_tls_ca: self.mgr_tls_ca(),
         }
     }
 
@@ -1264,9 +1289,22 @@ impl TestCluster {
         &self,
         creds: Option<flame_common::auth::Credentials>,
     ) -> flame_common::http::MgrEndpoint {
+        let trust = self
+            .mgr_tls_ca()
+            .map(|ca| flame_common::tls::MgrTrust::load(&ca).unwrap_or_else(|e| panic!("{e}")));
+        let agent = match &trust {
+            None => agent(),
+            Some(t) => flame_common::http::agent(
+                ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(HTTP_TIMEOUT)),
+                None,
+                Some(t),
+            ),
+        };
         flame_common::http::MgrEndpoint {
-            agent: agent(),
-            base: format!("http://{}", self.mgr_addr),
+            agent,
+            base: self.mgr_url(""),
             creds,
         }
     }
@@ -1374,7 +1412,11 @@ impl TestCluster {
     pub fn admin_command(&self) -> Command {
         let mut cmd = Command::new(self.bin("flame-admin"));
         cmd.env("FLAME_MGR", self.mgr_addr.to_string())
-            .env_remove("FLAME_KEYRING");
+            .env_remove("FLAME_KEYRING")
+            .env_remove("FLAME_MGR_CA");
+        if let Some(ca) = self.mgr_tls_ca() {
+            cmd.env("FLAME_MGR_CA", ca);
+        }
         if let Some(k) = &self.keys {
             cmd.env("FLAME_KEYRING", k.keyring("client.admin"));
         }
@@ -1622,6 +1664,7 @@ fn osd_daemon(
         "# flame-osd config written by the test harness\n\
          mgr: \"{mgr_addr}\"\n\
          {keyring_yaml}\
+         {}\
          listen: \"{}\"\n\
          metrics_listen: \"{}\"\n\
          data_dir: \"{}\"\n\
@@ -1631,6 +1674,7 @@ fn osd_daemon(
          transport: {}\n\
          heartbeat_interval_ms: {}\n\
          {}{}{}{}\n",
+        mgr_ca_yaml(opts, root),
         addrs.data,
         addrs.metrics,
         root.join(format!("osd.{i}")).display(),
@@ -1655,6 +1699,19 @@ fn osd_daemon(
             .collect(),
     );
     (daemon, addrs)
+}
+
+/// The cluster CA of a harness cluster whose manager serves TLS.
+fn mgr_ca_path(opts: &ClusterOptions, root: &Path) -> Option<PathBuf> {
+    opts.mgr_tls
+        .then(|| root.join("tls").join(flame_common::tls::CA_CERT_FILE))
+}
+
+/// `mgr_tls_ca: …` for a daemon's config when the manager serves TLS.
+fn mgr_ca_yaml(opts: &ClusterOptions, root: &Path) -> String {
+    mgr_ca_path(opts, root)
+        .map(|p| format!("mgr_tls_ca: \"{}\"\n", p.display()))
+        .unwrap_or_default()
 }
 
 fn binary(bin_dir: &Path, name: &str) -> PathBuf {

@@ -720,6 +720,8 @@ pub struct ClientTarget {
     pub mgr: String,
     /// The keyring of the entity the client signs as.
     pub keyring: Option<std::path::PathBuf>,
+    /// The cluster CA when the manager serves TLS.
+    pub mgr_tls_ca: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Display for ClientTarget {
@@ -744,6 +746,7 @@ where
     let config = ClientConfig {
         io_timeout_ms,
         keyring: mgr.keyring.clone(),
+        mgr_tls_ca: mgr.mgr_tls_ca.clone(),
         ..ClientConfig::new(mgr.mgr.clone())
     };
     let cluster = Cluster::connect(config).map_err(|e| format!("connect to {mgr}: {e}"))?;

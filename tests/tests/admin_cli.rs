@@ -274,6 +274,37 @@ fn auth_commands_manage_keys_end_to_end() {
         output_text(&again)
     );
 
+    // `tls init`, offline too: the CA and the manager's certificate, keys
+    // 0600, never over existing ones, at least one --name.
+    let t = tmp.path().join("tls");
+    let ts = t.to_str().unwrap();
+    let out = admin(&["tls", "init", "--dir", ts, "--name", "127.0.0.1"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    for (f, mode) in [
+        ("ca.crt", 0o644),
+        ("ca.key", 0o600),
+        ("mgr.crt", 0o644),
+        ("mgr.key", 0o600),
+    ] {
+        let m = std::fs::metadata(t.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m, mode, "{f}");
+    }
+    assert!(stdout(&out).contains("mgr_tls_ca"), "{}", output_text(&out));
+    let again = admin(&["tls", "init", "--dir", ts, "--name", "127.0.0.1"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        output_text(&again)
+    );
+    let nameless = admin(&["tls", "init", "--dir", ts]);
+    assert_eq!(
+        nameless.status.code(),
+        Some(2),
+        "{}",
+        output_text(&nameless)
+    );
+
     let cluster_keyring = keys.keyring("cluster");
     let ck = cluster_keyring.to_str().unwrap();
     let k1 = tmp.path().join("cli.keyring");

@@ -87,15 +87,29 @@ fn example_configs_start_the_daemons() {
     // the nbd example's client.nbd is a role-client entity, as documented.
     let keys = TestKeys::create(&d.join("keys"));
     let mgr_addr = lo(free_ports(1));
+    // The examples' TLS files, as `flame-admin tls init` writes them.
+    let tls = d.join("tls");
+    flame_client::admin::tls::generate(&tls, &["127.0.0.1".into()]).unwrap();
+    let ca = tls.join("ca.crt");
+    let trust = flame_common::tls::MgrTrust::load(&ca).unwrap();
     let mgr = flame_common::http::MgrEndpoint {
-        agent: ureq::Agent::new_with_defaults(),
-        base: format!("http://{mgr_addr}"),
+        agent: flame_common::http::agent(ureq::Agent::config_builder(), None, Some(&trust)),
+        base: format!("https://{mgr_addr}"),
         creds: Some(keys.creds("client.admin", 1)),
     };
     let get = |path: &str| mgr_call_as(&mgr, "GET", path, None);
     let mgr_yaml = set(&example("mgr.yaml"), "listen", &mgr_addr.to_string());
     let mgr_yaml = set(&mgr_yaml, "data_dir", &quoted(&d.join("mgr")));
     let mgr_yaml = set(&mgr_yaml, "keyring", &quoted(&keys.keyring("cluster")));
+    let mgr_yaml = set(
+        &mgr_yaml,
+        "tls",
+        &format!(
+            "{{cert_file: {}, key_file: {}}}",
+            quoted(&tls.join("mgr.crt")),
+            quoted(&tls.join("mgr.key"))
+        ),
+    );
     std::fs::write(d.join("mgr.yaml"), mgr_yaml).unwrap();
     let mut mgr_daemon = start("flame-mgr", d.join("mgr.yaml"), &d.join("mgr.log"));
     wait_for("flame-mgr", &mut mgr_daemon, || {
@@ -109,6 +123,7 @@ fn example_configs_start_the_daemons() {
     osd_yaml = set(&osd_yaml, "listen", &osd_addr.to_string());
     osd_yaml = set(&osd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
     osd_yaml = set(&osd_yaml, "data_dir", &quoted(&d.join("osd")));
+    osd_yaml = set(&osd_yaml, "mgr_tls_ca", &quoted(&ca));
     // The example's own key, osd.0, added as documented.
     let added = mgr_call_as(
         &mgr,
@@ -131,6 +146,7 @@ fn example_configs_start_the_daemons() {
     let mut nbd_yaml = set(&example("nbd.yaml"), "mgr", &mgr_addr.to_string());
     nbd_yaml = set(&nbd_yaml, "listen", &nbd_addr.to_string());
     nbd_yaml = set(&nbd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
+    nbd_yaml = set(&nbd_yaml, "mgr_tls_ca", &quoted(&ca));
     let added = mgr_call_as(
         &mgr,
         "POST",

@@ -11,6 +11,7 @@ pub mod format;
 pub mod pg;
 pub mod scrub;
 pub mod size;
+pub mod tls;
 pub mod watch;
 
 use crate::bench::{self, BenchConfig, BenchReport, Pattern};
@@ -42,7 +43,7 @@ use std::time::Duration;
                   A dev cluster started with --port-base: `source DIR/env` sets FLAME_MGR."
 )]
 pub struct Cli {
-    /// Manager address (HOST:PORT or http://HOST:PORT).
+    /// Manager address (HOST:PORT, http://HOST:PORT or https://HOST:PORT).
     #[arg(
         long,
         global = true,
@@ -56,6 +57,11 @@ pub struct Cli {
     /// `auth: none`.
     #[arg(long, global = true, env = "FLAME_KEYRING")]
     pub keyring: Option<std::path::PathBuf>,
+    /// The cluster CA (`tls init`'s ca.crt) when the manager serves TLS: its
+    /// certificate is verified against this CA only. Default:
+    /// `/etc/flame/tls/ca.crt` if it exists.
+    #[arg(long, global = true, env = "FLAME_MGR_CA")]
+    pub mgr_ca: Option<std::path::PathBuf>,
     /// Print JSON instead of tables. Errors too: `{"error": "..."}` on stdout (nothing
     /// on stderr), exit status 1 (2 for a bad command line).
     #[arg(long, global = true)]
@@ -98,6 +104,10 @@ pub enum Command {
     /// `add client.NAME`, `rotate`, `rm`, `key` (write an entity's keyring).
     #[command(subcommand)]
     Auth(auth::AuthCommand),
+    /// TLS on the manager's API: `tls init --dir DIR --name ADDR` (the
+    /// cluster's CA and the manager's certificate).
+    #[command(subcommand)]
+    Tls(tls::TlsCommand),
 }
 
 /// `flame-admin status ...`
@@ -424,12 +434,17 @@ pub fn execute(cli: &Cli, out: &mut dyn Write) -> Result<()> {
     let text = match &cli.command {
         // Offline: the manager cannot start before its keyring exists.
         Command::Auth(auth::AuthCommand::Init { dir }) => Some(auth::init(dir, cli.json)?),
+        Command::Tls(t) => Some(tls::init(t, cli.json)?),
         _ => None,
     };
-    let mgr = admin_client_config(cli).mgr_client()?;
-    let text = match (text, &cli.command) {
-        (Some(t), _) => t,
-        (None, c) => command(cli, &mgr, c, out)?,
+    let text = match text {
+        Some(t) => t,
+        None => command(
+            cli,
+            &admin_client_config(cli).mgr_client()?,
+            &cli.command,
+            out,
+        )?,
     };
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
@@ -458,6 +473,7 @@ fn command(cli: &Cli, mgr: &MgrClient, cmd: &Command, out: &mut dyn Write) -> Re
             String::new()
         }
         Command::Auth(a) => auth::run(&mgr, a, cli.json)?,
+        Command::Tls(t) => tls::init(t, cli.json)?,
         Command::Status(_) => status(&mgr, cli.json)?,
         Command::Pg(PgCommand::Ls { state }) => pg::pg_ls(&mgr, state.as_deref(), cli.json)?,
         Command::Pg(PgCommand::Info { id }) => pg::pg_info(&mgr, *id, cli.json)?,
@@ -1035,6 +1051,9 @@ const ADMIN_IO_TIMEOUT_MS: u64 = 30_000;
 /// the systemd units put the admin's).
 pub const DEFAULT_ADMIN_KEYRING: &str = "/etc/flame/keys/client.admin.keyring";
 
+/// Where `flame-admin` looks for the cluster CA when none is given.
+pub const DEFAULT_MGR_CA: &str = "/etc/flame/tls/ca.crt";
+
 /// The client configuration of flame-admin's data-path commands: its manager and
 /// keyring, and a bounded I/O timeout.
 pub(crate) fn admin_client_config(cli: &Cli) -> ClientConfig {
@@ -1042,6 +1061,10 @@ pub(crate) fn admin_client_config(cli: &Cli) -> ClientConfig {
         io_timeout_ms: ADMIN_IO_TIMEOUT_MS,
         keyring: cli.keyring.clone().or_else(|| {
             let default = std::path::Path::new(DEFAULT_ADMIN_KEYRING);
+            default.exists().then(|| default.to_path_buf())
+        }),
+        mgr_tls_ca: cli.mgr_ca.clone().or_else(|| {
+            let default = std::path::Path::new(DEFAULT_MGR_CA);
             default.exists().then(|| default.to_path_buf())
         }),
         ..ClientConfig::new(cli.mgr.clone())

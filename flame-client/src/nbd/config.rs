@@ -79,6 +79,9 @@ pub struct NbdConfig {
     /// entity's, from `flame-admin auth key`); `null` only against a manager with
     /// `auth: none`.
     pub keyring: Option<std::path::PathBuf>,
+    /// The cluster CA when the manager serves TLS (the client library's
+    /// `mgr_tls_ca`).
+    pub mgr_tls_ca: Option<std::path::PathBuf>,
     /// The client library's `fetch_over_emulated` (tests and measurements only).
     pub fetch_over_emulated: bool,
     /// The client library's `fetch_polls_max`.
@@ -110,6 +113,7 @@ impl Default for NbdConfig {
             convert_threshold_bytes: crate::config::ConvertThresholds::default(),
             reply_mode: crate::config::ReplyMode::Push,
             keyring: None,
+            mgr_tls_ca: None,
             fetch_over_emulated: false,
             fetch_polls_max: crate::config::ClientConfig::default().fetch_polls_max,
             fetch_fallbacks_to_push: crate::config::ClientConfig::default().fetch_fallbacks_to_push,
@@ -134,6 +138,7 @@ impl NbdConfig {
             convert_threshold_bytes: self.convert_threshold_bytes,
             reply_mode: self.reply_mode,
             keyring: self.keyring.clone(),
+            mgr_tls_ca: self.mgr_tls_ca.clone(),
             fetch_over_emulated: self.fetch_over_emulated,
             fetch_polls_max: self.fetch_polls_max,
             fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,

@@ -72,6 +72,9 @@ pub struct UblkConfig {
     /// entity's, from `flame-admin auth key`); `null` only against a manager with
     /// `auth: none`.
     pub keyring: Option<std::path::PathBuf>,
+    /// The cluster CA when the manager serves TLS (the client library's
+    /// `mgr_tls_ca`).
+    pub mgr_tls_ca: Option<std::path::PathBuf>,
     /// The client library's `fetch_over_emulated` (tests and measurements only).
     pub fetch_over_emulated: bool,
     /// The client library's `fetch_polls_max`.
@@ -102,6 +105,7 @@ impl Default for UblkConfig {
             convert_threshold_bytes: nbd.convert_threshold_bytes,
             reply_mode: nbd.reply_mode,
             keyring: nbd.keyring,
+            mgr_tls_ca: nbd.mgr_tls_ca,
             fetch_over_emulated: nbd.fetch_over_emulated,
             fetch_polls_max: nbd.fetch_polls_max,
             fetch_fallbacks_to_push: nbd.fetch_fallbacks_to_push,
@@ -123,6 +127,7 @@ impl UblkConfig {
             convert_threshold_bytes: self.convert_threshold_bytes,
             reply_mode: self.reply_mode,
             keyring: self.keyring.clone(),
+            mgr_tls_ca: self.mgr_tls_ca.clone(),
             fetch_over_emulated: self.fetch_over_emulated,
             fetch_polls_max: self.fetch_polls_max,
             fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,
@@ -207,6 +212,7 @@ mod tests {
             c,
             UblkConfig {
                 keyring: Some("/etc/flame/keys/client.ublk.keyring".into()),
+                mgr_tls_ca: Some("/etc/flame/tls/ca.crt".into()),
                 ..UblkConfig::default()
             }
         );
