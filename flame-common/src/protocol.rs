@@ -1,4 +1,4 @@
-//! The Flame wire protocol (version 3) between clients and OSDs, and between OSDs.
+//! The Flame wire protocol (version 4) between clients and OSDs, and between OSDs.
 //!
 //! Every message is one fixed 128-byte header (two cache lines) followed by
 //! `payload_len` bytes of payload: the data of a write or of a read reply, or the
@@ -48,8 +48,10 @@ use std::borrow::Cow;
 
 /// `FLME` in ASCII, read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FLME");
-/// The protocol version this build speaks and puts in every header.
-pub const VERSION: u8 = 3;
+/// The protocol version this build speaks and puts in every header. 4 added
+/// [`OpCode::MapRequest`] and [`OpCode::PgLogOps`]: a version-3 peer would not
+/// know them, so the two refuse each other at the first header instead.
+pub const VERSION: u8 = 4;
 /// The protocol versions this build accepts in a HELLO (a peer's range must contain
 /// [`VERSION`]).
 pub const VERSIONS: Versions = Versions {
@@ -2593,7 +2595,7 @@ mod tests {
         }
         .to_string();
         assert!(
-            text.contains("version 1") && text.contains("version 3"),
+            text.contains("version 1") && text.contains(&format!("version {VERSION}")),
             "{text}"
         );
     }
@@ -2613,11 +2615,13 @@ mod tests {
         assert_eq!(r.len(), 64 + len);
         let text = std::str::from_utf8(&r[64..]).unwrap();
         assert!(
-            text.contains("version 1") && text.contains("version 3"),
+            text.contains("version 1") && text.contains(&format!("version {VERSION}")),
             "{text}"
         );
-        // A later version gets a v2 HELLO reply.
-        let (m, _) = Message::decode(&version_refusal(4, 5)).unwrap().unwrap();
+        // A later version gets a HELLO reply of this version.
+        let (m, _) = Message::decode(&version_refusal(VERSION + 1, 5))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             m,
             Message::HelloReply {

@@ -980,7 +980,8 @@ mod tests {
             };
             let text = e.to_string();
             assert!(
-                text.contains("version 1") && text.contains("version 3"),
+                text.contains("version 1")
+                    && text.contains(&format!("version {}", crate::protocol::VERSION)),
                 "{text}"
             );
             c.close();
