@@ -28,5 +28,6 @@ pub mod pg_state;
 pub mod placement;
 pub mod protocol;
 pub mod reactor;
+pub mod secret_file;
 pub mod tls;
 pub mod transport;

@@ -16,8 +16,6 @@
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 #[cfg(test)]
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -40,31 +38,7 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Reads a PEM file of at most [`PEM_FILE_BYTES_MAX`] bytes; with `secret`,
 /// refuses one group or others may access (as keyrings are).
 fn read_pem(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, String> {
-    let shown = path.display();
-    let file = std::fs::File::open(path).map_err(|e| format!("{what} {shown}: {e}"))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{what} {shown}: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("{what} {shown} is not a regular file"));
-    }
-    let mode = meta.mode() & 0o777;
-    if secret && mode & 0o077 != 0 {
-        return Err(format!(
-            "{what} {shown} is accessible by group or others (mode {mode:04o}); \
-             a private key others can read is not private: run `chmod 600 {shown}`"
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(PEM_FILE_BYTES_MAX + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{what} {shown}: {e}"))?;
-    if bytes.len() as u64 > PEM_FILE_BYTES_MAX {
-        return Err(format!(
-            "{what} {shown} is larger than {PEM_FILE_BYTES_MAX} bytes: not a PEM file"
-        ));
-    }
-    Ok(bytes)
+    crate::secret_file::read(path, what, PEM_FILE_BYTES_MAX, secret)
 }
 
 /// Every certificate of a PEM file (`what` names it in errors); at least one.

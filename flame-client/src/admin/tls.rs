@@ -5,7 +5,7 @@
 use super::{AdminError, Result, json, table};
 use flame_common::tls::{CA_CERT_FILE, CA_KEY_FILE, MGR_CERT_FILE, MGR_KEY_FILE};
 use serde::Serialize;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// `flame-admin tls …`
@@ -105,25 +105,14 @@ pub fn generate(dir: &Path, names: &[String]) -> std::result::Result<Vec<PathBuf
         (mgr_key.serialize_pem(), true),
     ];
     for (path, (text, secret)) in files.iter().zip(contents) {
-        write_new(path, text.as_bytes(), if secret { 0o600 } else { 0o644 })?;
+        let (what, mode) = if secret {
+            ("private key", 0o600)
+        } else {
+            ("certificate", 0o644)
+        };
+        flame_common::secret_file::write_new(path, what, text.as_bytes(), mode)?;
     }
     Ok(files)
-}
-
-/// Writes a new file (never replacing one) with `mode`, durably.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> std::result::Result<(), String> {
-    use std::io::Write;
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(path)?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    };
-    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -11,8 +11,7 @@
 
 use super::{EntityName, KeyGeneration, SecretKey};
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// Largest keyring file read: a real one is under 200 bytes.
@@ -92,31 +91,10 @@ impl Keyring {
     /// Reads a keyring file, refusing one that group or others may access (a key
     /// others can read is no longer a secret) or that is not a regular file.
     pub fn load(path: &Path) -> Result<Keyring, String> {
-        let shown = path.display();
-        let file = std::fs::File::open(path).map_err(|e| format!("keyring {shown}: {e}"))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("keyring {shown}: {e}"))?;
-        if !meta.is_file() {
-            return Err(format!("keyring {shown} is not a regular file"));
-        }
-        let mode = meta.mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "keyring {shown} is accessible by group or others (mode {mode:04o}); \
-                 a key others can read is not a secret: run `chmod 600 {shown}`"
-            ));
-        }
-        let mut text = String::new();
-        file.take(KEYRING_BYTES_MAX + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| format!("keyring {shown}: {e}"))?;
-        if text.len() as u64 > KEYRING_BYTES_MAX {
-            return Err(format!(
-                "keyring {shown} is larger than {KEYRING_BYTES_MAX} bytes: not a keyring"
-            ));
-        }
-        Keyring::parse(&text, &shown.to_string())
+        let bytes = crate::secret_file::read(path, "keyring", KEYRING_BYTES_MAX, true)?;
+        let shown = path.display().to_string();
+        let text = String::from_utf8(bytes).map_err(|e| format!("keyring {shown}: {e}"))?;
+        Keyring::parse(&text, &shown)
     }
 
     /// The keyring of `entity` at `generation`, derived from the cluster secret.
@@ -130,24 +108,7 @@ impl Keyring {
     /// Writes the keyring to a new file `path` with mode 0600 from its creation,
     /// durably. Never replaces an existing file (a lost key cannot be recovered).
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        let shown = path.display();
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)?;
-            // `mode` is masked by the umask: make sure it is exactly 0600.
-            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            f.write_all(self.to_text().as_bytes())?;
-            f.sync_all()
-        };
-        write().map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => format!(
-                "keyring {shown} already exists; not overwriting a key (move it away first)"
-            ),
-            _ => format!("cannot write keyring {shown}: {e}"),
-        })
+        crate::secret_file::write_new(path, "keyring", self.to_text().as_bytes(), 0o600)
     }
 
     /// Creates a new cluster's keys in `dir` (created with mode 0700 if missing):
@@ -207,6 +168,7 @@ impl Keyring {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn round_trip_and_refusals() {
