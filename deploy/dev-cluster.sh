@@ -248,12 +248,16 @@ pool:
   min_size: 2
   pg_count: 128
   object_size: 4194304"
-    local n
+    # The cluster CA for the others, when the manager (new, or kept) serves TLS.
+    local n ca_line="# mgr_tls_ca: null                # the manager serves plain HTTP"
+    if mgr_tls; then
+        ca_line="mgr_tls_ca: ./tls/ca.crt            # the cluster CA: the manager's certificate is checked against it"
+    fi
     for ((n = 0; n < OSDS; n++)); do
         write_config "osd.$n" "$header
 mgr: \"$HOST:$MGR_PORT\"
 keyring: ./keys/osd.$n.keyring     # this OSD's own key (osd.$n): it acts only as osd.$n
-mgr_tls_ca: ./tls/ca.crt            # the cluster CA: the manager's certificate is checked against it
+$ca_line
 listen: \"$HOST:$(osd_port "$n")\"        # shard i listens on this port + i
 metrics_listen: \"$HOST:$(osd_metrics_port "$n")\"
 data_dir: ./osd.$n
@@ -266,7 +270,7 @@ direct_io: auto"
     write_config nbd "$header
 mgr: \"$HOST:$MGR_PORT\"
 keyring: ./keys/client.nbd.keyring  # role client: reads the map, changes nothing
-mgr_tls_ca: ./tls/ca.crt
+$ca_line
 listen: \"$HOST:$NBD_PORT\"
 metrics_listen: \"$HOST:$NBD_METRICS_PORT\"
 threads: 2
@@ -358,9 +362,12 @@ check_alive() { # fails loudly if a daemon we started has died
     done
 }
 
-# Whether this cluster's manager serves TLS (its config has `tls:`; a cluster
-# directory from before TLS keeps plain HTTP).
-mgr_tls() { grep -q '^tls:' "$DIR/mgr.yaml" 2>/dev/null; }
+# Whether this cluster's manager serves TLS (its config has a `tls:` that is
+# not null; a cluster directory from before TLS keeps plain HTTP).
+mgr_tls() {
+    grep -q '^tls:' "$DIR/mgr.yaml" 2>/dev/null &&
+        ! grep -Eq '^tls:[[:space:]]*(null|~)[[:space:]]*(#.*)?$' "$DIR/mgr.yaml"
+}
 mgr_scheme() { if mgr_tls; then echo https; else echo http; fi; }
 
 admin() {
@@ -380,7 +387,12 @@ ensure_keys() {
 # manager whose config asks for TLS.
 ensure_tls() {
     mgr_tls || return 0
-    [[ -f "$DIR/tls/ca.crt" ]] && return 0
+    local f have=0
+    for f in ca.crt ca.key mgr.crt mgr.key; do
+        [[ -f "$DIR/tls/$f" ]] && have=$((have + 1))
+    done
+    ((have == 4)) && return 0
+    ((have == 0)) || die "$DIR/tls holds only some of ca.crt, ca.key, mgr.crt, mgr.key: move it away and run up again"
     "$ADMIN" tls init --dir "$DIR/tls" --name "$HOST" >/dev/null || die "flame-admin tls init failed"
     note "created the cluster CA and the manager's certificate in $DIR/tls"
 }

@@ -264,9 +264,8 @@ else
     [[ -f "${FLAME_MGR_CA:-}" ]] || smoke_fail "env file sets no FLAME_MGR_CA (the cluster CA)"
     code="$(curl -s -o /dev/null -w '%{http_code}' --cacert "$FLAME_MGR_CA" -X DELETE "https://127.0.0.1:$SMOKE_PORT_BASE/v1/volumes/demo")"
     [[ "$code" == 401 ]] || smoke_fail "an unsigned DELETE of a volume answered $code, not 401"
-    if curl -sf -m 5 "http://127.0.0.1:$SMOKE_PORT_BASE/v1/map" >/dev/null 2>&1; then
-        smoke_fail "the manager answered plain HTTP"
-    fi
+    code="$(curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$SMOKE_PORT_BASE/metrics" || true)"
+    [[ "$code" == 000 ]] || smoke_fail "the manager answered plain HTTP with $code"
     if env -u FLAME_KEYRING "$ADMIN" volume rm demo 2>/dev/null; then
         smoke_fail "flame-admin without a keyring removed a volume"
     fi

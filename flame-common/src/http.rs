@@ -26,8 +26,12 @@ pub fn agent(
     source: Option<IpAddr>,
     trust: Option<&crate::tls::MgrTrust>,
 ) -> ureq::Agent {
+    // No redirects: the manager never sends one, a signed request must not be
+    // replayed elsewhere, and a redirect to https:// would reach a TLS setup
+    // nobody asked for.
     let config = config
         .tls_config(crate::tls::agent_tls_config(trust))
+        .max_redirects(0)
         .build();
     match source {
         None => ureq::Agent::new_with_config(config),

@@ -95,17 +95,16 @@ impl MgrTrust {
     }
 }
 
-/// The TLS settings of an HTTP agent that calls the manager: the trusted CA
-/// when given (with it, `https://` is verified against it only), and always
+/// The TLS settings of an HTTP agent: the trusted CA when given (`https://`
+/// is verified against it only), else no root at all (any `https://` fails
+/// with an error instead of reaching ureq's absent default roots), and always
 /// Flame's crypto provider.
 pub fn agent_tls_config(trust: Option<&MgrTrust>) -> ureq::tls::TlsConfig {
-    let b = ureq::tls::TlsConfig::builder().unversioned_rustls_crypto_provider(provider());
-    match trust {
-        Some(t) => b
-            .root_certs(ureq::tls::RootCerts::new_with_certs(&t.certs))
-            .build(),
-        None => b.build(),
-    }
+    let roots = trust.map_or(&[][..], |t| &t.certs[..]);
+    ureq::tls::TlsConfig::builder()
+        .unversioned_rustls_crypto_provider(provider())
+        .root_certs(ureq::tls::RootCerts::new_with_certs(roots))
+        .build()
 }
 
 /// The manager's TLS server configuration from its certificate chain and

@@ -162,29 +162,38 @@ impl TestCluster {
     }
 
     /// Waits until every OSD process in `osds` has compared every member's copy
-    /// of each group it is the primary of (`flame_osd_pgs_unpeered` 0 on every
-    /// shard). A clean map does not say so: a new primary's peering pass goes
-    /// through its groups one after another, and until it reaches a group it may
-    /// overwrite a member's differing copy (which a test corrupting a copy on
-    /// purpose would see repaired behind its back).
+    /// of each group it is the primary of (its `/v1/pgs` lists groups, and none
+    /// of its primary ones is unpeered; `flame_osd_pgs_unpeered` shows the same
+    /// to operators). A clean map does not say so: a new primary's peering pass
+    /// goes through its groups one after another, and until it reaches a group
+    /// it may overwrite a member's differing copy (which a test corrupting a
+    /// copy on purpose would see repaired behind its back).
     pub fn wait_peered(&self, osds: &[usize], timeout: Duration) {
         let t0 = Instant::now();
-        loop {
-            let unpeered: Vec<(usize, u64)> = osds
+        let unpeered = |i: usize| -> Result<usize, String> {
+            let (code, body) = crate::http_get(self.osd_metrics_addr(i), "/v1/pgs")?;
+            let pgs: Vec<serde_json::Value> =
+                serde_json::from_str(&body).map_err(|e| format!("HTTP {code}: {e}: {body}"))?;
+            if pgs.is_empty() {
+                return Err("no group published yet".into());
+            }
+            Ok(pgs
                 .iter()
-                .map(|&i| {
-                    let n =
-                        crate::metric_sum(self.osd_metrics_addr(i), "flame_osd_pgs_unpeered", "");
-                    (i, n)
-                })
-                .filter(|&(_, n)| n > 0)
+                .filter(|p| p["role"] == "primary" && p["peered"] != true)
+                .count())
+        };
+        loop {
+            let left: Vec<(usize, Result<usize, String>)> = osds
+                .iter()
+                .map(|&i| (i, unpeered(i)))
+                .filter(|(_, r)| r != &Ok(0))
                 .collect();
-            if unpeered.is_empty() {
+            if left.is_empty() {
                 return;
             }
             assert!(
                 t0.elapsed() < timeout,
-                "groups not peered within {timeout:?} (osd process, groups): {unpeered:?}\n{}",
+                "groups not peered within {timeout:?} (osd process, unpeered groups): {left:?}\n{}",
                 self.log_tails()
             );
             std::thread::sleep(POLL);

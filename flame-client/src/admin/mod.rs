@@ -59,7 +59,7 @@ pub struct Cli {
     pub keyring: Option<std::path::PathBuf>,
     /// The cluster CA (`tls init`'s ca.crt) when the manager serves TLS: its
     /// certificate is verified against this CA only. Default:
-    /// `/etc/flame/tls/ca.crt` if it exists.
+    /// `/etc/flame/tls/ca.crt` if it exists, unless --mgr says `http://`.
     #[arg(long, global = true, env = "FLAME_MGR_CA")]
     pub mgr_ca: Option<std::path::PathBuf>,
     /// Print JSON instead of tables. Errors too: `{"error": "..."}` on stdout (nothing
@@ -1063,9 +1063,11 @@ pub(crate) fn admin_client_config(cli: &Cli) -> ClientConfig {
             let default = std::path::Path::new(DEFAULT_ADMIN_KEYRING);
             default.exists().then(|| default.to_path_buf())
         }),
+        // The default CA only where the address does not say plain HTTP.
         mgr_tls_ca: cli.mgr_ca.clone().or_else(|| {
             let default = std::path::Path::new(DEFAULT_MGR_CA);
-            default.exists().then(|| default.to_path_buf())
+            (default.exists() && !cli.mgr.trim().starts_with("http://"))
+                .then(|| default.to_path_buf())
         }),
         ..ClientConfig::new(cli.mgr.clone())
     }

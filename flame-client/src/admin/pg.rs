@@ -142,11 +142,13 @@ fn fetch_log(map: &ClusterMap, status: &PgStatus) -> std::result::Result<OsdPgLo
 
 /// `GET http://addr/v1/pgs/{pg}` with [`OSD_QUERY_TIMEOUT`].
 pub fn query_osd(addr: SocketAddr, pg: PgId) -> std::result::Result<OsdPgLog, String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(OSD_QUERY_TIMEOUT))
-        .build()
-        .into();
+    let agent = flame_common::http::agent(
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(OSD_QUERY_TIMEOUT)),
+        None,
+        None,
+    );
     let url = format!("http://{addr}/v1/pgs/{}", pg.0);
     let mut resp = agent.get(&url).call().map_err(|e| match e {
         ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {

@@ -26,10 +26,11 @@
 use super::bring_up::Source;
 use crate::buffer::registered;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::marker::PhantomData;
+use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::LazyLock;
@@ -135,30 +136,52 @@ impl Drop for ReceiveShare {
     fn drop(&mut self) {
         if self.bytes > 0 {
             BOOK.with(|b| b.borrow_mut().give_back(self.source, self.bytes));
-            wake_waiting(self.source);
+            wake_first(self.source);
         }
     }
 }
 
+/// The key a peer's share is kept under: its IPv4 address (an IPv4-mapped
+/// IPv6 address is the IPv4 one), the /64 of an IPv6 address (a host holds a
+/// whole /64, so one address each would give it as many shares as it likes),
+/// or [`Source::Local`].
+pub fn share_key(source: Source) -> Source {
+    match source {
+        Source::Ip(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => Source::Ip(IpAddr::V4(v4)),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                Source::Ip(IpAddr::V6(Ipv6Addr::from(prefix)))
+            }
+        },
+        other => other,
+    }
+}
+
 /// Takes `bytes` of `source`'s share on this thread (the thread's pool's
-/// figures), waiting while its other unfinished payloads hold it — woken when
-/// one of them gives its share back, not polling — for at most the pool's
-/// `exhausted_wait_ms`. The error names the source and closes the connection
-/// that asked.
+/// figures). While its other unfinished payloads hold it, or other receives of
+/// the same source wait before this one, waits in turn (first come, first
+/// served: a large payload is not starved by smaller ones arriving after it),
+/// woken when the source gives bytes back, not polling, for at most the
+/// pool's `exhausted_wait_ms`. The error names the source and closes the
+/// connection that asked.
 pub async fn take(source: Source, bytes: u64) -> io::Result<ReceiveShare> {
+    let source = share_key(source);
     let taken = || ReceiveShare {
         source,
         bytes,
         _thread: PhantomData,
     };
-    if BOOK.with(|b| b.borrow_mut().try_take(source, bytes)) {
+    let queued = WAITING.with(|w| w.borrow().contains_key(&source));
+    if !queued && BOOK.with(|b| b.borrow_mut().try_take(source, bytes)) {
         return Ok(taken());
     }
     SHARE_WAITS.inc();
     let wait = Duration::from_millis(registered::thread_wait_ms());
+    let turn = ShareWait::new(source, bytes);
     let got = futures_lite::future::or(
         async {
-            ShareWait::new(source, bytes).await;
+            turn.await;
             true
         },
         async {
@@ -182,23 +205,36 @@ pub async fn take(source: Source, bytes: u64) -> io::Result<ReceiveShare> {
     ))
 }
 
+/// One source's waiting receives, first in line first: wait id and the waker
+/// of its last poll.
+type WaitLine = VecDeque<(u64, Option<Waker>)>;
+
 thread_local! {
-    /// The receives waiting for each source's share, by wait id: woken (all of
-    /// that source's) when the source gives bytes back. Bounded by the
-    /// connections receiving at once; each wait removes itself when dropped.
-    static WAITING: RefCell<HashMap<Source, Vec<(u64, Waker)>>> = RefCell::new(HashMap::new());
+    /// The receives waiting for each source's share, in arrival order, by
+    /// wait id (with the waker of their last poll). Only the first may take;
+    /// it is woken when the source gives bytes back, and wakes the next when
+    /// it took or left. Bounded by the connections receiving at once: each
+    /// wait removes itself when dropped; a source without waiters has no
+    /// entry.
+    static WAITING: RefCell<HashMap<Source, WaitLine>> = RefCell::new(HashMap::new());
     static NEXT_WAIT_ID: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Wakes the receives waiting for `source`'s share.
-fn wake_waiting(source: Source) {
-    let wakers = WAITING.with(|w| w.borrow_mut().remove(&source));
-    for (_, waker) in wakers.into_iter().flatten() {
+/// Wakes the first receive waiting for `source`'s share.
+fn wake_first(source: Source) {
+    let waker = WAITING.with(|w| {
+        w.borrow()
+            .get(&source)
+            .and_then(|q| q.front())
+            .and_then(|(_, waker)| waker.clone())
+    });
+    if let Some(waker) = waker {
         waker.wake();
     }
 }
 
-/// One receive waiting for its source's share: ready once it took the bytes.
+/// One receive waiting for its source's share: queued at creation, ready once
+/// it was first in line and took the bytes.
 struct ShareWait {
     source: Source,
     bytes: u64,
@@ -212,19 +248,32 @@ impl ShareWait {
             n.set(id.wrapping_add(1));
             id
         });
+        WAITING.with(|w| {
+            w.borrow_mut()
+                .entry(source)
+                .or_default()
+                .push_back((id, None))
+        });
         ShareWait { source, bytes, id }
     }
 
-    fn forget_waker(&self) {
-        WAITING.with(|w| {
+    /// Leaves the queue; when it was first, the next in line may take now.
+    fn leave(&self) {
+        let was_first = WAITING.with(|w| {
             let mut w = w.borrow_mut();
-            if let Some(list) = w.get_mut(&self.source) {
-                list.retain(|(id, _)| *id != self.id);
-                if list.is_empty() {
-                    w.remove(&self.source);
-                }
+            let Some(q) = w.get_mut(&self.source) else {
+                return false;
+            };
+            let first = q.front().is_some_and(|(id, _)| *id == self.id);
+            q.retain(|(id, _)| *id != self.id);
+            if q.is_empty() {
+                w.remove(&self.source);
             }
+            first
         });
+        if was_first {
+            wake_first(self.source);
+        }
     }
 }
 
@@ -232,25 +281,28 @@ impl Future for ShareWait {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if BOOK.with(|b| b.borrow_mut().try_take(self.source, self.bytes)) {
-            self.forget_waker();
+        let first = WAITING.with(|w| {
+            let mut w = w.borrow_mut();
+            let Some(q) = w.get_mut(&self.source) else {
+                return false;
+            };
+            if let Some((_, waker)) = q.iter_mut().find(|(id, _)| *id == self.id) {
+                *waker = Some(cx.waker().clone());
+            }
+            q.front().is_some_and(|(id, _)| *id == self.id)
+        });
+        if first && BOOK.with(|b| b.borrow_mut().try_take(self.source, self.bytes)) {
+            // Taken: out of the line, and the next may fit too.
+            self.leave();
             return Poll::Ready(());
         }
-        WAITING.with(|w| {
-            let mut w = w.borrow_mut();
-            let list = w.entry(self.source).or_default();
-            match list.iter_mut().find(|(id, _)| *id == self.id) {
-                Some((_, waker)) => waker.clone_from(cx.waker()),
-                None => list.push((self.id, cx.waker().clone())),
-            }
-        });
         Poll::Pending
     }
 }
 
 impl Drop for ShareWait {
     fn drop(&mut self) {
-        self.forget_waker();
+        self.leave();
     }
 }
 
@@ -262,7 +314,7 @@ pub(crate) fn set_thread_share_bytes(bytes: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{IpAddr, Ipv4Addr};
+    use std::net::Ipv4Addr;
 
     fn ip(last: u8) -> Source {
         Source::Ip(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)))
@@ -296,6 +348,61 @@ mod tests {
             book.give_back(s, b);
         }
         assert_eq!(book.sources(), 0);
+    }
+
+    #[test]
+    fn ipv6_hosts_share_by_their_64_and_mapped_ipv4_is_ipv4() {
+        let v6 = |s: &str| Source::Ip(s.parse().unwrap());
+        assert_eq!(
+            share_key(v6("2001:db8:1:2:aaaa::1")),
+            share_key(v6("2001:db8:1:2:bbbb::9"))
+        );
+        assert_ne!(
+            share_key(v6("2001:db8:1:2::1")),
+            share_key(v6("2001:db8:1:3::1"))
+        );
+        assert_eq!(share_key(v6("::ffff:127.0.0.5")), ip(5));
+        assert_eq!(share_key(ip(5)), ip(5));
+        assert_eq!(share_key(Source::Local), Source::Local);
+    }
+
+    /// Waiters take in arrival order: a large payload waiting first is not
+    /// overtaken by smaller ones that would fit sooner.
+    #[test]
+    fn waiters_take_their_turn_in_arrival_order() {
+        use crate::reactor::{Reactor, ReactorConfig};
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            set_thread_share_bytes(8 << 20);
+            let held = take(ip(20), 6 << 20).await.unwrap();
+            let order = Rc::new(RefCell::new(Vec::new()));
+            let (o1, o2) = (order.clone(), order.clone());
+            // 4 MiB does not fit beside 6; 1 MiB would, but comes later.
+            let big = crate::reactor::spawn(async move {
+                let s = take(ip(20), 4 << 20).await.unwrap();
+                o1.borrow_mut().push("big");
+                s
+            });
+            crate::reactor::sleep(Duration::from_millis(5)).await;
+            let small = crate::reactor::spawn(async move {
+                let s = take(ip(20), 1 << 20).await.unwrap();
+                o2.borrow_mut().push("small");
+                s
+            });
+            crate::reactor::sleep(Duration::from_millis(20)).await;
+            assert!(
+                order.borrow().is_empty(),
+                "the small one overtook: {:?}",
+                order.borrow()
+            );
+            drop(held);
+            let (b, sm) = (big.await, small.await);
+            assert_eq!(*order.borrow(), ["big", "small"]);
+            drop((b, sm));
+            assert_eq!(BOOK.with(|b| b.borrow().sources()), 0);
+            assert!(WAITING.with(|w| w.borrow().is_empty()));
+        })
+        .unwrap();
     }
 
     #[test]

@@ -2509,7 +2509,12 @@ mod tests {
                 {
                     libc::_exit(3);
                 }
-                let out = f();
+                // Never outlives the test: killed after 10 s (SIGALRM), and a
+                // panic ends it instead of unwinding into the test harness.
+                libc::alarm(10);
+                let Ok(out) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) else {
+                    libc::_exit(4);
+                };
                 let bytes: [u8; 16] = std::mem::transmute(out);
                 libc::write(pipe[1], bytes.as_ptr().cast(), 16);
                 libc::_exit(0);
