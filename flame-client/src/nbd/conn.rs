@@ -56,6 +56,7 @@ pub(crate) struct Conn {
 impl Conn {
     /// Wraps an accepted socket and starts its writer task.
     pub(crate) fn new(stream: TcpStream) -> Rc<Conn> {
+        receive_share::register_metrics();
         let source = stream
             .peer_addr()
             .map_or(Source::Local, |a| Source::Ip(a.ip()));

@@ -893,9 +893,7 @@ impl PoolInstaller {
         };
         set_thread_pool(pool);
         set_thread_wait_ms(self.cfg.exhausted_wait_ms);
-        crate::transport::receive_share::set_thread_share_bytes(source_share_bytes(
-            self.cfg.bytes_per_thread,
-        ));
+        set_thread_source_share_bytes(source_share_bytes(self.cfg.bytes_per_thread));
         Ok(())
     }
 
@@ -908,17 +906,34 @@ impl PoolInstaller {
 thread_local! {
     static WAIT_MS: std::cell::Cell<u64> =
         const { std::cell::Cell::new(10_000) };
+    static SHARE_BYTES: std::cell::Cell<u64> =
+        const { std::cell::Cell::new(source_share_bytes(64 << 20)) };
 }
 
 pub(crate) fn set_thread_wait_ms(ms: u64) {
     WAIT_MS.with(|w| w.set(ms));
 }
 
+/// Sets the calling thread's share per source (the installer, from the
+/// pool's size; tests).
+pub(crate) fn set_thread_source_share_bytes(bytes: u64) {
+    SHARE_BYTES.with(|s| s.set(bytes));
+}
+
+/// The calling thread's share per source for unfinished payloads
+/// ([`crate::transport::receive_share`]): its installed pool's
+/// ([`source_share_bytes`]), else the default pool's.
+pub fn thread_source_share_bytes() -> u64 {
+    SHARE_BYTES.with(|s| s.get())
+}
+
 /// Each source's share of a pool of `bytes_per_thread` for its unfinished
 /// payloads ([`crate::transport::receive_share`]): a quarter of the pool, at
 /// least two of the largest pooled buffers.
-pub fn source_share_bytes(bytes_per_thread: u64) -> u64 {
-    (bytes_per_thread / 4).max(2 * CLASS_BYTES_MAX as u64)
+pub const fn source_share_bytes(bytes_per_thread: u64) -> u64 {
+    let quarter = bytes_per_thread / 4;
+    let floor = 2 * CLASS_BYTES_MAX as u64;
+    if quarter > floor { quarter } else { floor }
 }
 
 /// How long the calling thread's data-path allocations wait on an exhausted pool.
@@ -945,7 +960,6 @@ pub fn install_on_this_thread(cfg: &MemoryPoolConfig) -> std::io::Result<()> {
 pub fn register_metrics() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
-        crate::transport::receive_share::register_metrics();
         if let Some(c) = PoolCollector::new()
             && let Err(e) = prometheus::register(Box::new(c))
         {

@@ -46,6 +46,14 @@ pub struct ShareBook {
     share_bytes_max: u64,
 }
 
+impl Default for ShareBook {
+    /// A book with this thread's share
+    /// ([`registered::thread_source_share_bytes`]).
+    fn default() -> ShareBook {
+        ShareBook::new(registered::thread_source_share_bytes())
+    }
+}
+
 impl ShareBook {
     /// A book giving each source at most `share_bytes_max` at once (beyond one
     /// payload).
@@ -90,16 +98,15 @@ impl ShareBook {
         self.held.len()
     }
 
-    fn set_share_bytes_max(&mut self, bytes: u64) {
+    /// Sets the share (the thread's pool may be installed after the book was
+    /// first used).
+    pub fn set_share_bytes_max(&mut self, bytes: u64) {
         self.share_bytes_max = bytes;
     }
 }
 
 thread_local! {
-    static BOOK: RefCell<ShareBook> =
-        RefCell::new(ShareBook::new(registered::source_share_bytes(
-            registered::MemoryPoolConfig::default().bytes_per_thread,
-        )));
+    static BOOK: RefCell<ShareBook> = RefCell::new(ShareBook::default());
 }
 
 static SHARE_WAITS: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
@@ -117,7 +124,8 @@ static SHARE_CLOSES: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
 
-/// Makes the share metrics appear from the start (0 before any wait).
+/// Makes the share metrics appear from the start (0 before any wait): every
+/// connection that takes shares calls it when it is made.
 pub fn register_metrics() {
     LazyLock::force(&SHARE_WAITS);
     LazyLock::force(&SHARE_CLOSES);
@@ -173,7 +181,7 @@ pub async fn take(source: Source, bytes: u64) -> io::Result<ReceiveShare> {
         _thread: PhantomData,
     };
     let queued = WAITING.with(|w| w.borrow().contains_key(&source));
-    if !queued && BOOK.with(|b| b.borrow_mut().try_take(source, bytes)) {
+    if !queued && try_take(source, bytes) {
         return Ok(taken());
     }
     SHARE_WAITS.inc();
@@ -291,7 +299,7 @@ impl Future for ShareWait {
             }
             q.front().is_some_and(|(id, _)| *id == self.id)
         });
-        if first && BOOK.with(|b| b.borrow_mut().try_take(self.source, self.bytes)) {
+        if first && try_take(self.source, self.bytes) {
             // Taken: out of the line, and the next may fit too.
             self.leave();
             return Poll::Ready(());
@@ -306,9 +314,14 @@ impl Drop for ShareWait {
     }
 }
 
-/// Sets this thread's share (the pool installer, from the pool's size).
-pub(crate) fn set_thread_share_bytes(bytes: u64) {
-    BOOK.with(|b| b.borrow_mut().set_share_bytes_max(bytes));
+/// Takes `bytes` for `source` from this thread's book, under the thread's
+/// current share (the pool's installer sets it).
+fn try_take(source: Source, bytes: u64) -> bool {
+    BOOK.with(|b| {
+        let mut b = b.borrow_mut();
+        b.set_share_bytes_max(registered::thread_source_share_bytes());
+        b.try_take(source, bytes)
+    })
 }
 
 #[cfg(test)]
@@ -373,7 +386,7 @@ mod tests {
         use crate::reactor::{Reactor, ReactorConfig};
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async {
-            set_thread_share_bytes(8 << 20);
+            registered::set_thread_source_share_bytes(8 << 20);
             let held = take(ip(20), 6 << 20).await.unwrap();
             let order = Rc::new(RefCell::new(Vec::new()));
             let (o1, o2) = (order.clone(), order.clone());
@@ -410,7 +423,7 @@ mod tests {
         use crate::reactor::{Reactor, ReactorConfig};
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async {
-            set_thread_share_bytes(4 << 20);
+            registered::set_thread_source_share_bytes(4 << 20);
             let first = take(ip(9), 4 << 20).await.unwrap();
             // Another source is not held up.
             let other = take(ip(10), 4 << 20).await.unwrap();

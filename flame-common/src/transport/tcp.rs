@@ -128,6 +128,7 @@ impl TcpConn {
     }
 
     fn new(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
+        receive_share::register_metrics();
         stream.set_nodelay(true)?;
         let sock = socket2::SockRef::from(&stream);
         sock.set_tcp_keepalive(
