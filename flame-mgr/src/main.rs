@@ -61,7 +61,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(config, verifier) {
+    // So are TLS files that are missing, open to others or do not match:
+    // before anything is created.
+    let tls = match config
+        .tls
+        .as_ref()
+        .map(|t| flame_common::tls::server_config(&t.cert_file, &t.key_file))
+        .transpose()
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("flame-mgr: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(config, verifier, tls) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("flame-mgr: {e}");
@@ -158,7 +172,11 @@ fn load_verifier(config: &MgrConfig) -> Result<Option<flame_mgr::auth::Verifier>
     Ok(Some(flame_mgr::auth::Verifier::new(keyring.key)))
 }
 
-fn run(config: MgrConfig, verifier: Option<flame_mgr::auth::Verifier>) -> Result<(), BoxError> {
+fn run(
+    config: MgrConfig,
+    verifier: Option<flame_mgr::auth::Verifier>,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) -> Result<(), BoxError> {
     let store = Store::open(&config.data_dir)?;
     let persisted = load_or_create(&config, &store)?;
     let metrics = metrics::Metrics::new()?;
@@ -166,7 +184,7 @@ fn run(config: MgrConfig, verifier: Option<flame_mgr::auth::Verifier>) -> Result
         .enable_all()
         .thread_name("flame-mgr")
         .build()?;
-    runtime.block_on(serve(config, store, persisted, metrics, verifier))
+    runtime.block_on(serve(config, store, persisted, metrics, (verifier, tls)))
 }
 
 async fn serve(
@@ -174,7 +192,10 @@ async fn serve(
     store: Store,
     persisted: PersistedState,
     metrics: metrics::Metrics,
-    verifier: Option<flame_mgr::auth::Verifier>,
+    (verifier, tls): (
+        Option<flame_mgr::auth::Verifier>,
+        Option<std::sync::Arc<rustls::ServerConfig>>,
+    ),
 ) -> Result<(), BoxError> {
     let fsid = persisted.map.fsid.clone();
     // Start time counts as every OSD's last heartbeat: they get a full grace period
@@ -195,11 +216,6 @@ async fn serve(
         );
         cluster_state.auth_disabled = true;
     }
-    let tls = config
-        .tls
-        .as_ref()
-        .map(|t| flame_common::tls::server_config(&t.cert_file, &t.key_file))
-        .transpose()?;
     if tls.is_none() {
         info!("the API serves plain HTTP (no `tls:`): requests are signed, not private");
     }

@@ -199,6 +199,42 @@ fn bad_configs_give_one_line_on_stderr_and_exit_status_2() {
         }
         check_bad_config(bin, &dir.path().join("missing.yaml"), "missing.yaml");
     }
+    // The files a config names: a manager certificate that is not there, a CA
+    // that is not there (nothing is created before the message).
+    let missing = dir.path().join("no-such.crt");
+    let m = missing.display();
+    for (bin, yaml) in [
+        (
+            "flame-mgr",
+            format!(
+                "auth: none\ndata_dir: \"{}/mgr\"\ntls: {{cert_file: \"{m}\", key_file: \"{m}\"}}\n",
+                dir.path().display()
+            ),
+        ),
+        ("flame-osd", format!("mgr_tls_ca: \"{m}\"\n")),
+        ("flame-nbd", format!("mgr_tls_ca: \"{m}\"\n")),
+    ] {
+        let cfg = dir.path().join(format!("{bin}-tls.yaml"));
+        std::fs::write(&cfg, yaml).unwrap();
+        let out = flame_tests::run_bounded(
+            Command::new(bin_dir().join(bin)).arg("--config").arg(&cfg),
+            Duration::from_secs(30),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Status 2 and a line of its own naming the file (the OSD also logs it).
+        assert!(
+            out.status.code() == Some(2)
+                && err
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{bin}: ")) && l.contains("no-such.crt"))
+                && out.stdout.is_empty(),
+            "{bin} with a missing TLS file: {out:?}"
+        );
+    }
+    assert!(
+        !dir.path().join("mgr").exists(),
+        "the manager created its state first"
+    );
 }
 
 fn check_bad_config(bin: &str, cfg: &Path, must_name: &str) {

@@ -64,6 +64,12 @@ fn main() -> ExitCode {
     let cluster = if specs.is_empty() {
         match flame_client::bridge::connect_cluster(config.client_config()) {
             Ok(c) => Some(c),
+            // A keyring or CA that cannot be used, a bad manager address: the
+            // operator's to fix, as a bad config is.
+            Err(flame_client::ClientError::InvalidArgument(e)) => {
+                eprintln!("flame-nbd: {e}");
+                return ExitCode::from(2);
+            }
             Err(e) => {
                 eprintln!("flame-nbd: cannot reach the cluster at {}: {e}", config.mgr);
                 return ExitCode::from(1);

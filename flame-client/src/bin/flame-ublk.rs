@@ -129,6 +129,12 @@ fn main() -> ExitCode {
     };
     let cluster = match flame_client::bridge::connect_cluster(config.client_config()) {
         Ok(c) => c,
+        // A keyring or CA that cannot be used, a bad manager address: the
+        // operator's to fix, as a bad config is.
+        Err(flame_client::ClientError::InvalidArgument(e)) => {
+            eprintln!("flame-ublk: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
             eprintln!(
                 "flame-ublk: cannot reach the cluster at {}: {e}",
