@@ -8,14 +8,16 @@
 //! empty, and every other client's receive waits for memory (the siege test
 //! measured fio three times slower while they came).
 //!
-//! So the unfinished payloads of one source (an IP address; all local peers
-//! are one, [`Source::Local`]) hold at most the thread's share
-//! ([`crate::buffer::registered::source_share_bytes`]: a quarter of its
+//! So the unfinished payloads of one source (an IP address, an IPv6 host by
+//! its /64, all local peers as one: [`share_key`]) hold at most the thread's
+//! share ([`crate::buffer::registered::source_share_bytes`]: a quarter of its
 //! pool, at least two of the largest payloads) — always at least one payload,
 //! so a source alone never waits for itself. A receive over its source's share
-//! waits without holding pool memory and without reading its socket
+//! waits its turn (first come, first served, woken when the source gives bytes
+//! back) without holding pool memory and without reading its socket
 //! (back-pressure), for at most the pool's `exhausted_wait_ms`; then the
-//! connection is closed, as on an exhausted pool. The share is given back as
+//! connection is closed, as on an exhausted pool. The caller counts the wait
+//! against the connection's payload deadline. The share is given back as
 //! soon as the payload is whole: what becomes of the buffer then is bounded by
 //! the connection's in-flight limit.
 //!
