@@ -15,7 +15,13 @@ use std::path::Path;
 /// access, naming the `chmod` that fixes it.
 pub fn read(path: &Path, what: &str, bytes_max: u64, secret: bool) -> Result<Vec<u8>, String> {
     let shown = path.display();
-    let file = std::fs::File::open(path).map_err(|e| format!("{what} {shown}: {e}"))?;
+    // Non-blocking, so a FIFO named by mistake is refused below instead of
+    // blocking the open until someone writes to it (no effect on a file).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("{what} {shown}: {e}"))?;
     let meta = file
         .metadata()
         .map_err(|e| format!("{what} {shown}: {e}"))?;
@@ -88,6 +94,13 @@ mod tests {
         // Not a secret: any mode.
         assert!(read(&p, "certificate", 3, false).is_ok());
         let e = read(tmp.path(), "keyring", 3, true).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        // A FIFO is refused at once, not waited on.
+        let fifo = tmp.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: plain syscall on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read(&fifo, "keyring", 3, true).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
     }
 }
