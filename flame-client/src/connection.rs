@@ -37,6 +37,7 @@ use crate::metrics;
 use crate::retry::RetryReason;
 use flame_common::auth::handshake::{self, HelloBinding};
 use flame_common::buffer::{PayloadBuf, PayloadBufMut};
+use flame_common::calls::{CallFailed, CallLimits, Calls};
 use flame_common::clock;
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
@@ -51,7 +52,6 @@ use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
 use std::time::Duration;
 
 /// Requests in flight on one connection at most; matches the OSD's default
@@ -127,6 +127,12 @@ impl ConnError {
     }
 }
 
+impl From<CallFailed> for ConnError {
+    fn from(f: CallFailed) -> ConnError {
+        ConnError::lost(f.0)
+    }
+}
+
 /// An OSD's answer.
 #[derive(Debug)]
 pub(crate) struct Reply {
@@ -162,16 +168,14 @@ impl std::fmt::Debug for Hold {
     }
 }
 
-/// A request waiting for its reply.
-struct Pending {
-    op: OpCode,
-    tx: Waiter,
-    hold: Option<Hold>,
-}
-
-/// Grants of abandoned requests one connection keeps at most; beyond, the OSD is
-/// not answering and the connection is ended (which revokes them all).
-const ORPHANS_MAX: usize = 4 * INFLIGHT_PER_CONNECTION_MAX;
+/// How much one connection may have waiting for replies. Grants of abandoned
+/// requests are kept until their late reply; beyond `abandoned_max` of them the
+/// OSD is not answering and the connection is ended (which revokes them all).
+const CALL_LIMITS: CallLimits = CallLimits {
+    in_flight_max: INFLIGHT_PER_CONNECTION_MAX,
+    bytes_max: PENDING_BYTES_MAX,
+    abandoned_max: 4 * INFLIGHT_PER_CONNECTION_MAX,
+};
 
 /// The first polls of a fetch only yield to other tasks (a reply of a fast OSD is
 /// there within microseconds); later ones sleep with doubling backoff.
@@ -207,30 +211,17 @@ pub(crate) struct HelloInfo {
     pub proof: Option<[u8; 32]>,
 }
 
-type Waiter = oneshot::Sender<Result<Reply, ConnError>>;
-
 /// One connection to one OSD shard, owned by the current thread.
 pub(crate) struct OsdConn {
     key: ConnKey,
     addr: SocketAddr,
-    conn: Conn,
-    next_id: Cell<u64>,
-    /// Requests waiting for their reply, by request id.
-    pending: RefCell<HashMap<u64, Pending>>,
-    /// Grants of requests whose caller stopped waiting, by request id, until
-    /// their late reply arrives.
-    orphans: RefCell<HashMap<u64, Hold>>,
-    /// Request ids are `counter * id_modulus + residue` (see [`FetchState`]);
-    /// 1 without a reply area.
-    id_modulus: Cell<u64>,
+    /// The connection's requests, matched to their replies; each keeps its
+    /// grant, if it has one, until the OSD can no longer use it. Request ids
+    /// are `counter * modulus + residue` (see [`FetchState`]); modulus 1
+    /// without a reply area.
+    calls: Calls<Reply, Hold>,
     /// The reply area, in fetch mode.
     fetch: RefCell<Option<FetchState>>,
-    /// Tasks waiting for an in-flight slot.
-    slot_waiters: RefCell<Vec<Waker>>,
-    /// Write payload bytes of the pending requests (bounded by
-    /// [`PENDING_BYTES_MAX`]).
-    pending_bytes: Cell<u64>,
-    failed: Cell<bool>,
     /// Whether this connection is counted in `flame_client_connections`.
     counted: Cell<bool>,
 }
@@ -277,42 +268,6 @@ fn check_reactor() {
                 "the reactor of this connection was replaced",
             ));
         }
-    }
-}
-
-/// Removes a pending request when its caller stops waiting (reply, timeout or
-/// cancellation), so abandoned ids do not accumulate.
-struct PendingGuard<'a> {
-    conn: &'a OsdConn,
-    id: u64,
-    /// Payload bytes this request counts against [`PENDING_BYTES_MAX`].
-    bytes: u64,
-}
-
-impl Drop for PendingGuard<'_> {
-    fn drop(&mut self) {
-        let abandoned = self.conn.pending.borrow_mut().remove(&self.id);
-        self.conn
-            .pending_bytes
-            .set(self.conn.pending_bytes.get() - self.bytes);
-        if let Some(Pending { hold: Some(h), .. }) = abandoned
-            && !self.conn.failed.get()
-        {
-            // The OSD may still pull or push through this grant: keep it until the
-            // late reply, or the connection's end, revokes it.
-            let n = {
-                let mut o = self.conn.orphans.borrow_mut();
-                o.insert(self.id, h);
-                o.len()
-            };
-            if n > ORPHANS_MAX {
-                self.conn.fail(&ConnError::lost(format!(
-                    "{} abandoned requests still hold grants on {}: ending the connection",
-                    n, self.conn.addr
-                )));
-            }
-        }
-        self.conn.wake_slot_waiters();
     }
 }
 
@@ -433,7 +388,7 @@ impl OsdConn {
             None
         };
         let _slot_guard = SlotGuard { conn: self, slot };
-        let id = self.next_id_for(slot);
+        let id = self.calls.next_id(slot);
         wire.set_id(id);
         if slot.is_some() {
             add_flags(&mut wire, flags::FETCH_REPLY);
@@ -442,38 +397,17 @@ impl OsdConn {
             Message::Write { data, .. } => data.len() as u64,
             _ => 0,
         };
-        self.acquire_slot(bytes).await?;
-        let (tx, rx) = oneshot::channel();
-        self.pending.borrow_mut().insert(
-            id.0,
-            Pending {
-                op: wire.op(),
-                tx,
-                hold,
-            },
-        );
-        self.pending_bytes.set(self.pending_bytes.get() + bytes);
-        let _guard = PendingGuard {
-            conn: self,
-            id: id.0,
-            bytes,
+        let call = match self.calls.start(wire, bytes, hold).await {
+            Ok(call) => call,
+            Err(f) => {
+                let e = ConnError::lost(format!("{}: {f}", self.addr));
+                self.fail(&e);
+                return Err(e);
+            }
         };
-        if let Err(e) = self.conn.send_owned(wire) {
-            let e = ConnError::lost(format!("sending to {}: {e}", self.addr));
-            self.fail(&e);
-            return Err(e);
-        }
         let mut reply = match slot {
-            Some(slot) => self.fetch_reply(id, slot, expect, rx).await?,
-            None => match rx.await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(ConnError::lost(format!(
-                        "connection to {} dropped",
-                        self.addr
-                    )));
-                }
-            },
+            Some(slot) => self.fetch_reply(call, slot, expect).await?,
+            None => call.reply().await?,
         };
         if converted {
             match reply.hold.take() {
@@ -500,7 +434,7 @@ impl OsdConn {
     fn convert(&self, wire: &mut Message) -> Option<Hold> {
         match wire {
             Message::Write { remote, data, .. } if !data.is_empty() => {
-                match self.conn.grant_read(data) {
+                match self.calls.conn().grant_read(data) {
                     Ok(g) => {
                         *remote = Some(g.remote());
                         *data = PayloadBuf::empty();
@@ -514,7 +448,7 @@ impl OsdConn {
             }
             Message::Read { remote, target, .. } if target.length > 0 => {
                 let buf = PayloadBufMut::for_overwrite(target.length as usize);
-                match self.conn.grant_write(buf) {
+                match self.calls.conn().grant_write(buf) {
                     Ok(g) => {
                         *remote = Some(g.remote());
                         Some(Hold::Dest(g))
@@ -548,11 +482,11 @@ impl OsdConn {
     /// empty reads) asks for the reply to be pushed and waits for it on `rx`.
     async fn fetch_reply(
         &self,
-        id: RequestId,
+        mut call: flame_common::calls::Call<'_, Reply, Hold>,
         slot: u32,
         payload: u32,
-        mut rx: oneshot::Receiver<Result<Reply, ConnError>>,
     ) -> Result<Reply, ConnError> {
+        let id = call.id();
         let lost = || ConnError::lost(format!("connection to {} dropped", self.addr));
         let (desc, config) = {
             let f = self.fetch.borrow();
@@ -564,10 +498,8 @@ impl OsdConn {
             for poll in 0..config.polls_max {
                 // The reply may come pushed after all (the OSD could not leave it),
                 // or the connection may have failed.
-                match rx.try_recv() {
-                    Ok(Some(r)) => return r,
-                    Ok(None) => {}
-                    Err(_) => return Err(lost()),
+                if let Some(r) = call.try_reply() {
+                    return Ok(r?);
                 }
                 if poll < FETCH_SPIN_POLLS {
                     reactor::yield_now().await;
@@ -575,7 +507,7 @@ impl OsdConn {
                     reactor::sleep(delay).await;
                     delay = (delay * 2).min(FETCH_BACKOFF_MAX);
                 }
-                let buf = match self.conn.read_remote(desc).await {
+                let buf = match self.calls.conn().read_remote(desc).await {
                     Ok(b) => b.freeze(),
                     Err(e) => {
                         let e =
@@ -585,15 +517,15 @@ impl OsdConn {
                     }
                 };
                 if let Some((op, reply)) = parse_fetched(buf, id) {
-                    let Some(p) = self.pending.borrow_mut().remove(&id.0) else {
+                    let Some((want, hold)) = call.take() else {
                         return Err(lost());
                     };
-                    if p.op != op {
+                    if want != op {
                         let e = ConnError::lost(format!(
                             "{} left a {} reply for request {id} ({})",
                             self.addr,
                             op.name(),
-                            p.op.name()
+                            want.name()
                         ));
                         self.fail(&e);
                         return Err(e);
@@ -612,10 +544,7 @@ impl OsdConn {
                     if let Some(f) = self.fetch.borrow_mut().as_mut() {
                         f.fallbacks_in_row = 0;
                     }
-                    return Ok(Reply {
-                        hold: p.hold,
-                        ..reply
-                    });
+                    return Ok(Reply { hold, ..reply });
                 }
                 metrics::record_fetch(metrics::Fetch::Miss);
             }
@@ -632,72 +561,30 @@ impl OsdConn {
             }
         }
         let push = Message::PushReply {
-            id: self.next_id_for(None),
+            id: self.calls.next_id(None),
             epoch: Epoch(0),
             of: id,
         };
-        if let Err(e) = self.conn.send_owned(push) {
+        if let Err(e) = self.calls.conn().send_owned(push) {
             let e = ConnError::lost(format!("sending to {}: {e}", self.addr));
             self.fail(&e);
             return Err(e);
         }
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(lost()),
-        }
+        Ok(call.reply().await?)
     }
 
-    /// A fresh request id for this connection whose residue names fetch slot
-    /// `slot` (or the push residue).
-    fn next_id_for(&self, slot: Option<u32>) -> RequestId {
-        let c = self.next_id.get();
-        self.next_id.set(c.wrapping_add(1));
-        let m = self.id_modulus.get();
-        let residue = slot.map_or(m - 1, u64::from);
-        debug_assert!(residue < m);
-        RequestId(c.wrapping_mul(m).wrapping_add(residue))
+    /// Whether the connection has failed (it is then replaced on next use).
+    fn is_failed(&self) -> bool {
+        self.calls.is_failed()
     }
 
-    /// Waits until fewer than [`INFLIGHT_PER_CONNECTION_MAX`] requests are pending
-    /// and `bytes` more fit under [`PENDING_BYTES_MAX`] (a request larger than the
-    /// bound goes alone).
-    async fn acquire_slot(&self, bytes: u64) -> Result<(), ConnError> {
-        std::future::poll_fn(|cx| {
-            if self.failed.get() {
-                return Poll::Ready(Err(ConnError::lost(format!(
-                    "connection to {} failed",
-                    self.addr
-                ))));
-            }
-            let pending_bytes = self.pending_bytes.get();
-            let bytes_fit = pending_bytes == 0 || pending_bytes + bytes <= PENDING_BYTES_MAX;
-            if self.pending.borrow().len() < INFLIGHT_PER_CONNECTION_MAX && bytes_fit {
-                return Poll::Ready(Ok(()));
-            }
-            self.slot_waiters.borrow_mut().push(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
-    }
-
-    /// Wakes every task waiting for a slot; they re-check (a woken task may have
-    /// been dropped meanwhile, so waking just one could strand the others).
-    fn wake_slot_waiters(&self) {
-        let waiters = std::mem::take(&mut *self.slot_waiters.borrow_mut());
-        for w in waiters {
-            w.wake();
-        }
-    }
-
-    /// Ends the connection: closes it, removes it from the table and fails every
-    /// pending request with a retryable error.
+    /// Ends the connection: closes it, fails every pending request with a
+    /// retryable error and removes it from the table.
     fn fail(&self, why: &ConnError) {
-        if self.failed.replace(true) {
-            return;
+        if self.calls.fail(CallFailed(why.message.clone())) {
+            tracing::debug!(osd = %self.key.osd, shard = self.key.shard, addr = %self.addr,
+                reason = %why.message, "OSD connection failed");
         }
-        tracing::debug!(osd = %self.key.osd, shard = self.key.shard, addr = %self.addr,
-            reason = %why.message, "OSD connection failed");
-        self.conn.close();
         if self.counted.replace(false) {
             metrics::connections_add(-1);
         }
@@ -709,14 +596,6 @@ impl OsdConn {
                 t.remove(&self.key);
             }
         });
-        let pending: Vec<(u64, Pending)> = self.pending.borrow_mut().drain().collect();
-        for (_, p) in pending {
-            let _ = p.tx.send(Err(why.clone()));
-        }
-        // The connection is closed: the peer can no longer use these grants.
-        let orphans: Vec<Hold> = self.orphans.borrow_mut().drain().map(|(_, h)| h).collect();
-        drop(orphans);
-        self.wake_slot_waiters();
     }
 }
 
@@ -735,7 +614,7 @@ impl Drop for ReaderGuard {
 async fn reader(c: Rc<OsdConn>) {
     let _guard = ReaderGuard(c.clone());
     loop {
-        let msg = c.conn.recv().await;
+        let msg = c.calls.conn().recv().await;
         let answer = match msg {
             Ok(Message::Reply {
                 op,
@@ -786,33 +665,12 @@ async fn reader(c: Rc<OsdConn>) {
             }
         };
         let err = match answer {
-            Ok((op, id, mut reply)) => {
-                let entry = c.pending.borrow_mut().remove(&id.0);
-                match entry {
-                    Some(Pending { op: want, tx, hold }) if want == op => {
-                        reply.hold = hold;
-                        let _ = tx.send(Ok(reply));
-                        c.wake_slot_waiters();
-                        continue;
-                    }
-                    Some(Pending { op: want, tx, .. }) => {
-                        let e = ConnError::lost(format!(
-                            "{} answered request {id} ({}) with a {} reply",
-                            c.addr,
-                            want.name(),
-                            op.name()
-                        ));
-                        let _ = tx.send(Err(e.clone()));
-                        e
-                    }
-                    // The request timed out or was cancelled: drop the late reply,
-                    // and with it the grant the OSD no longer uses.
-                    None => {
-                        c.orphans.borrow_mut().remove(&id.0);
-                        continue;
-                    }
-                }
-            }
+            // A late reply (the request timed out or was cancelled) is dropped
+            // here, and with it the grant the OSD no longer uses.
+            Ok((op, id, reply)) => match c.calls.deliver(op, id, |hold| Reply { hold, ..reply }) {
+                Ok(()) => continue,
+                Err(f) => ConnError::lost(format!("{}: {f}", c.addr)),
+            },
             Err(other) => ConnError::lost(format!(
                 "{} sent a {} request to a client",
                 c.addr,
@@ -836,7 +694,7 @@ pub(crate) async fn get(target: &Target, tickets: &Tickets) -> Result<Rc<OsdConn
     let found = TABLE.with(|t| {
         let mut t = t.borrow_mut();
         match t.get_mut(&target.key) {
-            Some(Slot::Ready(c)) if !c.failed.get() && c.addr == target.addr => {
+            Some(Slot::Ready(c)) if !c.is_failed() && c.addr == target.addr => {
                 return Found::Conn(c.clone());
             }
             Some(Slot::Ready(c)) => return Found::Stale(c.clone()),
@@ -921,15 +779,8 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
     let c = Rc::new(OsdConn {
         key: target.key,
         addr: target.addr,
-        conn,
-        next_id: Cell::new(1),
-        pending: RefCell::new(HashMap::default()),
-        orphans: RefCell::new(HashMap::default()),
-        id_modulus: Cell::new(1),
+        calls: Calls::new(conn, CALL_LIMITS),
         fetch: RefCell::new(None),
-        slot_waiters: RefCell::new(Vec::new()),
-        pending_bytes: Cell::new(0),
-        failed: Cell::new(false),
         counted: Cell::new(false),
     });
     reactor::spawn(reader(c.clone())).detach();
@@ -1059,7 +910,7 @@ async fn ask_reply_area(c: &OsdConn, target: &Target, fc: FetchConfig) -> Result
     match info {
         Some(area) => {
             tracing::debug!(addr = %target.addr, slots = area.slots, slot_bytes = area.slot_bytes, "fetching replies");
-            c.id_modulus.set(area.modulus());
+            c.calls.set_id_modulus(area.modulus());
             *c.fetch.borrow_mut() = Some(FetchState {
                 area,
                 config: fc,
@@ -1096,7 +947,7 @@ pub fn thread_connection_count() -> usize {
     TABLE.with(|t| {
         t.borrow()
             .values()
-            .filter(|s| matches!(s, Slot::Ready(c) if !c.failed.get()))
+            .filter(|s| matches!(s, Slot::Ready(c) if !c.is_failed()))
             .count()
     })
 }
@@ -1280,7 +1131,7 @@ mod tests {
                     .detach();
                     let target = fake_osd_target(80 + k as u64, OsdId(9), addr);
                     let r = get(&target, &t2).await.map(|c| {
-                        let _ = c.conn.send(&Message::Ping {
+                        let _ = c.calls.conn().send(&Message::Ping {
                             id: RequestId(1),
                             epoch: Epoch(1),
                         });
@@ -1397,15 +1248,15 @@ mod tests {
                     .await;
                 assert!(gave_up.is_none(), "the fake OSD answered too early");
                 for _ in 0..100 {
-                    if pulled.borrow().is_some() && c.orphans.borrow().is_empty() {
+                    if pulled.borrow().is_some() && c.calls.abandoned() == 0 {
                         break;
                     }
                     reactor::sleep(Duration::from_millis(20)).await;
                 }
                 let got = pulled.borrow_mut().take().expect("the OSD pulled");
                 assert_eq!(got.expect("pull after the caller left"), vec![0xab; 8192]);
-                assert!(c.orphans.borrow().is_empty(), "the late reply released it");
-                assert!(!c.failed.get(), "the connection survived");
+                assert!(c.calls.abandoned() == 0, "the late reply released it");
+                assert!(!c.is_failed(), "the connection survived");
             })
             .unwrap();
     }

@@ -7,11 +7,13 @@
 //! manager's JSON API types ([`mgr_api`]), configuration loading
 //! ([`config`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
 //! who may talk to whom ([`auth`]: entities, keyrings, signed manager requests),
-//! the verbs-shaped [`transport`] layer, the zero-copy payload [`buffer`]s every
+//! the verbs-shaped [`transport`] layer with the request/reply multiplexer
+//! above it ([`calls`]), the zero-copy payload [`buffer`]s every
 //! write and read travels in, and the [`metrics`] endpoint.
 
 pub mod auth;
 pub mod buffer;
+pub mod calls;
 pub mod clock;
 pub mod collections;
 pub mod config;

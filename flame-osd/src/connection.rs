@@ -33,8 +33,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-/// A replication connection may have this many times a client's in-flight bound.
-const PEER_INFLIGHT_FACTOR: u32 = 16;
+use crate::peers::PEER_INFLIGHT_FACTOR;
 
 /// How long a new connection may take to send its `Hello`.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

@@ -3,14 +3,17 @@
 //! Each shard owns its own peer connections (the penetrating model: the thread that
 //! took a client's write also drives its replication and sees the replicas' replies),
 //! one per (OSD, shard). Requests on a peer connection are matched to replies by
-//! request id; a connection failure fails every request waiting on it, and the
-//! primary answers its client with EAGAIN so the client retries.
+//! the same multiplexer as a client's ([`flame_common::calls`]: bounded in
+//! requests and bytes, replies checked against their requests); a connection
+//! failure fails every request waiting on it, and the primary answers its client
+//! with EAGAIN so the client retries.
 
 use crate::liveness::Liveness;
 use crate::metrics::ShardMetrics;
 use crate::service_key::ServiceKeys;
 use flame_common::auth::handshake::{self, HelloBinding};
 use flame_common::auth::{EntityName, Role, TICKET_LIFETIME_MS};
+use flame_common::calls::{CallFailed, CallLimits, Calls};
 use flame_common::clock;
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
@@ -18,19 +21,27 @@ use flame_common::map::OsdInfo;
 use flame_common::protocol::{Message, status};
 use flame_common::reactor;
 use flame_common::transport::{Conn, TransportKind};
-use futures_channel::oneshot;
 use std::cell::{Cell, RefCell};
+use std::convert::Infallible;
 
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// One connection to a peer shard.
+/// A replication connection may have this many times a client's in-flight
+/// bound: it carries the writes of every client of the sending shard. The
+/// receiving shard gives it as much room.
+pub(crate) const PEER_INFLIGHT_FACTOR: u32 = 16;
+
+/// Payload bytes one replication connection has waiting for replies at most
+/// (a larger request goes alone); beyond, forwards wait here for room.
+pub const PEER_PENDING_BYTES_MAX: u64 = 64 << 20;
+
+/// One connection to a peer shard: its requests, each waiting for its reply
+/// (nothing is kept for an abandoned one: a replica is never granted memory).
 pub struct Peer {
-    conn: Conn,
-    pending: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
-    next_id: Cell<u64>,
+    calls: Calls<Message, Infallible>,
 }
 
 /// Peer connections of one shard.
@@ -40,6 +51,8 @@ pub struct Peers {
     source: Option<IpAddr>,
     connect_timeout: Duration,
     call_timeout: Duration,
+    /// How much each connection may have waiting for replies.
+    limits: CallLimits,
     conns: RefCell<HashMap<(OsdId, u16), Rc<Peer>>>,
     /// Peers being connected: later callers wait for the first attempt rather than
     /// opening a second connection (one connection keeps one order).
@@ -60,17 +73,26 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// No connections yet; they open on first use.
+    /// No connections yet; they open on first use. `max_inflight` is a
+    /// client connection's in-flight bound (`max_inflight_per_connection`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         transport: TransportKind,
         source: Option<IpAddr>,
         connect_timeout: Duration,
         call_timeout: Duration,
+        max_inflight: u32,
         metrics: Rc<ShardMetrics>,
         liveness: Arc<Liveness>,
         service: Option<ServiceKeys>,
     ) -> Peers {
+        let in_flight_max = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR).max(1) as usize;
         Peers {
+            limits: CallLimits {
+                in_flight_max,
+                bytes_max: PEER_PENDING_BYTES_MAX,
+                abandoned_max: in_flight_max,
+            },
             service,
             transport,
             source,
@@ -129,59 +151,63 @@ impl Peers {
             Ok(p) => p,
             Err(()) => return Err(status::EAGAIN),
         };
-        let reply = {
-            let id = peer.next_id.get();
-            peer.next_id.set(id + 1);
-            let mut msg = msg;
-            msg.set_id(RequestId(id));
-            let (tx, rx) = oneshot::channel();
-            peer.pending.borrow_mut().insert(id, tx);
-            // Only writes (a primary's forwards and recovery's copies): the
-            // listing and checksum traffic of recovery and scrub, which a primary
-            // also starts at boot, would otherwise use up a counted failpoint
-            // before the write a test aims it at.
-            let is_write = matches!(
-                msg,
-                Message::Write { .. } | Message::WriteZeroes { .. } | Message::Discard { .. }
-            );
-            if is_write && let Err(e) = crate::failpoints::check("peer_send") {
-                // As a failed send on a real socket: the connection is gone, and
-                // every request waiting on it fails (the primary answers EAGAIN and
-                // the client resends).
-                tracing::warn!(osd = %osd.id, shard, "peer send failed: {e}");
-                peer.pending.borrow_mut().remove(&id);
-                self.drop_peer(osd.id, shard, &peer);
-                return Err(status::EAGAIN);
-            }
-            if peer.conn.send_owned(msg).is_err() {
-                peer.pending.borrow_mut().remove(&id);
-                return Err(status::EAGAIN);
-            }
-            let timeout = self.call_timeout;
-            let wait = async { Some(rx.await.ok()) };
-            let expire = async {
-                reactor::sleep(timeout).await;
-                Some(None)
-            };
-            let abandon = async {
-                give_up.await;
-                None
-            };
-            let r = futures_lite::future::or(futures_lite::future::or(wait, expire), abandon).await;
-            let Some(r) = r else {
-                // Abandoned: the connection stays (the peer may be fine, only no
-                // longer needed); its late reply finds no waiter and is dropped.
-                peer.pending.borrow_mut().remove(&id);
-                return Err(status::EAGAIN);
-            };
-            if r.is_none() {
-                peer.pending.borrow_mut().remove(&id);
-            }
-            r
+        let mut msg = msg;
+        msg.set_id(peer.calls.next_id(None));
+        // Only writes (a primary's forwards and recovery's copies): the
+        // listing and checksum traffic of recovery and scrub, which a primary
+        // also starts at boot, would otherwise use up a counted failpoint
+        // before the write a test aims it at.
+        let bytes = match &msg {
+            Message::Write { data, .. } => Some(data.len() as u64),
+            Message::WriteZeroes { .. } | Message::Discard { .. } => Some(0),
+            _ => None,
         };
-        match reply {
-            Some(m) => Ok(m),
-            None => {
+        if bytes.is_some()
+            && let Err(e) = crate::failpoints::check("peer_send")
+        {
+            // As a failed send on a real socket: the connection is gone, and
+            // every request waiting on it fails (the primary answers EAGAIN and
+            // the client resends).
+            tracing::warn!(osd = %osd.id, shard, "peer send failed: {e}");
+            peer.calls
+                .fail(CallFailed(format!("peer send failed: {e}")));
+            self.drop_peer(osd.id, shard, &peer);
+            return Err(status::EAGAIN);
+        }
+        /// How a call ended, short of its reply.
+        enum Ended {
+            Reply(Message),
+            /// The send failed (the connection is failing already).
+            NotSent,
+            /// The connection failed, or the call timed out (also while waiting
+            /// for room): the replica is not answering.
+            Lost,
+            /// The caller gave up: the connection stays (the peer may be fine,
+            /// only no longer needed); a late reply finds no waiter.
+            Abandoned,
+        }
+        let timeout = self.call_timeout;
+        let exchange = async {
+            match peer.calls.start(msg, bytes.unwrap_or(0), None).await {
+                Ok(call) => match call.reply().await {
+                    Ok(m) => Ended::Reply(m),
+                    Err(_) => Ended::Lost,
+                },
+                Err(_) => Ended::NotSent,
+            }
+        };
+        let expire = async {
+            reactor::sleep(timeout).await;
+            Ended::Lost
+        };
+        let abandon = async {
+            give_up.await;
+            Ended::Abandoned
+        };
+        match futures_lite::future::or(futures_lite::future::or(exchange, expire), abandon).await {
+            Ended::Reply(m) => Ok(m),
+            Ended::NotSent | Ended::Abandoned => Err(status::EAGAIN),
+            Ended::Lost => {
                 // Timed out or the connection died: drop the connection so the next
                 // call starts afresh, and tell the manager (it may be down).
                 tracing::warn!(osd = %osd.id, shard, "replica did not answer; closing connection");
@@ -193,7 +219,8 @@ impl Peers {
     }
 
     fn drop_peer(&self, osd: OsdId, shard: u16, peer: &Rc<Peer>) {
-        peer.conn.close();
+        peer.calls
+            .fail(CallFailed("replication connection dropped".into()));
         let mut conns = self.conns.borrow_mut();
         if conns
             .get(&(osd, shard))
@@ -210,7 +237,8 @@ impl Peers {
         // which ends within connect_timeout.
         for _ in 0..4 {
             if let Some(p) = self.conns.borrow().get(&key)
-                && !p.conn.is_closed()
+                && !p.calls.is_failed()
+                && !p.calls.conn().is_closed()
             {
                 return Ok(p.clone());
             }
@@ -319,9 +347,7 @@ impl Peers {
             }
         }
         let peer = Rc::new(Peer {
-            conn,
-            pending: RefCell::new(HashMap::default()),
-            next_id: Cell::new(1),
+            calls: Calls::new(conn, self.limits),
         });
         let replaced = self
             .conns
@@ -337,11 +363,24 @@ impl Peers {
         let p = peer.clone();
         reactor::spawn(async move {
             loop {
-                match p.conn.recv().await {
-                    Ok(reply @ Message::Reply { .. }) => {
-                        let tx = p.pending.borrow_mut().remove(&reply.id().0);
-                        if let Some(tx) = tx {
-                            let _ = tx.send(reply);
+                match p.calls.conn().recv().await {
+                    Ok(Message::Reply {
+                        op,
+                        id,
+                        epoch,
+                        status,
+                        data,
+                    }) => {
+                        let reply = Message::Reply {
+                            op,
+                            id,
+                            epoch,
+                            status,
+                            data,
+                        };
+                        if let Err(why) = p.calls.deliver(op, id, |_| reply) {
+                            tracing::warn!(osd = %osd_id, shard, "replica broke the protocol: {why}; closing");
+                            break;
                         }
                     }
                     Ok(other) => {
@@ -351,8 +390,7 @@ impl Peers {
                     Err(_) => break,
                 }
             }
-            // Fail everything still waiting (dropping the senders wakes them).
-            p.pending.borrow_mut().clear();
+            // Fail everything still waiting.
             me.drop_peer(osd_id, shard, &p);
         })
         .detach();

@@ -166,6 +166,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             Some(cfg.source_ip()),
             Duration::from_millis(cfg.connect_timeout_ms),
             Duration::from_millis(cfg.replica_timeout_ms),
+            cfg.max_inflight_per_connection,
             metrics.clone(),
             parts.liveness.clone(),
             parts.service.clone(),

@@ -40,8 +40,7 @@ pub const REPLY_QUEUE_LEN: usize = 4096;
 const DRAIN_PER_POLL_MAX: usize = 256;
 /// How long a producer waits before retrying a push into a full queue.
 const FULL_QUEUE_RETRY: Duration = Duration::from_micros(50);
-/// A replication connection may have this many times a client's in-flight bound.
-const PEER_INFLIGHT_FACTOR: u32 = 16;
+use crate::peers::PEER_INFLIGHT_FACTOR;
 
 /// A bounded cross-thread queue with the consumer's reactor handle.
 pub struct Mailbox<T> {

@@ -156,6 +156,7 @@ pub(super) fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
             None,
             Duration::from_secs(2),
             Duration::from_secs(5),
+            256,
             metrics.clone(),
             liveness.clone(),
             None,
