@@ -81,7 +81,7 @@ impl Conn {
     }
 
     fn push(&self, parts: &[&[u8]], data: Vec<PayloadBuf>, bytes: usize) {
-        match self.tx.push(parts, data, bytes) {
+        match self.tx.push_parts(parts, data, bytes) {
             Ok(()) | Err(PushRefused::Closed) => {}
             Err(PushRefused::Backlog(max)) => {
                 // The reader stops at SEND_QUEUE_HIGH_BYTES, so only replies to

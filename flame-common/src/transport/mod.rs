@@ -20,6 +20,7 @@ pub mod grant;
 pub mod rdma;
 pub mod receive;
 pub mod receive_share;
+pub mod send_queue;
 pub mod shm;
 pub mod sim;
 pub mod stall;

@@ -74,6 +74,7 @@ use super::grant::{
     Grant, GrantOwner, Refusal, SharedArea, WriteGrant, check_bounds, check_grant_len, random_key,
 };
 use super::receive::{Abandoned, Ending, Receiver};
+use super::send_queue::{Backlog, PushRefused, SendQueue, WriterEnd};
 use crate::buffer::registered::{self, RegionInfo};
 use crate::buffer::{PayloadBuf, PayloadBufMut};
 use crate::protocol::{
@@ -594,19 +595,25 @@ struct Remote {
     _space_efd: OwnedFd,
 }
 
-struct SendQueue {
+/// What waits for room in the peer's ring ([`SendQueue`]'s backlog).
+#[derive(Default)]
+struct RingBacklog {
     /// Messages that did not fit the peer's ring yet, in order: header (+ inline
-    /// body) bytes and the payload by reference.
-    backlog: VecDeque<(Vec<u8>, Option<PayloadBuf>)>,
-    backlog_bytes: usize,
-    writer: Option<Waker>,
+    /// body) bytes and the payload by reference, one record each.
+    records: VecDeque<(Vec<u8>, Option<PayloadBuf>)>,
     /// Bytes ever put into the backlog, and ever moved from it into the ring:
     /// the stall marks' batches are counted in these.
-    backlog_in_total: u64,
-    backlog_out_total: u64,
-    /// While the backlog drains: the `backlog_in_total` that ends the current
-    /// batch (everything queued when it began), for [`ShmConn::stall`].
+    in_total: u64,
+    out_total: u64,
+    /// While the backlog drains: the `in_total` that ends the current batch
+    /// (everything queued when it began), for [`ShmConn::stall`].
     batch_end: Option<u64>,
+}
+
+impl Backlog for RingBacklog {
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
 }
 
 /// One shared-memory connection owned by the current reactor thread.
@@ -622,12 +629,17 @@ pub struct ShmConn {
     cons: Cell<u64>,
     /// The peer's consumer position last seen (it must never go backwards).
     peer_cons: Cell<u64>,
-    queue: RefCell<SendQueue>,
+    /// Messages waiting for room in the peer's ring, the close state, and what
+    /// the connection waits on, for the owner's stall watchdog
+    /// ([`crate::transport::stall`]): a backlog the peer does not make room
+    /// for (progress counted per batch, everything backlogged when the wait
+    /// began, so a peer that takes a record now and then still counts as not
+    /// reading), and messages in and out for idleness. A message is always
+    /// whole in the ring, so there is no payload receive stall.
+    tx: SendQueue<RingBacklog>,
     /// The one receive at a time ([`super::receive`]); a record is taken
     /// from the ring whole, so an abandoned receive loses nothing.
     rx: Receiver<()>,
-    closed: Cell<bool>,
-    closing: Cell<bool>,
     /// The Unix socket closed: the peer is gone (messages already in the ring are
     /// still delivered).
     peer_gone: Cell<bool>,
@@ -657,13 +669,6 @@ pub struct ShmConn {
     quarantine_timer: Cell<bool>,
     /// This connection (for the tasks it spawns).
     me: std::rc::Weak<ShmConn>,
-    /// What the connection waits on, for the owner's stall watchdog
-    /// ([`crate::transport::stall`]): a backlog the peer does not make room
-    /// for (progress counted per batch, everything backlogged when the wait
-    /// began, so a peer that takes a record now and then still counts as not
-    /// reading), and messages in and out for idleness. A message is always
-    /// whole in the ring, so there is no payload receive stall.
-    marks: super::StallMarks,
 }
 
 /// The shm connection as a completion source of its thread's reactor: the reactor
@@ -1198,17 +1203,8 @@ impl ShmConn {
             prod: Cell::new(0),
             cons: Cell::new(0),
             peer_cons: Cell::new(0),
-            queue: RefCell::new(SendQueue {
-                backlog: VecDeque::new(),
-                backlog_bytes: 0,
-                writer: None,
-                backlog_in_total: 0,
-                backlog_out_total: 0,
-                batch_end: None,
-            }),
+            tx: SendQueue::new(SEND_BACKLOG_BYTES_MAX),
             rx: Receiver::new((), Abandoned::Resumes),
-            closed: Cell::new(false),
-            closing: Cell::new(false),
             peer_gone: Cell::new(false),
             doorbells: Cell::new(0),
             recv_waker: RefCell::new(None),
@@ -1220,7 +1216,6 @@ impl ShmConn {
             end_waker: RefCell::new(None),
             quarantine_timer: Cell::new(false),
             me: me.clone(),
-            marks: super::StallMarks::default(),
         });
         let source = RingSource {
             conn: Rc::downgrade(&conn),
@@ -1295,33 +1290,43 @@ impl ShmConn {
     }
 
     fn enqueue(&self, head: Vec<u8>, payload: Option<PayloadBuf>) -> Result<(), TransportError> {
-        if self.closed.get() || self.peer_gone.get() {
+        if self.tx.is_closed() || self.peer_gone.get() {
             return Err(self.closed_err());
         }
-        let mut q = self.queue.borrow_mut();
-        if q.backlog.is_empty() && self.try_put(&head, payload.as_deref())? {
-            // Went at once: activity, never a stall.
-            self.marks.send_started();
-            self.marks.send_finished();
-            return Ok(());
+        if self.tx.is_empty() {
+            match self.try_put(&head, payload.as_deref()) {
+                Ok(true) => {
+                    // Went at once: activity, never a stall.
+                    self.tx.marks().send_started();
+                    self.tx.marks().send_finished();
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.close();
+                    return Err(e);
+                }
+            }
         }
         let bytes = head.len() + payload.as_ref().map_or(0, |p| p.len());
-        if q.backlog_bytes + bytes > SEND_BACKLOG_BYTES_MAX {
-            drop(q);
-            self.close();
-            return Err(TransportError::Backlog(SEND_BACKLOG_BYTES_MAX));
+        let pushed = self.tx.push(bytes, |b| {
+            b.in_total += bytes as u64;
+            b.records.push_back((head, payload));
+        });
+        match pushed {
+            Ok(()) => Ok(()),
+            Err(PushRefused::Closed) => Err(self.closed_err()),
+            Err(PushRefused::Backlog(max)) => {
+                self.close();
+                Err(TransportError::Backlog(max))
+            }
         }
-        q.backlog_bytes += bytes;
-        q.backlog_in_total += bytes as u64;
-        q.backlog.push_back((head, payload));
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-        Ok(())
     }
 
     /// Copies one record into the peer's ring if it has room. `Ok(false)`: no room
-    /// yet.
+    /// yet. An error (a record too long, a peer whose consumer index went wrong)
+    /// is the caller's to close the connection on: this may run while the
+    /// backlog is borrowed.
     fn try_put(&self, head: &[u8], payload: Option<&[u8]>) -> Result<bool, TransportError> {
         let plen = payload.map_or(0, <[u8]>::len);
         let rec = (RECORD_PREFIX + head.len() + plen).next_multiple_of(RECORD_ALIGN);
@@ -1336,7 +1341,6 @@ impl ShmConn {
         let cons = m.u64_at(CTL_CONS).load(Ordering::Acquire);
         let prod = self.prod.get();
         if cons < self.peer_cons.get() || cons > prod {
-            self.close();
             return Err(TransportError::Protocol(ProtocolError::Inconsistent(
                 "shm peer's ring consumer index moved backwards or past the producer",
             )));
@@ -1399,7 +1403,7 @@ impl ShmConn {
     async fn recv_inner(&self) -> Result<Message, TransportError> {
         // Bounded: each round consumes a record, or sleeps until woken.
         loop {
-            if self.closed.get() {
+            if self.tx.is_closed() {
                 return Err(TransportError::Closed);
             }
             if let Some(m) = self.take_record()? {
@@ -1410,7 +1414,7 @@ impl ShmConn {
                 // wait; past it, fail, which closes the connection) with the
                 // record still in the ring.
                 let ended = std::future::poll_fn(|cx| {
-                    if self.closed.get() || self.peer_gone.get() {
+                    if self.tx.is_closed() || self.peer_gone.get() {
                         return Poll::Ready(None);
                     }
                     *self.end_waker.borrow_mut() = Some(cx.waker().clone());
@@ -1440,7 +1444,7 @@ impl ShmConn {
 
     /// Whether the receiving task has something to do: a record, or an end.
     fn data_ready(&self) -> bool {
-        self.closed.get()
+        self.tx.is_closed()
             || self.peer_gone.get()
             || self.local.map.u64_at(CTL_PROD).load(Ordering::Acquire) != self.cons.get()
     }
@@ -1458,13 +1462,11 @@ impl ShmConn {
         }
         if let Some(seen) = self.space_waiting.get() {
             let now = self.remote.map.u64_at(CTL_CONS).load(Ordering::Acquire);
-            if now != seen || self.closed.get() || self.peer_gone.get() {
+            if now != seen || self.tx.is_closed() || self.peer_gone.get() {
                 found = true;
                 if wake {
                     self.space_waiting.set(None);
-                    if let Some(w) = self.queue.borrow_mut().writer.take() {
-                        w.wake();
-                    }
+                    self.tx.wake_drainer();
                 }
             }
         }
@@ -1512,7 +1514,7 @@ impl ShmConn {
                     "a tcp one-sided frame on a shm connection",
                 )));
             }
-            self.marks.frame_received();
+            self.tx.marks().frame_received();
             return Ok(Some(Message::from_parts(&header, payload.freeze())?));
         }
         Ok(None)
@@ -1533,23 +1535,17 @@ impl ShmConn {
 
     /// See [`crate::transport::Conn::stall`].
     pub fn stall(&self) -> (super::Stall, u64) {
-        self.marks.current()
+        self.tx.marks().current()
     }
 
     /// See [`super::Conn::close`].
     pub fn close(&self) {
-        if self.closed.replace(true) {
+        // Drops the backlog and wakes the writer.
+        if !self.tx.close() {
             return;
         }
         // The peer's watcher sees the socket close.
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
-        let mut q = self.queue.borrow_mut();
-        q.backlog.clear();
-        q.backlog_bytes = 0;
-        if let Some(w) = q.writer.take() {
-            w.wake();
-        }
-        drop(q);
         // Wake this side's own waiters (receiver, writer) and leave the reactor.
         if let Some(w) = self.recv_waker.borrow_mut().take() {
             w.wake();
@@ -1569,18 +1565,12 @@ impl ShmConn {
 
     /// See [`super::Conn::close_after_send`].
     pub fn close_after_send(&self) {
-        if self.closed.get() {
-            return;
-        }
-        self.closing.set(true);
-        if let Some(w) = self.queue.borrow_mut().writer.take() {
-            w.wake();
-        }
+        self.tx.close_after_send();
     }
 
     /// See [`super::Conn::is_closed`].
     pub fn is_closed(&self) -> bool {
-        self.closed.get() || self.peer_gone.get()
+        self.tx.is_closed() || self.peer_gone.get()
     }
 
     /// See [`super::Conn::set_never_wait_for_memory`].
@@ -1897,71 +1887,64 @@ impl Drop for ShmConn {
 async fn writer(conn: Rc<ShmConn>) {
     loop {
         // Wait for work.
-        let go = std::future::poll_fn(|cx| {
-            if conn.closed.get() || conn.peer_gone.get() {
-                return Poll::Ready(false);
+        match conn.tx.next_round().await {
+            Ok(()) => {}
+            Err(WriterEnd::Drained) => {
+                conn.close();
+                return;
             }
-            let mut q = conn.queue.borrow_mut();
-            if q.backlog.is_empty() {
-                if conn.closing.get() {
-                    drop(q);
-                    conn.close();
-                    return Poll::Ready(false);
-                }
-                q.writer = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            Poll::Ready(true)
-        })
-        .await;
-        if !go {
+            Err(_) => return,
+        }
+        if conn.peer_gone.get() {
             return;
         }
-        {
-            let mut q = conn.queue.borrow_mut();
-            if q.batch_end.is_none() {
-                q.batch_end = Some(q.backlog_in_total);
-                conn.marks.send_started();
+        conn.tx.with_backlog(|b| {
+            if b.batch_end.is_none() {
+                b.batch_end = Some(b.in_total);
+                conn.tx.marks().send_started();
             }
-        }
+        });
         // Move as much as fits; when the ring is full, wait until the peer's
         // consumer position moves (the poll source checks it and, before the
         // thread sleeps, sets the space flag the peer rings the doorbell for).
+        // Bounded: each round moves a record, or waits for the peer's consumer
+        // position to move, or ends.
         loop {
-            if conn.closed.get() || conn.peer_gone.get() {
+            if conn.tx.is_closed() || conn.peer_gone.get() {
                 return;
             }
-            let put = {
-                let q = conn.queue.borrow();
-                match q.backlog.front() {
-                    None => break,
-                    Some((h, p)) => conn.try_put(h, p.as_deref()),
-                }
-            };
+            let put = conn.tx.with_backlog(|b| {
+                b.records
+                    .front()
+                    .map(|(h, p)| conn.try_put(h, p.as_deref()))
+            });
             match put {
-                Ok(true) => {
-                    let mut q = conn.queue.borrow_mut();
-                    if let Some((h, p)) = q.backlog.pop_front() {
-                        let bytes = h.len() + p.as_ref().map_or(0, |p| p.len());
-                        q.backlog_bytes -= bytes;
-                        q.backlog_out_total += bytes as u64;
-                    }
-                    if q.batch_end.is_some_and(|end| q.backlog_out_total >= end) {
-                        // The batch went: progress. What was backlogged since is
-                        // the next batch.
-                        conn.marks.send_finished();
-                        q.batch_end = if q.backlog.is_empty() {
-                            None
-                        } else {
-                            conn.marks.send_started();
-                            Some(q.backlog_in_total)
-                        };
-                    }
+                None => break,
+                Some(Ok(true)) => {
+                    conn.tx.take(|b| {
+                        let bytes = b
+                            .records
+                            .pop_front()
+                            .map_or(0, |(h, p)| h.len() + p.as_ref().map_or(0, |p| p.len()));
+                        b.out_total += bytes as u64;
+                        if b.batch_end.is_some_and(|end| b.out_total >= end) {
+                            // The batch went: progress. What was backlogged since
+                            // is the next batch.
+                            conn.tx.marks().send_finished();
+                            b.batch_end = if b.records.is_empty() {
+                                None
+                            } else {
+                                conn.tx.marks().send_started();
+                                Some(b.in_total)
+                            };
+                        }
+                        ((), bytes)
+                    });
                 }
-                Ok(false) => {
+                Some(Ok(false)) => {
                     let seen = conn.peer_cons.get();
                     std::future::poll_fn(|cx| {
-                        if conn.closed.get() || conn.peer_gone.get() {
+                        if conn.tx.is_closed() || conn.peer_gone.get() {
                             return Poll::Ready(());
                         }
                         let now = conn.remote.map.u64_at(CTL_CONS).load(Ordering::Acquire);
@@ -1970,12 +1953,13 @@ async fn writer(conn: Rc<ShmConn>) {
                             return Poll::Ready(());
                         }
                         conn.space_waiting.set(Some(seen));
-                        conn.queue.borrow_mut().writer = Some(cx.waker().clone());
+                        conn.tx.park_drainer(cx.waker());
                         Poll::Pending
                     })
                     .await;
                 }
-                Err(_) => {
+                Some(Err(e)) => {
+                    tracing::warn!(peer = %conn.peer, "shm send failed: {e}; closing");
                     conn.close();
                     return;
                 }
@@ -1995,7 +1979,7 @@ async fn watch_peer(conn: std::rc::Weak<ShmConn>) {
     loop {
         let r = reactor::poll_readable(fd).await;
         let Some(c) = conn.upgrade() else { return };
-        if c.closed.get() {
+        if c.tx.is_closed() {
             return;
         }
         if let Err(e) = &r
@@ -2010,9 +1994,7 @@ async fn watch_peer(conn: std::rc::Weak<ShmConn>) {
         if let Some(w) = c.end_waker.borrow_mut().take() {
             w.wake();
         }
-        if let Some(w) = c.queue.borrow_mut().writer.take() {
-            w.wake();
-        }
+        c.tx.wake_drainer();
         return;
     }
 }
@@ -2396,6 +2378,78 @@ mod tests {
                 (min..=max).contains(&rung),
                 "{mode:?}: {rung} doorbells for 100 messages"
             );
+        }
+    }
+
+    /// A peer whose consumer index in its ring goes wrong (past what was
+    /// produced, or backwards) breaks the protocol: the connection closes with
+    /// an error, on the direct path and on the writer's, and the thread goes on
+    /// (the check used to close the connection while its caller held the send
+    /// queue borrowed: a panic).
+    #[test]
+    fn a_peer_whose_consumer_index_goes_wrong_is_closed_without_a_panic() {
+        for backlogged in [false, true] {
+            let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+            r.block_on(async move {
+                let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                let addr = l.local_addr();
+                let accepted = crate::reactor::spawn(async move { l.accept().await.unwrap() });
+                let c = ShmConn::connect(addr).await.unwrap().unwrap();
+                let super::super::Conn::Shm(_far) = accepted.await else {
+                    panic!("accepted over tcp")
+                };
+                let big = Message::Write {
+                    id: RequestId(1),
+                    epoch: Epoch(1),
+                    target: crate::protocol::IoTarget {
+                        pg: crate::ids::PgId(1),
+                        object: crate::ids::ObjectId {
+                            volume: crate::ids::VolumeId(1),
+                            index: 0,
+                        },
+                        offset: 0,
+                        length: 1 << 20,
+                    },
+                    flags: 0,
+                    seq: crate::ids::PgSeq(0),
+                    op: crate::ids::OpId::NONE,
+                    remote: None,
+                    data: PayloadBuf::copy_from(&vec![7u8; 1 << 20]),
+                };
+                if backlogged {
+                    // The far side never reads: the ring fills, the rest waits
+                    // in the backlog for the writer.
+                    let mut sent = 0;
+                    while c.tx.is_empty() {
+                        c.send(&big).unwrap();
+                        sent += 1;
+                        assert!(sent < 64, "the ring never filled");
+                    }
+                } else {
+                    c.send(&big).unwrap();
+                }
+                // The far side's consumer index, as this side sees it, jumps
+                // past everything produced.
+                c.remote
+                    .map
+                    .u64_at(CTL_CONS)
+                    .store(u64::MAX / 2, Ordering::Release);
+                if backlogged {
+                    // The writer sees the index move and tries the next record.
+                    for _ in 0..200 {
+                        if c.is_closed() {
+                            break;
+                        }
+                        crate::reactor::sleep(Duration::from_millis(5)).await;
+                    }
+                } else {
+                    let e = c.send(&big).unwrap_err();
+                    assert!(e.to_string().contains("consumer index"), "{e}");
+                }
+                assert!(c.is_closed(), "backlogged {backlogged}: still open");
+                assert!(c.send(&big).is_err());
+            })
+            .unwrap();
         }
     }
 

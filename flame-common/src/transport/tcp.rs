@@ -246,7 +246,7 @@ impl TcpConn {
         debug_assert_eq!(header.payload_len as usize, inline.len() + payload_bytes);
         let pushed = self
             .tx
-            .push(&[&header.encode(), inline], payload, payload_bytes);
+            .push_parts(&[&header.encode(), inline], payload, payload_bytes);
         self.pushed(pushed)
     }
 

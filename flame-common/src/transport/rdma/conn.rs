@@ -60,6 +60,7 @@ use crate::transport::grant::{
     check_grant_len,
 };
 use crate::transport::receive::{Abandoned, Ending, Receiver};
+use crate::transport::send_queue::{Backlog, PushRefused, SendQueue};
 use rdma_mummy_sys::{
     ibv_ack_cq_events, ibv_cq, ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
     ibv_wc_status,
@@ -589,14 +590,24 @@ impl Chunk {
     }
 }
 
+/// What waits for a send slot and a credit ([`SendQueue`]'s backlog).
+#[derive(Default)]
+struct Chunks {
+    chunks: VecDeque<Chunk>,
+    /// Bytes of the front chunk already sent.
+    front_sent: usize,
+}
+
+impl Backlog for Chunks {
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
 struct State {
     credits: Credits,
     free_send: Vec<u32>,
     sends_in_flight: u32,
-    queue: VecDeque<Chunk>,
-    /// Bytes of the front chunk already sent.
-    front_sent: usize,
-    queued_bytes: usize,
     /// Data bytes posted in SENDs since the connection began.
     posted_bytes: u64,
     /// While data waits for the peer's credits: the `posted_bytes` at which
@@ -626,8 +637,14 @@ pub struct RdmaConn {
     peer: SocketAddr,
     /// The peer's receive depth (known once the bootstrap exchange is done).
     peer_recv_slots: Cell<u16>,
-    closed: Cell<bool>,
-    closing: Cell<bool>,
+    /// Data waiting for a send slot and the peer's credits, and the close
+    /// state; and what the connection waits on, for the owner's stall watchdog
+    /// ([`crate::transport::stall`]): a message partly received when the
+    /// received frames ran out (a peer that stops mid-payload holds a pool
+    /// buffer), data queued that no SEND could take for lack of the peer's
+    /// credits (a peer that stops reading holds the queued payloads); one unit
+    /// of send progress is one data frame posted.
+    tx: SendQueue<Chunks>,
     /// Payloads received while the pool is exhausted take heap memory instead of
     /// waiting ([`RdmaConn::set_never_wait_for_memory`]).
     never_wait: Cell<bool>,
@@ -636,13 +653,6 @@ pub struct RdmaConn {
     /// here: a grant is reachable only through a queue pair, and the queue pair is
     /// destroyed first.
     grants: RefCell<HashMap<u32, GrantEntry>>,
-    /// What the connection waits on, for the owner's stall watchdog
-    /// ([`crate::transport::stall`]): a message partly received when the
-    /// received frames ran out (a peer that stops mid-payload holds a pool
-    /// buffer), data queued that no SEND could take for lack of the peer's
-    /// credits (a peer that stops reading holds the queued payloads); one unit
-    /// of send progress is one data frame posted.
-    marks: crate::transport::StallMarks,
     /// The one receive at a time ([`crate::transport::receive`]); the decoder
     /// keeps a message's progress, so an abandoned receive loses nothing.
     rx: Receiver<()>,
@@ -758,9 +768,6 @@ impl RdmaConn {
                 credits: Credits::new(0, RECV_SLOTS),
                 free_send: (0..SEND_SLOTS).rev().collect(),
                 sends_in_flight: 0,
-                queue: VecDeque::new(),
-                front_sent: 0,
-                queued_bytes: 0,
                 posted_bytes: 0,
                 batch_end: None,
                 filled: VecDeque::new(),
@@ -777,12 +784,10 @@ impl RdmaConn {
             id,
             peer,
             peer_recv_slots: Cell::new(0),
-            closed: Cell::new(false),
-            closing: Cell::new(false),
+            tx: SendQueue::new(SEND_QUEUE_BYTES_MAX),
             never_wait: Cell::new(false),
             failure: RefCell::new(None),
             grants: RefCell::new(HashMap::default()),
-            marks: crate::transport::StallMarks::default(),
             rx: Receiver::new((), Abandoned::Resumes),
         });
         thread.conns.borrow_mut().insert(id, Rc::downgrade(&conn));
@@ -934,7 +939,7 @@ impl RdmaConn {
     /// Posts as many frames as slots and credits allow (and a credit frame when
     /// credits are owed). Bounded by the send slots.
     fn pump(&self) {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return;
         }
         let posted = self.pump_frames();
@@ -944,19 +949,20 @@ impl RdmaConn {
             // Everything queued when the wait began has gone.
             Some(end) if st.posted_bytes >= end => {
                 st.batch_end = None;
-                self.marks.send_finished();
+                self.tx.marks().send_finished();
             }
             // A batch that went at once (activity, for idleness).
-            None if posted > 0 && st.queued_bytes == 0 => {
-                self.marks.send_started();
-                self.marks.send_finished();
+            None if posted > 0 && self.tx.queued_bytes() == 0 => {
+                self.tx.marks().send_started();
+                self.tx.marks().send_finished();
             }
             _ => {}
         }
         // Data left queued waits for the peer's credits (or a send slot).
-        if st.queued_bytes > 0 && st.batch_end.is_none() {
-            st.batch_end = Some(st.posted_bytes + st.queued_bytes as u64);
-            self.marks.send_started();
+        let queued_bytes = self.tx.queued_bytes();
+        if queued_bytes > 0 && st.batch_end.is_none() {
+            st.batch_end = Some(st.posted_bytes + queued_bytes as u64);
+            self.tx.marks().send_started();
         }
     }
 
@@ -968,7 +974,7 @@ impl RdmaConn {
             if st.free_send.is_empty() {
                 break;
             }
-            let kind = if st.queued_bytes > 0 && st.credits.can_send_data() {
+            let kind = if self.tx.queued_bytes() > 0 && st.credits.can_send_data() {
                 FrameKind::Data
             } else if st.credits.needs_credit_frame() {
                 FrameKind::Credit
@@ -984,23 +990,25 @@ impl RdmaConn {
             let mut len = 0usize;
             if kind == FrameKind::Data {
                 let room = SLOT_BYTES as usize - FRAME_HEADER_LEN;
-                // Bounded: each round consumes a chunk or fills the slot.
-                while len < room {
-                    let front_sent = st.front_sent;
-                    let Some(front) = st.queue.front() else { break };
-                    let bytes = &front.bytes()[front_sent..];
-                    let n = bytes.len().min(room - len);
-                    mem[FRAME_HEADER_LEN + len..FRAME_HEADER_LEN + len + n]
-                        .copy_from_slice(&bytes[..n]);
-                    len += n;
-                    if n == bytes.len() {
-                        st.queue.pop_front();
-                        st.front_sent = 0;
-                    } else {
-                        st.front_sent += n;
+                self.tx.take(|q| {
+                    // Bounded: each round consumes a chunk or fills the slot.
+                    while len < room {
+                        let front_sent = q.front_sent;
+                        let Some(front) = q.chunks.front() else { break };
+                        let bytes = &front.bytes()[front_sent..];
+                        let n = bytes.len().min(room - len);
+                        mem[FRAME_HEADER_LEN + len..FRAME_HEADER_LEN + len + n]
+                            .copy_from_slice(&bytes[..n]);
+                        len += n;
+                        if n == bytes.len() {
+                            q.chunks.pop_front();
+                            q.front_sent = 0;
+                        } else {
+                            q.front_sent += n;
+                        }
                     }
-                }
-                st.queued_bytes -= len;
+                    ((), len)
+                });
             }
             let header = FrameHeader {
                 kind,
@@ -1074,7 +1082,7 @@ impl RdmaConn {
                     }
                 }
                 drop(st);
-                if !ok && !self.closed.get() {
+                if !ok && !self.tx.is_closed() {
                     self.fail(format!(
                         "RDMA one-sided operation failed: {} (status {}, vendor error {:#x})",
                         status_name(c.status),
@@ -1095,7 +1103,7 @@ impl RdmaConn {
                     COMPLETIONS.send.inc();
                 }
                 if !ok {
-                    if !self.closed.get() {
+                    if !self.tx.is_closed() {
                         self.fail(format!(
                             "RDMA SEND failed: {} (status {}, vendor error {:#x})",
                             status_name(c.status),
@@ -1110,7 +1118,7 @@ impl RdmaConn {
             }
             WrKind::Recv => {
                 if !ok {
-                    if !self.closed.get() {
+                    if !self.tx.is_closed() {
                         self.fail(format!(
                             "RDMA receive failed: {} (status {}, vendor error {:#x})",
                             status_name(c.status),
@@ -1121,7 +1129,7 @@ impl RdmaConn {
                     return;
                 }
                 COMPLETIONS.recv.inc();
-                if self.closed.get() || id.index >= u32::from(RECV_SLOTS) {
+                if self.tx.is_closed() || id.index >= u32::from(RECV_SLOTS) {
                     return;
                 }
                 // SAFETY: the receive completed; the slot is not re-posted until its
@@ -1159,7 +1167,7 @@ impl RdmaConn {
 
     /// Re-posts a consumed receive slot and owes the peer its credit.
     fn repost(&self, slot: u32) {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return;
         }
         if let Err(e) = self.post_recv(slot) {
@@ -1170,10 +1178,8 @@ impl RdmaConn {
     }
 
     fn maybe_finish_closing(&self) {
-        if self.closing.get() && !self.closed.get() {
-            let st = self.state.borrow();
-            let drained = st.queued_bytes == 0 && st.sends_in_flight == 0;
-            drop(st);
+        if self.tx.is_closing() && !self.tx.is_closed() {
+            let drained = self.tx.queued_bytes() == 0 && self.state.borrow().sends_in_flight == 0;
             if drained {
                 self.close();
             }
@@ -1182,7 +1188,7 @@ impl RdmaConn {
 
     /// Fails the connection with `why` (kept for the errors later calls return).
     fn fail(&self, why: String) {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return;
         }
         tracing::debug!(peer = %self.peer, "RDMA connection failed: {why}");
@@ -1219,25 +1225,21 @@ impl RdmaConn {
     }
 
     fn enqueue(&self, head: Vec<u8>, data: Chunk) -> Result<(), TransportError> {
-        if self.closed.get() {
-            return Err(self.closed_error());
-        }
         let bytes = head.len() + data.bytes().len();
-        {
-            let mut st = self.state.borrow_mut();
-            if st.queued_bytes + bytes > SEND_QUEUE_BYTES_MAX {
-                drop(st);
-                self.fail(format!(
-                    "send queue over {SEND_QUEUE_BYTES_MAX} bytes: peer is not reading"
-                ));
-                return Err(TransportError::Backlog(SEND_QUEUE_BYTES_MAX));
-            }
-            st.queued_bytes += bytes;
+        let pushed = self.tx.push(bytes, |q| {
             if !head.is_empty() {
-                st.queue.push_back(Chunk::Bytes(head));
+                q.chunks.push_back(Chunk::Bytes(head));
             }
             if !data.bytes().is_empty() {
-                st.queue.push_back(data);
+                q.chunks.push_back(data);
+            }
+        });
+        match pushed {
+            Ok(()) => {}
+            Err(PushRefused::Closed) => return Err(self.closed_error()),
+            Err(PushRefused::Backlog(max)) => {
+                self.fail(format!("send queue over {max} bytes: peer is not reading"));
+                return Err(TransportError::Backlog(max));
             }
         }
         self.pump();
@@ -1272,7 +1274,7 @@ impl RdmaConn {
                 Received::NeedsMemory(len) => len,
             };
             let ended = std::future::poll_fn(|cx| {
-                if self.closed.get() {
+                if self.tx.is_closed() {
                     return Poll::Ready(None);
                 }
                 self.state.borrow_mut().recv_waker = Some(cx.waker().clone());
@@ -1301,7 +1303,7 @@ impl RdmaConn {
         // Bounded: each round consumes bytes of a filled slot (at most RECV_SLOTS
         // slots of SLOT_BYTES each are filled at a time) or returns.
         loop {
-            if self.closed.get() {
+            if self.tx.is_closed() {
                 return Poll::Ready(Err(self.closed_error()));
             }
             let mut st = self.state.borrow_mut();
@@ -1313,7 +1315,7 @@ impl RdmaConn {
                     // The peer's next frame of this payload has not come (a
                     // header split across frames, or a wait for pool memory,
                     // is not the peer's stall: as on tcp, only a payload is).
-                    self.marks.payload_started();
+                    self.tx.marks().payload_started();
                 }
                 st.recv_waker = Some(cx.waker().clone());
                 return Poll::Pending;
@@ -1335,8 +1337,8 @@ impl RdmaConn {
                 self.pump();
             }
             if let Some(msg) = msg {
-                self.marks.payload_finished();
-                self.marks.frame_received();
+                self.tx.marks().payload_finished();
+                self.tx.marks().frame_received();
                 return Poll::Ready(msg.map(Received::Message).map_err(TransportError::from));
             }
         }
@@ -1349,14 +1351,15 @@ impl RdmaConn {
 
     /// See [`crate::transport::Conn::stall`].
     pub fn stall(&self) -> (crate::transport::Stall, u64) {
-        self.marks.current()
+        self.tx.marks().current()
     }
 
     /// See [`crate::transport::Conn::close`]: the queue pair goes to the error
     /// state (outstanding work requests complete as flushed), receivers and
     /// one-sided waiters wake with an error, the lifeline closes.
     pub fn close(&self) {
-        if self.closed.replace(true) {
+        // Drops what is queued.
+        if !self.tx.close() {
             return;
         }
         let mut attr = QueuePairAttribute::new();
@@ -1366,8 +1369,6 @@ impl RdmaConn {
         }
         let _ = self.lifeline.shutdown(std::net::Shutdown::Both);
         let mut st = self.state.borrow_mut();
-        st.queue.clear();
-        st.queued_bytes = 0;
         if let Some(w) = st.recv_waker.take() {
             w.wake();
         }
@@ -1383,13 +1384,13 @@ impl RdmaConn {
 
     /// See [`crate::transport::Conn::close_after_send`].
     pub fn close_after_send(&self) {
-        self.closing.set(true);
+        self.tx.close_after_send();
         self.maybe_finish_closing();
     }
 
     /// See [`crate::transport::Conn::is_closed`].
     pub fn is_closed(&self) -> bool {
-        self.closed.get()
+        self.tx.is_closed()
     }
 
     /// The peer's (bootstrap) address.
@@ -1481,7 +1482,7 @@ impl RdmaConn {
     }
 
     fn check_grant(&self, len: usize) -> Result<u32, TransportError> {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return Err(self.closed_error());
         }
         let len = check_grant_len(len)?;
@@ -1511,7 +1512,7 @@ impl RdmaConn {
     /// Waits for a one-sided operation slot (at most [`ONE_SIDED_MAX`] in flight).
     async fn op_slot(&self) -> Result<usize, TransportError> {
         std::future::poll_fn(|cx| {
-            if self.closed.get() {
+            if self.tx.is_closed() {
                 return Poll::Ready(Err(self.closed_error()));
             }
             let mut st = self.state.borrow_mut();
@@ -1582,7 +1583,7 @@ impl RdmaConn {
             if let Some(c) = op.status {
                 return Poll::Ready(Ok(c));
             }
-            if self.closed.get() {
+            if self.tx.is_closed() {
                 // Flushed completions still arrive; the memory stays parked.
                 return Poll::Ready(Err(()));
             }
@@ -1618,7 +1619,7 @@ impl RdmaConn {
 
     /// One-sided READ of the peer's granted buffer `remote` into a new buffer.
     pub async fn read_remote(&self, remote: RemoteBuf) -> Result<PayloadBufMut, TransportError> {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return Err(self.closed_error());
         }
         if remote.len == 0 || remote.len > PAYLOAD_BYTES_MAX {
@@ -1657,7 +1658,7 @@ impl RdmaConn {
         addr: u64,
         data: &PayloadBuf,
     ) -> Result<(), TransportError> {
-        if self.closed.get() {
+        if self.tx.is_closed() {
             return Err(self.closed_error());
         }
         if data.is_empty() || data.len() > PAYLOAD_BYTES_MAX as usize {
