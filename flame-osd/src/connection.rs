@@ -72,6 +72,10 @@ pub(crate) async fn serve_connection(
         // Forwarded writes must not wait on this shard's memory pool
         // either (the same deadlock as the byte bound below).
         conn.set_never_wait_for_memory(true);
+        // Peers mint their tickets as their own `osd.N`.
+        tracing::debug!(shard = shard.id, %peer,
+            entity = admitted.who.as_ref().map_or("unauthenticated", |w| w.entity.as_str()),
+            "replication connection");
     }
     let mut reply = shard.hello(&hello);
     if let Message::HelloReply {

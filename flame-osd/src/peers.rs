@@ -70,6 +70,9 @@ pub struct Peers {
     /// The service key this OSD mints its own peer tickets with (`None`: no
     /// keyring, unauthenticated HELLOs).
     service: Option<ServiceKeys>,
+    /// The entity those tickets name: this OSD's own (`osd.N`), so a replica
+    /// knows which OSD a replication connection speaks for.
+    me: EntityName,
 }
 
 impl Peers {
@@ -85,9 +88,11 @@ impl Peers {
         metrics: Rc<ShardMetrics>,
         liveness: Arc<Liveness>,
         service: Option<ServiceKeys>,
+        me: OsdId,
     ) -> Peers {
         let in_flight_max = max_inflight.saturating_mul(PEER_INFLIGHT_FACTOR).max(1) as usize;
         Peers {
+            me: EntityName::of_osd(me),
             limits: CallLimits {
                 in_flight_max,
                 bytes_max: PEER_PENDING_BYTES_MAX,
@@ -294,9 +299,9 @@ impl Peers {
         let now_ms = clock::unix_ms();
         let auth = match &self.service {
             Some(keys) => {
-                let ticket =
-                    keys.current()
-                        .issue(&EntityName::osd(), Role::Osd, now_ms, TICKET_LIFETIME_MS);
+                let ticket = keys
+                    .current()
+                    .issue(&self.me, Role::Osd, now_ms, TICKET_LIFETIME_MS);
                 let auth =
                     handshake::hello_auth(&ticket, &binding, now_ms, handshake::hello_nonce());
                 Some((ticket, auth))
@@ -395,5 +400,73 @@ impl Peers {
         })
         .detach();
         Ok(peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flame_common::auth::{SecretKey, ServiceKey};
+    use flame_common::reactor::{Reactor, ReactorConfig, spawn};
+    use flame_common::transport::Listener;
+
+    /// A replication connection's HELLO carries a ticket this OSD minted for
+    /// its own entity (`osd.N`, role `osd`), which the replica's gate admits
+    /// and names.
+    #[test]
+    fn a_peer_hello_speaks_for_this_osd() {
+        let osd_key = SecretKey::from_hex(&"5a".repeat(32))
+            .unwrap()
+            .derive_entity_key(&EntityName::osd(), 1);
+        let keys = ServiceKeys::new(ServiceKey::from_osd_key(&osd_key, 1));
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+            let replica = OsdInfo {
+                id: OsdId(3),
+                addr: l.local_addr(),
+                shards: 1,
+                host: "h3".into(),
+                weight: 1.0,
+                up: true,
+                up_from: Epoch(1),
+                r#in: true,
+                metrics_addr: None,
+            };
+            let far = spawn(async move {
+                let c = l.accept().await.unwrap();
+                c.recv().await.unwrap()
+            });
+            let peers = Rc::new(Peers::new(
+                TransportKind::Tcp,
+                None,
+                Duration::from_millis(300),
+                Duration::from_millis(300),
+                256,
+                Rc::new(ShardMetrics::new(0)),
+                Arc::new(Liveness::new(1)),
+                Some(keys.clone()),
+                OsdId(7),
+            ));
+            let ping = Message::Ping {
+                id: RequestId(0),
+                epoch: Epoch(1),
+            };
+            // Nobody answers the HELLO: the call fails, retryable.
+            let call = spawn({
+                let peers = peers.clone();
+                let replica = replica.clone();
+                async move { peers.call(&replica, 0, Epoch(1), ping).await }
+            });
+            let hello = far.await;
+            let admitted = crate::hello_gate::HelloGate::new(OsdId(3), Some(keys))
+                .check(&hello)
+                .expect("the replica admits the HELLO");
+            let who = admitted.who.expect("authenticated");
+            assert_eq!(who.entity.as_str(), "osd.7");
+            assert_eq!(who.role, Role::Osd);
+            assert_eq!(call.await, status::EAGAIN);
+        })
+        .unwrap();
     }
 }

@@ -170,6 +170,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             metrics.clone(),
             parts.liveness.clone(),
             parts.service.clone(),
+            parts.osd,
         )),
         hello_gate: crate::hello_gate::HelloGate::new(parts.osd, parts.service),
         stall_bounds: cfg.stall_bounds(),

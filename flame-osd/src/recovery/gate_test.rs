@@ -160,6 +160,7 @@ pub(super) fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
             metrics.clone(),
             liveness.clone(),
             None,
+            OsdId(0),
         )),
         hello_gate: crate::hello_gate::HelloGate::new(OsdId(0), None),
         stall_bounds: crate::config::OsdConfig::default().stall_bounds(),
