@@ -37,7 +37,7 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Reads a PEM file of at most [`PEM_FILE_BYTES_MAX`] bytes; with `secret`,
 /// refuses one group or others may access (as keyrings are).
-fn read_pem(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, String> {
+pub fn read_pem(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, String> {
     crate::secret_file::read(path, what, PEM_FILE_BYTES_MAX, secret)
 }
 

@@ -304,6 +304,52 @@ fn auth_commands_manage_keys_end_to_end() {
         "{}",
         output_text(&nameless)
     );
+    // `tls issue`: another certificate from that CA, never over one.
+    let out = admin(&[
+        "tls",
+        "issue",
+        "--dir",
+        ts,
+        "--as",
+        "mgr2",
+        "--name",
+        "127.0.0.2",
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(stdout(&out).contains("mgr2.crt"), "{}", output_text(&out));
+    let m = std::fs::metadata(t.join("mgr2.key"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(m, 0o600);
+    let again = admin(&[
+        "tls",
+        "issue",
+        "--dir",
+        ts,
+        "--as",
+        "mgr2",
+        "--name",
+        "127.0.0.2",
+    ]);
+    assert_eq!(again.status.code(), Some(1), "{}", output_text(&again));
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        output_text(&again)
+    );
+    let bad = admin(&[
+        "tls",
+        "issue",
+        "--dir",
+        ts,
+        "--as",
+        "../x",
+        "--name",
+        "127.0.0.2",
+    ]);
+    assert_eq!(bad.status.code(), Some(1), "{}", output_text(&bad));
 
     let cluster_keyring = keys.keyring("cluster");
     let ck = cluster_keyring.to_str().unwrap();

@@ -1,6 +1,7 @@
 //! `flame-admin tls init`: a cluster's certificate authority and the
 //! manager's certificate (offline, like `auth init`), for TLS on the
-//! manager's API ([`flame_common::tls`]).
+//! manager's API ([`flame_common::tls`]); `flame-admin tls issue`: another
+//! server certificate from that CA (a second manager, a new address).
 
 use super::{AdminError, Result, json, table};
 use flame_common::tls::{CA_CERT_FILE, CA_KEY_FILE, MGR_CERT_FILE, MGR_KEY_FILE};
@@ -24,12 +25,40 @@ pub enum TlsCommand {
         #[arg(long = "name", required = true)]
         names: Vec<String>,
     },
+    /// Issue another server certificate from the CA in DIR (its ca.crt and
+    /// ca.key): AS.crt and AS.key in DIR, for a second manager or a manager
+    /// reached by a new address. Nothing is ever overwritten.
+    Issue {
+        /// Directory holding ca.crt and ca.key; the new files go there too.
+        #[arg(long)]
+        dir: PathBuf,
+        /// File name stem of the new certificate and key (letters, digits,
+        /// `.`, `-`, `_`): `--as mgr2` writes mgr2.crt and mgr2.key.
+        #[arg(long = "as")]
+        stem: String,
+        /// An address or DNS name clients reach that server by (repeat for
+        /// each; at least one).
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
+    },
 }
 
-/// Runs `tls init`.
+/// Runs `tls init` or `tls issue`.
 pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
-    let TlsCommand::Init { dir, names } = cmd;
-    let files = generate(dir, names).map_err(AdminError)?;
+    let (dir, files, cert, key) = match cmd {
+        TlsCommand::Init { dir, names } => (
+            dir,
+            generate(dir, names).map_err(AdminError)?,
+            MGR_CERT_FILE.to_string(),
+            MGR_KEY_FILE.to_string(),
+        ),
+        TlsCommand::Issue { dir, stem, names } => (
+            dir,
+            issue(dir, stem, names).map_err(AdminError)?,
+            format!("{stem}.crt"),
+            format!("{stem}.key"),
+        ),
+    };
     #[derive(Serialize)]
     struct Written {
         file: PathBuf,
@@ -40,7 +69,7 @@ pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
     }
     let d = dir.display();
     Ok(format!(
-        "{}\nNext: set `tls: {{cert_file: {d}/{MGR_CERT_FILE}, key_file: {d}/{MGR_KEY_FILE}}}` in \
+        "{}\nNext: set `tls: {{cert_file: {d}/{cert}, key_file: {d}/{key}}}` in \
          the manager's config, copy {d}/{CA_CERT_FILE} to every host and set \
          `mgr_tls_ca: …/{CA_CERT_FILE}` in the OSD, flame-nbd and flame-ublk configs \
          (flame-admin: --mgr-ca or FLAME_MGR_CA). Keep {CA_KEY_FILE} offline.\n",
@@ -54,25 +83,103 @@ pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
     ))
 }
 
+/// The manager's certificate: `names` are every address or DNS name clients
+/// reach it by.
+fn server_params(names: &[String]) -> std::result::Result<rcgen::CertificateParams, String> {
+    if names.is_empty() {
+        return Err("the manager's certificate needs at least one address or name".into());
+    }
+    let mut mgr = rcgen::CertificateParams::new(names.to_vec())
+        .map_err(|e| format!("the certificate's names: {e}"))?;
+    mgr.distinguished_name
+        .push(rcgen::DnType::CommonName, "flame-mgr");
+    mgr.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    Ok(mgr)
+}
+
+/// Writes `contents` (text, whether secret) to `files`, certificates 0644 and
+/// keys 0600, never over an existing file.
+fn write_all(files: &[PathBuf], contents: Vec<(String, bool)>) -> std::result::Result<(), String> {
+    for (path, (text, secret)) in files.iter().zip(contents) {
+        let (what, mode) = if secret {
+            ("private key", 0o600)
+        } else {
+            ("certificate", 0o644)
+        };
+        flame_common::secret_file::write_new(path, what, text.as_bytes(), mode)?;
+    }
+    Ok(())
+}
+
+/// Refuses, before anything is written, if one of `files` exists.
+fn refuse_existing(files: &[PathBuf]) -> std::result::Result<(), String> {
+    match files.iter().find(|f| f.exists()) {
+        Some(f) => Err(format!(
+            "{} already exists; not overwriting a certificate or key (move it away first)",
+            f.display()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Issues a server certificate for `names` from the CA in `dir` (`ca.crt`,
+/// `ca.key`) into `dir/STEM.crt` and `dir/STEM.key`. Refuses before writing
+/// anything if either exists. Returns the files written.
+pub fn issue(
+    dir: &Path,
+    stem: &str,
+    names: &[String],
+) -> std::result::Result<Vec<PathBuf>, String> {
+    let stem_ok = !stem.is_empty()
+        && stem.len() <= 64
+        && !stem.starts_with('.')
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    if !stem_ok || stem == "ca" {
+        return Err(format!(
+            "--as {stem:?}: a file name stem of letters, digits, '.', '-' and '_' (not 'ca'), like mgr2"
+        ));
+    }
+    let params = server_params(names)?;
+    let files = vec![
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    ];
+    refuse_existing(&files)?;
+    let ca_cert_path = dir.join(CA_CERT_FILE);
+    let ca_key_path = dir.join(CA_KEY_FILE);
+    let ca_pem = flame_common::tls::read_pem(&ca_cert_path, "CA certificate", false)?;
+    let ca_key_pem = flame_common::tls::read_pem(&ca_key_path, "CA private key", true)?;
+    let text = |b: Vec<u8>, path: &Path| {
+        String::from_utf8(b).map_err(|_| format!("{}: not PEM text", path.display()))
+    };
+    let ca_key = rcgen::KeyPair::from_pem(&text(ca_key_pem, &ca_key_path)?)
+        .map_err(|e| format!("{}: not a private key: {e}", ca_key_path.display()))?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&text(ca_pem, &ca_cert_path)?, &ca_key)
+        .map_err(|e| format!("{}: not a CA certificate: {e}", ca_cert_path.display()))?;
+    let gen_err = |e: rcgen::Error| format!("generating the certificate: {e}");
+    let key = rcgen::KeyPair::generate().map_err(gen_err)?;
+    let cert = params.signed_by(&key, &issuer).map_err(gen_err)?;
+    write_all(
+        &files,
+        vec![(cert.pem(), false), (key.serialize_pem(), true)],
+    )?;
+    Ok(files)
+}
+
 /// Creates a cluster CA and a manager certificate it signs, valid for
 /// `names` (IP addresses or DNS names: every address clients reach the
 /// manager by), in `dir` (created 0700 if missing): `ca.crt`, `ca.key`,
 /// `mgr.crt`, `mgr.key`. Refuses before writing
 /// anything if any exists. Returns the files written.
 pub fn generate(dir: &Path, names: &[String]) -> std::result::Result<Vec<PathBuf>, String> {
-    if names.is_empty() {
-        return Err("the manager's certificate needs at least one address or name".into());
-    }
+    let mgr = server_params(names)?;
     let files: Vec<PathBuf> = [CA_CERT_FILE, CA_KEY_FILE, MGR_CERT_FILE, MGR_KEY_FILE]
         .iter()
         .map(|f| dir.join(f))
         .collect();
-    if let Some(f) = files.iter().find(|f| f.exists()) {
-        return Err(format!(
-            "{} already exists; not overwriting a certificate or key (move it away first)",
-            f.display()
-        ));
-    }
+    refuse_existing(&files)?;
     if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
@@ -92,26 +199,16 @@ pub fn generate(dir: &Path, names: &[String]) -> std::result::Result<Vec<PathBuf
     let issuer = rcgen::Issuer::new(ca, &ca_key);
 
     let mgr_key = rcgen::KeyPair::generate().map_err(gen_err)?;
-    let mut mgr = rcgen::CertificateParams::new(names.to_vec()).map_err(gen_err)?;
-    mgr.distinguished_name
-        .push(rcgen::DnType::CommonName, "flame-mgr");
-    mgr.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let mgr_cert = mgr.signed_by(&mgr_key, &issuer).map_err(gen_err)?;
-
-    let contents = [
-        (ca_cert.pem(), false),
-        (ca_key.serialize_pem(), true),
-        (mgr_cert.pem(), false),
-        (mgr_key.serialize_pem(), true),
-    ];
-    for (path, (text, secret)) in files.iter().zip(contents) {
-        let (what, mode) = if secret {
-            ("private key", 0o600)
-        } else {
-            ("certificate", 0o644)
-        };
-        flame_common::secret_file::write_new(path, what, text.as_bytes(), mode)?;
-    }
+    write_all(
+        &files,
+        vec![
+            (ca_cert.pem(), false),
+            (ca_key.serialize_pem(), true),
+            (mgr_cert.pem(), false),
+            (mgr_key.serialize_pem(), true),
+        ],
+    )?;
     Ok(files)
 }
 
@@ -120,6 +217,74 @@ mod tests {
     use super::*;
     use flame_common::tls::{MgrTrust, server_config};
     use std::os::unix::fs::MetadataExt;
+    use std::sync::Arc;
+
+    /// Whether `cert` is valid for `name` under the CA `ca` (what a client
+    /// trusting only that CA checks).
+    fn verifies(ca: &Path, cert: &Path, name: &str) -> std::result::Result<(), String> {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            flame_common::tls::provider(),
+        )
+        .build()
+        .unwrap();
+        let end = rustls::pki_types::CertificateDer::from_pem_file(cert).unwrap();
+        verifier
+            .verify_server_cert(
+                &end,
+                &[],
+                &rustls::pki_types::ServerName::try_from(name.to_string()).unwrap(),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// `tls issue` signs with the CA of `tls init`: a client trusting only
+    /// that CA accepts the new certificate for its names and no other, and
+    /// refuses one from another cluster's CA.
+    #[test]
+    fn an_issued_certificate_chains_to_the_cluster_ca() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("tls");
+        generate(&dir, &["127.0.0.1".into()]).unwrap();
+        issue(&dir, "mgr2", &["127.0.0.2".into(), "mgr2.example".into()]).unwrap();
+        let ca = dir.join(CA_CERT_FILE);
+        verifies(&ca, &dir.join("mgr2.crt"), "127.0.0.2").unwrap();
+        verifies(&ca, &dir.join("mgr2.crt"), "mgr2.example").unwrap();
+        verifies(&ca, &dir.join(MGR_CERT_FILE), "127.0.0.1").unwrap();
+        let e = verifies(&ca, &dir.join("mgr2.crt"), "127.0.0.1").unwrap_err();
+        assert!(e.contains("not valid for name"), "{e}");
+        let other = tmp.path().join("other");
+        generate(&other, &["127.0.0.2".into()]).unwrap();
+        assert!(verifies(&ca, &other.join(MGR_CERT_FILE), "127.0.0.2").is_err());
+        // Bad stems, no names, no CA.
+        for stem in ["", "ca", "../x", ".hidden", "a/b"] {
+            assert!(
+                issue(&dir, stem, &["127.0.0.3".into()]).is_err(),
+                "{stem:?}"
+            );
+        }
+        assert!(issue(&dir, "mgr3", &[]).is_err());
+        let e = issue(&tmp.path().join("none"), "mgr3", &["127.0.0.3".into()]).unwrap_err();
+        assert!(e.contains("ca.crt"), "{e}");
+        // A CA key others can read is refused.
+        std::fs::set_permissions(
+            dir.join(CA_KEY_FILE),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let e = issue(&dir, "mgr3", &["127.0.0.3".into()]).unwrap_err();
+        assert!(e.contains("chmod 600"), "{e}");
+        assert!(!dir.join("mgr3.crt").exists());
+    }
 
     #[test]
     fn a_generated_ca_and_certificate_load_and_are_never_overwritten() {
@@ -134,6 +299,13 @@ mod tests {
         server_config(&dir.join(MGR_CERT_FILE), &dir.join(MGR_KEY_FILE)).unwrap();
         MgrTrust::load(&dir.join(CA_CERT_FILE)).unwrap();
         let again = generate(&dir, &["127.0.0.1".into()]).unwrap_err();
+        assert!(again.contains("already exists"), "{again}");
+        // Another server certificate from the same CA.
+        let more = issue(&dir, "mgr2", &["127.0.0.2".into()]).unwrap();
+        assert_eq!(more, vec![dir.join("mgr2.crt"), dir.join("mgr2.key")]);
+        assert_eq!(std::fs::metadata(&more[1]).unwrap().mode() & 0o777, 0o600);
+        server_config(&more[0], &more[1]).unwrap();
+        let again = issue(&dir, "mgr2", &["127.0.0.2".into()]).unwrap_err();
         assert!(again.contains("already exists"), "{again}");
         assert!(generate(&tmp.path().join("x"), &[]).is_err());
         // A manager key others can read is refused.
