@@ -287,6 +287,42 @@ fn garbage_and_stalled_handshake_leave_others_served() {
     srv.assert_alive();
 }
 
+/// flame-nbd's connections probe a silent peer (keepalive; with
+/// `TCP_USER_TIMEOUT`, set by the same call), so a client whose host went away
+/// does not hold its slot for good: `ss` shows the keepalive timer on the
+/// server's side of an idle connection.
+#[test]
+fn nbd_connections_have_keepalive() {
+    let mut srv = NbdServer::start(&["disk=4M"], "");
+    let mut c = Raw::connect(srv.port);
+    c.go("disk", false);
+    // The timer shows once nothing is in flight (while the last reply is
+    // unacknowledged it is the retransmission timer).
+    let mut text = String::new();
+    for _ in 0..50 {
+        let out = std::process::Command::new("ss")
+            .args([
+                "-tno",
+                "state",
+                "established",
+                &format!("( sport = :{} )", srv.port),
+            ])
+            .output()
+            .expect("ss (iproute2) is installed by scripts/test.sh");
+        assert!(out.status.success(), "{out:?}");
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.lines().any(|l| l.contains("timer:(keepalive")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        text.lines().any(|l| l.contains("timer:(keepalive")),
+        "no keepalive on the server's socket:\n{text}"
+    );
+    srv.assert_alive();
+}
+
 #[test]
 fn killed_clients_with_requests_in_flight() {
     // The vanished clients use "disk"; the one that must keep working uses "other"

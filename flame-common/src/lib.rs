@@ -25,6 +25,7 @@ pub mod ids;
 pub mod logging;
 pub mod map;
 pub mod metrics;
+pub mod metrics_server;
 pub mod mgr_api;
 pub mod pg_state;
 pub mod placement;

@@ -33,56 +33,14 @@ pub type ExtraRoutes =
 /// text, such as a failpoint action).
 pub const EXTRA_BODY_MAX: u64 = 4096;
 
-/// Serves `GET /metrics` on `addr` from a background thread. Returns the bound
-/// address (useful with port 0). Any other path gets 404. The server is off the data
-/// path: a slow scraper only delays other scrapes.
+/// Serves `GET /metrics` on `addr` from background threads, bounded
+/// ([`crate::metrics_server`]). Returns the bound address (useful with port 0).
+/// Any other path gets 404. The server is off the data path.
 pub fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
     serve_with(addr, None)
 }
 
 /// Like [`serve`], with `extra` routes tried for every request but `/metrics`.
 pub fn serve_with(addr: SocketAddr, extra: Option<ExtraRoutes>) -> std::io::Result<SocketAddr> {
-    let server = tiny_http::Server::http(addr).map_err(std::io::Error::other)?;
-    let bound = server
-        .server_addr()
-        .to_ip()
-        .ok_or_else(|| std::io::Error::other("metrics server bound to a non-IP address"))?;
-    std::thread::Builder::new()
-        .name("metrics-http".into())
-        .spawn(move || {
-            for mut request in server.incoming_requests() {
-                let response =
-                    if request.url() == "/metrics" || request.url().starts_with("/metrics?") {
-                        let header = tiny_http::Header::from_bytes(
-                            &b"Content-Type"[..],
-                            &b"text/plain; version=0.0.4"[..],
-                        )
-                        .ok();
-                        let mut r = tiny_http::Response::from_string(render());
-                        if let Some(h) = header {
-                            r = r.with_header(h);
-                        }
-                        r
-                    } else if let Some((status, text)) = extra.as_ref().and_then(|route| {
-                        use std::io::Read;
-                        let mut body = String::new();
-                        let read = request
-                            .as_reader()
-                            .take(EXTRA_BODY_MAX)
-                            .read_to_string(&mut body);
-                        if read.is_err() {
-                            return Some((400, "request body is not UTF-8 text\n".to_string()));
-                        }
-                        route(request.method().as_str(), request.url(), &body)
-                    }) {
-                        tiny_http::Response::from_string(text).with_status_code(status)
-                    } else {
-                        tiny_http::Response::from_string("not found; try /metrics\n")
-                            .with_status_code(404)
-                    };
-                // A scraper that hung up is not our problem.
-                let _ = request.respond(response);
-            }
-        })?;
-    Ok(bound)
+    crate::metrics_server::serve(addr, extra)
 }

@@ -230,6 +230,10 @@ async fn connection<E: Exports>(fd: OwnedFd, exports: Rc<E>, ctx: Rc<ThreadCtx>)
     let _guard = ConnGuard { ctx: ctx.clone() };
     let _ = SockRef::from(&fd).set_tcp_nodelay(true);
     let stream = TcpStream::from(fd);
+    // A client whose host went away is noticed within about a minute.
+    if let Err(e) = flame_common::transport::tcp::set_liveness(&stream) {
+        tracing::debug!("cannot set keepalive on an NBD connection: {e}");
+    }
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())

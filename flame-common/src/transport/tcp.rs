@@ -120,6 +120,22 @@ impl GrantOwner for GrantTable {
     }
 }
 
+/// Keepalive probes and `TCP_USER_TIMEOUT` on `stream`, so that a half-open
+/// peer (its host died, its link went) is noticed within about a minute
+/// instead of holding its connection slot and memory for good. Every
+/// long-lived TCP connection takes it: the OSD protocol's here, flame-nbd's NBD
+/// connections.
+pub fn set_liveness(stream: &TcpStream) -> io::Result<()> {
+    let sock = socket2::SockRef::from(stream);
+    sock.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES),
+    )?;
+    sock.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT))
+}
+
 impl TcpConn {
     /// Wraps an accepted or connected stream (blocking mode; every operation goes
     /// through the ring).
@@ -130,14 +146,7 @@ impl TcpConn {
     fn new(stream: TcpStream) -> io::Result<Rc<TcpConn>> {
         receive_share::register_metrics();
         stream.set_nodelay(true)?;
-        let sock = socket2::SockRef::from(&stream);
-        sock.set_tcp_keepalive(
-            &socket2::TcpKeepalive::new()
-                .with_time(KEEPALIVE_IDLE)
-                .with_interval(KEEPALIVE_INTERVAL)
-                .with_retries(KEEPALIVE_PROBES),
-        )?;
-        sock.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT))?;
+        set_liveness(&stream)?;
         // A peer that reset right after connecting has no address any more; that is
         // its problem (its first read fails), not a reason to fail the accept loop.
         let peer = stream
@@ -737,6 +746,17 @@ mod tests {
     use crate::ids::{Epoch, ObjectId, PgId, RequestId, VolumeId};
     use crate::protocol::{IoTarget, OpCode};
     use crate::reactor::{Reactor, ReactorConfig, spawn};
+
+    #[test]
+    fn liveness_sets_keepalive_and_the_user_timeout() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        set_liveness(&s).unwrap();
+        let sock = socket2::SockRef::from(&s);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(sock.tcp_user_timeout().unwrap(), Some(TCP_USER_TIMEOUT));
+    }
 
     #[test]
     fn messages_cross_in_order_small_and_large() {
