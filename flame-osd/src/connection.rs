@@ -137,6 +137,7 @@ pub(crate) async fn serve_connection(
         inflight
             .room_or_transfers(max_inflight, is_peer, &shard)
             .await;
+        wait_for_replies_taken(&conn).await;
         let mut msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {
@@ -806,6 +807,22 @@ impl SessionKey {
 pub(crate) struct Fence {
     current: Rc<Cell<u64>>,
     generation: u64,
+}
+
+/// Back-pressure on answers: a sender that does not take its replies gets no
+/// more requests read once its queued replies pass its share of the thread's
+/// memory pool (a quarter of it, at least 8 MiB: what one source may also hold
+/// in unfinished payloads, [`flame_common::buffer::registered::source_share_bytes`]).
+/// Replies queued beyond that are those of requests already in flight (bounded
+/// by the shard's byte budget); the stall watchdog ends the connection at
+/// `send_stall_timeout_ms`. Without it a non-reader could queue up to the send
+/// queue's bound (256 MiB) of pool buffers per connection. One comparison per
+/// request while no backlog builds up.
+pub(crate) async fn wait_for_replies_taken(conn: &Conn) {
+    let backlog_max = flame_common::buffer::registered::thread_source_share_bytes() as usize;
+    if conn.send_queued_bytes() > backlog_max {
+        conn.wait_sent_below(backlog_max).await;
+    }
 }
 
 /// Sessions one shard remembers (beyond those with a live connection).

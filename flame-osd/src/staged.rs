@@ -505,6 +505,7 @@ async fn serve(
     loop {
         inflight.below(max_inflight).await;
         shard.bytes_of(is_peer).room().await;
+        crate::connection::wait_for_replies_taken(&conn).await;
         let mut msg = match conn.recv().await {
             Ok(m) => m,
             Err(e) => {

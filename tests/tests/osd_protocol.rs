@@ -1248,6 +1248,71 @@ fn trickling_and_never_reading_connections_are_closed_within_their_bounds() {
     drop(t);
 }
 
+/// A sender that does not take its replies gets no more requests read once its
+/// queued replies pass its share of the shard's pool (64 MiB of a 256 MiB
+/// pool): of 200 reads of 1 MiB sent without reading a reply, the OSD runs
+/// about its byte budget (16 MiB in flight) plus that share and what the
+/// kernel's socket buffers took, then stops reading until the stall watchdog
+/// closes the connection. Without the bound it ran all 200 (the queued
+/// replies kept their pool buffers, up to the send queue's 256 MiB).
+#[test]
+fn a_non_reader_gets_no_more_requests_read_past_its_share() {
+    use std::io::{Read as _, Write as _};
+    let cluster = TestCluster::start_with(ClusterOptions {
+        shards: 1,
+        osd_extra_yaml: "send_stall_timeout_ms: 4000\nmax_inflight_bytes_per_shard: 16777216\n\
+                         memory_pool:\n  bytes_per_thread: 268435456\n"
+            .into(),
+        ..ClusterOptions::default()
+    });
+    let vol = cluster.create_volume("backlog", 64 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let osd = locate(&map, object).osds[0];
+    let addr = map.osds[&osd].shard_addr(0);
+    let metrics = cluster.osd_metrics_addr(process_of(&cluster, &map, osd));
+    let reads = || flame_tests::metric_sum(metrics, "flame_osd_ops_total", "op=\"read\"");
+    let hm = cluster.hello_maker();
+    // The object holds data, so every read's reply carries 1 MiB.
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let m = map.clone();
+    let hm2 = hm;
+    reactor
+        .block_on(async move {
+            let conn = connect(&hm2, &m, osd, 0).await;
+            let w = call_retry(&conn, write(&m, 2, object, 0, vec![0x11; 1 << 20]), true).await;
+            assert_eq!(status_of(&w), status::OK);
+        })
+        .unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hm.hello(osd, 0, map.epoch, false, 0, 0).encode())
+        .unwrap();
+    let mut reply = [0u8; 128 + 48];
+    s.read_exact(&mut reply[..128]).unwrap();
+    let h = protocol::Header::decode(reply[..128].try_into().unwrap()).unwrap();
+    assert_eq!(h.status, 0, "hello");
+    s.read_exact(&mut reply[..h.payload_len as usize]).unwrap();
+    let before = reads();
+    for id in 0..200u64 {
+        s.write_all(&read(&map, 10 + id, object, 0, 1 << 20).encode())
+            .unwrap();
+    }
+    // Let the OSD run what it will, well before the watchdog's 4 s.
+    std::thread::sleep(Duration::from_millis(2000));
+    let ran = reads() - before;
+    println!("reads run for a connection that takes no reply: {ran} of 200");
+    assert!(ran >= 16, "the OSD ran only {ran} reads");
+    assert!(
+        ran <= 120,
+        "{ran} reads ran for a connection that takes no reply (budget 16 + share 64 + socket buffers)"
+    );
+    drop(s);
+}
+
 /// Idleness counts only when nothing is in flight: with `idle_timeout_ms` at
 /// 1 s and a client's write held 2.5 s on its primary (failpoint
 /// `write_hold`), the connection that waits silently for the reply is not

@@ -244,6 +244,31 @@ impl Conn {
         }
     }
 
+    /// Bytes queued for sending and not yet handed to the link (the
+    /// simulator's links: none, a send is on the wire at once).
+    pub fn send_queued_bytes(&self) -> usize {
+        match self {
+            Conn::Tcp(c) => c.send_queued_bytes(),
+            Conn::Shm(c) => c.send_queued_bytes(),
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.send_queued_bytes(),
+            Conn::Sim(_) => 0,
+        }
+    }
+
+    /// Waits until at most `bytes_max` bytes wait in the send queue (or the
+    /// connection is closed): a server reads no more requests from a peer
+    /// that does not take its answers.
+    pub async fn wait_sent_below(&self, bytes_max: usize) {
+        match self {
+            Conn::Tcp(c) => c.wait_sent_below(bytes_max).await,
+            Conn::Shm(c) => c.wait_sent_below(bytes_max).await,
+            #[cfg(feature = "rdma")]
+            Conn::Rdma(c) => c.wait_sent_below(bytes_max).await,
+            Conn::Sim(_) => {}
+        }
+    }
+
     /// Whether the connection has failed or been closed.
     pub fn is_closed(&self) -> bool {
         match self {

@@ -32,6 +32,10 @@ struct State<B> {
     backlog: B,
     /// Bytes in `backlog`.
     queued_bytes: usize,
+    /// Bytes the drainer took for its current round ([`SendQueue::take_all`])
+    /// and has not yet handed to the link (a `writev` still in progress): they
+    /// count as queued until its next round begins.
+    in_round: usize,
     /// The drainer took a round and has not come back for more.
     draining: bool,
     /// The drainer, waiting for something to send (or for room on its link).
@@ -82,6 +86,7 @@ impl<B: Backlog> SendQueue<B> {
             state: RefCell::new(State {
                 backlog: B::default(),
                 queued_bytes: 0,
+                in_round: 0,
                 draining: false,
                 drainer: None,
                 drain_waiters: Vec::new(),
@@ -109,9 +114,11 @@ impl<B: Backlog> SendQueue<B> {
         self.closing.get()
     }
 
-    /// Bytes queued and not yet handed to the link.
+    /// Bytes queued and not yet handed to the link (including a round the
+    /// drainer took and is still writing).
     pub fn queued_bytes(&self) -> usize {
-        self.state.borrow().queued_bytes
+        let st = self.state.borrow();
+        st.queued_bytes + st.in_round
     }
 
     /// Whether nothing is queued (what the drainer took may still be on its way).
@@ -126,7 +133,7 @@ impl<B: Backlog> SendQueue<B> {
             return Err(PushRefused::Closed);
         }
         let mut st = self.state.borrow_mut();
-        if st.queued_bytes.saturating_add(bytes) > self.bytes_max {
+        if (st.queued_bytes + st.in_round).saturating_add(bytes) > self.bytes_max {
             return Err(PushRefused::Backlog(self.bytes_max));
         }
         add(&mut st.backlog);
@@ -159,16 +166,17 @@ impl<B: Backlog> SendQueue<B> {
         r
     }
 
-    /// Takes everything queued (the drainer sends it all in one round).
+    /// Takes everything queued for one round of the drainer, which may take
+    /// a while to hand it all to the link (a `writev` to a peer that reads
+    /// slowly): its bytes still count as queued until the drainer comes back
+    /// for its next round ([`SendQueue::next_round`]).
     pub fn take_all<R>(&self, take: impl FnOnce(&mut B) -> R) -> R {
         let mut st = self.state.borrow_mut();
         let r = take(&mut st.backlog);
         assert!(st.backlog.is_empty(), "take_all left something queued");
+        st.in_round += st.queued_bytes;
         st.queued_bytes = 0;
         st.draining = true;
-        let waiters = std::mem::take(&mut st.drain_waiters);
-        drop(st);
-        waiters.into_iter().for_each(Waker::wake);
         r
     }
 
@@ -181,6 +189,12 @@ impl<B: Backlog> SendQueue<B> {
                 return Poll::Ready(Err(WriterEnd::Closed));
             }
             let mut st = self.state.borrow_mut();
+            if st.in_round > 0 {
+                // The last round went: senders waiting for room go on.
+                st.in_round = 0;
+                let waiters = std::mem::take(&mut st.drain_waiters);
+                waiters.into_iter().for_each(Waker::wake);
+            }
             if !st.backlog.is_empty() {
                 return Poll::Ready(Ok(()));
             }
@@ -225,7 +239,7 @@ impl<B: Backlog> SendQueue<B> {
             let done = if bytes_max == 0 {
                 st.backlog.is_empty() && !st.draining
             } else {
-                st.queued_bytes <= bytes_max
+                st.queued_bytes + st.in_round <= bytes_max
             };
             if done {
                 return Poll::Ready(());
@@ -259,6 +273,7 @@ impl<B: Backlog> SendQueue<B> {
         let mut st = self.state.borrow_mut();
         let dropped = std::mem::take(&mut st.backlog);
         st.queued_bytes = 0;
+        st.in_round = 0;
         let drainer = st.drainer.take();
         let waiters = std::mem::take(&mut st.drain_waiters);
         drop(st);
@@ -315,6 +330,27 @@ mod tests {
         assert_eq!(q.queued_bytes(), 0);
         assert!(q.is_empty());
         push(&q, b"123456789").unwrap();
+    }
+
+    #[test]
+    fn a_round_in_progress_counts_as_queued_until_the_next_round() {
+        use crate::reactor::{Reactor, ReactorConfig};
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let q = SendQueue::<Records>::new(10);
+            push(&q, b"123456").unwrap();
+            assert_eq!(q.next_round().await, Ok(()));
+            let taken = q.take_all(|b| std::mem::take(&mut b.0));
+            assert_eq!(taken.len(), 1);
+            assert!(q.is_empty());
+            assert_eq!(q.queued_bytes(), 6, "still being written");
+            assert_eq!(push(&q, b"12345"), Err(PushRefused::Backlog(10)));
+            push(&q, b"1234").unwrap();
+            // The drainer comes back: the round went.
+            assert_eq!(q.next_round().await, Ok(()));
+            assert_eq!(q.queued_bytes(), 4);
+        })
+        .unwrap();
     }
 
     #[test]

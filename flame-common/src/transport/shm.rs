@@ -1533,7 +1533,17 @@ impl ShmConn {
         }
     }
 
-    /// See [`crate::transport::Conn::stall`].
+    /// See [`super::Conn::send_queued_bytes`].
+    pub fn send_queued_bytes(&self) -> usize {
+        self.tx.queued_bytes()
+    }
+
+    /// See [`super::Conn::wait_sent_below`].
+    pub async fn wait_sent_below(&self, bytes_max: usize) {
+        self.tx.wait_below(bytes_max.max(1)).await
+    }
+
+    /// See [`super::Conn::stall`].
     pub fn stall(&self) -> (super::Stall, u64) {
         self.tx.marks().current()
     }

@@ -669,6 +669,16 @@ impl TcpConn {
         }
     }
 
+    /// See [`super::Conn::send_queued_bytes`].
+    pub fn send_queued_bytes(&self) -> usize {
+        self.tx.queued_bytes()
+    }
+
+    /// See [`super::Conn::wait_sent_below`].
+    pub async fn wait_sent_below(&self, bytes_max: usize) {
+        self.tx.wait_below(bytes_max.max(1)).await
+    }
+
     /// See [`super::Conn::stall`].
     pub fn stall(&self) -> Option<(super::Stall, u64)> {
         Some(self.tx.marks().current())

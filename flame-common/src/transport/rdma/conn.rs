@@ -1349,6 +1349,16 @@ impl RdmaConn {
         self.never_wait.set(on);
     }
 
+    /// See [`crate::transport::Conn::send_queued_bytes`].
+    pub fn send_queued_bytes(&self) -> usize {
+        self.tx.queued_bytes()
+    }
+
+    /// See [`crate::transport::Conn::wait_sent_below`].
+    pub async fn wait_sent_below(&self, bytes_max: usize) {
+        self.tx.wait_below(bytes_max.max(1)).await
+    }
+
     /// See [`crate::transport::Conn::stall`].
     pub fn stall(&self) -> (crate::transport::Stall, u64) {
         self.tx.marks().current()
