@@ -616,6 +616,70 @@ fn replica_flag_from_a_client_connection_is_refused() {
         "the bypassing write reached the replica's copy ({})",
         p.display()
     );
+    let report = cluster.admin_json(&["scrub", "bypass"]);
+    assert_eq!(report["inconsistent"].as_u64(), Some(0), "{report}");
+}
+
+/// A forged replication write — over a connection with the OSD role (a holder
+/// of the OSD key), REPLICA flag, `pg_seq` u64::MAX, which would wrap when
+/// that OSD later became primary — is refused by the replica: the copies stay
+/// equal (scrub: 0 inconsistent) and the data the primary wrote reads back.
+#[test]
+fn a_forged_pg_seq_is_refused_and_changes_nothing() {
+    let cluster = TestCluster::start();
+    let vol = cluster.create_volume("forged", 16 << 20);
+    let map = cluster.map();
+    let object = ObjectId {
+        volume: vol.id,
+        index: 0,
+    };
+    let loc = locate(&map, object);
+    let (primary, replica) = (loc.osds[0], loc.osds[1]);
+    let mut reactor = Reactor::new(ReactorConfig::default()).unwrap();
+    let hm = cluster.hello_maker();
+    let m = map.clone();
+    reactor
+        .block_on(async move {
+            let conn = connect(&hm, &m, primary, m.osds[&primary].shard_of(loc.pg)).await;
+            let w = call_retry(&conn, write(&m, 1, object, 0, vec![0x5a; 4096]), true).await;
+            assert_eq!(status_of(&w), status::OK);
+            let shard = m.osds[&replica].shard_of(loc.pg);
+            let peer = Conn::connect(
+                TransportKind::Tcp,
+                m.osds[&replica].shard_addr(shard),
+                TIMEOUT,
+            )
+            .await
+            .expect("connect");
+            peer.send(&hm.hello(replica, shard, m.epoch, true, 0, 0))
+                .unwrap();
+            match peer.recv().await.unwrap() {
+                Message::HelloReply { status: 0, .. } => {}
+                other => panic!("peer hello refused: {other:?}"),
+            }
+            let mut forged = write(&m, 2, object, 0, vec![0x66; 4096]);
+            if let Message::Write { flags, seq, .. } = &mut forged {
+                *flags |= flame_common::protocol::flags::REPLICA;
+                *seq = PgSeq(u64::MAX);
+            }
+            let st = status_of(&call(&peer, forged).await);
+            assert_eq!(
+                st,
+                status::EINVAL,
+                "a forward with pg_seq u64::MAX was not refused"
+            );
+            let r = call_retry(&conn, read(&m, 3, object, 0, 4096), true).await;
+            match r {
+                Message::Reply {
+                    status: 0, data, ..
+                } => assert!(data.as_slice().iter().all(|&b| b == 0x5a), "data changed"),
+                other => panic!("read after the forged forward: {other:?}"),
+            }
+        })
+        .unwrap();
+    let report = cluster.admin_json(&["scrub", "forged"]);
+    assert_eq!(report["inconsistent"].as_u64(), Some(0), "{report}");
+    assert_eq!(report["repaired"].as_u64(), Some(0), "{report}");
 }
 
 /// An OSD refuses a write past its volume's end (and to a volume it does not know):
@@ -988,6 +1052,8 @@ fn a_raw_delete_of_a_live_volume_is_refused_and_erases_nothing() {
         })
         .unwrap();
     assert_eq!(cluster.object_files_per_osd(vol.id), vec![1; 3]);
+    let report = cluster.admin_json(&["scrub", "keep"]);
+    assert_eq!(report["inconsistent"].as_u64(), Some(0), "{report}");
     let out = cluster.admin_ok(&["volume", "rm", "keep"]);
     assert!(out.contains("removed volume keep"), "{out}");
     assert_eq!(cluster.object_files_per_osd(vol.id), vec![0; 3], "{out}");
