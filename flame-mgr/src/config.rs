@@ -84,6 +84,10 @@ pub struct MgrConfig {
     /// Open API connections at most; beyond it new ones wait in the listen
     /// backlog (each OSD and client keeps one or two open).
     pub connections_max: u32,
+    /// Open API connections from one address at most (an IPv6 host counts by
+    /// its /64); beyond it a new connection is closed at once, so one host
+    /// cannot take every connection (`connections_max`) from the others.
+    pub connections_per_source_max: u32,
     /// How long a client may take to send a request's headers before its
     /// connection is closed (half-sent requests must not hold connections).
     /// It bounds the TLS handshake too.
@@ -132,6 +136,7 @@ impl Default for MgrConfig {
             auth: AuthMode::Required,
             keyring: None,
             connections_max: 4096,
+            connections_per_source_max: 256,
             header_read_timeout_ms: 10_000,
             tls: None,
         }
@@ -160,6 +165,12 @@ impl Validate for MgrConfig {
         }
         if !(16..=1_000_000).contains(&self.connections_max) {
             return Err(("connections_max".into(), "must be 16..=1000000".into()));
+        }
+        if !(8..=self.connections_max).contains(&self.connections_per_source_max) {
+            return Err((
+                "connections_per_source_max".into(),
+                "must be 8..=connections_max".into(),
+            ));
         }
         if !(100..=600_000).contains(&self.header_read_timeout_ms) {
             return Err((
@@ -295,6 +306,14 @@ mod tests {
             ("listen: nowhere\n", "listen"),
             ("full_ratio: 1.5\n", "full_ratio"),
             ("nearfull_ratio: 0.99\n", "nearfull_ratio"),
+            (
+                "connections_max: 64\nconnections_per_source_max: 65\n",
+                "connections_per_source_max",
+            ),
+            (
+                "connections_per_source_max: 2\n",
+                "connections_per_source_max",
+            ),
         ] {
             let e = parse_str::<MgrConfig>(yaml, "t").unwrap_err().to_string();
             assert!(e.contains(key), "{yaml:?} → {e}");

@@ -34,6 +34,27 @@ pub struct Metrics {
     pub auth_refusals: IntCounterVec,
 }
 
+static CONNECTIONS_REFUSED: std::sync::LazyLock<prometheus::IntCounter> = std::sync::LazyLock::new(
+    || {
+        prometheus::register_int_counter!(
+            "flame_mgr_connections_refused_total",
+            "API connections closed unserved because their address held connections_per_source_max already"
+        )
+        .unwrap_or_else(|e| panic!("metric registration: {e}"))
+    },
+);
+
+/// Counts an API connection closed unserved (its address holds its share).
+pub fn connection_refused() {
+    CONNECTIONS_REFUSED.inc();
+}
+
+/// Registers the counters that are not part of [`Metrics`], so `/metrics`
+/// shows them from the start.
+pub fn register_statics() {
+    std::sync::LazyLock::force(&CONNECTIONS_REFUSED);
+}
+
 fn register<C: prometheus::core::Collector + Clone + 'static>(
     c: C,
 ) -> Result<C, prometheus::Error> {

@@ -3,15 +3,20 @@
 //! request's headers (a slowloris flood of half-sent requests would otherwise
 //! hold connections, memory and file descriptors forever), and how many
 //! connections are open at once (beyond the cap, new connections wait in the
-//! listen backlog instead of exhausting descriptors); with `tls:`, every
+//! listen backlog instead of exhausting descriptors), and how many of them
+//! one address may hold (beyond, closed at once); with `tls:`, every
 //! connection is a TLS one (rustls), its handshake bounded like the headers.
 //! Requests are bounded
 //! further in [`crate::api`] (body sizes) and [`crate::shared`] (heartbeats
 //! ahead of everything an API client can flood).
 
 use axum::Router;
+use flame_common::collections::HashMap;
+use flame_common::transport::bring_up::Source;
+use flame_common::transport::receive_share::share_key;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -24,11 +29,53 @@ use tracing::{info, warn};
 pub struct Limits {
     /// Open connections at most (`connections_max`).
     pub connections_max: usize,
+    /// Open connections from one address at most
+    /// (`connections_per_source_max`).
+    pub connections_per_source_max: usize,
     /// How long a client may take to send a request's headers
     /// (`header_read_timeout_ms`).
     pub header_read_timeout: Duration,
     /// After a stop is asked for, how long open requests may still run.
     pub shutdown_wait: Duration,
+}
+
+/// Open connections per source address (an IPv6 host by its /64).
+#[derive(Default)]
+struct PerSource(std::sync::Mutex<HashMap<Source, usize>>);
+
+/// One connection's place in [`PerSource`]; given back on drop.
+struct SourceSlot {
+    table: Arc<PerSource>,
+    source: Source,
+}
+
+impl PerSource {
+    /// A place for a connection from `ip`, unless it holds `max` already.
+    fn take(table: &Arc<PerSource>, ip: IpAddr, max: usize) -> Option<SourceSlot> {
+        let source = share_key(Source::Ip(ip));
+        let mut t = table.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = t.entry(source).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            table: Arc::clone(table),
+            source,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut t = self.table.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = t.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                t.remove(&self.source);
+            }
+        }
+    }
 }
 
 /// Serves `router` on `listener` until `stop` turns true, then lets open
@@ -41,7 +88,9 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    crate::metrics::register_statics();
     let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let per_source = Arc::new(PerSource::default());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -67,7 +116,7 @@ pub async fn run(
             },
             _ = stop.wait_for(|s| *s) => break,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(a) => a,
                 Err(e) => {
@@ -80,6 +129,15 @@ pub async fn run(
             _ = stop.wait_for(|s| *s) => break,
         };
         full_logged = false;
+        let Some(source_slot) =
+            PerSource::take(&per_source, peer.ip(), limits.connections_per_source_max)
+        else {
+            // Closed unserved: this address holds its share of the slots.
+            crate::metrics::connection_refused();
+            tracing::debug!(%peer, "connection refused: connections_per_source_max reached");
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let service =
@@ -95,7 +153,7 @@ pub async fn run(
                 tokio::spawn(async move {
                     // Errors are the client's (a reset, a header timeout).
                     let _ = conn.await;
-                    drop(permit);
+                    drop((permit, source_slot));
                 });
             }
             Some(acceptor) => {
@@ -106,6 +164,7 @@ pub async fn run(
                 let (builder, watcher) = (Arc::clone(&builder), graceful.watcher());
                 let bound = limits.header_read_timeout;
                 tokio::spawn(async move {
+                    let _slots = (permit, source_slot);
                     let stream = match tokio::time::timeout(bound, handshake).await {
                         Ok(Ok(s)) => s,
                         // Not TLS, a wrong CA on the client's side, too slow.
@@ -119,7 +178,6 @@ pub async fn run(
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .into_owned();
                     let _ = watcher.watch(conn).await;
-                    drop(permit);
                 });
             }
         }

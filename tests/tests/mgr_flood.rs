@@ -115,3 +115,49 @@ fn a_flooded_manager_keeps_every_osd_up_and_cuts_half_sent_requests() {
     let vol = cluster.create_volume("after", 1 << 20);
     assert_eq!(vol.size, 1 << 20);
 }
+
+/// One address cannot take every connection of the manager: with
+/// `connections_per_source_max: 16`, 16 silent connections from 127.0.0.5
+/// hold their slots, the 17th from there is closed at once and counted, and
+/// the manager goes on serving everyone else (the harness's map read, the
+/// OSDs' heartbeats).
+#[test]
+fn one_address_holds_at_most_its_share_of_manager_connections() {
+    let cluster = TestCluster::start_with(ClusterOptions {
+        mgr_extra_yaml: "connections_per_source_max: 16\nheader_read_timeout_ms: 8000\n".into(),
+        ..ClusterOptions::default()
+    });
+    let mgr = cluster.mgr_addr();
+    let from = |ip: &str| -> std::io::Result<TcpStream> {
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        sock.bind(&std::net::SocketAddr::new(ip.parse().unwrap(), 0).into())?;
+        sock.connect(&mgr.into())?;
+        Ok(sock.into())
+    };
+    let held: Vec<TcpStream> = (0..16).map(|_| from("127.0.0.5").unwrap()).collect();
+    // Let the manager accept them all.
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let mut extra = from("127.0.0.5").unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\n\r\n");
+    let mut got = Vec::new();
+    let _ = extra.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "the 17th connection from one address was served: {}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the 17th connection was held, not closed"
+    );
+    // Everyone else is served meanwhile.
+    let epoch = cluster.map().epoch;
+    assert!(epoch.0 > 0);
+    let refused = flame_tests::metric_sum(mgr, "flame_mgr_connections_refused_total", "");
+    assert!(refused >= 1, "refusals not counted");
+    drop(held);
+}
