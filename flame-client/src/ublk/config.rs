@@ -218,3 +218,37 @@ mod tests {
         );
     }
 }
+
+/// Property test of this configuration's YAML decoding (`parse_str`), as for
+/// flame-nbd's: arbitrary text and the shipped example
+/// (`deploy/examples/ublk.yaml`) with bytes flipped, inserted, deleted or cut
+/// give the configuration or an error naming the key, never a panic or a hang.
+/// Seeded and bounded (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override).
+#[cfg(test)]
+mod props {
+    use super::*;
+    use flame_common::config::parse_str;
+    use flame_common::fuzzing::mutate;
+    use flame_common::fuzzing::props::config;
+    use proptest::prelude::*;
+
+    const EXAMPLE: &str = include_str!("../../../deploy/examples/ublk.yaml");
+
+    /// This file's proptest seed (`config`).
+    const SEED: u64 = 0xf1a3_001b;
+
+    proptest! {
+        #![proptest_config(config(128, SEED))]
+
+        #[test]
+        fn yaml_configs_parse_or_fail_cleanly(
+            text in "[a-z_:{}\\[\\],&*!|>#0-9 .\n-]{0,80}",
+            m in proptest::collection::vec(any::<(u8, u32, u8)>(), 0..8),
+        ) {
+            let _ = parse_str::<UblkConfig>(&text, "t");
+            let mut b = EXAMPLE.as_bytes().to_vec();
+            mutate(&mut b, &m);
+            let _ = parse_str::<UblkConfig>(&String::from_utf8_lossy(&b), "t");
+        }
+    }
+}
