@@ -291,12 +291,26 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
     } else {
         BODY_BYTES_MAX
     };
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(e) => {
+    // Within the header timeout again: a caller that names a known entity and
+    // then trickles its body holds its connection no longer than one that
+    // trickles its headers.
+    let read = tokio::time::timeout(shared.body_read_timeout, axum::body::to_bytes(body, limit));
+    let body = match read.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
             return HttpError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body over the limit of {limit} bytes, or unreadable: {e}"),
+            )
+            .into_response();
+        }
+        Err(_) => {
+            return HttpError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request body not sent within {} ms",
+                    shared.body_read_timeout.as_millis()
+                ),
             )
             .into_response();
         }

@@ -219,7 +219,13 @@ async fn serve(
     if tls.is_none() {
         info!("the API serves plain HTTP (no `tls:`): requests are signed, not private");
     }
-    let shared = shared::Shared::new(store, cluster_state, metrics, verifier);
+    let shared = shared::Shared::new(
+        store,
+        cluster_state,
+        metrics,
+        verifier,
+        Duration::from_millis(config.header_read_timeout_ms),
+    );
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

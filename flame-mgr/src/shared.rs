@@ -69,6 +69,9 @@ pub struct Shared {
     pub verifier: Option<parking_lot::Mutex<Verifier>>,
     /// The one permit of low-priority work on the state lock (see the module doc).
     low_priority: tokio::sync::Semaphore,
+    /// How long a signed request's body may take to arrive once its headers
+    /// did (`header_read_timeout_ms`: hyper bounds only the head).
+    pub body_read_timeout: std::time::Duration,
 }
 
 impl Shared {
@@ -79,6 +82,7 @@ impl Shared {
         state: ClusterState,
         metrics: crate::metrics::Metrics,
         verifier: Option<Verifier>,
+        body_read_timeout: std::time::Duration,
     ) -> Arc<Self> {
         let (map_tx, _) = watch::channel(Arc::new(state.map().clone()));
         let (auth_tx, _) = watch::channel(Arc::new(state.persisted.auth.clone()));
@@ -91,6 +95,7 @@ impl Shared {
             auth_tx,
             verifier: verifier.map(parking_lot::Mutex::new),
             low_priority: tokio::sync::Semaphore::new(1),
+            body_read_timeout,
         })
     }
 

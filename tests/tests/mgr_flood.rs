@@ -161,3 +161,48 @@ fn one_address_holds_at_most_its_share_of_manager_connections() {
     assert!(refused >= 1, "refusals not counted");
     drop(held);
 }
+
+/// A signed request whose body trickles is cut at the header timeout, like one
+/// whose headers trickle: a caller naming a known entity cannot hold a
+/// connection by sending its body slowly (hyper bounds only the head).
+#[test]
+fn a_trickled_body_is_cut_at_the_timeout() {
+    let cluster = TestCluster::start_with(ClusterOptions {
+        mgr_extra_yaml: "header_read_timeout_ms: 1000\n".into(),
+        ..ClusterOptions::default()
+    });
+    let Some(keys) = cluster.keys() else {
+        // With `auth: none` the handlers read the body themselves.
+        return;
+    };
+    let creds = keys.creds("client.admin", 1);
+    let body = b"{\"name\":\"slow\",\"size\":1048576}";
+    let auth = creds.sign(
+        "POST",
+        "/v1/volumes",
+        body,
+        flame_common::clock::unix_ms(),
+        flame_common::auth::Nonce::random().unwrap(),
+    );
+    let mut s = TcpStream::connect(cluster.mgr_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/volumes HTTP/1.1\r\nHost: m\r\nContent-Type: application/json\r\n\
+         Authorization: {}\r\nContent-Length: {}\r\n\r\n",
+        auth.to_header(),
+        body.len()
+    )
+    .unwrap();
+    s.write_all(&body[..5]).unwrap();
+    let started = Instant::now();
+    let mut got = String::new();
+    let _ = s.read_to_string(&mut got);
+    let took = started.elapsed();
+    assert!(got.starts_with("HTTP/1.1 408"), "answer: {got:?}");
+    assert!(took < Duration::from_secs(4), "cut after {took:?}");
+    assert!(
+        !cluster.map().volumes.contains_key("slow"),
+        "the cut request changed the map"
+    );
+}
