@@ -33,7 +33,8 @@ use crate::ids::RequestId;
 use crate::protocol::{Message, OpCode};
 use crate::transport::Conn;
 use futures_channel::oneshot;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::task::{Poll, Waker};
 
 /// How much one connection may have waiting for replies.
@@ -261,13 +262,45 @@ impl<R, K> CallBook<R, K> {
     }
 }
 
+/// Callers waiting for room, first come first served: only the first may take
+/// room (a later small request never overtakes a large one waiting), and only
+/// the first is woken when room frees (one wake per reply, not one per
+/// waiter); it wakes the next as it leaves.
+#[derive(Default)]
+struct RoomQueue {
+    next_ticket: u64,
+    waiting: VecDeque<(u64, Waker)>,
+}
+
 /// One connection's requests, driven on its reactor thread: [`CallBook`]
 /// around a [`Conn`], with the callers waiting for room.
 pub struct Calls<R, K> {
     conn: Conn,
     book: RefCell<CallBook<R, K>>,
-    /// Callers waiting for room.
-    room_waiters: RefCell<Vec<Waker>>,
+    room: RefCell<RoomQueue>,
+    /// The connection was closed by a failure (see [`Calls::fail`]).
+    closed: Cell<bool>,
+}
+
+/// Takes a caller's ticket out of the room queue however its wait ends, and
+/// wakes the next one.
+struct LeaveRoomQueue<'a> {
+    room: &'a RefCell<RoomQueue>,
+    ticket: &'a Cell<Option<u64>>,
+}
+
+impl Drop for LeaveRoomQueue<'_> {
+    fn drop(&mut self) {
+        let mut q = self.room.borrow_mut();
+        if let Some(t) = self.ticket.take()
+            && let Some(pos) = q.waiting.iter().position(|(h, _)| *h == t)
+        {
+            q.waiting.remove(pos);
+        }
+        if let Some((_, w)) = q.waiting.front() {
+            w.wake_by_ref();
+        }
+    }
 }
 
 impl<R, K> Calls<R, K> {
@@ -276,7 +309,8 @@ impl<R, K> Calls<R, K> {
         Calls {
             conn,
             book: RefCell::new(CallBook::new(limits)),
-            room_waiters: RefCell::new(Vec::new()),
+            room: RefCell::new(RoomQueue::default()),
+            closed: Cell::new(false),
         }
     }
 
@@ -319,15 +353,43 @@ impl<R, K> Calls<R, K> {
         bytes: u64,
         keep: Option<K>,
     ) -> Result<Call<'_, R, K>, CallFailed> {
-        std::future::poll_fn(|cx| match self.book.borrow().has_room(bytes) {
-            Err(f) => Poll::Ready(Err(f)),
-            Ok(true) => Poll::Ready(Ok(())),
-            Ok(false) => {
-                self.room_waiters.borrow_mut().push(cx.waker().clone());
-                Poll::Pending
+        let ticket = Cell::new(None);
+        let leave = LeaveRoomQueue {
+            room: &self.room,
+            ticket: &ticket,
+        };
+        std::future::poll_fn(|cx| {
+            let room = self.book.borrow().has_room(bytes);
+            let mut q = self.room.borrow_mut();
+            let first = match ticket.get() {
+                None => q.waiting.is_empty(),
+                Some(t) => q.waiting.front().is_some_and(|(h, _)| *h == t),
+            };
+            match room {
+                Err(f) => Poll::Ready(Err(f)),
+                Ok(true) if first => Poll::Ready(Ok(())),
+                Ok(_) => {
+                    match ticket.get() {
+                        Some(t) => {
+                            if let Some(entry) = q.waiting.iter_mut().find(|(h, _)| *h == t) {
+                                entry.1 = cx.waker().clone();
+                            }
+                        }
+                        None => {
+                            let t = q.next_ticket;
+                            q.next_ticket += 1;
+                            q.waiting.push_back((t, cx.waker().clone()));
+                            ticket.set(Some(t));
+                        }
+                    }
+                    Poll::Pending
+                }
             }
         })
         .await?;
+        // Out of the queue; the next one looks for room once this request
+        // took its share (no await in between).
+        drop(leave);
         let id = wire.id();
         let rx = self.book.borrow_mut().insert(id, wire.op(), bytes, keep)?;
         let call = Call {
@@ -357,7 +419,7 @@ impl<R, K> Calls<R, K> {
         match delivery {
             Ok(Delivery::Waiting { tx, keep }) => {
                 let _ = tx.send(Ok(make(keep)));
-                self.wake_room_waiters();
+                self.wake_first_waiter();
                 Ok(())
             }
             Ok(Delivery::Late(keep)) => {
@@ -373,25 +435,36 @@ impl<R, K> Calls<R, K> {
 
     /// Fails the connection (once; later failures keep the first reason): closes
     /// it, tells every waiting caller and refuses every later request. Returns
-    /// whether this was the first failure.
+    /// whether this call closed the connection (the first failure, also when
+    /// the book had already failed itself: a wrong reply, too many abandoned).
     pub fn fail(&self, why: CallFailed) -> bool {
-        let first = self.book.borrow().failure().is_none();
+        let first = !self.closed.replace(true);
+        // Closed first, so the peer's transfers still running end on the
+        // closed link rather than on grants revoked under them.
+        self.conn.close();
         // Dropping the senders outside the borrow: a woken caller may look at
         // the book at once.
         let txs = self.book.borrow_mut().fail(why.clone());
-        self.conn.close();
         for tx in txs {
             let _ = tx.send(Err(why.clone()));
         }
-        self.wake_room_waiters();
+        let waiting: Vec<Waker> = self
+            .room
+            .borrow()
+            .waiting
+            .iter()
+            .map(|(_, w)| w.clone())
+            .collect();
+        for w in waiting {
+            w.wake();
+        }
         first
     }
 
-    /// Wakes every caller waiting for room; they re-check (a woken one may have
-    /// been dropped meanwhile, so waking just one could strand the others).
-    fn wake_room_waiters(&self) {
-        let waiters = std::mem::take(&mut *self.room_waiters.borrow_mut());
-        for w in waiters {
+    /// Wakes the first caller waiting for room (it wakes the next as it goes).
+    fn wake_first_waiter(&self) {
+        let first = self.room.borrow().waiting.front().map(|(_, w)| w.clone());
+        if let Some(w) = first {
             w.wake();
         }
     }
@@ -439,7 +512,7 @@ impl<R, K> Call<'_, R, K> {
     pub fn take(mut self) -> Option<(OpCode, Option<K>)> {
         self.done = true;
         let taken = self.calls.book.borrow_mut().take(self.id);
-        self.calls.wake_room_waiters();
+        self.calls.wake_first_waiter();
         taken
     }
 
@@ -459,7 +532,7 @@ impl<R, K> Drop for Call<'_, R, K> {
         if let Err(why) = abandoned {
             self.calls.fail(why);
         }
-        self.calls.wake_room_waiters();
+        self.calls.wake_first_waiter();
     }
 }
 
@@ -715,6 +788,88 @@ mod tests {
             assert!(calls.is_failed());
             assert!(calls.conn().is_closed());
             assert_eq!(calls.start(ping(&calls), 0, None).await.err(), Some(err));
+        })
+        .unwrap();
+    }
+
+    /// Room goes first come, first served: a small request arriving after a
+    /// large one that waits does not overtake it, and both go once a reply
+    /// frees room (the first wakes the next).
+    #[test]
+    fn callers_take_room_in_arrival_order() {
+        use crate::reactor::{Reactor, ReactorConfig, spawn};
+        use crate::transport::{Listener, TransportKind};
+        use std::rc::Rc;
+        use std::time::Duration;
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async {
+            let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr();
+            let far = spawn(async move { l.accept().await.unwrap() });
+            let near = Conn::connect(TransportKind::Tcp, addr, Duration::from_secs(2))
+                .await
+                .unwrap();
+            let far = far.await;
+            let limits = CallLimits {
+                in_flight_max: 8,
+                bytes_max: 100,
+                abandoned_max: 8,
+            };
+            let calls: Rc<Calls<Message, ()>> = Rc::new(Calls::new(near, limits));
+            let ping = |calls: &Calls<Message, ()>| Message::Ping {
+                id: calls.next_id(None),
+                epoch: crate::ids::Epoch(1),
+            };
+            let reader = {
+                let calls = calls.clone();
+                spawn(async move {
+                    while let Ok(Message::Reply { op, id, .. }) = calls.conn().recv().await {
+                        let reply = reply_to(
+                            &Message::Ping {
+                                id,
+                                epoch: crate::ids::Epoch(1),
+                            },
+                            op,
+                        );
+                        if calls.deliver(op, id, |_| reply).is_err() {
+                            break;
+                        }
+                    }
+                })
+            };
+            let first = calls.start(ping(&calls), 60, None).await.unwrap();
+            let order = Rc::new(RefCell::new(Vec::new()));
+            let queued = |name: &'static str, bytes: u64| {
+                let (calls, order) = (calls.clone(), order.clone());
+                spawn(async move {
+                    let call = calls.start(ping(&calls), bytes, None).await.unwrap();
+                    order.borrow_mut().push(name);
+                    call.reply().await.unwrap();
+                })
+            };
+            let large = queued("large", 50);
+            crate::reactor::sleep(Duration::from_millis(20)).await;
+            let small = queued("small", 10);
+            crate::reactor::sleep(Duration::from_millis(50)).await;
+            assert!(
+                order.borrow().is_empty(),
+                "the small one overtook: {:?}",
+                order.borrow()
+            );
+            assert_eq!(calls.book.borrow().waiting(), 1);
+            let r1 = far.recv().await.unwrap();
+            far.send_owned(reply_to(&r1, OpCode::Ping)).unwrap();
+            first.reply().await.unwrap();
+            for _ in 0..2 {
+                let r = far.recv().await.unwrap();
+                far.send_owned(reply_to(&r, OpCode::Ping)).unwrap();
+            }
+            large.await;
+            small.await;
+            assert_eq!(*order.borrow(), vec!["large", "small"]);
+            assert!(calls.room.borrow().waiting.is_empty());
+            calls.fail(CallFailed("done".into()));
+            reader.await;
         })
         .unwrap();
     }

@@ -17,6 +17,8 @@
 
 use crate::collections::HashMap;
 use crate::metrics::{EXTRA_BODY_MAX, ExtraRoutes};
+use crate::transport::bring_up::Source;
+use crate::transport::receive_share::share_key;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -67,22 +69,24 @@ impl Default for Timeouts {
     }
 }
 
-/// Connections being served, in all and per address.
+/// Connections being served, in all and per address (an IPv6 host by its /64,
+/// [`share_key`]).
 #[derive(Default)]
 struct Slots {
     total: usize,
-    per_source: HashMap<IpAddr, usize>,
+    per_source: HashMap<Source, usize>,
 }
 
 /// A connection's place among those served; given back on drop.
 struct Slot {
     slots: Arc<Mutex<Slots>>,
-    source: IpAddr,
+    source: Source,
 }
 
 impl Slots {
-    /// Takes a place for a connection from `source`, if there is one.
-    fn take(slots: &Arc<Mutex<Slots>>, source: IpAddr) -> Option<Slot> {
+    /// Takes a place for a connection from `ip`, if there is one.
+    fn take(slots: &Arc<Mutex<Slots>>, ip: IpAddr) -> Option<Slot> {
+        let source = share_key(Source::Ip(ip));
         let mut s = slots.lock().unwrap_or_else(|p| p.into_inner());
         let mine = s.per_source.get(&source).copied().unwrap_or(0);
         if s.total >= CONNECTIONS_MAX || mine >= CONNECTIONS_PER_SOURCE_MAX {
@@ -170,7 +174,7 @@ pub fn parse_head(head: &[u8]) -> Result<(String, String, usize), Answer> {
     let (Some(method), Some(path)) = (req.method, req.path) else {
         return Err(Answer::text(400, "bad request line\n"));
     };
-    let mut body_len = 0usize;
+    let mut body_len = None;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(Answer::text(411, "send a Content-Length, not chunks\n"));
@@ -186,10 +190,13 @@ pub fn parse_head(head: &[u8]) -> Result<(String, String, usize), Answer> {
                     format!("request body over {EXTRA_BODY_MAX} bytes\n"),
                 ));
             }
-            body_len = n as usize;
+            if body_len.is_some_and(|b| b != n as usize) {
+                return Err(Answer::text(400, "conflicting Content-Length headers\n"));
+            }
+            body_len = Some(n as usize);
         }
     }
-    Ok((method.to_string(), path.to_string(), body_len))
+    Ok((method.to_string(), path.to_string(), body_len.unwrap_or(0)))
 }
 
 /// Why a connection ended without an answer worth sending.
@@ -240,16 +247,25 @@ fn read_until(
     Ok(())
 }
 
+/// The length of the request head at the start of `b` (through its blank
+/// line, `\r\n\r\n` or a bare `\n\n`), if it is all there.
+fn head_end(b: &[u8]) -> Option<usize> {
+    let crlf = b.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+    let lf = b.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Reads one request off `stream`, within `timeout`.
 fn read_request(stream: &mut TcpStream, timeout: Duration) -> Result<Request, Cut> {
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::with_capacity(1024);
-    let end_of_head = |b: &[u8]| b.windows(4).any(|w| w == b"\r\n\r\n");
-    read_until(stream, &mut buf, HEAD_BYTES_MAX, deadline, end_of_head)?;
-    let head_len = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(buf.len(), |p| p + 4);
+    read_until(stream, &mut buf, HEAD_BYTES_MAX, deadline, |b| {
+        head_end(b).is_some()
+    })?;
+    let head_len = head_end(&buf).unwrap_or(buf.len());
     let (method, path, body_len) = parse_head(&buf[..head_len]).map_err(Cut::Answer)?;
     let want = head_len + body_len;
     read_until(stream, &mut buf, want, deadline, |b| b.len() >= want)?;
@@ -416,6 +432,13 @@ mod tests {
             411
         );
         assert_eq!(status(b"\x00\x01garbage\r\n\r\n"), 400);
+        assert_eq!(
+            status(b"PUT /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            400
+        );
+        assert_eq!(head_end(b"GET / HTTP/1.1\n\nrest"), Some(16));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\r\n\r\nx"), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\r\n"), None);
         let many: String = (0..40).map(|i| format!("H{i}: v\r\n")).collect();
         assert_eq!(
             status(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),

@@ -137,6 +137,10 @@ pub(crate) async fn serve_connection(
         inflight
             .room_or_transfers(max_inflight, is_peer, &shard)
             .await;
+        // And while the sender does not take its replies (no exception for
+        // transfers: their completions come from a peer that reads, and a
+        // peer that does not read gets nothing more until it does, or until
+        // the stall watchdog closes it).
         wait_for_replies_taken(&conn).await;
         let mut msg = match conn.recv().await {
             Ok(m) => m,

@@ -45,18 +45,20 @@ pub enum TlsCommand {
 
 /// Runs `tls init` or `tls issue`.
 pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
-    let (dir, files, cert, key) = match cmd {
+    let (dir, files, cert, key, issued) = match cmd {
         TlsCommand::Init { dir, names } => (
             dir,
             generate(dir, names).map_err(AdminError)?,
             MGR_CERT_FILE.to_string(),
             MGR_KEY_FILE.to_string(),
+            false,
         ),
         TlsCommand::Issue { dir, stem, names } => (
             dir,
             issue(dir, stem, names).map_err(AdminError)?,
             format!("{stem}.crt"),
             format!("{stem}.key"),
+            true,
         ),
     };
     #[derive(Serialize)]
@@ -68,11 +70,22 @@ pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
         return json(&w);
     }
     let d = dir.display();
+    let next = if issued {
+        format!(
+            "Next: set `tls: {{cert_file: {d}/{cert}, key_file: {d}/{key}}}` in the config of \
+             the manager it is for. Clients already trust {d}/{CA_CERT_FILE}: nothing changes \
+             for them. Keep {CA_KEY_FILE} offline.\n"
+        )
+    } else {
+        format!(
+            "Next: set `tls: {{cert_file: {d}/{cert}, key_file: {d}/{key}}}` in \
+             the manager's config, copy {d}/{CA_CERT_FILE} to every host and set \
+             `mgr_tls_ca: …/{CA_CERT_FILE}` in the OSD, flame-nbd and flame-ublk configs \
+             (flame-admin: --mgr-ca or FLAME_MGR_CA). Keep {CA_KEY_FILE} offline.\n"
+        )
+    };
     Ok(format!(
-        "{}\nNext: set `tls: {{cert_file: {d}/{cert}, key_file: {d}/{key}}}` in \
-         the manager's config, copy {d}/{CA_CERT_FILE} to every host and set \
-         `mgr_tls_ca: …/{CA_CERT_FILE}` in the OSD, flame-nbd and flame-ublk configs \
-         (flame-admin: --mgr-ca or FLAME_MGR_CA). Keep {CA_KEY_FILE} offline.\n",
+        "{}\n{next}",
         table(
             &["FILE"],
             &files
@@ -161,10 +174,9 @@ pub fn issue(
     let gen_err = |e: rcgen::Error| format!("generating the certificate: {e}");
     let key = rcgen::KeyPair::generate().map_err(gen_err)?;
     let cert = params.signed_by(&key, &issuer).map_err(gen_err)?;
-    write_all(
-        &files,
-        vec![(cert.pem(), false), (key.serialize_pem(), true)],
-    )?;
+    // The key first: a failure then leaves no certificate without its key.
+    write_all(&files[1..], vec![(key.serialize_pem(), true)])?;
+    write_all(&files[..1], vec![(cert.pem(), false)])?;
     Ok(files)
 }
 

@@ -159,7 +159,8 @@ impl<B: Backlog> SendQueue<B> {
         let (r, bytes) = take(&mut st.backlog);
         assert!(bytes <= st.queued_bytes, "took more than was queued");
         st.queued_bytes -= bytes;
-        st.draining = true;
+        // Handed to the link at once: with nothing left, nothing is on its way.
+        st.draining = !st.backlog.is_empty();
         let waiters = std::mem::take(&mut st.drain_waiters);
         drop(st);
         waiters.into_iter().for_each(Waker::wake);
@@ -213,6 +214,13 @@ impl<B: Backlog> SendQueue<B> {
         .await
     }
 
+    /// Wakes every task waiting for the queue to shrink (the link is gone, see
+    /// [`SendQueue::wait_below_unless`]).
+    pub fn wake_waiters(&self) {
+        let waiters = std::mem::take(&mut self.state.borrow_mut().drain_waiters);
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
     /// Wakes the drainer (something it waits on outside the queue changed:
     /// room on its link, the peer's end).
     pub fn wake_drainer(&self) {
@@ -229,10 +237,18 @@ impl<B: Backlog> SendQueue<B> {
     }
 
     /// Waits until the queue holds at most `bytes_max` bytes (0: everything
-    /// handed to the link), or the connection is closed.
+    /// handed to the link, which needs a drainer that calls
+    /// [`SendQueue::next_round`]), or the connection is closed.
     pub async fn wait_below(&self, bytes_max: usize) {
+        self.wait_below_unless(bytes_max, || false).await
+    }
+
+    /// Like [`SendQueue::wait_below`], ending too once `gone()` says the link
+    /// is gone (a transport whose peer can vanish before the owner closes:
+    /// [`SendQueue::wake_waiters`] wakes the wait to look).
+    pub async fn wait_below_unless(&self, bytes_max: usize, gone: impl Fn() -> bool) {
         std::future::poll_fn(|cx| {
-            if self.closed.get() {
+            if self.closed.get() || gone() {
                 return Poll::Ready(());
             }
             let mut st = self.state.borrow_mut();

@@ -1538,9 +1538,12 @@ impl ShmConn {
         self.tx.queued_bytes()
     }
 
-    /// See [`super::Conn::wait_sent_below`].
+    /// See [`super::Conn::wait_sent_below`]. Ends too when the peer is gone
+    /// (its backlog will never be taken).
     pub async fn wait_sent_below(&self, bytes_max: usize) {
-        self.tx.wait_below(bytes_max.max(1)).await
+        self.tx
+            .wait_below_unless(bytes_max.max(1), || self.peer_gone.get())
+            .await
     }
 
     /// See [`super::Conn::stall`].
@@ -2005,6 +2008,7 @@ async fn watch_peer(conn: std::rc::Weak<ShmConn>) {
             w.wake();
         }
         c.tx.wake_drainer();
+        c.tx.wake_waiters();
         return;
     }
 }
@@ -2389,6 +2393,70 @@ mod tests {
                 "{mode:?}: {rung} doorbells for 100 messages"
             );
         }
+    }
+
+    /// A wait for the backlog to shrink ends when the peer goes away: its
+    /// backlog will never be taken (an OSD waiting to read the next request of
+    /// a client that stopped taking replies and then died must not wait for
+    /// good).
+    #[test]
+    fn a_wait_for_the_backlog_ends_when_the_peer_goes() {
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = l.local_addr();
+            let accepted = crate::reactor::spawn(async move { l.accept().await.unwrap() });
+            let c = ShmConn::connect(addr).await.unwrap().unwrap();
+            let super::super::Conn::Shm(far) = accepted.await else {
+                panic!("accepted over tcp")
+            };
+            let ping = Message::Write {
+                id: RequestId(1),
+                epoch: Epoch(1),
+                target: crate::protocol::IoTarget {
+                    pg: crate::ids::PgId(1),
+                    object: crate::ids::ObjectId {
+                        volume: crate::ids::VolumeId(1),
+                        index: 0,
+                    },
+                    offset: 0,
+                    length: 1 << 20,
+                },
+                flags: 0,
+                seq: crate::ids::PgSeq(0),
+                op: crate::ids::OpId::NONE,
+                remote: None,
+                data: PayloadBuf::copy_from(&vec![7u8; 1 << 20]),
+            };
+            // The far side never reads: the ring fills, a backlog builds.
+            for _ in 0..64 {
+                if c.send_queued_bytes() > 4 << 20 {
+                    break;
+                }
+                c.send(&ping).unwrap();
+            }
+            assert!(c.send_queued_bytes() > 4 << 20, "no backlog built up");
+            let waiting = {
+                let c = c.clone();
+                crate::reactor::spawn(async move { c.wait_sent_below(1 << 20).await })
+            };
+            crate::reactor::sleep(Duration::from_millis(50)).await;
+            // The far side goes (as a killed process's socket closes).
+            far.close();
+            let ended = futures_lite::future::or(
+                async {
+                    waiting.await;
+                    true
+                },
+                async {
+                    crate::reactor::sleep(Duration::from_secs(5)).await;
+                    false
+                },
+            )
+            .await;
+            assert!(ended, "the wait outlived the peer");
+        })
+        .unwrap();
     }
 
     /// A peer whose consumer index in its ring goes wrong (past what was
