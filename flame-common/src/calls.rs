@@ -8,9 +8,10 @@
 //! same way:
 //! * **Admission.** At most `in_flight_max` requests and `bytes_max` payload
 //!   bytes wait for replies at once (a request larger than the byte bound goes
-//!   alone); a caller beyond waits, woken when a reply frees room, so a busy
-//!   sender is held back here instead of growing a send queue or being cut off by
-//!   the receiver's own bound.
+//!   alone); a caller beyond waits, first come, first served, so a busy sender
+//!   is held back here instead of growing a send queue or being cut off by the
+//!   receiver's own bound. Only the first waiter is woken when room frees (it
+//!   wakes the next as it goes), so a reply costs one wake, not one per waiter.
 //! * **Matching.** A reply to a waiting request must be of the same operation;
 //!   another operation, or a request where a reply belongs, is a broken peer:
 //!   the connection fails. A reply to an id not waiting is a late one (its
