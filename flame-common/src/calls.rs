@@ -712,24 +712,29 @@ mod tests {
         }
     }
 
+    /// A connected tcp pair on this thread (connecting side, accepted side).
+    async fn tcp_pair() -> (Conn, Conn) {
+        use crate::transport::{Listener, TransportKind};
+        let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let far = crate::reactor::spawn(async move { l.accept().await.unwrap() });
+        let near = Conn::connect(TransportKind::Tcp, addr, std::time::Duration::from_secs(2))
+            .await
+            .unwrap();
+        (near, far.await)
+    }
+
     /// `Calls` over a real tcp pair: a caller beyond the bound waits until a
     /// reply frees room, replies reach their callers out of order, and a reply
     /// of another operation fails every caller and closes the connection.
     #[test]
     fn calls_wait_for_room_match_replies_and_fail_together() {
         use crate::reactor::{Reactor, ReactorConfig, spawn};
-        use crate::transport::{Listener, TransportKind};
         use std::rc::Rc;
         use std::time::Duration;
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async {
-            let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
-            let addr = l.local_addr();
-            let far = spawn(async move { l.accept().await.unwrap() });
-            let near = Conn::connect(TransportKind::Tcp, addr, Duration::from_secs(2))
-                .await
-                .unwrap();
-            let far = far.await;
+            let (near, far) = tcp_pair().await;
             let calls: Rc<Calls<Message, &'static str>> = Rc::new(Calls::new(near, LIMITS));
             let ping = |calls: &Calls<Message, &'static str>| Message::Ping {
                 id: calls.next_id(None),
@@ -799,18 +804,11 @@ mod tests {
     #[test]
     fn callers_take_room_in_arrival_order() {
         use crate::reactor::{Reactor, ReactorConfig, spawn};
-        use crate::transport::{Listener, TransportKind};
         use std::rc::Rc;
         use std::time::Duration;
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async {
-            let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
-            let addr = l.local_addr();
-            let far = spawn(async move { l.accept().await.unwrap() });
-            let near = Conn::connect(TransportKind::Tcp, addr, Duration::from_secs(2))
-                .await
-                .unwrap();
-            let far = far.await;
+            let (near, far) = tcp_pair().await;
             let limits = CallLimits {
                 in_flight_max: 8,
                 bytes_max: 100,

@@ -2395,6 +2395,40 @@ mod tests {
         }
     }
 
+    /// A connected shm pair on this thread (client, accepted).
+    async fn shm_pair() -> (Rc<ShmConn>, Rc<ShmConn>) {
+        let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let accepted = crate::reactor::spawn(async move { l.accept().await.unwrap() });
+        let c = ShmConn::connect(addr).await.unwrap().unwrap();
+        let super::super::Conn::Shm(far) = accepted.await else {
+            panic!("accepted over tcp")
+        };
+        (c, far)
+    }
+
+    /// A 1 MiB write, to fill a ring.
+    fn megabyte_write() -> Message {
+        Message::Write {
+            id: RequestId(1),
+            epoch: Epoch(1),
+            target: crate::protocol::IoTarget {
+                pg: crate::ids::PgId(1),
+                object: crate::ids::ObjectId {
+                    volume: crate::ids::VolumeId(1),
+                    index: 0,
+                },
+                offset: 0,
+                length: 1 << 20,
+            },
+            flags: 0,
+            seq: crate::ids::PgSeq(0),
+            op: crate::ids::OpId::NONE,
+            remote: None,
+            data: PayloadBuf::copy_from(&vec![7u8; 1 << 20]),
+        }
+    }
+
     /// A wait for the backlog to shrink ends when the peer goes away: its
     /// backlog will never be taken (an OSD waiting to read the next request of
     /// a client that stopped taking replies and then died must not wait for
@@ -2403,31 +2437,8 @@ mod tests {
     fn a_wait_for_the_backlog_ends_when_the_peer_goes() {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async move {
-            let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            let addr = l.local_addr();
-            let accepted = crate::reactor::spawn(async move { l.accept().await.unwrap() });
-            let c = ShmConn::connect(addr).await.unwrap().unwrap();
-            let super::super::Conn::Shm(far) = accepted.await else {
-                panic!("accepted over tcp")
-            };
-            let ping = Message::Write {
-                id: RequestId(1),
-                epoch: Epoch(1),
-                target: crate::protocol::IoTarget {
-                    pg: crate::ids::PgId(1),
-                    object: crate::ids::ObjectId {
-                        volume: crate::ids::VolumeId(1),
-                        index: 0,
-                    },
-                    offset: 0,
-                    length: 1 << 20,
-                },
-                flags: 0,
-                seq: crate::ids::PgSeq(0),
-                op: crate::ids::OpId::NONE,
-                remote: None,
-                data: PayloadBuf::copy_from(&vec![7u8; 1 << 20]),
-            };
+            let (c, far) = shm_pair().await;
+            let ping = megabyte_write();
             // The far side never reads: the ring fills, a backlog builds.
             for _ in 0..64 {
                 if c.send_queued_bytes() > 4 << 20 {
@@ -2469,31 +2480,8 @@ mod tests {
         for backlogged in [false, true] {
             let mut r = Reactor::new(ReactorConfig::default()).unwrap();
             r.block_on(async move {
-                let l = ShmListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-                let addr = l.local_addr();
-                let accepted = crate::reactor::spawn(async move { l.accept().await.unwrap() });
-                let c = ShmConn::connect(addr).await.unwrap().unwrap();
-                let super::super::Conn::Shm(_far) = accepted.await else {
-                    panic!("accepted over tcp")
-                };
-                let big = Message::Write {
-                    id: RequestId(1),
-                    epoch: Epoch(1),
-                    target: crate::protocol::IoTarget {
-                        pg: crate::ids::PgId(1),
-                        object: crate::ids::ObjectId {
-                            volume: crate::ids::VolumeId(1),
-                            index: 0,
-                        },
-                        offset: 0,
-                        length: 1 << 20,
-                    },
-                    flags: 0,
-                    seq: crate::ids::PgSeq(0),
-                    op: crate::ids::OpId::NONE,
-                    remote: None,
-                    data: PayloadBuf::copy_from(&vec![7u8; 1 << 20]),
-                };
+                let (c, _far) = shm_pair().await;
+                let big = megabyte_write();
                 if backlogged {
                     // The far side never reads: the ring fills, the rest waits
                     // in the backlog for the writer.
