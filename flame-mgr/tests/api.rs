@@ -1039,6 +1039,20 @@ fn mutations() -> Vec<(&'static str, String, Vec<u8>)> {
             "/v1/auth/entities/client.admin/rotate".into(),
             j(Value::Null),
         ),
+        // The rest of the routes that change something: the checks run before
+        // any body is read as JSON, so the body does not matter.
+        ("POST", "/v1/osds/0/in".into(), j(Value::Null)),
+        ("POST", "/v1/volumes/kept/trim".into(), j(Value::Null)),
+        (
+            "POST",
+            "/v1/auth/entities/client.vm/volumes".into(),
+            j(serde_json::json!({"volumes": "*"})),
+        ),
+        ("DELETE", "/v1/auth/entities/client.vm".into(), vec![]),
+        ("POST", "/v1/osd/heartbeat".into(), j(Value::Null)),
+        ("POST", "/v1/osd/failure".into(), j(Value::Null)),
+        ("POST", "/v1/pg/recovered".into(), j(Value::Null)),
+        ("POST", "/v1/auth/service-key".into(), j(Value::Null)),
     ]
 }
 
