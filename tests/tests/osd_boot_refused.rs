@@ -149,3 +149,84 @@ fn an_osd_with_its_own_key_stops_before_it_boots_where_it_gets_no_service_key() 
     );
     assert_eq!(after.epoch, before.epoch, "its start changed the map");
 }
+
+/// The made-up-OSD attack, from outside the cluster's keys: three made-up OSDs
+/// with a weight of 1e300 boot, heartbeat and report groups recovered, unsigned
+/// and with a client's key. Every request is refused, the map does not move,
+/// and after the stray delay every real OSD still holds its copies, which
+/// agree (scrub: 0 inconsistent).
+#[test]
+fn made_up_osds_are_refused_and_real_copies_stay() {
+    let cluster = flame_tests::TestCluster::start_with(flame_tests::ClusterOptions {
+        osd_extra_yaml: "stray_delete_delay_ms: 500\n".into(),
+        ..flame_tests::ClusterOptions::default()
+    });
+    let Some(keys) = cluster.keys() else {
+        // With `auth: none` this is the documented risk (docs/security.md).
+        return;
+    };
+    let vol = cluster.create_volume("real", 16 << 20);
+    cluster.admin_ok(&[
+        "bench",
+        "real",
+        "--rw",
+        "write",
+        "--bs",
+        "1M",
+        "--iodepth",
+        "4",
+        "--runtime",
+        "1s",
+    ]);
+    let before = cluster.object_files_per_osd(vol.id);
+    assert!(
+        before.iter().all(|&n| n > 0),
+        "no data to protect: {before:?}"
+    );
+    let epoch = cluster.map().epoch;
+    let endpoints = [
+        ("unsigned", cluster.mgr_endpoint(None)),
+        (
+            "client",
+            cluster.mgr_endpoint(Some(keys.creds("client.test", 1))),
+        ),
+    ];
+    let first_port = free_ports(3);
+    for (who, ep) in &endpoints {
+        for k in 0..3u16 {
+            let port = first_port + k;
+            let boot = serde_json::json!({
+                "uuid": format!("made-up-{k}"),
+                "id": null,
+                "addr": format!("127.0.0.1:{port}"),
+                "shards": 1,
+                "host": format!("evil-{k}"),
+                "weight": 1e300,
+                "metrics_addr": null,
+            });
+            let body = serde_json::to_vec(&boot).unwrap();
+            for (method, path, body) in [
+                ("POST", "/v1/osd/boot", body.clone()),
+                ("POST", "/v1/osd/heartbeat", b"{}".to_vec()),
+                ("POST", "/v1/pg/recovered", b"{}".to_vec()),
+            ] {
+                let (status, _) = flame_tests::mgr_call_as(ep, method, path, Some(&body))
+                    .unwrap_or_else(|e| panic!("{who}: {e}"));
+                assert!(
+                    status == 401 || status == 403,
+                    "{who}: {method} {path} answered {status}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        cluster.map().epoch,
+        epoch,
+        "a refused request changed the map"
+    );
+    // Past the stray delay: nothing was taken for a stray.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(cluster.object_files_per_osd(vol.id), before);
+    let report = cluster.admin_json(&["scrub", "real"]);
+    assert_eq!(report["inconsistent"].as_u64(), Some(0), "{report}");
+}
