@@ -1,11 +1,11 @@
-//! Prometheus metrics: a `/metrics` HTTP endpoint every daemon serves.
+//! Prometheus metrics: what every daemon's `/metrics` endpoint renders
+//! (served by `metrics_server`).
 //!
 //! Metrics are registered in the `prometheus` crate's default registry. Counters on
 //! the data path are per shard thread (a `shard` label, the child resolved once per
 //! thread), so shards never write the same cache line.
 
 use prometheus::{Encoder, TextEncoder};
-use std::net::SocketAddr;
 
 /// Latency buckets in seconds, 10 µs … 2 s: block I/O latencies span that range.
 pub const LATENCY_BUCKETS_S: &[f64] = &[
@@ -21,26 +21,4 @@ pub fn render() -> String {
         return format!("# error encoding metrics: {e}\n");
     }
     String::from_utf8(buf).unwrap_or_default()
-}
-
-/// Extra routes of a daemon's metrics server: given the method, the URL and the
-/// body (bounded by [`EXTRA_BODY_MAX`]), `Some((status, text))` answers the request,
-/// `None` leaves it to the default (404). The OSD's failpoint control uses it.
-pub type ExtraRoutes =
-    std::sync::Arc<dyn Fn(&str, &str, &str) -> Option<(u16, String)> + Send + Sync>;
-
-/// Bytes of a request body the metrics server reads at most (routes take short
-/// text, such as a failpoint action).
-pub const EXTRA_BODY_MAX: u64 = 4096;
-
-/// Serves `GET /metrics` on `addr` from background threads, bounded
-/// ([`crate::metrics_server`]). Returns the bound address (useful with port 0).
-/// Any other path gets 404. The server is off the data path.
-pub fn serve(addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    serve_with(addr, None)
-}
-
-/// Like [`serve`], with `extra` routes tried for every request but `/metrics`.
-pub fn serve_with(addr: SocketAddr, extra: Option<ExtraRoutes>) -> std::io::Result<SocketAddr> {
-    crate::metrics_server::serve(addr, extra)
 }

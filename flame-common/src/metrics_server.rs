@@ -8,7 +8,7 @@
 //!   counted (`flame_metrics_http_refused_total`), so a flood from one place
 //!   cannot keep a scraper from another out;
 //! * one request per connection (`Connection: close`), which must arrive whole
-//!   — head at most [`HEAD_BYTES_MAX`], body at most [`crate::metrics::EXTRA_BODY_MAX`]
+//!   — head at most [`HEAD_BYTES_MAX`], body at most [`EXTRA_BODY_MAX`]
 //!   — within [`REQUEST_TIMEOUT`], and whose answer must be taken within
 //!   [`RESPONSE_TIMEOUT`]; a client that trickles or stops reading is cut off.
 //!
@@ -16,13 +16,24 @@
 //! a request is decided by [`route`] (pure, unit-tested).
 
 use crate::collections::HashMap;
-use crate::metrics::{EXTRA_BODY_MAX, ExtraRoutes};
+use crate::metrics::render;
 use crate::transport::bring_up::Source;
 use crate::transport::receive_share::share_key;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
+
+/// Extra routes of a daemon's metrics server: given the method, the URL and the
+/// body (bounded by [`EXTRA_BODY_MAX`]), `Some((status, text))` answers the request,
+/// `None` leaves it to the default (404). The OSD's `/v1/pgs` and failpoint
+/// control use it.
+pub type ExtraRoutes =
+    std::sync::Arc<dyn Fn(&str, &str, &str) -> Option<(u16, String)> + Send + Sync>;
+
+/// Bytes of a request body the metrics server reads at most (routes take short
+/// text, such as a failpoint action).
+pub const EXTRA_BODY_MAX: u64 = 4096;
 
 /// Connections served at once.
 pub const CONNECTIONS_MAX: usize = 64;
@@ -139,7 +150,7 @@ pub fn route(method: &str, path: &str, body: &str, extra: Option<&ExtraRoutes>) 
         return Answer {
             status: 200,
             content_type: "text/plain; version=0.0.4",
-            body: crate::metrics::render(),
+            body: render(),
         };
     }
     match extra.and_then(|route| route(method, path, body)) {

@@ -212,7 +212,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let api = recovery.clone();
     let failpoint_routes = crate::failpoints::http_routes();
     // GET /v1/pgs[/{id}] (placement-group status), then the failpoint control.
-    let routes: flame_common::metrics::ExtraRoutes =
+    let routes: flame_common::metrics_server::ExtraRoutes =
         Arc::new(move |method: &str, url: &str, body: &str| {
             if method == "GET"
                 && let Some(answer) = api.http(url)
@@ -221,7 +221,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             }
             failpoint_routes.as_ref().and_then(|f| f(method, url, body))
         });
-    let metrics_addr = flame_common::metrics::serve_with(cfg.metrics_listen, Some(routes))
+    let metrics_addr = flame_common::metrics_server::serve(cfg.metrics_listen, Some(routes))
         .map_err(|e| format!("cannot serve metrics on {}: {e}", cfg.metrics_listen))?;
 
     let liveness = Arc::new(crate::liveness::Liveness::new(shards));

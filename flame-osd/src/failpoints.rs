@@ -180,7 +180,7 @@ pub fn configure(name: &str, action: &str) -> Result<(), String> {
 
 /// The metrics server's routes for failpoints (only with the feature; `None`
 /// otherwise, so the routes answer 404 like any unknown path).
-pub fn http_routes() -> Option<flame_common::metrics::ExtraRoutes> {
+pub fn http_routes() -> Option<flame_common::metrics_server::ExtraRoutes> {
     #[cfg(feature = "failpoints")]
     {
         Some(std::sync::Arc::new(route))

@@ -143,7 +143,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match flame_common::metrics::serve(config.metrics_listen) {
+    match flame_common::metrics_server::serve(config.metrics_listen, None) {
         Ok(a) => tracing::info!("metrics on http://{a}/metrics"),
         Err(e) => {
             eprintln!(

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the NBD server.
 //!
 //! Families are registered once per process in the default registry (served by
-//! `flame_common::metrics::serve`). Label children are resolved once per reactor
+//! `flame_common::metrics_server::serve`). Label children are resolved once per reactor
 //! thread into [`OpMetrics`], so a request costs a few atomic adds and no label
 //! lookup by string.
 
