@@ -159,7 +159,10 @@ impl<R, K> CallBook<R, K> {
             },
         );
         self.bytes += bytes;
-        assert!(self.waiting.len() <= self.limits.in_flight_max + 1);
+        assert!(
+            self.waiting.len() <= self.limits.in_flight_max,
+            "admitted past the bound"
+        );
         Ok(rx)
     }
 

@@ -369,20 +369,7 @@ impl Peers {
         reactor::spawn(async move {
             loop {
                 match p.calls.conn().recv().await {
-                    Ok(Message::Reply {
-                        op,
-                        id,
-                        epoch,
-                        status,
-                        data,
-                    }) => {
-                        let reply = Message::Reply {
-                            op,
-                            id,
-                            epoch,
-                            status,
-                            data,
-                        };
+                    Ok(reply @ Message::Reply { op, id, .. }) => {
                         if let Err(why) = p.calls.deliver(op, id, |_| reply) {
                             tracing::warn!(osd = %osd_id, shard, "replica broke the protocol: {why}; closing");
                             break;
