@@ -38,13 +38,15 @@ done
 [[ -n "$seeds" ]] || seeds=1
 [[ "$seeds" =~ ^[0-9]+$ && "$from" =~ ^[0-9]+$ && "$jobs" =~ ^[1-9][0-9]*$ ]] || usage 2
 
+target="${CARGO_TARGET_DIR:-target}"
 # One seed: the debug build (what CI runs, quick to build). Many: release.
 if ((seeds == 1)); then
     cargo build -q -p flame-tests --bin simulate
-    exec target/debug/simulate --seed "$from" "${pass[@]}"
+    exec "$target/debug/simulate" --seed "$from" "${pass[@]}"
 fi
 cargo build -q --release -p flame-tests --bin simulate
-bin=target/release/simulate
+bin="$target/release/simulate"
+started=$(date +%s%N)
 per=$(((seeds + jobs - 1) / jobs))
 logs=$(mktemp -d)
 pids=()
@@ -63,4 +65,12 @@ done
 cat "$logs"/*.log | grep -v "^seed .*: passed in" || true
 grep -h "seeds passed" "$logs"/*.log
 rm -rf "$logs"
+# The one-line summary: the seeds per minute are what the CI budget is sized
+# by (docs/testing.md, "Cost").
+ms=$((($(date +%s%N) - started) / 1000000))
+((ms > 0)) || ms=1
+verdict=passed
+((status == 0)) || verdict=FAILED
+echo "simulate.sh: seeds $from..$((from + seeds - 1)) ($seeds) $verdict in $((ms / 1000)).$((ms % 1000 / 100)) s" \
+    "with ${#pids[@]} jobs: $((seeds * 60000 / ms)) seeds a minute ($((seeds * 60000 / ms / ${#pids[@]})) per job)"
 exit "$status"

@@ -26,12 +26,15 @@
 #      flame-nbd, down, up again (same data), down — in a temporary directory with
 #      its own port base (ports 16800..16839 by default), so it runs beside a
 #      default dev cluster (deploy/dev-cluster.sh up, ports 6800 etc.)
-#   6. the deterministic simulator's seeds 1..600 in the release build (the main
-#      pass ran 60 in the debug build)
+#   6. the deterministic simulator in the release build: seeds 1..100 and a
+#      window of 500 that moves with the commit (printed, with the command that
+#      replays it); the main pass ran seeds 1..60 in the debug build and every
+#      regression seed
 #
 # Environment: FLAME_SMOKE_PORT_BASE=N moves the smoke cluster to ports N..N+39 (for
 # two test runs at once, or a machine where 16800..16839 are taken);
-# FLAME_TEST_SKIP_SMOKE=1 skips step 5.
+# FLAME_TEST_SKIP_SMOKE=1 skips step 5; FLAME_SIM_WINDOW_FROM=N sets step 6's
+# moving window (to replay a run's window).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -170,8 +173,11 @@ section "cargo test --workspace --no-fail-fast"
 # the fault tests would find no failpoints. flame-osd's tests stay unit tests.
 [[ ! -d flame-osd/tests ]] || die "flame-osd/tests/ exists: cargo test would rebuild flame-osd without failpoints; make those tests unit tests (#[cfg(test)] modules)"
 echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
-# The simulator's seeds run here in the debug build (debug assertions on), 60 of
-# them; the release build the smoke test makes runs 600 more at the end.
+# The simulator's seeds run here in the debug build (debug assertions on): the
+# fixed seeds 1..60 (not moving: a debug-only assertion's failure stays
+# comparable from run to run) and every regression seed, one test per bug; the
+# release build the smoke test makes runs 600 more at the end, 500 of them in a
+# window that moves with the commit.
 FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-60}" cargo test --workspace --no-fail-fast
 # flame-client's unit tests of the ublk module (its config, request decoding).
 cargo test -p flame-client --features ublk --lib ublk
@@ -306,10 +312,31 @@ else
     cleanup
 fi
 
-section "simulator, release build: scripts/simulate.sh --seeds 600 --from 1 --jobs 2"
-# Seeds 1..600 (they include every seed docs/testing.md names for the
-# reintroduced bugs) in two processes: about 30 s, where the debug build runs
-# 60 in about as long. Built by the smoke test's release build (or here).
-scripts/simulate.sh --seeds 600 --from 1 --jobs 2
+# The simulator in the release build, 600 seeds in two processes (about 30 s;
+# built by the smoke test's release build, or here): a fixed block, seeds
+# 1..100, comparable from run to run, and a window of 500 that moves with every
+# commit, so CI looks somewhere new each time (docs/testing.md, "Cost"). The
+# regression seeds ran in the main pass (tests/tests/simulator.rs, one test per
+# bug). FLAME_SIM_WINDOW_FROM=N replays a given run's window.
+SIM_FIXED=100
+SIM_WINDOW=500
+if [[ -n "${FLAME_SIM_WINDOW_FROM:-}" ]]; then
+    [[ "$FLAME_SIM_WINDOW_FROM" =~ ^[0-9]+$ ]] || die "FLAME_SIM_WINDOW_FROM=$FLAME_SIM_WINDOW_FROM: not a number"
+    sim_from="$FLAME_SIM_WINDOW_FROM"
+    sim_why="FLAME_SIM_WINDOW_FROM"
+elif head=$(git -C "$REPO" rev-parse --verify -q HEAD 2>/dev/null) && [[ "$head" =~ ^[0-9a-f]{8} ]]; then
+    # From the commit: 1000 + (first 8 hex digits of HEAD) mod 10 000 000, past
+    # the fixed block and the seeds the regression tests name.
+    sim_from=$((1000 + 16#${head:0:8} % 10000000))
+    sim_why="commit ${head:0:12}"
+else
+    sim_from=1000
+    sim_why="not a git checkout: the window does not move (set FLAME_SIM_WINDOW_FROM to move it)"
+fi
+section "simulator, release build: fixed seeds 1..$SIM_FIXED, moving window $sim_from..$((sim_from + SIM_WINDOW - 1)) ($sim_why)"
+echo "replay this window: scripts/simulate.sh --seeds $SIM_WINDOW --from $sim_from --jobs 2"
+echo "  (one seed: scripts/simulate.sh --seed N)"
+scripts/simulate.sh --seeds "$SIM_FIXED" --from 1 --jobs 2
+scripts/simulate.sh --seeds "$SIM_WINDOW" --from "$sim_from" --jobs 2
 
 section "all tests passed in $((SECONDS - START)) s"

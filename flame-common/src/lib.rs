@@ -5,7 +5,8 @@
 //! protocol ([`protocol`]), the cluster map and the placement function ([`map`],
 //! [`placement`]) with the placement-group states operators see ([`pg_state`]), the
 //! manager's JSON API types ([`mgr_api`]), configuration loading
-//! ([`config`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
+//! ([`config`]) and the timing rules spanning two daemons' settings
+//! ([`timing`]), the per-thread io_uring [`reactor`] every data-path thread runs on,
 //! who may talk to whom ([`auth`]: entities, keyrings, signed manager requests),
 //! the verbs-shaped [`transport`] layer with the request/reply multiplexer
 //! above it ([`calls`]), the zero-copy payload [`buffer`]s every
@@ -32,5 +33,6 @@ pub mod placement;
 pub mod protocol;
 pub mod reactor;
 pub mod secret_file;
+pub mod timing;
 pub mod tls;
 pub mod transport;

@@ -97,6 +97,14 @@ pub struct OsdBootReply {
     pub fsid: String,
     /// Map epoch after the boot was recorded.
     pub epoch: Epoch,
+    /// The manager's failure-detection timings, which the OSD's lease must fit
+    /// ([`crate::timing::check_osd_against_mgr`]): an OSD whose `lease_ms` +
+    /// `heartbeat_interval_ms` is not below the grace (or above the report
+    /// silence) refuses to run, naming both options. Absent from managers older
+    /// than this field (`None`: the OSD warns that it cannot check); older OSDs
+    /// ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<crate::timing::MgrTimings>,
 }
 
 /// Periodic liveness report from an OSD.
@@ -642,6 +650,34 @@ mod tests {
         let f = summary(true, 1, 0, 1_000_000).progress().unwrap();
         assert!(f < 1.0 && format!("{:.1}", f * 100.0) != "100.0", "{f}");
         assert_eq!(summary(true, 5, 0, 0).progress(), Some(0.0));
+    }
+
+    /// The boot answer's `timings` keeps older peers working both ways: an older
+    /// manager's answer (no field) decodes as `None`, and an older OSD, whose
+    /// answer type has no such field, decodes a newer manager's answer.
+    #[test]
+    fn boot_reply_timings_are_optional_both_ways() {
+        let old = r#"{"id":3,"fsid":"f","epoch":7}"#;
+        let r: OsdBootReply = serde_json::from_str(old).unwrap();
+        assert_eq!(r.timings, None);
+        assert_eq!(serde_json::to_string(&r).unwrap(), old, "no null field");
+        let new = OsdBootReply {
+            timings: Some(crate::timing::MgrTimings {
+                heartbeat_grace_ms: 6000,
+                failure_report_min_silence_ms: 5000,
+            }),
+            ..r
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        #[derive(Deserialize)]
+        struct OlderOsdBootReply {
+            id: OsdId,
+            epoch: Epoch,
+        }
+        let older: OlderOsdBootReply = serde_json::from_str(&text).unwrap();
+        assert_eq!((older.id, older.epoch), (OsdId(3), Epoch(7)));
+        let back: OsdBootReply = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.timings, new.timings);
     }
 }
 

@@ -622,14 +622,19 @@ async fn osd_boot(
         // A data directory that recorded another id than the key's.
         check_acts_for(&shared, caller.as_ref(), asked)?;
     }
-    let (id, fsid, epoch) = shared
+    let (id, fsid, epoch, timings) = shared
         .commit(move |s, now| {
             let id = s.boot_as(&req, key_of, now)?;
-            Ok((id, s.map().fsid.clone(), s.epoch()))
+            Ok((id, s.map().fsid.clone(), s.epoch(), s.timings()))
         })
         .await?;
     info!("{id} booted (map {epoch})");
-    Ok(ok_json(&OsdBootReply { id, fsid, epoch }))
+    Ok(ok_json(&OsdBootReply {
+        id,
+        fsid,
+        epoch,
+        timings: Some(timings),
+    }))
 }
 
 async fn osd_heartbeat(

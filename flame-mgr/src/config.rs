@@ -6,6 +6,7 @@
 
 use flame_common::config::Validate;
 use flame_common::map::PoolConfig;
+use flame_common::timing::{OsdTimings, check_lease_rule, check_report_silence};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -56,8 +57,9 @@ pub struct MgrConfig {
     /// Failure reports mark an OSD down only once the manager has not heard from it
     /// for this long. Must be at least the OSDs' `lease_ms` plus their
     /// `heartbeat_interval_ms`, so the reported OSD has stopped serving (its lease
-    /// ran out) before its placement groups get a new primary. 0 lets reports act
-    /// at once (only sound if the OSDs run no lease).
+    /// ran out) before its placement groups get a new primary: an OSD whose lease
+    /// is longer refuses to run (`flame_common::timing`). Every OSD runs a lease,
+    /// so it is at least the shortest one (30 ms).
     pub failure_report_min_silence_ms: u64,
     /// How often the manager looks for OSDs past their grace.
     pub failure_check_interval_ms: u64,
@@ -209,6 +211,31 @@ impl Validate for MgrConfig {
                 format!("must be at most {HEARTBEAT_GRACE_MS_MAX}"),
             ));
         }
+        // The lease rules (flame_common::timing) need an OSD's lease_ms +
+        // heartbeat_interval_ms below the grace and within the report silence. The
+        // OSDs' settings are checked against these at their boot; here, that at
+        // least the shortest lease any OSD may have fits, or no OSD could join.
+        let shortest = OsdTimings::MIN;
+        if let Err(e) = check_lease_rule(
+            shortest.lease_ms,
+            shortest.heartbeat_interval_ms,
+            self.heartbeat_grace_ms,
+        ) {
+            return Err((
+                "heartbeat_grace_ms".into(),
+                format!("leaves no room for any OSD's lease: {e}"),
+            ));
+        }
+        if let Err(e) = check_report_silence(
+            shortest.lease_ms,
+            shortest.heartbeat_interval_ms,
+            self.failure_report_min_silence_ms,
+        ) {
+            return Err((
+                "failure_report_min_silence_ms".into(),
+                format!("is shorter than any OSD's lease: {e}"),
+            ));
+        }
         if self.min_down_reporters == 0 || self.min_down_reporters > MIN_DOWN_REPORTERS_MAX {
             return Err((
                 "min_down_reporters".into(),
@@ -284,6 +311,60 @@ mod tests {
         assert_eq!((c.down_out_interval_ms, c.min_down_reporters), (0, 3));
         assert_eq!(c.pool.size, 2);
         assert_eq!(c.pool.object_size, 4 << 20);
+    }
+
+    /// Rule: the grace leaves room for the shortest lease an OSD may have
+    /// (`lease_ms` 20 + `heartbeat_interval_ms` 10 < grace).
+    #[test]
+    fn the_grace_must_leave_room_for_a_lease() {
+        let e = parse_str::<MgrConfig>("auth: none\nheartbeat_grace_ms: 30\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("heartbeat_grace_ms") && e.contains("lease_ms (20)"),
+            "{e}"
+        );
+        parse_str::<MgrConfig>(
+            "auth: none\nheartbeat_grace_ms: 31\nfailure_report_min_silence_ms: 30\n",
+            "t",
+        )
+        .unwrap();
+    }
+
+    /// Rule: the failure-report silence covers at least the shortest lease (0,
+    /// "reports act at once", would let reports replace an OSD whose lease runs).
+    #[test]
+    fn the_report_silence_must_cover_a_lease() {
+        for silence in [0, 29] {
+            let e = parse_str::<MgrConfig>(
+                &format!("auth: none\nfailure_report_min_silence_ms: {silence}\n"),
+                "t",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("failure_report_min_silence_ms") && e.contains("lease_ms (20)"),
+                "{e}"
+            );
+        }
+        parse_str::<MgrConfig>("auth: none\nfailure_report_min_silence_ms: 30\n", "t").unwrap();
+    }
+
+    /// Both daemons' defaults satisfy every timing rule.
+    #[test]
+    fn the_defaults_admit_the_osds_default_timing() {
+        let m: MgrConfig = parse_str("auth: none\n", "t").unwrap();
+        flame_common::timing::check_osd_against_mgr(
+            OsdTimings {
+                lease_ms: 4000,
+                heartbeat_interval_ms: 1000,
+            },
+            flame_common::timing::MgrTimings {
+                heartbeat_grace_ms: m.heartbeat_grace_ms,
+                failure_report_min_silence_ms: m.failure_report_min_silence_ms,
+            },
+        )
+        .unwrap();
     }
 
     #[test]

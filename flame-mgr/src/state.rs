@@ -432,6 +432,16 @@ impl ClusterState {
         self.boot_as(req, None, now)
     }
 
+    /// The failure-detection timings a booting OSD's lease must fit
+    /// (`OsdBootReply::timings`, `flame_common::timing`).
+    pub fn timings(&self) -> flame_common::timing::MgrTimings {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        flame_common::timing::MgrTimings {
+            heartbeat_grace_ms: ms(self.heartbeat_grace),
+            failure_report_min_silence_ms: ms(self.report_min_silence),
+        }
+    }
+
     /// [`Self::boot`], signed with the key of `key_of`.
     ///
     /// `key_of`: the OSD whose own key (`osd.N`) signed the boot, if one did. Such

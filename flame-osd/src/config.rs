@@ -2,6 +2,10 @@
 
 use flame_common::config::{Validate, cores};
 use flame_common::reactor::PollMode;
+use flame_common::timing::{
+    MgrTimings, OSD_HEARTBEAT_INTERVAL_MS_MAX, OSD_HEARTBEAT_INTERVAL_MS_MIN, OSD_LEASE_MS_MAX,
+    OsdTimings, TimingError, check_lease_outlives_heartbeats, check_osd_against_mgr,
+};
 use flame_common::transport::tcp::SEND_QUEUE_BYTES_MAX;
 use flame_common::transport::{StallBounds, TransportKind};
 use serde::Deserialize;
@@ -261,6 +265,25 @@ impl OsdConfig {
         }
     }
 
+    /// This OSD's half of the timing rules (`flame_common::timing`).
+    pub fn timings(&self) -> OsdTimings {
+        OsdTimings {
+            lease_ms: self.lease_ms,
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+        }
+    }
+
+    /// Checks this OSD's timing against the manager's, as the boot answer gave it
+    /// (`OsdBootReply::timings`): `Ok(true)` when every rule holds, `Ok(false)`
+    /// when the manager did not say (older than the field: nothing to check
+    /// against), the broken rule otherwise — then this OSD must not run.
+    pub fn check_against_mgr(&self, mgr: Option<MgrTimings>) -> Result<bool, TimingError> {
+        match mgr {
+            Some(mgr) => check_osd_against_mgr(self.timings(), mgr).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// Host name for placement.
     pub fn host_name(&self) -> String {
         if let Some(h) = &self.host {
@@ -318,16 +341,29 @@ impl Validate for OsdConfig {
         {
             return bad("host", "must be 1..=64 bytes");
         }
-        if !(10..=60_000).contains(&self.heartbeat_interval_ms) {
-            return bad("heartbeat_interval_ms", "must be 10..=60000");
+        if !(OSD_HEARTBEAT_INTERVAL_MS_MIN..=OSD_HEARTBEAT_INTERVAL_MS_MAX)
+            .contains(&self.heartbeat_interval_ms)
+        {
+            return bad(
+                "heartbeat_interval_ms",
+                &format!(
+                    "must be {OSD_HEARTBEAT_INTERVAL_MS_MIN}..={OSD_HEARTBEAT_INTERVAL_MS_MAX}"
+                ),
+            );
         }
         // The lease must outlive the gap between two heartbeats (with room for one
-        // late reply), or the OSD would stop serving between heartbeats.
-        if self.lease_ms < 2 * self.heartbeat_interval_ms || self.lease_ms > 600_000 {
+        // late reply), or the OSD would stop serving between heartbeats. Its bound
+        // against the manager's grace is checked at boot, when the manager says it.
+        if let Err(e) = check_lease_outlives_heartbeats(self.lease_ms, self.heartbeat_interval_ms) {
+            return bad("lease_ms", &e.to_string());
+        }
+        if self.lease_ms > OSD_LEASE_MS_MAX {
             return bad(
                 "lease_ms",
-                "must be at least twice heartbeat_interval_ms and at most 600000 \
-                 (and lease_ms + heartbeat_interval_ms below the manager's heartbeat_grace_ms)",
+                &format!(
+                    "must be at most {OSD_LEASE_MS_MAX} (and lease_ms + heartbeat_interval_ms \
+                     below the manager's heartbeat_grace_ms)"
+                ),
             );
         }
         if !(PROGRESS_INTERVAL_MS * 4..=600_000).contains(&self.shard_stall_ms) {
@@ -462,6 +498,61 @@ mod tests {
         );
         let e = parse_str::<OsdConfig>("lease_ms: 1500\n", "t").unwrap_err();
         assert!(e.to_string().contains("lease_ms"), "{e}");
+    }
+
+    /// Rule: `lease_ms` ≥ 2 × `heartbeat_interval_ms`.
+    #[test]
+    fn the_lease_must_outlive_two_heartbeats() {
+        let e = parse_str::<OsdConfig>("heartbeat_interval_ms: 500\nlease_ms: 999\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lease_ms (999)") && e.contains("heartbeat_interval_ms (500)"),
+            "{e}"
+        );
+        parse_str::<OsdConfig>("heartbeat_interval_ms: 500\nlease_ms: 1000\n", "t").unwrap();
+    }
+
+    fn mgr(grace: u64, silence: u64) -> Option<MgrTimings> {
+        Some(MgrTimings {
+            heartbeat_grace_ms: grace,
+            failure_report_min_silence_ms: silence,
+        })
+    }
+
+    /// Rule (at boot, against the manager's answer): `lease_ms` +
+    /// `heartbeat_interval_ms` < the manager's `heartbeat_grace_ms`.
+    #[test]
+    fn the_lease_must_end_before_the_managers_grace() {
+        let c = OsdConfig::default();
+        assert_eq!(c.check_against_mgr(mgr(6000, 5000)), Ok(true));
+        let e = c.check_against_mgr(mgr(5000, 5000)).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("lease_ms (4000)")
+                && text.contains("heartbeat_interval_ms (1000)")
+                && text.contains("heartbeat_grace_ms (5000)"),
+            "{text}"
+        );
+    }
+
+    /// Rule (at boot): the manager's `failure_report_min_silence_ms` ≥ `lease_ms`
+    /// + `heartbeat_interval_ms`.
+    #[test]
+    fn the_managers_report_silence_must_cover_the_lease() {
+        let c = OsdConfig::default();
+        let e = c.check_against_mgr(mgr(6000, 4999)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("failure_report_min_silence_ms (4999)"),
+            "{e}"
+        );
+    }
+
+    /// An older manager says nothing: the OSD runs (and warns), as before.
+    #[test]
+    fn an_older_manager_is_not_checked_against() {
+        assert_eq!(OsdConfig::default().check_against_mgr(None), Ok(false));
     }
 }
 

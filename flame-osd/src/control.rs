@@ -180,6 +180,25 @@ impl Control {
                     std::process::exit(2);
                 }
             };
+        // The lease argument spans this OSD's settings and the manager's
+        // (docs/guarantees.md, "Failover"): with a lease that outlives the
+        // manager's grace, this OSD could acknowledge I/O after its placement
+        // groups got another primary. Refuse to run, as for a bad configuration.
+        match self.cfg.check_against_mgr(reply.timings) {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "the manager at {} did not say its heartbeat grace (it is older than this                  OSD): lease_ms + heartbeat_interval_ms < heartbeat_grace_ms is not checked",
+                self.cfg.mgr
+            ),
+            Err(e) => {
+                tracing::error!("invalid timing for this manager: {e}");
+                eprintln!(
+                    "flame-osd: invalid configuration for the manager at {}: {e}",
+                    self.cfg.mgr
+                );
+                std::process::exit(2);
+            }
+        }
         if let Some(fsid) = &self.identity.fsid
             && *fsid != reply.fsid
         {

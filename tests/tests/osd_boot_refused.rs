@@ -5,8 +5,10 @@
 //! cluster, whose OSD used to be registered and only then noticed the mismatch,
 //! leaving a ghost `in`/`down` OSD that degraded placement groups and made FLUSH
 //! fail; and a second OSD advertising an address a live OSD already holds.
+//! Besides, an OSD whose lease does not fit the manager's grace (the manager says
+//! its grace in the boot answer) refuses to run.
 
-use flame_tests::{TestCluster, free_ports, output_text, run_bounded};
+use flame_tests::{ClusterOptions, TestCluster, free_ports, output_text, run_bounded};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -229,4 +231,26 @@ fn made_up_osds_are_refused_and_real_copies_stay() {
     assert_eq!(cluster.object_files_per_osd(vol.id), before);
     let report = cluster.admin_json(&["scrub", "real"]);
     assert_eq!(report["inconsistent"].as_u64(), Some(0), "{report}");
+}
+
+/// The lease rule across the two daemons (`flame_common::timing`): an OSD with the
+/// default lease_ms 4000 + heartbeat_interval_ms 1000 against a manager whose
+/// heartbeat_grace_ms is 5000 stops at boot with one error naming the options and
+/// their values, and exits with status 2.
+#[test]
+fn an_osd_whose_lease_outlives_the_managers_grace_refuses_to_run() {
+    let cluster = TestCluster::start_with(ClusterOptions {
+        heartbeat_grace_ms: 5000,
+        ..ClusterOptions::default()
+    });
+    let out = run_extra_osd(&cluster, "long-lease", None, None);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    for part in [
+        "lease_ms (4000)",
+        "heartbeat_interval_ms (1000)",
+        "heartbeat_grace_ms (5000)",
+    ] {
+        assert!(text.contains(part), "{part:?} missing:\n{text}");
+    }
 }

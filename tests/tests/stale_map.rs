@@ -34,8 +34,13 @@ fn recv(s: &mut TcpStream) -> Message {
 
 #[test]
 fn a_write_meeting_a_stale_primary_is_never_acknowledged_with_fewer_copies() {
+    // Heartbeats every 30 s need a lease of 60 s (twice the interval), and the
+    // lease rule then needs a grace above 90 s and a report silence of 90 s: an
+    // OSD refuses to run otherwise (flame_common::timing).
     let cluster = TestCluster::start_with(ClusterOptions {
         osd_heartbeat_interval_ms: 30_000,
+        heartbeat_grace_ms: 100_000,
+        mgr_extra_yaml: "failure_report_min_silence_ms: 90000\n".into(),
         osds_one_by_one: true,
         ..ClusterOptions::default()
     });
