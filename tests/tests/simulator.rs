@@ -121,36 +121,36 @@ fn every_seed_that_found_a_bug_passes() {
         tcp_holds: false,
         scrubs: false,
         bit_rot: false,
-        ..SimConfig::new(seed)
+        ..SimConfig::legacy(seed)
     });
     let with_disk_faults = SEEDS_THAT_FOUND_DISK_BUGS.iter().map(|&seed| SimConfig {
         resizes: false,
         tcp_holds: false,
         scrubs: false,
         bit_rot: false,
-        ..SimConfig::new(seed)
+        ..SimConfig::legacy(seed)
     });
     let with_resizes = SEEDS_THAT_FOUND_RESIZE_BUGS.iter().map(|&seed| SimConfig {
         tcp_holds: false,
         resize_stays_shrunk: false,
         scrubs: false,
         bit_rot: false,
-        ..SimConfig::new(seed)
+        ..SimConfig::legacy(seed)
     });
     let with_holds = SEEDS_THAT_FOUND_HOLD_BUGS.iter().map(|&seed| SimConfig {
         resize_stays_shrunk: false,
         scrubs: false,
         bit_rot: false,
-        ..SimConfig::new(seed)
+        ..SimConfig::legacy(seed)
     });
     let current = SEEDS_THAT_FOUND_CURRENT_BUGS.iter().map(|&seed| SimConfig {
         scrubs: false,
         bit_rot: false,
-        ..SimConfig::new(seed)
+        ..SimConfig::legacy(seed)
     });
     let with_rot = SEEDS_THAT_FOUND_ROT_BUGS
         .iter()
-        .map(|&seed| SimConfig::new(seed));
+        .map(|&seed| SimConfig::legacy(seed));
     let failed: Vec<String> = before_disk_faults
         .chain(with_disk_faults)
         .chain(with_resizes)
