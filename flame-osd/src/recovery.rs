@@ -130,6 +130,10 @@ pub struct RecoveryShared {
     /// Objects peering took from another complete copy that held newer writes
     /// of them than this one (`recovery/newest_copy.rs`).
     pub newer_copies_taken: AtomicU64,
+    /// Background scrubs start no new group scrub while set (Ceph's `noscrub`):
+    /// the simulator sets it once its faults stop, so that the copies it
+    /// compares at the end are what recovery left, before any scrub repair.
+    pub scrubs_paused: std::sync::atomic::AtomicBool,
 }
 
 /// What one shard's recovery still has to do, as last published.

@@ -338,7 +338,12 @@ impl Shard {
     /// Scrubs, one at a time, the groups this shard is the primary of whose last
     /// scrub is older than `scrub_interval_s` (none when it is 0).
     pub(crate) async fn background_scrub(self: &Rc<Self>, view: &Rc<MapView>) {
-        if self.scrub_interval.is_zero() {
+        if self.scrub_interval.is_zero()
+            || self
+                .recovery_shared
+                .scrubs_paused
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return;
         }
         // The process's clock (virtual in the simulator): a run replays.

@@ -122,7 +122,7 @@ fn before_scrubs(seed: u64) -> SimConfig {
     SimConfig {
         scrubs: false,
         bit_rot: false,
-        ..SimConfig::new(seed)
+        ..SimConfig::legacy(seed)
     }
 }
 
@@ -267,7 +267,7 @@ fn a_read_error_is_not_repaired_from_a_replica_that_refused_the_write() {
 /// clean.
 #[test]
 fn a_recovery_source_with_a_rotted_block_repairs_it_instead_of_waiting() {
-    all_pass([64, 159].map(SimConfig::new));
+    all_pass([64, 159].map(SimConfig::legacy));
 }
 
 #[test]

@@ -60,6 +60,37 @@ pub enum LinkFault {
     BlackHole,
 }
 
+/// What a flaky path near one address does to the frames sent to or from it:
+/// chances per frame. Not what TCP on a sound network does — it is what the
+/// receivers' checks must survive: a corrupted frame must fail its checksums
+/// (the connection closes, the message is never applied), a duplicated one
+/// must change nothing a client can read, a delayed one holds up its
+/// connection while others overtake it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Weather {
+    /// Chance that one bit of the frame flips.
+    pub corrupt: f64,
+    /// Chance that the frame arrives twice.
+    pub duplicate: f64,
+    /// Chance that the frame (and its connection behind it) is delayed by up to
+    /// `delay_max`.
+    pub delay: f64,
+    /// The longest such delay.
+    pub delay_max: Duration,
+}
+
+/// Frames [`Weather`] corrupted, and how many of them the codec nevertheless
+/// decoded (must stay zero: the frame checksums catch every flipped bit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CorruptionFigures {
+    /// Frames with a bit flipped.
+    pub corrupted: u64,
+    /// Of those, frames that still decoded as a message.
+    pub undetected: u64,
+    /// Frames delivered twice.
+    pub duplicated: u64,
+}
+
 /// How the network behaves when no fault is injected.
 #[derive(Clone, Copy, Debug)]
 pub struct NetConfig {
@@ -137,6 +168,13 @@ struct Net {
     /// Held cargo of connection ends dropped before their path healed (the
     /// kernel keeps retransmitting an orphaned socket's data).
     orphans: RefCell<Vec<Orphan>>,
+    /// Flaky paths, by the address near which they are ([`set_weather`]).
+    weather: RefCell<BTreeMap<IpAddr, Weather>>,
+    /// Draws of the weather: a stream of its own, so that a run without any
+    /// draws its latencies as before.
+    weather_rng: RefCell<StdRng>,
+    /// What the weather did.
+    corruption: Cell<CorruptionFigures>,
 }
 
 /// What a holding black hole kept of a connection end that is gone.
@@ -182,6 +220,9 @@ pub fn install(config: NetConfig) {
         dump: std::env::var_os("FLAME_SIM_DUMP").is_some(),
         hold: Cell::new(false),
         orphans: RefCell::default(),
+        weather: RefCell::default(),
+        weather_rng: RefCell::new(StdRng::seed_from_u64(config.seed ^ 0x3ea7_4e2f)),
+        corruption: Cell::new(CorruptionFigures::default()),
     };
     NET.with(|n| *n.borrow_mut() = Some(Rc::new(net)));
 }
@@ -285,6 +326,21 @@ pub fn set_slow(ip: IpAddr, extra: Option<Duration>) {
     }
 }
 
+/// Makes the paths to and from `ip` flaky ([`Weather`]; `None`: sound again).
+pub fn set_weather(ip: IpAddr, weather: Option<Weather>) {
+    if let Ok(n) = net() {
+        match weather {
+            Some(w) => n.weather.borrow_mut().insert(ip, w),
+            None => n.weather.borrow_mut().remove(&ip),
+        };
+    }
+}
+
+/// What the weather did to frames so far.
+pub fn corruption() -> CorruptionFigures {
+    net().map_or_else(|_| CorruptionFigures::default(), |n| n.corruption.get())
+}
+
 /// Whether `ip` is slow ([`set_slow`]).
 pub fn is_slow(ip: IpAddr) -> bool {
     net().is_ok_and(|n| n.slow.borrow().contains_key(&ip))
@@ -295,6 +351,7 @@ pub fn heal_all() {
     if let Ok(n) = net() {
         n.faults.borrow_mut().clear();
         n.slow.borrow_mut().clear();
+        n.weather.borrow_mut().clear();
         release_held(&n, |_| true);
         reset_lossy(&n, |_| true);
     }
@@ -488,14 +545,52 @@ impl Net {
 
     /// Puts `cargo` on the wire to arrive no earlier than anything sent before it
     /// on the same direction (`last`).
-    fn post(&self, last: &Cell<Instant>, d: Delivery) {
-        let extra = {
+    fn post(&self, last: &Cell<Instant>, mut d: Delivery) {
+        let mut extra = {
             let slow = self.slow.borrow();
             let of = |ip: IpAddr| slow.get(&ip).copied().unwrap_or_default();
             of(d.from.ip()) + of(d.dest.ip())
         };
+        let weather = {
+            let w = self.weather.borrow();
+            w.get(&d.from.ip()).or_else(|| w.get(&d.dest.ip())).copied()
+        };
+        let mut twice = false;
+        if let (Some(w), Cargo::Frame(bytes)) = (weather, &mut d.cargo) {
+            let mut rng = self.weather_rng.borrow_mut();
+            let mut figures = self.corruption.get();
+            if !bytes.is_empty() && rng.random_bool(w.corrupt.clamp(0.0, 1.0)) {
+                let at = rng.random_range(0..bytes.len());
+                bytes[at] ^= 1 << rng.random_range(0..8);
+                figures.corrupted += 1;
+                if decode(bytes).is_ok() {
+                    figures.undetected += 1;
+                }
+            }
+            if rng.random_bool(w.duplicate.clamp(0.0, 1.0)) {
+                twice = true;
+                figures.duplicated += 1;
+            }
+            if !w.delay_max.is_zero() && rng.random_bool(w.delay.clamp(0.0, 1.0)) {
+                extra += Duration::from_micros(
+                    rng.random_range(1..=u64::try_from(w.delay_max.as_micros()).unwrap_or(1)),
+                );
+            }
+            self.corruption.set(figures);
+        }
         let at = (clock::now() + self.latency() + extra).max(last.get());
         last.set(at);
+        if twice && let Cargo::Frame(bytes) = &d.cargo {
+            let copy = Delivery {
+                to: d.to.clone(),
+                cargo: Cargo::Frame(bytes.clone()),
+                from: d.from,
+                dest: d.dest,
+            };
+            let seq = self.seq.get();
+            self.seq.set(seq + 1);
+            self.wire.borrow_mut().insert((at, seq), copy);
+        }
         let seq = self.seq.get();
         self.seq.set(seq + 1);
         self.wire.borrow_mut().insert((at, seq), d);

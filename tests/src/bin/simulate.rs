@@ -15,7 +15,7 @@ use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-swarm] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -32,6 +32,7 @@ fn main() -> ExitCode {
     let mut shrunk_wait = true;
     let mut scrubs = true;
     let mut bit_rot = true;
+    let mut swarm = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -66,6 +67,7 @@ fn main() -> ExitCode {
             "--no-shrunk-wait" => shrunk_wait = false,
             "--no-scrubs" => scrubs = false,
             "--no-bit-rot" => bit_rot = false,
+            "--no-swarm" => swarm = false,
             "--twice" => twice = true,
             "--events" => events = true,
             _ => return usage(),
@@ -78,7 +80,11 @@ fn main() -> ExitCode {
     let (mut passed, mut failed) = (0u64, Vec::new());
     let mut virtual_secs = 0.0;
     for seed in first..first.saturating_add(count) {
-        let mut cfg = SimConfig::new(seed);
+        let mut cfg = if swarm {
+            SimConfig::new(seed)
+        } else {
+            SimConfig::legacy(seed)
+        };
         cfg.faults = faults;
         cfg.disk_faults = disk_faults;
         cfg.resizes = resizes;

@@ -38,7 +38,10 @@
 //! failing seed is replayed with `scripts/simulate.sh --seed N` (the same events,
 //! in the same order: the trace hash says so).
 
+mod faults;
 mod workload;
+
+pub use faults::{FaultKind, SideFaults, Swarm};
 
 use arc_swap::ArcSwap;
 use flame_client::{ClientConfig, Cluster};
@@ -97,18 +100,9 @@ const TASKS_PER_STEP_MAX: usize = 4096;
 /// The simulated disk's latency per data operation, in virtual microseconds.
 const DISK_LATENCY_US_MIN: u64 = 5;
 const DISK_LATENCY_US_MAX: u64 = 600;
-/// How often a fault comes with an OSD's disk failing some of its reads.
-const READ_ERRORS_CHANCE: f64 = 0.2;
-/// Chance that a fault also flips one bit of a checksummed block of one copy
-/// (with [`SimConfig::bit_rot`]).
-const BIT_ROT_CHANCE: f64 = 0.3;
-/// How often a fault comes with an OSD's disk failing writes and syncs (the OSD
-/// stops at the first, as the daemon does, and restarts later).
-const WRITE_ERRORS_CHANCE: f64 = 0.1;
-/// How often a fault comes with an OSD's file system full.
-const FULL_CHANCE: f64 = 0.08;
-/// How often a fault (with four OSDs) gets a second one overlapping it.
-const OVERLAP_CHANCE: f64 = 0.35;
+/// How long a flaky path ([`FaultKind::CorruptFrames`] and its kin) may delay
+/// one frame.
+const WEATHER_DELAY_MAX: Duration = Duration::from_millis(200);
 /// Events kept for the report of a failing seed.
 const EVENTS_KEPT: usize = 64;
 
@@ -130,6 +124,11 @@ pub struct SimConfig {
     pub faults: bool,
     /// Placement groups.
     pub pg_count: u32,
+    /// Shards (threads, each with its own reactor, store and groups) per OSD.
+    pub shards: u16,
+    /// Hosts the OSDs are spread over (OSD `i` on host `i % hosts`): placement
+    /// puts a group's copies on distinct hosts first.
+    pub hosts: usize,
     /// Volume size in bytes.
     pub volume_bytes: u64,
     /// Virtual time after which the run fails as stuck.
@@ -169,12 +168,22 @@ pub struct SimConfig {
     /// Reads must never return it (the store's checksums, read repair) and
     /// scrubs repair it. Off for the seeds that found bugs before it existed.
     pub bit_rot: bool,
+    /// Swarm faults: the seed draws which fault kinds are on and their
+    /// weights ([`Swarm`]), from every kind, the network's corrupted,
+    /// duplicated and delayed frames and repeated power losses included. Off:
+    /// the fixed draw of the model before it, for the seeds that found bugs
+    /// there, so that they replay as they did.
+    pub swarm: bool,
 }
 
 impl SimConfig {
     /// The `scripts/simulate.sh` command that runs this configuration.
     pub fn replay_command(&self) -> String {
-        let d = SimConfig::new(self.seed);
+        let d = if self.swarm {
+            SimConfig::new(self.seed)
+        } else {
+            SimConfig::legacy(self.seed)
+        };
         let mut c = format!("scripts/simulate.sh --seed {}", self.seed);
         if self.ops != d.ops {
             c += &format!(" --ops {}", self.ops);
@@ -206,12 +215,15 @@ impl SimConfig {
         if !self.bit_rot {
             c += " --no-bit-rot";
         }
+        if !self.swarm {
+            c += " --no-swarm";
+        }
         c
     }
 
     /// The defaults CI runs, for `seed`.
     pub fn new(seed: u64) -> SimConfig {
-        SimConfig {
+        let mut c = SimConfig {
             seed,
             // Every other seed has a fourth OSD: placement changes (out/in) move
             // groups to new members, which backfill.
@@ -221,6 +233,8 @@ impl SimConfig {
             ops: 300,
             faults: true,
             pg_count: 8,
+            shards: 1,
+            hosts: if seed.is_multiple_of(2) { 4 } else { 3 },
             volume_bytes: 4 << 20,
             virtual_time_max: Duration::from_secs(600),
             // Every third seed gives up on stalled I/O: abandoned writes.
@@ -235,7 +249,59 @@ impl SimConfig {
             resize_stays_shrunk: true,
             scrubs: true,
             bit_rot: true,
+            swarm: true,
+        };
+        c.draw_shape();
+        c
+    }
+
+    /// The model the regression seeds found their bugs in, before issue 30's
+    /// widening (no swarm; three or four OSDs, one shard each, each its own
+    /// host): they replay as they did.
+    pub fn legacy(seed: u64) -> SimConfig {
+        let osds = if seed.is_multiple_of(2) { 4 } else { 3 };
+        SimConfig {
+            swarm: false,
+            osds,
+            shards: 1,
+            hosts: osds,
+            ..SimConfig::new(seed)
         }
+    }
+
+    /// Draws the cluster's shape (its own stream): 3-9 OSDs (mostly few: a
+    /// seed with nine costs three times one with three), 1-4 shards each, over
+    /// 1-3 hosts or one host each.
+    fn draw_shape(&mut self) {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x05d5_4a9e);
+        self.osds = match rng.random_range(0..20) {
+            0..10 => rng.random_range(3..=4),
+            10..17 => rng.random_range(5..=6),
+            _ => rng.random_range(7..=9),
+        };
+        self.shards = if rng.random_bool(0.5) {
+            1
+        } else {
+            rng.random_range(2..=4)
+        };
+        self.hosts = match rng.random_range(0..4) {
+            0 => 1,
+            1 => 2,
+            2 => 3,
+            _ => self.osds,
+        };
+    }
+
+    /// The seed's swarm: drawn from a stream of its own (the legacy draw
+    /// without [`SimConfig::swarm`]).
+    pub fn swarm(&self) -> Swarm {
+        if !self.swarm || !self.faults {
+            return Swarm::legacy();
+        }
+        Swarm::draw(
+            &mut StdRng::seed_from_u64(self.seed ^ 0x5a4e_3000),
+            self.osds,
+        )
     }
 
     /// The background scrub interval of this seed's OSDs, if it scrubs: drawn
@@ -269,6 +335,11 @@ pub struct SimReport {
     /// Objects new primaries took from a complete copy with newer writes
     /// before peering (`flame-osd/src/recovery/newest_copy.rs`).
     pub newer_copies_taken: u64,
+    /// The seed's fault kinds and weights, and the cluster's shape.
+    pub swarm: String,
+    /// Frames the network corrupted and duplicated (a corrupted frame that
+    /// still decoded fails the seed).
+    pub frames: net::CorruptionFigures,
     /// Every checker's complaint (empty: the seed passed).
     pub errors: Vec<String>,
     /// The last events before the end (faults, restarts, epochs), for a failure.
@@ -321,7 +392,7 @@ impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering",
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering; {} frames corrupted, {} duplicated; {}",
             self.seed,
             if self.passed() { "passed" } else { "FAILED" },
             self.virtual_time.as_secs_f64(),
@@ -335,6 +406,9 @@ impl std::fmt::Display for SimReport {
             self.rot.injected,
             self.rot.unrepaired,
             self.newer_copies_taken,
+            self.frames.corrupted,
+            self.frames.duplicated,
+            self.swarm,
         )?;
         for e in &self.errors {
             writeln!(f, "  error: {e}")?;
@@ -393,7 +467,8 @@ pub fn run(config: SimConfig) -> SimReport {
 
 /// One OSD process while it runs: what dies with it.
 struct LiveOsd {
-    reactor: Reactor,
+    /// One per shard.
+    reactors: Vec<Reactor>,
     map: Arc<ArcSwap<ClusterMap>>,
     wanted_epoch: Arc<AtomicU64>,
     liveness: Arc<Liveness>,
@@ -473,6 +548,10 @@ struct Impairment {
     write_errors_on: Option<usize>,
     /// This OSD's file system is full meanwhile.
     full_on: Option<usize>,
+    /// The paths near this address are flaky meanwhile ([`net::Weather`]).
+    weather_on: Option<IpAddr>,
+    /// This OSD lost power and loses it again soon after it restarts.
+    repeat_power_loss: bool,
 }
 
 struct Sim {
@@ -514,6 +593,12 @@ struct Sim {
     last_epoch: Epoch,
     /// The shrink and growth of the volume, if this seed has one.
     resize: Option<Resize>,
+    /// The seed's fault kinds and weights.
+    swarm: Swarm,
+    /// A second power loss due: of which OSD, and when.
+    power_loss_again: Option<(usize, Instant)>,
+    /// The faults have stopped: no OSD starts a new scrub.
+    scrubs_paused: bool,
     /// The OSDs' service key: every OSD checks HELLOs with it and makes its peer
     /// tickets with it, every client gets a ticket made with it (as the manager
     /// issues them), so every simulated connection is authenticated.
@@ -550,8 +635,8 @@ impl Sim {
                     mgr: "sim".into(),
                     listen: SocketAddr::new(ip, OSD_PORT),
                     data_dir: root.clone(),
-                    host: Some(format!("host-{i}")),
-                    shards: 1,
+                    host: Some(format!("host-{}", i % config.hosts.max(1))),
+                    shards: config.shards,
                     transport: TransportKind::Sim,
                     heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
                     lease_ms: LEASE_MS,
@@ -576,6 +661,7 @@ impl Sim {
                 }
             })
             .collect();
+        let swarm = config.swarm();
         Sim {
             rng: StdRng::seed_from_u64(config.seed ^ 0x5eed_f1a3e),
             mgr,
@@ -600,6 +686,9 @@ impl Sim {
             recoveries: Vec::new(),
             last_epoch: Epoch(0),
             resize: None,
+            swarm,
+            power_loss_again: None,
+            scrubs_paused: false,
             service: {
                 // A fixed cluster secret: keys are not what the simulator
                 // explores, and a seed must replay exactly.
@@ -639,8 +728,14 @@ impl Sim {
             ));
             return self.report();
         }
-        // The faults stop: everything comes back and settles.
+        // The faults stop: everything comes back and settles. No scrub runs
+        // from here on, so the copies compared below are what recovery made of
+        // them, before any scrub repair.
         self.heal_all();
+        self.scrubs_paused = true;
+        for o in self.osds.iter().filter_map(|o| o.live.as_ref()) {
+            o.recovery.scrubs_paused.store(true, Ordering::Relaxed);
+        }
         for i in 0..self.osds.len() {
             if self.osds[i].live.is_none() {
                 self.start_osd(i);
@@ -660,6 +755,26 @@ impl Sim {
             self.errors
                 .push("the cluster did not return to clean within 60 s after the faults".into());
         }
+        // Every copy compared before anything reads or repairs it: a FLUSH of
+        // every volume puts each copy's checksums on disk, then whole files are
+        // compared (a rotted block nothing read yet counts as its unrotted
+        // self: the medium's fault, not a divergence).
+        if clean {
+            if self.flush_all_volumes() {
+                let differing = self.compare_copies(true);
+                self.errors.extend(
+                    differing
+                        .into_iter()
+                        .map(|e| format!("before the read-back: {e}")),
+                );
+                if !self.errors.is_empty() {
+                    return self.report();
+                }
+            } else {
+                self.errors
+                    .push("the FLUSH before the first comparison did not finish".into());
+            }
+        }
         // Read every block back through the client.
         if let Some(w) = &self.workload {
             w.start_verify();
@@ -676,7 +791,7 @@ impl Sim {
         // so whole files are compared, header and checksums included.
         if clean && verified {
             self.undo_unrepaired_rot();
-            let differing = self.compare_copies();
+            let differing = self.compare_copies(false);
             self.errors.extend(differing);
         }
         self.report()
@@ -693,6 +808,13 @@ impl Sim {
             self.errors.extend(w.errors());
         }
         let virtual_time = clock::elapsed(self.started);
+        let frames = net::corruption();
+        if frames.undetected > 0 {
+            self.errors.push(format!(
+                "{} of {} corrupted frames decoded as messages: the frame checksums missed them",
+                frames.undetected, frames.corrupted
+            ));
+        }
         let mut scrubs = ScrubFigures::default();
         let mut newer_copies_taken = 0;
         for r in &self.recoveries {
@@ -717,6 +839,11 @@ impl Sim {
             scrubs,
             rot: self.rot_figures,
             newer_copies_taken,
+            swarm: format!(
+                "{} OSDs × {} shards over {} hosts; {}",
+                self.config.osds, self.config.shards, self.config.hosts, self.swarm
+            ),
+            frames,
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
             replay: self.config.replay_command(),
@@ -731,7 +858,9 @@ impl Sim {
             for o in &mut self.osds {
                 if let Some(live) = &mut o.live {
                     net::set_current_node(Some(o.ip));
-                    ran += step(&mut live.reactor);
+                    for r in &mut live.reactors {
+                        ran += step(r);
+                    }
                 }
             }
             for c in &mut self.clients {
@@ -773,7 +902,12 @@ impl Sim {
                 next = next.min(self.next_fault);
             }
             for o in &self.osds {
-                if let Some(t) = o.live.as_ref().and_then(|l| l.reactor.next_timer()) {
+                for t in o
+                    .live
+                    .iter()
+                    .flat_map(|l| &l.reactors)
+                    .filter_map(Reactor::next_timer)
+                {
                     next = next.min(t);
                 }
             }
@@ -1109,12 +1243,13 @@ impl Sim {
                 return;
             }
         };
+        let shards = o.config.shards;
         let boot = OsdBoot {
             uuid: o.uuid.clone(),
             id: o.id,
             addr: SocketAddr::new(o.ip, OSD_PORT),
-            shards: 1,
-            host: format!("host-{i}"),
+            shards,
+            host: format!("host-{}", i % self.config.hosts.max(1)),
             weight: 1.0,
             metrics_addr: None,
             fsid: o.id.map(|_| fsid),
@@ -1130,48 +1265,69 @@ impl Sim {
         o.id = Some(id);
         let map = Arc::new(ArcSwap::from_pointee(self.mgr.map().clone()));
         let wanted_epoch = Arc::new(AtomicU64::new(0));
-        let liveness = Arc::new(Liveness::new(1));
+        let liveness = Arc::new(Liveness::new(shards));
         liveness.renew(liveness.now_ms(), LEASE_MS);
         let recovery = Arc::new(RecoveryShared::default());
+        recovery
+            .scrubs_paused
+            .store(self.scrubs_paused, Ordering::Relaxed);
         self.recoveries.push(recovery.clone());
         let cfg = o.config.clone();
-        let store = ObjectStore::with_fs(
-            fs,
-            &o.root,
-            0,
-            StoreOptions {
-                direct_io: false,
-                open_max: 64,
-                checksums: true,
-            },
-        );
-        let parts = ShardParts {
-            id: 0,
-            osd: id,
-            map: map.clone(),
-            wanted_epoch: wanted_epoch.clone(),
-            config: cfg.clone(),
-            recovery: recovery.clone(),
-            liveness: liveness.clone(),
-            restart_suspects: &suspects,
-            service: Some(flame_osd::service_key::ServiceKeys::new(
-                self.service.clone(),
-            )),
-        };
-        let handle = reactor.handle();
-        let started = reactor.enter(|| -> Result<(), String> {
-            let shard = build_shard(parts, store);
-            let listener =
-                Listener::bind(TransportKind::Sim, cfg.listen).map_err(|e| e.to_string())?;
-            reactor::spawn(serve(shard, listener, handle)).detach();
-            Ok(())
-        });
-        if let Err(e) = started {
-            self.errors.push(format!("osd.{i}: cannot start: {e}"));
-            return;
+        // Each shard is a thread of the process with its own reactor (and
+        // store, listener and groups: `pg % shards`), as in the daemon.
+        let mut reactors = vec![reactor];
+        for shard in 0..shards {
+            if usize::from(shard) == reactors.len() {
+                match Reactor::new_simulated() {
+                    Ok(r) => reactors.push(r),
+                    Err(e) => {
+                        self.errors.push(format!("simulated reactor: {e}"));
+                        return;
+                    }
+                }
+            }
+            let store = ObjectStore::with_fs(
+                fs.clone(),
+                &o.root,
+                shard,
+                StoreOptions {
+                    direct_io: false,
+                    open_max: 64,
+                    checksums: true,
+                },
+            );
+            let parts = ShardParts {
+                id: shard,
+                osd: id,
+                map: map.clone(),
+                wanted_epoch: wanted_epoch.clone(),
+                config: cfg.clone(),
+                recovery: recovery.clone(),
+                liveness: liveness.clone(),
+                restart_suspects: &suspects,
+                service: Some(flame_osd::service_key::ServiceKeys::new(
+                    self.service.clone(),
+                )),
+            };
+            let reactor = &mut reactors[usize::from(shard)];
+            let handle = reactor.handle();
+            let mut addr = cfg.listen;
+            addr.set_port(cfg.listen.port() + shard);
+            let started = reactor.enter(|| -> Result<(), String> {
+                let shard = build_shard(parts, store);
+                let listener =
+                    Listener::bind(TransportKind::Sim, addr).map_err(|e| e.to_string())?;
+                reactor::spawn(serve(shard, listener, handle)).detach();
+                Ok(())
+            });
+            if let Err(e) = started {
+                self.errors
+                    .push(format!("osd.{i}: cannot start shard {shard}: {e}"));
+                return;
+            }
         }
         o.live = Some(LiveOsd {
-            reactor,
+            reactors,
             map,
             wanted_epoch,
             liveness,
@@ -1284,7 +1440,7 @@ impl Sim {
     /// Sometimes (drawn from `rot_rng`, with [`SimConfig::bit_rot`]) one bit of
     /// a checksummed data block of one copy of one object flips on disk.
     fn bit_rot(&mut self) {
-        if !self.config.bit_rot || !self.rot_rng.random_bool(BIT_ROT_CHANCE) {
+        if !self.config.bit_rot || !self.rot_rng.random_bool(self.swarm.side.bit_rot) {
             return;
         }
         let j = self.rot_rng.random_range(0..self.osds.len());
@@ -1352,6 +1508,59 @@ impl Sim {
         ));
     }
 
+    /// Undoes, in `data` (the contents of `path` on OSD `osd`), every rot the
+    /// simulator injected there that is still in place.
+    fn unrot(&self, osd: usize, path: &std::path::Path, data: &mut [u8]) {
+        for r in self.rots.iter().filter(|r| r.osd == osd && r.path == path) {
+            if data.get(r.start..r.start + 4096) == Some(&r.rotted[..])
+                && let Some(b) = data.get_mut(r.at as usize)
+            {
+                *b ^= 1 << r.bit;
+            }
+        }
+    }
+
+    /// A FLUSH of every volume through client 0 (put every copy's checksums
+    /// on disk); false if it failed or did not finish within 60 s.
+    fn flush_all_volumes(&mut self) -> bool {
+        let Some(c) = self.clients.first() else {
+            return false;
+        };
+        let names: Vec<String> = self.mgr.map().volumes.keys().cloned().collect();
+        let done: Rc<RefCell<Option<Result<(), String>>>> = Rc::new(RefCell::new(None));
+        let out = done.clone();
+        let cluster = c.cluster.clone();
+        c.reactor.enter(|| {
+            reactor::spawn(async move {
+                let mut r = Ok(());
+                for name in names {
+                    let flushed = match cluster.open_volume(&name).await {
+                        Ok(v) => v.flush().await.map_err(|e| format!("{name}: {e}")),
+                        Err(e) => Err(format!("{name}: {e}")),
+                    };
+                    if flushed.is_err() {
+                        r = flushed;
+                        break;
+                    }
+                }
+                *out.borrow_mut() = Some(r);
+            })
+            .detach()
+        });
+        let by = clock::now() + Duration::from_secs(60);
+        self.drive(by, false, |_| done.borrow().is_some());
+        let r = done.borrow_mut().take();
+        match r {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                self.errors
+                    .push(format!("the FLUSH before the comparison failed: {e}"));
+                false
+            }
+            None => false,
+        }
+    }
+
     /// A rotted block that nothing read or scrubbed since it rotted still
     /// holds the rot: the medium's fault, not a divergence of the copies.
     /// Undone before the copies are compared (any other difference counts);
@@ -1373,7 +1582,7 @@ impl Sim {
     /// every member of its group — header, checksums and data. Bytes past a
     /// copy's end read as zeroes; a member without the file holds zeroes. Copies
     /// on OSDs that are no longer members (strays, deleted later) are not looked at.
-    fn compare_copies(&self) -> Vec<String> {
+    fn compare_copies(&self, mask_rot: bool) -> Vec<String> {
         let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
         let describe = |at: usize| {
             if at < data_at {
@@ -1417,7 +1626,11 @@ impl Sim {
                 .map(|&i| {
                     let o = &self.osds[i];
                     let path = layout::pgs_dir(&o.root).join(rel);
-                    (i, o.fs.contents(&path))
+                    let mut d = o.fs.contents(&path);
+                    if mask_rot && let Some(d) = &mut d {
+                        self.unrot(i, &path, d);
+                    }
+                    (i, d)
                 })
                 .collect();
             // A copy without the file reads as zeroes, as does one whose file
@@ -1521,6 +1734,7 @@ impl Sim {
     fn heal_all(&mut self) {
         net::heal_all();
         self.overlap_at = None;
+        self.power_loss_again = None;
         for imp in std::mem::take(&mut self.impaired) {
             if let Some(j) = imp.read_errors_on {
                 self.osds[j].fs.set_read_errors(0.0, 0);
@@ -1541,6 +1755,32 @@ impl Sim {
     /// Injects the next fault (or ends the current impairment).
     fn fault(&mut self) {
         let now = clock::now();
+        if let Some((i, at)) = self.power_loss_again
+            && now >= at
+        {
+            self.power_loss_again = None;
+            if self.osds[i].live.is_some() {
+                self.faults += 1;
+                self.event(format!("osd.{i} loses power again while it recovers"));
+                self.crash(i, true);
+                let hold = Duration::from_millis(self.rng.random_range(300..3000));
+                self.impaired.push(Impairment {
+                    osd: i,
+                    until: now + hold,
+                    cut: Vec::new(),
+                    manager: false,
+                    out: None,
+                    reset_clients: false,
+                    read_errors_on: None,
+                    write_errors_on: None,
+                    full_on: None,
+                    weather_on: None,
+                    repeat_power_loss: false,
+                });
+            }
+            self.next_fault = self.next_impairment_change();
+            return;
+        }
         if let Some(k) = self.impaired.iter().position(|imp| now >= imp.until) {
             let imp = self.impaired.remove(k);
             self.end_impairment(imp, now);
@@ -1552,7 +1792,7 @@ impl Sim {
             self.overlap_at = None;
             self.overlapping_fault(now);
         }
-        if !self.impaired.is_empty() {
+        if !self.impaired.is_empty() || self.power_loss_again.is_some() {
             self.next_fault = self.next_impairment_change();
             return;
         }
@@ -1565,6 +1805,7 @@ impl Sim {
             .iter()
             .map(|imp| imp.until)
             .chain(self.overlap_at)
+            .chain(self.power_loss_again.map(|(_, at)| at))
             .min()
             .unwrap_or_else(clock::now)
     }
@@ -1576,6 +1817,9 @@ impl Sim {
             self.event(format!("osd.{j}'s disk reads well again"));
         }
         self.end_disk_faults(&imp);
+        if let Some(ip) = imp.weather_on {
+            net::set_weather(ip, None);
+        }
         for &(a, b, _) in &imp.cut {
             net::set_fault(a, b, None);
         }
@@ -1608,6 +1852,10 @@ impl Sim {
             self.mgr = manager(self.mgr.persisted.clone(), now);
             self.event("the manager restarts".into());
         } else if self.osds[imp.osd].live.is_none() {
+            if imp.repeat_power_loss {
+                let after = Duration::from_millis(self.rng.random_range(50..1500));
+                self.power_loss_again = Some((imp.osd, now + after));
+            }
             if Self::reaches_mgr(self.osds[imp.osd].ip) {
                 self.start_osd(imp.osd);
             } else {
@@ -1617,9 +1865,10 @@ impl Sim {
         } else {
             self.event(format!("osd.{} reconnected", imp.osd));
         }
-        if self.impaired.is_empty() {
+        if self.impaired.is_empty() && self.power_loss_again.is_none() {
             self.overlap_at = None;
-            self.next_fault = now + Duration::from_millis(self.rng.random_range(500..4000));
+            let (lo, hi) = self.swarm.gap_ms;
+            self.next_fault = now + Duration::from_millis(self.rng.random_range(lo..hi));
         } else {
             self.next_fault = self.next_impairment_change();
         }
@@ -1640,14 +1889,17 @@ impl Sim {
         let mut hold = Duration::from_millis(self.rng.random_range(300..6000));
         let ip = self.osds[i].ip;
         self.faults += 1;
-        let mut kind = self.rng.random_range(0..16);
-        if kind == 14 && self.osds.len() <= 3 {
-            kind = 15;
-        }
+        let kind = if self.swarm.kinds.is_empty() {
+            FaultKind::legacy(self.rng.random_range(0..16), self.osds.len())
+        } else {
+            self.swarm.pick(&mut self.rng)
+        };
         let mut cut = Vec::new();
         let mut out = None;
+        let mut weather_on = None;
+        let mut repeat_power_loss = false;
         match kind {
-            14 => {
+            FaultKind::Out => {
                 // Out (operator or down-out): its groups move to the others and
                 // backfill there; it keeps serving its old copies meanwhile.
                 if let Some(id) = self.osds[i].id
@@ -1665,28 +1917,28 @@ impl Sim {
                     ));
                 }
             }
-            13 | 15 => {
+            FaultKind::Slow | FaultKind::SlowThenReset => {
                 // Slow: everything to and from it takes longer (an overloaded
-                // node or link); nothing is lost. Then (15) the clients'
+                // node or link); nothing is lost. Then (SlowThenReset) the clients'
                 // connections to it reset on their side: what they resend on new
                 // connections overtakes what is still on the old ones.
                 let extra = Duration::from_millis(self.rng.random_range(50..2500));
                 net::set_slow(ip, Some(extra));
-                if kind == 15 {
+                if kind == FaultKind::SlowThenReset {
                     hold = hold.min(Duration::from_millis(self.rng.random_range(300..2000)));
                 }
                 self.event(format!(
                     "osd.{i} slow (+{} ms each way) for {} ms{}",
                     extra.as_millis(),
                     hold.as_millis(),
-                    if kind == 15 {
+                    if kind == FaultKind::SlowThenReset {
                         ", then the clients' connections to it reset"
                     } else {
                         ""
                     }
                 ));
             }
-            12 => {
+            FaultKind::ManagerStop => {
                 // The manager stops: nobody reaches it until it restarts.
                 let mut all: Vec<IpAddr> = self.osds.iter().map(|o| o.ip).collect();
                 all.extend(self.clients.iter().map(|c| c.ip));
@@ -1699,17 +1951,84 @@ impl Sim {
                 }
                 self.event(format!("the manager stops for {} ms", hold.as_millis()));
             }
-            0..3 => {
+            FaultKind::Crash => {
                 self.crash(i, false);
             }
-            3 => {
+            FaultKind::PowerLoss => {
                 self.crash(i, true);
             }
-            10 | 11 => {
+            FaultKind::RepeatedPowerLoss => {
+                // Back soon, to lose power again while it recovers.
+                hold = hold.min(Duration::from_millis(self.rng.random_range(300..2000)));
+                self.crash(i, true);
+                repeat_power_loss = true;
+            }
+            FaultKind::CutFromManager => {
+                // Only the manager is cut: peers and clients still reach it.
+                let one_way = self.rng.random_bool(0.3);
+                let fault = if self.rng.random_bool(0.5) {
+                    LinkFault::Reject
+                } else {
+                    LinkFault::BlackHole
+                };
+                cut.push((ip, MGR_IP, fault));
+                if !one_way {
+                    cut.push((MGR_IP, ip, fault));
+                }
+                for &(a, b, f) in &cut {
+                    net::set_fault(a, b, Some(f));
+                }
+                // Long enough, mostly, for its lease to run out and the manager
+                // to mark it down.
+                if self.rng.random_bool(0.7) {
+                    hold = hold.max(Duration::from_millis(self.rng.random_range(2500..7000)));
+                }
+                self.event(format!(
+                    "osd.{i} cut from the manager only ({fault:?}{}) for {} ms",
+                    if one_way { ", its sends only" } else { "" },
+                    hold.as_millis()
+                ));
+            }
+            FaultKind::OneWayPairCut => {
+                let j = (i + self.rng.random_range(1..self.osds.len())) % self.osds.len();
+                let fault = if self.rng.random_bool(0.5) {
+                    LinkFault::Reject
+                } else {
+                    LinkFault::BlackHole
+                };
+                let peer = self.osds[j].ip;
+                cut.push((ip, peer, fault));
+                net::set_fault(ip, peer, Some(fault));
+                self.event(format!(
+                    "osd.{i}'s sends to osd.{j} cut ({fault:?}, one way) for {} ms",
+                    hold.as_millis()
+                ));
+            }
+            FaultKind::CorruptFrames | FaultKind::DuplicateFrames | FaultKind::DelayedFrames => {
+                let chance = self.rng.random_range(0.005..0.1);
+                let mut w = net::Weather {
+                    delay_max: WEATHER_DELAY_MAX,
+                    ..net::Weather::default()
+                };
+                match kind {
+                    FaultKind::CorruptFrames => w.corrupt = chance,
+                    FaultKind::DuplicateFrames => w.duplicate = chance,
+                    _ => w.delay = chance * 3.0,
+                }
+                net::set_weather(ip, Some(w));
+                weather_on = Some(ip);
+                self.event(format!(
+                    "osd.{i}'s paths {:?}: {:.1} % of frames, for {} ms",
+                    kind,
+                    chance * 100.0,
+                    hold.as_millis()
+                ));
+            }
+            FaultKind::PairCutReject | FaultKind::PairCutBlackHole => {
                 // Between two OSDs only: both still heartbeat the manager, which
                 // learns of the cut from their failure reports.
                 let j = (i + self.rng.random_range(1..self.osds.len())) % self.osds.len();
-                let fault = if kind == 10 {
+                let fault = if kind == FaultKind::PairCutReject {
                     LinkFault::Reject
                 } else {
                     LinkFault::BlackHole
@@ -1725,7 +2044,7 @@ impl Sim {
                     hold.as_millis()
                 ));
             }
-            _ => {
+            FaultKind::Cut => {
                 let fault = if self.rng.random_bool(0.5) {
                     LinkFault::Reject
                 } else {
@@ -1785,16 +2104,21 @@ impl Sim {
             osd: i,
             until: now + hold,
             cut,
-            manager: kind == 12,
+            manager: kind == FaultKind::ManagerStop,
             out,
-            reset_clients: kind == 15,
+            reset_clients: kind == FaultKind::SlowThenReset,
             read_errors_on,
             write_errors_on,
             full_on,
+            weather_on,
+            repeat_power_loss,
         });
         // Sometimes a second fault on another OSD overlaps this crash, power
         // loss or cut (never the manager's stop, an out or a slow OSD).
-        if self.osds.len() >= 4 && kind <= 11 && self.overlap_rng.random_bool(OVERLAP_CHANCE) {
+        if self.osds.len() >= 4
+            && kind.may_overlap()
+            && self.overlap_rng.random_bool(self.swarm.side.overlap)
+        {
             let after = hold.mul_f64(self.overlap_rng.random_range(0.1..0.9));
             self.overlap_at = Some(now + after);
         }
@@ -1804,7 +2128,7 @@ impl Sim {
     /// Sometimes (drawn from `disk_rng`) an OSD's disk — the impaired one's or
     /// another's — fails 1–10 % of its data reads while the impairment lasts.
     fn read_errors(&mut self, impaired: usize) -> Option<usize> {
-        if !self.disk_rng.random_bool(READ_ERRORS_CHANCE) {
+        if !self.disk_rng.random_bool(self.swarm.side.read_errors) {
             return None;
         }
         let j = if self.disk_rng.random_bool(0.5) {
@@ -1833,7 +2157,8 @@ impl Sim {
             return (None, None);
         }
         let r: f64 = self.disk_fault_rng.random();
-        if r >= WRITE_ERRORS_CHANCE + FULL_CHANCE {
+        let side = self.swarm.side;
+        if r >= side.write_errors + side.full {
             return (None, None);
         }
         let j = if self.disk_fault_rng.random_bool(0.5) {
@@ -1841,7 +2166,7 @@ impl Sim {
         } else {
             self.disk_fault_rng.random_range(0..self.osds.len())
         };
-        if r < WRITE_ERRORS_CHANCE {
+        if r < side.write_errors {
             let p = self.disk_fault_rng.random_range(0.002..0.05);
             let seed = self.disk_fault_rng.random();
             self.osds[j].fs.set_write_errors(p, seed);
@@ -1957,6 +2282,8 @@ impl Sim {
             read_errors_on: None,
             write_errors_on: None,
             full_on: None,
+            weather_on: None,
+            repeat_power_loss: false,
         });
         self.next_fault = self.next_impairment_change();
     }
