@@ -88,10 +88,15 @@ const OSD_PORT: u16 = 6900;
 /// How often the modelled control plane runs: map pushes, heartbeats due,
 /// reports, the manager's failure check.
 const TICK: Duration = Duration::from_millis(50);
-/// Heartbeat grace of the manager (and the OSDs' heartbeat interval and lease).
-const HEARTBEAT_GRACE: Duration = Duration::from_millis(2000);
-const HEARTBEAT_INTERVAL_MS: u64 = 500;
-const LEASE_MS: u64 = 1500;
+/// The timings of the model before the swarm (the regression seeds'): they
+/// break the rule `lease_ms + heartbeat_interval_ms < heartbeat_grace_ms`
+/// (1500 + 500 = 2000), which the swarm's drawn timings keep.
+const LEGACY_TIMINGS: SimTimings = SimTimings {
+    heartbeat_interval_ms: 500,
+    lease_ms: 1500,
+    heartbeat_grace_ms: 2000,
+    report_min_silence_ms: 1600,
+};
 /// Virtual time the cluster runs on after it looks clean, before the copies are
 /// compared (several recovery passes).
 const SETTLE_QUIET: Duration = Duration::from_secs(8);
@@ -105,6 +110,72 @@ const DISK_LATENCY_US_MAX: u64 = 600;
 const WEATHER_DELAY_MAX: Duration = Duration::from_millis(200);
 /// Events kept for the report of a failing seed.
 const EVENTS_KEPT: usize = 64;
+
+/// The OSDs' heartbeat interval and lease and the manager's grace and report
+/// silence of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimTimings {
+    /// Every OSD's `heartbeat_interval_ms`.
+    pub heartbeat_interval_ms: u64,
+    /// Every OSD's `lease_ms`.
+    pub lease_ms: u64,
+    /// The manager's `heartbeat_grace_ms`.
+    pub heartbeat_grace_ms: u64,
+    /// The manager's `failure_report_min_silence_ms`.
+    pub report_min_silence_ms: u64,
+}
+
+impl SimTimings {
+    /// Draws timings from the valid ranges: an interval of 100-1000 ms, a lease
+    /// of 2-5 intervals, a grace 1-2000 ms past lease + interval, a report
+    /// silence from lease + interval up to the grace. Checked against the
+    /// daemons' own rules (`flame_common::timing`): the drawn timings are ones a
+    /// deployment may run.
+    pub fn draw(rng: &mut StdRng) -> SimTimings {
+        let heartbeat_interval_ms = rng.random_range(100..=1000);
+        let lease_ms = heartbeat_interval_ms * rng.random_range(2..=5);
+        let floor = lease_ms + heartbeat_interval_ms;
+        let heartbeat_grace_ms = floor + rng.random_range(1..=2000);
+        let report_min_silence_ms = rng.random_range(floor..heartbeat_grace_ms);
+        let t = SimTimings {
+            heartbeat_interval_ms,
+            lease_ms,
+            heartbeat_grace_ms,
+            report_min_silence_ms,
+        };
+        if let Err(e) = t.check() {
+            panic!("drawn timings {t:?} break a rule: {e}");
+        }
+        t
+    }
+
+    /// The daemons' timing rules ([`flame_common::timing::check_osd_against_mgr`]).
+    pub fn check(&self) -> Result<(), flame_common::timing::TimingError> {
+        flame_common::timing::check_osd_against_mgr(
+            flame_common::timing::OsdTimings {
+                lease_ms: self.lease_ms,
+                heartbeat_interval_ms: self.heartbeat_interval_ms,
+            },
+            flame_common::timing::MgrTimings {
+                heartbeat_grace_ms: self.heartbeat_grace_ms,
+                failure_report_min_silence_ms: self.report_min_silence_ms,
+            },
+        )
+    }
+}
+
+impl std::fmt::Display for SimTimings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "heartbeat {} ms, lease {} ms, grace {} ms, report silence {} ms",
+            self.heartbeat_interval_ms,
+            self.lease_ms,
+            self.heartbeat_grace_ms,
+            self.report_min_silence_ms
+        )
+    }
+}
 
 /// What one simulated run does.
 #[derive(Clone, Debug)]
@@ -126,6 +197,8 @@ pub struct SimConfig {
     pub pg_count: u32,
     /// Shards (threads, each with its own reactor, store and groups) per OSD.
     pub shards: u16,
+    /// The OSDs' and the manager's timings.
+    pub timings: SimTimings,
     /// Hosts the OSDs are spread over (OSD `i` on host `i % hosts`): placement
     /// puts a group's copies on distinct hosts first.
     pub hosts: usize,
@@ -234,6 +307,7 @@ impl SimConfig {
             faults: true,
             pg_count: 8,
             shards: 1,
+            timings: LEGACY_TIMINGS,
             hosts: if seed.is_multiple_of(2) { 4 } else { 3 },
             volume_bytes: 4 << 20,
             virtual_time_max: Duration::from_secs(600),
@@ -265,6 +339,7 @@ impl SimConfig {
             osds,
             shards: 1,
             hosts: osds,
+            timings: LEGACY_TIMINGS,
             ..SimConfig::new(seed)
         }
     }
@@ -290,6 +365,7 @@ impl SimConfig {
             2 => 3,
             _ => self.osds,
         };
+        self.timings = SimTimings::draw(&mut rng);
     }
 
     /// The seed's swarm: drawn from a stream of its own (the legacy draw
@@ -615,7 +691,7 @@ impl Sim {
             object_size: 1 << 20,
         };
         let fsid = format!("sim-{:016x}", config.seed);
-        let mgr = manager(PersistedState::new_cluster(fsid, pool), now);
+        let mgr = manager(PersistedState::new_cluster(fsid, pool), now, config.timings);
         let scrub_interval_s = config.scrub_interval_s();
         let osds = (0..config.osds)
             .map(|i| {
@@ -638,8 +714,8 @@ impl Sim {
                     host: Some(format!("host-{}", i % config.hosts.max(1))),
                     shards: config.shards,
                     transport: TransportKind::Sim,
-                    heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS,
-                    lease_ms: LEASE_MS,
+                    heartbeat_interval_ms: config.timings.heartbeat_interval_ms,
+                    lease_ms: config.timings.lease_ms,
                     connect_timeout_ms: 1000,
                     replica_timeout_ms: 3000,
                     stray_delete_delay_ms: 2000,
@@ -840,8 +916,12 @@ impl Sim {
             rot: self.rot_figures,
             newer_copies_taken,
             swarm: format!(
-                "{} OSDs × {} shards over {} hosts; {}",
-                self.config.osds, self.config.shards, self.config.hosts, self.swarm
+                "{} OSDs × {} shards over {} hosts; {}; {}",
+                self.config.osds,
+                self.config.shards,
+                self.config.hosts,
+                self.config.timings,
+                self.swarm
             ),
             frames,
             errors: std::mem::take(&mut self.errors),
@@ -1084,9 +1164,11 @@ impl Sim {
         // heartbeats it does not hear (it restarts counting every OSD as just
         // heard from).
         if !self.manager_stopped() {
-            let (down, out) = self
-                .mgr
-                .check_failures(now, HEARTBEAT_GRACE, Duration::ZERO);
+            let (down, out) = self.mgr.check_failures(
+                now,
+                Duration::from_millis(self.config.timings.heartbeat_grace_ms),
+                Duration::ZERO,
+            );
             for id in down {
                 self.event(format!("manager marks {id} down"));
             }
@@ -1142,6 +1224,7 @@ impl Sim {
 
     /// One OSD's control thread, as far as the manager sees it.
     fn control(&mut self, i: usize, now: Instant) {
+        let timings = self.config.timings;
         let ip = self.osds[i].ip;
         if !Self::reaches_mgr(ip) {
             return;
@@ -1163,7 +1246,7 @@ impl Sim {
         let hb_due = now >= live.next_heartbeat;
         let epoch = live.map.load().epoch;
         if hb_due {
-            live.next_heartbeat = now + Duration::from_millis(HEARTBEAT_INTERVAL_MS);
+            live.next_heartbeat = now + Duration::from_millis(timings.heartbeat_interval_ms);
         }
         let liveness = live.liveness.clone();
         let uuid = o.uuid.clone();
@@ -1206,7 +1289,7 @@ impl Sim {
                 recovery: None,
             };
             if self.mgr.heartbeat(&hb, now).is_ok() {
-                liveness.renew(sent_ms, LEASE_MS);
+                liveness.renew(sent_ms, timings.lease_ms);
             }
         }
     }
@@ -1266,7 +1349,7 @@ impl Sim {
         let map = Arc::new(ArcSwap::from_pointee(self.mgr.map().clone()));
         let wanted_epoch = Arc::new(AtomicU64::new(0));
         let liveness = Arc::new(Liveness::new(shards));
-        liveness.renew(liveness.now_ms(), LEASE_MS);
+        liveness.renew(liveness.now_ms(), self.config.timings.lease_ms);
         let recovery = Arc::new(RecoveryShared::default());
         recovery
             .scrubs_paused
@@ -1332,7 +1415,7 @@ impl Sim {
             wanted_epoch,
             liveness,
             recovery,
-            next_heartbeat: now + Duration::from_millis(HEARTBEAT_INTERVAL_MS),
+            next_heartbeat: now + Duration::from_millis(self.config.timings.heartbeat_interval_ms),
         });
         let what = format!(
             "osd.{i} starts as {id} (incarnation {})",
@@ -1741,7 +1824,11 @@ impl Sim {
             }
             self.end_disk_faults(&imp);
             if imp.manager {
-                self.mgr = manager(self.mgr.persisted.clone(), clock::now());
+                self.mgr = manager(
+                    self.mgr.persisted.clone(),
+                    clock::now(),
+                    self.config.timings,
+                );
                 self.event("the manager restarts".into());
             }
             if let Some(id) = imp.out {
@@ -1849,7 +1936,7 @@ impl Sim {
         } else if imp.manager {
             // It lost its runtime state (heartbeat times, failure reports);
             // every OSD counts as just heard from, as at a real start.
-            self.mgr = manager(self.mgr.persisted.clone(), now);
+            self.mgr = manager(self.mgr.persisted.clone(), now, self.config.timings);
             self.event("the manager restarts".into());
         } else if self.osds[imp.osd].live.is_none() {
             if imp.repeat_power_loss {
@@ -2343,10 +2430,10 @@ fn crc_count(file: &[u8]) -> u32 {
 
 /// The manager's state machine on `persisted` (what `state.json` holds), with the
 /// simulation's timing (as `flame-mgr`'s main sets it from its configuration).
-fn manager(persisted: PersistedState, now: Instant) -> ClusterState {
+fn manager(persisted: PersistedState, now: Instant, timings: SimTimings) -> ClusterState {
     let mut m = ClusterState::new(persisted, now);
-    m.heartbeat_grace = HEARTBEAT_GRACE;
-    m.report_min_silence = Duration::from_millis(LEASE_MS + 100);
+    m.heartbeat_grace = Duration::from_millis(timings.heartbeat_grace_ms);
+    m.report_min_silence = Duration::from_millis(timings.report_min_silence_ms);
     m
 }
 
@@ -2380,4 +2467,19 @@ fn run_to_end<T: 'static>(reactor: &mut Reactor, fut: impl Future<Output = T> + 
         }
     }
     panic!("a start-up task did not finish");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drawn_timings_keep_every_rule_and_the_legacy_ones_break_the_lease_rule() {
+        for seed in 0..5000 {
+            let t = SimTimings::draw(&mut StdRng::seed_from_u64(seed));
+            assert!(t.check().is_ok(), "{t}");
+            assert!(t.lease_ms + t.heartbeat_interval_ms < t.heartbeat_grace_ms);
+        }
+        assert!(LEGACY_TIMINGS.check().is_err());
+    }
 }
