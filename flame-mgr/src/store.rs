@@ -128,10 +128,7 @@ impl Store {
             )));
         }
         let bytes = fs::read(&path).map_err(io_err("cannot read", &path))?;
-        let state: PersistedState =
-            serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
-        state.check().map_err(corrupt)?;
-        Ok(Some(state))
+        decode(&bytes).map(Some).map_err(corrupt)
     }
 
     /// Durably replaces the state. Returns only once the new state survives a
@@ -139,7 +136,7 @@ impl Store {
     pub fn save(&self, state: &PersistedState) -> Result<(), StoreError> {
         let tmp = self.dir.join(TMP_FILE);
         let path = self.state_path();
-        let bytes = serde_json::to_vec_pretty(state).map_err(|e| StoreError::Io {
+        let bytes = encode(state).map_err(|e| StoreError::Io {
             what: "cannot encode state for",
             path: path.display().to_string(),
             source: std::io::Error::other(e),
@@ -153,6 +150,27 @@ impl Store {
         dir.sync_all().map_err(io_err("cannot fsync", &self.dir))?;
         Ok(())
     }
+}
+
+/// `state.json`'s bytes for `state` (what [`Store::save`] writes; the
+/// simulator keeps them on its manager's disk).
+pub fn encode(state: &PersistedState) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec_pretty(state)
+}
+
+/// The state `state.json`'s `bytes` hold, checked for consistency
+/// ([`PersistedState::check`]); why not, otherwise (what [`Store::load`]
+/// reports as corrupt; the simulator's manager restarts through it).
+pub fn decode(bytes: &[u8]) -> Result<PersistedState, String> {
+    if bytes.len() as u64 > STATE_BYTES_MAX {
+        return Err(format!(
+            "{} bytes, more than the {STATE_BYTES_MAX} a state can be",
+            bytes.len()
+        ));
+    }
+    let state: PersistedState = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    state.check()?;
+    Ok(state)
 }
 
 #[cfg(test)]

@@ -98,7 +98,9 @@ const LEGACY_TIMINGS: SimTimings = SimTimings {
     report_min_silence_ms: 1600,
 };
 /// Virtual time the cluster runs on after it looks clean, before the copies are
-/// compared (several recovery passes).
+/// compared (several recovery passes), besides three leases: a complete member
+/// that failed writes is caught up once it has stayed complete for two leases
+/// (`recovery_pass`), so the wait grows with the seed's drawn lease.
 const SETTLE_QUIET: Duration = Duration::from_secs(8);
 /// Tasks one reactor runs per step before the others get a turn.
 const TASKS_PER_STEP_MAX: usize = 4096;
@@ -671,6 +673,13 @@ struct Sim {
     resize: Option<Resize>,
     /// The seed's fault kinds and weights.
     swarm: Swarm,
+    /// The manager's disk: its `state.json` as the real store encodes it
+    /// (`flame_mgr::store::encode`), written whenever the map's epoch moved,
+    /// before the new map reaches anyone. A restarted manager loads it through
+    /// the real decoder and its checks, as the daemon does.
+    mgr_disk: Vec<u8>,
+    /// The epoch `mgr_disk` holds.
+    mgr_disk_epoch: Epoch,
     /// A second power loss due: of which OSD, and when.
     power_loss_again: Option<(usize, Instant)>,
     /// The faults have stopped: no OSD starts a new scrub.
@@ -763,6 +772,8 @@ impl Sim {
             last_epoch: Epoch(0),
             resize: None,
             swarm,
+            mgr_disk: Vec::new(),
+            mgr_disk_epoch: Epoch(0),
             power_loss_again: None,
             scrubs_paused: false,
             service: {
@@ -823,7 +834,9 @@ impl Sim {
             // The map being clean does not mean every primary is done: a complete
             // member that failed writes is caught up without a map change. Give
             // the recovery loops a quiet while, then look again.
-            let quiet = clock::now() + SETTLE_QUIET;
+            let quiet = clock::now()
+                + SETTLE_QUIET
+                + Duration::from_millis(3 * self.config.timings.lease_ms);
             self.drive(quiet, false, |_| false);
             clean = self.all_clean();
         }
@@ -956,6 +969,7 @@ impl Sim {
             }
             ran += net::deliver_due();
             let now = clock::now();
+            self.persist_manager();
             if now >= self.next_tick {
                 self.tick();
                 self.next_tick = now + TICK;
@@ -1145,6 +1159,42 @@ impl Sim {
             self.config.volume_bytes
         ));
         ResizeStep::Done
+    }
+
+    /// Writes the manager's state to its disk if its epoch moved (the daemon
+    /// persists every change before it answers or publishes).
+    fn persist_manager(&mut self) {
+        let epoch = self.mgr.epoch();
+        if epoch == self.mgr_disk_epoch && !self.mgr_disk.is_empty() {
+            return;
+        }
+        match flame_mgr::store::encode(&self.mgr.persisted) {
+            Ok(bytes) => {
+                self.mgr_disk = bytes;
+                self.mgr_disk_epoch = epoch;
+            }
+            Err(e) => self
+                .errors
+                .push(format!("the manager cannot encode its state: {e}")),
+        }
+    }
+
+    /// The manager process starts again from its disk: what it persisted,
+    /// through the real decoder; its runtime state (heartbeat times, failure
+    /// reports) is gone, and every OSD counts as just heard from.
+    fn restart_manager(&mut self, now: Instant) {
+        match flame_mgr::store::decode(&self.mgr_disk) {
+            Ok(persisted) => {
+                self.mgr = manager(persisted, now, self.config.timings);
+                self.event(format!(
+                    "the manager restarts from its disk (epoch {})",
+                    self.mgr.epoch()
+                ));
+            }
+            Err(e) => self.errors.push(format!(
+                "the manager cannot load its state from its disk: {e}"
+            )),
+        }
     }
 
     /// Whether the manager is stopped (an impairment in force).
@@ -1824,12 +1874,7 @@ impl Sim {
             }
             self.end_disk_faults(&imp);
             if imp.manager {
-                self.mgr = manager(
-                    self.mgr.persisted.clone(),
-                    clock::now(),
-                    self.config.timings,
-                );
-                self.event("the manager restarts".into());
+                self.restart_manager(clock::now());
             }
             if let Some(id) = imp.out {
                 let _ = self.mgr.set_in(id, true);
@@ -1936,8 +1981,7 @@ impl Sim {
         } else if imp.manager {
             // It lost its runtime state (heartbeat times, failure reports);
             // every OSD counts as just heard from, as at a real start.
-            self.mgr = manager(self.mgr.persisted.clone(), now, self.config.timings);
-            self.event("the manager restarts".into());
+            self.restart_manager(now);
         } else if self.osds[imp.osd].live.is_none() {
             if imp.repeat_power_loss {
                 let after = Duration::from_millis(self.rng.random_range(50..1500));
