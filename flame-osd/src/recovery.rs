@@ -130,6 +130,9 @@ pub struct RecoveryShared {
     /// Objects peering took from another complete copy that held newer writes
     /// of them than this one (`recovery/newest_copy.rs`).
     pub newer_copies_taken: AtomicU64,
+    /// Removed volumes whose objects this OSD still holds, for the shards to
+    /// delete ([`crate::tombstones`]).
+    pub(crate) removed_volumes: crate::tombstones::Pending,
 }
 
 /// What one shard's recovery still has to do, as last published.
