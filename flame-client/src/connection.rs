@@ -41,6 +41,7 @@ use flame_common::calls::{CallFailed, CallLimits, Calls};
 use flame_common::clock;
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, OsdId, RequestId};
+use flame_common::node::{NodeLocal, NodeLocalKey};
 use flame_common::protocol::{
     self, HEADER_LEN, Header, Message, OpCode, ReplyAreaInfo, Versions, flags, status,
 };
@@ -236,20 +237,23 @@ enum Slot {
 /// per OSD shard. When it reconnects, the OSD stops executing requests still
 /// arriving on the old connection, which this thread may already have resent.
 fn session_of(key: &ConnKey) -> u64 {
-    let seed = SESSION_SEED.with(|s| *s);
+    let seed = SESSION_SEED.with_node(|s| *s);
     flame_common::placement::mix64(seed ^ key.cluster) | 1
 }
 
+// Per process (per simulated node: `flame_common::node`), so that two
+// simulated clients neither share connections nor sessions.
 thread_local! {
-    static SESSION_SEED: u64 = flame_common::entropy::u64();
+    static SESSION_SEED: NodeLocal<u64> = const { NodeLocal::new(flame_common::entropy::u64) };
     /// Generation of the next connection this thread opens (see `Message::Hello`):
     /// increasing, so an OSD can tell a reconnection from the connection it
     /// replaces. Per thread, like the sessions it numbers (and so a simulated
     /// run does not depend on the runs before it in the process).
-    static NEXT_GENERATION: Cell<u64> = const { Cell::new(1) };
-    static TABLE: RefCell<HashMap<ConnKey, Slot>> = RefCell::new(HashMap::default());
+    static NEXT_GENERATION: NodeLocal<Cell<u64>> = const { NodeLocal::new(|| Cell::new(1)) };
+    static TABLE: NodeLocal<RefCell<HashMap<ConnKey, Slot>>> =
+        const { NodeLocal::new(|| RefCell::new(HashMap::default())) };
     /// The reactor the table's connections were made on (see [`check_reactor`]).
-    static TABLE_REACTOR: Cell<Option<u64>> = const { Cell::new(None) };
+    static TABLE_REACTOR: NodeLocal<Cell<Option<u64>>> = const { NodeLocal::new(|| Cell::new(None)) };
 }
 
 /// Empties the table if the thread's reactor is not the one its connections were
@@ -258,10 +262,10 @@ thread_local! {
 /// reactor on the same thread would swallow requests until they time out.
 fn check_reactor() {
     let now = reactor::current_id();
-    if TABLE_REACTOR.with(|r| r.replace(now)) == now {
+    if TABLE_REACTOR.with_node(|r| r.replace(now)) == now {
         return;
     }
-    let stale: Vec<Slot> = TABLE.with(|t| t.borrow_mut().drain().map(|(_, s)| s).collect());
+    let stale: Vec<Slot> = TABLE.with_node(|t| t.borrow_mut().drain().map(|(_, s)| s).collect());
     for slot in stale {
         if let Slot::Ready(c) = slot {
             c.fail(&ConnError::lost(
@@ -588,7 +592,7 @@ impl OsdConn {
         if self.counted.replace(false) {
             metrics::connections_add(-1);
         }
-        let _ = TABLE.try_with(|t| {
+        let _ = TABLE.try_with_node(|t| {
             if let Ok(mut t) = t.try_borrow_mut()
                 && let Some(Slot::Ready(c)) = t.get(&self.key)
                 && std::ptr::eq(Rc::as_ptr(c), self)
@@ -691,7 +695,7 @@ pub(crate) async fn get(target: &Target, tickets: &Tickets) -> Result<Rc<OsdConn
         Stale(Rc<OsdConn>),
     }
     check_reactor();
-    let found = TABLE.with(|t| {
+    let found = TABLE.with_node(|t| {
         let mut t = t.borrow_mut();
         match t.get_mut(&target.key) {
             Some(Slot::Ready(c)) if !c.is_failed() && c.addr == target.addr => {
@@ -721,7 +725,7 @@ pub(crate) async fn get(target: &Target, tickets: &Tickets) -> Result<Rc<OsdConn
         Found::Stale(c) => {
             // The OSD moved (new address) or the connection died: replace it.
             c.fail(&ConnError::lost("OSD address changed in the map"));
-            TABLE.with(|t| {
+            TABLE.with_node(|t| {
                 let mut t = t.borrow_mut();
                 if let Some(Slot::Ready(old)) = t.get(&target.key)
                     && Rc::ptr_eq(old, &c)
@@ -745,7 +749,7 @@ async fn connect_task(target: Target, ticket: Option<Arc<ClientTicket>>) {
         )))
     };
     let result = futures_lite::future::or(attempt, expire).await;
-    let waiters = TABLE.with(|t| {
+    let waiters = TABLE.with_node(|t| {
         let mut t = t.borrow_mut();
         let waiters = match t.remove(&target.key) {
             Some(Slot::Connecting(w)) => w,
@@ -789,7 +793,7 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
         shard: target.key.shard,
         peer: false,
         session: session_of(&target.key),
-        generation: NEXT_GENERATION.with(|g| g.replace(g.get() + 1)),
+        generation: NEXT_GENERATION.with_node(|g| g.replace(g.get() + 1)),
     };
     let auth = ticket.map(|t| {
         Box::new(handshake::hello_auth(
@@ -942,9 +946,30 @@ impl Drop for CloseOnDrop {
     }
 }
 
+/// Whether every connection (live or being opened) in this thread's table —
+/// this process's, or in the simulator this node's (`flame_common::node`) —
+/// belongs to `cluster`, and how many there are. The simulator checks it each
+/// time it enters a client node: a client process sees only its own
+/// connections (two simulated clients sharing one table was a simulator flaw
+/// that made resends no deployment has).
+pub fn thread_connections_only_of(cluster: &crate::cluster::Cluster) -> Result<usize, String> {
+    let uid = cluster.uid();
+    TABLE.with_node(|t| {
+        let t = t.borrow();
+        match t.keys().find(|k| k.cluster != uid) {
+            Some(k) => Err(format!(
+                "this node's connection table holds a connection of another client \
+                 (cluster handle {:016x}, to {} shard {}) besides its own ({uid:016x})",
+                k.cluster, k.osd, k.shard
+            )),
+            None => Ok(t.len()),
+        }
+    })
+}
+
 /// Number of live connections in this thread's table (tests, diagnostics).
 pub fn thread_connection_count() -> usize {
-    TABLE.with(|t| {
+    TABLE.with_node(|t| {
         t.borrow()
             .values()
             .filter(|s| matches!(s, Slot::Ready(c) if !c.is_failed()))

@@ -13,6 +13,7 @@
 
 use flame_common::clock;
 use flame_common::collections::HashMap;
+use flame_common::node::{NodeLocal, NodeLocalKey};
 use flame_common::reactor;
 use std::cell::{Cell, RefCell};
 
@@ -32,9 +33,11 @@ struct Table {
     ticker: Option<u64>,
 }
 
+// Per process (per simulated node: `flame_common::node`): a node's ticker wakes
+// its own deadlines only.
 thread_local! {
-    static TABLE: RefCell<Table> = RefCell::new(Table::default());
-    static TICKS: Cell<u64> = const { Cell::new(0) };
+    static TABLE: NodeLocal<RefCell<Table>> = const { NodeLocal::new(|| RefCell::new(Table::default())) };
+    static TICKS: NodeLocal<Cell<u64>> = const { NodeLocal::new(|| Cell::new(0)) };
 }
 
 /// Resolves at (or up to one [`TICK`] after) `at`. Must be polled on a reactor
@@ -57,13 +60,13 @@ impl Future for Deadline {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if clock::now() >= self.at {
             if let Some(k) = self.key.take() {
-                TABLE.with(|t| t.borrow_mut().entries.remove(&k));
+                TABLE.with_node(|t| t.borrow_mut().entries.remove(&k));
             }
             return Poll::Ready(());
         }
         let at = self.at;
         let key = self.key;
-        let (key, start_ticker) = TABLE.with(|t| {
+        let (key, start_ticker) = TABLE.with_node(|t| {
             let mut t = t.borrow_mut();
             let key = match key {
                 Some(k) if t.entries.contains_key(&k) => {
@@ -100,7 +103,7 @@ impl Future for Deadline {
 impl Drop for Deadline {
     fn drop(&mut self) {
         if let Some(k) = self.key.take() {
-            let _ = TABLE.try_with(|t| {
+            let _ = TABLE.try_with_node(|t| {
                 if let Ok(mut t) = t.try_borrow_mut() {
                     t.entries.remove(&k);
                 }
@@ -114,9 +117,9 @@ async fn ticker() {
     let me = reactor::current_id();
     loop {
         reactor::sleep(TICK).await;
-        TICKS.with(|n| n.set(n.get() + 1));
+        TICKS.with_node(|n| n.set(n.get() + 1));
         let now = clock::now();
-        let (expired, stop) = TABLE.with(|t| {
+        let (expired, stop) = TABLE.with_node(|t| {
             let mut t = t.borrow_mut();
             if t.ticker != me {
                 // Replaced (a new reactor took over this thread).
@@ -145,12 +148,12 @@ async fn ticker() {
 
 /// Deadlines pending on this thread (tests).
 pub fn pending() -> usize {
-    TABLE.with(|t| t.borrow().entries.len())
+    TABLE.with_node(|t| t.borrow().entries.len())
 }
 
 /// Ticks run on this thread so far (tests: the ticker stops when idle).
 pub fn ticks() -> u64 {
-    TICKS.with(|n| n.get())
+    TICKS.with_node(|n| n.get())
 }
 
 #[cfg(test)]

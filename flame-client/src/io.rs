@@ -28,6 +28,7 @@ use flame_common::clock;
 use flame_common::collections::HashMap;
 use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::map::{ClusterMap, OsdInfo, PoolConfig};
+use flame_common::node::{NodeLocal, NodeLocalKey};
 use flame_common::placement;
 use flame_common::protocol::{IoTarget, Message, OpCode, flags, status};
 use flame_common::reactor;
@@ -243,11 +244,13 @@ const UNKNOWN: u32 = u32::MAX;
 const NONE: u32 = u32::MAX - 1;
 
 thread_local! {
-    static PRIMARIES: RefCell<PrimaryCache> = const {
-        RefCell::new(PrimaryCache {
-            cluster: 0,
-            epoch: Epoch(0),
-            primaries: Vec::new(),
+    static PRIMARIES: NodeLocal<RefCell<PrimaryCache>> = const {
+        NodeLocal::new(|| {
+            RefCell::new(PrimaryCache {
+                cluster: 0,
+                epoch: Epoch(0),
+                primaries: Vec::new(),
+            })
         })
     };
 }
@@ -269,11 +272,15 @@ type FlushTargets = Rc<Vec<(OsdId, u16)>>;
 const FLUSH_TARGET_CACHE_ENTRIES_MAX: usize = 64;
 
 thread_local! {
-    static FLUSH_TARGETS: RefCell<FlushTargetCache> = RefCell::new(FlushTargetCache {
-        cluster: 0,
-        epoch: Epoch(0),
-        targets: HashMap::default(),
-    });
+    static FLUSH_TARGETS: NodeLocal<RefCell<FlushTargetCache>> = const {
+        NodeLocal::new(|| {
+            RefCell::new(FlushTargetCache {
+                cluster: 0,
+                epoch: Epoch(0),
+                targets: HashMap::default(),
+            })
+        })
+    };
 }
 
 /// [`volume_flush_targets`] through this thread's [`FlushTargetCache`].
@@ -283,7 +290,7 @@ fn flush_targets(
     volume: VolumeId,
     size_bytes: Option<u64>,
 ) -> FlushTargets {
-    FLUSH_TARGETS.with(|c| {
+    FLUSH_TARGETS.with_node(|c| {
         let mut c = c.borrow_mut();
         if c.cluster != cluster.uid() || c.epoch != map.epoch {
             c.cluster = cluster.uid();
@@ -304,7 +311,7 @@ fn flush_targets(
 
 /// The primary of `pg` in `map` (the first OSD of its acting set).
 fn primary_of(cluster: &Cluster, map: &ClusterMap, pg: PgId) -> Option<OsdId> {
-    PRIMARIES.with(|c| {
+    PRIMARIES.with_node(|c| {
         let mut c = c.borrow_mut();
         // A map is published once per epoch per cluster, so (cluster, epoch) names
         // its content.

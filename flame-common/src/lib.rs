@@ -28,6 +28,7 @@ pub mod map;
 pub mod metrics;
 pub mod metrics_server;
 pub mod mgr_api;
+pub mod node;
 pub mod pg_state;
 pub mod placement;
 pub mod protocol;

@@ -382,7 +382,8 @@ impl Control {
                 tracing::warn!("cannot start the disk-usage thread ({e}); reporting 0 bytes used");
             }
         }
-        self.tombstones.on_map(&self.cfg.data_dir, &map.load());
+        self.tombstones
+            .on_map(&self.cfg.data_dir, &map.load(), &recovery.removed_volumes);
         let mut last_heartbeat = Instant::now();
         let mut reported = flame_common::collections::HashMap::default();
         loop {
@@ -394,7 +395,8 @@ impl Control {
                 match self.fetch_map() {
                     Ok(m) => {
                         tracing::info!(epoch = %m.epoch, "new map (asked for by a peer)");
-                        self.tombstones.on_map(&self.cfg.data_dir, &m);
+                        self.tombstones
+                            .on_map(&self.cfg.data_dir, &m, &recovery.removed_volumes);
                         let reached = m.epoch.0;
                         map.store(Arc::new(m));
                         // Stop asking if the manager has nothing newer — unless a shard
@@ -466,7 +468,11 @@ impl Control {
                         match self.fetch_map() {
                             Ok(m) => {
                                 tracing::info!(epoch = %m.epoch, "new map");
-                                self.tombstones.on_map(&self.cfg.data_dir, &m);
+                                self.tombstones.on_map(
+                                    &self.cfg.data_dir,
+                                    &m,
+                                    &recovery.removed_volumes,
+                                );
                                 map.store(Arc::new(m));
                             }
                             Err(e) => tracing::warn!("map fetch failed: {e}"),
@@ -489,7 +495,11 @@ impl Control {
                             std::process::exit(1);
                         }
                         Ok((_, m)) => {
-                            self.tombstones.on_map(&self.cfg.data_dir, &m);
+                            self.tombstones.on_map(
+                                &self.cfg.data_dir,
+                                &m,
+                                &recovery.removed_volumes,
+                            );
                             map.store(Arc::new(m));
                         }
                         Err(e) => {

@@ -134,6 +134,9 @@ pub struct RecoveryShared {
     /// the simulator sets it once its faults stop, so that the copies it
     /// compares at the end are what recovery left, before any scrub repair.
     pub scrubs_paused: std::sync::atomic::AtomicBool,
+    /// Removed volumes whose objects this OSD still holds, for the shards to
+    /// delete ([`crate::tombstones`]).
+    pub(crate) removed_volumes: crate::tombstones::Pending,
 }
 
 /// What one shard's recovery still has to do, as last published.

@@ -24,18 +24,31 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Tombstoned volumes whose objects the last walk found on disk: the control thread
-/// sets it, every shard thread reads it. Bounded by `DELETED_VOLUMES_MAX`.
-static PENDING: Mutex<BTreeSet<VolumeId>> = Mutex::new(BTreeSet::new());
+/// sets it, every shard thread reads it. Bounded by `DELETED_VOLUMES_MAX`. One per
+/// OSD process, held in what its shards share with the control thread
+/// ([`crate::recovery::RecoveryShared`]) rather than in a global: the simulator
+/// runs several OSDs in one process, and one's deletions are not another's.
+#[derive(Debug, Default)]
+pub struct Pending(Mutex<BTreeSet<VolumeId>>);
 
 /// How often a shard thread looks for volumes to delete.
 const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
-fn pending() -> BTreeSet<VolumeId> {
-    // A poisoned lock only means a panicking thread held it; the set is still valid.
-    PENDING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone()
+impl Pending {
+    fn get(&self) -> BTreeSet<VolumeId> {
+        // A poisoned lock only means a panicking thread held it; the set is still valid.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, volumes: BTreeSet<VolumeId>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = volumes;
+    }
 }
 
 /// The control thread's part: which tombstones it has already looked for.
@@ -47,8 +60,8 @@ pub struct Scanner {
 impl Scanner {
     /// Called with every map the OSD installs (the first one included): when it
     /// carries a tombstone not checked yet, walks the data directory and hands the
-    /// tombstoned volumes found there to the shard threads.
-    pub fn on_map(&mut self, data_dir: &Path, map: &ClusterMap) {
+    /// tombstoned volumes found there to the shard threads (`pending`).
+    pub fn on_map(&mut self, data_dir: &Path, map: &ClusterMap, pending: &Pending) {
         if map.deleted_volumes.is_subset(&self.checked) {
             return;
         }
@@ -62,9 +75,7 @@ impl Scanner {
             );
         }
         self.checked = map.deleted_volumes.clone();
-        *PENDING
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = found;
+        pending.set(found);
     }
 }
 
@@ -99,7 +110,7 @@ pub async fn run(shard: Rc<Shard>) {
     let mut done: BTreeSet<VolumeId> = BTreeSet::new();
     loop {
         reactor::sleep(CHECK_INTERVAL).await;
-        let pending = pending();
+        let pending = shard.recovery_shared.removed_volumes.get();
         // Forget volumes no longer pending, so `done` stays bounded.
         done.retain(|v| pending.contains(v));
         let todo: Vec<VolumeId> = pending.difference(&done).copied().collect();
@@ -162,11 +173,12 @@ mod tests {
         map.deleted_volumes.insert(VolumeId(7));
         map.deleted_volumes.insert(VolumeId(8));
         let mut scanner = Scanner::default();
-        scanner.on_map(dir.path(), &map);
-        assert_eq!(pending(), [VolumeId(7)].into_iter().collect());
+        let pending = Pending::default();
+        scanner.on_map(dir.path(), &map, &pending);
+        assert_eq!(pending.get(), [VolumeId(7)].into_iter().collect());
         // Checked already: no new walk (the set stays as it was).
         std::fs::remove_dir_all(layout::pgs_dir(dir.path())).unwrap();
-        scanner.on_map(dir.path(), &map);
-        assert_eq!(pending(), [VolumeId(7)].into_iter().collect());
+        scanner.on_map(dir.path(), &map, &pending);
+        assert_eq!(pending.get(), [VolumeId(7)].into_iter().collect());
     }
 }

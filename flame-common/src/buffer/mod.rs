@@ -39,6 +39,7 @@
 pub mod registered;
 
 use crate::clock;
+use crate::node::{NodeLocal, NodeLocalKey};
 use crate::reactor::{DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::cell::{Cell, RefCell};
@@ -249,19 +250,20 @@ pub fn heap_pool() -> Arc<dyn BufferPool> {
 }
 
 thread_local! {
-    static CURRENT_POOL: RefCell<Option<Arc<dyn BufferPool>>> = const { RefCell::new(None) };
+    /// Per process (per simulated node: [`crate::node`]).
+    static CURRENT_POOL: NodeLocal<RefCell<Option<Arc<dyn BufferPool>>>> = const { NodeLocal::new(|| RefCell::new(None)) };
     static THREAD_ID: Cell<Option<ThreadId>> = const { Cell::new(None) };
 }
 
 /// The calling thread's current pool (the heap pool unless replaced).
 pub fn thread_pool() -> Arc<dyn BufferPool> {
-    CURRENT_POOL.with(|p| p.borrow().clone().unwrap_or_else(heap_pool))
+    CURRENT_POOL.with_node(|p| p.borrow().clone().unwrap_or_else(heap_pool))
 }
 
 /// Makes `pool` the calling thread's pool for every later allocation; returns the
 /// previous one. Buffers already allocated keep going back to their own pool.
 pub fn set_thread_pool(pool: Arc<dyn BufferPool>) -> Arc<dyn BufferPool> {
-    CURRENT_POOL.with(|p| p.borrow_mut().replace(pool).unwrap_or_else(heap_pool))
+    CURRENT_POOL.with_node(|p| p.borrow_mut().replace(pool).unwrap_or_else(heap_pool))
 }
 
 fn this_thread() -> ThreadId {

@@ -43,6 +43,7 @@
 //! [`PoolMode::Heap`] is the plain [`super::HeapPool`].
 
 use super::{BufferPool, RawBuf, heap_pool, set_thread_pool, this_thread};
+use crate::node::{NodeLocal, NodeLocalKey};
 use crate::reactor::DIRECT_IO_ALIGN;
 use crossbeam_queue::ArrayQueue;
 use serde::Deserialize;
@@ -904,27 +905,28 @@ impl PoolInstaller {
 }
 
 thread_local! {
-    static WAIT_MS: std::cell::Cell<u64> =
-        const { std::cell::Cell::new(10_000) };
-    static SHARE_BYTES: std::cell::Cell<u64> =
-        const { std::cell::Cell::new(source_share_bytes(64 << 20)) };
+    // Per process (per simulated node: [`crate::node`]), like the pool.
+    static WAIT_MS: NodeLocal<std::cell::Cell<u64>> =
+        const { NodeLocal::new(|| std::cell::Cell::new(10_000)) };
+    static SHARE_BYTES: NodeLocal<std::cell::Cell<u64>> =
+        const { NodeLocal::new(|| std::cell::Cell::new(source_share_bytes(64 << 20))) };
 }
 
 pub(crate) fn set_thread_wait_ms(ms: u64) {
-    WAIT_MS.with(|w| w.set(ms));
+    WAIT_MS.with_node(|w| w.set(ms));
 }
 
 /// Sets the calling thread's share per source (the installer, from the
 /// pool's size; tests).
 pub(crate) fn set_thread_source_share_bytes(bytes: u64) {
-    SHARE_BYTES.with(|s| s.set(bytes));
+    SHARE_BYTES.with_node(|s| s.set(bytes));
 }
 
 /// The calling thread's share per source for unfinished payloads
 /// ([`crate::transport::receive_share`]): its installed pool's
 /// ([`source_share_bytes`]), else the default pool's.
 pub fn thread_source_share_bytes() -> u64 {
-    SHARE_BYTES.with(|s| s.get())
+    SHARE_BYTES.with_node(|s| s.get())
 }
 
 /// Each source's share of a pool of `bytes_per_thread` for its unfinished
@@ -938,7 +940,7 @@ pub const fn source_share_bytes(bytes_per_thread: u64) -> u64 {
 
 /// How long the calling thread's data-path allocations wait on an exhausted pool.
 pub fn thread_wait_ms() -> u64 {
-    WAIT_MS.with(|w| w.get())
+    WAIT_MS.with_node(|w| w.get())
 }
 
 /// Installs the pool `cfg` describes on the calling thread, for a daemon thread

@@ -16,6 +16,7 @@
 //! and forgets its slots when dropped ([`BringUps::forget`]).
 
 use super::{Conn, TransportError};
+use crate::node::{NodeLocal, NodeLocalKey};
 use crate::reactor;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -81,7 +82,8 @@ pub struct BringUps {
 
 thread_local! {
     /// Each listener's bring-ups on this thread, by listener id.
-    static BRING_UPS: RefCell<HashMap<u64, Rc<BringUps>>> = RefCell::new(HashMap::default());
+    static BRING_UPS: NodeLocal<RefCell<HashMap<u64, Rc<BringUps>>>> =
+        const { NodeLocal::new(|| RefCell::new(HashMap::default())) };
 }
 
 static NEXT_LISTENER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -94,14 +96,14 @@ pub fn listener_id() -> u64 {
 impl BringUps {
     /// Listener `id`'s bring-ups on this thread.
     pub fn of(id: u64) -> Rc<BringUps> {
-        BRING_UPS.with(|m| m.borrow_mut().entry(id).or_default().clone())
+        BRING_UPS.with_node(|m| m.borrow_mut().entry(id).or_default().clone())
     }
 
     /// Forgets listener `id`'s bring-ups on this thread (its `Drop`):
     /// connections brought up and not accepted close, running bring-ups finish
     /// into nothing (within their deadline).
     pub fn forget(id: u64) {
-        let _ = BRING_UPS.try_with(|m| m.borrow_mut().remove(&id));
+        let _ = BRING_UPS.try_with_node(|m| m.borrow_mut().remove(&id));
     }
 
     /// Bring-ups running or brought up and waiting: at most [`BRING_UPS_MAX`].

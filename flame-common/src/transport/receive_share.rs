@@ -27,6 +27,7 @@
 
 use super::bring_up::Source;
 use crate::buffer::registered;
+use crate::node::{NodeLocal, NodeLocalKey};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -108,7 +109,7 @@ impl ShareBook {
 }
 
 thread_local! {
-    static BOOK: RefCell<ShareBook> = RefCell::new(ShareBook::default());
+    static BOOK: NodeLocal<RefCell<ShareBook>> = const { NodeLocal::new(|| RefCell::new(ShareBook::default())) };
 }
 
 static SHARE_WAITS: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
@@ -145,7 +146,7 @@ pub struct ReceiveShare {
 impl Drop for ReceiveShare {
     fn drop(&mut self) {
         if self.bytes > 0 {
-            BOOK.with(|b| b.borrow_mut().give_back(self.source, self.bytes));
+            BOOK.with_node(|b| b.borrow_mut().give_back(self.source, self.bytes));
             wake_first(self.source);
         }
     }
@@ -182,7 +183,7 @@ pub async fn take(source: Source, bytes: u64) -> io::Result<ReceiveShare> {
         bytes,
         _thread: PhantomData,
     };
-    let queued = WAITING.with(|w| w.borrow().contains_key(&source));
+    let queued = WAITING.with_node(|w| w.borrow().contains_key(&source));
     if !queued && try_take(source, bytes) {
         return Ok(taken());
     }
@@ -209,7 +210,7 @@ pub async fn take(source: Source, bytes: u64) -> io::Result<ReceiveShare> {
         format!(
             "the unfinished payloads from {source:?} held its share of the memory pool \
              ({} bytes) for {} ms",
-            BOOK.with(|b| b.borrow().held(source)),
+            BOOK.with_node(|b| b.borrow().held(source)),
             wait.as_millis()
         ),
     ))
@@ -226,13 +227,13 @@ thread_local! {
     /// it took or left. Bounded by the connections receiving at once: each
     /// wait removes itself when dropped; a source without waiters has no
     /// entry.
-    static WAITING: RefCell<HashMap<Source, WaitLine>> = RefCell::new(HashMap::new());
-    static NEXT_WAIT_ID: Cell<u64> = const { Cell::new(0) };
+    static WAITING: NodeLocal<RefCell<HashMap<Source, WaitLine>>> = const { NodeLocal::new(|| RefCell::new(HashMap::new())) };
+    static NEXT_WAIT_ID: NodeLocal<Cell<u64>> = const { NodeLocal::new(|| Cell::new(0)) };
 }
 
 /// Wakes the first receive waiting for `source`'s share.
 fn wake_first(source: Source) {
-    let waker = WAITING.with(|w| {
+    let waker = WAITING.with_node(|w| {
         w.borrow()
             .get(&source)
             .and_then(|q| q.front())
@@ -253,12 +254,12 @@ struct ShareWait {
 
 impl ShareWait {
     fn new(source: Source, bytes: u64) -> ShareWait {
-        let id = NEXT_WAIT_ID.with(|n| {
+        let id = NEXT_WAIT_ID.with_node(|n| {
             let id = n.get();
             n.set(id.wrapping_add(1));
             id
         });
-        WAITING.with(|w| {
+        WAITING.with_node(|w| {
             w.borrow_mut()
                 .entry(source)
                 .or_default()
@@ -269,7 +270,7 @@ impl ShareWait {
 
     /// Leaves the queue; when it was first, the next in line may take now.
     fn leave(&self) {
-        let was_first = WAITING.with(|w| {
+        let was_first = WAITING.with_node(|w| {
             let mut w = w.borrow_mut();
             let Some(q) = w.get_mut(&self.source) else {
                 return false;
@@ -291,7 +292,7 @@ impl Future for ShareWait {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let first = WAITING.with(|w| {
+        let first = WAITING.with_node(|w| {
             let mut w = w.borrow_mut();
             let Some(q) = w.get_mut(&self.source) else {
                 return false;
@@ -319,7 +320,7 @@ impl Drop for ShareWait {
 /// Takes `bytes` for `source` from this thread's book, under the thread's
 /// current share (the pool's installer sets it).
 fn try_take(source: Source, bytes: u64) -> bool {
-    BOOK.with(|b| {
+    BOOK.with_node(|b| {
         let mut b = b.borrow_mut();
         b.set_share_bytes_max(registered::thread_source_share_bytes());
         b.try_take(source, bytes)
@@ -414,8 +415,8 @@ mod tests {
             let (b, sm) = (big.await, small.await);
             assert_eq!(*order.borrow(), ["big", "small"]);
             drop((b, sm));
-            assert_eq!(BOOK.with(|b| b.borrow().sources()), 0);
-            assert!(WAITING.with(|w| w.borrow().is_empty()));
+            assert_eq!(BOOK.with_node(|b| b.borrow().sources()), 0);
+            assert!(WAITING.with_node(|w| w.borrow().is_empty()));
         })
         .unwrap();
     }
@@ -448,9 +449,9 @@ mod tests {
             let err = take(ip(11), 4 << 20).await.unwrap_err();
             assert!(err.to_string().contains("127.0.0.11"), "{err}");
             drop(held);
-            assert_eq!(BOOK.with(|b| b.borrow().sources()), 0);
+            assert_eq!(BOOK.with_node(|b| b.borrow().sources()), 0);
             assert!(
-                WAITING.with(|w| w.borrow().is_empty()),
+                WAITING.with_node(|w| w.borrow().is_empty()),
                 "a wait left its waker"
             );
         })

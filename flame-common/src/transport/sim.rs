@@ -235,8 +235,11 @@ pub fn uninstall() {
 }
 
 /// The process whose tasks run next (its address): connections they make leave
-/// from it.
+/// from it, and its per-process state is the one loaded ([`crate::node`]): the
+/// node switch of the simulator, so that no node ever runs with another's
+/// thread-locals.
 pub fn set_current_node(ip: Option<IpAddr>) {
+    crate::node::switch_to(ip);
     if let Ok(n) = net() {
         n.current_node.set(ip);
     }

@@ -912,11 +912,13 @@ impl Sim {
             scrubs.inconsistent += r.scrub_errors.load(Ordering::Relaxed);
             scrubs.repaired += r.scrub_repaired.load(Ordering::Relaxed);
         }
-        // Drop every process before the network goes.
-        self.clients.clear();
+        // End every process before the network goes.
+        for c in std::mem::take(&mut self.clients) {
+            end_process(c.ip, c);
+        }
         self.workload = None;
         for o in &mut self.osds {
-            o.live = None;
+            end_process(o.ip, o.live.take());
         }
         SimReport {
             seed: self.config.seed,
@@ -958,6 +960,9 @@ impl Sim {
             }
             for c in &mut self.clients {
                 net::set_current_node(Some(c.ip));
+                if let Err(e) = flame_client::connection::thread_connections_only_of(&c.cluster) {
+                    self.errors.push(format!("client {}: {e}", c.ip));
+                }
                 ran += step(&mut c.reactor);
             }
             net::set_current_node(None);
@@ -1350,6 +1355,13 @@ impl Sim {
         let o = &mut self.osds[i];
         o.incarnation += 1;
         o.restart_at = None;
+        // A process starts with nothing of the one before it (`end_process`).
+        let inherited = flame_common::node::values_held(Some(o.ip));
+        if inherited > 0 {
+            self.errors.push(format!(
+                "osd.{i} starts with {inherited} per-process values of its previous process"
+            ));
+        }
         let mut reactor = match Reactor::new_simulated() {
             Ok(r) => r,
             Err(e) => {
@@ -2336,7 +2348,7 @@ impl Sim {
     fn fail_stopped(&mut self, i: usize) {
         let ip = self.osds[i].ip;
         net::crash(ip);
-        drop(self.osds[i].live.take());
+        end_process(ip, self.osds[i].live.take());
         let rng = &mut self.disk_fault_rng;
         self.osds[i].fs.power_cut(&mut || rng.random_bool(0.5));
         self.osds[i].fs.set_write_errors(0.0, 0);
@@ -2444,8 +2456,7 @@ impl Sim {
         } else {
             net::crash(ip);
         }
-        let live = self.osds[i].live.take();
-        drop(live);
+        end_process(ip, self.osds[i].live.take());
         // Started again when the fault that crashed it ends.
         self.osds[i].restart_at = None;
         if power {
@@ -2479,6 +2490,19 @@ fn manager(persisted: PersistedState, now: Instant, timings: SimTimings) -> Clus
     m.heartbeat_grace = Duration::from_millis(timings.heartbeat_grace_ms);
     m.report_min_silence = Duration::from_millis(timings.report_min_silence_ms);
     m
+}
+
+/// The process at `ip` ends (kill -9, power loss, a stop, the end of the run):
+/// `process` — its reactor, and with it every task — and its per-process
+/// thread-local state ([`flame_common::node`]) are dropped with its node
+/// current, as the kernel tears a dead process down: what the drops touch is
+/// its own, and a process started again there inherits nothing.
+fn end_process<T>(ip: IpAddr, process: T) {
+    let was = flame_common::node::current();
+    net::set_current_node(Some(ip));
+    drop(process);
+    flame_common::node::end_current();
+    net::set_current_node(was);
 }
 
 /// Runs one reactor's ready tasks; a reactor error is a simulator bug.
