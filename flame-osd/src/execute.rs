@@ -13,7 +13,6 @@ use flame_common::placement::object_pg;
 use flame_common::protocol::{self, Message, OpCode, flags, status};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Reads and writes of data: what the lease gates (flush, delete and ping are not
 /// acknowledgements of data a successor could have superseded).
@@ -391,7 +390,7 @@ impl Shard {
         self.pgs
             .borrow()
             .get(pg)
-            .is_none_or(|c| c.may_serve_clients(Instant::now))
+            .is_none_or(|c| c.may_serve_clients(clock::now))
     }
 
     /// A replica asks the group's core whether a forward that changes data may be

@@ -124,7 +124,7 @@ impl Liveness {
         };
         // Bounded by the test that set it: it clears the flag.
         while s.load(Ordering::Acquire) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            clock::sleep_blocking(std::time::Duration::from_millis(20));
         }
     }
 }

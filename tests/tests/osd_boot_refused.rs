@@ -6,6 +6,10 @@
 //! leaving a ghost `in`/`down` OSD that degraded placement groups and made FLUSH
 //! fail; and a second OSD advertising an address a live OSD already holds.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{TestCluster, free_ports, output_text, run_bounded};
 use std::net::SocketAddr;
 use std::path::Path;

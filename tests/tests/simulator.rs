@@ -28,7 +28,7 @@ fn every_seed_of_the_ci_budget_passes_every_checker() {
     let next = Arc::new(AtomicU64::new(from));
     let failed = Arc::new(Mutex::new(Vec::new()));
     let totals = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0.0f64)));
-    let started = std::time::Instant::now();
+    let started = flame_common::clock::Stopwatch::start();
     let workers: Vec<_> = (0..2)
         .map(|_| {
             let (next, failed, totals) = (next.clone(), failed.clone(), totals.clone());
