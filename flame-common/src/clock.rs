@@ -274,6 +274,24 @@ pub fn set_node_clock(clock: Option<NodeClock>) {
     NODE_CLOCK.with(|c| c.set(clock));
 }
 
+/// Runs `f` with [`now`] and [`unix_ms`] reading `clock`, then restores the node
+/// clock that was set before. For the simulator's modelled parts of a node (an
+/// OSD's control thread) that it runs outside that node's reactor.
+pub fn with_node_clock<T>(clock: Option<NodeClock>, f: impl FnOnce() -> T) -> T {
+    let before = node_clock();
+    set_node_clock(clock);
+    let out = f();
+    set_node_clock(before);
+    out
+}
+
+/// The simulator time ([`sim_now`]) at which the current node's clock reads
+/// `local`: where to advance to for a timer of the node that runs now (set for
+/// `local` by [`now`]) to be due. `local` itself when no node clock is set.
+pub fn to_sim(local: Instant) -> Instant {
+    node_clock().map_or(local, |c| c.sim_instant(local))
+}
+
 /// The node clock this thread reads now, if any.
 pub fn node_clock() -> Option<NodeClock> {
     NODE_CLOCK.try_with(Cell::get).ok().flatten()
@@ -348,6 +366,15 @@ mod tests {
             assert_eq!(now() - t0, Duration::from_secs(10), "the simulator's clock");
             assert_eq!(unix_ms(), VIRTUAL_UNIX_MS_START + 10_000);
             assert_eq!(node_clock(), None);
+            assert_eq!(
+                with_node_clock(Some(c), || now() - t0),
+                Duration::from_secs(11)
+            );
+            assert_eq!(node_clock(), None, "restored");
+            assert_eq!(to_sim(t0 + Duration::from_secs(99)), t0 + Duration::from_secs(99));
+            set_node_clock(Some(c));
+            assert_eq!(to_sim(t0 + Duration::from_secs(11)) - t0, Duration::from_secs(10));
+            set_node_clock(None);
         });
     }
 

@@ -56,6 +56,7 @@ impl Shard {
         let (mut st, mut data) = if leased && !self.liveness.lease_valid() {
             // No manager-acknowledged heartbeat within the lease: the manager may
             // already have marked this OSD down and given its roles to others.
+            self.liveness.lease_refusals.fetch_add(1, Ordering::Relaxed);
             (status::EAGAIN, PayloadBuf::empty())
         } else {
             self.apply(view, msg, is_replica).await
@@ -64,6 +65,7 @@ impl Shard {
             // The lease ran out while the request ran: its result may already be
             // superseded (a read) or not be the only copy that counts (a write),
             // so it is not acknowledged; the client retries under the new map.
+            self.liveness.lease_refusals.fetch_add(1, Ordering::Relaxed);
             st = status::EAGAIN;
             data = PayloadBuf::empty();
         }
