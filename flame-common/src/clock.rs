@@ -371,9 +371,15 @@ mod tests {
                 Duration::from_secs(11)
             );
             assert_eq!(node_clock(), None, "restored");
-            assert_eq!(to_sim(t0 + Duration::from_secs(99)), t0 + Duration::from_secs(99));
+            assert_eq!(
+                to_sim(t0 + Duration::from_secs(99)),
+                t0 + Duration::from_secs(99)
+            );
             set_node_clock(Some(c));
-            assert_eq!(to_sim(t0 + Duration::from_secs(11)) - t0, Duration::from_secs(10));
+            assert_eq!(
+                to_sim(t0 + Duration::from_secs(11)) - t0,
+                Duration::from_secs(10)
+            );
             set_node_clock(None);
         });
     }
