@@ -8,7 +8,7 @@
 
 use crate::error::ClientError;
 use crate::volume::Volume;
-use flame_common::reactor;
+use flame_common::{clock, reactor};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -269,7 +269,7 @@ pub async fn run(volume: &Volume, cfg: &BenchConfig) -> Result<BenchReport, Clie
     // One payload buffer shared by every write (an application with its data in a
     // payload buffer already): the benchmark measures Flame, not a copy per write.
     let fill = flame_common::buffer::PayloadBuf::copy_from(&fill);
-    let started = Instant::now();
+    let started = clock::now();
     let end = started + cfg.runtime;
     let tasks: Vec<_> = (0..cfg.iodepth)
         .map(|i| {
@@ -288,7 +288,7 @@ pub async fn run(volume: &Volume, cfg: &BenchConfig) -> Result<BenchReport, Clie
     for t in tasks {
         t.await;
     }
-    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let elapsed = clock::elapsed(started).as_secs_f64().max(1e-9);
     if let Some(e) = state.error.borrow_mut().take() {
         return Err(e);
     }
@@ -329,7 +329,7 @@ struct Worker {
 impl Worker {
     async fn run(mut self) {
         let bs = self.cfg.block_bytes;
-        while !self.state.stop.get() && Instant::now() < self.end {
+        while !self.state.stop.get() && clock::now() < self.end {
             let block = if self.cfg.pattern.is_random() {
                 self.rng.random_range(0..self.blocks)
             } else {
@@ -338,7 +338,7 @@ impl Worker {
                 b
             };
             let offset = block * bs;
-            let t0 = Instant::now();
+            let t0 = clock::now();
             let res = if self.cfg.pattern.is_write() {
                 self.volume
                     .write_buf(offset, self.fill.clone(), false)
@@ -348,7 +348,7 @@ impl Worker {
             };
             match res {
                 Ok(()) => {
-                    let us = t0.elapsed().as_micros().max(1) as u64;
+                    let us = clock::elapsed(t0).as_micros().max(1) as u64;
                     self.state.hist.borrow_mut().saturating_record(us);
                     self.state.ops.set(self.state.ops.get() + 1);
                 }

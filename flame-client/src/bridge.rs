@@ -6,7 +6,7 @@
 //! blocked so that only the thread waiting for them sees them.
 
 use crate::{ClientConfig, ClientError, Cluster};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long start-up keeps trying to reach the manager (it may be starting too).
 pub const MGR_CONNECT_PATIENCE: Duration = Duration::from_secs(30);
@@ -16,7 +16,7 @@ pub const MGR_CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 /// a refused key (401/403: retrying with the same key cannot help) are returned at
 /// once.
 pub fn connect_cluster(client: ClientConfig) -> Result<Cluster, ClientError> {
-    let deadline = Instant::now() + MGR_CONNECT_PATIENCE;
+    let deadline = flame_common::clock::now() + MGR_CONNECT_PATIENCE;
     loop {
         match Cluster::connect(client.clone()) {
             Ok(c) => return Ok(c),
@@ -26,10 +26,10 @@ pub fn connect_cluster(client: ClientConfig) -> Result<Cluster, ClientError> {
                     status: 401 | 403, ..
                 },
             ) => return Err(e),
-            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) if flame_common::clock::now() >= deadline => return Err(e),
             Err(e) => {
                 tracing::warn!("manager at {} not reachable yet: {e}", client.mgr);
-                std::thread::sleep(Duration::from_millis(500));
+                flame_common::clock::sleep_blocking(Duration::from_millis(500));
             }
         }
     }

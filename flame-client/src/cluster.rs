@@ -557,7 +557,7 @@ fn refresh_loop(s: Arc<Shared>) {
         if let Some(t) = last_fetch
             && let Some(left) = REFRESH_INTERVAL_MIN.checked_sub(clock::elapsed(t))
         {
-            std::thread::sleep(left);
+            clock::sleep_blocking(left);
         }
         // Every ticket handed out up to here is covered by this fetch.
         let ticket = ticket.max(*s.refresh_requested.lock());

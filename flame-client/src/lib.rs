@@ -33,6 +33,10 @@
 //!
 //! [`ClusterMap`]: flame_common::map::ClusterMap
 
+// Unit tests may read the real clock and sleep; production code reads time
+// through flame_common::clock (clippy.toml, docs/testing.md "The clock rule").
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod admin;
 pub mod bench;
 pub mod bridge;

@@ -3,6 +3,10 @@
 //! after dropped connections and ESTALE/EAGAIN, waiting for a down primary,
 //! timeouts, map changes, flush fan-out, volume deletion, and flame-admin commands.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 mod fake_cluster;
 
 use fake_cluster::{FakeCluster, small_pool};

@@ -2,6 +2,10 @@
 //! clients disconnect cleanly), refuses new connections, and exits once its
 //! clients are gone.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 mod nbd_common;
 
 use flame_client::nbd::proto::*;

@@ -175,9 +175,7 @@ fn call(
     let mut nonce = None;
     if let Some(c) = creds {
         let n = crate::auth::Nonce::random().map_err(CallError::Local)?;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::clock::unix_ms();
         let auth = c.sign(method, path, bytes, now_ms, n);
         builder = builder.header("authorization", auth.to_header());
         nonce = Some(n);

@@ -12,6 +12,10 @@
 //! above it ([`calls`]), the zero-copy payload [`buffer`]s every
 //! write and read travels in, and the [`metrics`] endpoint.
 
+// Unit tests may read the real clock and sleep; production code reads time
+// through flame_common::clock (clippy.toml, docs/testing.md "The clock rule").
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod auth;
 pub mod buffer;
 pub mod calls;

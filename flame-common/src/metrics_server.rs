@@ -232,7 +232,7 @@ fn read_until(
         if buf.len() >= max {
             return Err(Cut::Answer(Answer::text(431, "request head too large\n")));
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(crate::clock::now());
         if left.is_zero() {
             return Err(Cut::Answer(Answer::text(408, "request not sent in time\n")));
         }
@@ -271,7 +271,7 @@ fn head_end(b: &[u8]) -> Option<usize> {
 
 /// Reads one request off `stream`, within `timeout`.
 fn read_request(stream: &mut TcpStream, timeout: Duration) -> Result<Request, Cut> {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::clock::now() + timeout;
     let mut buf = Vec::with_capacity(1024);
     read_until(stream, &mut buf, HEAD_BYTES_MAX, deadline, |b| {
         head_end(b).is_some()
@@ -303,7 +303,7 @@ fn reason(status: u16) -> &'static str {
 /// Writes `answer` and closes, within `timeout` in all. Returns whether it
 /// all went.
 fn respond(stream: &mut TcpStream, answer: &Answer, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::clock::now() + timeout;
     let mut out = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         answer.status,
@@ -317,7 +317,7 @@ fn respond(stream: &mut TcpStream, answer: &Answer, timeout: Duration) -> bool {
     // Bounded: every write sends bytes or fails, and the deadline ends a
     // client that takes a byte now and then.
     while sent < out.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_duration_since(crate::clock::now());
         if left.is_zero() || stream.set_write_timeout(Some(left)).is_err() {
             return false;
         }
@@ -378,7 +378,7 @@ pub fn serve_timed(
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => {
                         tracing::warn!("metrics server: accept failed: {e}");
-                        std::thread::sleep(Duration::from_millis(100));
+                        crate::clock::sleep_blocking(Duration::from_millis(100));
                         continue;
                     }
                 };

@@ -25,7 +25,7 @@ use flame_common::mgr_api::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// Largest request body accepted. Every API body is well under 1 KiB (but see
@@ -225,7 +225,7 @@ async fn track(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> R
         }
         None => "unmatched".to_string(),
     };
-    let start = Instant::now();
+    let start = flame_common::clock::Stopwatch::start();
     let resp = next.run(req).await;
     let m = &shared.metrics;
     m.api_latency
@@ -316,9 +316,7 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
         }
     };
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = flame_common::clock::unix_ms();
     let verified = verifier
         .lock()
         .verify(&claim, &method, path_and_query, &body, now_ms, access);
@@ -418,9 +416,7 @@ async fn issue_ticket(
 ) -> Result<Response, HttpError> {
     let (verifier, caller) =
         verified_caller(&shared, caller, "OSDs take connections without tickets")?;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = flame_common::clock::unix_ms();
     let grant = verifier
         .lock()
         .issue_ticket(&shared.auth_table(), &caller, now_ms)
@@ -573,7 +569,7 @@ async fn get_map(
 
 async fn get_status(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
     let (state, pgs) = shared.snapshot().await?;
-    Ok(ok_json(&state.status(&pgs, Instant::now())))
+    Ok(ok_json(&state.status(&pgs, flame_common::clock::now())))
 }
 
 async fn get_pgs(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
@@ -609,7 +605,9 @@ async fn get_pg(
 
 async fn get_osds(State(shared): State<Arc<Shared>>) -> Result<Response, HttpError> {
     let (state, pgs) = shared.snapshot().await?;
-    Ok(ok_json(&state.osd_statuses(&pgs, Instant::now())))
+    Ok(ok_json(
+        &state.osd_statuses(&pgs, flame_common::clock::now()),
+    ))
 }
 
 async fn osd_boot(
@@ -810,9 +808,7 @@ async fn get_volume(
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    flame_common::clock::unix_ms() / 1000
 }
 
 async fn create_volume(

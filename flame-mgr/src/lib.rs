@@ -7,6 +7,10 @@
 //! publish, heartbeats first), [`api`] (axum routes), [`server`] (hyper under them:
 //! header timeout, connection cap), [`auth`] (entities, roles, request checks), [`failure`] (heartbeat grace), [`metrics`].
 
+// Unit tests may read the real clock and sleep; production code reads time
+// through flame_common::clock (clippy.toml, docs/testing.md "The clock rule").
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod api;
 pub mod auth;
 pub mod config;

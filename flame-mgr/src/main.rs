@@ -16,7 +16,7 @@ use config::MgrConfig;
 use state::{ClusterState, PersistedState};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use store::Store;
 use tracing::{error, info, warn};
 
@@ -200,7 +200,7 @@ async fn serve(
     let fsid = persisted.map.fsid.clone();
     // Start time counts as every OSD's last heartbeat: they get a full grace period
     // to find the restarted manager.
-    let mut cluster_state = ClusterState::new(persisted, Instant::now());
+    let mut cluster_state = ClusterState::new(persisted, flame_common::clock::now());
     cluster_state.min_down_reporters = config.min_down_reporters;
     cluster_state.heartbeat_grace = Duration::from_millis(config.heartbeat_grace_ms);
     cluster_state.report_min_silence = Duration::from_millis(config.failure_report_min_silence_ms);

@@ -141,7 +141,7 @@ impl Shared {
         let mut next = guard.clone();
         // The clock is read under the lock so heartbeat times are monotonic in
         // commit order.
-        let out = op(&mut next, Instant::now())?;
+        let out = op(&mut next, flame_common::clock::now())?;
         let changed = next.epoch() != guard.epoch();
         if changed {
             self.store.save(&next.persisted)?;
@@ -204,7 +204,9 @@ impl Shared {
     /// Refreshes the map gauges and renders every metric.
     pub async fn render_metrics(&self) -> String {
         match self.snapshot().await {
-            Ok((state, pgs)) => self.metrics.refresh(&state, &pgs, Instant::now()),
+            Ok((state, pgs)) => self
+                .metrics
+                .refresh(&state, &pgs, flame_common::clock::now()),
             // The gauges keep their last values; the scrape still answers.
             Err(e) => tracing::error!("metrics: cannot compute placement: {e}"),
         }

@@ -4,6 +4,10 @@
 //! directory, and learns the port from its "listening on http://ADDR" log line, so
 //! tests never race each other for ports.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::auth::{Credentials, EntityName, Keyring, KeyringEntity, SecretKey};
 use flame_common::http::MgrEndpoint;
 use flame_common::ids::{Epoch, OsdId};

@@ -11,6 +11,10 @@
 //! Seeded and bounded (`PROPTEST_CASES` / `PROPTEST_RNG_SEED` override); the
 //! cargo-fuzz target is `fuzz/fuzz_targets/mgr_json.rs`.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::fuzzing::mutate;
 use flame_common::fuzzing::props::{config, mutations};
 use flame_common::ids::{Epoch, OsdId, PgId, VolumeId};

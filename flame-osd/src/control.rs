@@ -8,6 +8,7 @@ use crate::config::OsdConfig;
 use crate::liveness::Liveness;
 use arc_swap::ArcSwap;
 use flame_common::auth::Credentials;
+use flame_common::clock;
 use flame_common::http::MgrEndpoint;
 use flame_common::ids::OsdId;
 use flame_common::map::ClusterMap;
@@ -272,7 +273,7 @@ impl Control {
                         "{what}: manager at {} not answering ({e}); retrying",
                         self.cfg.mgr
                     );
-                    std::thread::sleep(delay);
+                    clock::sleep_blocking(delay);
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
@@ -375,7 +376,7 @@ impl Control {
                 .spawn(move || {
                     loop {
                         object_bytes.store(object_bytes_on_disk(&dir), Ordering::Relaxed);
-                        std::thread::sleep(USAGE_INTERVAL);
+                        clock::sleep_blocking(USAGE_INTERVAL);
                     }
                 });
             if let Err(e) = spawned {
@@ -384,10 +385,10 @@ impl Control {
         }
         self.tombstones
             .on_map(&self.cfg.data_dir, &map.load(), &recovery.removed_volumes);
-        let mut last_heartbeat = Instant::now();
+        let mut last_heartbeat = clock::now();
         let mut reported = flame_common::collections::HashMap::default();
         loop {
-            std::thread::sleep(MAP_CHECK_INTERVAL);
+            clock::sleep_blocking(MAP_CHECK_INTERVAL);
             let wanted = wanted_epoch.load(Ordering::Relaxed);
             if wanted > map.load().epoch.0 {
                 // A client or peer already has a newer map: fetch it now rather than
@@ -417,10 +418,10 @@ impl Control {
             self.report_failed_peers(id, &map, &mut reported);
             #[cfg(feature = "failpoints")]
             self.apply_test_stall();
-            if last_heartbeat.elapsed() < interval {
+            if clock::elapsed(last_heartbeat) < interval {
                 continue;
             }
-            last_heartbeat = Instant::now();
+            last_heartbeat = clock::now();
             // A hung shard cannot serve its placement groups: stop vouching for
             // this OSD so the manager marks it down after its grace (and the
             // lease runs out here, so nothing is acknowledged meanwhile).
@@ -523,14 +524,14 @@ impl Control {
         map: &ArcSwap<ClusterMap>,
         reported: &mut flame_common::collections::HashMap<OsdId, Instant>,
     ) {
-        reported.retain(|_, at| at.elapsed() < FAILURE_REPORT_INTERVAL);
+        reported.retain(|_, at| clock::elapsed(*at) < FAILURE_REPORT_INTERVAL);
         for failed in self.liveness.take_failed_peers() {
             // Already down in this OSD's map: the manager knows.
             let up = map.load().osds.get(&failed).is_some_and(|o| o.up);
             if failed == id || !up || reported.contains_key(&failed) {
                 continue;
             }
-            reported.insert(failed, Instant::now());
+            reported.insert(failed, clock::now());
             let report = OsdFailureReport {
                 reporter: id,
                 uuid: self.identity.uuid.clone(),

@@ -13,7 +13,6 @@ use flame_common::placement::object_pg;
 use flame_common::protocol::{self, Message, OpCode, flags, status};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Reads and writes of data: what the lease gates (flush, delete and ping are not
 /// acknowledgements of data a successor could have superseded).
@@ -57,6 +56,7 @@ impl Shard {
         let (mut st, mut data) = if leased && !self.liveness.lease_valid() {
             // No manager-acknowledged heartbeat within the lease: the manager may
             // already have marked this OSD down and given its roles to others.
+            self.liveness.lease_refusals.fetch_add(1, Ordering::Relaxed);
             (status::EAGAIN, PayloadBuf::empty())
         } else {
             self.apply(view, msg, is_replica).await
@@ -65,6 +65,7 @@ impl Shard {
             // The lease ran out while the request ran: its result may already be
             // superseded (a read) or not be the only copy that counts (a write),
             // so it is not acknowledged; the client retries under the new map.
+            self.liveness.lease_refusals.fetch_add(1, Ordering::Relaxed);
             st = status::EAGAIN;
             data = PayloadBuf::empty();
         }
@@ -391,7 +392,7 @@ impl Shard {
         self.pgs
             .borrow()
             .get(pg)
-            .is_none_or(|c| c.may_serve_clients(Instant::now))
+            .is_none_or(|c| c.may_serve_clients(clock::now))
     }
 
     /// A replica asks the group's core whether a forward that changes data may be

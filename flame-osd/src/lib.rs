@@ -19,6 +19,10 @@
 //! [`failpoints`] injects disk and network faults in test builds (feature
 //! `failpoints`).
 
+// Unit tests may read the real clock and sleep; production code reads time
+// through flame_common::clock (clippy.toml, docs/testing.md "The clock rule").
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
+
 pub mod access;
 pub mod activation;
 pub mod byte_budget;

@@ -31,6 +31,10 @@ pub struct Liveness {
     progress_ms: Vec<AtomicU64>,
     /// Peers a shard could not reach since the control thread last looked.
     failed_peers: Mutex<Vec<OsdId>>,
+    /// Reads and writes refused because the lease had run out (on arrival or
+    /// before their `OK`), since start: how often the fence acted (the
+    /// simulator's report shows it, so a run proves the branch is taken).
+    pub lease_refusals: AtomicU64,
     /// Test hook (`failpoints` feature): shards that must hang (their threads
     /// block, as a stuck disk or a livelock would).
     #[cfg(feature = "failpoints")]
@@ -45,6 +49,7 @@ impl Liveness {
             lease_until_ms: AtomicU64::new(0),
             progress_ms: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             failed_peers: Mutex::new(Vec::new()),
+            lease_refusals: AtomicU64::new(0),
             #[cfg(feature = "failpoints")]
             stalled: (0..shards)
                 .map(|_| std::sync::atomic::AtomicBool::new(false))
@@ -124,7 +129,7 @@ impl Liveness {
         };
         // Bounded by the test that set it: it clears the flag.
         while s.load(Ordering::Acquire) {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            clock::sleep_blocking(std::time::Duration::from_millis(20));
         }
     }
 }

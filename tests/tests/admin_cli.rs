@@ -3,6 +3,10 @@
 //! `--json`, sizes with binary units and fractions, and status figures that say
 //! "waiting for first report" instead of zeroes.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{TestCluster, output_text};
 use serde_json::Value;
 use std::process::Output;

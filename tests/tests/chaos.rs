@@ -15,6 +15,10 @@
 //! (the sequence of actions and the workload's choices depend only on the seed;
 //! the timing of the daemons does not).
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::placement::mix64;
 use flame_tests::failover::{CLEAN_TIMEOUT, assert_copies_identical};
 use flame_tests::net::Partition;

@@ -1,6 +1,10 @@
 //! A cluster of real processes starts healthy, and `flame-admin` manages volumes
 //! against it (human output and `--json`).
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::{ObjectId, VolumeId};
 use flame_common::placement;
 use flame_tests::{TestCluster, output_text};

@@ -1,6 +1,10 @@
 //! Acknowledged data survives kill -9 of every daemon (docs/guarantees.md): after a
 //! restart of the whole cluster the volume reads back exactly what was written.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{
     ClusterOptions, TOOL_TIMEOUT, TestCluster, assert_same_bytes, output_text, pattern,
     require_tool, run_bounded, run_ok,

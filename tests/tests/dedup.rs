@@ -22,6 +22,10 @@
 //!   change are never refused by a replica for their epoch: forwards from an older
 //!   or newer epoch are accepted (counted), none refused.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::{ObjectId, PgId};
 use flame_common::placement::{PgMembers, object_pg};
 

@@ -7,6 +7,10 @@
 //! Also: a corrupt block is never returned to a client, and an OSD refuses a data
 //! directory of the old format with exit status 2.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::ObjectId;
 use flame_tests::{
     ClusterOptions, TOOL_TIMEOUT, TestCluster, http_get, output_text, require_tool, run_bounded,

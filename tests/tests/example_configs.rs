@@ -3,6 +3,10 @@
 //! every daemon rejects unknown keys. Only addresses and paths are changed, so the
 //! daemons can run side by side with anything else on the machine.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{TestKeys, bin_dir, free_ports, mgr_call_as};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -4,6 +4,10 @@
 //! lease, and comes back; a forwarded write from an older epoch is refused; a hung
 //! shard thread stops its OSD's heartbeats.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgSeq, RequestId};
 use flame_common::map::ClusterMap;
 use flame_common::placement::{PgMembers, object_pg};

@@ -20,6 +20,10 @@
 //! Every run prints one `BENCH` line per figure; the numbers are the mean over
 //! `FLAME_BENCH_ROUNDS` rounds (default 3) with min and max.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::placement::mix64;
 use flame_tests::failover::CLEAN_TIMEOUT;
 use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, create_filled};

@@ -7,6 +7,10 @@
 //! The clusters use a 2 s failure-detection grace (ClusterOptions::failover), so a
 //! kill -9 is noticed within about 2.5 s.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::OsdId;
 use flame_common::placement::{PgTable, mix64};
 use flame_tests::failover::{CLEAN_TIMEOUT, assert_copies_identical};

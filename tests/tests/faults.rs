@@ -10,6 +10,10 @@
 //! * a forwarded write whose send to a replica fails is answered EAGAIN and resent
 //!   by the client: the client sees no error and the copies agree.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::ObjectId;
 use flame_tests::{ClusterOptions, TOOL_TIMEOUT, TestCluster, output_text};
 use flame_tests::{require_tool, run_bounded};

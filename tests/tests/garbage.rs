@@ -1,6 +1,10 @@
 //! Garbage on every listening port — the manager API, every OSD shard port, the NBD
 //! port and every metrics port — leaves every daemon running and serving.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::{Epoch, ObjectId, PgId, PgSeq, RequestId, VolumeId};
 use flame_common::protocol::{IoTarget, Message, PAYLOAD_BYTES_MAX};
 use flame_tests::misbehaving::{nbd_raw_client, nbd_request};

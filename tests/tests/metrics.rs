@@ -1,6 +1,10 @@
 //! Every daemon serves Prometheus text on its metrics address, with the metrics the
 //! issue names; values follow what the cluster did.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{ClusterOptions, TestCluster, http_get};
 use std::net::SocketAddr;
 

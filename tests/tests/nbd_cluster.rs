@@ -1,6 +1,10 @@
 //! flame-nbd in front of a replicated cluster, driven by real NBD clients: qemu-io,
 //! qemu-img, nbdcopy, nbdinfo, fio's nbd engine and nbdfuse.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{
     ClusterOptions, TOOL_TIMEOUT, TestCluster, assert_same_bytes, output_text, pattern,
     require_tool, run_bounded, run_ok,

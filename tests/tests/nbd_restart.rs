@@ -4,6 +4,10 @@
 //! succeeded reads back. flame-nbd keeps no state a reconnecting client needs: each
 //! acknowledged write was applied on every copy before the reply.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{ClusterOptions, TestCluster, output_text, require_tool, run_bounded};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -3,6 +3,10 @@
 //! acknowledged write and a block newer than any issued write when they happen
 //! (simulated by editing its memory, since a healthy cluster produces neither).
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::placement::mix64;
 use flame_tests::oracle::{OracleState, Workload, WorkloadConfig, verify_volume};
 use flame_tests::{ClusterOptions, TestCluster};

@@ -8,6 +8,10 @@
 //! Besides, an OSD whose lease does not fit the manager's grace (the manager says
 //! its grace in the boot answer) refuses to run.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{ClusterOptions, TestCluster, free_ports, output_text, run_bounded};
 use std::net::SocketAddr;
 use std::path::Path;

@@ -2,6 +2,10 @@
 //! reweight / rm`), and removing a volume while an OSD is down: the OSD deletes its
 //! copies from the map's tombstone when it comes back.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::{OsdId, VolumeId};
 use flame_tests::{ClusterOptions, TestCluster, output_text};
 use std::path::Path;

@@ -8,6 +8,10 @@
 //! is read from every OSD's data directory (docs/on-disk-format.md) and compared,
 //! so the proof does not depend on the code under test.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::VolumeId;
 use flame_tests::{ClusterOptions, TestCluster, http_get, run_bounded};
 use std::collections::BTreeSet;

@@ -10,6 +10,10 @@
 //! read idle, done or 100 %. Each recovery counts its recovered objects from 0,
 //! and a clean cluster has nothing to recover.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::mgr_api::{ClusterStatus, RecoveryPhase};
 use flame_tests::{ClusterOptions, TestCluster, http_get};
 use std::process::{Child, Stdio};

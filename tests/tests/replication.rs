@@ -6,6 +6,10 @@
 //! `OBJECT_DATA_OFFSET + k` of the file = byte `k` of the object, missing bytes read
 //! as zero.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_common::ids::ObjectId;
 use flame_common::placement;
 use flame_tests::{ClusterOptions, TOOL_TIMEOUT, TestCluster, pattern, require_tool, run_ok};

@@ -4,6 +4,10 @@
 //! killed with SIGKILL in the middle of I/O leaves the others serving (the peers
 //! see its Unix sockets close) without a hang.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{ClusterOptions, TestCluster};
 
 const MIB: u64 = 1 << 20;

@@ -28,7 +28,7 @@ fn every_seed_of_the_ci_budget_passes_every_checker() {
     let next = Arc::new(AtomicU64::new(from));
     let failed = Arc::new(Mutex::new(Vec::new()));
     let totals = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0.0f64)));
-    let started = std::time::Instant::now();
+    let started = flame_common::clock::Stopwatch::start();
     let workers: Vec<_> = (0..2)
         .map(|_| {
             let (next, failed, totals) = (next.clone(), failed.clone(), totals.clone());
@@ -303,4 +303,35 @@ fn every_simulated_process_has_its_own_state() {
     });
     assert!(r.passed(), "{r}");
     assert!(r.faults > 0 && r.workload.writes > 0, "{r}");
+}
+
+/// The lease fences a cut-off OSD in simulation too (issue 30, "one clock"): the
+/// OSD's lease is read through `flame_common::clock`, so in virtual time it runs
+/// out, the OSD refuses the reads and writes the clients still send it (the
+/// fault that cuts an OSD from the manager and its peers but not from the
+/// clients), and the oracle sees no stale read. Seeds from 1 until the refusals
+/// add up; each of them must pass every checker. With the lease check disabled
+/// (`Liveness::lease_valid` always true) no request is refused and this fails.
+#[test]
+fn an_osd_whose_lease_ran_out_serves_nothing() {
+    const SEEDS_MAX: u64 = 60;
+    let mut refused = 0;
+    let mut with_refusals = Vec::new();
+    for seed in 1..=SEEDS_MAX {
+        let r = run(SimConfig::new(seed));
+        assert!(r.passed(), "{r}");
+        if r.lease_refusals > 0 {
+            refused += r.lease_refusals;
+            with_refusals.push(seed);
+        }
+        if with_refusals.len() >= 2 {
+            break;
+        }
+    }
+    println!("requests refused for a lease run out: {refused}, in seeds {with_refusals:?}");
+    assert!(
+        with_refusals.len() >= 2,
+        "in {SEEDS_MAX} seeds, fewer than two where an OSD's lease ran out while \
+         clients still sent it requests ({with_refusals:?}): the lease branch is not exercised"
+    );
 }

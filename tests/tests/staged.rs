@@ -5,6 +5,10 @@
 //! network threads really carry the connections (their run-loop counters move).
 //! Kept in CI so the mode the benchmark compares against does not rot.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{ClusterOptions, TestCluster, http_get};
 use std::time::{Duration, Instant};
 

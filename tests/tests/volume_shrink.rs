@@ -3,6 +3,10 @@
 //! trim did not happen (a crash between the two) blocks growth until a resize
 //! completes the trim.
 
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
+
 use flame_tests::{ClusterOptions, TestCluster, output_text, require_tool, run_bounded};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -11,7 +11,7 @@ use super::{AdminError, Result, osds_line, usage_line};
 use crate::MgrClient;
 use flame_common::mgr_api::{ClusterStatus, RecoveryPhase, RecoverySummary, format_size};
 use std::io::Write;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// Shortest accepted `--interval-ms`: the manager computes PG states per epoch,
 /// but a status is not free, and a terminal cannot show faster redraws anyway.
@@ -334,9 +334,7 @@ pub struct WatchOptions {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    flame_common::clock::unix_ms() / 1000
 }
 
 /// Renders one redraw of the watch.
@@ -391,7 +389,7 @@ pub fn watch(mgr: &MgrClient, opts: WatchOptions, out: &mut dyn Write) -> Result
         if opts.count.is_some_and(|n| drawn >= n) {
             break;
         }
-        std::thread::sleep(opts.interval);
+        flame_common::clock::sleep_blocking(opts.interval);
     }
     if succeeded == 0 {
         return Err(AdminError(format!(

@@ -163,11 +163,11 @@ fn drain_on_signal(set: libc::sigset_t, conns: std::sync::Arc<std::sync::atomic:
             std::process::exit(1);
         }
     });
-    let deadline = std::time::Instant::now() + DRAIN_MAX;
+    let deadline = flame_common::clock::now() + DRAIN_MAX;
     while conns.load(std::sync::atomic::Ordering::SeqCst) > 0
-        && std::time::Instant::now() < deadline
+        && flame_common::clock::now() < deadline
     {
-        std::thread::sleep(Duration::from_millis(20));
+        flame_common::clock::sleep_blocking(Duration::from_millis(20));
     }
     let left = conns.load(std::sync::atomic::Ordering::SeqCst);
     tracing::info!(connections_left = left, "stopped");

@@ -9,6 +9,10 @@
 //! test can assert none happened. Faults are injected through counters: reply
 //! ESTALE/EAGAIN to the next N requests, drop the connection on the next N, never
 //! answer, delay replies for odd object indexes (replies out of order).
+
+// Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
+// production code).
+#![allow(clippy::disallowed_methods)]
 #![allow(dead_code)]
 
 use flame_common::ids::{Epoch, OsdId, VolumeId};

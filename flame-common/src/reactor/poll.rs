@@ -119,7 +119,7 @@ impl Poller {
             PollMode::Busy => u32::MAX,
             PollMode::Adaptive => self.budget,
         };
-        let started = std::time::Instant::now();
+        let started = crate::clock::Stopwatch::start();
         let mut polls: u32 = 0;
         let found = loop {
             if polls >= limit {

@@ -507,14 +507,13 @@ pub const BIND_RETRY_MS_MAX: u64 = 3000;
 /// Runs `bind` until it succeeds, fails with something other than `AddrInUse`, or
 /// [`BIND_RETRY_MS_MAX`] passes.
 pub fn bind_retrying<T>(mut bind: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
-    let deadline = std::time::Instant::now() + Duration::from_millis(BIND_RETRY_MS_MAX);
+    let deadline = crate::clock::now() + Duration::from_millis(BIND_RETRY_MS_MAX);
     loop {
         match bind() {
             Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
+                if e.kind() == std::io::ErrorKind::AddrInUse && crate::clock::now() < deadline =>
             {
-                std::thread::sleep(Duration::from_millis(20));
+                crate::clock::sleep_blocking(Duration::from_millis(20));
             }
             other => return other,
         }

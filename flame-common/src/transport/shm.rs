@@ -400,7 +400,7 @@ impl Local {
                 tracing::warn!("shm grant quarantine full: releasing the oldest early");
                 self.release_now(old);
             }
-            q.push_back((Instant::now(), b));
+            q.push_back((crate::clock::now(), b));
             return;
         }
         self.release_now(b);
@@ -417,7 +417,7 @@ impl Local {
         loop {
             let mut q = self.quarantine.borrow_mut();
             match q.front() {
-                Some((at, _)) if at.elapsed() >= QUARANTINE => {
+                Some((at, _)) if crate::clock::elapsed(*at) >= QUARANTINE => {
                     let Some((_, b)) = q.pop_front() else { return };
                     drop(q);
                     self.release_now(b);
@@ -1886,7 +1886,7 @@ impl Drop for ShmConn {
         if let Some((last, _)) = held.last()
             && reactor::current_id().is_some()
         {
-            let left = QUARANTINE.saturating_sub(last.elapsed());
+            let left = QUARANTINE.saturating_sub(crate::clock::elapsed(*last));
             reactor::spawn(async move {
                 reactor::sleep(left).await;
                 drop(held);

@@ -216,7 +216,7 @@ pub fn install(config: NetConfig) {
         current_node: Cell::new(None),
         trace: Cell::new(FNV_OFFSET),
         delivered: Cell::new(0),
-        epoch: clock::now(),
+        epoch: clock::sim_now(),
         dump: std::env::var_os("FLAME_SIM_DUMP").is_some(),
         hold: Cell::new(false),
         orphans: RefCell::default(),
@@ -290,7 +290,7 @@ fn release_held(n: &Net, which: impl Fn(&SimConn) -> bool) {
         go
     };
     for o in orphans {
-        let last = Cell::new(clock::now());
+        let last = Cell::new(clock::sim_now());
         n.post_held(&last, &o.inbox, o.from, o.to, o.held);
     }
     for c in ends {
@@ -422,10 +422,11 @@ pub fn reset_from(from: IpAddr, to: IpAddr) {
     n.prune();
 }
 
-/// Delivers every message due by [`clock::now`]; returns how many.
+/// Delivers every message due by [`clock::sim_now`] (the network runs on the
+/// simulator's clock, whatever a node's clock reads); returns how many.
 pub fn deliver_due() -> usize {
     let Ok(n) = net() else { return 0 };
-    let now = clock::now();
+    let now = clock::sim_now();
     let mut count = 0;
     loop {
         let due = {
@@ -532,7 +533,7 @@ impl Net {
         held: Vec<Cargo>,
     ) {
         let delay = Duration::from_millis(self.rng.borrow_mut().random_range(0..=4000));
-        last.set(last.get().max(clock::now() + delay));
+        last.set(last.get().max(clock::sim_now() + delay));
         for cargo in held {
             self.post(
                 last,
@@ -581,7 +582,7 @@ impl Net {
             }
             self.corruption.set(figures);
         }
-        let at = (clock::now() + self.latency() + extra).max(last.get());
+        let at = (clock::sim_now() + self.latency() + extra).max(last.get());
         last.set(at);
         if twice && let Cargo::Frame(bytes) = &d.cargo {
             let copy = Delivery {
@@ -663,7 +664,7 @@ impl SimConn {
         let Some(listener) = net.listeners.borrow().get(&addr).cloned() else {
             return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
         };
-        let now = clock::now();
+        let now = clock::sim_now();
         let a = Rc::new(Pipe::default());
         let b = Rc::new(Pipe::default());
         let mine = Rc::new(SimConn {

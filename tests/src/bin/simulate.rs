@@ -11,7 +11,6 @@
 
 use flame_tests::sim::{SimConfig, run};
 use std::process::ExitCode;
-use std::time::Instant;
 
 fn usage() -> ExitCode {
     eprintln!(
@@ -76,7 +75,7 @@ fn main() -> ExitCode {
     if std::env::var_os("RUST_LOG").is_some() {
         flame_common::logging::init();
     }
-    let started = Instant::now();
+    let started = flame_common::clock::Stopwatch::start();
     let (mut passed, mut failed) = (0u64, Vec::new());
     let mut virtual_secs = 0.0;
     for seed in first..first.saturating_add(count) {

@@ -38,6 +38,7 @@
 //! failing seed is replayed with `scripts/simulate.sh --seed N` (the same events,
 //! in the same order: the trace hash says so).
 
+pub mod clocks;
 mod faults;
 mod workload;
 
@@ -418,6 +419,9 @@ pub struct SimReport {
     /// Frames the network corrupted and duplicated (a corrupted frame that
     /// still decoded fails the seed).
     pub frames: net::CorruptionFigures,
+    /// Reads and writes the OSDs refused because their lease had run out
+    /// (`Liveness::lease_refusals`): the fence of a cut-off OSD at work.
+    pub lease_refusals: u64,
     /// Every checker's complaint (empty: the seed passed).
     pub errors: Vec<String>,
     /// The last events before the end (faults, restarts, epochs), for a failure.
@@ -470,7 +474,7 @@ impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering; {} frames corrupted, {} duplicated; {}",
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering; {} frames corrupted, {} duplicated; {} requests refused for a lease run out; {}",
             self.seed,
             if self.passed() { "passed" } else { "FAILED" },
             self.virtual_time.as_secs_f64(),
@@ -486,6 +490,7 @@ impl std::fmt::Display for SimReport {
             self.newer_copies_taken,
             self.frames.corrupted,
             self.frames.duplicated,
+            self.lease_refusals,
             self.swarm,
         )?;
         for e in &self.errors {
@@ -567,6 +572,8 @@ struct SimOsd {
     live: Option<LiveOsd>,
     /// When a crashed or powered-off OSD starts again.
     restart_at: Option<Instant>,
+    /// This OSD host's clock: skew and drift ([`clocks`]); kept across restarts.
+    clock: clock::NodeClock,
 }
 
 /// A client process.
@@ -668,6 +675,8 @@ struct Sim {
     faults: u64,
     /// Every OSD process's recovery figures, for the scrub counts.
     recoveries: Vec<Arc<RecoveryShared>>,
+    /// Every OSD start's lease state, for the report's lease refusals.
+    leases: Vec<Arc<Liveness>>,
     last_epoch: Epoch,
     /// The shrink and growth of the volume, if this seed has one.
     resize: Option<Resize>,
@@ -702,6 +711,20 @@ impl Sim {
         let fsid = format!("sim-{:016x}", config.seed);
         let mgr = manager(PersistedState::new_cluster(fsid, pool), now, config.timings);
         let scrub_interval_s = config.scrub_interval_s();
+        // The legacy model predates clock skew and drift: its seeds replay
+        // with exact clocks.
+        let clock_draws = if config.swarm {
+            clocks::draw(
+                config.seed,
+                config.osds,
+                clocks::drift_bound_ppm(
+                    config.timings.lease_ms,
+                    config.timings.heartbeat_interval_ms,
+                ),
+            )
+        } else {
+            vec![(0, 0); config.osds]
+        };
         let osds = (0..config.osds)
             .map(|i| {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 1, 10 + i as u8));
@@ -743,11 +766,12 @@ impl Sim {
                     incarnation: 0,
                     live: None,
                     restart_at: None,
+                    clock: clock::NodeClock::exact(),
                 }
             })
             .collect();
         let swarm = config.swarm();
-        Sim {
+        let mut sim = Sim {
             rng: StdRng::seed_from_u64(config.seed ^ 0x5eed_f1a3e),
             mgr,
             osds,
@@ -769,6 +793,7 @@ impl Sim {
             errors: Vec::new(),
             faults: 0,
             recoveries: Vec::new(),
+            leases: Vec::new(),
             last_epoch: Epoch(0),
             resize: None,
             swarm,
@@ -783,7 +808,12 @@ impl Sim {
                     .unwrap_or_else(|e| panic!("fixed key: {e}"));
                 ServiceKey::from_osd_key(&secret.derive_entity_key(&EntityName::osd(), 1), 1)
             },
+        };
+        // Every OSD host's clock is off the manager's, within the bounds.
+        for (i, (skew_ms, drift_ppm)) in clock_draws.into_iter().enumerate() {
+            sim.set_osd_clock(i, skew_ms, drift_ppm);
         }
+        sim
     }
 
     fn event(&mut self, what: String) {
@@ -939,6 +969,11 @@ impl Sim {
                 self.swarm
             ),
             frames,
+            lease_refusals: self
+                .leases
+                .iter()
+                .map(|l| l.lease_refusals.load(Ordering::Relaxed))
+                .sum(),
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
             replay: self.config.replay_command(),
@@ -953,11 +988,13 @@ impl Sim {
             for o in &mut self.osds {
                 if let Some(live) = &mut o.live {
                     net::set_current_node(Some(o.ip));
+                    clock::set_node_clock(Some(o.clock));
                     for r in &mut live.reactors {
                         ran += step(r);
                     }
                 }
             }
+            clock::set_node_clock(None);
             for c in &mut self.clients {
                 net::set_current_node(Some(c.ip));
                 if let Err(e) = flame_client::connection::thread_connections_only_of(&c.cluster) {
@@ -1007,7 +1044,8 @@ impl Sim {
                     .flat_map(|l| &l.reactors)
                     .filter_map(Reactor::next_timer)
                 {
-                    next = next.min(t);
+                    // The timer is on the OSD's clock: due where that reads it.
+                    next = next.min(o.clock.sim_instant(t));
                 }
             }
             for t in self.clients.iter().filter_map(|c| c.reactor.next_timer()) {
@@ -1304,6 +1342,7 @@ impl Sim {
             live.next_heartbeat = now + Duration::from_millis(timings.heartbeat_interval_ms);
         }
         let liveness = live.liveness.clone();
+        let node_clock = o.clock;
         let uuid = o.uuid.clone();
         let full = o.fs.is_full();
         let mut by_epoch: std::collections::BTreeMap<Epoch, Vec<_>> = Default::default();
@@ -1331,7 +1370,8 @@ impl Sim {
             let _ = self.mgr.failure_report(&r, now);
         }
         if hb_due {
-            let sent_ms = liveness.now_ms();
+            // On the OSD's clock, as its lease is.
+            let sent_ms = clock::with_node_clock(Some(node_clock), || liveness.now_ms());
             let hb = OsdHeartbeat {
                 id,
                 uuid,
@@ -1370,6 +1410,7 @@ impl Sim {
             }
         };
         net::set_current_node(Some(o.ip));
+        clock::set_node_clock(Some(o.clock));
         // The cause of a stop for a disk error is gone (a controller reset, a
         // replaced cable): the restarted OSD's writes work.
         o.fs.set_write_errors(0.0, 0);
@@ -1417,6 +1458,7 @@ impl Sim {
             .scrubs_paused
             .store(self.scrubs_paused, Ordering::Relaxed);
         self.recoveries.push(recovery.clone());
+        self.leases.push(liveness.clone());
         let cfg = o.config.clone();
         // Each shard is a thread of the process with its own reactor (and
         // store, listener and groups: `pg % shards`), as in the daemon.
@@ -1479,6 +1521,7 @@ impl Sim {
             recovery,
             next_heartbeat: now + Duration::from_millis(self.config.timings.heartbeat_interval_ms),
         });
+        clock::set_node_clock(None);
         let what = format!(
             "osd.{i} starts as {id} (incarnation {})",
             self.osds[i].incarnation
@@ -2018,6 +2061,21 @@ impl Sim {
     }
 
     /// The addresses of every OSD but `i`.
+    /// Sets OSD `i`'s host clock from now on: its wall clock `skew_ms` off the
+    /// manager's, its monotonic clock `drift_ppm` fast (slow when negative).
+    /// Within ±[`clocks::drift_bound_ppm`] the lease argument holds; beyond it
+    /// the documented outcome is a refusal, not a stale read. The clock never
+    /// jumps back ([`clock::NodeClock::set`]). Drawn per OSD at the start; for
+    /// the fault model to change later.
+    fn set_osd_clock(&mut self, i: usize, skew_ms: i64, drift_ppm: i64) {
+        if let Some(o) = self.osds.get_mut(i) {
+            o.clock.set(skew_ms, drift_ppm);
+            self.event(format!(
+                "osd.{i} clock: skew {skew_ms} ms, drift {drift_ppm} ppm"
+            ));
+        }
+    }
+
     fn other_osd_ips(&self, i: usize) -> Vec<IpAddr> {
         self.osds
             .iter()
@@ -2529,7 +2587,8 @@ fn run_to_end<T: 'static>(reactor: &mut Reactor, fut: impl Future<Output = T> + 
             return v;
         }
         match reactor.next_timer() {
-            Some(t) => clock::advance_to(t),
+            // On the clock of the node it runs for.
+            Some(t) => clock::advance_to(clock::to_sim(t)),
             None if !reactor.has_ready() => panic!("a start-up task waits for nothing"),
             None => {}
         }
