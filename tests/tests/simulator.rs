@@ -4,9 +4,12 @@
 //! event. A failing seed prints its errors, its last events and the command that
 //! replays it (`scripts/simulate.sh --seed N`).
 //!
-//! `FLAME_SIM_SEEDS` (default 200) and `FLAME_SIM_FROM` (default 1) choose the
+//! `FLAME_SIM_SEEDS` (default 20) and `FLAME_SIM_FROM` (default 1) choose the
 //! seeds; the seeds run on two threads. Besides, every seed that once found a bug
-//! runs again.
+//! runs again. A seed runs 1 000-2 000 client operations on 1-3 volumes of
+//! 64 MiB-1 GiB (docs/testing.md, "The workload"), seven times the work of the
+//! 300 operations on one 4 MiB volume it ran before, so the budget counts fewer
+//! seeds.
 
 use flame_tests::sim::{SimConfig, run};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +26,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn every_seed_of_the_ci_budget_passes_every_checker() {
-    let count = env_u64("FLAME_SIM_SEEDS", 200);
+    let count = env_u64("FLAME_SIM_SEEDS", 20);
     let from = env_u64("FLAME_SIM_FROM", 1);
     let next = Arc::new(AtomicU64::new(from));
     let failed = Arc::new(Mutex::new(Vec::new()));
@@ -80,7 +83,10 @@ fn every_seed_of_the_ci_budget_passes_every_checker() {
 /// these bugs only once in thousands of seeds (the roles check of seed 1480: 2 of
 /// 3 000). These were found before the disk write errors and full disks
 /// existed, and run without them (`--no-disk-faults`; nor resizes and holding
-/// black holes, added later), so they take the paths that found their bugs.
+/// black holes, added later). Every regression seed runs 300 operations, as
+/// when it found its bug; but the workload's shape (volumes, objects, groups,
+/// log bound, writers) is drawn from the seed since the disk-like workload, so
+/// they no longer take exactly the paths that found their bugs.
 const SEEDS_THAT_FOUND_BUGS: [u64; 14] = [
     25, 103, 300, 344, 1480, 3231, 26202, 41296, 42219, 44034, 45377, 70999, 301476, 500164,
 ];
@@ -112,6 +118,10 @@ const SEEDS_THAT_FOUND_CURRENT_BUGS: [u64; 1] = [501399];
 /// recovery source whose copy of a block rotted refused to copy it and
 /// waited for a read or scrub to repair it, so its group never became clean).
 const SEEDS_THAT_FOUND_ROT_BUGS: [u64; 2] = [64, 159];
+
+/// Client operations of a regression seed (and of the replay check): the
+/// count they found their bugs with, which keeps the debug build's time.
+const REGRESSION_OPS: u64 = 300;
 
 #[test]
 fn every_seed_that_found_a_bug_passes() {
@@ -157,6 +167,10 @@ fn every_seed_that_found_a_bug_passes() {
         .chain(with_holds)
         .chain(current)
         .chain(with_rot)
+        .map(|c| SimConfig {
+            ops: REGRESSION_OPS,
+            ..c
+        })
         .map(run)
         .filter(|r| !r.passed())
         .map(|r| r.to_string())
@@ -171,8 +185,12 @@ fn every_seed_that_found_a_bug_passes() {
 
 #[test]
 fn a_seed_replays_event_for_event() {
-    let a = run(SimConfig::new(4242));
-    let b = run(SimConfig::new(4242));
+    let config = |seed| SimConfig {
+        ops: REGRESSION_OPS,
+        ..SimConfig::new(seed)
+    };
+    let a = run(config(4242));
+    let b = run(config(4242));
     assert!(a.passed(), "{a}");
     assert!(a.deliveries > 1000 && a.faults > 0, "{a}");
     assert_eq!(
@@ -180,7 +198,7 @@ fn a_seed_replays_event_for_event() {
         (b.trace_hash, b.deliveries, b.virtual_time),
         "two runs of one seed took different paths"
     );
-    let c = run(SimConfig::new(4243));
+    let c = run(config(4243));
     assert_ne!(
         a.trace_hash, c.trace_hash,
         "the trace does not depend on the seed"

@@ -114,7 +114,7 @@ const OVERLAP_CHANCE: f64 = 0.35;
 const EVENTS_KEPT: usize = 64;
 /// Client operations per seed, drawn (the CLI's `--ops` overrides).
 const OPS_MIN: u64 = 1000;
-const OPS_MAX: u64 = 3000;
+const OPS_MAX: u64 = 2000;
 
 /// What one simulated run does.
 #[derive(Clone, Debug)]
@@ -187,6 +187,9 @@ impl SimConfig {
         let mut c = format!("scripts/simulate.sh --seed {}", self.seed);
         if self.ops != d.ops {
             c += &format!(" --ops {}", self.ops);
+        }
+        if self.pg_log_entries_max != d.pg_log_entries_max {
+            c += &format!(" --pg-log {}", self.pg_log_entries_max);
         }
         if self.clients != d.clients {
             c += &format!(" --clients {}", self.clients);
