@@ -29,7 +29,7 @@
 //! operation's result is checked: a failed operation is an error (the simulator
 //! keeps `min_size` copies), a read is checked block by block against the oracle.
 
-use crate::oracle::OracleState;
+use crate::oracle::{BlockError, OracleState};
 use flame_client::{Cluster, Volume};
 use flame_common::ids::{ObjectId, PgId};
 use flame_common::placement::{PgMembers, mix64, object_pg};
@@ -344,13 +344,29 @@ impl Workload {
         let lower = state.oracle.borrow().lower_bounds(range.clone());
         match vol.read_at(first * BLOCK, (n * BLOCK) as usize).await {
             Ok(data) => {
-                let errs = state.oracle.borrow().check_read(range, &lower, &data);
+                let oracle = state.oracle.borrow();
+                let errs = oracle.check_read(range, &lower, &data);
                 self.count(|f| {
                     f.reads += 1;
                     f.blocks_checked += n;
                 });
+                // Which phase, and the block's writes as the oracle saw them.
+                let phase = if self.verify.get() {
+                    "final read-back: "
+                } else {
+                    ""
+                };
                 for e in errs {
-                    self.complain(format!("read of {} blocks {first}+{n}: {e}", state.name));
+                    let index = match &e {
+                        BlockError::Torn { index, .. }
+                        | BlockError::Stale { index, .. }
+                        | BlockError::TooNew { index, .. } => *index,
+                    };
+                    self.complain(format!(
+                        "{phase}read of {} blocks {first}+{n}: {e} ({})",
+                        state.name,
+                        oracle.history(index)
+                    ));
                 }
             }
             Err(e) if self.may_time_out.get() && is_timeout(&e) => {
