@@ -754,3 +754,46 @@ pub async fn run(cluster: Cluster, w: Rc<Workload>, client: usize, clients: usiz
     }
     w.verified.set(true);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The oracle needs each block written by one writer only: every writer's
+    /// stripe is its own (round-robin, shifted per volume), whatever block it
+    /// starts from, and the stripes of different writers never overlap.
+    #[test]
+    fn every_writer_gets_only_its_own_stripes() {
+        for (writers, stripe, object_size) in
+            [(3, 5, 64 << 10), (8, 12, 256 << 10), (4, 2, 128 << 10)]
+        {
+            let shape = WorkloadShape {
+                volumes: vec![4 << 20, 3 << 20],
+                object_size,
+                stripe_blocks: stripe,
+                window_objects: 2,
+            };
+            let w = Workload::new(7, writers, 100, &shape, false);
+            for (v, vol) in w.volumes.iter().enumerate() {
+                let mut owner = vec![None; vol.blocks as usize];
+                for i in 0..writers {
+                    for b in 0..vol.blocks {
+                        let (start, end) = w.own_stripe(i, v, b);
+                        assert!(start < end && end <= vol.blocks, "{start}..{end}");
+                        assert_eq!((start / stripe + v as u64) % writers as u64, i as u64);
+                        for x in start..end {
+                            assert!(
+                                owner[x as usize].is_none_or(|o| o == i),
+                                "block {x} of volume {v} given to writers {owner:?} and {i}",
+                                owner = owner[x as usize]
+                            );
+                            owner[x as usize] = Some(i);
+                        }
+                    }
+                }
+                // Every block is someone's.
+                assert!(owner.iter().all(Option::is_some));
+            }
+        }
+    }
+}
