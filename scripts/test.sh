@@ -174,11 +174,13 @@ section "cargo test --workspace --no-fail-fast"
 [[ ! -d flame-osd/tests ]] || die "flame-osd/tests/ exists: cargo test would rebuild flame-osd without failpoints; make those tests unit tests (#[cfg(test)] modules)"
 echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
 # The simulator's seeds run here in the debug build (debug assertions on): the
-# fixed seeds 1..60 (not moving: a debug-only assertion's failure stays
-# comparable from run to run) and every regression seed, one test per bug; the
-# release build the smoke test makes runs 600 more at the end, 500 of them in a
-# window that moves with the commit.
-FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-60}" cargo test --workspace --no-fail-fast
+# fixed seeds 1..12 (not moving: a debug-only assertion's failure stays
+# comparable from run to run; each seed runs 1 000-2 000 operations on volumes
+# of up to 1 GiB, five times the CPU of the 300-operation seeds of which 60 ran
+# here) and every regression seed, one test per bug; the release build the
+# smoke test makes runs 120 more at the end, 100 of them in a window that moves
+# with the commit.
+FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-12}" cargo test --workspace --no-fail-fast
 # flame-client's unit tests of the ublk module (its config, request decoding).
 cargo test -p flame-client --features ublk --lib ublk
 
@@ -312,14 +314,15 @@ else
     cleanup
 fi
 
-# The simulator in the release build, 600 seeds in two processes (about 30 s;
-# built by the smoke test's release build, or here): a fixed block, seeds
-# 1..100, comparable from run to run, and a window of 500 that moves with every
+# The simulator in the release build, 120 seeds in two processes (each 1 000-2 000
+# operations on 1-3 volumes of 64 MiB-1 GiB: about 0.6 s of CPU a seed, see
+# docs/testing.md "Cost"; built by the smoke test's release build, or here): a
+# fixed block, seeds 1..20, comparable from run to run, and a window of 100 that moves with every
 # commit, so CI looks somewhere new each time (docs/testing.md, "Cost"). The
 # regression seeds ran in the main pass (tests/tests/simulator.rs, one test per
 # bug). FLAME_SIM_WINDOW_FROM=N replays a given run's window.
-SIM_FIXED=100
-SIM_WINDOW=500
+SIM_FIXED=20
+SIM_WINDOW=100
 if [[ -n "${FLAME_SIM_WINDOW_FROM:-}" ]]; then
     [[ "$FLAME_SIM_WINDOW_FROM" =~ ^[0-9]+$ ]] || die "FLAME_SIM_WINDOW_FROM=$FLAME_SIM_WINDOW_FROM: not a number"
     sim_from="$FLAME_SIM_WINDOW_FROM"

@@ -498,10 +498,21 @@ pub fn trace_event(extra: &[u8]) {
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The trace's hash step: FNV-1a's prime over 8-byte words (a byte at a time
+/// for the tail), folded so that high bits reach low ones. Every frame's bytes
+/// go through it, so word-at-a-time matters: byte-wise it took a tenth of a
+/// seed's time.
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ w).wrapping_mul(PRIME);
+        h ^= h >> 29;
+    }
+    for &b in words.remainder() {
         h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        h = h.wrapping_mul(PRIME);
     }
     h
 }

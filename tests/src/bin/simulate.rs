@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-swarm] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-swarm] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     let (mut first, mut count) = (1u64, 1u64);
     let (mut ops, mut writers, mut faults, mut twice) = (None, None, true, false);
     let mut clients = None;
+    let mut pg_log = None;
     let mut events = false;
     let mut disk_faults = true;
     let mut resizes = true;
@@ -50,6 +51,10 @@ fn main() -> ExitCode {
             "--ops" => match num() {
                 Some(n) => ops = Some(n),
                 None => return usage(),
+            },
+            "--pg-log" => match num() {
+                Some(n) if (1..=1_000_000).contains(&n) => pg_log = Some(n as u32),
+                _ => return usage(),
             },
             "--clients" => match num() {
                 Some(n) if n >= 1 => clients = Some(n as usize),
@@ -93,6 +98,9 @@ fn main() -> ExitCode {
         cfg.bit_rot = bit_rot;
         if let Some(n) = ops {
             cfg.ops = n;
+        }
+        if let Some(n) = pg_log {
+            cfg.pg_log_entries_max = n;
         }
         if let Some(n) = writers {
             cfg.writers = n;

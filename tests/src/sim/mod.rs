@@ -34,7 +34,8 @@
 //! Checkers: every read against the per-block write oracle (`crate::oracle`): no
 //! block older than its last acknowledged write or newer than its last issued
 //! one; no client operation fails; no panic or assertion anywhere; after the
-//! faults stop, every group's copies converge and a full read-back verifies. A
+//! faults stop, every group's copies converge and a read-back of every block
+//! written (and a sample of the others) verifies. A
 //! failing seed is replayed with `scripts/simulate.sh --seed N` (the same events,
 //! in the same order: the trace hash says so).
 
@@ -76,7 +77,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-pub use workload::WorkloadFigures;
+pub use workload::{WorkloadFigures, WorkloadShape};
 
 /// The manager's address on the simulated network (for cutting paths to it).
 const MGR_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 9, 1));
@@ -113,6 +114,9 @@ const DISK_LATENCY_US_MAX: u64 = 600;
 const WEATHER_DELAY_MAX: Duration = Duration::from_millis(200);
 /// Events kept for the report of a failing seed.
 const EVENTS_KEPT: usize = 64;
+/// Client operations per seed, drawn (the CLI's `--ops` overrides).
+const OPS_MIN: u64 = 1000;
+const OPS_MAX: u64 = 2000;
 
 /// The OSDs' heartbeat interval and lease and the manager's grace and report
 /// silence of a run.
@@ -196,7 +200,7 @@ pub struct SimConfig {
     pub ops: u64,
     /// Inject faults (crashes, power loss, partitions).
     pub faults: bool,
-    /// Placement groups.
+    /// Placement groups (drawn: 8-64).
     pub pg_count: u32,
     /// Shards (threads, each with its own reactor, store and groups) per OSD.
     pub shards: u16,
@@ -205,8 +209,13 @@ pub struct SimConfig {
     /// Hosts the OSDs are spread over (OSD `i` on host `i % hosts`): placement
     /// puts a group's copies on distinct hosts first.
     pub hosts: usize,
-    /// Volume size in bytes.
-    pub volume_bytes: u64,
+    /// The workload's volumes (1-3 of 64 MiB-1 GiB), object size (64-256 KiB),
+    /// ownership stripes and writers' windows, drawn from the seed.
+    pub shape: WorkloadShape,
+    /// The OSDs' bound on each group's log (`OsdConfig::pg_log_entries_max`),
+    /// drawn small (8-256), so that logs trim under the workload and a member
+    /// that missed more than the log keeps catches up by backfill.
+    pub pg_log_entries_max: u32,
     /// Virtual time after which the run fails as stuck.
     pub virtual_time_max: Duration,
     /// The client's `io_timeout_ms` (0: never give up). With a timeout, an
@@ -264,6 +273,9 @@ impl SimConfig {
         if self.ops != d.ops {
             c += &format!(" --ops {}", self.ops);
         }
+        if self.pg_log_entries_max != d.pg_log_entries_max {
+            c += &format!(" --pg-log {}", self.pg_log_entries_max);
+        }
         if self.clients != d.clients {
             c += &format!(" --clients {}", self.clients);
         }
@@ -299,20 +311,44 @@ impl SimConfig {
 
     /// The defaults CI runs, for `seed`.
     pub fn new(seed: u64) -> SimConfig {
+        // The workload's shape: a stream of its own.
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x3017_10ad);
+        let object_size = 1u64 << rng.random_range(16..=18u32);
+        let volumes = (0..rng.random_range(1..=3))
+            .map(|_| {
+                // 64 MiB-1 GiB, each power of two as likely, whole objects.
+                let low = 1u64 << rng.random_range(26..=29u32);
+                let bytes = rng.random_range(low..=2 * low);
+                bytes / object_size * object_size
+            })
+            .collect();
+        let writers = rng.random_range(3..=8);
+        let stripe_blocks = rng.random_range(2..=12);
+        let window_objects = rng.random_range(2..=8);
+        let pg_count = rng.random_range(8..=64);
+        let log_low = 1u32 << rng.random_range(3..=7u32);
+        let pg_log_entries_max = rng.random_range(log_low..=2 * log_low);
+        let ops = rng.random_range(OPS_MIN..=OPS_MAX);
         let mut c = SimConfig {
             seed,
             // Every other seed has a fourth OSD: placement changes (out/in) move
             // groups to new members, which backfill.
             osds: if seed.is_multiple_of(2) { 4 } else { 3 },
             clients: 2,
-            writers: 4,
-            ops: 300,
+            writers,
+            ops,
             faults: true,
-            pg_count: 8,
+            pg_count,
             shards: 1,
             timings: LEGACY_TIMINGS,
             hosts: if seed.is_multiple_of(2) { 4 } else { 3 },
-            volume_bytes: 4 << 20,
+            shape: WorkloadShape {
+                volumes,
+                object_size,
+                stripe_blocks,
+                window_objects,
+            },
+            pg_log_entries_max,
             virtual_time_max: Duration::from_secs(600),
             // Every third seed gives up on stalled I/O: abandoned writes.
             io_timeout_ms: if seed.is_multiple_of(3) {
@@ -335,6 +371,10 @@ impl SimConfig {
     /// The model the regression seeds found their bugs in, before issue 30's
     /// widening (no swarm; three or four OSDs, one shard each, each its own
     /// host): they replay as they did.
+    /// Its workload is as close to the old one as the new workload makes it:
+    /// one 4 MiB volume of 1 MiB objects in 8 groups, four writers each owning
+    /// one contiguous quarter (a 256-block stripe), 300 operations, a log that
+    /// never trims.
     pub fn legacy(seed: u64) -> SimConfig {
         let osds = if seed.is_multiple_of(2) { 4 } else { 3 };
         SimConfig {
@@ -342,6 +382,16 @@ impl SimConfig {
             osds,
             shards: 1,
             hosts: osds,
+            writers: 4,
+            ops: 300,
+            pg_count: 8,
+            pg_log_entries_max: 2048,
+            shape: WorkloadShape {
+                volumes: vec![4 << 20],
+                object_size: 1 << 20,
+                stripe_blocks: 256,
+                window_objects: 4,
+            },
             timings: LEGACY_TIMINGS,
             ..SimConfig::new(seed)
         }
@@ -380,6 +430,31 @@ impl SimConfig {
         Swarm::draw(
             &mut StdRng::seed_from_u64(self.seed ^ 0x5a4e_3000),
             self.osds,
+        )
+    }
+
+    /// What the seed's workload and cluster look like, for its report line.
+    pub fn describe(&self) -> String {
+        let sizes: Vec<String> = self
+            .shape
+            .volumes
+            .iter()
+            .map(|b| format!("{}", b >> 20))
+            .collect();
+        format!(
+            "{} OSDs, {} volume{} of {} MiB, {} KiB objects, {} groups, PG log {}, {} writers \
+             on {}-block stripes in {}-object windows, {} ops",
+            self.osds,
+            sizes.len(),
+            if sizes.len() == 1 { "" } else { "s" },
+            sizes.join("+"),
+            self.shape.object_size >> 10,
+            self.pg_count,
+            self.pg_log_entries_max,
+            self.writers,
+            self.shape.stripe_blocks,
+            self.shape.window_objects,
+            self.ops,
         )
     }
 
@@ -429,6 +504,9 @@ pub struct SimReport {
     /// The command that replays this run (with its options that differ from the
     /// defaults).
     pub replay: String,
+    /// What the seed ran ([`SimConfig::describe`]): its drawn volumes, object
+    /// size, groups, log bound, writers and operations.
+    pub setup: String,
 }
 
 /// A block the simulator rotted: on OSD `osd`'s disk, in `path`, the block at
@@ -474,13 +552,14 @@ impl std::fmt::Display for SimReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering; {} frames corrupted, {} duplicated; {} requests refused for a lease run out; {}",
+            "seed {}: {} in {:.1} s virtual, {} deliveries, {} faults, trace {:016x}; {}; {}; {} group scrubs ({} objects inconsistent, {} repaired); {} blocks rotted ({} left at the end); {} newer copies taken by peering; {} frames corrupted, {} duplicated; {} requests refused for a lease run out; {}",
             self.seed,
             if self.passed() { "passed" } else { "FAILED" },
             self.virtual_time.as_secs_f64(),
             self.deliveries,
             self.faults,
             self.trace_hash,
+            self.setup,
             self.workload,
             self.scrubs.groups,
             self.scrubs.inconsistent,
@@ -513,6 +592,7 @@ impl std::fmt::Display for SimReport {
 pub fn run(config: SimConfig) -> SimReport {
     let seed = config.seed;
     let replay = config.replay_command();
+    let setup = config.describe();
     let res = std::thread::Builder::new()
         .name(format!("sim-{seed}"))
         .spawn(move || {
@@ -544,6 +624,7 @@ pub fn run(config: SimConfig) -> SimReport {
         seed,
         errors: vec![format!("panicked: {panic}")],
         replay,
+        setup,
         ..SimReport::default()
     })
 }
@@ -583,8 +664,10 @@ struct SimClient {
     cluster: Cluster,
 }
 
-/// A shrink of the volume and its growth back, step by step.
+/// A shrink of a volume and its growth back, step by step.
 struct Resize {
+    /// Which volume (of [`SimConfig::shape`]).
+    volume: usize,
     /// When the next step is due.
     at: Instant,
     /// The size to shrink to.
@@ -706,7 +789,7 @@ impl Sim {
             size: 3,
             min_size: 2,
             pg_count: config.pg_count,
-            object_size: 1 << 20,
+            object_size: u32::try_from(config.shape.object_size).unwrap_or(1 << 20),
         };
         let fsid = format!("sim-{:016x}", config.seed);
         let mgr = manager(PersistedState::new_cluster(fsid, pool), now, config.timings);
@@ -753,6 +836,7 @@ impl Sim {
                     stray_delete_delay_ms: 2000,
                     scrub_interval_s: scrub_interval_s
                         .unwrap_or(OsdConfig::default().scrub_interval_s),
+                    pg_log_entries_max: config.pg_log_entries_max,
                     ..OsdConfig::default()
                 };
                 SimOsd {
@@ -894,7 +978,8 @@ impl Sim {
                     .push("the FLUSH before the first comparison did not finish".into());
             }
         }
-        // Read every block back through the client.
+        // Read back through the client every block a write was issued to, and a
+        // sample of the others.
         if let Some(w) = &self.workload {
             w.start_verify();
         }
@@ -977,6 +1062,7 @@ impl Sim {
             errors: std::mem::take(&mut self.errors),
             events: self.events.drain(..).collect(),
             replay: self.config.replay_command(),
+            setup: self.config.describe(),
         }
     }
 
@@ -1079,8 +1165,9 @@ impl Sim {
                 .first()
                 .is_some_and(|c| Self::reaches_mgr(c.ip))
         {
+            let v = r.volume;
             r.step = match std::mem::replace(&mut r.step, ResizeStep::Done) {
-                ResizeStep::Due => self.shrink(r.shrink_to, now),
+                ResizeStep::Due => self.shrink(v, r.shrink_to, now),
                 ResizeStep::Trimming {
                     range,
                     first,
@@ -1097,10 +1184,10 @@ impl Sim {
                         },
                         Some(Err(e)) => {
                             self.event(format!("the trim failed ({e}); again"));
-                            self.trim(range, first, counters)
+                            self.trim(v, range, first, counters)
                         }
-                        Some(Ok(())) => match self.trim_reported(range, first, &counters) {
-                            ResizeStep::Shrunk if r.shrunk_for.is_zero() => self.grow_back(),
+                        Some(Ok(())) => match self.trim_reported(v, range, first, &counters) {
+                            ResizeStep::Shrunk if r.shrunk_for.is_zero() => self.grow_back(v),
                             step => {
                                 r.at = now + r.shrunk_for;
                                 step
@@ -1108,48 +1195,54 @@ impl Sim {
                         },
                     }
                 }
-                ResizeStep::Shrunk => self.grow_back(),
+                ResizeStep::Shrunk => self.grow_back(v),
                 ResizeStep::Done => ResizeStep::Done,
             };
         }
         self.resize = Some(r);
     }
 
-    fn shrink(&mut self, size: u64, now: Instant) -> ResizeStep {
+    fn shrink(&mut self, v: usize, size: u64, now: Instant) -> ResizeStep {
+        let name = workload::volume_name(v);
         let req = VolumeResize {
             size,
             allow_shrink: true,
         };
-        if let Err(e) = self.mgr.resize_volume("sim", &req) {
-            self.errors.push(format!("shrinking the volume: {e}"));
+        if let Err(e) = self.mgr.resize_volume(&name, &req) {
+            self.errors.push(format!("shrinking volume {name}: {e}"));
             return ResizeStep::Done;
         }
         let Ok(VolumeTrim {
             pending: Some(range),
             ..
-        }) = self.mgr.volume_trim("sim")
+        }) = self.mgr.volume_trim(&name)
         else {
             self.errors
                 .push("a shrink left no pending trim".to_string());
             return ResizeStep::Done;
         };
         let (first, counters) = match &self.workload {
-            Some(w) => w.shrinking(size / crate::oracle::BLOCK as u64),
+            Some(w) => w.shrinking(v, size / crate::oracle::BLOCK as u64),
             None => (0, Vec::new()),
         };
         let _ = now;
         self.event(format!(
-            "the volume shrinks to {size} bytes (trim {}..{})",
+            "volume {name} shrinks to {size} bytes (trim {}..{})",
             range.from, range.to
         ));
-        self.trim(range, first, counters)
+        self.trim(v, range, first, counters)
     }
 
-    /// Starts client 0's trim of `range`.
-    fn trim(&mut self, range: TrimRange, first: u64, counters: Vec<u64>) -> ResizeStep {
+    /// Starts client 0's trim of `range` of volume `v`.
+    fn trim(&mut self, v: usize, range: TrimRange, first: u64, counters: Vec<u64>) -> ResizeStep {
         let result: Rc<RefCell<Option<Result<(), String>>>> = Rc::new(RefCell::new(None));
         let out = result.clone();
-        let volume = self.mgr.map().volumes.get("sim").map(|v| v.id);
+        let volume = self
+            .mgr
+            .map()
+            .volumes
+            .get(&workload::volume_name(v))
+            .map(|v| v.id);
         if let (Some(c), Some(volume)) = (self.clients.first(), volume) {
             let cluster = c.cluster.clone();
             c.reactor.enter(|| {
@@ -1170,37 +1263,44 @@ impl Sim {
         }
     }
 
-    /// Reports the trim done to the manager and the oracle.
-    fn trim_reported(&mut self, range: TrimRange, first: u64, counters: &[u64]) -> ResizeStep {
-        let Some(volume) = self.mgr.map().volumes.get("sim").map(|v| v.id) else {
+    /// Reports the trim of volume `v` done to the manager and the oracle.
+    fn trim_reported(
+        &mut self,
+        v: usize,
+        range: TrimRange,
+        first: u64,
+        counters: &[u64],
+    ) -> ResizeStep {
+        let name = workload::volume_name(v);
+        let Some(volume) = self.mgr.map().volumes.get(&name).map(|v| v.id) else {
             return ResizeStep::Done;
         };
-        if let Err(e) = self.mgr.trim_done("sim", &TrimDone { volume, range }) {
-            self.errors.push(format!("reporting the trim: {e}"));
+        if let Err(e) = self.mgr.trim_done(&name, &TrimDone { volume, range }) {
+            self.errors
+                .push(format!("reporting the trim of {name}: {e}"));
             return ResizeStep::Done;
         }
         if let Some(w) = &self.workload {
-            w.trimmed(first, counters);
+            w.trimmed(v, first, counters);
         }
-        self.event("the trim is done".to_string());
+        self.event(format!("the trim of {name} is done"));
         ResizeStep::Shrunk
     }
 
-    fn grow_back(&mut self) -> ResizeStep {
+    fn grow_back(&mut self, v: usize) -> ResizeStep {
         if let Some(w) = &self.workload {
-            w.grown();
+            w.grown(v);
         }
+        let name = workload::volume_name(v);
+        let size = self.config.shape.volumes.get(v).copied().unwrap_or(0);
         let req = VolumeResize {
-            size: self.config.volume_bytes,
+            size,
             allow_shrink: false,
         };
-        if let Err(e) = self.mgr.resize_volume("sim", &req) {
-            self.errors.push(format!("growing the volume back: {e}"));
+        if let Err(e) = self.mgr.resize_volume(&name, &req) {
+            self.errors.push(format!("growing volume {name} back: {e}"));
         }
-        self.event(format!(
-            "the volume grows back to {} bytes",
-            self.config.volume_bytes
-        ));
+        self.event(format!("volume {name} grows back to {size} bytes"));
         ResizeStep::Done
     }
 
@@ -1531,21 +1631,24 @@ impl Sim {
 
     fn start_clients(&mut self) -> Result<(), String> {
         let now_unix = 1_700_000_000;
-        let size = self.config.volume_bytes;
-        self.mgr
-            .create_volume(
-                &VolumeCreate {
-                    name: "sim".into(),
-                    size,
-                },
-                now_unix,
-            )
-            .map_err(|e| format!("create volume: {e}"))?;
+        // The simulated manager creates every volume (an administrator's
+        // `flame-admin volume create`).
+        for (v, &size) in self.config.shape.volumes.iter().enumerate() {
+            self.mgr
+                .create_volume(
+                    &VolumeCreate {
+                        name: workload::volume_name(v),
+                        size,
+                    },
+                    now_unix,
+                )
+                .map_err(|e| format!("create volume {v}: {e}"))?;
+        }
         let workload = Rc::new(workload::Workload::new(
             self.config.seed,
             self.config.writers,
             self.config.ops,
-            size,
+            &self.config.shape,
             self.config.io_timeout_ms > 0,
         ));
         if self.config.resizes {
@@ -1553,9 +1656,20 @@ impl Sim {
             let mut rng = StdRng::seed_from_u64(self.config.seed ^ 0x5e51_2e00);
             if rng.random_bool(0.5) {
                 let block = crate::oracle::BLOCK as u64;
+                let v = rng.random_range(0..self.config.shape.volumes.len());
+                let size = self.config.shape.volumes[v];
                 let blocks = size / block;
-                // Some of the last writer's blocks, sometimes whole objects.
-                let cut = rng.random_range(1..=blocks / 4);
+                let object_blocks = self.config.shape.object_size / block;
+                // 1 block to 64 objects (at most a quarter of the volume): often
+                // part of an object, sometimes whole ones. The trim discards
+                // every object past the cut, one request each.
+                let cut = rng.random_range(1..=(blocks / 4).min(64 * object_blocks));
+                // The last writer works up to the cut (its window drifts into it).
+                workload.start_writer_near(
+                    self.config.writers.max(1) - 1,
+                    v,
+                    (blocks - cut).saturating_sub(rng.random_range(0..=4) * object_blocks),
+                );
                 let at = clock::now() + Duration::from_millis(rng.random_range(300..6000));
                 let (shrunk_for, stale_client) = if self.config.resize_stays_shrunk {
                     (
@@ -1566,6 +1680,7 @@ impl Sim {
                     (Duration::ZERO, false)
                 };
                 self.resize = Some(Resize {
+                    volume: v,
                     at,
                     shrink_to: size - cut * block,
                     shrunk_for,
