@@ -274,10 +274,14 @@ fn a_recovery_source_with_a_rotted_block_repairs_it_instead_of_waiting() {
     all_pass([64, 159].map(SimConfig::legacy));
 }
 
+/// Client operations of the replay check: enough for faults and many
+/// messages, few enough for the debug build's time.
+const REPLAY_OPS: u64 = 300;
+
 #[test]
 fn a_seed_replays_event_for_event() {
     let config = |seed| SimConfig {
-        ops: REGRESSION_OPS,
+        ops: REPLAY_OPS,
         ..SimConfig::new(seed)
     };
     let a = run(config(4242));
