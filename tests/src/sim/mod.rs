@@ -722,6 +722,26 @@ struct Impairment {
     repeat_power_loss: bool,
 }
 
+impl Impairment {
+    /// An impairment of OSD `osd` until `until` with the cuts `cut` and nothing
+    /// else (a crash, a power loss, a cut).
+    fn plain(osd: usize, until: Instant, cut: Vec<(IpAddr, IpAddr, LinkFault)>) -> Impairment {
+        Impairment {
+            osd,
+            until,
+            cut,
+            manager: false,
+            out: None,
+            reset_clients: false,
+            read_errors_on: None,
+            write_errors_on: None,
+            full_on: None,
+            weather_on: None,
+            repeat_power_loss: false,
+        }
+    }
+}
+
 struct Sim {
     config: SimConfig,
     rng: StdRng,
@@ -2066,19 +2086,8 @@ impl Sim {
                 self.event(format!("osd.{i} loses power again while it recovers"));
                 self.crash(i, true);
                 let hold = Duration::from_millis(self.rng.random_range(300..3000));
-                self.impaired.push(Impairment {
-                    osd: i,
-                    until: now + hold,
-                    cut: Vec::new(),
-                    manager: false,
-                    out: None,
-                    reset_clients: false,
-                    read_errors_on: None,
-                    write_errors_on: None,
-                    full_on: None,
-                    weather_on: None,
-                    repeat_power_loss: false,
-                });
+                self.impaired
+                    .push(Impairment::plain(i, now + hold, Vec::new()));
             }
             self.next_fault = self.next_impairment_change();
             return;
@@ -2588,19 +2597,7 @@ impl Sim {
                 hold.as_millis()
             ));
         }
-        self.impaired.push(Impairment {
-            osd: i,
-            until: now + hold,
-            cut,
-            manager: false,
-            out: None,
-            reset_clients: false,
-            read_errors_on: None,
-            write_errors_on: None,
-            full_on: None,
-            weather_on: None,
-            repeat_power_loss: false,
-        });
+        self.impaired.push(Impairment::plain(i, now + hold, cut));
         self.next_fault = self.next_impairment_change();
     }
 
