@@ -638,14 +638,36 @@ impl PgLog {
         self.tracked.contains_key(&member)
     }
 
+    /// Whether tracked `member` lacks an entry of this log that no catch-up
+    /// brought it yet: it missed one the log still holds, or one the log has
+    /// trimmed since (then only a backfill can bring it, [`PgLog::catch_up`]
+    /// answering `None`). A complete member that failed writes is caught up
+    /// for this; one whose misses were trimmed used to count as not lagging
+    /// ([`PgLog::missed_by`] cannot list them), so it kept the older bytes for
+    /// good (simulator seeds 45, 63, 369 with a log of 26–50 entries).
+    pub fn lags(&self, member: OsdId) -> bool {
+        match self.tracked.get(&member) {
+            Some(Some(_)) => self.missed_by(member, 0).is_none_or(|m| !m.is_empty()),
+            _ => false,
+        }
+    }
+
     /// `member` was caught up through `through`: it counts as having applied every
-    /// entry up to there (later misses are tracked again).
+    /// entry up to there (later misses are tracked again). The entries above
+    /// `through` that it did not apply are its misses — those the log still
+    /// holds; if the log trimmed some of them meanwhile (more than
+    /// `pg_log_entries_max` writes while the catch-up ran), which ones it missed
+    /// is unknown, so its first miss is taken to be the first of those: it
+    /// lags, and is backfilled rather than counted as holding them.
     pub fn recovered(&mut self, member: OsdId, through: u64) {
-        let still_missing = self
-            .entries
-            .range(through + 1..)
-            .find(|(_, e)| !e.applied.contains(&member))
-            .map(|(s, _)| *s);
+        let still_missing = if self.trimmed_through > through {
+            Some(through + 1)
+        } else {
+            self.entries
+                .range(through + 1..)
+                .find(|(_, e)| !e.applied.contains(&member))
+                .map(|(s, _)| *s)
+        };
         self.tracked.insert(member, still_missing);
         self.synced.insert(member);
     }
@@ -666,6 +688,73 @@ mod tests {
         assert_eq!(log.missed_by(OsdId(2), 0), Some(Vec::new()));
         log.forget_members(|m| m != OsdId(2));
         assert_eq!(log.missed_by(OsdId(2), 0), None, "backfill, not the log");
+    }
+
+    /// Found by the simulator (seeds 45, 63, 369, logs of 26–50 entries): a
+    /// complete member failed writes (forwards that timed out), and more
+    /// writes than the log keeps followed. Its miss was trimmed, so the log
+    /// could not list what it missed — and it counted as not lagging: never
+    /// caught up, its copy differed for good.
+    #[test]
+    fn a_complete_member_whose_misses_were_trimmed_still_lags() {
+        let mut log = PgLog::new(4);
+        let all = WriteSetRoles {
+            acting: &A,
+            recovering: &[],
+        };
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+        assert!(!log.lags(OsdId(3)));
+        // OSD 3 fails one write (it stays complete)...
+        let s = log.next_seq();
+        log.record_primary(entry(s, 1, &[1, 2]), &all);
+        assert!(log.lags(OsdId(3)), "a miss the log holds");
+        // ...then applies more writes than the log keeps.
+        for i in 0..8 {
+            let s = log.next_seq();
+            log.record_primary(entry(s, 2 + i, &[1, 2, 3]), &all);
+        }
+        assert_eq!(log.missed_by(OsdId(3), 0), None, "its miss was trimmed");
+        assert!(log.lags(OsdId(3)), "a trimmed miss still lags (backfill)");
+        assert!(!log.lags(OsdId(2)));
+        assert!(!log.lags(OsdId(9)), "not tracked: nothing known against it");
+    }
+
+    /// A member caught up through `through` while the log trimmed entries
+    /// above `through` cannot be told to hold them: which of them it applied
+    /// is gone with them.
+    #[test]
+    fn a_member_recovered_while_the_log_trimmed_its_later_misses_still_lags() {
+        let mut log = PgLog::new(4);
+        let all = WriteSetRoles {
+            acting: &A[..2],
+            recovering: &A[2..],
+        };
+        let through = {
+            let s = log.next_seq();
+            log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+            s
+        };
+        // While the job ran: OSD 3 (recovering, not tracked) misses a write,
+        // then more writes than the log keeps.
+        let s = log.next_seq();
+        log.record_primary(entry(s, 1, &[1, 2]), &all);
+        for i in 0..8 {
+            let s = log.next_seq();
+            log.record_primary(entry(s, 2 + i, &[1, 2, 3]), &all);
+        }
+        log.recovered(OsdId(3), through);
+        assert_eq!(log.catch_up(OsdId(3)), None, "backfill, not the log");
+        assert!(log.lags(OsdId(3)));
+        // Without a trim the log tells exactly.
+        let mut log = PgLog::new(64);
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2, 3]), &all);
+        let s = log.next_seq();
+        log.record_primary(entry(s, 1, &[1, 2]), &all);
+        log.recovered(OsdId(3), 1);
+        assert!(log.lags(OsdId(3)));
+        assert_eq!(log.catch_up(OsdId(3)).map(|m| m.len()), Some(1));
     }
 
     fn entry(seq: u64, index: u64, applied: &[u32]) -> LogEntry {

@@ -1284,12 +1284,7 @@ impl Shard {
             // gave up on has none. Caught up from the log like a recovering
             // member (it stays complete in the map: it lacks no acknowledged write).
             for &member in members.acting.iter().skip(1) {
-                let lagging = self
-                    .pgs
-                    .borrow()
-                    .log(pg)
-                    .and_then(|l| l.missed_by(member, 0))
-                    .is_some_and(|m| !m.is_empty());
+                let lagging = self.pgs.borrow().log(pg).is_some_and(|l| l.lags(member));
                 let key = (pg, member);
                 if !lagging {
                     self.recovery.lagging_since.borrow_mut().remove(&key);
