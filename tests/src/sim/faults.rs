@@ -57,6 +57,11 @@ pub enum FaultKind {
     SlowThenReset,
     /// Marked out (its groups move and backfill elsewhere) and in again.
     Out,
+    /// A client process (not the first: it runs the final read-back) crashes
+    /// mid-write and a new incarnation — a new session — starts 0-3 s later
+    /// and re-issues the writes its writers had not finished; what the old one
+    /// had in flight may still land, never over a newer write.
+    ClientCrash,
     /// Frames to and from the OSD are corrupted in flight now and then (a bit
     /// flips past TCP's checksum): the receiver's frame checksums must catch
     /// every one (the connection is closed; the message never applied).
@@ -74,7 +79,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in a fixed order (the swarm's draw walks it).
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::Crash,
         FaultKind::PowerLoss,
         FaultKind::RepeatedPowerLoss,
@@ -87,6 +92,7 @@ impl FaultKind {
         FaultKind::Slow,
         FaultKind::SlowThenReset,
         FaultKind::Out,
+        FaultKind::ClientCrash,
         FaultKind::CorruptFrames,
         FaultKind::DuplicateFrames,
         FaultKind::DelayedFrames,
@@ -173,10 +179,12 @@ pub struct Swarm {
 
 /// Chance that a kind is on in a seed's swarm.
 const KIND_ON_CHANCE: f64 = 0.5;
+/// Chance that a seed's swarm is focused: one or two kinds only.
+const FOCUSED_CHANCE: f64 = 0.2;
 
 impl Swarm {
-    /// Draws a seed's swarm: each kind on with even odds (at least one), with a
-    /// weight of 1-10; each side fault off, at its legacy chance, or at twice
+    /// Draws a seed's swarm: each kind on with even odds (at least one), or
+    /// in a fifth of the seeds only one or two kinds, with a weight of 1-10; each side fault off, at its legacy chance, or at twice
     /// it; the gap between faults short, as before, or long.
     pub fn draw(rng: &mut StdRng, osds: usize) -> Swarm {
         let possible: Vec<FaultKind> = FaultKind::ALL
@@ -185,9 +193,19 @@ impl Swarm {
             .collect();
         assert!(!possible.is_empty(), "no fault kind for {osds} OSDs");
         let mut kinds: Vec<(FaultKind, u32)> = Vec::new();
-        for &k in &possible {
-            if rng.random_bool(KIND_ON_CHANCE) {
-                kinds.push((k, rng.random_range(1..=10)));
+        if rng.random_bool(FOCUSED_CHANCE) {
+            // A focused seed: one or two kinds only, hammered.
+            for _ in 0..rng.random_range(1..=2) {
+                let k = possible[rng.random_range(0..possible.len())];
+                if kinds.iter().all(|&(o, _)| o != k) {
+                    kinds.push((k, rng.random_range(1..=10)));
+                }
+            }
+        } else {
+            for &k in &possible {
+                if rng.random_bool(KIND_ON_CHANCE) {
+                    kinds.push((k, rng.random_range(1..=10)));
+                }
             }
         }
         if kinds.is_empty() {

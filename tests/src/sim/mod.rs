@@ -662,6 +662,10 @@ struct SimClient {
     ip: IpAddr,
     reactor: Reactor,
     cluster: Cluster,
+    /// Its process incarnation (a crash and restart starts the next).
+    incarnation: u64,
+    /// Crashed: nothing runs until it restarts at the end of the fault.
+    down: bool,
 }
 
 /// A shrink of a volume and its growth back, step by step.
@@ -720,6 +724,8 @@ struct Impairment {
     weather_on: Option<IpAddr>,
     /// This OSD lost power and loses it again soon after it restarts.
     repeat_power_loss: bool,
+    /// This client process crashed: it restarts when the fault ends.
+    client_crashed: Option<usize>,
 }
 
 impl Impairment {
@@ -738,6 +744,7 @@ impl Impairment {
             full_on: None,
             weather_on: None,
             repeat_power_loss: false,
+            client_crashed: None,
         }
     }
 }
@@ -1101,7 +1108,7 @@ impl Sim {
                 }
             }
             clock::set_node_clock(None);
-            for c in &mut self.clients {
+            for c in self.clients.iter_mut().filter(|c| !c.down) {
                 net::set_current_node(Some(c.ip));
                 if let Err(e) = flame_client::connection::thread_connections_only_of(&c.cluster) {
                     self.errors.push(format!("client {}: {e}", c.ip));
@@ -1710,41 +1717,94 @@ impl Sim {
             }
         }
         let clients = self.config.clients.max(1);
+        self.workload = Some(workload);
         for k in 0..clients {
-            let config = ClientConfig {
-                mgr: "127.0.9.1:1".into(),
-                transport: TransportKind::Sim,
-                io_timeout_ms: self.config.io_timeout_ms,
-                connect_timeout_ms: 1000,
-                ..ClientConfig::default()
-            };
-            // Each client its own op session (as two processes would have).
-            let session = (self.config.seed | 1).wrapping_add(2 * k as u64);
-            let cluster = Cluster::simulated(config, self.mgr.map().clone(), session)
-                .map_err(|e| e.to_string())?;
-            let entity = EntityName::parse(&format!("client.sim{k}")).map_err(|e| e.to_string())?;
-            cluster.set_ticket(Some(self.service.issue(
-                &entity,
-                Role::Client,
-                clock::unix_ms(),
-                TICKET_LIFETIME_MS,
-            )));
-            let mut reactor = Reactor::new_simulated().map_err(|e| e.to_string())?;
-            let ip = client_ip(k);
-            net::set_current_node(Some(ip));
-            let w = workload.clone();
-            let c = cluster.clone();
-            reactor.enter(|| reactor::spawn(workload::run(c, w, k, clients)).detach());
-            let _ = step(&mut reactor);
-            self.clients.push(SimClient {
-                ip,
-                reactor,
-                cluster,
-            });
+            let c = self.start_client(k, 1)?;
+            self.clients.push(c);
         }
         net::set_current_node(None);
-        self.workload = Some(workload);
         Ok(())
+    }
+
+    /// Starts incarnation `incarnation` of client process `k`: a new
+    /// `flame-client` instance (its own op session, connections and map) on
+    /// a new reactor, running its part of the workload.
+    fn start_client(&mut self, k: usize, incarnation: u64) -> Result<SimClient, String> {
+        let clients = self.config.clients.max(1);
+        let Some(workload) = self.workload.clone() else {
+            return Err("no workload".into());
+        };
+        let config = ClientConfig {
+            mgr: "127.0.9.1:1".into(),
+            transport: TransportKind::Sim,
+            io_timeout_ms: self.config.io_timeout_ms,
+            connect_timeout_ms: 1000,
+            ..ClientConfig::default()
+        };
+        // Each client its own op session (as two processes would have), and
+        // each incarnation of it a new one.
+        let session = (self.config.seed | 1)
+            .wrapping_add(2 * k as u64)
+            .wrapping_add(1_000_000 * (incarnation - 1));
+        let cluster = Cluster::simulated(config, self.mgr.map().clone(), session)
+            .map_err(|e| e.to_string())?;
+        let entity = EntityName::parse(&format!("client.sim{k}")).map_err(|e| e.to_string())?;
+        cluster.set_ticket(Some(self.service.issue(
+            &entity,
+            Role::Client,
+            clock::unix_ms(),
+            TICKET_LIFETIME_MS,
+        )));
+        let mut reactor = Reactor::new_simulated().map_err(|e| e.to_string())?;
+        let ip = client_ip(k);
+        net::set_current_node(Some(ip));
+        let c = cluster.clone();
+        reactor.enter(|| reactor::spawn(workload::run(c, workload, k, clients)).detach());
+        let _ = step(&mut reactor);
+        net::set_current_node(None);
+        Ok(SimClient {
+            ip,
+            reactor,
+            cluster,
+            incarnation,
+            down: false,
+        })
+    }
+
+    /// Client process `k` crashes: its reactor and every task on it go (the
+    /// writes it had in flight are given up on in the oracle: they may still
+    /// land), its connections reset, its per-process state is dropped.
+    fn crash_client(&mut self, k: usize) {
+        let Ok(empty) = Reactor::new_simulated() else {
+            self.errors
+                .push("simulated reactor for a crashed client".into());
+            return;
+        };
+        let ip = self.clients[k].ip;
+        net::crash(ip);
+        let old = std::mem::replace(&mut self.clients[k].reactor, empty);
+        end_process(ip, old);
+        self.clients[k].down = true;
+        self.event(format!(
+            "client {k} crashes (incarnation {})",
+            self.clients[k].incarnation
+        ));
+    }
+
+    /// Client process `k` starts again after a crash: a new incarnation, a new
+    /// session, re-issuing the writes its writers had not finished.
+    fn restart_client(&mut self, k: usize) {
+        if !self.clients[k].down {
+            return;
+        }
+        let incarnation = self.clients[k].incarnation + 1;
+        match self.start_client(k, incarnation) {
+            Ok(c) => {
+                self.clients[k] = c;
+                self.event(format!("client {k} restarts (incarnation {incarnation})"));
+            }
+            Err(e) => self.errors.push(format!("client {k} cannot restart: {e}")),
+        }
     }
 
     /// Whether every placement group has every member complete and up.
@@ -2059,6 +2119,9 @@ impl Sim {
         self.overlap_at = None;
         self.power_loss_again = None;
         for imp in std::mem::take(&mut self.impaired) {
+            if let Some(k) = imp.client_crashed {
+                self.restart_client(k);
+            }
             if let Some(j) = imp.read_errors_on {
                 self.osds[j].fs.set_read_errors(0.0, 0);
             }
@@ -2130,6 +2193,9 @@ impl Sim {
         self.end_disk_faults(&imp);
         if let Some(ip) = imp.weather_on {
             net::set_weather(ip, None);
+        }
+        if let Some(k) = imp.client_crashed {
+            self.restart_client(k);
         }
         for &(a, b, _) in &imp.cut {
             net::set_fault(a, b, None);
@@ -2223,6 +2289,7 @@ impl Sim {
         let mut out = None;
         let mut weather_on = None;
         let mut repeat_power_loss = false;
+        let mut client_crashed = None;
         match kind {
             FaultKind::Out => {
                 // Out (operator or down-out): its groups move to the others and
@@ -2287,6 +2354,16 @@ impl Sim {
                 hold = hold.min(Duration::from_millis(self.rng.random_range(300..2000)));
                 self.crash(i, true);
                 repeat_power_loss = true;
+            }
+            FaultKind::ClientCrash => {
+                // Never client 0: it runs the resize's trim and the final
+                // read-back.
+                if self.clients.len() > 1 {
+                    let k = self.rng.random_range(1..self.clients.len());
+                    hold = hold.min(Duration::from_millis(self.rng.random_range(0..3000)));
+                    self.crash_client(k);
+                    client_crashed = Some(k);
+                }
             }
             FaultKind::CutFromManager => {
                 // Only the manager is cut: peers and clients still reach it.
@@ -2437,6 +2514,7 @@ impl Sim {
             full_on,
             weather_on,
             repeat_power_loss,
+            client_crashed,
         });
         // Sometimes a second fault on another OSD overlaps this crash, power
         // loss or cut (never the manager's stop, an out or a slow OSD).

@@ -76,6 +76,8 @@ pub struct WorkloadFigures {
     pub failed: u64,
     /// Writes given up on (the client's I/O timeout): issued, never acknowledged.
     pub abandoned: u64,
+    /// Writes in flight when their client process crashed (given up on).
+    pub crashed: u64,
     /// Writes refused with ENOSPC while a file system was full (issued, never
     /// acknowledged: the copies that took one may keep it).
     pub refused_full: u64,
@@ -94,9 +96,10 @@ impl std::fmt::Display for WorkloadFigures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} writes ({} abandoned, {} refused for a full disk), {} reads, {} flushes, {} blocks checked, {} failed, {} outside a shrunk volume, {} objects created ({} in a group being recovered)",
+            "{} writes ({} abandoned, {} cut short by a client crash, {} refused for a full disk), {} reads, {} flushes, {} blocks checked, {} failed, {} outside a shrunk volume, {} objects created ({} in a group being recovered)",
             self.writes,
             self.abandoned,
+            self.crashed,
             self.refused_full,
             self.reads,
             self.flushes,
@@ -172,6 +175,9 @@ pub struct Workload {
     figures: Cell<WorkloadFigures>,
     /// Writers that have done their operations.
     writers_done: Cell<usize>,
+    /// Per writer: it did all its operations (a client's new incarnation after
+    /// a crash starts only the writers not done).
+    writer_done: RefCell<Vec<bool>>,
     errors: RefCell<Vec<String>>,
     error_count: Cell<u64>,
     finished: Cell<bool>,
@@ -233,6 +239,7 @@ impl Workload {
             windows: RefCell::new(windows),
             figures: Cell::new(WorkloadFigures::default()),
             writers_done: Cell::new(0),
+            writer_done: RefCell::new(vec![false; writers]),
             errors: RefCell::new(Vec::new()),
             error_count: Cell::new(0),
             finished: Cell::new(false),
@@ -431,21 +438,31 @@ impl Workload {
         let past_the_trimmed_end =
             |s: &VolumeState| data && s.shrunk_from.get().is_some_and(|c| first + n > c);
         let issued_past_the_trimmed_end = past_the_trimmed_end(state);
-        let (res, counters) = match how {
-            WriteKind::Data { fua } => {
+        let (data, counters) = match how {
+            WriteKind::Data { .. } => {
                 self.note_created(v, &vol, first, n);
                 let (data, counters) = state.oracle.borrow_mut().issue_write(range);
-                (vol.write_at(offset, &data, fua).await, counters)
+                (data, counters)
             }
-            WriteKind::Zeroes { fua } => {
-                let counters = state.oracle.borrow_mut().issue_zero(range);
-                (vol.write_zeroes(offset, len, fua).await, counters)
-            }
-            WriteKind::Discard => {
-                let counters = state.oracle.borrow_mut().issue_zero(range);
-                (vol.discard(offset, len).await, counters)
+            WriteKind::Zeroes { .. } | WriteKind::Discard => {
+                (Vec::new(), state.oracle.borrow_mut().issue_zero(range))
             }
         };
+        // If the client process crashes while the write is in flight, its task
+        // is dropped here: the write is given up on (it may still land).
+        let mut in_flight = InFlight {
+            w: &self,
+            v,
+            first,
+            counters: &counters,
+            ended: false,
+        };
+        let res = match how {
+            WriteKind::Data { fua } => vol.write_at(offset, &data, fua).await,
+            WriteKind::Zeroes { fua } => vol.write_zeroes(offset, len, fua).await,
+            WriteKind::Discard => vol.discard(offset, len).await,
+        };
+        in_flight.ended = true;
         let name = &state.name;
         match res {
             Ok(()) => {
@@ -674,6 +691,29 @@ impl Workload {
     }
 }
 
+/// A write in flight: if its task is dropped before it ended (its client
+/// process crashed), the oracle learns it was given up on — issued, never
+/// acknowledged, it may still land, never over a write issued after.
+struct InFlight<'a> {
+    w: &'a Workload,
+    v: usize,
+    first: u64,
+    counters: &'a [u64],
+    ended: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.w.volumes[self.v]
+                .oracle
+                .borrow_mut()
+                .give_up_write(self.first, self.counters);
+            self.w.count(|f| f.crashed += 1);
+        }
+    }
+}
+
 /// What a writer's write does to its blocks.
 #[derive(Clone, Copy, Debug)]
 enum WriteKind {
@@ -713,15 +753,19 @@ pub async fn run(cluster: Cluster, w: Rc<Workload>, client: usize, clients: usiz
         }
     }
     let vols = Rc::new(vols);
+    // A new incarnation (after a crash) starts the writers its predecessor
+    // did not finish: from their first operation again, so they re-issue the
+    // writes the crash cut short, as new operations of a new session.
     let tasks: Vec<_> = (0..w.writers)
-        .filter(|i| i % clients.max(1) == client)
-        .map(|i| reactor::spawn(w.clone().writer(vols.clone(), i)))
+        .filter(|&i| i % clients.max(1) == client && !w.writer_done.borrow()[i])
+        .map(|i| (i, reactor::spawn(w.clone().writer(vols.clone(), i))))
         .collect();
     // A reader of its own: a client whose writers all wait (on a primary that
     // cannot reach its replicas, say) still reads.
     let reader = reactor::spawn(w.clone().reader(vols.clone(), client));
-    for t in tasks {
+    for (i, t) in tasks {
         t.await;
+        w.writer_done.borrow_mut()[i] = true;
         w.writers_done.set(w.writers_done.get() + 1);
     }
     reader.await;
