@@ -30,6 +30,37 @@ pub(crate) fn ranges_to_pull(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32
         })
 }
 
+/// The blocks of `mine` that hold nothing (zeroes or absent) while `source`
+/// holds good data there: what a copy in doubt lost that another kept.
+pub(crate) fn holes_to_fill(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
+    source
+        .iter()
+        .enumerate()
+        .filter(|&(b, s)| {
+            !s.bad
+                && *s != BlockSum::default()
+                && mine.get(b).is_none_or(|m| *m == BlockSum::default())
+        })
+        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, (b, _)| {
+            let off = b as u32 * BLOCK;
+            match out.last_mut() {
+                Some((o, len)) if *o + *len == off => *len += BLOCK,
+                _ => out.push((off, BLOCK)),
+            }
+            out
+        })
+}
+
+/// Which blocks a pull replaces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pull {
+    /// Every block that differs ([`ranges_to_pull`]); the object is removed
+    /// here if the source lacks it (without `still`).
+    Differing,
+    /// Only blocks empty here that hold data on the source ([`holes_to_fill`]).
+    Holes,
+}
+
 impl Shard {
     /// This shard is the primary of `pg` and its restart left objects of it in
     /// doubt: replaces each by the copy of another complete member up that is
@@ -63,7 +94,25 @@ impl Shard {
                         replaced += 1;
                     }
                 }
-                Settle::Keep => kept += 1,
+                Settle::Keep => {
+                    // Doubt is "may have lost", not "lost": a copy restarted
+                    // after a kill -9 kept its page cache, and a power cut loses
+                    // a new object's file (or blocks) to their older state. A
+                    // block that holds nothing here but data on another copy in
+                    // doubt came from a write every copy applied and this one
+                    // lost (seed 68): take those; every other block stays.
+                    let mut filled = false;
+                    for &(member, _) in &others {
+                        filled |= self
+                            .pull_blocks(view, pg, object, member, None, Pull::Holes)
+                            .await?;
+                    }
+                    if filled {
+                        replaced += 1;
+                    } else {
+                        kept += 1;
+                    }
+                }
                 Settle::Wait => {
                     tracing::info!(%pg, %object, down = ?members.down_complete, "no complete copy up is sure of an object this restart left in doubt; waiting for the ones that are down");
                     return Err(status::EAGAIN);
@@ -91,6 +140,20 @@ impl Shard {
         source: OsdId,
         still: Option<&dyn Fn() -> bool>,
     ) -> Result<bool, i32> {
+        self.pull_blocks(view, pg, object, source, still, Pull::Differing)
+            .await
+    }
+
+    /// [`Self::pull_object`], replacing the blocks `which` says.
+    pub(super) async fn pull_blocks(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        object: ObjectId,
+        source: OsdId,
+        still: Option<&dyn Fn() -> bool>,
+        which: Pull,
+    ) -> Result<bool, i32> {
         let object_size = view.map.pool.object_size;
         let _slot = self.take_slot().await;
         let (_guard, earlier) = self.gate.enter(object, 0, object_size);
@@ -105,7 +168,7 @@ impl Shard {
         if theirs.is_empty() {
             // Taking a newer copy (`still` given) never removes this one: a
             // source whose log names writes to an object it lacks is wrong.
-            if mine.is_empty() || still.is_some() {
+            if mine.is_empty() || still.is_some() || which == Pull::Holes {
                 return Ok(false);
             }
             // No acknowledged write created it: the other copy would have it.
@@ -116,7 +179,10 @@ impl Shard {
             })?;
             return Ok(true);
         }
-        let ranges = ranges_to_pull(&theirs, &mine);
+        let ranges = match which {
+            Pull::Differing => ranges_to_pull(&theirs, &mine),
+            Pull::Holes => holes_to_fill(&theirs, &mine),
+        };
         let Some(osd) = view.map.osds.get(&source) else {
             return Err(status::ESTALE);
         };
@@ -237,5 +303,31 @@ mod tests {
             ranges_to_pull(&short, &sums(&[(1, false), (7, false), (8, false)])),
             vec![(b, 2 * b)]
         );
+    }
+
+    /// Seed 68: every complete copy was in doubt about a new object; the
+    /// primary (power cut) had lost blocks the other (kill -9) kept. Only
+    /// blocks empty here and holding good data there are taken.
+    #[test]
+    fn fills_only_blocks_empty_here_with_good_data_on_the_source() {
+        let b = BLOCK;
+        let source = sums(&[
+            (1, false),
+            (2, false),
+            (3, true),
+            (0, false),
+            (5, false),
+            (6, false),
+        ]);
+        let mine = sums(&[(0, false), (9, false), (0, false), (4, false)]);
+        // Block 0 empty here: filled; 1 differs but holds data here: kept; 2 bad
+        // on the source; 3 empty there; 4 and 5 past this copy's end: filled.
+        assert_eq!(holes_to_fill(&source, &mine), vec![(0, b), (4 * b, 2 * b)]);
+        assert_eq!(
+            holes_to_fill(&source, &[]),
+            vec![(0, 2 * b), (4 * b, 2 * b)]
+        );
+        assert_eq!(holes_to_fill(&mine, &source), vec![(3 * b, b)]);
+        assert!(holes_to_fill(&source, &source).is_empty());
     }
 }
