@@ -397,3 +397,18 @@ fn no_new_fault_while_an_osd_its_disk_stopped_is_down() {
     });
     assert!(r.passed(), "{r}");
 }
+
+/// Seed 68 at 2717 ops (the disk-like workload): osd.3, pg 4's primary, lost
+/// power (a write error stopped it) while osd.0 was killed; both restarted in
+/// doubt about a new object, and osd.3 kept its copy, which had lost the
+/// object's first acknowledged write, and served zeroes. Now a primary whose
+/// every fellow copy is in doubt too fills the blocks it holds nothing of from
+/// their data (`recovery::suspects::holes_to_fill`).
+#[test]
+fn a_primary_in_doubt_with_every_other_copy_keeps_no_hole_another_copy_fills() {
+    let r = run(SimConfig {
+        ops: 2717,
+        ..disk_workload_before_swarm(68)
+    });
+    assert!(r.passed(), "{r}");
+}
