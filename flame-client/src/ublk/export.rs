@@ -310,7 +310,7 @@ pub fn run(
             let sig = match &signals {
                 Some(set) => crate::bridge::wait_signal(set, SIGNAL_POLL),
                 None => {
-                    std::thread::sleep(SIGNAL_POLL);
+                    flame_common::clock::sleep_blocking(SIGNAL_POLL);
                     None
                 }
             };

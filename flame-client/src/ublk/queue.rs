@@ -23,7 +23,6 @@ use io_uring::{opcode, types};
 use std::io;
 use std::os::fd::RawFd;
 use std::rc::Rc;
-use std::time::Instant;
 
 /// Size of one I/O descriptor in the queue's shared array.
 const DESC_BYTES: usize = std::mem::size_of::<sys::ublksrv_io_desc>();
@@ -185,7 +184,7 @@ fn neg_errno(e: ClientError) -> i32 {
 /// writes, 0 for the others, a negative errno on failure).
 async fn serve(q: &Queue, desc: &sys::ublksrv_io_desc, buf: &mut [u8]) -> i32 {
     let r = Request::of(desc);
-    let started = Instant::now();
+    let started = flame_common::clock::Stopwatch::start();
     tracing::trace!(q = q.q_id, ?r, "request");
     let (op, res) = match r.op {
         sys::UBLK_IO_OP_READ | sys::UBLK_IO_OP_WRITE if r.len > buf.len() => {

@@ -198,11 +198,8 @@ fn random_u32() -> u32 {
     if n != 4 {
         // getrandom on a 4-byte buffer does not fail on Linux >= 3.17; the PSN only
         // needs to differ between connections, so a time-based value is enough.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        return t;
+        let ms = crate::clock::unix_ms();
+        return (ms ^ (ms >> 32)) as u32;
     }
     u32::from_le_bytes(b)
 }
