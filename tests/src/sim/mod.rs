@@ -112,6 +112,12 @@ const DISK_LATENCY_US_MAX: u64 = 600;
 /// How long a flaky path ([`FaultKind::CorruptFrames`] and its kin) may delay
 /// one frame.
 const WEATHER_DELAY_MAX: Duration = Duration::from_millis(200);
+/// Virtual time after which no new fault is injected and every impairment
+/// ends: a seed whose swarm faults without pause (a fault every 0.1-1 s) on a
+/// large workload would otherwise not finish within
+/// [`SimConfig::virtual_time_max`] (seed 522: 173 faults in 600 s, its writers
+/// still at work).
+const FAULT_PHASE_MAX: Duration = Duration::from_secs(120);
 /// Events kept for the report of a failing seed.
 const EVENTS_KEPT: usize = 64;
 /// Client operations per seed, drawn (the CLI's `--ops` overrides).
@@ -462,7 +468,13 @@ impl SimConfig {
     /// from a stream of its own, so seeds that do not scrub run as before.
     fn scrub_interval_s(&self) -> Option<u64> {
         let mut rng = StdRng::seed_from_u64(self.seed ^ 0x5c2b_d0e5);
-        (self.scrubs && rng.random_bool(0.5)).then(|| rng.random_range(1..=3))
+        // Every 1-3 s suited one 4 MiB volume; a scrub compares every object of
+        // a group on every copy, and the disk-like workload's thousands of
+        // objects made such seeds a hundred times slower (seed 6: 1.3 s
+        // without scrubs, minutes with; seed 522 still 2 minutes at 10-30 s):
+        // every 30-90 s there.
+        let (lo, hi) = if self.swarm { (30, 90) } else { (1, 3) };
+        (self.scrubs && rng.random_bool(0.5)).then(|| rng.random_range(lo..=hi))
     }
 }
 
@@ -803,6 +815,8 @@ struct Sim {
     power_loss_again: Option<(usize, Instant)>,
     /// The faults have stopped: no OSD starts a new scrub.
     scrubs_paused: bool,
+    /// The fault phase ([`FAULT_PHASE_MAX`]) is over: no new fault.
+    faults_over: bool,
     /// The OSDs' service key: every OSD checks HELLOs with it and makes its peer
     /// tickets with it, every client gets a ticket made with it (as the manager
     /// issues them), so every simulated connection is authenticated.
@@ -912,6 +926,7 @@ impl Sim {
             mgr_disk_epoch: Epoch(0),
             power_loss_again: None,
             scrubs_paused: false,
+            faults_over: false,
             service: {
                 // A fixed cluster secret: keys are not what the simulator
                 // explores, and a seed must replay exactly.
@@ -959,15 +974,10 @@ impl Sim {
         // The faults stop: everything comes back and settles. No scrub runs
         // from here on, so the copies compared below are what recovery made of
         // them, before any scrub repair.
-        self.heal_all();
+        self.end_all_faults("the workload is done");
         self.scrubs_paused = true;
         for o in self.osds.iter().filter_map(|o| o.live.as_ref()) {
             o.recovery.scrubs_paused.store(true, Ordering::Relaxed);
-        }
-        for i in 0..self.osds.len() {
-            if self.osds[i].live.is_none() {
-                self.start_osd(i);
-            }
         }
         let settle = clock::now() + Duration::from_secs(60);
         let mut clean = self.drive(settle, false, |s| s.all_clean());
@@ -1130,7 +1140,12 @@ impl Sim {
                 self.next_tick = now + TICK;
                 ran += 1;
             }
-            if faults && now >= self.next_fault {
+            if faults && !self.faults_over && clock::elapsed(self.started) >= FAULT_PHASE_MAX {
+                self.faults_over = true;
+                self.end_all_faults("the fault phase is over");
+                ran += 1;
+            }
+            if faults && !self.faults_over && now >= self.next_fault {
                 self.fault();
                 ran += 1;
             }
@@ -1147,7 +1162,7 @@ impl Sim {
                 return false;
             }
             let mut next = self.next_tick.min(deadline);
-            if faults {
+            if faults && !self.faults_over {
                 next = next.min(self.next_fault);
             }
             for o in &self.osds {
@@ -1166,6 +1181,15 @@ impl Sim {
             }
             if let Some(t) = net::next_delivery() {
                 next = next.min(t);
+            }
+            if next <= now {
+                // Nothing ran and nothing is due later: virtual time would stand
+                // still forever (a livelock of the simulator, not of the cluster).
+                self.errors.push(format!(
+                    "simulator stalled at {:?}: nothing ran and the next event is not later",
+                    clock::elapsed(self.started)
+                ));
+                return false;
             }
             clock::advance_to(next);
         }
@@ -2112,6 +2136,18 @@ impl Sim {
             }
         }
         complaints
+    }
+
+    /// Every impairment ends, every path heals, every stopped process starts
+    /// again (`why` goes into the event log).
+    fn end_all_faults(&mut self, why: &str) {
+        self.event(format!("{why}: no more faults"));
+        self.heal_all();
+        for i in 0..self.osds.len() {
+            if self.osds[i].live.is_none() {
+                self.start_osd(i);
+            }
+        }
     }
 
     fn heal_all(&mut self) {
