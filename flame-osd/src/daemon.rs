@@ -79,28 +79,31 @@ impl std::fmt::Display for StartError {
 /// Makes the store consistent after whatever stopped the previous incarnation:
 /// objects named by the intent journals get checksums recomputed from their data
 /// (docs/on-disk-format.md, "Crash consistency"). Before any shard starts.
-/// Returns the objects it recomputed: each shard answers its primaries' `PgSuspects`
-/// with them until it is a complete member again.
+/// Returns the restart doubt (those objects and what earlier restarts left
+/// unsettled): each shard answers its primaries' `PgSuspects` with it until the
+/// doubt is settled.
 fn recover_store(
     data_dir: &Path,
     direct_io: bool,
-) -> Result<Vec<(flame_common::ids::PgId, flame_common::ids::ObjectId)>, String> {
+) -> Result<store::doubt_record::DoubtRecord, String> {
     let mut reactor = flame_common::reactor::Reactor::new(Default::default())
         .map_err(|e| format!("cannot create io_uring: {e}"))?;
     let root = data_dir.to_path_buf();
     let fs = store::fs::Fs::Real { direct_io };
-    let suspects = reactor
+    let doubt = reactor
         .block_on(async move { store::recover(&fs, &root).await })
         .map_err(|e| format!("cannot run store recovery: {e}"))?
         .map_err(|e| format!("store recovery of {} failed: {e}", data_dir.display()))?;
-    if !suspects.is_empty() {
+    let objects = doubt.objects().len();
+    if objects > 0 {
         tracing::info!(
-            objects = suspects.len(),
-            "recomputed checksums of objects written since their last flush; \
-             they are copied again from their primaries before this OSD serves them"
+            objects,
+            "objects written since their last flush (by this run or one before it whose \
+             doubt no primary settled) may lack acknowledged writes: they are compared with \
+             or copied again from the other copies before this OSD serves them"
         );
     }
-    Ok(suspects)
+    Ok(doubt)
 }
 
 /// Runs the OSD described by the configuration file at `config` (defaults when
@@ -184,7 +187,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     sync_data_fs(&cfg.data_dir)?;
     let direct_io =
         store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
-    let restart_suspects = Arc::new(recover_store(&cfg.data_dir, direct_io)?);
+    let restart_doubt = Arc::new(recover_store(&cfg.data_dir, direct_io)?);
     let shards = cfg.shard_count();
     if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
         // Measured (docs/benchmarks.md): with more spinning threads than cores,
@@ -292,7 +295,7 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
             direct_io,
             recovery: recovery.clone(),
             liveness: liveness.clone(),
-            restart_suspects: restart_suspects.clone(),
+            restart_doubt: restart_doubt.clone(),
             service: service.clone(),
         })
         .map_err(|e| format!("cannot start shard {i}: {e}"))?;

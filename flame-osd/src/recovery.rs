@@ -1591,6 +1591,7 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
     crate::metrics::register_recovery_metrics(shard.id);
     reactor::spawn(publish_loop(shard.clone())).detach();
     let mut last_stray: Option<Instant> = None;
+    let mut doubt_retry_after: Option<Instant> = None;
     loop {
         let view = shard.view();
         if shard.recovery.last_epoch.get() != Some(view.map.epoch) {
@@ -1598,6 +1599,18 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
             shard.recovery.last_epoch.set(Some(view.map.epoch));
         }
         shard.recovery_pass(&view).await;
+        if shard.doubt_record.stale()
+            && doubt_retry_after.is_none_or(|t| clock::now() >= t)
+            && let Err(e) = shard.doubt_record.persist(shard.store.fs()).await
+        {
+            // The record on disk still names the settled groups: a later
+            // restart compares them again (safe). Tried again after a while.
+            tracing::warn!(
+                shard = shard.id,
+                "cannot rewrite the restart-doubt record: {e}"
+            );
+            doubt_retry_after = Some(clock::now() + STRAY_CHECK_INTERVAL);
+        }
         if last_stray.is_none_or(|t| clock::elapsed(t) >= STRAY_CHECK_INTERVAL) {
             shard.remove_strays(&view).await;
             last_stray = Some(clock::now());

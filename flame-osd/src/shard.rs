@@ -59,6 +59,10 @@ pub struct Shard {
     pub(crate) view: RefCell<Rc<MapView>>,
     /// What this OSD's restart left in doubt, per group ([`RestartSuspects`]).
     pub(crate) suspects: RefCell<RestartSuspects>,
+    /// The same doubt on disk, for every shard of this OSD: what this shard
+    /// settles is left out of it ([`crate::store::doubt_record`]), so a later
+    /// restart still knows what is not settled.
+    pub(crate) doubt_record: std::sync::Arc<crate::store::doubt_record::DoubtRecord>,
     pub(crate) store: ObjectStore,
     pub(crate) gate: Rc<WriteGate>,
     pub(crate) peers: Rc<Peers>,
@@ -143,11 +147,14 @@ impl Shard {
         {
             let mut suspects = self.suspects.borrow_mut();
             for pg in suspects.pgs() {
-                if !fresh.held_by(self.osd, self.id, pg) || !fresh.table.pg(pg).is_member(self.osd)
-                {
+                if !fresh.table.pg(pg).is_member(self.osd) {
                     suspects.settled(pg);
-                } else {
-                    suspects.on_map(self.osd, pg, fresh.table.pg(pg));
+                    self.doubt_record.settle(pg);
+                } else if !fresh.held_by(self.osd, self.id, pg) {
+                    // Another shard's group: that one settles it.
+                    suspects.settled(pg);
+                } else if suspects.on_map(self.osd, pg, fresh.table.pg(pg)) {
+                    self.doubt_record.settle(pg);
                 }
             }
         }

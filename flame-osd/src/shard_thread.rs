@@ -45,8 +45,9 @@ pub struct ShardSetup {
     pub liveness: Arc<Liveness>,
     /// Installs the configured memory pool on the shard thread.
     pub pool: Arc<flame_common::buffer::registered::PoolInstaller>,
-    /// What start-up store recovery left in doubt ([`crate::store::recover`]).
-    pub restart_suspects: Arc<Vec<(flame_common::ids::PgId, flame_common::ids::ObjectId)>>,
+    /// What start-up store recovery left in doubt ([`crate::store::recover`]),
+    /// shared by the shards, which settle it.
+    pub restart_doubt: Arc<crate::store::doubt_record::DoubtRecord>,
     /// See [`ShardParts::service`].
     pub service: Option<crate::service_key::ServiceKeys>,
 }
@@ -98,7 +99,7 @@ pub fn spawn(setup: ShardSetup) -> std::io::Result<std::thread::JoinHandle<()>> 
                     config: cfg.clone(),
                     recovery: setup.recovery,
                     liveness: setup.liveness,
-                    restart_suspects: &setup.restart_suspects,
+                    restart_doubt: &setup.restart_doubt,
                     service: setup.service.clone(),
                 },
                 store,
@@ -127,8 +128,9 @@ pub struct ShardParts<'a> {
     pub recovery: Arc<crate::recovery::RecoveryShared>,
     /// Lease, shard progress and unreachable peers, shared with the control thread.
     pub liveness: Arc<Liveness>,
-    /// What start-up store recovery left in doubt ([`crate::store::recover`]).
-    pub restart_suspects: &'a [(flame_common::ids::PgId, flame_common::ids::ObjectId)],
+    /// What start-up store recovery left in doubt ([`crate::store::recover`]),
+    /// shared by the shards, which settle it.
+    pub restart_doubt: &'a Arc<crate::store::doubt_record::DoubtRecord>,
     /// The service key (from the `osd` keyring): HELLOs are checked with it and
     /// peer tickets made with it. `None`: no keyring, no checks.
     pub service: Option<crate::service_key::ServiceKeys>,
@@ -145,7 +147,8 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
     // The map it starts with already tells, for each group in doubt, whether
     // the manager took this copy out (it is recovering: its recovery settles
     // the doubt) or kept it complete (it settles the doubt itself).
-    let mut suspects = crate::restart_suspects::RestartSuspects::new(parts.restart_suspects);
+    let mut suspects =
+        crate::restart_suspects::RestartSuspects::new(&parts.restart_doubt.objects());
     for pg in suspects.pgs() {
         suspects.on_map(parts.osd, pg, view.table.pg(pg));
     }
@@ -159,6 +162,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
         lease: Duration::from_millis(cfg.lease_ms),
         activation_wake: Default::default(),
         suspects: RefCell::new(suspects),
+        doubt_record: parts.restart_doubt.clone(),
         store,
         gate: Rc::new(WriteGate::default()),
         peers: Rc::new(Peers::new(

@@ -141,6 +141,7 @@ pub(super) fn shard(dir: &std::path::Path, member: SocketAddr) -> Rc<Shard> {
         lease: Duration::from_secs(4),
         activation_wake: Default::default(),
         suspects: Default::default(),
+        doubt_record: std::sync::Arc::new(crate::store::doubt_record::DoubtRecord::none(dir)),
         store: ObjectStore::new(
             dir,
             0,

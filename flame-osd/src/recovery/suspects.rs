@@ -124,6 +124,7 @@ impl Shard {
         }
         tracing::info!(%pg, replaced, kept, "objects this restart left in doubt settled from the other complete copies");
         self.suspects.borrow_mut().settled(pg);
+        self.doubt_record.settle(pg);
         Ok(())
     }
 

@@ -19,6 +19,7 @@
 //! does); non-overlapping writes may run concurrently, including partial writes to
 //! the same 4 KiB block, which the store serialises itself.
 
+pub mod doubt_record;
 pub mod fs;
 pub mod journal;
 pub mod layout;
@@ -470,6 +471,12 @@ fn invalid(msg: &str) -> StoreError {
 }
 
 impl ObjectStore {
+    /// The file system the store works through (shared with what else the
+    /// shard writes under the data directory, such as the restart-doubt record).
+    pub fn fs(&self) -> &Fs {
+        &self.fs
+    }
+
     /// The store of shard `shard` in `data_dir` (which [`layout::open_data_dir`]
     /// checked and [`recover`] recovered).
     pub fn new(data_dir: &Path, shard: u16, options: StoreOptions) -> ObjectStore {
@@ -1272,8 +1279,11 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
 
 /// Start-up recovery: for every object named by a shard's intent journal, the
 /// checksums are recomputed from the data on disk and written with the metadata
-/// (synced); then the journals are reset. Returns the objects it recomputed: they
-/// may lack acknowledged writes the other copies have (`PgSuspects`).
+/// (synced); those objects, and the ones earlier restarts left in doubt that no
+/// primary settled since ([`doubt_record`]), are written as the new record of
+/// the restart doubt (synced); then the journals are reset. Returns that doubt:
+/// the objects that may lack acknowledged writes the other copies have
+/// (`PgSuspects`).
 ///
 /// Those objects had writes that no FLUSH covered; after a crash each of their
 /// blocks holds either the old or the new data (both are valid answers for an
@@ -1283,7 +1293,7 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
 /// generation's ([`journal::replay`]), and its reset numbers the new generation
 /// above every entry left in it.
 /// Run before any shard starts, with nothing else touching the directory.
-pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
+pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtRecord> {
     let jdir = layout::journal_dir(root);
     let journals = fs.list_dir(&jdir).await?;
     let mut seen = HashSet::default();
@@ -1359,10 +1369,56 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> 
     for dir in &dirs {
         fs.sync_dir(dir).await?;
     }
+    // The doubt outlives the journals that named it, until a primary settles it
+    // (seeds 369, 414: a second restart found reset journals and no doubt).
+    let stored = doubt_record::read(fs, root).await?;
+    let mut doubt = stored.doubt;
+    let earlier: usize = doubt.values().map(BTreeSet::len).sum();
+    for (pg, object) in recomputed {
+        doubt.entry(pg).or_default().insert(object);
+    }
+    if earlier > 0 {
+        tracing::info!(
+            objects = earlier,
+            "earlier restarts left objects in doubt that no primary settled: still in doubt"
+        );
+    }
+    // No doubt now means none before either (it only grows here): nothing to
+    // write.
+    let record = if doubt.is_empty() {
+        doubt_record::DoubtRecord::new(root, doubt, stored.generation, stored.next_file, true)
+    } else {
+        let generation = stored.generation + 1;
+        match doubt_record::write(fs, root, stored.next_file, generation, &doubt).await {
+            Ok(()) => {
+                doubt_record::DoubtRecord::new(root, doubt, generation, 1 - stored.next_file, true)
+            }
+            // A full disk does not keep the OSD down (it serves reads, and
+            // frees space for writes once the manager stops placing new data
+            // on it); the record is written once there is room
+            // (`DoubtRecord::persist`). Until then a second restart would not
+            // know this one's doubt — what the journals alone gave before.
+            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+                tracing::error!(
+                    objects = doubt.values().map(BTreeSet::len).sum::<usize>(),
+                    "cannot write the restart-doubt record (disk full): written once there \
+                     is room; a restart before then forgets this doubt"
+                );
+                doubt_record::DoubtRecord::new(
+                    root,
+                    doubt,
+                    stored.generation,
+                    stored.next_file,
+                    false,
+                )
+            }
+            Err(e) => return Err(e),
+        }
+    };
     for name in &journals {
         journal::reset_file(fs, &jdir.join(name)).await?;
     }
-    Ok(recomputed)
+    Ok(record)
 }
 
 #[cfg(test)]

@@ -1,6 +1,18 @@
 use super::*;
 use flame_common::reactor::{Reactor, ReactorConfig};
 
+/// Start-up recovery, then every group's doubt settled (as primaries would):
+/// the objects the journals (and earlier unsettled restarts) named.
+async fn recover_settled(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
+    let record = recover(fs, root).await?;
+    let objects = record.objects();
+    for (pg, _) in &objects {
+        record.settle(*pg);
+    }
+    record.persist(fs).await?;
+    Ok(objects)
+}
+
 const PG: PgId = PgId(3);
 
 fn obj(i: u64) -> ObjectId {
@@ -151,7 +163,9 @@ fn slots_past_a_shrunk_checksum_list_are_cleared_on_disk() {
         s.flush(None).await.unwrap();
         trim(&s, obj(4), 115).await;
         drop(s);
-        let in_doubt = recover(&Fs::Real { direct_io: false }, root).await.unwrap();
+        let in_doubt = recover_settled(&Fs::Real { direct_io: false }, root)
+            .await
+            .unwrap();
         assert_eq!(in_doubt, vec![(PG, obj(4))]);
         assert_eq!(nonzero_slots(obj(4)), none, "recomputed by recovery");
     });
@@ -638,7 +652,7 @@ fn crash_before_flush_is_recovered_from_the_journal() {
         drop(s);
         // Both objects are in doubt (their copies here may lack acknowledged
         // writes the other copies have): the member answers them to its primary.
-        let mut in_doubt = recover(&fs, root).await.unwrap();
+        let mut in_doubt = recover_settled(&fs, root).await.unwrap();
         in_doubt.sort();
         assert_eq!(in_doubt, vec![(PG, obj(1)), (PG, obj(2))]);
         let s = ObjectStore::new(root, 0, opts(false, true));
@@ -657,7 +671,7 @@ fn crash_before_flush_is_recovered_from_the_journal() {
             vec![3; BLOCK]
         );
         // The journals were reset: a second recovery has nothing to do.
-        assert!(recover(&fs, root).await.unwrap().is_empty());
+        assert!(recover_settled(&fs, root).await.unwrap().is_empty());
     });
 }
 
@@ -912,6 +926,60 @@ async fn garble_header(fs: &Fs, path: &Path) {
     file.write(0, head, Some(SyncKind::Journal)).await.unwrap();
 }
 
+/// A restart's doubt lived only in memory once start-up had reset the
+/// journals: a second restart before a primary settled it found nothing in
+/// doubt, and the copy that lost acknowledged writes in the first power cut came
+/// back sure of itself (simulator seeds 369, 414). The record keeps it, through
+/// a torn rewrite too, until it is settled.
+#[test]
+fn a_restarts_doubt_outlives_a_second_restart_until_it_is_settled() {
+    let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+    r.block_on(async {
+        let (sim, fs, root) = sim_dir();
+        let other = PgId(PG.0 + 1);
+        let s = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
+        s.write(PG, obj(1), 0, PayloadBuf::copy_from(&[1; BLOCK]), false)
+            .await
+            .unwrap();
+        s.write(other, obj(2), 0, PayloadBuf::copy_from(&[2; BLOCK]), false)
+            .await
+            .unwrap();
+        drop(s);
+        sim.power_cut(&mut || true);
+        let sorted = |r: &doubt_record::DoubtRecord| {
+            let mut v = r.objects();
+            v.sort();
+            v
+        };
+        let both = vec![(PG, obj(1)), (other, obj(2))];
+        assert_eq!(sorted(&recover(&fs, &root).await.unwrap()), both);
+        // Power cut again before any primary settled it: still in doubt.
+        sim.power_cut(&mut || true);
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(
+            sorted(&record),
+            both,
+            "the second restart forgot the first one's doubt"
+        );
+        // One group settled and written; a later rewrite torn by a power cut
+        // leaves that record.
+        record.settle(PG);
+        assert!(record.stale());
+        record.persist(&fs).await.unwrap();
+        assert!(!record.stale());
+        record.settle(other);
+        sim.cut_after(0);
+        assert!(record.persist(&fs).await.is_err());
+        sim.power_cut(&mut || false);
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(sorted(&record), vec![(other, obj(2))]);
+        record.settle(other);
+        record.persist(&fs).await.unwrap();
+        assert!(recover(&fs, &root).await.unwrap().objects().is_empty());
+    })
+    .unwrap();
+}
+
 /// A journal header that does not decode at start-up was taken as an empty
 /// journal: the objects it named kept their stale checksums (EIO later, and not
 /// in doubt, so not copied again).
@@ -936,7 +1004,7 @@ fn a_journal_whose_header_does_not_decode_still_gets_its_objects_recomputed() {
         sim.power_cut(&mut || true);
         let journal = layout::journal_path(&root, 0);
         garble_header(&fs, &journal).await;
-        let mut in_doubt = recover(&fs, &root).await.unwrap();
+        let mut in_doubt = recover_settled(&fs, &root).await.unwrap();
         in_doubt.sort();
         assert_eq!(in_doubt, vec![(PG, obj(1)), (PG, obj(2))]);
         let s = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
@@ -950,7 +1018,7 @@ fn a_journal_whose_header_does_not_decode_still_gets_its_objects_recomputed() {
         );
         drop(s);
         // The reset gave it a header that decodes again: nothing left to do.
-        assert!(recover(&fs, &root).await.unwrap().is_empty());
+        assert!(recover_settled(&fs, &root).await.unwrap().is_empty());
     })
     .unwrap();
 }
@@ -978,7 +1046,7 @@ fn a_journal_whose_header_does_not_decode_never_restarts_its_generation() {
             Some(1)
         );
         garble_header(&fs, &journal).await;
-        recover(&fs, &root).await.unwrap();
+        recover_settled(&fs, &root).await.unwrap();
         let g = journal::header_generation(&fs, &journal)
             .await
             .unwrap()
@@ -999,7 +1067,10 @@ fn a_journal_whose_header_does_not_decode_never_restarts_its_generation() {
             .await
             .unwrap();
         drop(s);
-        assert_eq!(recover(&fs, &root).await.unwrap(), vec![(PG, obj(4))]);
+        assert_eq!(
+            recover_settled(&fs, &root).await.unwrap(),
+            vec![(PG, obj(4))]
+        );
         // And a header garbled once the shard runs again (after start-up) is
         // numbered above every entry too.
         garble_header(&fs, &journal).await;
@@ -1009,7 +1080,10 @@ fn a_journal_whose_header_does_not_decode_never_restarts_its_generation() {
             .unwrap();
         drop(s);
         assert!(journal::header_generation(&fs, &journal).await.unwrap() > Some(g));
-        assert_eq!(recover(&fs, &root).await.unwrap(), vec![(PG, obj(5))]);
+        assert_eq!(
+            recover_settled(&fs, &root).await.unwrap(),
+            vec![(PG, obj(5))]
+        );
     })
     .unwrap();
 }
@@ -1173,7 +1247,7 @@ mod power_loss {
                     // loses writes that no one then knows are in doubt (the
                     // deterministic simulator's seed 12567).
                     drop(store);
-                    let recovered = recover(&fs, &root).await;
+                    let recovered = recover_settled(&fs, &root).await;
                     store = Rc::new(ObjectStore::with_fs(
                         fs.clone(),
                         &root,
@@ -1201,7 +1275,7 @@ mod power_loss {
         }
         drop(store);
         sim.power_cut(&mut || rng.random_bool(0.5));
-        let in_doubt: HashSet<ObjectId> = recover(&fs, &root)
+        let in_doubt: HashSet<ObjectId> = recover_settled(&fs, &root)
             .await
             .unwrap()
             .into_iter()

@@ -1573,7 +1573,7 @@ impl Sim {
         let suspects = match run_to_end(&mut reactor, async move {
             flame_osd::store::recover(&fs2, &root).await
         }) {
-            Ok(s) => s,
+            Ok(s) => Arc::new(s),
             Err(e) => {
                 self.errors
                     .push(format!("osd.{i}: store recovery failed: {e}"));
@@ -1642,7 +1642,7 @@ impl Sim {
                 config: cfg.clone(),
                 recovery: recovery.clone(),
                 liveness: liveness.clone(),
-                restart_suspects: &suspects,
+                restart_doubt: &suspects,
                 service: Some(flame_osd::service_key::ServiceKeys::new(
                     self.service.clone(),
                 )),
