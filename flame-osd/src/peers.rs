@@ -75,6 +75,49 @@ pub struct Peers {
     me: EntityName,
 }
 
+/// One task's attempt to connect to a peer shard, noted in
+/// [`Peers::connecting`] so that other callers wait for it rather than open a
+/// second connection. It ends when dropped — its note removed, its waiters woken
+/// — however the attempt ends, also when the task making it is cancelled
+/// mid-connect (recovery drops the sibling copies of an object batch one of
+/// which failed). Ending it only after the awaited connect returned left a
+/// cancelled attempt's note behind for good: every later call to that peer
+/// waited on it forever, and the shard's recovery loop with it (seed 109).
+struct ConnectAttempt<'a> {
+    connecting: &'a RefCell<HashMap<(OsdId, u16), Rc<crate::ordering::Event>>>,
+    key: (OsdId, u16),
+    done: Rc<crate::ordering::Event>,
+}
+
+impl<'a> ConnectAttempt<'a> {
+    fn start(
+        connecting: &'a RefCell<HashMap<(OsdId, u16), Rc<crate::ordering::Event>>>,
+        key: (OsdId, u16),
+    ) -> ConnectAttempt<'a> {
+        let done = Rc::new(crate::ordering::Event::default());
+        connecting.borrow_mut().insert(key, done.clone());
+        ConnectAttempt {
+            connecting,
+            key,
+            done,
+        }
+    }
+}
+
+impl Drop for ConnectAttempt<'_> {
+    fn drop(&mut self) {
+        let mut connecting = self.connecting.borrow_mut();
+        if connecting
+            .get(&self.key)
+            .is_some_and(|e| Rc::ptr_eq(e, &self.done))
+        {
+            connecting.remove(&self.key);
+        }
+        drop(connecting);
+        self.done.set();
+    }
+}
+
 impl Peers {
     /// No connections yet; they open on first use. `max_inflight` is a
     /// client connection's in-flight bound (`max_inflight_per_connection`).
@@ -239,7 +282,7 @@ impl Peers {
     async fn get(self: &Rc<Self>, osd: &OsdInfo, shard: u16, epoch: Epoch) -> Result<Rc<Peer>, ()> {
         let key = (osd.id, shard);
         // Bounded: each round either returns or waits for another task's attempt,
-        // which ends within connect_timeout.
+        // which ends within connect_timeout (or when that task is cancelled).
         for _ in 0..4 {
             if let Some(p) = self.conns.borrow().get(&key)
                 && !p.calls.is_failed()
@@ -252,12 +295,9 @@ impl Peers {
                 ev.wait().await;
                 continue;
             }
-            let ev = Rc::new(crate::ordering::Event::default());
-            self.connecting.borrow_mut().insert(key, ev.clone());
-            let result = self.connect(osd, shard, epoch).await;
-            self.connecting.borrow_mut().remove(&key);
-            ev.set();
-            return result;
+            // Ended when dropped: also if this task is cancelled mid-connect.
+            let _attempt = ConnectAttempt::start(&self.connecting, key);
+            return self.connect(osd, shard, epoch).await;
         }
         Err(())
     }
@@ -453,6 +493,72 @@ mod tests {
             assert_eq!(who.entity.as_str(), "osd.7");
             assert_eq!(who.role, Role::Osd);
             assert_eq!(call.await, status::EAGAIN);
+        })
+        .unwrap();
+    }
+
+    /// A call cancelled while it connects (its task dropped, as recovery drops
+    /// the sibling copies of a batch one of which failed) does not leave the
+    /// later calls to that peer waiting for its attempt for good (seed 109: the
+    /// primary's recovery loop hung on its next call to the replica).
+    #[test]
+    fn a_call_cancelled_mid_connect_does_not_hold_the_later_ones() {
+        let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+        r.block_on(async move {
+            // Accepts nothing, answers no HELLO: each attempt ends after the
+            // connect timeout.
+            let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
+            let replica = OsdInfo {
+                id: OsdId(3),
+                addr: l.local_addr(),
+                shards: 1,
+                host: "h3".into(),
+                weight: 1.0,
+                up: true,
+                up_from: Epoch(1),
+                r#in: true,
+                metrics_addr: None,
+            };
+            let peers = Rc::new(Peers::new(
+                TransportKind::Tcp,
+                None,
+                Duration::from_millis(300),
+                Duration::from_millis(300),
+                256,
+                Rc::new(ShardMetrics::new(0)),
+                Arc::new(Liveness::new(1)),
+                None,
+                OsdId(7),
+            ));
+            let ping = Message::Ping {
+                id: RequestId(0),
+                epoch: Epoch(1),
+            };
+            let first = spawn({
+                let peers = peers.clone();
+                let replica = replica.clone();
+                let ping = ping.clone();
+                async move { peers.call(&replica, 0, Epoch(1), ping).await }
+            });
+            // The first call waits for the HELLO's answer; then it is cancelled.
+            reactor::sleep(Duration::from_millis(50)).await;
+            assert!(peers.connecting.borrow().contains_key(&(OsdId(3), 0)));
+            assert_eq!(first.cancel().await, None);
+            assert!(peers.connecting.borrow().is_empty());
+            let second = futures_lite::future::or(
+                async { Some(peers.call(&replica, 0, Epoch(1), ping).await) },
+                async {
+                    reactor::sleep(Duration::from_secs(3)).await;
+                    None
+                },
+            )
+            .await;
+            assert_eq!(
+                second,
+                Some(status::EAGAIN),
+                "the second call waited for the cancelled one's connection attempt"
+            );
+            drop(l);
         })
         .unwrap();
     }

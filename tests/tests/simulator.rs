@@ -292,6 +292,15 @@ fn a_recovery_source_with_a_rotted_block_repairs_it_instead_of_waiting() {
     all_pass([64, 159].map(SimConfig::legacy));
 }
 
+/// Seed 109: recovery cancelled a copy task of a failed batch while it was
+/// connecting to osd.2; the cancelled attempt stayed noted in
+/// `Peers::connecting`, so every later call of osd.0 to osd.2 waited on it for
+/// good, osd.0's recovery loop with them: its groups never became clean.
+#[test]
+fn a_call_cancelled_mid_connect_leaves_the_peer_reachable() {
+    all_pass([SimConfig::new(109)]);
+}
+
 /// Client operations of the replay check: enough for faults and many
 /// messages, few enough for the debug build's time.
 const REPLAY_OPS: u64 = 300;
