@@ -437,6 +437,36 @@ mod tests {
     use flame_common::reactor::{Reactor, ReactorConfig, spawn};
     use flame_common::transport::Listener;
 
+    /// osd.3, one shard, listening at `addr`.
+    fn replica_at(addr: std::net::SocketAddr) -> OsdInfo {
+        OsdInfo {
+            id: OsdId(3),
+            addr,
+            shards: 1,
+            host: "h3".into(),
+            weight: 1.0,
+            up: true,
+            up_from: Epoch(1),
+            r#in: true,
+            metrics_addr: None,
+        }
+    }
+
+    /// osd.7's peer table over TCP, 300 ms timeouts.
+    fn osd7_peers(keys: Option<ServiceKeys>) -> Rc<Peers> {
+        Rc::new(Peers::new(
+            TransportKind::Tcp,
+            None,
+            Duration::from_millis(300),
+            Duration::from_millis(300),
+            256,
+            Rc::new(ShardMetrics::new(0)),
+            Arc::new(Liveness::new(1)),
+            keys,
+            OsdId(7),
+        ))
+    }
+
     /// A replication connection's HELLO carries a ticket this OSD minted for
     /// its own entity (`osd.N`, role `osd`), which the replica's gate admits
     /// and names.
@@ -449,32 +479,12 @@ mod tests {
         let mut r = Reactor::new(ReactorConfig::default()).unwrap();
         r.block_on(async move {
             let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
-            let replica = OsdInfo {
-                id: OsdId(3),
-                addr: l.local_addr(),
-                shards: 1,
-                host: "h3".into(),
-                weight: 1.0,
-                up: true,
-                up_from: Epoch(1),
-                r#in: true,
-                metrics_addr: None,
-            };
+            let replica = replica_at(l.local_addr());
             let far = spawn(async move {
                 let c = l.accept().await.unwrap();
                 c.recv().await.unwrap()
             });
-            let peers = Rc::new(Peers::new(
-                TransportKind::Tcp,
-                None,
-                Duration::from_millis(300),
-                Duration::from_millis(300),
-                256,
-                Rc::new(ShardMetrics::new(0)),
-                Arc::new(Liveness::new(1)),
-                Some(keys.clone()),
-                OsdId(7),
-            ));
+            let peers = osd7_peers(Some(keys.clone()));
             let ping = Message::Ping {
                 id: RequestId(0),
                 epoch: Epoch(1),
@@ -508,28 +518,8 @@ mod tests {
             // Accepts nothing, answers no HELLO: each attempt ends after the
             // connect timeout.
             let l = Listener::bind(TransportKind::Tcp, "127.0.0.1:0".parse().unwrap()).unwrap();
-            let replica = OsdInfo {
-                id: OsdId(3),
-                addr: l.local_addr(),
-                shards: 1,
-                host: "h3".into(),
-                weight: 1.0,
-                up: true,
-                up_from: Epoch(1),
-                r#in: true,
-                metrics_addr: None,
-            };
-            let peers = Rc::new(Peers::new(
-                TransportKind::Tcp,
-                None,
-                Duration::from_millis(300),
-                Duration::from_millis(300),
-                256,
-                Rc::new(ShardMetrics::new(0)),
-                Arc::new(Liveness::new(1)),
-                None,
-                OsdId(7),
-            ));
+            let replica = replica_at(l.local_addr());
+            let peers = osd7_peers(None);
             let ping = Message::Ping {
                 id: RequestId(0),
                 epoch: Epoch(1),
