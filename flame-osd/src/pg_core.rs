@@ -794,9 +794,11 @@ mod tests {
         );
     }
 
-    /// A member whose first miss the log trimmed may lack anything: no source.
+    /// A member whose miss the log trimmed is no source for the bytes of the
+    /// missed write (the log remembers its range), nor for any byte once the
+    /// log cannot tell what it missed.
     #[test]
-    fn a_member_whose_miss_was_trimmed_is_no_source() {
+    fn a_member_whose_miss_was_trimmed_is_no_source_for_its_bytes() {
         let mut c = PgCore::new(2);
         let w = write(&mut c, 1, 0, 5);
         c.decide(&w, P, &SET);
@@ -815,9 +817,59 @@ mod tests {
         }
         let object = ObjectId {
             volume: VolumeId(1),
-            index: 7,
+            index: 0,
         };
         assert_eq!(c.repair_sources(&[R1, R2], object, 0, 4096), vec![R1]);
+        let other = ObjectId { index: 7, ..object };
+        assert_eq!(c.repair_sources(&[R1, R2], other, 0, 4096), vec![R1, R2]);
+        assert_eq!(
+            c.repair_sources(&[R1, R2], object, 32768, 4096),
+            vec![R1, R2]
+        );
+        // A catch-up overtaken by trimming: what R2 missed since is unknown.
+        c.log.recovered(R2, 0);
+        assert_eq!(c.repair_sources(&[R1, R2], other, 0, 4096), vec![R1]);
+    }
+
+    /// Found by the simulator (seed 396): a write to block 27 of an object
+    /// failed on both replicas (EAGAIN) and stayed on the primary only; the
+    /// log trimmed it before recovery backfilled them. Then bit rot struck
+    /// block 23 of the primary's copy. A member whose first miss was trimmed
+    /// counted as lacking every byte, so neither replica was a source for
+    /// block 23: a client read of it got EAGAIN for good, and so did the
+    /// backfill of each replica, which repairs the source's bad blocks first
+    /// from the other one — the group never healed. The log remembers the
+    /// ranges of trimmed misses: both replicas hold block 23.
+    #[test]
+    fn replicas_whose_trimmed_miss_is_elsewhere_repair_a_rotten_block() {
+        let mut c = PgCore::new(4);
+        let object = ObjectId {
+            volume: VolumeId(1),
+            index: 0,
+        };
+        let w = write(&mut c, 1, 23 * 4096, 5);
+        c.decide(&w, P, &SET);
+        c.complete(w, c.primacy(), P, status::OK, &all_ok(), &roles());
+        let w = write(&mut c, 2, 27 * 4096, 5);
+        c.decide(&w, P, &SET);
+        let failed = [(R1, status::EAGAIN), (R2, status::EAGAIN)];
+        c.complete(w, c.primacy(), P, status::OK, &failed, &roles());
+        // More writes elsewhere trim both.
+        for op in 3..=8 {
+            let w = write(&mut c, op, 0, 5);
+            c.decide(&w, P, &SET);
+            c.complete(w, c.primacy(), P, status::OK, &all_ok(), &roles());
+        }
+        assert!(c.log.first_seq() > 2, "the missed write was trimmed");
+        assert!(c.log.lags(R1) && c.log.lags(R2), "both still to backfill");
+        assert_eq!(
+            c.repair_sources(&[R1, R2], object, 23 * 4096, 4096),
+            vec![R1, R2]
+        );
+        assert_eq!(
+            c.repair_sources(&[R1, R2], object, 27 * 4096, 4096),
+            Vec::<OsdId>::new()
+        );
     }
 
     #[test]

@@ -50,6 +50,10 @@ use std::collections::BTreeMap;
 /// least recently trimmed is forgotten first.
 const TRIMMED_SESSIONS_MAX: usize = 1024;
 
+/// Ranges of trimmed entries remembered per member that missed them
+/// ([`PgLog::may_lack`]); a member that missed more may lack anything.
+const TRIMMED_MISSES_MAX: usize = 256;
+
 /// What an entry did to its byte range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -106,6 +110,16 @@ pub struct PgLog {
     /// Members this primary tracks: `None` = applied every entry since tracked;
     /// `Some(s)` = first entry not applied.
     tracked: HashMap<OsdId, Option<u64>>,
+    /// Per tracked member, the (object, offset, length) of every entry it missed
+    /// that this log has trimmed since: what it may lack beyond the retained
+    /// entries. A member absent here may lack anything at all (its misses were
+    /// trimmed unrecorded: a miss noted of an entry already trimmed, a catch-up
+    /// overtaken by trimming, more than [`TRIMMED_MISSES_MAX`] of them).
+    /// Without it a member whose one missed write was trimmed was no repair
+    /// source for any byte, and with every replica so the primary's rotten
+    /// block was repaired by neither reads nor recovery (simulator seed 396).
+    /// Bounded by the members times [`TRIMMED_MISSES_MAX`].
+    trimmed_misses: HashMap<OsdId, Vec<(ObjectId, u32, u32)>>,
     /// Members whose copy this primary made equal to its own since its primacy
     /// began (peering compared every object, or recovery caught them up). A
     /// complete member starts being tracked at the first write this primary
@@ -237,7 +251,33 @@ impl PgLog {
         while self.entries.len() > self.max {
             if let Some((s, e)) = self.entries.pop_first() {
                 self.trimmed_through = self.trimmed_through.max(s);
+                self.note_trimmed(&e);
                 self.unindex(&e);
+            }
+        }
+    }
+
+    /// Entry `e` leaves the log: the tracked members that missed it remember its
+    /// range ([`PgLog::trimmed_misses`]).
+    fn note_trimmed(&mut self, e: &LogEntry) {
+        for (id, t) in &self.tracked {
+            match *t {
+                // Missed nothing the log trimmed (an entry completed out of
+                // order may be trimmed below others already were).
+                None => self.trimmed_misses.entry(*id).or_default().clear(),
+                Some(first) if first > self.trimmed_through => {
+                    self.trimmed_misses.entry(*id).or_default().clear();
+                }
+                Some(_) if !e.applied.contains(id) => {
+                    if let Some(ranges) = self.trimmed_misses.get_mut(id) {
+                        if ranges.len() < TRIMMED_MISSES_MAX {
+                            ranges.push((e.object, e.offset, e.length));
+                        } else {
+                            self.trimmed_misses.remove(id);
+                        }
+                    }
+                }
+                Some(_) => {}
             }
         }
     }
@@ -325,6 +365,10 @@ impl PgLog {
         for (id, t) in self.tracked.iter_mut() {
             if !members.contains(id) {
                 note_miss(t, seq);
+                if seq <= self.trimmed_through && !self.entries.contains_key(&seq) {
+                    // A miss of an entry no longer here: its range is unknown.
+                    self.trimmed_misses.remove(id);
+                }
             }
         }
         if let Some(e) = self.entries.get_mut(&seq) {
@@ -390,7 +434,11 @@ impl PgLog {
         for id in roles.acting {
             // A complete member that this log does not track yet had every earlier
             // write (that is what complete means): track it from here.
-            let t = self.tracked.entry(*id).or_insert(None);
+            let t = self.tracked.entry(*id).or_insert_with(|| {
+                // Holds every earlier entry: none trimmed is missing.
+                self.trimmed_misses.insert(*id, Vec::new());
+                None
+            });
             if !applied(id) {
                 note_miss(t, seq);
             }
@@ -432,6 +480,7 @@ impl PgLog {
     pub fn reset_tracking(&mut self) {
         self.tracked.clear();
         self.synced.clear();
+        self.trimmed_misses.clear();
     }
 
     /// Peering made `member`'s copy equal to this primary's (every object
@@ -478,15 +527,26 @@ impl PgLog {
 
     /// Whether `member`'s copy of `[offset, offset+length)` of `object` may lack
     /// an entry of this log: it is tracked, and it missed an entry over those
-    /// bytes that catch-up has not brought it yet, or it missed one this log no
-    /// longer holds (so the log cannot tell which bytes). `false` for a member
-    /// not tracked: the log knows nothing against it.
+    /// bytes that catch-up has not brought it yet, retained or trimmed since
+    /// (the trimmed ones' ranges are remembered), or it missed a trimmed one
+    /// whose range the log does not know. `false` for a member not tracked: the
+    /// log knows nothing against it.
     pub fn may_lack(&self, member: OsdId, object: ObjectId, offset: u32, length: u32) -> bool {
         let Some(Some(first_missed)) = self.tracked.get(&member).copied() else {
             return false;
         };
         if first_missed <= self.trimmed_through {
-            return true;
+            match self.trimmed_misses.get(&member) {
+                None => return true,
+                Some(ranges) => {
+                    if ranges
+                        .iter()
+                        .any(|&(o, off, len)| o == object && overlaps(off, len, offset, length))
+                    {
+                        return true;
+                    }
+                }
+            }
         }
         self.entries.range(first_missed..).any(|(_, e)| {
             e.object == object
@@ -502,6 +562,7 @@ impl PgLog {
     pub fn forget_members(&mut self, keep: impl Fn(OsdId) -> bool) {
         self.tracked.retain(|m, _| keep(*m));
         self.synced.retain(|m| keep(*m));
+        self.trimmed_misses.retain(|m, _| keep(*m));
     }
 
     /// The client ops of the retained entries whose effect this copy still
@@ -661,8 +722,12 @@ impl PgLog {
     /// lags, and is backfilled rather than counted as holding them.
     pub fn recovered(&mut self, member: OsdId, through: u64) {
         let still_missing = if self.trimmed_through > through {
+            // Which of the trimmed entries above `through` it missed is unknown.
+            self.trimmed_misses.remove(&member);
             Some(through + 1)
         } else {
+            // Every entry it missed that the log trimmed is at or below `through`.
+            self.trimmed_misses.insert(member, Vec::new());
             self.entries
                 .range(through + 1..)
                 .find(|(_, e)| !e.applied.contains(&member))
@@ -774,6 +839,48 @@ mod tests {
     }
 
     const A: [OsdId; 3] = [OsdId(1), OsdId(2), OsdId(3)];
+
+    fn object(index: u64) -> ObjectId {
+        ObjectId {
+            volume: VolumeId(1),
+            index,
+        }
+    }
+
+    /// Simulator seed 396: the log remembers the ranges of the misses it trims,
+    /// so a member lacks those bytes only — also when an entry completed out
+    /// of order is trimmed below one already trimmed — and anything at all once
+    /// it missed an entry already gone.
+    #[test]
+    fn a_trimmed_miss_makes_a_member_lack_its_bytes_only() {
+        let mut log = PgLog::new(2);
+        let all = WriteSetRoles {
+            acting: &A,
+            recovering: &[],
+        };
+        let late = log.next_seq();
+        let s = log.next_seq();
+        log.record_primary(entry(s, 0, &[1, 2]), &all);
+        for i in 0..3 {
+            let s = log.next_seq();
+            log.record_primary(entry(s, 5 + i, &[1, 2, 3]), &all);
+        }
+        assert!(log.lags(OsdId(3)));
+        assert!(log.may_lack(OsdId(3), object(0), 0, 4096));
+        assert!(!log.may_lack(OsdId(3), object(1), 0, 4096));
+        assert!(!log.may_lack(OsdId(3), object(0), 4096, 4096));
+        // Completed out of order, below what was trimmed: the miss above stays.
+        log.record_primary(entry(late, 1, &[1, 2, 3]), &all);
+        assert!(log.may_lack(OsdId(3), object(0), 0, 4096));
+        assert!(!log.may_lack(OsdId(3), object(1), 0, 4096));
+        // A retry of a trimmed entry acknowledged without it: range unknown.
+        log.now_held_by(late, Epoch(0), [OsdId(1), OsdId(2)].into_iter());
+        assert!(log.may_lack(OsdId(3), object(1), 0, 4096));
+        assert!(log.may_lack(OsdId(3), object(9), 0, 4096));
+        // Caught up: lacks nothing.
+        log.recovered(OsdId(3), log.last_seq());
+        assert!(!log.may_lack(OsdId(3), object(0), 0, 4096));
+    }
 
     #[test]
     fn a_member_that_went_away_misses_exactly_the_entries_it_did_not_apply() {

@@ -301,6 +301,17 @@ fn a_call_cancelled_mid_connect_leaves_the_peer_reachable() {
     all_pass([SimConfig::new(109)]);
 }
 
+/// Seed 396: both replicas of pg.44 missed a write (EAGAIN) the log then
+/// trimmed, and bit rot struck another block of the primary's copy: a member
+/// whose miss was trimmed counted as lacking every byte, so neither replica was
+/// a source for the rotten block — reads of it got EAGAIN until they timed out,
+/// and the backfill of either replica, which repairs the block from the other
+/// first, never ran.
+#[test]
+fn a_trimmed_miss_elsewhere_leaves_a_replica_a_repair_source() {
+    all_pass([SimConfig::new(396)]);
+}
+
 /// Client operations of the replay check: enough for faults and many
 /// messages, few enough for the debug build's time.
 const REPLAY_OPS: u64 = 300;
