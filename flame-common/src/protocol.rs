@@ -808,7 +808,8 @@ pub enum Message {
     /// The objects of placement group `pg` that the receiving shard's restart left
     /// in doubt ([`OpCode::PgSuspects`]). The reply's payload is
     /// [`encode_object_list`], at most [`PG_LIST_MAX`] entries; a shard with more
-    /// answers `status::E2BIG` (the primary then backfills). Header: `pg`.
+    /// answers `status::E2BIG` (the primary then backfills). Header: `pg`;
+    /// `offset` 1 for `rebooted_only`.
     PgSuspects {
         /// Request id.
         id: RequestId,
@@ -816,6 +817,12 @@ pub enum Message {
         epoch: Epoch,
         /// The placement group.
         pg: PgId,
+        /// Only the objects whose doubt is a reboot's (the machine rebooted
+        /// since their writes, or the shard cannot tell) — not those of a
+        /// process crash, whose writes the page cache kept. A shard that does
+        /// not know the field answers every object: a superset, so a crash's
+        /// doubt is never claimed for a reboot's.
+        rebooted_only: bool,
     },
     /// The client ops of placement group `pg`'s log on the receiving shard
     /// ([`OpCode::PgLogOps`]). The reply's payload is [`encode_log_ops`].
@@ -1194,8 +1201,14 @@ impl Message {
                 length: *max,
                 ..base(OpCode::PgList as u8, *id, *epoch)
             },
-            Message::PgSuspects { id, epoch, pg } => Header {
+            Message::PgSuspects {
+                id,
+                epoch,
+                pg,
+                rebooted_only,
+            } => Header {
                 pg: pg.0,
+                offset: u32::from(*rebooted_only),
                 ..base(OpCode::PgSuspects as u8, *id, *epoch)
             },
             Message::PgLogOps { id, epoch, pg } => Header {
@@ -1562,6 +1575,15 @@ impl Message {
                 id,
                 epoch,
                 pg: PgId(h.pg),
+                rebooted_only: match h.offset {
+                    0 => false,
+                    1 => true,
+                    _ => {
+                        return Err(ProtocolError::Inconsistent(
+                            "pg_suspects selection is not 0 or 1",
+                        ));
+                    }
+                },
             },
             OpCode::PgLogOps => Message::PgLogOps {
                 id,
@@ -2144,6 +2166,13 @@ mod tests {
                 id,
                 epoch,
                 pg: PgId(4),
+                rebooted_only: false,
+            },
+            Message::PgSuspects {
+                id,
+                epoch,
+                pg: PgId(4),
+                rebooted_only: true,
             },
             Message::PgLogOps {
                 id,
@@ -2509,6 +2538,33 @@ mod tests {
         fix_checksums(&mut b);
         assert!(matches!(
             Message::decode(&b),
+            Err(ProtocolError::Inconsistent(_))
+        ));
+    }
+
+    /// PG_SUSPECTS's selection rides in `offset` (0 every object, 1 a reboot's
+    /// only); another value is refused, not read as either.
+    #[test]
+    fn pg_suspects_selection_is_offset_0_or_1() {
+        for (rebooted_only, offset) in [(false, 0u32), (true, 1)] {
+            let m = Message::PgSuspects {
+                id: RequestId(3),
+                epoch: Epoch(2),
+                pg: PgId(9),
+                rebooted_only,
+            };
+            let (h, _) = m.to_header();
+            assert_eq!((h.offset, h.pg), (offset, 9));
+            assert_eq!(Message::decode(&m.encode()).unwrap().unwrap().0, m);
+        }
+        let h = Header {
+            opcode: OpCode::PgSuspects as u8,
+            offset: 2,
+            ..Default::default()
+        };
+        let h = Header::decode(&h.encode()).unwrap();
+        assert!(matches!(
+            Message::from_parts(&h, PayloadBuf::empty()),
             Err(ProtocolError::Inconsistent(_))
         ));
     }

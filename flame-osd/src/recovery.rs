@@ -540,17 +540,20 @@ impl Shard {
     }
 
     /// The objects of `pg` that `member`'s last restart left in doubt
-    /// ([`Message::PgSuspects`]).
+    /// ([`Message::PgSuspects`]); with `rebooted_only`, only those whose doubt
+    /// is a reboot's (a member that does not know the selection answers all).
     async fn member_suspects(
         self: &Rc<Self>,
         view: &MapView,
         pg: PgId,
         member: OsdId,
+        rebooted_only: bool,
     ) -> Result<Vec<ObjectId>, i32> {
         let msg = Message::PgSuspects {
             id: RequestId(0),
             epoch: view.map.epoch,
             pg,
+            rebooted_only,
         };
         self.ask_object_list(view, member, pg, msg).await
     }
@@ -1003,7 +1006,7 @@ impl Shard {
         // not made stable, which a power cut may have taken although this log says
         // it applied them. Copied whole first (too many: backfill).
         let mut backfill_anyway = false;
-        match self.member_suspects(view, pg, member).await {
+        match self.member_suspects(view, pg, member, false).await {
             Ok(suspects) if !suspects.is_empty() => {
                 let objects = suspects.into_iter().map(|o| (o, None)).collect();
                 volumes.extend(

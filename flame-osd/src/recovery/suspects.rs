@@ -78,7 +78,7 @@ impl Shard {
         let mine = self.suspects.borrow().objects(pg);
         let mut others: Vec<(OsdId, PeerDoubt)> = Vec::new();
         for &member in members.acting.iter().filter(|&&m| m != self.osd) {
-            match self.member_suspects(view, pg, member).await {
+            match self.member_suspects(view, pg, member, false).await {
                 Ok(objects) => {
                     others.push((member, PeerDoubt::Objects(objects.into_iter().collect())))
                 }
@@ -264,7 +264,7 @@ impl Shard {
         member: OsdId,
         job: (Epoch, u64),
     ) -> Result<(), JobError> {
-        let volumes = match self.member_suspects(view, pg, member).await {
+        let volumes = match self.member_suspects(view, pg, member, false).await {
             Ok(objects) if objects.is_empty() => return Ok(()),
             Ok(objects) => {
                 let objects = objects.into_iter().map(|o| (o, None)).collect();
