@@ -45,10 +45,13 @@ fn sync_data_fs(data_dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot open data_dir {}: {e}", data_dir.display()))?;
     // SAFETY: syncfs on a descriptor we own.
     if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        // The kernel reports a writeback error once: the next start would
+        // not see it, so it must take what the journals name for lost.
+        let error = std::io::Error::last_os_error();
+        store::doubt_record::mark_writeback_failed(data_dir);
         return Err(format!(
-            "syncfs of {} failed: {}; refusing to serve data that may not be stable",
+            "syncfs of {} failed: {error}; refusing to serve data that may not be stable",
             data_dir.display(),
-            std::io::Error::last_os_error()
         ));
     }
     Ok(())

@@ -291,11 +291,19 @@ impl Shard {
                     }
                 }
             }
-            Message::PgSuspects { pg, .. } => {
+            Message::PgSuspects {
+                pg, rebooted_only, ..
+            } => {
                 if !self.holds(&view, *pg) {
                     return (status::ESTALE, PayloadBuf::empty());
                 }
-                let suspects = self.suspects.borrow().objects(*pg);
+                let suspects = if *rebooted_only {
+                    self.suspects
+                        .borrow()
+                        .objects_of(*pg, crate::restart_suspects::Cause::Reboot)
+                } else {
+                    self.suspects.borrow().objects(*pg)
+                };
                 if suspects.len() > protocol::PG_LIST_MAX as usize {
                     return (status::E2BIG, PayloadBuf::empty());
                 }

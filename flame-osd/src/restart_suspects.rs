@@ -25,15 +25,38 @@
 //! Without the second rule a copy that lost writes served them one write old
 //! (simulator seeds 42219 and 44034). This type makes those decisions and does
 //! no I/O.
+//!
+//! Each object's doubt has a [`Cause`]: the machine rebooted since the write (a
+//! power cut may have taken it), or only the process stopped (kill -9: the page
+//! cache kept it, and start-up made it stable). When every complete copy is up
+//! and in doubt, a copy that only crashed is the source for one that rebooted
+//! (simulator seed 58: the primary lost power and the other copy was killed;
+//! the primary kept its own bytes, a write old, and copied them over the one
+//! that had kept the acknowledged write).
 
 use flame_common::ids::{ObjectId, OsdId, PgId};
 use flame_common::placement::PgMembers;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Why a copy is in doubt about an object: what may have happened to the
+/// writes no FLUSH covered. Ordered: a doubt with both causes is a reboot's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cause {
+    /// Only the process stopped since the write (kill -9, a crash) — the
+    /// machine did not reboot (its boot id is the same), so the page cache kept
+    /// every write the process acknowledged and start-up made them stable (a
+    /// writeback error stops start-up: the daemon's `syncfs`). Nothing lost; in
+    /// doubt only in that a copy sure of the object is preferred.
+    Crash,
+    /// The machine rebooted since the write (a power cut, say), or this copy
+    /// cannot tell: any block may be older than what this copy acknowledged.
+    Reboot,
+}
+
 /// The doubt about one group.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Doubt {
-    objects: BTreeSet<ObjectId>,
+    objects: BTreeMap<ObjectId, Cause>,
     /// A map has shown this copy recovering since the start: the next map that
     /// shows it complete comes from a primary that recovered it.
     seen_recovering: bool,
@@ -46,11 +69,18 @@ pub struct RestartSuspects {
 }
 
 impl RestartSuspects {
-    /// The doubt recovery found at start-up. Bounded by the journal.
-    pub fn new(objects: &[(PgId, ObjectId)]) -> RestartSuspects {
+    /// The doubt recovery found at start-up, with its causes. Bounded by the
+    /// record ([`crate::store::doubt_record`]).
+    pub fn new(objects: &[(PgId, ObjectId, Cause)]) -> RestartSuspects {
         let mut groups: BTreeMap<PgId, Doubt> = BTreeMap::new();
-        for &(pg, object) in objects {
-            groups.entry(pg).or_default().objects.insert(object);
+        for &(pg, object, cause) in objects {
+            let c = groups
+                .entry(pg)
+                .or_default()
+                .objects
+                .entry(object)
+                .or_insert(cause);
+            *c = (*c).max(cause);
         }
         RestartSuspects { groups }
     }
@@ -65,7 +95,29 @@ impl RestartSuspects {
     pub fn objects(&self, pg: PgId) -> Vec<ObjectId> {
         self.groups
             .get(&pg)
-            .map(|d| d.objects.iter().copied().collect())
+            .map(|d| d.objects.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The suspect objects of `pg` whose cause is `cause`, in order.
+    pub fn objects_of(&self, pg: PgId, cause: Cause) -> Vec<ObjectId> {
+        self.groups
+            .get(&pg)
+            .map(|d| {
+                d.objects
+                    .iter()
+                    .filter(|(_, c)| **c == cause)
+                    .map(|(o, _)| *o)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The suspect objects of `pg` with their causes, in order.
+    pub fn causes(&self, pg: PgId) -> Vec<(ObjectId, Cause)> {
+        self.groups
+            .get(&pg)
+            .map(|d| d.objects.iter().map(|(o, c)| (*o, *c)).collect())
             .unwrap_or_default()
     }
 
@@ -169,11 +221,24 @@ mod tests {
         }
     }
 
+    const R: Cause = Cause::Reboot;
+    const C: Cause = Cause::Crash;
+
     #[test]
     fn start_up_doubt_is_grouped_and_answered_in_order() {
-        let s = RestartSuspects::new(&[(PG, obj(2)), (PG, obj(1)), (PgId(1), obj(9))]);
+        let s = RestartSuspects::new(&[
+            (PG, obj(2), C),
+            (PG, obj(1), R),
+            (PgId(1), obj(9), C),
+            // Named twice: a reboot's doubt wins.
+            (PG, obj(2), R),
+            (PG, obj(3), C),
+        ]);
         assert!(s.has(PG) && s.has(PgId(1)) && !s.has(PgId(2)));
-        assert_eq!(s.objects(PG), vec![obj(1), obj(2)]);
+        assert_eq!(s.objects(PG), vec![obj(1), obj(2), obj(3)]);
+        assert_eq!(s.objects_of(PG, R), vec![obj(1), obj(2)]);
+        assert_eq!(s.objects_of(PG, C), vec![obj(3)]);
+        assert_eq!(s.causes(PgId(1)), vec![(obj(9), C)]);
         assert_eq!(s.pgs(), vec![PgId(1), PG]);
         assert!(!RestartSuspects::new(&[]).has(PG));
     }
@@ -182,7 +247,7 @@ mod tests {
     /// copies: no map settles its doubt, only its own pull (seeds 42219, 44034).
     #[test]
     fn a_copy_that_stayed_complete_keeps_its_doubt_until_it_pulled() {
-        let mut s = RestartSuspects::new(&[(PG, obj(1))]);
+        let mut s = RestartSuspects::new(&[(PG, obj(1), R)]);
         assert!(!s.on_map(ME, PG, &members(&[3, 1], &[])));
         assert!(!s.on_map(ME, PG, &members(&[1, 3], &[])));
         assert!(s.has(PG));
@@ -194,7 +259,7 @@ mod tests {
     /// Taken out and recovered: the primary copied the suspects whole.
     #[test]
     fn recovering_then_complete_settles_the_doubt() {
-        let mut s = RestartSuspects::new(&[(PG, obj(1)), (PgId(1), obj(2))]);
+        let mut s = RestartSuspects::new(&[(PG, obj(1), R), (PgId(1), obj(2), C)]);
         assert!(!s.on_map(ME, PG, &members(&[1], &[3])));
         assert!(s.has(PG), "still answered to the primary that recovers it");
         // Another group's map does not touch this one.
@@ -230,7 +295,7 @@ mod tests {
     /// Recovering, then down again (not in acting): still in doubt.
     #[test]
     fn recovering_then_gone_keeps_the_doubt() {
-        let mut s = RestartSuspects::new(&[(PG, obj(1))]);
+        let mut s = RestartSuspects::new(&[(PG, obj(1), R)]);
         s.on_map(ME, PG, &members(&[1], &[3]));
         assert!(!s.on_map(ME, PG, &members(&[1], &[])));
         assert!(s.has(PG));

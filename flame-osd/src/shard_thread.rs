@@ -148,7 +148,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
     // the manager took this copy out (it is recovering: its recovery settles
     // the doubt) or kept it complete (it settles the doubt itself).
     let mut suspects =
-        crate::restart_suspects::RestartSuspects::new(&parts.restart_doubt.objects());
+        crate::restart_suspects::RestartSuspects::new(&parts.restart_doubt.entries());
     for pg in suspects.pgs() {
         suspects.on_map(parts.osd, pg, view.table.pg(pg));
     }

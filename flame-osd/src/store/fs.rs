@@ -57,6 +57,30 @@ pub enum File {
     Sim(Rc<SimFs>, Rc<SimFile>),
 }
 
+/// Which boot of the machine a process runs in: the kernel's boot id, new at
+/// every boot (a power cut's too) and the same for every process of one boot.
+/// Two processes of one boot share the page cache: what one wrote, the next
+/// reads, and a crash of the first loses none of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BootId(pub [u8; 16]);
+
+impl BootId {
+    /// Parses `/proc/sys/kernel/random/boot_id` (a UUID, 32 hex digits and
+    /// dashes); `None` for anything else, or the all-zero id.
+    pub fn parse(text: &str) -> Option<BootId> {
+        let hex: Vec<u8> = text.trim().bytes().filter(|&b| b != b'-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            let digits = std::str::from_utf8(pair).ok()?;
+            id[i] = u8::from_str_radix(digits, 16).ok()?;
+        }
+        (id != [0; 16]).then_some(BootId(id))
+    }
+}
+
 fn is_aligned(offset: u64, len: usize) -> bool {
     offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
 }
@@ -73,6 +97,33 @@ impl Fs {
     pub fn fail_stop(&self) {
         if let Fs::Sim(sim) = self {
             sim.fail_stop();
+        }
+    }
+
+    /// The boot this process runs in: `/proc/sys/kernel/random/boot_id`, or
+    /// the simulated disk's boot counter (a power cut starts a new boot, a
+    /// process kill does not). `None` when it cannot be read (no procfs): the
+    /// caller then cannot tell a crash from a reboot.
+    pub async fn boot_id(&self) -> Option<BootId> {
+        match self {
+            Fs::Real { .. } => {
+                let read = blocking(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id"))
+                    .await
+                    .and_then(|r| r);
+                match read {
+                    Ok(text) => BootId::parse(&text),
+                    Err(e) => {
+                        tracing::warn!("cannot read the kernel's boot id: {e}");
+                        None
+                    }
+                }
+            }
+            Fs::Sim(sim) => {
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&sim.boot.get().to_le_bytes());
+                id[8] = 0xb0;
+                Some(BootId(id))
+            }
         }
     }
 
@@ -625,6 +676,8 @@ pub struct SimFs {
     /// The store met an error it stops the process for (a failed sync or write:
     /// `ObjectStore::sync_failed`); the simulator then kills the process.
     fail_stopped: Cell<bool>,
+    /// The machine's boot: [`SimFs::power_cut`] starts the next one.
+    boot: Cell<u64>,
 }
 
 /// The simulated disk's latency: a data operation (read, write, sync, allocate)
@@ -844,7 +897,8 @@ impl SimFs {
 
     /// The power comes back: every page not made stable was either written by the
     /// disk before the cut or lost (chosen by `keep`, called once per such page), a
-    /// file whose name was never made stable is lost, and operations work again.
+    /// file whose name was never made stable is lost, and operations work again,
+    /// in the machine's next boot ([`Fs::boot_id`]).
     pub fn power_cut(&self, keep: &mut impl FnMut() -> bool) {
         self.files.borrow_mut().retain(|_, f| {
             let survives = f.name_stable.get() || keep();
@@ -855,6 +909,7 @@ impl SimFs {
         });
         self.dead.set(false);
         self.ops_left.set(None);
+        self.boot.set(self.boot.get() + 1);
     }
 }
 

@@ -530,6 +530,7 @@ impl ObjectStore {
             "{what} failed: {e}; stopping this OSD so no write is acknowledged as stable when it is not"
         );
         eprintln!("flame-osd: {what} failed: {e}; stopping");
+        doubt_record::mark_writeback_failed(&self.root);
         std::process::exit(EXIT_STORAGE_FAILED)
     }
 
@@ -1372,10 +1373,27 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
     // The doubt outlives the journals that named it, until a primary settles it
     // (seeds 369, 414: a second restart found reset journals and no doubt).
     let stored = doubt_record::read(fs, root).await?;
+    // The record names the boot of the process that wrote it at its start,
+    // the one whose writes the journals name (it reset them after): in this
+    // boot still, the machine did not reboot since — the page cache kept
+    // those writes and the syncs above made them stable; they may only have
+    // been lost if the machine rebooted (seed 58), or if this cannot tell.
+    // A sync that failed (the process stopped for it, or start-up's syncfs
+    // reported it) may have cost pages the kernel could not write: a reboot's
+    // doubt, although the boot is the same.
+    let boot = fs.boot_id().await;
+    let marker = doubt_record::writeback_failed_path(root);
+    let writeback_failed = fs.open(&marker, false).await?.is_some();
+    let cause = if boot.is_some() && boot == stored.boot && !writeback_failed {
+        doubt_record::Cause::Crash
+    } else {
+        doubt_record::Cause::Reboot
+    };
     let mut doubt = stored.doubt;
-    let earlier: usize = doubt.values().map(BTreeSet::len).sum();
+    let earlier = doubt_record::count(&doubt);
+    let named = recomputed.len();
     for (pg, object) in recomputed {
-        doubt.entry(pg).or_default().insert(object);
+        doubt_record::add(&mut doubt, pg, object, cause);
     }
     if earlier > 0 {
         tracing::info!(
@@ -1383,29 +1401,43 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
             "earlier restarts left objects in doubt that no primary settled: still in doubt"
         );
     }
-    // No doubt now means none before either (it only grows here): nothing to
-    // write.
-    let record = if doubt.is_empty() {
-        doubt_record::DoubtRecord::new(root, doubt, stored.generation, stored.next_file, true)
+    if named > 0 {
+        tracing::info!(
+            objects = named,
+            ?cause,
+            "the intent journals name objects written since their last flush"
+        );
+    }
+    // No doubt now means none before either (it only grows here), and a record
+    // of this boot says what the next start needs: nothing to write.
+    let record = if doubt.is_empty() && (boot.is_none() || boot == stored.boot) {
+        doubt_record::DoubtRecord::new(root, boot, doubt, stored.generation, stored.next_file, true)
     } else {
         let generation = stored.generation + 1;
-        match doubt_record::write(fs, root, stored.next_file, generation, &doubt).await {
-            Ok(()) => {
-                doubt_record::DoubtRecord::new(root, doubt, generation, 1 - stored.next_file, true)
-            }
+        match doubt_record::write(fs, root, stored.next_file, generation, boot, &doubt).await {
+            Ok(()) => doubt_record::DoubtRecord::new(
+                root,
+                boot,
+                doubt,
+                generation,
+                1 - stored.next_file,
+                true,
+            ),
             // A full disk does not keep the OSD down (it serves reads, and
             // frees space for writes once the manager stops placing new data
             // on it); the record is written once there is room
             // (`DoubtRecord::persist`). Until then a second restart would not
-            // know this one's doubt — what the journals alone gave before.
+            // know this one's doubt — what the journals alone gave before —
+            // and would take the journals' doubt for a reboot's.
             Err(e) if e.kind() == io::ErrorKind::StorageFull => {
                 tracing::error!(
-                    objects = doubt.values().map(BTreeSet::len).sum::<usize>(),
+                    objects = doubt_record::count(&doubt),
                     "cannot write the restart-doubt record (disk full): written once there \
                      is room; a restart before then forgets this doubt"
                 );
                 doubt_record::DoubtRecord::new(
                     root,
+                    boot,
                     doubt,
                     stored.generation,
                     stored.next_file,
@@ -1417,6 +1449,12 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
     };
     for name in &journals {
         journal::reset_file(fs, &jdir.join(name)).await?;
+    }
+    // The journals' doubt is recorded as a reboot's (or, on a full disk, lost
+    // with the process, and then a reboot's again — the record names an
+    // older boot or this one with the objects written since).
+    if writeback_failed {
+        fs.unlink(&marker, false).await?;
     }
     Ok(record)
 }

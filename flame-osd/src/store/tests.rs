@@ -980,6 +980,100 @@ fn a_restarts_doubt_outlives_a_second_restart_until_it_is_settled() {
     .unwrap();
 }
 
+/// Seed 58: a copy killed with kill -9 kept its acknowledged writes (page
+/// cache), one that lost power may not have; start-up could not tell them
+/// apart, and a primary that lost power kept its own stale bytes over the
+/// killed copy's. The record names the boot of the process that wrote the
+/// journals: the same boot at start-up means a crash's doubt, another (or none
+/// known) a reboot's, and each object keeps its cause across restarts.
+#[test]
+fn a_restart_in_the_same_boot_is_a_crashs_doubt_and_after_a_power_cut_a_reboots() {
+    use doubt_record::Cause::{Crash, Reboot};
+    let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+    r.block_on(async {
+        let (sim, fs, root) = sim_dir();
+        let write = |i: u64| {
+            let s = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
+            async move {
+                s.write(
+                    PG,
+                    obj(i),
+                    0,
+                    PayloadBuf::copy_from(&[i as u8; BLOCK]),
+                    false,
+                )
+                .await
+                .unwrap();
+            }
+        };
+        let sorted = |r: &doubt_record::DoubtRecord| {
+            let mut v = r.entries();
+            v.sort();
+            v
+        };
+        // Never started before: no record names a boot, so no crash can be
+        // told from a reboot.
+        write(1).await;
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(sorted(&record), vec![(PG, obj(1), Reboot)]);
+        // Killed (the page cache stays), restarted in the same boot.
+        write(2).await;
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(
+            sorted(&record),
+            vec![(PG, obj(1), Reboot), (PG, obj(2), Crash)]
+        );
+        // Power cut: what this process wrote is a reboot's doubt; what the
+        // crash left stays a crash's (start-up made it stable, and no write
+        // since touched it).
+        write(3).await;
+        sim.power_cut(&mut || true);
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(
+            sorted(&record),
+            vec![
+                (PG, obj(1), Reboot),
+                (PG, obj(2), Crash),
+                (PG, obj(3), Reboot)
+            ]
+        );
+        // Written again after the crash, then a power cut: a reboot's doubt.
+        record.settle(PG);
+        record.persist(&fs).await.unwrap();
+        write(2).await;
+        sim.power_cut(&mut || true);
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(sorted(&record), vec![(PG, obj(2), Reboot)]);
+        record.settle(PG);
+        record.persist(&fs).await.unwrap();
+        // No doubt left, and a start after a power cut names its boot (a
+        // record with no objects), so a kill after it is told from a reboot.
+        sim.power_cut(&mut || true);
+        assert!(recover(&fs, &root).await.unwrap().objects().is_empty());
+        write(4).await;
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(sorted(&record), vec![(PG, obj(4), Crash)]);
+        record.settle(PG);
+        record.persist(&fs).await.unwrap();
+        // A sync failed before the process stopped (a writeback error, which
+        // the kernel reports once): in the same boot still, a reboot's doubt,
+        // once; the marker goes with it.
+        write(5).await;
+        let marker = doubt_record::writeback_failed_path(&root);
+        fs.open(&marker, true).await.unwrap();
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(sorted(&record), vec![(PG, obj(5), Reboot)]);
+        assert!(fs.open(&marker, false).await.unwrap().is_none());
+        write(6).await;
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(
+            sorted(&record),
+            vec![(PG, obj(5), Reboot), (PG, obj(6), Crash)]
+        );
+    })
+    .unwrap();
+}
+
 /// A journal header that does not decode at start-up was taken as an empty
 /// journal: the objects it named kept their stale checksums (EIO later, and not
 /// in doubt, so not copied again).
