@@ -36,7 +36,7 @@
 
 use flame_common::ids::{ObjectId, OsdId, PgId};
 use flame_common::placement::PgMembers;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Why a copy is in doubt about an object: what may have happened to the
 /// writes no FLUSH covered. Ordered: a doubt with both causes is a reboot's.
@@ -154,12 +154,12 @@ impl RestartSuspects {
     }
 }
 
-/// What one other complete copy up is in doubt about itself (its answer to
+/// What one other complete copy up is in doubt about itself (its answers to
 /// `PG_SUSPECTS`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerDoubt {
-    /// These objects (possibly none).
-    Objects(BTreeSet<ObjectId>),
+    /// These objects (possibly none), each with its cause.
+    Objects(BTreeMap<ObjectId, Cause>),
     /// More than one answer can list: in doubt about everything, as far as
     /// this copy can tell.
     TooMany,
@@ -168,7 +168,9 @@ pub enum PeerDoubt {
 /// Where a suspect object of this copy, the group's primary, is settled from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
-    /// From this complete copy up, which is sure of it.
+    /// From this complete copy up, which is sure of it — or, when every
+    /// complete copy is up and in doubt and this one's doubt is a reboot's,
+    /// which only crashed (kept what it acknowledged).
     PullFrom(OsdId),
     /// Not now: no complete copy up is sure of it, but complete copies are down
     /// and one of them may hold acknowledged writes this one lost. The group
@@ -176,22 +178,37 @@ pub enum Settle {
     /// operator who knows they are gone marks them lost).
     Wait,
     /// This copy's stays: every complete copy there is is up and in doubt about
-    /// it too (they all restarted; what none of them kept, no copy has).
+    /// it too (they all restarted; what none of them kept, no copy has), and
+    /// none of them only crashed where this one rebooted.
     Keep,
 }
 
-/// Chooses where `object` is settled from: the first complete copy up (in
-/// `others`' order) that is sure of it; else wait while complete copies are
-/// down (`down_complete`); else keep this one.
-pub fn settle(object: ObjectId, others: &[(OsdId, PeerDoubt)], down_complete: usize) -> Settle {
-    let sure = others.iter().find_map(|(osd, d)| match d {
-        PeerDoubt::Objects(o) if !o.contains(&object) => Some(*osd),
-        _ => None,
-    });
-    match sure {
-        Some(osd) => Settle::PullFrom(osd),
-        None if down_complete > 0 => Settle::Wait,
-        None => Settle::Keep,
+/// Chooses where `object`, in doubt here for `mine`, is settled from: the
+/// first complete copy up (in `others`' order) that is sure of it; else wait
+/// while complete copies are down (`down_complete`); else, if this copy
+/// rebooted, the first that only crashed (it kept every write it acknowledged:
+/// seed 58); else keep this one.
+pub fn settle(
+    object: ObjectId,
+    mine: Cause,
+    others: &[(OsdId, PeerDoubt)],
+    down_complete: usize,
+) -> Settle {
+    let first = |wanted: Option<Cause>| {
+        others.iter().find_map(|(osd, d)| match d {
+            PeerDoubt::Objects(o) if o.get(&object).copied() == wanted => Some(*osd),
+            _ => None,
+        })
+    };
+    if let Some(osd) = first(None) {
+        return Settle::PullFrom(osd);
+    }
+    if down_complete > 0 {
+        return Settle::Wait;
+    }
+    match mine {
+        Cause::Reboot => first(Some(Cause::Crash)).map_or(Settle::Keep, Settle::PullFrom),
+        Cause::Crash => Settle::Keep,
     }
 }
 
@@ -271,25 +288,59 @@ mod tests {
         assert!(!s.on_map(ME, PG, &members(&[1, 3], &[])));
     }
 
+    fn doubt(v: &[(u64, Cause)]) -> PeerDoubt {
+        PeerDoubt::Objects(v.iter().map(|&(i, c)| (obj(i), c)).collect())
+    }
+
     #[test]
     fn a_suspect_is_pulled_from_a_copy_that_is_sure_of_it_or_waits_for_one() {
-        let doubt = |v: &[u64]| PeerDoubt::Objects(v.iter().map(|&i| obj(i)).collect());
         let others = vec![
-            (OsdId(1), doubt(&[1])),
+            (OsdId(1), doubt(&[(1, R)])),
             (OsdId(2), PeerDoubt::TooMany),
             (OsdId(4), doubt(&[])),
         ];
         // osd.1 suspects obj(1) too; osd.2 can tell nothing: osd.4.
-        assert_eq!(settle(obj(1), &others, 0), Settle::PullFrom(OsdId(4)));
-        assert_eq!(settle(obj(2), &others, 1), Settle::PullFrom(OsdId(1)));
+        assert_eq!(settle(obj(1), R, &others, 0), Settle::PullFrom(OsdId(4)));
+        assert_eq!(settle(obj(2), R, &others, 1), Settle::PullFrom(OsdId(1)));
+        // A copy sure of it beats one that only crashed, whatever this one's cause.
+        let crashed_first = vec![(OsdId(1), doubt(&[(1, C)])), (OsdId(4), doubt(&[]))];
+        assert_eq!(
+            settle(obj(1), R, &crashed_first, 0),
+            Settle::PullFrom(OsdId(4))
+        );
+        assert_eq!(
+            settle(obj(1), C, &crashed_first, 0),
+            Settle::PullFrom(OsdId(4))
+        );
         // Nobody up is sure. A complete copy down may hold the lost writes
         // (simulator seed 44034: the only complete copy up had restarted).
-        let unsure = vec![(OsdId(1), doubt(&[1])), (OsdId(2), PeerDoubt::TooMany)];
-        assert_eq!(settle(obj(1), &unsure, 1), Settle::Wait);
-        assert_eq!(settle(obj(1), &[], 2), Settle::Wait);
+        let unsure = vec![(OsdId(1), doubt(&[(1, R)])), (OsdId(2), PeerDoubt::TooMany)];
+        assert_eq!(settle(obj(1), R, &unsure, 1), Settle::Wait);
+        assert_eq!(settle(obj(1), R, &[], 2), Settle::Wait);
         // Every complete copy is up and in doubt, or this is the only one.
-        assert_eq!(settle(obj(1), &unsure, 0), Settle::Keep);
-        assert_eq!(settle(obj(1), &[], 0), Settle::Keep);
+        assert_eq!(settle(obj(1), R, &unsure, 0), Settle::Keep);
+        assert_eq!(settle(obj(1), C, &unsure, 0), Settle::Keep);
+        assert_eq!(settle(obj(1), R, &[], 0), Settle::Keep);
+    }
+
+    /// Seed 58: every complete copy up and in doubt; this one (the primary)
+    /// lost power, another was only killed and kept the acknowledged write.
+    /// That one is the source; one that crashed too keeps its own.
+    #[test]
+    fn among_copies_all_in_doubt_one_that_only_crashed_is_the_source() {
+        let others = vec![
+            (OsdId(1), doubt(&[(1, R), (2, R)])),
+            (OsdId(2), PeerDoubt::TooMany),
+            (OsdId(4), doubt(&[(1, C), (2, R)])),
+        ];
+        assert_eq!(settle(obj(1), R, &others, 0), Settle::PullFrom(OsdId(4)));
+        // Every copy rebooted: none kept more than another.
+        assert_eq!(settle(obj(2), R, &others, 0), Settle::Keep);
+        // This copy only crashed: it kept what it acknowledged.
+        assert_eq!(settle(obj(1), C, &others, 0), Settle::Keep);
+        assert_eq!(settle(obj(2), C, &others, 0), Settle::Keep);
+        // Complete copies down: they may be sure of it; wait as before.
+        assert_eq!(settle(obj(1), R, &others, 1), Settle::Wait);
     }
 
     /// Recovering, then down again (not in acting): still in doubt.

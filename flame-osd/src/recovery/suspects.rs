@@ -5,7 +5,7 @@
 
 use super::{BLOCK, JobError, differing_ranges};
 use crate::pg::MapView;
-use crate::restart_suspects::{PeerDoubt, Settle, settle};
+use crate::restart_suspects::{Cause, PeerDoubt, Settle, settle};
 use crate::shard::Shard;
 use flame_common::ids::{Epoch, ObjectId, OsdId, PgId};
 use flame_common::placement::PgMembers;
@@ -75,20 +75,18 @@ impl Shard {
         members: &PgMembers,
     ) -> Result<(), i32> {
         debug_assert_eq!(members.primary(), Some(self.osd));
-        let mine = self.suspects.borrow().objects(pg);
+        let mine = self.suspects.borrow().causes(pg);
         let mut others: Vec<(OsdId, PeerDoubt)> = Vec::new();
         for &member in members.acting.iter().filter(|&&m| m != self.osd) {
-            match self.member_suspects(view, pg, member, false).await {
-                Ok(objects) => {
-                    others.push((member, PeerDoubt::Objects(objects.into_iter().collect())))
-                }
+            match self.member_doubt(view, pg, member).await {
+                Ok(doubt) => others.push((member, doubt)),
                 Err(status::E2BIG) => others.push((member, PeerDoubt::TooMany)),
                 Err(st) => return Err(st),
             }
         }
         let (mut replaced, mut kept) = (0u64, 0u64);
-        for object in mine {
-            match settle(object, &others, members.down_complete.len()) {
+        for (object, cause) in mine {
+            match settle(object, cause, &others, members.down_complete.len()) {
                 Settle::PullFrom(source) => {
                     if self.pull_object(view, pg, object, source, None).await? {
                         replaced += 1;
@@ -120,12 +118,46 @@ impl Shard {
             }
         }
         if kept > 0 {
-            tracing::warn!(%pg, objects = kept, "every complete copy is in doubt about these objects; this copy's stay");
+            tracing::warn!(%pg, objects = kept, "every complete copy is in doubt about these objects (none kept what this one may have lost); this copy's stay");
         }
         tracing::info!(%pg, replaced, kept, "objects this restart left in doubt settled from the other complete copies");
         self.suspects.borrow_mut().settled(pg);
         self.doubt_record.settle(pg);
         Ok(())
+    }
+
+    /// What `member`'s restart left it in doubt about in `pg`, with causes: every
+    /// object, then those whose doubt is a reboot's — asked in that order, so a
+    /// restart of the member between the two questions makes the second answer
+    /// a new process's, which names a reboot's doubt for each object the first
+    /// named that it did not settle (a crash is never inferred from it).
+    async fn member_doubt(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        member: OsdId,
+    ) -> Result<PeerDoubt, i32> {
+        let all = self.member_suspects(view, pg, member, false).await?;
+        if all.is_empty() {
+            return Ok(PeerDoubt::Objects(Default::default()));
+        }
+        let rebooted: std::collections::BTreeSet<ObjectId> = self
+            .member_suspects(view, pg, member, true)
+            .await?
+            .into_iter()
+            .collect();
+        Ok(PeerDoubt::Objects(
+            all.into_iter()
+                .map(|o| {
+                    let cause = if rebooted.contains(&o) {
+                        Cause::Reboot
+                    } else {
+                        Cause::Crash
+                    };
+                    (o, cause)
+                })
+                .collect(),
+        ))
     }
 
     /// Replaces this copy of `object` by `source`'s, holding the object's write
