@@ -1450,10 +1450,10 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
     for name in &journals {
         journal::reset_file(fs, &jdir.join(name)).await?;
     }
-    // The journals' doubt is recorded as a reboot's (or, on a full disk, lost
-    // with the process, and then a reboot's again — the record names an
-    // older boot or this one with the objects written since).
-    if writeback_failed {
+    // The journals' doubt is on disk as a reboot's: the marker has done its
+    // work. Not yet written (a full disk): it stays, so the next start takes
+    // its journals' doubt for a reboot's too.
+    if writeback_failed && !record.stale() {
         fs.unlink(&marker, false).await?;
     }
     Ok(record)
