@@ -174,12 +174,12 @@ section "cargo test --workspace --no-fail-fast"
 [[ ! -d flame-osd/tests ]] || die "flame-osd/tests/ exists: cargo test would rebuild flame-osd without failpoints; make those tests unit tests (#[cfg(test)] modules)"
 echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" | tail -n 1)"
 # The simulator's seeds run here in the debug build (debug assertions on): the
-# fixed seeds 1..8 (not moving: a debug-only assertion's failure stays
+# fixed seeds 1..4 (not moving: a debug-only assertion's failure stays
 # comparable from run to run; each seed runs 1 000-2 000 operations on volumes
 # of up to 1 GiB, five times the CPU of the 300-operation seeds of which 60 ran
 # here) and every regression seed, one test per bug; the release build the
 # smoke test makes runs seeds 1..120 at the end.
-FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-8}" cargo test --workspace --no-fail-fast
+FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-4}" cargo test --workspace --no-fail-fast
 # flame-client's unit tests of the ublk module (its config, request decoding).
 cargo test -p flame-client --features ublk --lib ublk
 
