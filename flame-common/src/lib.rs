@@ -35,6 +35,7 @@ pub mod mgr_api;
 pub mod node;
 pub mod pg_state;
 pub mod placement;
+pub mod private_dir;
 pub mod protocol;
 pub mod reactor;
 pub mod secret_file;

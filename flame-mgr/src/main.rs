@@ -43,6 +43,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
+    // Every file and directory the daemon creates is its user's alone
+    // (docs/security.md, "Data at rest").
+    flame_common::private_dir::restrict_umask();
     // A bad config is the operator's to fix, not a crash: one plain line on stderr
     // (no log prefix) and exit status 2, the same for all three daemons, so a
     // supervisor or script can tell it from a run-time failure (status 1).

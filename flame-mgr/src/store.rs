@@ -48,6 +48,9 @@ pub enum StoreError {
         /// What is wrong with it.
         message: String,
     },
+    /// The data directory belongs to another user or cannot be made private.
+    #[error("{0}")]
+    NotPrivate(String),
     /// Another process holds the data directory.
     #[error("data_dir {path} is in use by another flame-mgr")]
     Locked {
@@ -76,9 +79,11 @@ fn io_err<'a>(
 }
 
 impl Store {
-    /// Creates (if needed) and locks the data directory.
+    /// Creates (if needed, mode 0700) and locks the data directory; one other
+    /// users can enter is made private, with a warning
+    /// ([`flame_common::private_dir`]).
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        fs::create_dir_all(dir).map_err(io_err("cannot create data_dir", dir))?;
+        flame_common::private_dir::open_logged(dir, "data_dir").map_err(StoreError::NotPrivate)?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
             .create(true)

@@ -182,8 +182,9 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     let own_key_of = creds.as_ref().and_then(|c| c.entity.osd_id());
     let cfg = Arc::new(cfg);
     raise_open_file_limit();
-    std::fs::create_dir_all(&cfg.data_dir)
-        .map_err(|e| format!("cannot create data_dir {}: {e}", cfg.data_dir.display()))?;
+    // The objects are the volumes' bytes: only this daemon's user may reach
+    // them (0700, repaired with a warning; files 0600 by the umask).
+    flame_common::private_dir::open_logged(&cfg.data_dir, "data_dir")?;
     let identity = control::Identity::load_or_create(&cfg.data_dir)?;
     store::layout::open_data_dir(&cfg.data_dir, &identity.uuid, cfg.checksums)
         .map_err(|message| StartError { message, status: 2 })?;

@@ -17,6 +17,9 @@ struct Args {
 fn main() {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
+    // Every file and directory the daemon creates is its user's alone
+    // (docs/security.md, "Data at rest").
+    flame_common::private_dir::restrict_umask();
     let args = Args::parse();
     // A bad config: one plain line on stderr and exit status 2, as flame-mgr and
     // flame-nbd do (status 1 stays for run-time failures).
