@@ -174,7 +174,7 @@ class Cluster(pm.Cluster):
             "mgr": f'listen: "{pm.HOST}:{p.mgr}"\ndata_dir: ./mgr\nheartbeat_grace_ms: 6000\n'
                    "failure_check_interval_ms: 1000\npool:\n  size: 3\n  min_size: 2\n  pg_count: 128\n"
                    "  object_size: 4194304\n" + self.auth_yaml("mgr") + to_yaml(cfgs["mgr"]),
-            "nbd": f'mgr: "{pm.HOST}:{p.mgr}"\nlisten: "{pm.HOST}:{p.nbd}"\n'
+            "nbd": f'mgr: "{pm.HOST}:{p.mgr}"\nlisten: "{pm.HOST}:{p.nbd}"\ntcp_without_tls: true\nunix: null\n'
                    f'metrics_listen: "{pm.HOST}:{p.nbd_metrics}"\n' + self.auth_yaml("nbd")
                    + to_yaml(cfgs["nbd"]),
         }

@@ -293,6 +293,8 @@ pool:
 """ + self.auth_yaml("mgr"),
             "nbd": f"""mgr: "{HOST}:{p.mgr}"
 listen: "{HOST}:{p.nbd}"
+tcp_without_tls: true
+unix: null
 metrics_listen: "{HOST}:{p.nbd_metrics}"
 threads: {NBD_THREADS}
 poll_mode: {self.mode}

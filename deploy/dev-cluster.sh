@@ -34,9 +34,12 @@
 # directories stay in the cluster directory until you delete it. `up` writes
 # DIR/keys (the cluster's keyrings, from flame-admin auth init: the manager
 # requires them), DIR/tls (the cluster CA and the manager's certificate, from
-# flame-admin tls init: the manager serves HTTPS only) and DIR/env: `source
-# DIR/env` sets FLAME_MGR, FLAME_KEYRING and FLAME_MGR_CA,
-# so flame-admin talks to this cluster's manager as client.admin.
+# flame-admin tls init: the manager serves HTTPS only; flame-nbd's certificate
+# and a client certificate for this user in tls/client) and DIR/env: `source
+# DIR/env` sets FLAME_MGR, FLAME_KEYRING and FLAME_MGR_CA, so flame-admin
+# talks to this cluster's manager as client.admin, and FLAME_NBD_URI (the
+# volume demo on flame-nbd's Unix socket), FLAME_NBD_TLS_URI and
+# FLAME_NBD_TLS_DIR (over TLS, and the client credentials).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -267,11 +270,23 @@ poll_mode: interrupt
 transport: $TRANSPORT               # FLAME_DEV_TRANSPORT: tcp or shm (same-host shared memory)
 direct_io: auto"
     done
+    # The exports: a Unix socket for this user (nbd+unix://), and TCP with TLS
+    # and client certificates from the cluster CA (nbds://) when there is one.
+    local tcp_export="# listen: null                      # no TCP export without the cluster CA (tls/)"
+    if mgr_tls; then
+        tcp_export="listen: \"$HOST:$NBD_PORT\"           # the TCP export: TLS required (nbds://)
+tls:
+  cert_file: ./tls/nbd.crt          # flame-admin tls issue --as nbd
+  key_file: ./tls/nbd.key
+  client_ca_file: ./tls/ca.crt      # clients present a certificate from the cluster CA (tls/client/)"
+    fi
     write_config nbd "$header
 mgr: \"$HOST:$MGR_PORT\"
 keyring: ./keys/client.nbd.keyring  # role client: reads the map, changes nothing
 $ca_line
-listen: \"$HOST:$NBD_PORT\"
+unix:
+  path: \"$(nbd_socket)\"      # the local export: this user only (nbd+unix://)
+$tcp_export
 metrics_listen: \"$HOST:$NBD_METRICS_PORT\"
 threads: 2
 poll_mode: interrupt
@@ -397,6 +412,34 @@ ensure_tls() {
     note "created the cluster CA and the manager's certificate in $DIR/tls"
 }
 
+# flame-nbd's Unix socket export.
+nbd_socket() { echo "$DIR/run/nbd.sock"; }
+# The client credentials `up` issues for this user (QEMU's tls-creds-x509 and
+# libnbd's tls-certificates layout): every volume, read and write.
+nbd_tls_dir() { echo "$DIR/tls/client"; }
+
+# flame-nbd's certificate and a client certificate (client.dev, every volume)
+# from the cluster CA: issued once, for a cluster whose manager has the CA.
+ensure_nbd_tls() {
+    mgr_tls || return 0
+    if [[ ! -f "$DIR/tls/nbd.crt" ]]; then
+        "$ADMIN" tls issue --dir "$DIR/tls" --as nbd --name "$HOST" >/dev/null ||
+            die "flame-admin tls issue (flame-nbd's certificate) failed"
+    fi
+    local c
+    c="$(nbd_tls_dir)"
+    [[ -f "$c/client-key.pem" ]] && return 0
+    if [[ ! -f "$DIR/tls/client.dev.crt" ]]; then
+        "$ADMIN" tls client client.dev --dir "$DIR/tls" --volumes '*' --days 825 >/dev/null ||
+            die "flame-admin tls client failed"
+    fi
+    mkdir -p "$c" && chmod 700 "$c"
+    cp "$DIR/tls/ca.crt" "$c/ca-cert.pem"
+    cp "$DIR/tls/client.dev.crt" "$c/client-cert.pem"
+    cp -p "$DIR/tls/client.dev.key" "$c/client-key.pem"
+    note "issued flame-nbd's certificate and a client certificate (client.dev) in $DIR/tls"
+}
+
 # An entity of the daemon's own (osd.N: role osd; client.nbd: role client,
 # reads the map and changes nothing) and its keyring, added once the manager
 # answers.
@@ -481,17 +524,24 @@ EOF
             "$n" "$HOST" "$(osd_port "$n")" $(($(osd_port "$n") + SHARDS - 1)) "$HOST" "$(osd_metrics_port "$n")"
     done
     cat <<EOF
-  flame-nbd      nbd://$HOST:$NBD_PORT/demo    metrics http://$HOST:$NBD_METRICS_PORT/metrics
+  flame-nbd      nbd+unix:///demo?socket=$(nbd_socket)    (this user only)
+                 nbds://$HOST:$NBD_PORT/demo    (TLS: client certificate in $(nbd_tls_dir))
+                 metrics http://$HOST:$NBD_METRICS_PORT/metrics
   logs           $DIR/logs/        configs $DIR/*.yaml
 
-Use the 4 GiB volume "demo" (NBD export name = volume name):
-  qemu-io -f raw nbd://$HOST:$NBD_PORT/demo -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'
-  mkdir -p mnt && nbdfuse mnt/ nbd://$HOST:$NBD_PORT/demo &     # volume appears as file mnt/nbd
+Use the 4 GiB volume "demo" (NBD export name = volume name; \$FLAME_NBD_URI and
+\$FLAME_NBD_TLS_URI in $DIR/env name it, \$FLAME_NBD_TLS_DIR the credentials):
+  qemu-io -f raw "nbd+unix:///demo?socket=$(nbd_socket)" -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'
+  nbdcopy "nbds://$HOST:$NBD_PORT/demo?tls-certificates=$(nbd_tls_dir)" copy.img
+  qemu-io --object tls-creds-x509,id=tls0,dir=$(nbd_tls_dir),endpoint=client \\
+      --image-opts driver=nbd,server.type=inet,server.host=$HOST,server.port=$NBD_PORT,export=demo,tls-creds=tls0 \\
+      -c 'read -P 0xab 0 1M'
+  mkdir -p mnt && nbdfuse mnt/ "nbd+unix:///demo?socket=$(nbd_socket)" &     # volume appears as file mnt/nbd
       dd if=/dev/urandom of=mnt/nbd bs=1M count=16 conv=notrunc,fsync
       losetup --find --show mnt/nbd   # then mkfs.ext4 /dev/loopN and mount it (as root)
       fusermount3 -u mnt              # when done
-  nbd-client -N demo $HOST $NBD_PORT /dev/nbd0    # on a host with the nbd module (modprobe nbd)
-  qemu-system-x86_64 ... -drive file=nbd://$HOST:$NBD_PORT/demo,format=raw,cache=none
+  nbd-client -N demo -unix $(nbd_socket) /dev/nbd0    # as this user (root), with the nbd module
+  qemu-system-x86_64 ... -drive "file=nbd+unix:///demo?socket=$(nbd_socket),format=raw,cache=none"
 
 Administer it (flame-admin needs this cluster's admin keyring and CA and talks
 to 127.0.0.1:6800 unless FLAME_MGR or --mgr says otherwise; $DIR/env sets
@@ -547,10 +597,20 @@ cmd_up() {
     write_configs
     ensure_keys
     ensure_tls
+    ensure_nbd_tls
     {
         printf '%s\n' "# Generated by deploy/dev-cluster.sh: source it to point flame-admin at this cluster." \
-            "export FLAME_MGR=$HOST:$MGR_PORT" "export FLAME_KEYRING=$DIR/keys/client.admin.keyring"
-        if mgr_tls; then printf '%s\n' "export FLAME_MGR_CA=$DIR/tls/ca.crt"; else printf '%s\n' "unset FLAME_MGR_CA"; fi
+            "export FLAME_MGR=$HOST:$MGR_PORT" "export FLAME_KEYRING=$DIR/keys/client.admin.keyring" \
+            "# The volume demo on flame-nbd's Unix socket (this user only)." \
+            "export FLAME_NBD_URI='nbd+unix:///demo?socket=$(nbd_socket)'"
+        if mgr_tls; then
+            printf '%s\n' "export FLAME_MGR_CA=$DIR/tls/ca.crt" \
+                "# The volume demo over TLS, and the client credentials it needs (QEMU tls-creds-x509 dir)." \
+                "export FLAME_NBD_TLS_URI='nbds://$HOST:$NBD_PORT/demo?tls-certificates=$(nbd_tls_dir)'" \
+                "export FLAME_NBD_TLS_DIR=$(nbd_tls_dir)"
+        else
+            printf '%s\n' "unset FLAME_MGR_CA FLAME_NBD_TLS_URI FLAME_NBD_TLS_DIR"
+        fi
     } >"$DIR/env"
     for name in "${DAEMONS[@]}"; do
         if pid="$(running_pid "$name")"; then

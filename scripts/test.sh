@@ -245,7 +245,7 @@ else
         die "$*"
     }
     ADMIN="${CARGO_TARGET_DIR:-$REPO/target}/${FLAME_PROFILE:-release}/flame-admin"
-    URI="nbd://127.0.0.1:$((SMOKE_PORT_BASE + 1))/demo"
+    PLAIN_URI="nbd://127.0.0.1:$((SMOKE_PORT_BASE + 1))/demo"
     # A bad command line names what is wrong and exits 2 before touching anything.
     bad_rc=0
     bad_out="$("${DEV[@]}" frobnicate 2>&1)" || bad_rc=$?
@@ -278,6 +278,15 @@ else
     fi
     "$ADMIN" volume info demo >/dev/null || smoke_fail "volume demo gone after refused deletes"
 
+    # flame-nbd: the env file names the Unix socket export (this user only) and
+    # the TLS one with its client credentials; TCP without a certificate is refused.
+    URI="${FLAME_NBD_URI:-}"
+    [[ "$URI" == nbd+unix://* ]] || smoke_fail "env file sets FLAME_NBD_URI=$URI (want nbd+unix://…)"
+    [[ -f "${FLAME_NBD_TLS_DIR:-}/client-cert.pem" ]] || smoke_fail "env file sets no FLAME_NBD_TLS_DIR with a client certificate"
+    if nbdinfo --list "$PLAIN_URI" >/dev/null 2>&1; then
+        smoke_fail "flame-nbd listed its exports to a client without TLS"
+    fi
+
     # Across the 4 MiB object boundary, and readback.
     qemu-io -f raw "$URI" \
         -c 'write -P 0xab 0 1M' \
@@ -285,6 +294,11 @@ else
         -c 'read -P 0xab 0 1M' \
         -c 'read -P 0xcd 4190208 8192' \
         -c 'read -P 0 1048576 4096' || smoke_fail "qemu-io write/read through flame-nbd"
+    # The same bytes over TLS with the client certificate `up` issued.
+    nbdinfo "$FLAME_NBD_TLS_URI" >/dev/null || smoke_fail "nbdinfo over TLS ($FLAME_NBD_TLS_URI)"
+    qemu-io --object "tls-creds-x509,id=tls0,dir=$FLAME_NBD_TLS_DIR,endpoint=client" \
+        --image-opts "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$((SMOKE_PORT_BASE + 1)),export=demo,tls-creds=tls0" \
+        -c 'read -P 0xab 0 1M' || smoke_fail "qemu-io over TLS through flame-nbd"
     # The dev cluster runs shm between flame-nbd and the OSDs (and between OSDs):
     # the shm grant counters exist only once a shm connection was made, so their
     # absence means every connection fell back to tcp.

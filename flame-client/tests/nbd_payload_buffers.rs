@@ -101,12 +101,14 @@ fn write_payloads_arrive_in_their_own_aligned_pool_buffer_and_reads_leave_as_ret
     let seen = Arc::new(Mutex::new(Seen::default()));
     let pool = Arc::new(CountingPool::default());
     let server = Server::bind(NbdConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        tcp_without_tls: true,
+        unix: None,
         threads: 1,
         ..NbdConfig::default()
     })
     .unwrap();
-    let port = server.local_addr().port();
+    let port = server.local_addr().expect("tcp").port();
     let (exports, p) = (
         Recording {
             seen: seen.clone(),

@@ -113,22 +113,61 @@ pub fn server_config(
     cert_file: &Path,
     key_file: &Path,
 ) -> Result<Arc<rustls::ServerConfig>, String> {
-    let chain = certificates(cert_file, "manager certificate")?;
-    let pem = read_pem(key_file, "manager private key", true)?;
+    server_config_with(cert_file, key_file, None)
+}
+
+/// flame-nbd's TLS server configuration: its certificate and key (as
+/// [`server_config`]), and the CA whose certificates clients must present
+/// (mandatory client authentication: a client without one fails the
+/// handshake). No session tickets: NBD clients hold one long connection.
+pub fn client_auth_server_config(
+    cert_file: &Path,
+    key_file: &Path,
+    client_ca_file: &Path,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    server_config_with(cert_file, key_file, Some(client_ca_file))
+}
+
+fn server_config_with(
+    cert_file: &Path,
+    key_file: &Path,
+    client_ca_file: Option<&Path>,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let chain = certificates(cert_file, "server certificate")?;
+    let pem = read_pem(key_file, "server private key", true)?;
     let key = PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|e| format!("manager private key {}: {e}", key_file.display()))?;
-    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .map_err(|e| format!("server private key {}: {e}", key_file.display()))?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| {
-            format!(
-                "manager certificate {} and key {}: {e}",
-                cert_file.display(),
-                key_file.display()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = match client_ca_file {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in certificates(ca, "client CA")? {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("client CA {}: {e}", ca.display()))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
             )
-        })?;
+            .build()
+            .map_err(|e| format!("client CA {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).map_err(|e| {
+        format!(
+            "certificate {} and key {}: {e}",
+            cert_file.display(),
+            key_file.display()
+        )
+    })?;
+    if client_ca_file.is_some() {
+        config.send_tls13_tickets = 0;
+    }
     Ok(Arc::new(config))
 }
 

@@ -20,12 +20,14 @@ fn port() -> u16 {
     static PORT: OnceLock<u16> = OnceLock::new();
     *PORT.get_or_init(|| {
         let server = Server::bind(NbdConfig {
-            listen: "127.0.0.1:0".parse().expect("address"),
+            listen: Some("127.0.0.1:0".parse().expect("address")),
+            tcp_without_tls: true,
+            unix: None,
             threads: 1,
             ..NbdConfig::default()
         })
         .expect("bind");
-        let port = server.local_addr().port();
+        let port = server.local_addr().expect("tcp").port();
         let exports = MemoryExports::new(vec![
             ("disk".into(), 1 << 20, false),
             ("ro".into(), 64 << 10, true),

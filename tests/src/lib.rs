@@ -119,6 +119,13 @@ pub struct ClusterOptions {
     /// manager's certificate (`DIR/tls`, for the manager's address), and every
     /// daemon, flame-admin and the harness's own calls trust that CA only.
     pub mgr_tls: bool,
+    /// Whether flame-nbd's TCP export requires TLS: the harness makes the
+    /// cluster CA (`DIR/tls`, shared with [`Self::mgr_tls`]) and flame-nbd's
+    /// certificate, and clients need one from
+    /// [`TestCluster::client_cert_dir`]. Otherwise the TCP export is in clear
+    /// (`tcp_without_tls`). The Unix socket export (`DIR/nbd.sock`, the
+    /// harness's uid) is there either way.
+    pub nbd_tls: bool,
 }
 
 /// Whether test clusters authenticate (`FLAME_TEST_AUTH`: `required`, the
@@ -353,6 +360,7 @@ impl Default for ClusterOptions {
                 .unwrap_or_else(|| "interrupt".into()),
             auth: test_auth(),
             mgr_tls: false,
+            nbd_tls: false,
         }
     }
 }
@@ -619,9 +627,11 @@ impl TestCluster {
         };
         let mgr_addr = on(ips.mgr, free_ports_on(ips.mgr, 1));
         let tls_dir = root.join("tls");
-        let tls_yaml = if opts.mgr_tls {
+        if opts.mgr_tls || opts.nbd_tls {
             flame_client::admin::tls::generate(&tls_dir, &[ips.mgr.to_string()])
                 .unwrap_or_else(|e| panic!("tls init: {e}"));
+        }
+        let tls_yaml = if opts.mgr_tls {
             format!(
                 "tls:\n  cert_file: \"{}\"\n  key_file: \"{}\"\n",
                 tls_dir.join(flame_common::tls::MGR_CERT_FILE).display(),
@@ -692,15 +702,30 @@ impl TestCluster {
             } else {
                 String::new()
             };
+            let nbd_tls_yaml = if opts.nbd_tls {
+                flame_client::admin::tls::issue(&tls_dir, "nbd", &[ips.client.to_string()])
+                    .unwrap_or_else(|e| panic!("tls issue: {e}"));
+                format!(
+                    "tls: {{cert_file: \"{0}/nbd.crt\", key_file: \"{0}/nbd.key\", \
+                     client_ca_file: \"{0}/{1}\"}}\n",
+                    tls_dir.display(),
+                    flame_common::tls::CA_CERT_FILE
+                )
+            } else {
+                "tcp_without_tls: true\n".to_string()
+            };
             let yaml = format!(
                 "# flame-nbd config written by the test harness\n\
                  mgr: \"{mgr_addr}\"\n\
                  listen: \"{listen}\"\n\
+                 {nbd_tls_yaml}\
+                 unix: {{path: \"{}\"}}\n\
                  metrics_listen: \"{metrics}\"\n\
                  threads: 2\n\
                  poll_mode: {poll_mode}\n\
                  transport: {transport}\n\
                  {bind}{}{}{}{}{}",
+                root.join(NBD_SOCKET_FILE).display(),
                 mgr_ca_yaml(&opts, &root),
                 keyring_yaml("client.test"),
                 client_env_yaml(),
@@ -871,6 +896,56 @@ impl TestCluster {
     /// NBD URI of a volume: `nbd://127.0.0.1:PORT/NAME`.
     pub fn nbd_uri(&self, volume: &str) -> String {
         format!("nbd://{}/{volume}", self.nbd_addr())
+    }
+
+    /// flame-nbd's Unix socket export.
+    pub fn nbd_socket(&self) -> PathBuf {
+        self.root.join(NBD_SOCKET_FILE)
+    }
+
+    /// NBD URI of a volume on the Unix socket export:
+    /// `nbd+unix:///NAME?socket=PATH`.
+    pub fn nbd_unix_uri(&self, volume: &str) -> String {
+        format!(
+            "nbd+unix:///{volume}?socket={}",
+            self.nbd_socket().display()
+        )
+    }
+
+    /// NBD URI of a volume over TLS (`nbds://`, libnbd) with the client
+    /// certificate in `cert_dir` ([`Self::client_cert_dir`]).
+    pub fn nbd_tls_uri(&self, volume: &str, cert_dir: &Path) -> String {
+        format!(
+            "nbds://{}/{volume}?tls-certificates={}",
+            self.nbd_addr(),
+            cert_dir.display()
+        )
+    }
+
+    /// Issues a client certificate from the cluster CA ([`ClusterOptions::nbd_tls`])
+    /// for `entity` with `volumes` (`*`: every one), read-only or not, into a
+    /// new directory laid out as QEMU's `tls-creds-x509` and libnbd's
+    /// `tls-certificates` want it (`ca-cert.pem`, `client-cert.pem`,
+    /// `client-key.pem`); returns it.
+    pub fn client_cert_dir(&self, entity: &str, volumes: &str, read_only: bool) -> PathBuf {
+        let tls = self.root.join("tls");
+        let claims = flame_client::nbd::client_cert::ClientClaims {
+            entity: flame_common::auth::EntityName::parse(entity).expect("entity"),
+            volumes: flame_common::auth::VolumePatterns::parse_list(volumes).expect("volumes"),
+            read_only,
+        };
+        let files = flame_client::admin::tls::issue_client(&tls, &claims, 1)
+            .unwrap_or_else(|e| panic!("tls client {entity}: {e}"));
+        let dir = self.root.join(format!("creds-{entity}"));
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for (from, to) in [
+            (&tls.join(flame_common::tls::CA_CERT_FILE), "ca-cert.pem"),
+            (&files[0], "client-cert.pem"),
+            (&files[1], "client-key.pem"),
+        ] {
+            fs::copy(from, dir.join(to)).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+        }
+        dir
     }
 
     /// Every listening socket of the cluster.
@@ -1504,8 +1579,14 @@ impl TestCluster {
     /// command succeeded (qemu-io exits non-zero and prints "Pattern verification
     /// failed" when a `read -P` does not match). Returns stdout.
     pub fn qemu_io(&self, volume: &str, commands: &[&str]) -> String {
+        self.qemu_io_uri(&self.nbd_uri(volume), commands)
+    }
+
+    /// [`Self::qemu_io`] on any NBD URI (`nbd+unix://…`).
+    pub fn qemu_io_uri(&self, uri: &str, commands: &[&str]) -> String {
+        let volume = uri;
         let mut cmd = Command::new(require_tool("qemu-io"));
-        cmd.arg("-f").arg("raw").arg(self.nbd_uri(volume));
+        cmd.arg("-f").arg("raw").arg(uri);
         for c in commands {
             cmd.arg("-c").arg(c);
         }
@@ -1715,6 +1796,9 @@ fn mgr_ca_path(opts: &ClusterOptions, root: &Path) -> Option<PathBuf> {
 }
 
 /// `mgr_tls_ca: …` for a daemon's config when the manager serves TLS.
+/// flame-nbd's Unix socket export, in the cluster's directory.
+const NBD_SOCKET_FILE: &str = "nbd.sock";
+
 fn mgr_ca_yaml(opts: &ClusterOptions, root: &Path) -> String {
     mgr_ca_path(opts, root)
         .map(|p| format!("mgr_tls_ca: \"{}\"\n", p.display()))

@@ -449,7 +449,7 @@ fn auth_commands_manage_keys_end_to_end() {
     std::fs::write(
         &yaml,
         format!(
-            "mgr: \"{}\"\nkeyring: \"{}\"\nlisten: \"127.0.0.1:{port}\"\n\
+            "mgr: \"{}\"\nkeyring: \"{}\"\nlisten: \"127.0.0.1:{port}\"\ntcp_without_tls: true\nunix: null\n\
              metrics_listen: \"127.0.0.1:{}\"\nthreads: 1\n",
             cluster.mgr_addr(),
             k2.display(),

@@ -151,6 +151,24 @@ fn example_configs_start_the_daemons() {
     nbd_yaml = set(&nbd_yaml, "listen", &nbd_addr.to_string());
     nbd_yaml = set(&nbd_yaml, "metrics_listen", &lo(free_ports(1)).to_string());
     nbd_yaml = set(&nbd_yaml, "mgr_tls_ca", &quoted(&ca));
+    // flame-nbd's certificate from the same CA (`flame-admin tls issue --as
+    // nbd`), and its socket in the scratch directory.
+    flame_client::admin::tls::issue(&tls, "nbd", &["127.0.0.1".into()]).unwrap();
+    nbd_yaml = set(
+        &nbd_yaml,
+        "tls",
+        &format!(
+            "{{cert_file: {}, key_file: {}, client_ca_file: {}}}",
+            quoted(&tls.join("nbd.crt")),
+            quoted(&tls.join("nbd.key")),
+            quoted(&ca)
+        ),
+    );
+    nbd_yaml = set(
+        &nbd_yaml,
+        "unix",
+        &format!("{{path: {}}}", quoted(&d.join("nbd.sock"))),
+    );
     let added = mgr_call_as(
         &mgr,
         "POST",
@@ -164,6 +182,7 @@ fn example_configs_start_the_daemons() {
     let mut nbd = start("flame-nbd", d.join("nbd.yaml"), &d.join("nbd.log"));
     wait_for("flame-nbd", &mut nbd, || {
         TcpStream::connect_timeout(&nbd_addr, Duration::from_millis(300)).is_ok()
+            && d.join("nbd.sock").exists()
     });
 }
 

@@ -98,7 +98,7 @@ fn rdma_without_a_device_the_daemons_refuse_to_start_and_say_why() {
     std::fs::write(
         &nbd_yaml,
         format!(
-            "mgr: \"127.0.0.1:{mgr_port}\"\nlisten: \"127.0.0.1:{}\"\nmetrics_listen: \
+            "mgr: \"127.0.0.1:{mgr_port}\"\nlisten: \"127.0.0.1:{}\"\ntcp_without_tls: true\nunix: null\nmetrics_listen: \
              \"127.0.0.1:{}\"\ntransport: rdma\n",
             free_ports(1),
             free_ports(1)

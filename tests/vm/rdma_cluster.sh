@@ -88,6 +88,8 @@ cat >nbd.yaml <<EOF
 mgr: "$MGR"
 keyring: "$BRIDGE_KEYRING"
 listen: "127.0.0.1:$NBD_PORT"
+tcp_without_tls: true   # the VM is the only host; the kernel client speaks plain NBD
+unix: null
 metrics_listen: "127.0.0.1:9300"
 threads: 1
 poll_mode: interrupt

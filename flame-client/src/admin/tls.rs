@@ -4,6 +4,8 @@
 //! server certificate from that CA (a second manager, a new address).
 
 use super::{AdminError, Result, json, table};
+use crate::nbd::client_cert::ClientClaims;
+use flame_common::auth::{EntityName, VolumePatterns};
 use flame_common::tls::{CA_CERT_FILE, CA_KEY_FILE, MGR_CERT_FILE, MGR_KEY_FILE};
 use serde::Serialize;
 use std::os::unix::fs::PermissionsExt;
@@ -41,7 +43,47 @@ pub enum TlsCommand {
         #[arg(long = "name", required = true)]
         names: Vec<String>,
     },
+    /// Issue a client certificate from the CA in DIR for an NBD client (QEMU
+    /// `tls-creds-x509`, libnbd `nbds://`): ENTITY.crt and ENTITY.key in DIR,
+    /// bound to the entity and the volumes it may open (read-only with
+    /// --read-only). flame-nbd admits it on a TLS export and serves it
+    /// nothing else. Valid for --days (default 90): issue a new one before.
+    Client {
+        /// Directory holding ca.crt and ca.key; the new files go there too.
+        #[arg(long)]
+        dir: PathBuf,
+        /// `client.NAME`.
+        #[arg(value_parser = entity_arg)]
+        entity: EntityName,
+        /// Volumes it may open: names or `prefix*`, comma-separated (`*`:
+        /// every volume).
+        #[arg(long, value_parser = volumes_arg)]
+        volumes: VolumePatterns,
+        /// Only reads: the export is read-only and writes fail with EPERM.
+        #[arg(long)]
+        read_only: bool,
+        /// Days it is valid, from now (1..=825).
+        #[arg(long, default_value_t = 90)]
+        days: u32,
+    },
 }
+
+fn entity_arg(s: &str) -> std::result::Result<EntityName, String> {
+    let e = EntityName::parse(s)?;
+    if !s.starts_with("client.") {
+        return Err(format!(
+            "`{s}`: a client certificate is for a client.NAME entity"
+        ));
+    }
+    Ok(e)
+}
+
+fn volumes_arg(s: &str) -> std::result::Result<VolumePatterns, String> {
+    VolumePatterns::parse_list(s)
+}
+
+/// Longest validity of a client certificate (what browsers allow servers).
+pub const CLIENT_CERT_DAYS_MAX: u32 = 825;
 
 /// Runs `tls init` or `tls issue`.
 pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
@@ -60,6 +102,43 @@ pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
             format!("{stem}.key"),
             true,
         ),
+        TlsCommand::Client {
+            dir,
+            entity,
+            volumes,
+            read_only,
+            days,
+        } => {
+            let claims = ClientClaims {
+                entity: entity.clone(),
+                volumes: volumes.clone(),
+                read_only: *read_only,
+            };
+            let files = issue_client(dir, &claims, *days).map_err(AdminError)?;
+            if as_json {
+                return json(&files);
+            }
+            let d = dir.display();
+            return Ok(format!(
+                "{}\nNext: give the client {d}/{CA_CERT_FILE} and these two files. QEMU: \
+                 --object tls-creds-x509,id=tls0,dir=DIR,endpoint=client (DIR holding them as \
+                 ca-cert.pem, client-cert.pem, client-key.pem); libnbd: \
+                 nbds://HOST:PORT/VOLUME?tls-certificates=DIR. It opens {} ({}).\n",
+                table(
+                    &["FILE"],
+                    &files
+                        .iter()
+                        .map(|f| vec![f.display().to_string()])
+                        .collect::<Vec<_>>()
+                ),
+                claims.volumes,
+                if claims.read_only {
+                    "read-only"
+                } else {
+                    "read and write"
+                }
+            ));
+        }
     };
     #[derive(Serialize)]
     struct Written {
@@ -159,6 +238,52 @@ pub fn issue(
         dir.join(format!("{stem}.crt")),
         dir.join(format!("{stem}.key")),
     ];
+    sign_with_ca(dir, params, files)
+}
+
+/// Issues a client certificate for `claims` from the CA in `dir` into
+/// `dir/ENTITY.crt` and `dir/ENTITY.key`, valid for `days` from now
+/// ([`ClientClaims`] says what it carries). Refuses before writing anything
+/// if either exists.
+pub fn issue_client(
+    dir: &Path,
+    claims: &ClientClaims,
+    days: u32,
+) -> std::result::Result<Vec<PathBuf>, String> {
+    if days == 0 || days > CLIENT_CERT_DAYS_MAX {
+        return Err(format!(
+            "--days {days}: between 1 and {CLIENT_CERT_DAYS_MAX}"
+        ));
+    }
+    let uri = rcgen::string::Ia5String::try_from(claims.caps_uri())
+        .map_err(|e| format!("the capabilities URI: {e}"))?;
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(uri)];
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, claims.entity.to_string());
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let now_s = (flame_common::clock::unix_ms() / 1000) as i64;
+    let at =
+        |s: i64| time::OffsetDateTime::from_unix_timestamp(s).map_err(|e| format!("the date: {e}"));
+    // An hour back, for clocks a little behind the issuer's.
+    params.not_before = at(now_s - 3600)?;
+    params.not_after = at(now_s + i64::from(days) * 86_400)?;
+    let files = vec![
+        dir.join(format!("{}.crt", claims.entity)),
+        dir.join(format!("{}.key", claims.entity)),
+    ];
+    sign_with_ca(dir, params, files)
+}
+
+/// Signs `params` with the CA in `dir` (its `ca.crt` and `ca.key`) and writes
+/// the certificate and its new key to `files` (`[cert, key]`), refusing
+/// before anything is written if either exists.
+fn sign_with_ca(
+    dir: &Path,
+    params: rcgen::CertificateParams,
+    files: Vec<PathBuf>,
+) -> std::result::Result<Vec<PathBuf>, String> {
     refuse_existing(&files)?;
     let ca_cert_path = dir.join(CA_CERT_FILE);
     let ca_key_path = dir.join(CA_KEY_FILE);

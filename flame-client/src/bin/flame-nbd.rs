@@ -32,6 +32,9 @@ struct Args {
 fn main() -> ExitCode {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
+    // The Unix socket export is created 0600 before its configured mode is
+    // set: never open to others in between.
+    flame_common::private_dir::restrict_umask();
     // Before any thread exists, so every thread inherits the mask and SIGTERM/SIGINT
     // reach only the thread that waits for them.
     let signals = flame_client::bridge::block_stop_signals();
@@ -81,7 +84,7 @@ fn main() -> ExitCode {
     let server = match Server::bind(config.clone()) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("flame-nbd: cannot listen on {}: {e}", config.listen);
+            eprintln!("flame-nbd: cannot serve: {e}");
             return ExitCode::from(1);
         }
     };
@@ -95,7 +98,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    let addr = server.local_addr();
+    let addr = server.endpoints();
+    if server.local_addr().is_some() && config.tls.is_none() {
+        tracing::warn!(
+            "tcp_without_tls: the TCP export is served in clear to anyone who reaches it, \
+             every volume, read and write"
+        );
+    }
     tracing::info!(
         threads = config.thread_count(),
         mode = if cluster.is_some() {
@@ -114,8 +123,14 @@ fn main() -> ExitCode {
             tracing::warn!("no graceful shutdown: cannot start the signal thread: {e}");
         }
     }
-    // Tests and scripts read the bound address (useful with port 0) from stdout.
-    println!("flame-nbd listening on {addr}");
+    // Tests and scripts read the bound address (useful with port 0) from stdout:
+    // the TCP address first, when there is one, then the Unix socket.
+    if let Some(tcp) = server.local_addr() {
+        println!("flame-nbd listening on {tcp}");
+    }
+    if let Some(u) = &config.unix {
+        println!("flame-nbd listening on unix:{}", u.path.display());
+    }
     let _ = std::io::stdout().flush();
     let result = match cluster {
         Some(cluster) => server.run(move |_| FlameExports::new(cluster.clone())),

@@ -2,7 +2,18 @@
 //!
 //! ```yaml
 //! mgr: 127.0.0.1:6800            # manager to fetch the cluster map from
-//! listen: 127.0.0.1:10809        # NBD address (every thread binds it with SO_REUSEPORT)
+//! unix:                          # the local export: a Unix socket (default below)
+//!   path: /run/flame/nbd.sock
+//!   mode: "0660"                 # the socket file's mode (octal text)
+//!   gid: 64055                   # its group (default: the daemon's)
+//!   allow:                       # uids (SO_PEERCRED) and what each may open;
+//!     - {uid: 64055, volumes: "vm1-*", read_only: false}  # empty: the daemon's own uid only
+//! listen: 10.0.0.5:10809         # a TCP export (default none; every thread binds it with SO_REUSEPORT)
+//! tls:                           # TLS on the TCP export (NBD STARTTLS), required there
+//!   cert_file: /etc/flame/tls/nbd.crt     # flame-admin tls issue --as nbd
+//!   key_file: /etc/flame/tls/nbd.key
+//!   client_ca_file: /etc/flame/tls/ca.crt # clients present certificates from it (flame-admin tls client)
+//! tcp_without_tls: false         # true: the TCP export in clear, to anyone, every volume (tests only)
 //! metrics_listen: 127.0.0.1:9300 # Prometheus /metrics
 //! threads: 0                     # reactor threads; 0 = one per core
 //! transport: tcp                 # transport to the OSDs
@@ -33,8 +44,20 @@ use std::net::SocketAddr;
 pub struct NbdConfig {
     /// Manager address (`host:port`) the Flame backend fetches the cluster map from.
     pub mgr: String,
-    /// NBD listening address.
-    pub listen: SocketAddr,
+    /// The local export: a Unix socket whose peers are admitted by uid.
+    pub unix: Option<UnixExport>,
+    /// The TCP export's address (`None`: no TCP export). It requires TLS
+    /// (`tls`) unless `tcp_without_tls` says otherwise.
+    pub listen: Option<SocketAddr>,
+    /// TLS on the TCP export: flame-nbd's certificate and the CA of its
+    /// clients' certificates, whose entity and capabilities decide what each
+    /// client may open ([`super::client_cert`]).
+    pub tls: Option<NbdTls>,
+    /// Serve the TCP export in clear to anyone who reaches it, every volume,
+    /// read and write: what NBD servers do by default, and what a Flame
+    /// export does only when asked by name (tests, benchmarks, an isolated
+    /// network). Logged as a warning at start.
+    pub tcp_without_tls: bool,
     /// Address of the Prometheus `/metrics` endpoint.
     pub metrics_listen: SocketAddr,
     /// Reactor threads (0 = number of cores). Each accepts its own connections.
@@ -93,11 +116,68 @@ pub struct NbdConfig {
     pub memory_pool: flame_common::buffer::registered::MemoryPoolConfig,
 }
 
+/// The Unix socket export (`unix:`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct UnixExport {
+    /// Where the socket is created (a stale socket there is replaced; any
+    /// other file is an error).
+    pub path: std::path::PathBuf,
+    /// The socket file's mode, octal text (`"0600"`, `"0660"`): who may
+    /// connect at all; `allow` then decides by uid.
+    pub mode: String,
+    /// The socket file's group (default: the daemon's).
+    pub gid: Option<u32>,
+    /// The uids admitted and what each may open; empty: the daemon's own uid,
+    /// every volume.
+    pub allow: Vec<super::access::UidGrant>,
+}
+
+/// Default path of the Unix socket export.
+pub const UNIX_SOCKET_PATH_DEFAULT: &str = "/run/flame/nbd.sock";
+
+impl Default for UnixExport {
+    fn default() -> Self {
+        UnixExport {
+            path: UNIX_SOCKET_PATH_DEFAULT.into(),
+            mode: "0600".into(),
+            gid: None,
+            allow: Vec::new(),
+        }
+    }
+}
+
+impl UnixExport {
+    /// `mode` as a number (validated: octal, at most 0777).
+    pub fn mode_bits(&self) -> Result<u32, String> {
+        match u32::from_str_radix(self.mode.trim_start_matches("0o"), 8) {
+            Ok(m) if m <= 0o777 => Ok(m),
+            _ => Err(format!("{:?}: an octal mode such as \"0660\"", self.mode)),
+        }
+    }
+}
+
+/// TLS on the TCP export (`tls:`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NbdTls {
+    /// flame-nbd's certificate (PEM; from the cluster CA: `flame-admin tls
+    /// issue --as nbd --name ADDRESS`).
+    pub cert_file: std::path::PathBuf,
+    /// Its private key (PEM, mode 0600).
+    pub key_file: std::path::PathBuf,
+    /// The CA clients' certificates must chain to (the cluster's `ca.crt`).
+    pub client_ca_file: std::path::PathBuf,
+}
+
 impl Default for NbdConfig {
     fn default() -> Self {
         NbdConfig {
             mgr: "127.0.0.1:6800".into(),
-            listen: SocketAddr::from(([127, 0, 0, 1], 10809)),
+            unix: Some(UnixExport::default()),
+            listen: None,
+            tls: None,
+            tcp_without_tls: false,
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9300)),
             threads: 0,
             transport: TransportKind::Tcp,
@@ -121,6 +201,9 @@ impl Default for NbdConfig {
         }
     }
 }
+
+/// Most entries of `unix.allow`.
+pub const UNIX_ALLOW_MAX: usize = 1024;
 
 /// Upper bound on `threads` (a typo like 10000 should fail, not spawn threads).
 pub const THREADS_MAX: usize = 1024;
@@ -193,6 +276,34 @@ impl Validate for NbdConfig {
         if self.mgr.is_empty() {
             return bad("mgr", "must be host:port");
         }
+        if self.unix.is_none() && self.listen.is_none() {
+            return bad(
+                "listen",
+                "nothing to serve: set `unix:` (a local socket) or `listen:` (TCP with `tls:`)",
+            );
+        }
+        if let Some(u) = &self.unix {
+            if let Err(e) = u.mode_bits() {
+                return bad("unix.mode", &e);
+            }
+            if u.path.as_os_str().is_empty() || u.path.as_os_str().len() > 100 {
+                return bad("unix.path", "a path of 1 to 100 bytes (a socket's bound)");
+            }
+            if u.allow.len() > UNIX_ALLOW_MAX {
+                return bad("unix.allow", "at most 1024 entries");
+            }
+        }
+        if self.listen.is_some() && self.tls.is_none() && !self.tcp_without_tls {
+            return bad(
+                "listen",
+                "a TCP export needs `tls:` (cert_file, key_file, client_ca_file: clients \
+                 present certificates from the cluster CA), or `tcp_without_tls: true` to \
+                 serve every volume to anyone who reaches the port",
+            );
+        }
+        if self.tls.is_some() && self.listen.is_none() {
+            return bad("tls", "TLS is for the TCP export: set `listen:` too");
+        }
         self.memory_pool.validate()
     }
 }
@@ -207,11 +318,11 @@ mod tests {
         let c: NbdConfig = parse_str("", "t").unwrap();
         assert_eq!(c, NbdConfig::default());
         let c: NbdConfig = parse_str(
-            "listen: 127.0.0.1:1234\nthreads: 2\npoll_mode: adaptive\nhandshake_timeout_ms: 500\n",
+            "listen: 127.0.0.1:1234\ntcp_without_tls: true\nthreads: 2\npoll_mode: adaptive\nhandshake_timeout_ms: 500\n",
             "t",
         )
         .unwrap();
-        assert_eq!(c.listen.port(), 1234);
+        assert_eq!(c.listen.map(|l| l.port()), Some(1234));
         assert_eq!(c.thread_count(), 2);
         assert_eq!(c.poll_mode, PollMode::Adaptive);
         assert_eq!(c.handshake_timeout_ms, 500);
@@ -227,6 +338,36 @@ mod tests {
         assert!(e.to_string().contains("listen_port"), "{e}");
         let e = parse_str::<NbdConfig>("max_connections: 0\n", "t").unwrap_err();
         assert!(e.to_string().contains("max_connections"), "{e}");
+    }
+
+    #[test]
+    fn tcp_needs_tls_or_asks_for_clear_by_name() {
+        let e = parse_str::<NbdConfig>("listen: 127.0.0.1:1\n", "t").unwrap_err();
+        assert!(e.to_string().contains("tcp_without_tls"), "{e}");
+        let e = parse_str::<NbdConfig>("unix: null\n", "t").unwrap_err();
+        assert!(e.to_string().contains("nothing to serve"), "{e}");
+        let e =
+            parse_str::<NbdConfig>("tls: {cert_file: a, key_file: b, client_ca_file: c}\n", "t")
+                .unwrap_err();
+        assert!(e.to_string().contains("listen"), "{e}");
+        let c: NbdConfig = parse_str(
+            "listen: 127.0.0.1:1\ntls: {cert_file: a, key_file: b, client_ca_file: c}\n",
+            "t",
+        )
+        .unwrap();
+        assert!(c.tls.is_some() && c.unix.is_some());
+        for bad in ["mode: \"0999\"", "mode: \"01777\"", "mode: rw"] {
+            let e = parse_str::<NbdConfig>(&format!("unix: {{{bad}}}\n"), "t").unwrap_err();
+            assert!(e.to_string().contains("unix.mode"), "{bad}: {e}");
+        }
+        let c: NbdConfig = parse_str(
+            "unix: {path: /tmp/s, mode: \"0660\", allow: [{uid: 7, volumes: [\"vm-*\"], read_only: true}]}\n",
+            "t",
+        )
+        .unwrap();
+        let u = c.unix.unwrap();
+        assert_eq!(u.mode_bits(), Ok(0o660));
+        assert!(u.allow[0].read_only && u.allow[0].volumes.allows("vm-1"));
     }
 }
 

@@ -13,17 +13,23 @@
 //! that came in with the request header is copied out of the receive buffer, the
 //! rest is received straight into it; after a large payload the next request header
 //! is received alone, so a stream of large writes lands without a copy.
+//!
+//! After `STARTTLS` ([`start_tls`]) a rustls session sits between both sides
+//! and the socket: the writer encrypts each round's buffers into one (a copy,
+//! the price of TLS), and the reader decrypts what it receives into its buffer,
+//! so payloads are copied out of it rather than received in place.
 
-use flame_common::buffer::{PayloadBuf, PayloadBufMut};
-use flame_common::reactor::{self, IoBufMut};
+use flame_common::buffer::{PayloadBuf, PayloadBufMut, SendBuf};
+use flame_common::reactor::{self, IoBuf, IoBufMut};
 use flame_common::transport::Stall;
 use flame_common::transport::bring_up::Source;
 use flame_common::transport::receive_share;
 use flame_common::transport::stream_send::{PushRefused, StreamSend, WriterEnd};
-use std::io;
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::cell::RefCell;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// Receive buffer per connection: many request headers (and small writes) per
 /// system call.
@@ -40,10 +46,15 @@ const DIRECT_RECV_PAYLOAD_BYTES_MIN: usize = 64 << 10;
 pub(crate) const SEND_QUEUE_BYTES_MAX: usize = 256 << 20;
 /// Size of an NBD request header: what a header-only receive asks for.
 const REQUEST_HEADER_BYTES: usize = super::proto::REQUEST_LEN;
+/// Ciphertext received per system call on a TLS connection (a few records).
+const TLS_RECV_BYTES: usize = 64 << 10;
 
 /// One accepted NBD connection, owned by the current reactor thread.
 pub(crate) struct Conn {
-    stream: TcpStream,
+    /// The socket (TCP or Unix).
+    fd: OwnedFd,
+    /// The TLS session once `STARTTLS` began it.
+    tls: RefCell<Option<rustls::ServerConnection>>,
     /// Whose share of the pool its unfinished payloads hold
     /// ([`flame_common::transport::receive_share`]).
     source: Source,
@@ -54,14 +65,12 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Wraps an accepted socket and starts its writer task.
-    pub(crate) fn new(stream: TcpStream) -> Rc<Conn> {
+    /// Wraps an accepted socket from `source` and starts its writer task.
+    pub(crate) fn new(fd: OwnedFd, source: Source) -> Rc<Conn> {
         receive_share::register_metrics();
-        let source = stream
-            .peer_addr()
-            .map_or(Source::Local, |a| Source::Ip(a.ip()));
         let conn = Rc::new(Conn {
-            stream,
+            fd,
+            tls: RefCell::new(None),
             source,
             tx: StreamSend::new(SEND_QUEUE_BYTES_MAX),
         });
@@ -108,7 +117,81 @@ impl Conn {
     pub(crate) fn close(&self) {
         if self.tx.close() {
             // Shutting down wakes a pending receive (it completes with 0).
-            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            self.shutdown();
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = socket2::SockRef::from(&self.fd).shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Whether a TLS session carries the connection.
+    pub(crate) fn tls_on(&self) -> bool {
+        self.tls.borrow().is_some()
+    }
+
+    /// Whether the TLS session is still in its handshake.
+    fn tls_handshaking(&self) -> bool {
+        self.tls
+            .borrow()
+            .as_ref()
+            .is_some_and(|t| t.is_handshaking())
+    }
+
+    /// Has the writer run a round with nothing queued, so that what the TLS
+    /// session has to send (handshake messages, alerts) goes out.
+    fn kick_writer(&self) {
+        let _ = self.tx.push_owned(Vec::new());
+    }
+
+    /// The writer's seal: with TLS on, the round's buffers encrypted into one
+    /// (with whatever the session itself has to send); in clear, as they are.
+    fn seal(&self, bufs: Vec<SendBuf>) -> io::Result<Vec<SendBuf>> {
+        let mut tls = self.tls.borrow_mut();
+        let Some(tls) = tls.as_mut() else {
+            return Ok(bufs);
+        };
+        let total: usize = bufs.iter().map(IoBuf::len).sum();
+        for b in &bufs {
+            // SAFETY: an IoBuf's pointer is valid for its length while the
+            // buffer lives (it does, in `bufs`, across this call).
+            let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+            tls.writer().write_all(bytes)?;
+        }
+        // Records add at most a few dozen bytes per 16 KiB.
+        let mut out = Vec::with_capacity(total + total / 256 + 1024);
+        while tls.wants_write() {
+            tls.write_tls(&mut out)?;
+        }
+        Ok(vec![SendBuf::Copied(out)])
+    }
+
+    /// Gives the TLS session ciphertext from `data`; returns how much it
+    /// took. A protocol error (a bad record, a refused certificate) queues
+    /// the session's alert and is returned.
+    fn feed_tls(&self, mut data: &[u8]) -> io::Result<usize> {
+        let before = data.len();
+        let mut guard = self.tls.borrow_mut();
+        let Some(tls) = guard.as_mut() else {
+            return Err(io::Error::other("no TLS session"));
+        };
+        tls.read_tls(&mut data)?;
+        let processed = tls.process_new_packets();
+        let wants_write = tls.wants_write();
+        drop(guard);
+        if wants_write {
+            self.kick_writer();
+        }
+        processed.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(before - data.len())
+    }
+
+    /// Plaintext the TLS session holds, into `out`: `Ok(0)` when the client
+    /// closed the session, `WouldBlock` when it needs more ciphertext.
+    fn read_plaintext(&self, out: &mut [u8]) -> io::Result<usize> {
+        match self.tls.borrow_mut().as_mut() {
+            Some(tls) => tls.reader().read(out),
+            None => Err(io::Error::other("no TLS session")),
         }
     }
 
@@ -124,22 +207,67 @@ impl Conn {
     }
 
     fn fd(&self) -> i32 {
-        self.stream.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         // Make sure no operation the kernel still holds keeps the socket alive.
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.shutdown();
     }
 }
 
-/// Drains the send queue until the connection closes.
+/// Drains the send queue until the connection closes (through the TLS
+/// session once there is one).
 async fn writer(conn: Rc<Conn>) {
-    if conn.tx.write_until_closed(conn.fd()).await != WriterEnd::Closed {
+    let sealing = conn.clone();
+    let end = conn
+        .tx
+        .write_until_closed_with(conn.fd(), move |bufs| sealing.seal(bufs))
+        .await;
+    if end != WriterEnd::Closed {
         conn.close();
     }
+}
+
+/// Begins TLS on `conn` after the `STARTTLS` acknowledgement was queued:
+/// waits for it to leave in clear, runs the TLS handshake (bounded by the
+/// negotiation's deadline) and returns the client's certificate (DER), which
+/// `config`'s verifier checked against the client CA. A client that sent
+/// anything after `STARTTLS` before the acknowledgement broke the protocol.
+pub(crate) async fn start_tls(
+    conn: &Conn,
+    rd: &mut Reader,
+    config: Arc<rustls::ServerConfig>,
+) -> io::Result<Vec<u8>> {
+    if rd.buffered() > 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the client sent data after STARTTLS before its reply",
+        ));
+    }
+    conn.wait_queue_below(0).await;
+    let mut session = rustls::ServerConnection::new(config)
+        .map_err(|e| io::Error::other(format!("TLS session: {e}")))?;
+    // The send queue bounds what is queued (SEND_QUEUE_BYTES_MAX); rustls's
+    // own 64 KiB limit would refuse one round of it.
+    session.set_buffer_limit(None);
+    *conn.tls.borrow_mut() = Some(session);
+    while conn.tls_handshaking() {
+        rd.fill().await?;
+    }
+    // The handshake's last flight out before negotiation goes on.
+    conn.kick_writer();
+    conn.wait_queue_below(0).await;
+    let cert = conn
+        .tls
+        .borrow()
+        .as_ref()
+        .and_then(|t| t.peer_certificates())
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec());
+    cert.ok_or_else(|| io::Error::new(io::ErrorKind::PermissionDenied, "no client certificate"))
 }
 
 /// The receiving side of a connection (one per connection, owned by its reader
@@ -152,6 +280,11 @@ pub(crate) struct Reader {
     /// Receive only up to the end of the next request header (see
     /// [`DIRECT_RECV_PAYLOAD_BYTES_MIN`]).
     header_only: bool,
+    /// Ciphertext received and not yet given to the TLS session (allocated
+    /// at the first TLS receive).
+    tls_in: Vec<u8>,
+    tls_in_start: usize,
+    tls_in_end: usize,
 }
 
 fn eof() -> io::Error {
@@ -167,6 +300,47 @@ impl Reader {
             start: 0,
             end: 0,
             header_only: false,
+            tls_in: Vec::new(),
+            tls_in_start: 0,
+            tls_in_end: 0,
+        }
+    }
+
+    /// One step of a TLS connection's receive: plaintext the session holds
+    /// into the buffer, else ciphertext received earlier into the session,
+    /// else one receive of ciphertext. Each step makes progress or fails.
+    async fn fill_tls(&mut self) -> io::Result<()> {
+        match self.conn.read_plaintext(&mut self.buf[self.end..]) {
+            Ok(0) => return Err(eof()),
+            Ok(n) => {
+                self.end += n;
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if self.tls_in_start < self.tls_in_end {
+            let took = self
+                .conn
+                .feed_tls(&self.tls_in[self.tls_in_start..self.tls_in_end])?;
+            self.tls_in_start += took;
+            return Ok(());
+        }
+        if self.tls_in.is_empty() {
+            self.tls_in = vec![0u8; TLS_RECV_BYTES];
+        }
+        let buf = std::mem::take(&mut self.tls_in);
+        let (res, buf) = reactor::recv(self.conn.fd(), buf, 0).await;
+        self.tls_in = buf;
+        match res {
+            Ok(0) => Err(eof()),
+            Ok(n) => {
+                self.tls_in_start = 0;
+                self.tls_in_end = n;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -186,6 +360,9 @@ impl Reader {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
+        }
+        if self.conn.tls_on() {
+            return self.fill_tls().await;
         }
         let buf = std::mem::take(&mut self.buf);
         let limit = if self.header_only {
@@ -227,6 +404,24 @@ impl Reader {
     /// least one byte or returns.
     async fn recv_rest<B: IoBufMut>(&mut self, mut out: B, mut filled: usize) -> io::Result<B> {
         let len = out.len();
+        if self.conn.tls_on() {
+            // Decrypted into the receive buffer, then copied out.
+            while filled < len {
+                if self.buffered() == 0 {
+                    self.fill().await?;
+                    continue;
+                }
+                let take = self.buffered().min(len - filled);
+                // SAFETY: an IoBufMut's pointer is valid for writes of its
+                // length while we hold it (we own `out`).
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr(), len) };
+                dst[filled..filled + take]
+                    .copy_from_slice(&self.buf[self.start..self.start + take]);
+                self.start += take;
+                filled += take;
+            }
+            return Ok(out);
+        }
         while filled < len {
             if self.conn.is_closed() {
                 return Err(eof());

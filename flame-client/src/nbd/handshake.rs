@@ -1,15 +1,23 @@
 //! Fixed-newstyle negotiation: greeting, client flags, and the option loop.
 //!
 //! Options handled: `EXPORT_NAME`, `ABORT`, `LIST`, `INFO`, `GO`,
-//! `STRUCTURED_REPLY`; `STARTTLS` is refused with `ERR_POLICY` (NOTLS server);
-//! anything else gets `ERR_UNSUP` and negotiation goes on, as the spec requires.
+//! `STRUCTURED_REPLY`, `STARTTLS` (on a TCP export with `tls:`; the TLS
+//! session then carries the rest, and the client certificate's capabilities
+//! decide what it may open); anything else gets `ERR_UNSUP` and negotiation
+//! goes on, as the spec requires. Every option is first checked against the
+//! connection's [`Admission`] ([`super::access`]): before TLS on an export
+//! that requires it, everything but `STARTTLS` and `ABORT` gets
+//! `ERR_TLS_REQD` (and `EXPORT_NAME`, which cannot be refused, a disconnect).
 //! Every length read from the client is bounded before use. The caller bounds the
 //! whole negotiation in time (`handshake_timeout_ms`).
 
+use super::access::{Admission, OptionVerdict, check_option};
 use super::backend::{Backend, Exports, OpenError};
+use super::client_cert::ClientClaims;
 use super::conn::{Conn, Reader};
 use super::proto::{self, *};
 use std::io;
+use std::sync::Arc;
 
 /// Option data accepted and parsed (names and info lists are far smaller).
 pub const OPTION_DATA_BYTES_MAX: u32 = 64 << 10;
@@ -27,6 +35,10 @@ pub(crate) enum Outcome<B> {
         structured: bool,
         /// Export name, for logs.
         name: String,
+        /// Served read-only (the backend's, or the client's grant's).
+        read_only: bool,
+        /// Who the client is, for logs.
+        who: String,
     },
     /// The client sent `ABORT` (already acknowledged).
     Aborted,
@@ -47,6 +59,14 @@ pub(crate) enum HandshakeError {
     /// The client did not finish in time.
     #[error("handshake timed out")]
     Timeout,
+    /// `EXPORT_NAME` without the access it needs (TLS first, or a grant):
+    /// the option has no error reply, so the connection is closed.
+    #[error("EXPORT_NAME {0:?} refused: {1}")]
+    Refused(String, String),
+    /// The TLS handshake after `STARTTLS` failed (no or a bad client
+    /// certificate, a protocol error).
+    #[error("TLS: {0}")]
+    Tls(io::Error),
 }
 
 fn reply(conn: &Conn, option: u32, reply_type: u32, data: &[u8]) {
@@ -57,11 +77,14 @@ fn reply_err(conn: &Conn, option: u32, reply_type: u32, message: &str) {
     reply(conn, option, reply_type, message.as_bytes());
 }
 
-/// Runs the negotiation on a fresh connection.
+/// Runs the negotiation on a fresh connection, admitted as `admission`;
+/// `tls` is what `STARTTLS` starts (`None`: not offered on this export).
 pub(crate) async fn negotiate<E: Exports>(
     conn: &Conn,
     rd: &mut Reader,
     exports: &E,
+    mut admission: Admission,
+    tls: Option<&Arc<rustls::ServerConfig>>,
 ) -> Result<Outcome<E::B>, HandshakeError> {
     conn.send(&[&encode_greeting()]);
     let mut fb = [0u8; 4];
@@ -91,15 +114,30 @@ pub(crate) async fn negotiate<E: Exports>(
             continue;
         }
         let data = rd.read_vec(h.len as usize).await?;
+        let named = matches!(h.option, OPT_EXPORT_NAME | OPT_INFO | OPT_GO);
+        if !named
+            && let OptionVerdict::Refuse { reply, message } =
+                check_option(&admission, h.option, None)
+        {
+            reply_err(conn, h.option, reply, &message);
+            continue;
+        }
         match h.option {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8(data)
                     .map_err(|_| HandshakeError::Protocol("export name is not UTF-8".into()))?;
+                if let OptionVerdict::Refuse { message, .. } =
+                    check_option(&admission, h.option, Some(&name))
+                {
+                    return Err(HandshakeError::Refused(name, message));
+                }
+                let read_only = granted_read_only(&admission);
                 let backend = exports
                     .open(&name)
                     .await
                     .map_err(|e| HandshakeError::ExportNameRefused(name.clone(), e))?;
-                let flags = transmission_flags(backend.read_only(), structured);
+                let read_only = read_only || backend.read_only();
+                let flags = transmission_flags(read_only, structured);
                 conn.send(&[&encode_export_name_reply(
                     backend.size(),
                     flags,
@@ -109,6 +147,8 @@ pub(crate) async fn negotiate<E: Exports>(
                     backend,
                     structured,
                     name,
+                    read_only,
+                    who: who(&admission),
                 });
             }
             OPT_ABORT => {
@@ -123,7 +163,10 @@ pub(crate) async fn negotiate<E: Exports>(
                 }
                 match exports.list().await {
                     Ok(names) => {
-                        for n in names {
+                        // Only what the grant opens (LIST needs one: checked above).
+                        let allowed =
+                            |n: &String| matches!(&admission, Admission::Granted(g) if g.allows(n));
+                        for n in names.into_iter().filter(allowed) {
                             reply(conn, h.option, REP_SERVER, &encode_rep_server(&n));
                         }
                         reply(conn, h.option, REP_ACK, &[]);
@@ -132,7 +175,34 @@ pub(crate) async fn negotiate<E: Exports>(
                 }
             }
             OPT_STARTTLS => {
-                reply_err(conn, h.option, REP_ERR_POLICY, "TLS is not supported");
+                let Some(config) = tls else {
+                    reply_err(
+                        conn,
+                        h.option,
+                        REP_ERR_POLICY,
+                        "TLS is not offered on this export",
+                    );
+                    continue;
+                };
+                if conn.tls_on() {
+                    reply_err(conn, h.option, REP_ERR_INVALID, "TLS is already on");
+                    continue;
+                }
+                if !data.is_empty() {
+                    reply_err(conn, h.option, REP_ERR_INVALID, "STARTTLS takes no data");
+                    continue;
+                }
+                reply(conn, h.option, REP_ACK, &[]);
+                let cert = super::conn::start_tls(conn, rd, config.clone())
+                    .await
+                    .map_err(HandshakeError::Tls)?;
+                // What was negotiated in clear is forgotten (the spec).
+                structured = false;
+                admission = match ClientClaims::from_der(&cert) {
+                    Ok(claims) => Admission::Granted(claims.grant()),
+                    Err(e) => Admission::Refused(e),
+                };
+                tracing::debug!(?admission, "TLS started");
             }
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
@@ -159,6 +229,12 @@ pub(crate) async fn negotiate<E: Exports>(
                     reply_err(conn, h.option, REP_ERR_INVALID, "export name is not UTF-8");
                     continue;
                 };
+                if let OptionVerdict::Refuse { reply, message } =
+                    check_option(&admission, h.option, Some(&name))
+                {
+                    reply_err(conn, h.option, reply, &message);
+                    continue;
+                }
                 let backend = match exports.open(&name).await {
                     Ok(b) => b,
                     Err(OpenError::Unknown) => {
@@ -175,7 +251,8 @@ pub(crate) async fn negotiate<E: Exports>(
                         continue;
                     }
                 };
-                let flags = transmission_flags(backend.read_only(), structured);
+                let read_only = granted_read_only(&admission) || backend.read_only();
+                let flags = transmission_flags(read_only, structured);
                 reply(
                     conn,
                     h.option,
@@ -217,6 +294,8 @@ pub(crate) async fn negotiate<E: Exports>(
                         backend,
                         structured,
                         name,
+                        read_only,
+                        who: who(&admission),
                     });
                 }
             }
@@ -224,5 +303,19 @@ pub(crate) async fn negotiate<E: Exports>(
                 reply_err(conn, h.option, REP_ERR_UNSUP, "option not supported");
             }
         }
+    }
+}
+
+/// Whether the connection's grant is read-only (`false` without a grant:
+/// nothing is opened then).
+fn granted_read_only(a: &Admission) -> bool {
+    matches!(a, Admission::Granted(g) if g.read_only)
+}
+
+/// Who the client is, for logs.
+fn who(a: &Admission) -> String {
+    match a {
+        Admission::Granted(g) => g.who.clone(),
+        _ => "?".into(),
     }
 }

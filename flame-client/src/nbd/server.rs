@@ -6,18 +6,27 @@
 //! accepted it — negotiation, requests, backend I/O and replies — until it closes.
 //! Nothing on the data path crosses threads; the only shared state is the
 //! connection count (an atomic, touched at accept and close).
+//!
+//! Two exports, each optional: the Unix socket (`unix:`; every thread accepts
+//! on a duplicate of the one socket), whose peers are admitted by their uid
+//! (`SO_PEERCRED`), and the TCP address (`listen:`), where a client is admitted
+//! only by `STARTTLS` with a certificate from the cluster CA unless the
+//! configuration serves it in clear by name ([`super::access`]).
 
+use super::access::{Admission, Grant, UidGrant, unix_admission};
 use super::backend::Exports;
-use super::config::NbdConfig;
+use super::config::{NbdConfig, UnixExport};
 use super::conn::{Conn, Reader};
 use super::handshake::{self, HandshakeError, Outcome};
 use super::metrics::OpMetrics;
 use super::{shutdown, transmission};
 use flame_common::reactor::{self, Reactor, ReactorConfig};
+use flame_common::transport::bring_up::Source;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,9 +41,83 @@ const ACCEPT_RETRY_MS: u64 = 10;
 /// clients can connect as soon as [`Server::bind`] returns.
 pub struct Server {
     config: NbdConfig,
+    /// One TCP listener per thread (empty without `listen:`).
     listeners: Vec<TcpListener>,
-    addr: SocketAddr,
+    /// The Unix socket export's listener (each thread accepts on a duplicate).
+    unix: Option<UnixListener>,
+    addr: Option<SocketAddr>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     conns: Arc<AtomicUsize>,
+}
+
+/// Why the server cannot start: its message names the setting.
+fn setting_error(what: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{what}: {e}"))
+}
+
+/// Creates the Unix socket export: a stale socket at its path (no one
+/// listening) is replaced, anything else there is an error; the new socket
+/// gets the configured mode and group.
+fn unix_listener(u: &UnixExport) -> io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let path = &u.path;
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("unix.path {shown}: another server is listening on it"),
+                ));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| setting_error(&format!("unix.path {shown} (stale)"), e))?;
+        }
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("unix.path {shown} exists and is not a socket"),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(setting_error(&format!("unix.path {shown}"), e)),
+    }
+    let listener =
+        UnixListener::bind(path).map_err(|e| setting_error(&format!("unix.path {shown}"), e))?;
+    let mode = u.mode_bits().map_err(|e| setting_error("unix.mode", e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| setting_error(&format!("unix.mode of {shown}"), e))?;
+    if let Some(gid) = u.gid {
+        std::os::unix::fs::lchown(path, None, Some(gid))
+            .map_err(|e| setting_error(&format!("unix.gid {gid} of {shown}"), e))?;
+    }
+    Ok(listener)
+}
+
+/// The uid of a Unix-socket peer (`SO_PEERCRED`: the credentials it had when
+/// it connected, which it cannot change afterwards).
+fn peer_uid(fd: &OwnedFd) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which lives
+    // across the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
@@ -47,20 +130,41 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 impl Server {
-    /// Binds one `SO_REUSEPORT` socket per thread on `config.listen` (port 0 picks a
+    /// Loads the TLS files, creates the Unix socket export and binds one
+    /// `SO_REUSEPORT` socket per thread on `config.listen` (port 0 picks a
     /// free port, shared by all threads).
     pub fn bind(config: NbdConfig) -> io::Result<Server> {
         let threads = config.thread_count().max(1);
-        let first = flame_common::transport::bind_retrying(|| reuseport_listener(config.listen))?;
-        let addr = first.local_addr()?;
-        let mut listeners = vec![first];
-        for _ in 1..threads {
-            listeners.push(reuseport_listener(addr)?);
+        let tls = match &config.tls {
+            Some(t) => Some(
+                flame_common::tls::client_auth_server_config(
+                    &t.cert_file,
+                    &t.key_file,
+                    &t.client_ca_file,
+                )
+                .map_err(|e| setting_error("tls", e))?,
+            ),
+            None => None,
+        };
+        let mut listeners = Vec::new();
+        let mut addr = None;
+        if let Some(listen) = config.listen {
+            let first = flame_common::transport::bind_retrying(|| reuseport_listener(listen))
+                .map_err(|e| setting_error(&format!("listen {listen}"), e))?;
+            let bound = first.local_addr()?;
+            listeners.push(first);
+            for _ in 1..threads {
+                listeners.push(reuseport_listener(bound)?);
+            }
+            addr = Some(bound);
         }
+        let unix = config.unix.as_ref().map(unix_listener).transpose()?;
         Ok(Server {
             config,
             listeners,
+            unix,
             addr,
+            tls,
             conns: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -70,9 +174,23 @@ impl Server {
         self.conns.clone()
     }
 
-    /// The address clients connect to.
-    pub fn local_addr(&self) -> SocketAddr {
+    /// The TCP export's address, if it has one.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
         self.addr
+    }
+
+    /// Where clients connect, for logs and scripts: `unix:PATH` and
+    /// `tcp:ADDR (tls)` / `tcp:ADDR (clear)`, comma-separated.
+    pub fn endpoints(&self) -> String {
+        let mut e = Vec::new();
+        if let Some(u) = &self.config.unix {
+            e.push(format!("unix:{}", u.path.display()));
+        }
+        if let Some(a) = self.addr {
+            let mode = if self.tls.is_some() { "tls" } else { "clear" };
+            e.push(format!("tcp:{a} ({mode})"));
+        }
+        e.join(", ")
     }
 
     /// Runs every thread; returns only if one fails. `make_exports(i)` is called on
@@ -88,19 +206,30 @@ impl Server {
             &self.config.memory_pool,
             self.listeners.len(),
         )?);
+        let threads = self.config.thread_count().max(1);
+        let mut tcp = self.listeners.into_iter();
         let mut handles = Vec::new();
-        for (i, l) in self.listeners.into_iter().enumerate() {
+        for i in 0..threads {
             let make = make.clone();
             let pool = pool.clone();
             let conns = conns.clone();
             let config = self.config.clone();
+            let listeners = ThreadListeners {
+                tcp: tcp.next(),
+                unix: self
+                    .unix
+                    .as_ref()
+                    .map(UnixListener::try_clone)
+                    .transpose()?,
+            };
+            let tls = self.tls.clone();
             let h = std::thread::Builder::new()
                 .name(format!("nbd-{i}"))
                 .spawn(move || {
                     // Payloads received from NBD clients and read replies from the
                     // OSDs come from this thread's registered pool.
                     pool.install()?;
-                    thread_main(i, l, config, conns, move |i| make(i))
+                    thread_main(i, listeners, config, tls, conns, move |i| make(i))
                 })?;
             handles.push(h);
         }
@@ -119,8 +248,20 @@ impl Server {
     }
 }
 
+/// The listening sockets one thread accepts on.
+struct ThreadListeners {
+    tcp: Option<TcpListener>,
+    unix: Option<UnixListener>,
+}
+
 /// What the tasks of one thread share.
 struct ThreadCtx {
+    /// TLS on the TCP export (`None`: it is served in clear).
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// The Unix socket export's allowlist.
+    unix_allow: Vec<UidGrant>,
+    /// This process's uid (admitted on the Unix socket when the list is empty).
+    own_uid: u32,
     metrics: Rc<OpMetrics>,
     conns: Arc<AtomicUsize>,
     max_connections: usize,
@@ -130,8 +271,9 @@ struct ThreadCtx {
 
 fn thread_main<E: Exports>(
     index: usize,
-    listener: TcpListener,
+    listeners: ThreadListeners,
     config: NbdConfig,
+    tls: Option<Arc<rustls::ServerConfig>>,
     conns: Arc<AtomicUsize>,
     make_exports: impl FnOnce(usize) -> E,
 ) -> io::Result<()> {
@@ -141,34 +283,66 @@ fn thread_main<E: Exports>(
     })?;
     let exports = Rc::new(make_exports(index));
     let ctx = Rc::new(ThreadCtx {
+        tls,
+        unix_allow: config
+            .unix
+            .as_ref()
+            .map(|u| u.allow.clone())
+            .unwrap_or_default(),
+        // SAFETY: plain syscall.
+        own_uid: unsafe { libc::geteuid() },
         metrics: Rc::new(OpMetrics::new()),
         conns,
         max_connections: config.max_connections,
         handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
         stall_bounds: config.stall_bounds(),
     });
-    r.block_on(accept_loop(index, listener, exports, ctx))?;
+    r.block_on(async move {
+        reactor::spawn(async move {
+            let mut m = crate::metrics::ReactorMetrics::new(index);
+            loop {
+                reactor::sleep(REACTOR_METRICS_INTERVAL).await;
+                m.update(reactor::poll_stats());
+            }
+        })
+        .detach();
+        let tcp = listeners
+            .tcp
+            .map(|l| accept_loop(Listening::Tcp(l), exports.clone(), ctx.clone()));
+        let unix = listeners
+            .unix
+            .map(|l| accept_loop(Listening::Unix(l), exports.clone(), ctx.clone()));
+        match (tcp, unix) {
+            (Some(t), Some(u)) => futures_lite::future::zip(t, u).await.0,
+            (Some(t), None) => t.await,
+            (None, Some(u)) => u.await,
+            (None, None) => {}
+        }
+    })?;
     Ok(())
+}
+
+/// A listening socket of one thread.
+enum Listening {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listening {
+    fn fd(&self) -> i32 {
+        match self {
+            Listening::Tcp(l) => l.as_raw_fd(),
+            Listening::Unix(l) => l.as_raw_fd(),
+        }
+    }
 }
 
 /// How often an NBD thread publishes its reactor's run-loop counters.
 const REACTOR_METRICS_INTERVAL: Duration = Duration::from_secs(1);
 
-async fn accept_loop<E: Exports>(
-    index: usize,
-    listener: TcpListener,
-    exports: Rc<E>,
-    ctx: Rc<ThreadCtx>,
-) {
-    reactor::spawn(async move {
-        let mut m = crate::metrics::ReactorMetrics::new(index);
-        loop {
-            reactor::sleep(REACTOR_METRICS_INTERVAL).await;
-            m.update(reactor::poll_stats());
-        }
-    })
-    .detach();
-    let lfd = listener.as_raw_fd();
+async fn accept_loop<E: Exports>(listener: Listening, exports: Rc<E>, ctx: Rc<ThreadCtx>) {
+    let lfd = listener.fd();
+    let unix = matches!(listener, Listening::Unix(_));
     loop {
         match reactor::accept(lfd).await {
             Ok(fd) if shutdown::shutting_down() => drop(fd),
@@ -183,7 +357,7 @@ async fn accept_loop<E: Exports>(
                     drop(fd);
                     continue;
                 }
-                reactor::spawn(connection(fd, exports.clone(), ctx.clone())).detach();
+                reactor::spawn(connection(fd, unix, exports.clone(), ctx.clone())).detach();
             }
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -225,22 +399,51 @@ impl Drop for ConnGuard {
     }
 }
 
-async fn connection<E: Exports>(fd: OwnedFd, exports: Rc<E>, ctx: Rc<ThreadCtx>) {
-    ctx.metrics.connections().inc();
-    let _guard = ConnGuard { ctx: ctx.clone() };
+/// Who a new connection is and what it may do before negotiation: a Unix
+/// peer by its uid, a TCP peer by the export's TLS rule.
+fn admit(fd: OwnedFd, unix: bool, ctx: &ThreadCtx) -> (OwnedFd, Source, String, Admission) {
+    if unix {
+        let admission = match peer_uid(&fd) {
+            Ok(uid) => unix_admission(&ctx.unix_allow, uid, ctx.own_uid),
+            Err(e) => Admission::Refused(format!("cannot tell the peer's uid: {e}")),
+        };
+        let who = match &admission {
+            Admission::Granted(g) => g.who.clone(),
+            _ => "unix peer".into(),
+        };
+        return (fd, Source::Local, who, admission);
+    }
     let _ = SockRef::from(&fd).set_tcp_nodelay(true);
     let stream = TcpStream::from(fd);
     // A client whose host went away is noticed within about a minute.
     if let Err(e) = flame_common::transport::tcp::set_liveness(&stream) {
         tracing::debug!("cannot set keepalive on an NBD connection: {e}");
     }
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".into());
-    let conn = Conn::new(stream);
+    let (peer, source) = match stream.peer_addr() {
+        Ok(a) => (a.to_string(), Source::Ip(a.ip())),
+        Err(_) => ("?".into(), Source::Local),
+    };
+    let admission = if ctx.tls.is_some() {
+        Admission::TlsRequired
+    } else {
+        Admission::Granted(Grant::everything(format!("tcp peer {peer}")))
+    };
+    (OwnedFd::from(stream), source, peer, admission)
+}
+
+async fn connection<E: Exports>(fd: OwnedFd, unix: bool, exports: Rc<E>, ctx: Rc<ThreadCtx>) {
+    ctx.metrics.connections().inc();
+    let _guard = ConnGuard { ctx: ctx.clone() };
+    let (fd, source, peer, admission) = admit(fd, unix, &ctx);
+    let conn = Conn::new(fd, source);
     let mut rd = Reader::new(conn.clone());
-    let negotiation = handshake::negotiate(&conn, &mut rd, &*exports);
+    let negotiation = handshake::negotiate(
+        &conn,
+        &mut rd,
+        &*exports,
+        admission,
+        ctx.tls.as_ref().filter(|_| !unix),
+    );
     let timeout = async {
         reactor::sleep(ctx.handshake_timeout).await;
         Err(HandshakeError::Timeout)
@@ -250,14 +453,17 @@ async fn connection<E: Exports>(fd: OwnedFd, exports: Rc<E>, ctx: Rc<ThreadCtx>)
             backend,
             structured,
             name,
+            read_only,
+            who,
         }) => {
-            tracing::debug!(%peer, export = %name, structured, "transmission");
+            tracing::debug!(%peer, %who, export = %name, structured, read_only, "transmission");
             watch_stalls(&conn, ctx.stall_bounds, &peer);
             let res = transmission::serve(
                 conn.clone(),
                 rd,
                 Rc::new(backend),
                 structured,
+                read_only,
                 ctx.metrics.clone(),
             )
             .await;

@@ -121,11 +121,13 @@ pub(crate) async fn serve<B: Backend + 'static>(
     mut rd: Reader,
     backend: Rc<B>,
     structured: bool,
+    read_only: bool,
     metrics: Rc<OpMetrics>,
 ) -> Result<(), TransmissionError> {
     let info = SessionInfo {
         size: backend.size(),
-        read_only: backend.read_only(),
+        // The client's grant may be read-only where the backend is not.
+        read_only: read_only || backend.read_only(),
         structured,
     };
     let s = Rc::new(Session {

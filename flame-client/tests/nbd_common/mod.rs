@@ -40,7 +40,7 @@ impl NbdServer {
         std::fs::write(
             &cfg,
             format!(
-                "listen: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:{metrics_port}\nthreads: 2\n{extra_yaml}"
+                "listen: 127.0.0.1:0\ntcp_without_tls: true\nunix: null\nmetrics_listen: 127.0.0.1:{metrics_port}\nthreads: 2\n{extra_yaml}"
             ),
         )
         .unwrap();

@@ -90,6 +90,19 @@ impl SendQueue<StreamBufs> {
     /// queued. The owner runs it as a task of its own and closes the
     /// connection when it returns anything but [`WriterEnd::Closed`].
     pub async fn write_until_closed(&self, fd: RawFd) -> WriterEnd {
+        self.write_until_closed_with(fd, Ok).await
+    }
+
+    /// [`Self::write_until_closed`], with each round's buffers passed through
+    /// `seal` before they are written (a TLS session encrypts them there; it
+    /// may also be called with no buffers, to send what the session itself
+    /// has to say). An error from `seal` ends the writer as a failed write
+    /// does.
+    pub async fn write_until_closed_with(
+        &self,
+        fd: RawFd,
+        mut seal: impl FnMut(Vec<SendBuf>) -> std::io::Result<Vec<SendBuf>>,
+    ) -> WriterEnd {
         loop {
             if let Err(end) = self.next_round().await {
                 return end;
@@ -98,6 +111,9 @@ impl SendQueue<StreamBufs> {
                 q.last_is_batch = false;
                 std::mem::take(&mut q.bufs)
             });
+            let Ok(bufs) = seal(bufs) else {
+                return WriterEnd::Failed;
+            };
             self.marks().send_started();
             let written = reactor::writev_all(fd, bufs).await;
             self.marks().send_finished();
