@@ -10,8 +10,8 @@
 
 pub use flame_common::auth::Role;
 use flame_common::auth::{
-    Credentials, EntityName, KeyGeneration, Nonce, ReplayGuard, ReplayRefusal, RequestAuth,
-    SecretKey, VolumePatterns,
+    Credentials, EntityName, KeyGeneration, Nonce, REPLAY_ENTRIES_MAX, ReplayRefusal, ReplayShares,
+    RequestAuth, SecretKey, ShareLimits, VolumePatterns,
 };
 use flame_common::ids::OsdId;
 use serde::{Deserialize, Serialize};
@@ -373,11 +373,34 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// The manager's side of authentication: the cluster secret and the replay guard.
+/// The manager's side of authentication: the cluster secret and the replay
+/// guards, one per entity in one share per role ([`ReplayShares`]): a client
+/// key signing requests as fast as it can fills its own guard, never the
+/// OSDs' (their heartbeats and map fetches) or the administrators'.
 #[derive(Debug)]
 pub struct Verifier {
     secret: SecretKey,
-    replay: ReplayGuard,
+    replay: ReplayShares,
+}
+
+/// How much of the replay window each role may hold at the manager. An OSD
+/// signs about two requests a second (heartbeat, map), 240 in a window; the
+/// shared `osd` entity of older deployments signs for every OSD.
+pub fn replay_limits(role: Role) -> ShareLimits {
+    match role {
+        Role::Osd => ShareLimits {
+            entity_entries_max: 32_768,
+            share_entries_max: REPLAY_ENTRIES_MAX,
+        },
+        Role::Client => ShareLimits {
+            entity_entries_max: 4_096,
+            share_entries_max: REPLAY_ENTRIES_MAX,
+        },
+        Role::Admin => ShareLimits {
+            entity_entries_max: 4_096,
+            share_entries_max: REPLAY_ENTRIES_MAX / 4,
+        },
+    }
 }
 
 /// A request header that names a known entity at its current generation, not yet
@@ -410,7 +433,7 @@ impl Verifier {
     pub fn new(secret: SecretKey) -> Verifier {
         Verifier {
             secret,
-            replay: ReplayGuard::new(),
+            replay: ReplayShares::new(replay_limits),
         }
     }
 
@@ -453,9 +476,8 @@ impl Verifier {
         if !a.verify(&key, method, path_and_query, body) {
             return Err(Refusal::BadSignature(a.entity.clone()));
         }
-        self.replay
-            .check(now_ms, a.time_ms, a.nonce)
-            .map_err(|r| Refusal::Replay(a.entity.clone(), r))?;
+        // The role before the replay guard: a request its signer may not make
+        // takes no room in it.
         if !permits(claim.role, access) {
             return Err(Refusal::Forbidden {
                 entity: a.entity.clone(),
@@ -463,6 +485,9 @@ impl Verifier {
                 needed: access,
             });
         }
+        self.replay
+            .check(&a.entity, claim.role, now_ms, a.time_ms, a.nonce)
+            .map_err(|r| Refusal::Replay(a.entity.clone(), r))?;
         Ok(Credentials {
             entity: a.entity.clone(),
             generation: a.generation,
@@ -638,6 +663,59 @@ mod tests {
         assert!(permits(Role::Client, Any) && !permits(Role::Client, Osd));
         assert!(permits(Role::Osd, Osd) && !permits(Role::Osd, Admin));
         assert!(permits(Role::Admin, Admin) && permits(Role::Admin, Osd));
+    }
+
+    /// One client key signing requests as fast as it can fills its own replay
+    /// guard and is refused (429) alone: an OSD's heartbeat and an admin's
+    /// request still pass, and forbidden requests take no room at all.
+    #[test]
+    fn a_flooding_client_key_cannot_shut_out_the_osds() {
+        let mut table = AuthTable::default();
+        let vm = EntityName::parse("client.vm").unwrap();
+        table.add(&vm, Role::Client, VolumePatterns::all()).unwrap();
+        table
+            .add(
+                &EntityName::parse("osd.1").unwrap(),
+                Role::Osd,
+                VolumePatterns::all(),
+            )
+            .unwrap();
+        let mut v = Verifier::new(secret());
+        let now = 1_000_000_000;
+        let client = creds("client.vm", 1);
+        let limit = replay_limits(Role::Client).entity_entries_max;
+        let mut full_at = None;
+        for i in 0..=limit as u64 {
+            let sig = client.sign("GET", "/v1/map", b"", now, Nonce((i as u128).to_le_bytes()));
+            let c = Verifier::claim(&table, Some(&sig.to_header())).unwrap();
+            if let Err(e) = v.verify(&c, "GET", "/v1/map", b"", now, Access::Any) {
+                assert_eq!(e.status(), 429, "{e}");
+                full_at = Some(i);
+                break;
+            }
+        }
+        assert_eq!(
+            full_at,
+            Some(limit as u64),
+            "its own guard is full at its bound"
+        );
+        // Forbidden requests are refused before the guard: no room taken.
+        let held = v.replay.held(Role::Client);
+        let sig = client.sign("POST", "/v1/volumes", b"{}", now, Nonce([0xfe; 16]));
+        let c = Verifier::claim(&table, Some(&sig.to_header())).unwrap();
+        assert!(matches!(
+            v.verify(&c, "POST", "/v1/volumes", b"{}", now, Access::Admin),
+            Err(Refusal::Forbidden { .. })
+        ));
+        assert_eq!(v.replay.held(Role::Client), held);
+        // The OSD and the administrator are untouched.
+        for (who, access) in [("osd.1", Access::Osd), ("client.admin", Access::Admin)] {
+            let c = creds(who, 1);
+            let sig = c.sign("POST", "/v1/osd/heartbeat", b"{}", now, Nonce([7; 16]));
+            let claim = Verifier::claim(&table, Some(&sig.to_header())).unwrap();
+            v.verify(&claim, "POST", "/v1/osd/heartbeat", b"{}", now, access)
+                .unwrap_or_else(|e| panic!("{who}: {e}"));
+        }
     }
 
     #[test]

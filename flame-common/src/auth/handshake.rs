@@ -2,7 +2,7 @@
 //! trip: the connecting side sends its ticket and a proof of the session key over
 //! the HELLO's fields, a time and a nonce; the OSD checks the ticket
 //! ([`ServiceKey::open`]), the proof, and that the (time, nonce) pair is new
-//! ([`ReplayGuard`], so a captured HELLO cannot be replayed), and answers with its
+//! ([`ReplayShares`]: one guard per entity in a share per role, so a captured HELLO cannot be replayed), and answers with its
 //! own proof over the same nonce, which only a holder of the service key can make.
 //! Connections are authenticated, not frames: nothing per request is added.
 //!
@@ -10,13 +10,35 @@
 
 use super::key::HmacSha256;
 use super::ticket::{ServiceKey, SessionTicket, TicketClaims, TicketRefusal};
-use super::{EntityName, Nonce, ReplayGuard, ReplayRefusal, Role, SecretKey};
+use super::{EntityName, Nonce, ReplayRefusal, Role, SecretKey};
 use crate::protocol::{HELLO_PROOF_LEN, HelloAuth};
 use hmac::Mac;
 
 /// Connections an OSD shard remembers per replay window (2 minutes): far more
 /// than a shard is ever opened, and 2 MiB at most.
 pub const HELLO_REPLAY_ENTRIES_MAX: usize = 32_768;
+
+/// How much of a shard's HELLO window each role may hold: one entity's
+/// connections fill its own part (a client with one ticket opening connections
+/// as fast as it can is refused alone), the clients' together at most
+/// [`HELLO_REPLAY_ENTRIES_MAX`], and the OSDs' peer connections have a share
+/// of their own.
+pub fn hello_replay_limits(role: Role) -> super::ShareLimits {
+    match role {
+        Role::Osd => super::ShareLimits {
+            entity_entries_max: 8_192,
+            share_entries_max: 16_384,
+        },
+        Role::Client => super::ShareLimits {
+            entity_entries_max: 1_024,
+            share_entries_max: HELLO_REPLAY_ENTRIES_MAX,
+        },
+        Role::Admin => super::ShareLimits {
+            entity_entries_max: 1_024,
+            share_entries_max: 4_096,
+        },
+    }
+}
 
 const CLIENT_PROOF_CONTEXT: &[u8] = b"flame-hello-v1\0";
 const SERVER_PROOF_CONTEXT: &[u8] = b"flame-hello-reply-v1\0";
@@ -203,7 +225,7 @@ impl HelloRefusal {
 #[derive(Debug)]
 pub struct HelloVerifier {
     service: ServiceKey,
-    guard: ReplayGuard,
+    guard: super::ReplayShares,
 }
 
 /// An accepted HELLO: who, and the reply proof to send.
@@ -222,7 +244,7 @@ impl HelloVerifier {
     pub fn new(service: ServiceKey) -> HelloVerifier {
         HelloVerifier {
             service,
-            guard: ReplayGuard::with_capacity(HELLO_REPLAY_ENTRIES_MAX),
+            guard: super::ReplayShares::new(hello_replay_limits),
         }
     }
 
@@ -266,7 +288,13 @@ impl HelloVerifier {
             });
         }
         self.guard
-            .check(now_ms, auth.time_ms, Nonce(auth.nonce))
+            .check(
+                &claims.entity,
+                claims.role,
+                now_ms,
+                auth.time_ms,
+                Nonce(auth.nonce),
+            )
             .map_err(|refusal| HelloRefusal::Replay {
                 entity: claims.entity.clone(),
                 refusal,
@@ -338,6 +366,33 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// One client ticket opening connections as fast as it can fills its own
+    /// part of the shard's HELLO guard and is refused alone; an OSD's peer
+    /// HELLO still gets in.
+    #[test]
+    fn one_ticket_cannot_fill_a_shards_hello_guard() {
+        let mut v = HelloVerifier::new(service());
+        let t = ticket(Role::Client);
+        let b = binding(false);
+        let limit = hello_replay_limits(Role::Client).entity_entries_max;
+        for i in 0..limit as u128 {
+            let a = hello_auth(&t, &b, NOW, Nonce(i.to_le_bytes()));
+            v.verify(Some(&a), &b, NOW).unwrap();
+        }
+        let a = hello_auth(&t, &b, NOW, Nonce([0xff; 16]));
+        assert!(matches!(
+            v.verify(Some(&a), &b, NOW),
+            Err(HelloRefusal::Replay {
+                refusal: ReplayRefusal::Full,
+                ..
+            })
+        ));
+        let o = ticket(Role::Osd);
+        let p = binding(true);
+        let a = hello_auth(&o, &p, NOW, Nonce([0xff; 16]));
+        assert_eq!(v.verify(Some(&a), &p, NOW).unwrap().who.role, Role::Osd);
     }
 
     #[test]
@@ -429,6 +484,6 @@ mod tests {
         for _ in 0..10 {
             assert!(v.verify(Some(&bad), &b, NOW).is_err());
         }
-        assert!(v.guard.is_empty());
+        assert_eq!(v.guard.entities(), 0);
     }
 }

@@ -40,7 +40,9 @@ pub use caps::VolumePatterns;
 pub use entity::{ENTITY_NAME_BYTES_MAX, EntityName, Role, scoped_op_session};
 pub use key::{KeyGeneration, SecretKey};
 pub use keyring::{KEYRING_BYTES_MAX, Keyring, KeyringEntity};
-pub use replay::{REPLAY_ENTRIES_MAX, REPLAY_WINDOW_MS, ReplayGuard, ReplayRefusal};
+pub use replay::{
+    REPLAY_ENTRIES_MAX, REPLAY_WINDOW_MS, ReplayGuard, ReplayRefusal, ReplayShares, ShareLimits,
+};
 pub use signature::{
     AUTHORIZATION_SCHEME, Credentials, Nonce, RequestAuth, SIGNATURE_HEADER, body_digest,
     response_signature, verify_response,

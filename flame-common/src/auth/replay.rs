@@ -1,7 +1,7 @@
 //! Refusing replayed and stale signed requests.
 
-use super::Nonce;
-use std::collections::BTreeSet;
+use super::{EntityName, Nonce, Role};
+use std::collections::{BTreeSet, HashMap};
 
 /// How far a request's time may be from the manager's clock, either way. Clocks of
 /// a cluster's hosts must agree within this (NTP keeps them within milliseconds);
@@ -83,9 +83,8 @@ impl ReplayGuard {
         }
     }
 
-    /// Accepts a request signed at `time_ms` with `nonce` if it is within the
-    /// window around `now_ms` and new, and remembers it.
-    pub fn check(&mut self, now_ms: u64, time_ms: u64, nonce: Nonce) -> Result<(), ReplayRefusal> {
+    /// Forgets the entries older than the window around `now_ms`.
+    pub fn expire(&mut self, now_ms: u64) {
         let oldest_ms = now_ms.saturating_sub(REPLAY_WINDOW_MS);
         // Bounded by the set's size; each entry is removed once.
         while let Some(&(t, _)) = self.seen.first() {
@@ -94,6 +93,13 @@ impl ReplayGuard {
             }
             self.seen.pop_first();
         }
+    }
+
+    /// Accepts a request signed at `time_ms` with `nonce` if it is within the
+    /// window around `now_ms` and new, and remembers it.
+    pub fn check(&mut self, now_ms: u64, time_ms: u64, nonce: Nonce) -> Result<(), ReplayRefusal> {
+        self.expire(now_ms);
+        let oldest_ms = now_ms.saturating_sub(REPLAY_WINDOW_MS);
         if time_ms < oldest_ms {
             return Err(ReplayRefusal::Stale {
                 behind_ms: now_ms - time_ms,
@@ -123,6 +129,117 @@ impl ReplayGuard {
     /// Whether none is remembered.
     pub fn is_empty(&self) -> bool {
         self.seen.is_empty()
+    }
+}
+
+/// How much of a replay window one role's entities may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareLimits {
+    /// Entries one entity may hold (beyond: [`ReplayRefusal::Full`] for it
+    /// alone).
+    pub entity_entries_max: usize,
+    /// Entries all the role's entities together may hold.
+    pub share_entries_max: usize,
+}
+
+/// Guards whose number triggers a sweep of the empty ones (entities removed
+/// from the table leave theirs behind until then).
+const GUARDS_SWEEP_AT: usize = 8192;
+
+/// Replay guards per entity, in one share per role: an entity that signs
+/// requests as fast as it can fills its own guard (and at most its role's
+/// share), never another role's — so no client key can make the manager
+/// refuse the OSDs' heartbeats, or an OSD shard refuse its peers' HELLOs.
+/// Only requests whose signature and role already checked reach it. Pure:
+/// the caller gives the time.
+#[derive(Debug)]
+pub struct ReplayShares {
+    guards: HashMap<EntityName, (Role, ReplayGuard)>,
+    /// Entries held per role (`Role::index`).
+    held: [usize; 3],
+    limits: fn(Role) -> ShareLimits,
+}
+
+fn role_index(role: Role) -> usize {
+    match role {
+        Role::Client => 0,
+        Role::Osd => 1,
+        Role::Admin => 2,
+    }
+}
+
+impl ReplayShares {
+    /// Empty guards, each role's bounded by `limits`.
+    pub fn new(limits: fn(Role) -> ShareLimits) -> ReplayShares {
+        ReplayShares {
+            guards: HashMap::new(),
+            held: [0; 3],
+            limits,
+        }
+    }
+
+    /// Accepts a request of `entity` (of `role`) signed at `time_ms` with
+    /// `nonce` if it is within the window around `now_ms`, new for that
+    /// entity, and both the entity and its role have room; remembers it.
+    pub fn check(
+        &mut self,
+        entity: &EntityName,
+        role: Role,
+        now_ms: u64,
+        time_ms: u64,
+        nonce: Nonce,
+    ) -> Result<(), ReplayRefusal> {
+        if self.guards.len() >= GUARDS_SWEEP_AT && !self.guards.contains_key(entity) {
+            self.sweep(now_ms);
+        }
+        let limits = (self.limits)(role);
+        let (guard_role, guard) = self
+            .guards
+            .entry(entity.clone())
+            .or_insert_with(|| (role, ReplayGuard::with_capacity(limits.entity_entries_max)));
+        if *guard_role != role {
+            // The entity was removed and added again with another role: its
+            // entries move to the new role's share.
+            self.held[role_index(*guard_role)] -= guard.len();
+            self.held[role_index(role)] += guard.len();
+            *guard_role = role;
+            guard.entries_max = limits.entity_entries_max;
+        }
+        let before = guard.len();
+        guard.expire(now_ms);
+        let held = &mut self.held[role_index(role)];
+        *held -= before - guard.len();
+        if *held >= limits.share_entries_max {
+            return Err(ReplayRefusal::Full);
+        }
+        guard.check(now_ms, time_ms, nonce)?;
+        *held += 1;
+        debug_assert_eq!(
+            self.held.iter().sum::<usize>(),
+            self.guards.values().map(|(_, g)| g.len()).sum::<usize>()
+        );
+        Ok(())
+    }
+
+    /// Entries the role's entities hold.
+    pub fn held(&self, role: Role) -> usize {
+        self.held[role_index(role)]
+    }
+
+    /// Entities with a guard.
+    pub fn entities(&self) -> usize {
+        self.guards.len()
+    }
+
+    /// Expires every guard and drops the empty ones.
+    fn sweep(&mut self, now_ms: u64) {
+        let held = &mut self.held;
+        self.guards.retain(|_, (role, g)| {
+            let before = g.len();
+            g.expire(now_ms);
+            held[role_index(*role)] -= before - g.len();
+            !g.is_empty()
+        });
     }
 }
 
@@ -188,5 +305,86 @@ mod tests {
             Ok(())
         );
         assert_eq!(g.len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::*;
+
+    fn limits(role: Role) -> ShareLimits {
+        match role {
+            Role::Osd => ShareLimits {
+                entity_entries_max: 8,
+                share_entries_max: 16,
+            },
+            _ => ShareLimits {
+                entity_entries_max: 3,
+                share_entries_max: 5,
+            },
+        }
+    }
+
+    fn nonce(i: u32) -> Nonce {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&i.to_le_bytes());
+        Nonce(b)
+    }
+
+    fn e(name: &str) -> EntityName {
+        EntityName::parse(name).unwrap()
+    }
+
+    #[test]
+    fn a_flooding_client_fills_its_own_guard_and_no_one_elses() {
+        let mut s = ReplayShares::new(limits);
+        let now = 10 * REPLAY_WINDOW_MS;
+        let (a, b, osd) = (e("client.a"), e("client.b"), e("osd.1"));
+        for i in 0..3 {
+            assert_eq!(s.check(&a, Role::Client, now, now, nonce(i)), Ok(()));
+        }
+        // Its own bound first.
+        assert_eq!(
+            s.check(&a, Role::Client, now, now, nonce(3)),
+            Err(ReplayRefusal::Full)
+        );
+        // Another client still gets in, up to the clients' share.
+        assert_eq!(s.check(&b, Role::Client, now, now, nonce(0)), Ok(()));
+        assert_eq!(s.check(&b, Role::Client, now, now, nonce(1)), Ok(()));
+        assert_eq!(
+            s.check(&b, Role::Client, now, now, nonce(2)),
+            Err(ReplayRefusal::Full),
+            "the clients' share is full"
+        );
+        // The OSDs' share is untouched.
+        for i in 0..8 {
+            assert_eq!(s.check(&osd, Role::Osd, now, now, nonce(i)), Ok(()));
+        }
+        assert_eq!((s.held(Role::Client), s.held(Role::Osd)), (5, 8));
+        // A nonce is per entity: the same one from another entity is new.
+        assert_eq!(s.check(&e("osd.2"), Role::Osd, now, now, nonce(0)), Ok(()));
+        assert_eq!(
+            s.check(&osd, Role::Osd, now, now, nonce(0)),
+            Err(ReplayRefusal::Replayed)
+        );
+        // The window moves on: everything expires and there is room again.
+        let later = now + 2 * REPLAY_WINDOW_MS + 1;
+        assert_eq!(s.check(&a, Role::Client, later, later, nonce(9)), Ok(()));
+        assert_eq!(s.check(&b, Role::Client, later, later, nonce(9)), Ok(()));
+        assert_eq!(s.held(Role::Client), 2);
+    }
+
+    #[test]
+    fn a_role_change_moves_the_entries_and_sweeps_drop_empty_guards() {
+        let mut s = ReplayShares::new(limits);
+        let now = 10 * REPLAY_WINDOW_MS;
+        let x = e("client.x");
+        assert_eq!(s.check(&x, Role::Client, now, now, nonce(1)), Ok(()));
+        assert_eq!(s.check(&x, Role::Admin, now, now, nonce(2)), Ok(()));
+        assert_eq!(s.held(Role::Client), 0);
+        assert_eq!(s.held(Role::Admin), 2);
+        s.sweep(now + 2 * REPLAY_WINDOW_MS + 1);
+        assert_eq!(s.entities(), 0);
+        assert_eq!(s.held(Role::Admin), 0);
     }
 }
