@@ -383,22 +383,25 @@ pub struct Verifier {
     replay: ReplayShares,
 }
 
-/// How much of the replay window each role may hold at the manager. An OSD
-/// signs about two requests a second (heartbeat, map), 240 in a window; the
-/// shared `osd` entity of older deployments signs for every OSD.
+/// How much of the replay window each role may hold at the manager: one
+/// entity at most a quarter of a share (65 536 requests in two minutes, 546 a
+/// second: far above any legitimate caller; an OSD signs about two a second,
+/// and the shared `osd` entity of older deployments signs for every OSD), so
+/// four keys of one role are needed to fill its share, and none can touch
+/// another role's. At most 640 Ki entries (about 32 MiB) in all.
 pub fn replay_limits(role: Role) -> ShareLimits {
     match role {
         Role::Osd => ShareLimits {
-            entity_entries_max: 32_768,
+            entity_entries_max: REPLAY_ENTRIES_MAX / 4,
             share_entries_max: REPLAY_ENTRIES_MAX,
         },
         Role::Client => ShareLimits {
-            entity_entries_max: 4_096,
+            entity_entries_max: REPLAY_ENTRIES_MAX / 4,
             share_entries_max: REPLAY_ENTRIES_MAX,
         },
         Role::Admin => ShareLimits {
-            entity_entries_max: 4_096,
-            share_entries_max: REPLAY_ENTRIES_MAX / 4,
+            entity_entries_max: REPLAY_ENTRIES_MAX / 4,
+            share_entries_max: REPLAY_ENTRIES_MAX / 2,
         },
     }
 }

@@ -94,6 +94,11 @@ pub struct MgrConfig {
     /// connection is closed (half-sent requests must not hold connections).
     /// It bounds the TLS handshake too.
     pub header_read_timeout_ms: u64,
+    /// How long an API connection may sit with no request in service and no
+    /// byte moving before it is closed: a peer that connects and sends
+    /// nothing, or stops between requests, holds its slot no longer (clients
+    /// reconnect as they need; ureq drops its own idle connections after 15 s).
+    pub idle_timeout_ms: u64,
     /// TLS on the API (`flame-admin tls init` writes the files): with it the
     /// manager serves only HTTPS, and clients verify it against the cluster CA
     /// (`mgr_tls_ca`). `null`: plain HTTP (requests are still signed).
@@ -140,6 +145,7 @@ impl Default for MgrConfig {
             connections_max: 4096,
             connections_per_source_max: 256,
             header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
             tls: None,
         }
     }
@@ -179,6 +185,9 @@ impl Validate for MgrConfig {
                 "header_read_timeout_ms".into(),
                 "must be 100..=600000".into(),
             ));
+        }
+        if !(100..=3_600_000).contains(&self.idle_timeout_ms) {
+            return Err(("idle_timeout_ms".into(), "must be 100..=3600000".into()));
         }
         if let Some(fsid) = &self.fsid {
             validate_fsid(fsid).map_err(|m| ("fsid".to_string(), m))?;

@@ -258,6 +258,7 @@ async fn serve(
             connections_max: config.connections_max as usize,
             connections_per_source_max: config.connections_per_source_max as usize,
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             shutdown_wait: SHUTDOWN_WAIT,
         },
         tls,

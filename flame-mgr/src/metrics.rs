@@ -44,15 +44,30 @@ static CONNECTIONS_REFUSED: std::sync::LazyLock<prometheus::IntCounter> = std::s
     },
 );
 
+static IDLE_CONNECTIONS_CLOSED: std::sync::LazyLock<prometheus::IntCounter> =
+    std::sync::LazyLock::new(|| {
+        prometheus::register_int_counter!(
+            "flame_mgr_idle_connections_closed_total",
+            "API connections closed after idle_timeout_ms with no request in service and no byte moving"
+        )
+        .unwrap_or_else(|e| panic!("metric registration: {e}"))
+    });
+
 /// Counts an API connection closed unserved (its address holds its share).
 pub fn connection_refused() {
     CONNECTIONS_REFUSED.inc();
+}
+
+/// Counts an API connection closed for idling (`idle_timeout_ms`).
+pub fn idle_connection_closed() {
+    IDLE_CONNECTIONS_CLOSED.inc();
 }
 
 /// Registers the counters that are not part of [`Metrics`], so `/metrics`
 /// shows them from the start.
 pub fn register_statics() {
     std::sync::LazyLock::force(&CONNECTIONS_REFUSED);
+    std::sync::LazyLock::force(&IDLE_CONNECTIONS_CLOSED);
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(

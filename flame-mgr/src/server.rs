@@ -6,6 +6,12 @@
 //! listen backlog instead of exhausting descriptors), and how many of them
 //! one address may hold (beyond, closed at once); with `tls:`, every
 //! connection is a TLS one (rustls), its handshake bounded like the headers.
+//! HTTP/1.1 only (every Flame client and Prometheus speak it): no protocol
+//! sniffing, which waits for a first byte without a timer, and no HTTP/2
+//! connection, which hyper keeps open without one. A connection with no
+//! request in service and no byte moving for `idle_timeout_ms` is closed, so
+//! a peer that connects and sends nothing, or stops between requests, holds
+//! its slot no longer than that.
 //! Requests are bounded
 //! further in [`crate::api`] (body sizes) and [`crate::shared`] (heartbeats
 //! ahead of everything an API client can flood).
@@ -14,11 +20,15 @@ use axum::Router;
 use flame_common::collections::HashMap;
 use flame_common::transport::bring_up::Source;
 use flame_common::transport::receive_share::share_key;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::http1::Builder;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt;
@@ -35,8 +45,114 @@ pub struct Limits {
     /// How long a client may take to send a request's headers
     /// (`header_read_timeout_ms`).
     pub header_read_timeout: Duration,
+    /// How long a connection may sit with no request in service and no byte
+    /// moving before it is closed (`idle_timeout_ms`).
+    pub idle_timeout: Duration,
     /// After a stop is asked for, how long open requests may still run.
     pub shutdown_wait: Duration,
+}
+
+/// What a connection's idle watch sees: when a byte last moved and how many
+/// requests are in service.
+#[derive(Default)]
+struct Activity {
+    /// Milliseconds since the connection's start at the last byte moved.
+    last_ms: AtomicU64,
+    requests: AtomicUsize,
+    start: std::sync::OnceLock<tokio::time::Instant>,
+}
+
+impl Activity {
+    fn new() -> Arc<Activity> {
+        let a = Activity::default();
+        let _ = a.start.set(tokio::time::Instant::now());
+        Arc::new(a)
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.start
+            .get()
+            .map_or(0, |s| s.elapsed().as_millis() as u64)
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    /// Returns once the connection has been idle for `idle`: no request in
+    /// service and no byte moved. Wakes at most every `idle / 4`.
+    async fn idle_for(&self, idle: Duration) {
+        let idle_ms = idle.as_millis() as u64;
+        loop {
+            tokio::time::sleep(idle / 4).await;
+            let quiet_ms = self
+                .elapsed_ms()
+                .saturating_sub(self.last_ms.load(Ordering::Relaxed));
+            if self.requests.load(Ordering::Acquire) == 0 && quiet_ms >= idle_ms {
+                return;
+            }
+        }
+    }
+}
+
+/// A connection's stream that marks every byte it moves in its [`Activity`].
+struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts a request in service for as long as it lives.
+struct InService(Arc<Activity>);
+
+impl InService {
+    fn start(a: &Arc<Activity>) -> InService {
+        a.requests.fetch_add(1, Ordering::AcqRel);
+        InService(Arc::clone(a))
+    }
+}
+
+impl Drop for InService {
+    fn drop(&mut self) {
+        self.0.requests.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
 }
 
 /// Open connections per source address (an IPv6 host by its /64).
@@ -92,9 +208,8 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(limits.connections_max));
     let per_source = Arc::new(PerSource::default());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let builder = Arc::new(builder);
@@ -140,19 +255,33 @@ pub async fn run(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let activity = Activity::new();
+        let in_service = Arc::clone(&activity);
         let service =
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                router.clone().oneshot(req.map(axum::body::Body::new))
+                let guard = InService::start(&in_service);
+                let call = router.clone().oneshot(req.map(axum::body::Body::new));
+                async move {
+                    let r = call.await;
+                    drop(guard);
+                    r
+                }
             });
+        let stream = Watched {
+            inner: stream,
+            activity: Arc::clone(&activity),
+        };
+        let idle = limits.idle_timeout;
         match &acceptor {
             None => {
-                let conn = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .into_owned();
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     // Errors are the client's (a reset, a header timeout).
-                    let _ = conn.await;
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = activity.idle_for(idle) => crate::metrics::idle_connection_closed(),
+                    }
                     drop((permit, source_slot));
                 });
             }
@@ -174,10 +303,11 @@ pub async fn run(
                         }
                         Err(_) => return,
                     };
-                    let conn = builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .into_owned();
-                    let _ = watcher.watch(conn).await;
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = watcher.watch(conn) => {}
+                        _ = activity.idle_for(idle) => crate::metrics::idle_connection_closed(),
+                    }
                 });
             }
         }

@@ -1,8 +1,8 @@
 //! The manager under a flood: half-sent requests, long-polls, signed commits and
 //! status reads, all at once, while three OSDs heartbeat. The OSDs must stay up
 //! (their heartbeats are answered ahead of the API load, flame-mgr/src/shared.rs)
-//! and half-sent requests must be cut at the header timeout
-//! (flame-mgr/src/server.rs), not held. Bounded: 6 s of flood, every loop
+//! and half-sent requests, silent connections and HTTP/2 prefaces must be cut
+//! at the header timeout (flame-mgr/src/server.rs), not held. Bounded: 6 s of flood, every loop
 //! counted.
 
 // Test code may read the real clock and sleep (the clock rule, clippy.toml, covers
@@ -110,6 +110,29 @@ fn a_flooded_manager_keeps_every_osd_up_and_cuts_half_sent_requests() {
     );
     assert_eq!(cut, half_sent);
     assert!(commits.load(Ordering::Relaxed) > 0, "no commit got through");
+    // Peers that send nothing, or only an HTTP/2 preface (which protocol
+    // sniffing once took and held without a timer), are cut too.
+    let mut quiet = Vec::new();
+    for i in 0..100 {
+        let mut s = TcpStream::connect(mgr).expect("connect");
+        if i % 2 == 1 {
+            let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        }
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        quiet.push(s);
+    }
+    for (i, mut s) in quiet.into_iter().enumerate() {
+        let mut b = [0u8; 256];
+        // Bounded: the stream closes (0), errs, or the 5 s timeout panics.
+        for _ in 0..64 {
+            match s.read(&mut b) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("a silent or HTTP/2 connection ({i}) was held over 5 s: {e}"),
+            }
+        }
+    }
     // No OSD was marked down at any time: the map's OSDs never changed state
     // (each volume create and delete moved the epoch, nothing else did).
     let map = cluster.map();
