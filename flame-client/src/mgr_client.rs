@@ -316,6 +316,7 @@ impl MgrClient {
         let Answer {
             status,
             body: bytes,
+            ..
         } = answer.map_err(|e| {
             mgr_err(match e {
                 CallError::Transport(e) => describe_ureq(&e),

@@ -84,6 +84,12 @@ pub struct Answer {
     pub status: u16,
     /// The body, at most the caller's limit.
     pub body: Vec<u8>,
+    /// Whether the manager's signature over this request's nonce, the status
+    /// and the body checked (always for a success; for an error only when the
+    /// manager knew the caller: an authentication refusal cannot be signed).
+    /// A caller acts for good on an error only when it is signed: anyone on
+    /// the path can forge an unsigned one.
+    pub signed: bool,
 }
 
 /// Why [`call`] got no answer it can trust.
@@ -201,13 +207,19 @@ fn call(
         .limit(limit_bytes)
         .read_to_vec()
         .map_err(CallError::Body)?;
-    if let (Some(c), Some(n)) = (creds, nonce)
-        && (200..300).contains(&status)
-    {
-        crate::auth::verify_response(&c.key, n, status, &body, signature.as_deref())
-            .map_err(|e| CallError::Untrusted(format!("{method} {url}: {e}")))?;
+    let mut signed = false;
+    if let (Some(c), Some(n)) = (creds, nonce) {
+        let verified = crate::auth::verify_response(&c.key, n, status, &body, signature.as_deref());
+        signed = verified.is_ok();
+        if (200..300).contains(&status) {
+            verified.map_err(|e| CallError::Untrusted(format!("{method} {url}: {e}")))?;
+        }
     }
-    Ok(Answer { status, body })
+    Ok(Answer {
+        status,
+        body,
+        signed,
+    })
 }
 
 /// Opens TCP connections from a fixed local IP.

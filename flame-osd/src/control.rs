@@ -22,6 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// How an error of [`Control::post`] that is final begins: a 4xx the manager
+/// signed (or any 4xx without keys, where nothing can be verified).
+const REFUSED: &str = "refused: ";
+
 /// How often object bytes are recounted for the heartbeat's usage report.
 const USAGE_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -267,7 +271,7 @@ impl Control {
             before_each(&self.liveness);
             match self.post(path, body) {
                 Ok(r) => return Ok(r),
-                Err(e) if e.starts_with("refused: ") => return Err(e),
+                Err(e) if e.starts_with(REFUSED) => return Err(e),
                 Err(e) => {
                     tracing::warn!(
                         "{what}: manager at {} not answering ({e}); retrying",
@@ -324,7 +328,16 @@ impl Control {
             // The manager's ApiError body says why; bounded like every body.
             let why = serde_json::from_slice::<flame_common::mgr_api::ApiError>(&answer.body)
                 .map_or_else(|e| format!("(unreadable reason: {e})"), |a| a.error);
-            return Err(format!("refused: {path} answered {status}: {why}"));
+            // Final only when it is verifiably the manager's: anyone on the
+            // path could forge an unsigned refusal to stop this OSD. Without
+            // keys (auth: none) nothing can be verified, as before.
+            if answer.signed || self.mgr.creds.is_none() {
+                return Err(format!("{REFUSED}{path} answered {status}: {why}"));
+            }
+            return Err(format!(
+                "{path} answered {status}, unsigned (not verifiably the manager's, so \
+                 not final; a manager that does not know this OSD's key answers so too): {why}"
+            ));
         }
         if !(200..300).contains(&status) {
             return Err(format!("{path} answered {status}"));
@@ -486,7 +499,8 @@ impl Control {
                         self.liveness.renew(sent_ms, self.cfg.lease_ms);
                     }
                 }
-                Err(e) if e.contains("404") => {
+                // Only a signed 404: an unsigned one may be anyone's.
+                Err(e) if e.starts_with(REFUSED) && e.contains("404") => {
                     tracing::warn!("manager does not know this OSD; booting again");
                     match self.boot() {
                         Ok((new_id, _)) if new_id != id => {

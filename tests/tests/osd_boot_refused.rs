@@ -126,8 +126,13 @@ fn an_osd_of_another_cluster_or_a_taken_address_is_refused_without_a_trace() {
 /// none` (so it has no service key to give) stops with status 2 and the
 /// manager's reason before it boots: nothing is registered, and systemd does
 /// not restart it in a loop (each restart would have marked it up first).
+/// An OSD holding its own key against a manager with `auth: none` gets an
+/// unsigned refusal of the service key: it cannot tell that manager from
+/// anyone on the path forging one, so it does not exit on it (no daemon stops
+/// on an answer it cannot verify); it says why, keeps trying with backoff, and
+/// registers nothing.
 #[test]
-fn an_osd_with_its_own_key_stops_before_it_boots_where_it_gets_no_service_key() {
+fn an_osd_with_its_own_key_retries_an_unsigned_refusal_and_never_boots() {
     use flame_common::auth::{EntityName, Keyring, SecretKey};
     let cluster = TestCluster::start_with(flame_tests::ClusterOptions {
         auth: false,
@@ -140,12 +145,44 @@ fn an_osd_with_its_own_key_stops_before_it_boots_where_it_gets_no_service_key() 
     Keyring::derived(&secret, &entity, 1)
         .save(&keyring)
         .unwrap();
-    let out = run_extra_osd_with(&cluster, "own-key", None, None, Some(keyring));
-    let text = output_text(&out);
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    let dir = cluster.dir().join("own-key");
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_ports(1)));
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_ports(1)));
+    let config = cluster.dir().join("own-key.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "mgr: \"{}\"\nkeyring: \"{}\"\nlisten: \"{listen}\"\nmetrics_listen: \"{metrics}\"\n\
+             data_dir: \"{}\"\nhost: own-key\nshards: 1\n",
+            cluster.mgr_addr(),
+            keyring.display(),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let log = cluster.dir().join("own-key.log");
+    let mut child = Command::new(cluster.bin("flame-osd"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(cluster.dir().join("own-key.err")).unwrap())
+        .spawn()
+        .unwrap();
+    // Bounded: 4 s of retries (backoff 100 ms doubling to 2 s: several).
+    std::thread::sleep(Duration::from_secs(4));
+    let exited = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default()
+        + &std::fs::read_to_string(cluster.dir().join("own-key.err")).unwrap_or_default();
     assert!(
-        text.contains("service key") && text.contains("auth: none"),
-        "the refusal must say why: {text}"
+        exited.is_none(),
+        "it exited on an unsigned refusal ({exited:?}): {text}"
+    );
+    assert!(
+        text.contains("service-key") && text.contains("auth: none") && text.contains("unsigned"),
+        "it must say why it waits: {text}"
     );
     let after = cluster.map();
     assert_eq!(
