@@ -12,21 +12,39 @@ use std::path::Path;
 /// Reads `path` (`what` names it in errors: "keyring", "manager private key"),
 /// at most `bytes_max` bytes; a larger file is an error (a wrong path, not a
 /// read of all of it). With `secret`, refuses a file group or others may
-/// access, naming the `chmod` that fixes it.
+/// access, naming the `chmod` that fixes it, one owned by another user than
+/// this process's (or root), and a symbolic link (whoever may change the link
+/// chooses the key).
 pub fn read(path: &Path, what: &str, bytes_max: u64, secret: bool) -> Result<Vec<u8>, String> {
     let shown = path.display();
     // Non-blocking, so a FIFO named by mistake is refused below instead of
     // blocking the open until someone writes to it (no effect on a file).
+    let flags = libc::O_NONBLOCK | if secret { libc::O_NOFOLLOW } else { 0 };
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(flags)
         .open(path)
-        .map_err(|e| format!("{what} {shown}: {e}"))?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) if secret => format!(
+                "{what} {shown} is a symbolic link; a secret is read from a regular file \
+                 only (whoever may change the link would choose the key): name the file itself"
+            ),
+            _ => format!("{what} {shown}: {e}"),
+        })?;
     let meta = file
         .metadata()
         .map_err(|e| format!("{what} {shown}: {e}"))?;
     if !meta.is_file() {
         return Err(format!("{what} {shown} is not a regular file"));
+    }
+    // SAFETY: plain syscall.
+    let me = unsafe { libc::geteuid() };
+    if secret && meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "{what} {shown} is owned by uid {}, not by this process's uid {me} (or root): \
+             a key another user can replace is not this daemon's; run `chown {me} {shown}`",
+            meta.uid()
+        ));
     }
     let mode = meta.mode() & 0o777;
     if secret && mode & 0o077 != 0 {
@@ -102,5 +120,20 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let e = read(&fifo, "keyring", 3, true).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
+        // A symbolic link to a good secret: refused as a secret, followed
+        // otherwise.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        let e = read(&link, "keyring", 3, true).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(read(&link, "certificate", 3, false).is_ok());
+        // SAFETY: plain syscall.
+        if unsafe { libc::geteuid() } == 0 {
+            // Another user's key (root can give it away; CI runs as root).
+            std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+            let e = read(&p, "keyring", 3, true).unwrap_err();
+            assert!(e.contains("owned by uid 65534"), "{e}");
+        }
     }
 }
