@@ -180,14 +180,21 @@ impl ConnAccess {
             Message::Flush { volume, .. } => *volume,
             _ => return Ok(()),
         };
-        if self.volumes.is_all() || self.volume_allowed(volume, map().map()) {
+        if self.volumes.is_all() || self.volume_allowed(volume, msg.epoch(), map().map()) {
             Ok(())
         } else {
-            perm("a volume this entity may not use")
+            perm("a volume this entity may not use, or one its map does not have")
         }
     }
 
-    fn volume_allowed(&self, volume: VolumeId, map: &ClusterMap) -> bool {
+    /// Whether a restricted entity may use `volume`, asked by a request of
+    /// map `epoch`: a volume of the map whose name its patterns allow; a
+    /// volume this map does not have only if the request's map is newer (the
+    /// volume may have been created since: execution answers it as it answers
+    /// any request from a newer map, and the retry meets this check again once
+    /// this OSD has that map). A removed volume's leftovers, whose name is
+    /// gone, are never read or written by a restricted entity.
+    fn volume_allowed(&self, volume: VolumeId, epoch: Epoch, map: &ClusterMap) -> bool {
         debug_assert!(!self.volumes.is_all());
         let mut cache = self.cache.borrow_mut();
         if cache.0 != map.epoch || cache.1.len() >= VOLUME_CACHE_ENTRIES_MAX {
@@ -196,12 +203,9 @@ impl ConnAccess {
         if let Some(&allowed) = cache.1.get(&volume) {
             return allowed;
         }
-        // A volume this map does not have (created after it, or removed) is
-        // let through to execution, which answers it like any request for an
-        // unknown volume (ESTALE to a newer map, so the sender's retry meets
-        // this check again once the map has it; refused otherwise). Not cached.
+        // Not cached: the answer changes with the request's epoch.
         let Some(v) = map.volume_by_id(volume) else {
-            return true;
+            return epoch > map.epoch;
         };
         let allowed = self.volumes.allows(&v.name);
         cache.1.insert(volume, allowed);
@@ -335,10 +339,35 @@ mod tests {
             client.check(&write(2, 0), || &m).unwrap_err().status,
             status::EPERM
         );
+        // A volume the map does not have: a removed one's leftovers are
+        // refused (same epoch); from a newer map it may be new, and is left to
+        // execution (which waits for or asks for that map).
         assert_eq!(
-            client.check(&write(9, 0), || &m),
+            client.check(&write(9, 0), || &m).unwrap_err().status,
+            status::EPERM,
+            "a removed volume's leftovers"
+        );
+        let read9 = |epoch| Message::Read {
+            id: RequestId(1),
+            epoch: Epoch(epoch),
+            target: IoTarget {
+                pg: PgId(0),
+                object: ObjectId {
+                    volume: VolumeId(9),
+                    index: 0,
+                },
+                offset: 0,
+                length: 4,
+            },
+            flags: 0,
+            remote: None,
+        };
+        assert!(client.check(&read9(3), || &m).is_err());
+        assert!(client.check(&read9(2), || &m).is_err());
+        assert_eq!(
+            client.check(&read9(4), || &m),
             Ok(()),
-            "unknown: left to execution"
+            "from a newer map: left to execution"
         );
         let flush = |v| Message::Flush {
             id: RequestId(1),
