@@ -169,18 +169,23 @@ pub fn ordering(kind: TransportKind) {
 }
 
 pub fn large_messages(kind: TransportKind) {
+    // Soft-RoCE in the emulated (TCG) test VM moves a few MB/s when the host
+    // is busy: 24 MiB each way fit its 60 s bound only on a quiet host (one CI
+    // run beside other work hung here), so rdma sends fewer; every message is
+    // still the protocol's largest, both directions at once.
+    let count: u64 = if kind == TransportKind::Rdma { 8 } else { 24 };
     run(async move {
         let (c, s) = pair(kind).await;
         // Both directions at once, 4 MiB each (the protocol's largest payload).
         let back = s.clone();
         let echo = spawn(async move {
-            for _ in 0..24 {
+            for _ in 0..count {
                 let m = back.recv().await.unwrap();
                 back.send_owned(m).unwrap();
             }
         });
         let mut sent = Vec::new();
-        for i in 0..24u64 {
+        for i in 0..count {
             let m = write_msg(i, PayloadBuf::copy_from(&pattern(4 << 20, i)));
             c.send(&m).unwrap();
             sent.push(m);
