@@ -124,13 +124,7 @@ pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
                  --object tls-creds-x509,id=tls0,dir=DIR,endpoint=client (DIR holding them as \
                  ca-cert.pem, client-cert.pem, client-key.pem); libnbd: \
                  nbds://HOST:PORT/VOLUME?tls-certificates=DIR. It opens {} ({}).\n",
-                table(
-                    &["FILE"],
-                    &files
-                        .iter()
-                        .map(|f| vec![f.display().to_string()])
-                        .collect::<Vec<_>>()
-                ),
+                files_table(&files),
                 claims.volumes,
                 if claims.read_only {
                     "read-only"
@@ -163,16 +157,18 @@ pub fn init(cmd: &TlsCommand, as_json: bool) -> Result<String> {
              (flame-admin: --mgr-ca or FLAME_MGR_CA). Keep {CA_KEY_FILE} offline.\n"
         )
     };
-    Ok(format!(
-        "{}\n{next}",
-        table(
-            &["FILE"],
-            &files
-                .iter()
-                .map(|f| vec![f.display().to_string()])
-                .collect::<Vec<_>>()
-        )
-    ))
+    Ok(format!("{}\n{next}", files_table(&files)))
+}
+
+/// The files written, as a table.
+fn files_table(files: &[PathBuf]) -> String {
+    table(
+        &["FILE"],
+        &files
+            .iter()
+            .map(|f| vec![f.display().to_string()])
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// The manager's certificate: `names` are every address or DNS name clients

@@ -94,32 +94,6 @@ fn unix_listener(u: &UnixExport) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The uid of a Unix-socket peer (`SO_PEERCRED`: the credentials it had when
-/// it connected, which it cannot change afterwards).
-fn peer_uid(fd: &OwnedFd) -> io::Result<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which lives
-    // across the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
-
 fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
@@ -403,7 +377,7 @@ impl Drop for ConnGuard {
 /// peer by its uid, a TCP peer by the export's TLS rule.
 fn admit(fd: OwnedFd, unix: bool, ctx: &ThreadCtx) -> (OwnedFd, Source, String, Admission) {
     if unix {
-        let admission = match peer_uid(&fd) {
+        let admission = match flame_common::transport::shm::peer_uid(&fd) {
             Ok(uid) => unix_admission(&ctx.unix_allow, uid, ctx.own_uid),
             Err(e) => Admission::Refused(format!("cannot tell the peer's uid: {e}")),
         };

@@ -1147,8 +1147,10 @@ fn connect_path(path: &Path) -> Option<UnixStream> {
     Some(UnixStream::from(owned))
 }
 
-/// The user id of the process at the other end of a Unix socket.
-fn peer_uid(sock: &UnixStream) -> io::Result<u32> {
+/// The user id of the process at the other end of a Unix socket (what it
+/// was when it connected: `SO_PEERCRED`). Used by the shm handshake and by
+/// flame-nbd's Unix socket export.
+pub fn peer_uid(sock: &impl AsRawFd) -> io::Result<u32> {
     // SAFETY: ucred is plain data.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
