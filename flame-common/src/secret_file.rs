@@ -14,7 +14,8 @@ use std::path::Path;
 /// read of all of it). With `secret`, refuses a file group or others may
 /// access, naming the `chmod` that fixes it, one owned by another user than
 /// this process's (or root), and a symbolic link (whoever may change the link
-/// chooses the key).
+/// chooses the key; the file itself: the directories above it are followed,
+/// and must be the operator's to keep).
 pub fn read(path: &Path, what: &str, bytes_max: u64, secret: bool) -> Result<Vec<u8>, String> {
     let shown = path.display();
     // Non-blocking, so a FIFO named by mistake is refused below instead of

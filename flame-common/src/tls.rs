@@ -119,7 +119,8 @@ pub fn server_config(
 /// flame-nbd's TLS server configuration: its certificate and key (as
 /// [`server_config`]), and the CA whose certificates clients must present
 /// (mandatory client authentication: a client without one fails the
-/// handshake). No session tickets: NBD clients hold one long connection.
+/// handshake). No session resumption: NBD clients hold one long connection,
+/// and every connection's certificate is checked.
 pub fn client_auth_server_config(
     cert_file: &Path,
     key_file: &Path,
@@ -166,7 +167,11 @@ fn server_config_with(
         )
     })?;
     if client_ca_file.is_some() {
+        // No resumption at all (no TLS 1.3 tickets, no TLS 1.2 session ids):
+        // a resumed session would carry the client certificate of the first
+        // handshake without checking it again (its expiry included).
         config.send_tls13_tickets = 0;
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     }
     Ok(Arc::new(config))
 }

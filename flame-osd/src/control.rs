@@ -500,7 +500,7 @@ impl Control {
                     }
                 }
                 // Only a signed 404: an unsigned one may be anyone's.
-                Err(e) if e.starts_with(REFUSED) && e.contains("404") => {
+                Err(e) if e.starts_with(&format!("{REFUSED}/v1/osd/heartbeat answered 404")) => {
                     tracing::warn!("manager does not know this OSD; booting again");
                     match self.boot() {
                         Ok((new_id, _)) if new_id != id => {

@@ -79,6 +79,10 @@ fn entity_arg(s: &str) -> std::result::Result<EntityName, String> {
 }
 
 fn volumes_arg(s: &str) -> std::result::Result<VolumePatterns, String> {
+    // An empty list would grant every volume (`--volumes "$UNSET"`): say `*`.
+    if s.trim().is_empty() {
+        return Err("an empty list: name the volumes, or `*` for every volume".into());
+    }
     VolumePatterns::parse_list(s)
 }
 

@@ -32,8 +32,8 @@ struct Args {
 fn main() -> ExitCode {
     flame_common::logging::init();
     flame_common::logging::abort_on_panic();
-    // The Unix socket export is created 0600 before its configured mode is
-    // set: never open to others in between.
+    // The Unix socket export is created with no access for group and others
+    // before its configured mode is set: never open to others in between.
     flame_common::private_dir::restrict_umask();
     // Before any thread exists, so every thread inherits the mask and SIGTERM/SIGINT
     // reach only the thread that waits for them.

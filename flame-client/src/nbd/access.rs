@@ -109,8 +109,8 @@ pub fn check_option(admission: &Admission, option: u32, name: Option<&str>) -> O
 pub struct UidGrant {
     /// The peer's uid (`SO_PEERCRED`).
     pub uid: u32,
-    /// Volumes it may open: names or `prefix*` (default: every volume).
-    #[serde(default)]
+    /// Volumes it may open: names or `prefix*`, `["*"]` for every volume
+    /// (required: a forgotten key must not grant everything).
     pub volumes: VolumePatterns,
     /// Only reads (default: false).
     #[serde(default)]

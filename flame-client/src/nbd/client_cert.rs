@@ -109,7 +109,9 @@ pub fn parse_caps_uri(uri: &str) -> Result<(VolumePatterns, bool), String> {
         match field.split_once('=') {
             Some(("access", "rw")) if access.is_none() => access = Some(false),
             Some(("access", "ro")) if access.is_none() => access = Some(true),
-            Some(("volumes", v)) if volumes.is_none() => {
+            // Never empty: an empty list would mean every volume, and a
+            // certificate for every volume says `*`.
+            Some(("volumes", v)) if volumes.is_none() && !v.trim().is_empty() => {
                 volumes = Some(VolumePatterns::parse_list(v)?)
             }
             _ => return Err(format!("capabilities {uri:?}: unexpected field {field:?}")),
@@ -149,6 +151,7 @@ mod tests {
             "urn:flame:nbd:access=rw:volumes=a b",
             "urn:other:access=rw:volumes=*",
             "urn:flame:nbd:access=rw:volumes=*:x=y",
+            "urn:flame:nbd:access=rw:volumes=",
         ] {
             assert!(parse_caps_uri(bad).is_err(), "{bad}");
         }

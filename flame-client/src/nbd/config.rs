@@ -7,7 +7,7 @@
 //!   mode: "0660"                 # the socket file's mode (octal text)
 //!   gid: 64055                   # its group (default: the daemon's)
 //!   allow:                       # uids (SO_PEERCRED) and what each may open;
-//!     - {uid: 64055, volumes: "vm1-*", read_only: false}  # empty: the daemon's own uid only
+//!     - {uid: 64055, volumes: ["vm1-*"], read_only: false}  # empty: the daemon's own uid only
 //! listen: 10.0.0.5:10809         # a TCP export (default none; every thread binds it with SO_REUSEPORT)
 //! tls:                           # TLS on the TCP export (NBD STARTTLS), required there
 //!   cert_file: /etc/flame/tls/nbd.crt     # flame-admin tls issue --as nbd

@@ -121,6 +121,23 @@ impl Conn {
         }
     }
 
+    /// Ends the connection: a TLS session says `close_notify`, and what is
+    /// queued (that, or a TLS alert after a failed handshake) gets up to
+    /// `bound` to leave before the socket closes.
+    pub(crate) async fn finish(&self, bound: std::time::Duration) {
+        if let Some(tls) = self.tls.borrow_mut().as_mut() {
+            tls.send_close_notify();
+        }
+        if self.tls_on() {
+            self.kick_writer();
+        }
+        futures_lite::future::or(self.wait_queue_below(0), async {
+            reactor::sleep(bound).await
+        })
+        .await;
+        self.close();
+    }
+
     fn shutdown(&self) {
         let _ = socket2::SockRef::from(&self.fd).shutdown(std::net::Shutdown::Both);
     }

@@ -450,5 +450,10 @@ async fn connection<E: Exports>(fd: OwnedFd, unix: bool, exports: Rc<E>, ctx: Rc
         Err(e @ HandshakeError::Io(_)) => tracing::debug!(%peer, "negotiation ended: {e}"),
         Err(e) => tracing::info!(%peer, "negotiation failed: {e}"),
     }
-    conn.close();
+    // A TLS alert or close_notify, and any last reply, get a moment to leave.
+    conn.finish(FINISH_MAX).await;
 }
+
+/// How long a closing connection's last bytes (a TLS alert, `close_notify`)
+/// may take to leave.
+const FINISH_MAX: Duration = Duration::from_secs(1);

@@ -158,7 +158,14 @@ pub struct ReplayShares {
     /// Entries held per role (`Role::index`).
     held: [usize; 3],
     limits: fn(Role) -> ShareLimits,
+    /// When every guard was last expired (entities that went quiet hold
+    /// entries only their own next request would expire otherwise).
+    swept_ms: u64,
 }
+
+/// How often a full share is swept before it refuses (a full share swept on
+/// every request would cost a pass over every guard per request).
+const FULL_SWEEP_INTERVAL_MS: u64 = 1_000;
 
 fn role_index(role: Role) -> usize {
     match role {
@@ -175,6 +182,7 @@ impl ReplayShares {
             guards: HashMap::new(),
             held: [0; 3],
             limits,
+            swept_ms: 0,
         }
     }
 
@@ -189,10 +197,21 @@ impl ReplayShares {
         time_ms: u64,
         nonce: Nonce,
     ) -> Result<(), ReplayRefusal> {
-        if self.guards.len() >= GUARDS_SWEEP_AT && !self.guards.contains_key(entity) {
+        // Every window, and when a new entity would pass the bound: what
+        // quiet entities hold expires even if they never ask again.
+        if now_ms.saturating_sub(self.swept_ms) >= REPLAY_WINDOW_MS
+            || (self.guards.len() >= GUARDS_SWEEP_AT && !self.guards.contains_key(entity))
+        {
             self.sweep(now_ms);
         }
         let limits = (self.limits)(role);
+        // A full share may be full of expired entries of quiet entities:
+        // look (at most once a second) before refusing.
+        if self.held[role_index(role)] >= limits.share_entries_max
+            && now_ms.saturating_sub(self.swept_ms) >= FULL_SWEEP_INTERVAL_MS
+        {
+            self.sweep(now_ms);
+        }
         let (guard_role, guard) = self
             .guards
             .entry(entity.clone())
@@ -233,6 +252,7 @@ impl ReplayShares {
 
     /// Expires every guard and drops the empty ones.
     fn sweep(&mut self, now_ms: u64) {
+        self.swept_ms = now_ms;
         let held = &mut self.held;
         self.guards.retain(|_, (role, g)| {
             let before = g.len();
@@ -372,6 +392,31 @@ mod share_tests {
         assert_eq!(s.check(&a, Role::Client, later, later, nonce(9)), Ok(()));
         assert_eq!(s.check(&b, Role::Client, later, later, nonce(9)), Ok(()));
         assert_eq!(s.held(Role::Client), 2);
+    }
+
+    /// Entities that fill their role's share and go quiet do not hold it
+    /// after the window: a newcomer gets in without them asking again.
+    #[test]
+    fn a_share_filled_by_quiet_entities_frees_itself() {
+        let mut s = ReplayShares::new(limits);
+        let now = 10 * REPLAY_WINDOW_MS;
+        let (a, b, c) = (e("client.a"), e("client.b"), e("client.c"));
+        for i in 0..3 {
+            s.check(&a, Role::Client, now, now, nonce(i)).unwrap();
+        }
+        for i in 0..2 {
+            s.check(&b, Role::Client, now, now, nonce(i)).unwrap();
+        }
+        assert_eq!(
+            s.check(&c, Role::Client, now + 10, now + 10, nonce(0)),
+            Err(ReplayRefusal::Full)
+        );
+        // a and b never ask again; once their entries are out of the window,
+        // c gets in (the full share is swept before refusing).
+        let later = now + REPLAY_WINDOW_MS + 1;
+        assert_eq!(s.check(&c, Role::Client, later, later, nonce(1)), Ok(()));
+        assert_eq!(s.held(Role::Client), 1);
+        assert_eq!(s.entities(), 1, "the quiet entities' guards are gone");
     }
 
     #[test]
