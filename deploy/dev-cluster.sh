@@ -540,7 +540,7 @@ Use the 4 GiB volume "demo" (NBD export name = volume name; \$FLAME_NBD_URI and
       dd if=/dev/urandom of=mnt/nbd bs=1M count=16 conv=notrunc,fsync
       losetup --find --show mnt/nbd   # then mkfs.ext4 /dev/loopN and mount it (as root)
       fusermount3 -u mnt              # when done
-  nbd-client -N demo -unix $(nbd_socket) /dev/nbd0    # as this user (root), with the nbd module
+  nbd-client -N demo -u $(nbd_socket) /dev/nbd0    # as this user (root), with the nbd module
   qemu-system-x86_64 ... -drive "file=nbd+unix:///demo?socket=$(nbd_socket),format=raw,cache=none"
 
 Administer it (flame-admin needs this cluster's admin keyring and CA and talks

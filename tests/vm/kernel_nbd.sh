@@ -5,7 +5,9 @@
 #
 #   1. flame-mgr, three flame-osd and flame-nbd from $FLAME_BIN (the host's build,
 #      seen read-only over 9p), all state in a guest tmpfs; a 1 GiB volume.
-#   2. nbd-client (netlink, the README's first command) -> /dev/nbd0: mkfs.ext4,
+#   2. nbd-client (netlink, the README's first command) on flame-nbd's Unix
+#      socket export (no TCP export: the socket admits root, flame-nbd's uid,
+#      only) -> /dev/nbd0: mkfs.ext4,
 #      mount, files written and fsynced, their sha256 recorded; umount, nbd-client
 #      -d. Also checked: nbd-client leaves no process behind in netlink mode, which
 #      is why its -persist cannot reconnect anything (docs/testing.md).
@@ -24,7 +26,9 @@ DIR="${TMPDIR:-/tmp}/flame-kernel-nbd"
 MNT="$DIR/mnt"
 SUMS="$DIR/sums"
 DEV=/dev/nbd0
-NBD_PORT=10809
+# flame-nbd's Unix socket export: the kernel's client and qemu-nbd connect
+# through it as root, the uid flame-nbd runs as (no TCP export at all).
+SOCK="$DIR/nbd.sock"
 VOLUME=vol
 START=$SECONDS
 
@@ -51,9 +55,7 @@ cd "$DIR"
 cat >nbd.yaml <<EOF
 mgr: "$MGR"
 keyring: "$BRIDGE_KEYRING"
-listen: "127.0.0.1:$NBD_PORT"
-tcp_without_tls: true   # the VM is the only host; the kernel client speaks plain NBD
-unix: null
+unix: {path: "$SOCK"}
 metrics_listen: "127.0.0.1:9300"
 threads: 1
 poll_mode: interrupt
@@ -63,9 +65,19 @@ EOF
 
 NBD_PID=""
 start_nbd() {
+    # A killed flame-nbd leaves its socket file: gone first, so the wait below
+    # sees the new one.
+    rm -f "$SOCK"
     "$BIN/flame-nbd" --config nbd.yaml >>logs/nbd.log 2>&1 &
     NBD_PID=$!
-    wait_port "$NBD_PORT" flame-nbd
+    # The socket file appears at bind, just before listen: a client that comes
+    # in between is refused and retries (qemu-nbd's reconnect does).
+    local i
+    for ((i = 0; i < 300; i++)); do
+        [[ -S "$SOCK" ]] && return 0
+        sleep 0.1
+    done
+    fail "flame-nbd does not listen on $SOCK after 30 s"
 }
 
 cluster_up
@@ -101,8 +113,8 @@ $new"
 }
 
 # ------------------------------------------------- 2. nbd-client, plain (netlink)
-log "nbd-client -N $VOLUME 127.0.0.1 $NBD_PORT $DEV"
-timeout 60 nbd-client -N "$VOLUME" -timeout 60 127.0.0.1 "$NBD_PORT" "$DEV" ||
+log "nbd-client -N $VOLUME -u $SOCK $DEV"
+timeout 60 nbd-client -N "$VOLUME" -timeout 60 -u "$SOCK" "$DEV" ||
     fail "nbd-client could not connect"
 # In netlink mode (the default) nbd-client hands the socket to the kernel and
 # exits: no process is left that could reconnect, so its -persist does nothing
@@ -128,7 +140,7 @@ log "nbd-client: mkfs, mount, $(wc -l <"$SUMS") files written and fsynced, disco
 DMESG0="$(dmesg | wc -l)"
 log "qemu-nbd -c $DEV (reconnect-delay=60)"
 timeout 60 qemu-nbd --fork -c "$DEV" --image-opts \
-    "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$NBD_PORT,export=$VOLUME,reconnect-delay=60" ||
+    "driver=nbd,server.type=unix,server.path=$SOCK,export=$VOLUME,reconnect-delay=60" ||
     fail "qemu-nbd -c failed"
 for ((i = 0; i < 100; i++)); do
     [[ "$(cat /sys/block/nbd0/size 2>/dev/null || echo 0)" != 0 ]] && break
@@ -172,7 +184,7 @@ log "restart under qemu-nbd: $WRITES writes and fsyncs across it, all succeeded,
 
 # ------------------------------------------- 4. read everything back, fresh
 echo 3 >/proc/sys/vm/drop_caches
-timeout 60 nbd-client -N "$VOLUME" -timeout 60 127.0.0.1 "$NBD_PORT" "$DEV" ||
+timeout 60 nbd-client -N "$VOLUME" -timeout 60 -u "$SOCK" "$DEV" ||
     fail "nbd-client could not connect again"
 mount -o ro,noload "$DEV" "$MNT" || fail "read-only mount failed"
 verify_sums "read back through a fresh nbd-client connection"
