@@ -52,7 +52,7 @@ JOBS = [
     ("1M seqwrite QD4", "write", "1M", 4),
     ("1M seqread QD4", "read", "1M", 4),
 ]
-VARIANTS = ("flame", "flame-nocsum", "flame-best", "qemu-nbd", "raw")
+VARIANTS = ("flame", "flame-base", "flame-nocsum", "flame-best", "qemu-nbd", "raw")
 # Variants shown by default (flame-best is asked for by name).
 DEFAULT_VARIANTS = ("flame", "flame-nocsum", "qemu-nbd", "raw")
 
@@ -64,9 +64,18 @@ class FlameCluster(pm.Cluster):
         super().__init__(bin_dir, ports, mode, base_dir)
         self.osd_extra = osd_extra
         self.nbd_extra = nbd_extra
+        self.older_nbd_config = False
 
     def write_configs(self):
         super().write_configs()
+        if self.older_nbd_config:
+            # A build from before flame-nbd's Unix socket and TLS settings
+            # (it refuses keys it does not know): its TCP export was clear.
+            path = os.path.join(self.dir, "nbd.yaml")
+            with open(path) as f:
+                lines = [l for l in f if not l.startswith(("tcp_without_tls:", "unix:"))]
+            with open(path, "w") as f:
+                f.writelines(lines)
         for n in range(pm.OSDS):
             with open(os.path.join(self.dir, f"osd.{n}.yaml"), "a") as f:
                 f.write(self.osd_extra)
@@ -93,10 +102,11 @@ def fio_common(rw, bs, qd, runtime, size):
             "--group_reporting"]
 
 
-def run_flame(args, ports, bin_dir, osd_extra, nbd_extra="", mode="interrupt"):
+def run_flame(args, ports, bin_dir, osd_extra, nbd_extra="", mode="interrupt", older_nbd_config=False):
     """One fresh cluster, every job once. Returns {job: result}."""
     uri = f"nbd://{pm.HOST}:{ports.nbd}/{pm.VOLUME}"
     cluster = FlameCluster(bin_dir, ports, args.dir, osd_extra, nbd_extra, mode)
+    cluster.older_nbd_config = older_nbd_config
     out = {}
     try:
         cluster.start(args.start_timeout)
@@ -192,6 +202,9 @@ def main():
                     help="YAML lines added to the flame-nbd config of flame-best")
     ap.add_argument("--best-poll-mode", default="interrupt", choices=("interrupt", "adaptive", "busy"),
                     help="poll_mode of every daemon in flame-best")
+    ap.add_argument("--base-bin", default=None,
+                    help="flame-base: the release binaries of another build (a before/after run, "
+                         "interleaved with flame), e.g. a worktree's target/release")
     ap.add_argument("--base-port", type=int, default=16600)
     ap.add_argument("--dir", default=None, help="where clusters and the test file live (default: a temp dir)")
     ap.add_argument("--start-timeout", type=float, default=60)
@@ -233,6 +246,14 @@ def main():
     os.mkdir(snap)
     for n in pm.BINARIES:
         shutil.copy2(os.path.join(bin_dir, n), os.path.join(snap, n))
+    base_snap = None
+    if "flame-base" in variants:
+        if not args.base_bin:
+            sys.exit("flame-base needs --base-bin DIR (another build's release binaries)")
+        base_snap = os.path.join(work, "base-bin")
+        os.mkdir(base_snap)
+        for n in pm.BINARIES:
+            shutil.copy2(os.path.join(args.base_bin, n), os.path.join(base_snap, n))
     args.dir = work
     image = os.path.join(work, "disk.raw")
     results = {}
@@ -249,6 +270,8 @@ def main():
                 pm.wait_ports_free(ports.all() + [qemu_port], 60)
                 if v == "flame":
                     got = run_flame(args, ports, snap, "")
+                elif v == "flame-base":
+                    got = run_flame(args, ports, base_snap, "", older_nbd_config=True)
                 elif v == "flame-nocsum":
                     got = run_flame(args, ports, snap, "checksums: false\n")
                 elif v == "flame-best":

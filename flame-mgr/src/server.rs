@@ -54,25 +54,25 @@ pub struct Limits {
 
 /// What a connection's idle watch sees: when a byte last moved and how many
 /// requests are in service.
-#[derive(Default)]
 struct Activity {
-    /// Milliseconds since the connection's start at the last byte moved.
+    /// When the connection began.
+    start: tokio::time::Instant,
+    /// Milliseconds from `start` to the last byte moved.
     last_ms: AtomicU64,
     requests: AtomicUsize,
-    start: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 impl Activity {
     fn new() -> Arc<Activity> {
-        let a = Activity::default();
-        let _ = a.start.set(tokio::time::Instant::now());
-        Arc::new(a)
+        Arc::new(Activity {
+            start: tokio::time::Instant::now(),
+            last_ms: AtomicU64::new(0),
+            requests: AtomicUsize::new(0),
+        })
     }
 
     fn elapsed_ms(&self) -> u64 {
-        self.start
-            .get()
-            .map_or(0, |s| s.elapsed().as_millis() as u64)
+        self.start.elapsed().as_millis() as u64
     }
 
     fn touch(&self) {

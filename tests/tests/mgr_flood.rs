@@ -21,7 +21,8 @@ const FLOOD: Duration = Duration::from_secs(6);
 #[test]
 fn a_flooded_manager_keeps_every_osd_up_and_cuts_half_sent_requests() {
     let cluster = TestCluster::start_with(ClusterOptions {
-        mgr_extra_yaml: "header_read_timeout_ms: 1000\nconnections_max: 512\n".into(),
+        mgr_extra_yaml:
+            "header_read_timeout_ms: 1000\nidle_timeout_ms: 2000\nconnections_max: 512\n".into(),
         ..ClusterOptions::default()
     });
     let mgr = cluster.mgr_addr();
@@ -138,6 +139,30 @@ fn a_flooded_manager_keeps_every_osd_up_and_cuts_half_sent_requests() {
     let map = cluster.map();
     assert!(map.osds.values().all(|o| o.up));
     assert!(map.epoch > epoch0);
+    // A client that pipelines requests and never reads the answers: once the
+    // socket buffers are full nothing moves and no request is in service, so
+    // the idle bound (2 s) closes it; without it the manager's write would
+    // wait for good, and reading later would get every answer.
+    let mut s = TcpStream::connect(mgr).expect("connect");
+    const PIPELINED: usize = 2000;
+    let request = b"GET /metrics HTTP/1.1\r\nHost: flood\r\n\r\n".repeat(PIPELINED);
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(&request);
+    std::thread::sleep(Duration::from_secs(5));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut got, mut b) = (Vec::new(), vec![0u8; 1 << 16]);
+    // Bounded: the stream ends, or a 10 s read timeout ends the loop.
+    for _ in 0..1_000_000 {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+        }
+    }
+    let answers = got.windows(9).filter(|w| w == b"HTTP/1.1 ").count();
+    assert!(
+        answers < PIPELINED,
+        "a client that read nothing for 5 s got all {answers} answers: never closed as idle"
+    );
     // And I/O works after it.
     let vol = cluster.create_volume("after", 1 << 20);
     assert_eq!(vol.size, 1 << 20);
