@@ -240,7 +240,11 @@ pub async fn read(fs: &Fs, root: &Path) -> io::Result<Stored> {
     let damaged: Vec<&Path> = paths
         .iter()
         .zip(&contents)
-        .filter(|(_, c)| c.as_ref().is_some_and(|c| decode(c).is_none()))
+        // An empty file is one reserved but never written, not a damaged one.
+        .filter(|(_, c)| {
+            c.as_ref()
+                .is_some_and(|c| !c.is_empty() && decode(c).is_none())
+        })
         .map(|(p, _)| p.as_path())
         .collect();
     let found = newest([contents[0].as_deref(), contents[1].as_deref()]);
@@ -293,6 +297,58 @@ pub async fn write(
     f.write(0, encode(generation, boot, doubt), Some(SyncKind::Journal))
         .await?;
     if created {
+        fs.sync_dir(root).await?;
+    }
+    Ok(())
+}
+
+/// Record entries each record file has room for per shard, reserved up front:
+/// what the shard's journal names at most, twice (room for the doubt earlier
+/// restarts left beside it).
+const RESERVED_ENTRIES_PER_SHARD: usize = 2 * super::journal::JOURNAL_ENTRIES_MAX;
+
+/// Bytes of each record file allocated up front for an OSD of `shards` shards:
+/// a record of [`RESERVED_ENTRIES_PER_SHARD`] entries per shard, at most one of
+/// [`DOUBT_OBJECTS_MAX`].
+pub fn reserve_bytes(shards: usize) -> u64 {
+    let entries = shards
+        .max(1)
+        .saturating_mul(RESERVED_ENTRIES_PER_SHARD)
+        .min(DOUBT_OBJECTS_MAX);
+    (HEAD_LEN + entries * ENTRY_LEN + 4) as u64
+}
+
+/// Allocates [`reserve_bytes`] in both record files under `root` (creating
+/// them empty; an empty file reads as no record), so that start-up writes the
+/// record on a full disk too: a start-up that could not write it used to serve
+/// anyway, and a second restart before there was room forgot the first one's
+/// doubt — the copy came back sure of blocks a failed write had left a write
+/// old on it (simulator seed 200214). Best effort: a disk already full leaves
+/// the reservation as it was (the record write says whether it fits).
+pub async fn reserve(fs: &Fs, root: &Path, shards: usize) -> io::Result<()> {
+    let bytes = reserve_bytes(shards);
+    let mut created_any = false;
+    for path in &record_paths(root) {
+        let Some((f, created)) = fs.open(path, true).await? else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("cannot create {}", path.display()),
+            ));
+        };
+        created_any |= created;
+        match f.allocate(0, bytes).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+                tracing::warn!(
+                    path = %path.display(),
+                    bytes,
+                    "cannot reserve room for the restart-doubt record (disk full)"
+                );
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if created_any {
         fs.sync_dir(root).await?;
     }
     Ok(())

@@ -39,10 +39,13 @@ pub const ENTRY_LEN: usize = 32;
 pub const JOURNAL_ENTRIES_SOFT_MAX: usize = 65_536;
 /// Entries written by one group commit at most.
 const BATCH_MAX: usize = 1024;
-/// Bytes of journal file allocated up front: the header, the soft bound of
-/// entries and a few batches beyond it (writes in flight when the bound is hit).
-const JOURNAL_RESERVE_BYTES: u64 =
-    JOURNAL_HEADER_LEN + ((JOURNAL_ENTRIES_SOFT_MAX + 4 * BATCH_MAX) * ENTRY_LEN) as u64;
+/// Entries one journal holds at most: the soft bound and a few batches beyond it
+/// (writes in flight when the bound is hit). The restart-doubt record reserves
+/// room for as many per shard (`super::doubt_record::reserve`).
+pub const JOURNAL_ENTRIES_MAX: usize = JOURNAL_ENTRIES_SOFT_MAX + 4 * BATCH_MAX;
+/// Bytes of journal file allocated up front: the header and
+/// [`JOURNAL_ENTRIES_MAX`] entries.
+const JOURNAL_RESERVE_BYTES: u64 = JOURNAL_HEADER_LEN + (JOURNAL_ENTRIES_MAX * ENTRY_LEN) as u64;
 /// Bytes read at once when replaying a journal.
 const REPLAY_CHUNK: usize = 1 << 20;
 

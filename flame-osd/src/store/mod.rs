@@ -1373,6 +1373,7 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
     // The doubt outlives the journals that named it, until a primary settles it
     // (seeds 369, 414: a second restart found reset journals and no doubt).
     let stored = doubt_record::read(fs, root).await?;
+    doubt_record::reserve(fs, root, journals.len()).await?;
     // The record names the boot of the process that wrote it at its start,
     // the one whose writes the journals name (it reset them after): in this
     // boot still, the machine did not reboot since — the page cache kept
@@ -1423,26 +1424,23 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
                 1 - stored.next_file,
                 true,
             ),
-            // A full disk does not keep the OSD down (it serves reads, and
-            // frees space for writes once the manager stops placing new data
-            // on it); the record is written once there is room
-            // (`DoubtRecord::persist`). Until then a second restart would not
-            // know this one's doubt — what the journals alone gave before —
-            // and would take the journals' doubt for a reboot's.
+            // Written into the room reserved for it, so a full disk refuses it
+            // only past that room. Serving without it is not safe: the
+            // journals are reset next, and a second restart before the record
+            // was written would forget this doubt and come back sure of blocks
+            // a write old (simulator seed 200214).
             Err(e) if e.kind() == io::ErrorKind::StorageFull => {
-                tracing::error!(
-                    objects = doubt_record::count(&doubt),
-                    "cannot write the restart-doubt record (disk full): written once there \
-                     is room; a restart before then forgets this doubt"
-                );
-                doubt_record::DoubtRecord::new(
-                    root,
-                    boot,
-                    doubt,
-                    stored.generation,
-                    stored.next_file,
-                    false,
-                )
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!(
+                        "cannot write the restart-doubt record ({} objects in doubt): the \
+                         file system of {} is full beyond the room reserved for it; free \
+                         space there and start again (docs/on-disk-format.md, \"The \
+                         restart-doubt record\")",
+                        doubt_record::count(&doubt),
+                        root.display()
+                    ),
+                ));
             }
             Err(e) => return Err(e),
         }
@@ -1451,9 +1449,9 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
         journal::reset_file(fs, &jdir.join(name)).await?;
     }
     // The journals' doubt is on disk as a reboot's: the marker has done its
-    // work. Not yet written (a full disk): it stays, so the next start takes
-    // its journals' doubt for a reboot's too.
-    if writeback_failed && !record.stale() {
+    // work.
+    debug_assert!(!record.stale(), "start-up returns only a written record");
+    if writeback_failed {
         fs.unlink(&marker, false).await?;
     }
     Ok(record)

@@ -980,6 +980,43 @@ fn a_restarts_doubt_outlives_a_second_restart_until_it_is_settled() {
     .unwrap();
 }
 
+/// Simulator seed 200214: a start-up on a full disk could not write the
+/// restart-doubt record, served anyway after resetting the journals, and the
+/// next restart — the disk still full — forgot the objects the first one had in
+/// doubt: the copy came back sure of blocks a failed write left a write old.
+/// The record now has room reserved for it, so a full disk still records the
+/// doubt and a second restart still knows it.
+#[test]
+fn a_restart_on_a_full_disk_still_records_its_doubt_for_the_next_one() {
+    let mut r = Reactor::new(ReactorConfig::default()).unwrap();
+    r.block_on(async {
+        let (sim, fs, root) = sim_dir();
+        // The daemon's first start, on an empty directory with room.
+        assert!(recover(&fs, &root).await.unwrap().objects().is_empty());
+        let s = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
+        s.write(PG, obj(1), 0, PayloadBuf::copy_from(&[1; BLOCK]), false)
+            .await
+            .unwrap();
+        drop(s);
+        sim.power_cut(&mut || true);
+        sim.set_full(true);
+        let record = recover(&fs, &root)
+            .await
+            .expect("a full disk refused the record its room was reserved for");
+        assert_eq!(record.objects(), vec![(PG, obj(1))]);
+        assert!(!record.stale());
+        // Restarted again before any primary settled it, the disk still full.
+        sim.power_cut(&mut || true);
+        let record = recover(&fs, &root).await.unwrap();
+        assert_eq!(
+            record.objects(),
+            vec![(PG, obj(1))],
+            "the second restart forgot the doubt of the first, on a full disk"
+        );
+    })
+    .unwrap();
+}
+
 /// Seed 58: a copy killed with kill -9 kept its acknowledged writes (page
 /// cache), one that lost power may not have; start-up could not tell them
 /// apart, and a primary that lost power kept its own stale bytes over the
