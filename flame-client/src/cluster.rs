@@ -94,6 +94,8 @@ struct Inner {
     op_session: u64,
     /// The last op sequence number handed out ([`Cluster::next_op`]).
     op_seq: AtomicU64,
+    /// The lineage of `config.instance` (`flame_common::lineage`), if set.
+    lineage: Option<u64>,
 }
 
 impl Drop for Inner {
@@ -260,6 +262,10 @@ impl Cluster {
     /// Blocking (one HTTP call): call it at start-up, not on a reactor thread.
     pub fn connect(config: ClientConfig) -> Result<Cluster, ClientError> {
         config.validate()?;
+        let lineage = config
+            .instance
+            .as_deref()
+            .map(flame_common::lineage::lineage_of_name);
         let mgr = config.mgr_client()?;
         let map = mgr.map()?;
         check_first_map(&map)?;
@@ -283,6 +289,7 @@ impl Cluster {
                 uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
                 op_session: new_op_session(),
                 op_seq: AtomicU64::new(0),
+                lineage,
             }),
         })
     }
@@ -298,6 +305,10 @@ impl Cluster {
         op_session: u64,
     ) -> Result<Cluster, ClientError> {
         config.validate()?;
+        let lineage = config
+            .instance
+            .as_deref()
+            .map(flame_common::lineage::lineage_of_name);
         check_first_map(&map)?;
         let mgr = MgrClient::new_from(&config.mgr, config.bind_addr, None)?;
         let shared = Shared::new(config, mgr, map, None);
@@ -309,6 +320,7 @@ impl Cluster {
                 uid: flame_common::entropy::u64(),
                 op_session: op_session.max(1),
                 op_seq: AtomicU64::new(0),
+                lineage,
             }),
         })
     }
@@ -484,6 +496,12 @@ impl Cluster {
         self.inner.uid
     }
 
+    /// The lineage its connections' sessions belong to (`None`: a random one
+    /// per thread): the same across restarts when `instance` is set.
+    pub(crate) fn lineage(&self) -> Option<u64> {
+        self.inner.lineage
+    }
+
     /// A new identity for one write, write-zeroes or discard: this instance's
     /// session and the next op sequence number. Taken once per operation and kept
     /// on every resend of it (to any OSD), so a primary can tell a retry from a new
@@ -654,6 +672,7 @@ mod osd_map_tests {
             epoch: Epoch(5),
             shards: 1,
             fetch: None,
+            lineage: None,
         }
     }
 

@@ -79,6 +79,35 @@ pub struct ClientConfig {
     /// manager with `auth: none`. Relative paths are relative to the working
     /// directory.
     pub keyring: Option<std::path::PathBuf>,
+    /// A name for this client that stays the same across its restarts (at most
+    /// 128 bytes), or `null`. With one, a restarted client fences what its crashed
+    /// predecessor still has on the wire: an OSD that sees the new process
+    /// connect executes nothing more from the old one's connections, so a write
+    /// the old process never had acknowledged cannot land over what the new one
+    /// wrote since (`flame_common::lineage`). One name per client process and
+    /// cluster: two live processes with the same name fence each other's
+    /// connections (they still work, with reconnections). Without one, each
+    /// process is on its own (flame-nbd and flame-ublk set one by default).
+    pub instance: Option<String>,
+}
+
+/// The longest `instance` name.
+pub const INSTANCE_NAME_BYTES_MAX: usize = 128;
+
+/// The default `instance` name of a daemon `program` serving `endpoint` (what
+/// only one live process on a host can hold: its socket path, its volume):
+/// `program@host:endpoint`, cut to [`INSTANCE_NAME_BYTES_MAX`] bytes.
+pub fn host_instance_name(program: &str, endpoint: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut name = format!("{program}@{}:{endpoint}", host.trim());
+    if name.len() > INSTANCE_NAME_BYTES_MAX {
+        let mut cut = INSTANCE_NAME_BYTES_MAX;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        name.truncate(cut);
+    }
+    name
 }
 
 /// How I/O data travels between the client and its OSD.
@@ -189,6 +218,7 @@ impl Default for ClientConfig {
             fetch_over_emulated: false,
             keyring: None,
             mgr_tls_ca: None,
+            instance: None,
         }
     }
 }
@@ -240,6 +270,14 @@ impl ClientConfig {
             return Err(ClientError::InvalidArgument(
                 "mgr: manager address is empty".into(),
             ));
+        }
+        if let Some(name) = &self.instance
+            && (name.is_empty() || name.len() > INSTANCE_NAME_BYTES_MAX)
+        {
+            return Err(ClientError::InvalidArgument(format!(
+                "instance: must be 1..={INSTANCE_NAME_BYTES_MAX} bytes, got {}",
+                name.len()
+            )));
         }
         if self.io_timeout_ms > TIMEOUT_MS_MAX {
             return Err(ClientError::InvalidArgument(format!(

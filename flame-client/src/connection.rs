@@ -86,6 +86,9 @@ pub(crate) struct Target {
     pub shards: u16,
     /// Remote fetching: the reply area to ask for (`None`: replies are pushed).
     pub fetch: Option<FetchConfig>,
+    /// The lineage of the client's sessions, the same across its restarts
+    /// (`None`: a random session per thread; `flame_common::lineage`).
+    pub lineage: Option<u64>,
 }
 
 /// What a connection in fetch mode asks for and how it polls.
@@ -208,6 +211,8 @@ pub(crate) struct HelloInfo {
     pub versions: Versions,
     /// The OSD's shard count.
     pub shards: u16,
+    /// The shard that answered (another than asked for: our map is stale).
+    pub shard: u16,
     /// The OSD's proof of the service key (answer to an authenticated HELLO).
     pub proof: Option<[u8; 32]>,
 }
@@ -236,9 +241,98 @@ enum Slot {
 /// (thread, cluster handle), since each such pair has at most one live connection
 /// per OSD shard. When it reconnects, the OSD stops executing requests still
 /// arriving on the old connection, which this thread may already have resent.
-fn session_of(key: &ConnKey) -> u64 {
-    let seed = SESSION_SEED.with_node(|s| *s);
-    flame_common::placement::mix64(seed ^ key.cluster) | 1
+/// With a lineage (an `instance` name), the session is the lineage's and this
+/// thread's number in the process: the same ids again after a restart, whose
+/// newer incarnation ([`next_generation`]) then fences the old process's
+/// connections too.
+fn session_of(target: &Target) -> u64 {
+    match target.lineage {
+        Some(lineage) => flame_common::lineage::session(lineage, thread_number()),
+        None => {
+            let seed = SESSION_SEED.with_node(|s| *s);
+            flame_common::placement::mix64(seed ^ target.key.cluster) | 1
+        }
+    }
+}
+
+/// The generation of this thread's next connection: its process's
+/// incarnation, then its own count of connections (`flame_common::lineage`).
+fn next_generation() -> u64 {
+    let n = NEXT_GENERATION.with_node(|g| g.replace(g.get() + 1));
+    flame_common::lineage::generation(incarnation(), n)
+}
+
+/// This process's incarnation: the wall clock's milliseconds when it first
+/// connected, so a restarted client's is above its predecessor's; raised when
+/// an OSD says a newer one of its lineage connected ([`outlive_incarnation`]).
+/// One per process (per simulated node): threads of one incarnation must not
+/// fence each other.
+fn incarnation() -> u64 {
+    if flame_common::node::current().is_some() {
+        return NODE_INCARNATION.with_node(|i| {
+            if i.get() == 0 {
+                i.set(flame_common::clock::unix_ms().max(1));
+            }
+            i.get()
+        });
+    }
+    let i = PROCESS_INCARNATION.load(std::sync::atomic::Ordering::Relaxed);
+    if i != 0 {
+        return i;
+    }
+    let now = flame_common::clock::unix_ms().max(1);
+    match PROCESS_INCARNATION.compare_exchange(
+        0,
+        now,
+        std::sync::atomic::Ordering::Relaxed,
+        std::sync::atomic::Ordering::Relaxed,
+    ) {
+        Ok(_) => now,
+        Err(set) => set,
+    }
+}
+
+/// An OSD refused a HELLO because a newer incarnation of this lineage
+/// connected: a process with the same `instance` name (a misconfiguration), or
+/// this one's wall clock went back past its crashed predecessor's start. Steps
+/// the incarnation up, doubling the step with each refusal (1 s, 2 s, … up to
+/// about 50 days), so a clock set back by any amount is outlived in a few dozen
+/// reconnections.
+fn outlive_incarnation() {
+    let refusals = REFUSALS
+        .with_node(|r| r.replace(r.get().saturating_add(1)))
+        .min(32);
+    let step = 1000u64 << refusals;
+    let bumped = incarnation().saturating_add(step);
+    if flame_common::node::current().is_some() {
+        NODE_INCARNATION.with_node(|i| i.set(bumped));
+    } else {
+        PROCESS_INCARNATION.fetch_max(bumped, std::sync::atomic::Ordering::Relaxed);
+    }
+    tracing::warn!(
+        incarnation = bumped,
+        "an OSD knows a newer incarnation of this client's instance name: another live \
+         process uses the same `instance`, or the clock went back; connecting as a newer one"
+    );
+}
+
+/// This thread's number within its process (1, 2, …; one per simulated node).
+fn thread_number() -> u16 {
+    THREAD_NUMBER.with_node(|n| *n)
+}
+
+static PROCESS_INCARNATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static NEXT_THREAD_NUMBER: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+
+fn new_thread_number() -> u16 {
+    if flame_common::node::current().is_some() {
+        // A simulated node is one thread of its own process.
+        return 1;
+    }
+    // Wraps after 65 535 threads (two threads sharing a number fence each
+    // other's connections: they still work, with reconnections).
+    let n = NEXT_THREAD_NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    n.max(1)
 }
 
 // Per process (per simulated node: `flame_common::node`), so that two
@@ -250,6 +344,12 @@ thread_local! {
     /// replaces. Per thread, like the sessions it numbers (and so a simulated
     /// run does not depend on the runs before it in the process).
     static NEXT_GENERATION: NodeLocal<Cell<u64>> = const { NodeLocal::new(|| Cell::new(1)) };
+    /// A simulated process's incarnation ([`incarnation`]; 0: not drawn yet).
+    static NODE_INCARNATION: NodeLocal<Cell<u64>> = const { NodeLocal::new(|| Cell::new(0)) };
+    /// Refusals as superseded so far ([`outlive_incarnation`]'s doubling step).
+    static REFUSALS: NodeLocal<Cell<u32>> = const { NodeLocal::new(|| Cell::new(0)) };
+    /// This thread's number in its process ([`thread_number`]).
+    static THREAD_NUMBER: NodeLocal<u16> = const { NodeLocal::new(new_thread_number) };
     static TABLE: NodeLocal<RefCell<HashMap<ConnKey, Slot>>> =
         const { NodeLocal::new(|| RefCell::new(HashMap::default())) };
     /// The reactor the table's connections were made on (see [`check_reactor`]).
@@ -643,6 +743,7 @@ async fn reader(c: Rc<OsdConn>) {
                 status,
                 versions,
                 shards,
+                shard,
                 proof,
                 ..
             }) => Ok((
@@ -654,6 +755,7 @@ async fn reader(c: Rc<OsdConn>) {
                     hello: Some(Box::new(HelloInfo {
                         versions,
                         shards,
+                        shard,
                         proof,
                     })),
                     data: PayloadBuf::empty(),
@@ -792,8 +894,8 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
         osd: target.key.osd.0,
         shard: target.key.shard,
         peer: false,
-        session: session_of(&target.key),
-        generation: NEXT_GENERATION.with_node(|g| g.replace(g.get() + 1)),
+        session: session_of(target),
+        generation: next_generation(),
     };
     let auth = ticket.map(|t| {
         Box::new(handshake::hello_auth(
@@ -849,7 +951,19 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
             return Err(e);
         }
     }
-    let mismatch = if reply.status == status::ESTALE {
+    let mismatch = if reply.status == status::ESTALE
+        && reply.hello.as_ref().map(|h| h.shard) == Some(target.key.shard)
+    {
+        // The right shard, yet refused: a newer connection of this session or
+        // incarnation of this lineage is known there.
+        if target.lineage.is_some() {
+            outlive_incarnation();
+        }
+        Some(format!(
+            "{} ({}) refused our hello as superseded by a newer connection of this client",
+            target.addr, target.key.osd
+        ))
+    } else if reply.status == status::ESTALE {
         Some(format!(
             "{} is not shard {} of {}: our map is stale",
             target.addr, target.key.shard, target.key.osd
@@ -986,6 +1100,44 @@ mod tests {
     use flame_common::transport::Listener;
     use std::cell::RefCell;
 
+    /// A named client's sessions are its lineage's, the same in every
+    /// process; its generations carry one incarnation for all its threads,
+    /// and a refusal as superseded steps it up.
+    #[test]
+    fn a_named_client_connects_as_its_lineage_and_incarnation() {
+        let mut target = fake_osd_target(1, OsdId(0), "127.0.0.1:1".parse().unwrap());
+        target.lineage = Some(flame_common::lineage::lineage_of_name("nbd@h:/s"));
+        let named = session_of(&target);
+        assert_eq!(
+            flame_common::lineage::lineage_of(named),
+            flame_common::lineage::session(flame_common::lineage::lineage_of_name("nbd@h:/s"), 0)
+        );
+        let mine = flame_common::lineage::incarnation_of(next_generation());
+        let other_thread = std::thread::spawn(|| {
+            (
+                thread_number(),
+                flame_common::lineage::incarnation_of(next_generation()),
+            )
+        })
+        .join()
+        .unwrap();
+        assert_ne!(
+            other_thread.0,
+            thread_number(),
+            "two threads share a session"
+        );
+        assert_eq!(
+            other_thread.1, mine,
+            "threads of one process differ in incarnation"
+        );
+        outlive_incarnation();
+        let after = flame_common::lineage::incarnation_of(next_generation());
+        assert!(
+            after >= mine + 1000,
+            "{after} is not a newer incarnation than {mine}"
+        );
+    }
+
     /// Where a test's fake one-shard OSD at `addr` is, for cluster handle `cluster`.
     fn fake_osd_target(cluster: u64, osd: OsdId, addr: SocketAddr) -> Target {
         Target {
@@ -1001,6 +1153,7 @@ mod tests {
             epoch: Epoch(1),
             shards: 1,
             fetch: None,
+            lineage: None,
         }
     }
 

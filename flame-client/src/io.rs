@@ -215,6 +215,7 @@ fn target_for(cluster: &Cluster, map: &ClusterMap, osd: &OsdInfo, shard: u16) ->
             polls_max: cfg.fetch_polls_max,
             fallbacks_to_push: cfg.fetch_fallbacks_to_push.max(1),
         }),
+        lineage: cluster.lineage(),
     }
 }
 

@@ -27,6 +27,7 @@ pub mod entropy;
 pub mod fuzzing;
 pub mod http;
 pub mod ids;
+pub mod lineage;
 pub mod logging;
 pub mod map;
 pub mod metrics;

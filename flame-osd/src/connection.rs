@@ -21,6 +21,7 @@
 //!   or the client asked for it to be pushed ([`Message::PushReply`]).
 
 use crate::metrics::FetchReply;
+use crate::session_fence::{Fence, HelloIdentity, Superseded};
 use crate::shard::Shard;
 use flame_common::collections::HashSet;
 use flame_common::protocol::{
@@ -94,13 +95,14 @@ pub(crate) async fn serve_connection(
     ) = (&hello, &mut reply)
         && *session != 0
     {
-        match shard.register_session(
-            SessionKey::new(admitted.who.as_ref(), *session),
+        match shard.register_session(HelloIdentity::new(
+            admitted.who.as_ref(),
+            *session,
             *generation,
-        ) {
-            Some(f) => fence = Some(f),
-            None => {
-                tracing::warn!(shard = shard.id, %peer, session, generation, "hello from a superseded connection; refusing");
+        )) {
+            Ok(f) => fence = Some(f),
+            Err(why) => {
+                tracing::warn!(shard = shard.id, %peer, session, generation, ?why, "hello from a superseded connection; refusing");
                 *st = status::ESTALE;
             }
         }
@@ -151,13 +153,16 @@ pub(crate) async fn serve_connection(
             }
         };
         if let Some(f) = &fence
-            && f.current.get() != f.generation
+            && !f.holds()
         {
             // The same session has connected again: whatever still arrives here was
             // sent before the sender gave up on this connection and may have been
             // resent on the new one. Executing it now could let a stale write
-            // overtake (and then overwrite) its newer copy.
-            tracing::info!(shard = shard.id, %peer, "connection superseded by a newer one of its session; closing");
+            // overtake (and then overwrite) its newer copy. Or a newer
+            // incarnation of its client connected: this one crashed, and its
+            // writes must not land over its successor's
+            // (crate::session_fence).
+            tracing::info!(shard = shard.id, %peer, "connection superseded by a newer one of its session or client; closing");
             conn.close();
             return;
         }
@@ -773,46 +778,6 @@ impl Inflight {
     }
 }
 
-/// A session as a shard keys it: the id the client chose, scoped to the
-/// entity that said it by the same function that scopes its op ids
-/// ([`flame_common::auth::scoped_op_session`]; the id as sent without
-/// authentication). Session ids travel in clear in HELLO, so keyed by id
-/// alone, anyone holding *some* valid ticket could fence another client's
-/// connections by claiming its id with a higher generation; scoped, a claim only
-/// ever reaches the claimer's own sessions. Computed once per HELLO; `Copy`, so
-/// the staged mode's per-request check costs one lookup and no allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SessionKey {
-    /// Whether `scoped` is an entity's (never equal to an unauthenticated id).
-    authenticated: bool,
-    scoped: u64,
-    id: u64,
-}
-
-impl SessionKey {
-    /// The session `id` of the connection `who` authenticated as (`None`:
-    /// without authentication).
-    pub fn new(who: Option<&flame_common::auth::handshake::Authenticated>, id: u64) -> SessionKey {
-        SessionKey {
-            authenticated: who.is_some(),
-            scoped: who.map_or(id, |w| flame_common::auth::scoped_op_session(&w.entity, id)),
-            id,
-        }
-    }
-
-    /// The id the client chose (for logs).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-}
-
-/// A connection's place in its session: it may execute requests only while its
-/// generation is the session's newest.
-pub(crate) struct Fence {
-    current: Rc<Cell<u64>>,
-    generation: u64,
-}
-
 /// Back-pressure on answers: a sender that does not take its replies gets no
 /// more requests read once its queued replies pass its share of the thread's
 /// memory pool (a quarter of it, at least 8 MiB: what one source may also hold
@@ -829,9 +794,6 @@ pub(crate) async fn wait_for_replies_taken(conn: &Conn) {
     }
 }
 
-/// Sessions one shard remembers (beyond those with a live connection).
-const SESSIONS_MAX: usize = 65_536;
-
 /// Memory a request holds while it runs: its write data or its read result.
 pub(crate) fn payload_bytes(msg: &Message) -> u64 {
     match msg {
@@ -841,32 +803,16 @@ pub(crate) fn payload_bytes(msg: &Message) -> u64 {
 }
 
 impl Shard {
-    /// Records that `session` opened connection `generation`. `None` if the session
-    /// already has a newer connection (this hello is itself stale).
-    pub(crate) fn register_session(&self, session: SessionKey, generation: u64) -> Option<Fence> {
-        let mut sessions = self.sessions.borrow_mut();
-        if sessions.len() >= SESSIONS_MAX {
-            // Forget sessions without a live connection (only their fences hold
-            // a second reference).
-            sessions.retain(|_, c| Rc::strong_count(c) > 1);
-        }
-        let current = sessions
-            .entry(session)
-            .or_insert_with(|| Rc::new(Cell::new(0)))
-            .clone();
-        if generation < current.get() {
-            return None;
-        }
-        current.set(generation);
-        Some(Fence {
-            current,
-            generation,
-        })
+    /// Records the connection `hello` opens; why not, if the HELLO is itself
+    /// stale
+    /// ([`crate::session_fence::SessionFences::register`]).
+    pub(crate) fn register_session(&self, hello: HelloIdentity) -> Result<Fence, Superseded> {
+        self.sessions.borrow_mut().register(hello)
     }
 
-    /// The newest generation of `session`, if the shard remembers it.
-    pub(crate) fn session_generation(&self, session: SessionKey) -> Option<u64> {
-        self.sessions.borrow().get(&session).map(|c| c.get())
+    /// Whether the connection `hello` opened may still execute requests.
+    pub(crate) fn session_holds(&self, hello: &HelloIdentity) -> bool {
+        self.sessions.borrow().holds(hello)
     }
 
     pub(crate) fn hello(&self, hello: &Message) -> Message {
@@ -901,32 +847,5 @@ impl Shard {
             // Set by the connection from its gate's verdict.
             proof: None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use flame_common::auth::handshake::Authenticated;
-    use flame_common::auth::{EntityName, Role};
-
-    fn who(name: &str) -> Authenticated {
-        Authenticated {
-            entity: EntityName::parse(name).unwrap(),
-            role: Role::Client,
-        }
-    }
-
-    #[test]
-    fn a_session_is_keyed_by_its_entity_and_its_id() {
-        let a = who("client.a");
-        let b = who("client.b");
-        assert_eq!(SessionKey::new(Some(&a), 7), SessionKey::new(Some(&a), 7));
-        assert_ne!(SessionKey::new(Some(&a), 7), SessionKey::new(Some(&b), 7));
-        assert_ne!(SessionKey::new(Some(&a), 7), SessionKey::new(Some(&a), 8));
-        // Without authentication, one namespace.
-        assert_eq!(SessionKey::new(None, 7), SessionKey::new(None, 7));
-        assert_ne!(SessionKey::new(None, 7), SessionKey::new(Some(&a), 7));
-        assert_eq!(SessionKey::new(Some(&b), 9).id(), 9);
     }
 }

@@ -47,6 +47,7 @@ pub mod replication;
 pub mod restart_suspects;
 pub mod scrub;
 pub mod service_key;
+pub mod session_fence;
 pub mod shard;
 pub mod shard_thread;
 pub mod staged;

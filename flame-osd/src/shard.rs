@@ -87,9 +87,9 @@ pub struct Shard {
     /// ([`crate::byte_budget`]: two bounds, so peers never wait behind clients).
     pub(crate) client_bytes: crate::byte_budget::ByteBudget,
     pub(crate) peer_bytes: crate::byte_budget::ByteBudget,
-    /// Newest connection generation of each session (see `Message::Hello`).
-    pub(crate) sessions:
-        RefCell<flame_common::collections::HashMap<crate::connection::SessionKey, Rc<Cell<u64>>>>,
+    /// Newest connection of each session and incarnation of each lineage
+    /// (see `Message::Hello`, [`crate::session_fence`]).
+    pub(crate) sessions: RefCell<crate::session_fence::SessionFences>,
     /// The decision core of each placement group this shard has seen writes for
     /// ([`crate::pg_core`]: its log, its replica fence, its primacy generation).
     pub(crate) pgs: RefCell<PgCores>,

@@ -197,7 +197,7 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
             cfg.max_peer_inflight_bytes_per_shard,
             Some(ShardMetrics::inflight_bytes_gauge("peer", id)),
         ),
-        sessions: RefCell::new(flame_common::collections::HashMap::default()),
+        sessions: RefCell::new(crate::session_fence::SessionFences::default()),
         pgs: RefCell::new(crate::pg_core::PgCores::new(
             cfg.pg_log_entries_max as usize,
         )),

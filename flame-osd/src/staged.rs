@@ -19,7 +19,7 @@
 //! request of a superseded connection must not run) is checked on the worker, just
 //! before the request runs.
 
-use crate::connection::SessionKey;
+use crate::session_fence::HelloIdentity;
 use crate::shard::Shard;
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
@@ -95,13 +95,13 @@ impl<T> Mailbox<T> {
 pub enum Work {
     /// A connection's HELLO: build the reply and register its session (keyed
     /// by the entity that said it: the connection's fence).
-    Hello(Message, Option<(SessionKey, u64)>),
-    /// A request; `fence` is the connection's (session, generation) if it has one.
+    Hello(Message, Option<HelloIdentity>),
+    /// A request; `fence` is who opened the connection, if it has a session.
     Request {
         /// The decoded request.
         msg: Message,
-        /// The connection's session and generation.
-        fence: Option<(SessionKey, u64)>,
+        /// Who opened the connection (its session, lineage and generation).
+        fence: Option<HelloIdentity>,
     },
 }
 
@@ -174,14 +174,15 @@ impl Shard {
         match work {
             Work::Hello(hello, fence) => {
                 let mut reply = self.hello(&hello);
-                if let (Some((session, generation)), Message::HelloReply { status: st @ 0, .. }) =
+                if let (Some(hello), Message::HelloReply { status: st @ 0, .. }) =
                     (fence, &mut reply)
-                    && self.register_session(session, generation).is_none()
+                    && let Err(why) = self.register_session(hello)
                 {
                     tracing::warn!(
                         shard = self.id,
-                        session = session.id(),
-                        generation,
+                        session = hello.session_id(),
+                        generation = hello.generation(),
+                        ?why,
                         "hello from a superseded connection; refusing"
                     );
                     *st = status::ESTALE;
@@ -189,11 +190,12 @@ impl Shard {
                 Outcome::Reply(reply)
             }
             Work::Request { msg, fence } => {
-                if let Some((session, generation)) = fence
-                    && self.session_generation(session) != Some(generation)
+                if let Some(hello) = fence
+                    && !self.session_holds(&hello)
                 {
-                    // A newer connection of the session exists (or the session was
-                    // forgotten: refusing is the safe side, the client reconnects).
+                    // A newer connection of the session, or incarnation of its
+                    // client, exists (or the session was forgotten: refusing is
+                    // the safe side, the client reconnects).
                     return Outcome::Superseded;
                 }
                 Outcome::Reply(self.execute(msg).await)
@@ -466,8 +468,9 @@ async fn serve(
             session,
             generation,
             ..
-        } if *session != 0 => Some((
-            SessionKey::new(admitted.who.as_ref(), *session),
+        } if *session != 0 => Some(HelloIdentity::new(
+            admitted.who.as_ref(),
+            *session,
             *generation,
         )),
         _ => None,
@@ -621,7 +624,7 @@ async fn serve_converted(
     pending: &Rc<Pending>,
     replies: Arc<Mailbox<Done>>,
     mut msg: Message,
-    fence: Option<(SessionKey, u64)>,
+    fence: Option<HelloIdentity>,
 ) {
     let Some((dest, _)) =
         crate::connection::pull_converted(conn, inflight, shard.id, &mut msg).await

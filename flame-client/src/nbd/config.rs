@@ -225,6 +225,17 @@ impl NbdConfig {
             fetch_over_emulated: self.fetch_over_emulated,
             fetch_polls_max: self.fetch_polls_max,
             fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,
+            // Its export endpoint: one live process holds it, and a restart
+            // keeps it, so a restarted flame-nbd fences the writes its crashed
+            // predecessor left on the wire (`ClientConfig::instance`).
+            instance: Some(crate::config::host_instance_name(
+                "flame-nbd",
+                &match (&self.unix, &self.listen) {
+                    (Some(u), _) => u.path.display().to_string(),
+                    (None, Some(a)) => a.to_string(),
+                    (None, None) => String::new(),
+                },
+            )),
             ..crate::ClientConfig::default()
         }
     }

@@ -131,6 +131,13 @@ impl UblkConfig {
             fetch_over_emulated: self.fetch_over_emulated,
             fetch_polls_max: self.fetch_polls_max,
             fetch_fallbacks_to_push: self.fetch_fallbacks_to_push,
+            // The volume it serves on this host: a restarted flame-ublk fences
+            // the writes its crashed predecessor left on the wire
+            // (`ClientConfig::instance`).
+            instance: Some(crate::config::host_instance_name(
+                "flame-ublk",
+                &self.volume,
+            )),
             ..crate::ClientConfig::default()
         }
     }

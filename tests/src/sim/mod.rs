@@ -1763,6 +1763,10 @@ impl Sim {
             transport: TransportKind::Sim,
             io_timeout_ms: self.config.io_timeout_ms,
             connect_timeout_ms: 1000,
+            // The same name in every incarnation, as flame-nbd's endpoint is:
+            // a restarted client fences what its predecessor left on the wire
+            // (seed 200188).
+            instance: Some(format!("sim-client-{k}")),
             ..ClientConfig::default()
         };
         // Each client its own op session (as two processes would have), and
