@@ -324,6 +324,25 @@ fn a_restarts_doubt_outlives_a_second_restart() {
     all_pass([SimConfig::new(490)]);
 }
 
+/// Seed 200214: a start-up on a full disk could not write the restart-doubt
+/// record and served anyway; restarted again before there was room, the copy
+/// forgot its doubt and came back sure of blocks a failed write had left a
+/// write old (two copies differing before the read-back). The record has room
+/// reserved now (`store::doubt_record::reserve`).
+#[test]
+fn a_restart_on_a_full_disk_keeps_its_doubt() {
+    all_pass([SimConfig::new(200214)]);
+}
+
+/// Seed 200188: a crashed client's zeroing, still on the wire, landed after its
+/// new incarnation's write of the same blocks had been acknowledged, and erased
+/// it (a stale read to the end). A restarted client of the same name now
+/// fences its predecessor's connections (`flame-osd/src/session_fence.rs`).
+#[test]
+fn a_crashed_clients_write_on_the_wire_never_lands_over_its_successors() {
+    all_pass([SimConfig::new(200188)]);
+}
+
 /// Client operations of the replay check: enough for faults and many
 /// messages, few enough for the debug build's time.
 const REPLAY_OPS: u64 = 300;
