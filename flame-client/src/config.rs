@@ -96,10 +96,15 @@ pub const INSTANCE_NAME_BYTES_MAX: usize = 128;
 
 /// The default `instance` name of a daemon `program` serving `endpoint` (what
 /// only one live process on a host can hold: its socket path, its volume):
-/// `program@host:endpoint`, cut to [`INSTANCE_NAME_BYTES_MAX`] bytes.
+/// `program@host/machine:endpoint` — the host name and the first 12 characters
+/// of `/etc/machine-id` (hosts cloned from one image often share a name; a
+/// machine id is made at first boot) — cut to [`INSTANCE_NAME_BYTES_MAX`] bytes.
 pub fn host_instance_name(program: &str, endpoint: &str) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let mut name = format!("{program}@{}:{endpoint}", host.trim());
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let host = read("/proc/sys/kernel/hostname");
+    let machine = read("/etc/machine-id");
+    let machine: String = machine.trim().chars().take(12).collect();
+    let mut name = format!("{program}@{}/{machine}:{endpoint}", host.trim());
     if name.len() > INSTANCE_NAME_BYTES_MAX {
         let mut cut = INSTANCE_NAME_BYTES_MAX;
         while !name.is_char_boundary(cut) {

@@ -257,9 +257,18 @@ fn session_of(target: &Target) -> u64 {
 
 /// The generation of this thread's next connection: its process's
 /// incarnation, then its own count of connections (`flame_common::lineage`).
+/// A thread whose count is used up (4 194 303 connections) steps the
+/// process's incarnation up and counts again: a repeated generation would let
+/// a resend and its stale original both execute.
 fn next_generation() -> u64 {
     let n = NEXT_GENERATION.with_node(|g| g.replace(g.get() + 1));
-    flame_common::lineage::generation(incarnation(), n)
+    if n < flame_common::lineage::CONNECTION_MAX {
+        return flame_common::lineage::generation(incarnation(), n);
+    }
+    let current = incarnation();
+    raise_incarnation(current, current.saturating_add(1));
+    NEXT_GENERATION.with_node(|g| g.set(2));
+    flame_common::lineage::generation(incarnation(), 1)
 }
 
 /// This process's incarnation: the wall clock's milliseconds when it first
@@ -292,27 +301,47 @@ fn incarnation() -> u64 {
     }
 }
 
-/// An OSD refused a HELLO because a newer incarnation of this lineage
-/// connected: a process with the same `instance` name (a misconfiguration), or
-/// this one's wall clock went back past its crashed predecessor's start. Steps
-/// the incarnation up, doubling the step with each refusal (1 s, 2 s, … up to
-/// about 50 days), so a clock set back by any amount is outlived in a few dozen
-/// reconnections.
-fn outlive_incarnation() {
+/// Sets the process's incarnation to `to` if it is still `from` (another
+/// thread may have raised it meanwhile: raised once, not twice).
+fn raise_incarnation(from: u64, to: u64) {
+    let to = to.min(flame_common::lineage::INCARNATION_MAX);
+    if flame_common::node::current().is_some() {
+        NODE_INCARNATION.with_node(|i| {
+            if i.get() == from {
+                i.set(to);
+            }
+        });
+    } else {
+        let _ = PROCESS_INCARNATION.compare_exchange(
+            from,
+            to,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
+/// An OSD refused a HELLO of incarnation `refused` because a newer
+/// incarnation of this lineage connected: this process's wall clock went back
+/// past its crashed predecessor's start, or another live process uses the same
+/// `instance` name (a misconfiguration). Steps the incarnation up from
+/// `refused`, doubling the step with each refusal in a row (1 s, 2 s, … up to
+/// 12 days), so a clock set back is outlived in a few dozen reconnections; a
+/// refusal of an incarnation another thread already stepped past changes
+/// nothing (threads of one process never leapfrog each other).
+fn outlive_incarnation(refused: u64) {
+    if incarnation() != refused {
+        return;
+    }
     let refusals = REFUSALS
         .with_node(|r| r.replace(r.get().saturating_add(1)))
-        .min(32);
-    let step = 1000u64 << refusals;
-    let bumped = incarnation().saturating_add(step);
-    if flame_common::node::current().is_some() {
-        NODE_INCARNATION.with_node(|i| i.set(bumped));
-    } else {
-        PROCESS_INCARNATION.fetch_max(bumped, std::sync::atomic::Ordering::Relaxed);
-    }
+        .min(20);
+    let bumped = refused.saturating_add(1000u64 << refusals);
+    raise_incarnation(refused, bumped);
     tracing::warn!(
-        incarnation = bumped,
-        "an OSD knows a newer incarnation of this client's instance name: another live \
-         process uses the same `instance`, or the clock went back; connecting as a newer one"
+        incarnation = incarnation(),
+        "an OSD knows a newer incarnation of this client's instance name: the clock went \
+         back, or another live process uses the same `instance`; connecting as a newer one"
     );
 }
 
@@ -955,14 +984,17 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
         && reply.hello.as_ref().map(|h| h.shard) == Some(target.key.shard)
     {
         // The right shard, yet refused: a newer connection of this session or
-        // incarnation of this lineage is known there.
+        // incarnation of this lineage is known there. Not a stale map: retried
+        // as a connection failure, without waiting for a map refresh.
         if target.lineage.is_some() {
-            outlive_incarnation();
+            outlive_incarnation(flame_common::lineage::incarnation_of(binding.generation));
         }
-        Some(format!(
+        let e = ConnError::lost(format!(
             "{} ({}) refused our hello as superseded by a newer connection of this client",
             target.addr, target.key.osd
-        ))
+        ));
+        c.fail(&e);
+        return Err(e);
     } else if reply.status == status::ESTALE {
         Some(format!(
             "{} is not shard {} of {}: our map is stale",
@@ -1006,6 +1038,9 @@ async fn open(target: &Target, held: Option<&ClientTicket>) -> Result<Rc<OsdConn
     }
     if let Some(fc) = target.fetch {
         ask_reply_area(&c, target, fc).await?;
+    }
+    if target.lineage.is_some() {
+        REFUSALS.with_node(|r| r.set(0));
     }
     closer.defuse();
     Ok(c)
@@ -1130,12 +1165,25 @@ mod tests {
             other_thread.1, mine,
             "threads of one process differ in incarnation"
         );
-        outlive_incarnation();
+        outlive_incarnation(mine);
         let after = flame_common::lineage::incarnation_of(next_generation());
         assert!(
             after >= mine + 1000,
             "{after} is not a newer incarnation than {mine}"
         );
+        // Another thread's refusal of the incarnation already stepped past
+        // does not step it again.
+        outlive_incarnation(mine);
+        assert_eq!(
+            flame_common::lineage::incarnation_of(next_generation()),
+            after,
+            "threads of one process leapfrog each other"
+        );
+        // A thread whose connection count is used up steps the incarnation
+        // up rather than repeat a generation.
+        NEXT_GENERATION.with_node(|g| g.set(flame_common::lineage::CONNECTION_MAX));
+        let last = next_generation();
+        assert!(next_generation() > last && flame_common::lineage::incarnation_of(last) > after);
     }
 
     /// Where a test's fake one-shard OSD at `addr` is, for cluster handle `cluster`.

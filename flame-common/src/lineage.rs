@@ -38,12 +38,18 @@ pub fn lineage_of(session: u64) -> u64 {
     session & !((1u64 << THREAD_BITS) - 1)
 }
 
-/// The generation of connection `connection` of incarnation `incarnation`
-/// (its low 42 bits: milliseconds until the year 2109); a connection number
-/// beyond [`CONNECTION_BITS`] stays at the largest.
+/// The largest incarnation a generation holds (42 bits: milliseconds until
+/// the year 2109).
+pub const INCARNATION_MAX: u64 = (1u64 << (64 - CONNECTION_BITS)) - 1;
+/// The largest connection number a generation holds; the sender steps its
+/// incarnation up rather than go past it (a repeated generation would let a
+/// resend and its stale original both execute).
+pub const CONNECTION_MAX: u64 = (1u64 << CONNECTION_BITS) - 1;
+
+/// The generation of connection `connection` of incarnation `incarnation`,
+/// each held at its largest ([`INCARNATION_MAX`], [`CONNECTION_MAX`]).
 pub fn generation(incarnation: u64, connection: u64) -> u64 {
-    let mask = (1u64 << CONNECTION_BITS) - 1;
-    (incarnation << CONNECTION_BITS) | connection.min(mask)
+    (incarnation.min(INCARNATION_MAX) << CONNECTION_BITS) | connection.min(CONNECTION_MAX)
 }
 
 /// The incarnation a generation was sent by.
@@ -73,10 +79,10 @@ mod tests {
         // A newer incarnation's first connection is above every connection of
         // the older one, even one past the counter's room.
         assert!(generation(1_700_000_000_001, 1) > generation(1_700_000_000_000, u64::MAX));
-        assert_eq!(
-            generation(3, u64::MAX),
-            generation(3, (1 << CONNECTION_BITS) - 1)
-        );
+        assert_eq!(generation(3, u64::MAX), generation(3, CONNECTION_MAX));
+        // An incarnation past the room is held at the largest, not wrapped to
+        // a small one.
+        assert_eq!(incarnation_of(generation(u64::MAX, 1)), INCARNATION_MAX);
         // An older client's plain counter is incarnation 0.
         assert_eq!(incarnation_of(42), 0);
     }

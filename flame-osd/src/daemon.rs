@@ -88,13 +88,14 @@ impl std::fmt::Display for StartError {
 fn recover_store(
     data_dir: &Path,
     direct_io: bool,
+    shards: usize,
 ) -> Result<store::doubt_record::DoubtRecord, String> {
     let mut reactor = flame_common::reactor::Reactor::new(Default::default())
         .map_err(|e| format!("cannot create io_uring: {e}"))?;
     let root = data_dir.to_path_buf();
     let fs = store::fs::Fs::Real { direct_io };
     let doubt = reactor
-        .block_on(async move { store::recover(&fs, &root).await })
+        .block_on(async move { store::recover(&fs, &root, shards).await })
         .map_err(|e| format!("cannot run store recovery: {e}"))?
         .map_err(|e| format!("store recovery of {} failed: {e}", data_dir.display()))?;
     let objects = doubt.objects().len();
@@ -191,8 +192,12 @@ pub fn run_with(cfg: OsdConfig) -> Result<(), StartError> {
     sync_data_fs(&cfg.data_dir)?;
     let direct_io =
         store::probe_direct_io(&cfg.data_dir, cfg.direct_io).map_err(|e| e.to_string())?;
-    let restart_doubt = Arc::new(recover_store(&cfg.data_dir, direct_io)?);
     let shards = cfg.shard_count();
+    let restart_doubt = Arc::new(recover_store(
+        &cfg.data_dir,
+        direct_io,
+        usize::from(shards),
+    )?);
     if cfg.poll_mode == flame_common::reactor::PollMode::Busy {
         // Measured (docs/benchmarks.md): with more spinning threads than cores,
         // latency rises 20-170x, because the thread that has the work waits for a

@@ -338,7 +338,7 @@ pub async fn reserve(fs: &Fs, root: &Path, shards: usize) -> io::Result<()> {
         created_any |= created;
         match f.allocate(0, bytes).await {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+            Err(e) if is_full(&e) => {
                 tracing::warn!(
                     path = %path.display(),
                     bytes,
@@ -352,6 +352,13 @@ pub async fn reserve(fs: &Fs, root: &Path, shards: usize) -> io::Result<()> {
         fs.sync_dir(root).await?;
     }
     Ok(())
+}
+
+/// Whether `e` says the file system (or the user's quota) is full.
+pub fn is_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        || e.kind() == io::ErrorKind::StorageFull
+        || e.kind() == io::ErrorKind::QuotaExceeded
 }
 
 /// Rewrites of the record one [`DoubtRecord::persist`] call makes at most (more
@@ -445,8 +452,8 @@ impl DoubtRecord {
         }
     }
 
-    /// Whether settlements (or a start-up's doubt a full disk refused) wait to
-    /// be written.
+    /// Whether settlements wait to be written (the record on disk still names
+    /// groups settled since: more doubt than there is, never less).
     pub fn stale(&self) -> bool {
         let s = self.inner.lock();
         s.persisted != s.version

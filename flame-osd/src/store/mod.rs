@@ -1293,8 +1293,10 @@ async fn load_meta(state: &ObjectState) -> io::Result<()> {
 /// of its entries names is recomputed (and in doubt), a superset of the current
 /// generation's ([`journal::replay`]), and its reset numbers the new generation
 /// above every entry left in it.
-/// Run before any shard starts, with nothing else touching the directory.
-pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtRecord> {
+/// Run before any shard starts, with nothing else touching the directory;
+/// `shards`: the OSD's shard count (the record's reserved room is sized for
+/// it, and for every journal on disk).
+pub async fn recover(fs: &Fs, root: &Path, shards: usize) -> io::Result<doubt_record::DoubtRecord> {
     let jdir = layout::journal_dir(root);
     let journals = fs.list_dir(&jdir).await?;
     let mut seen = HashSet::default();
@@ -1373,7 +1375,7 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
     // The doubt outlives the journals that named it, until a primary settles it
     // (seeds 369, 414: a second restart found reset journals and no doubt).
     let stored = doubt_record::read(fs, root).await?;
-    doubt_record::reserve(fs, root, journals.len()).await?;
+    doubt_record::reserve(fs, root, journals.len().max(shards)).await?;
     // The record names the boot of the process that wrote it at its start,
     // the one whose writes the journals name (it reset them after): in this
     // boot still, the machine did not reboot since — the page cache kept
@@ -1429,7 +1431,7 @@ pub async fn recover(fs: &Fs, root: &Path) -> io::Result<doubt_record::DoubtReco
             // journals are reset next, and a second restart before the record
             // was written would forget this doubt and come back sure of blocks
             // a write old (simulator seed 200214).
-            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+            Err(e) if doubt_record::is_full(&e) => {
                 return Err(io::Error::new(
                     io::ErrorKind::StorageFull,
                     format!(

@@ -4,7 +4,7 @@ use flame_common::reactor::{Reactor, ReactorConfig};
 /// Start-up recovery, then every group's doubt settled (as primaries would):
 /// the objects the journals (and earlier unsettled restarts) named.
 async fn recover_settled(fs: &Fs, root: &Path) -> io::Result<Vec<(PgId, ObjectId)>> {
-    let record = recover(fs, root).await?;
+    let record = recover(fs, root, 1).await?;
     let objects = record.objects();
     for (pg, _) in &objects {
         record.settle(*pg);
@@ -952,10 +952,10 @@ fn a_restarts_doubt_outlives_a_second_restart_until_it_is_settled() {
             v
         };
         let both = vec![(PG, obj(1)), (other, obj(2))];
-        assert_eq!(sorted(&recover(&fs, &root).await.unwrap()), both);
+        assert_eq!(sorted(&recover(&fs, &root, 1).await.unwrap()), both);
         // Power cut again before any primary settled it: still in doubt.
         sim.power_cut(&mut || true);
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(
             sorted(&record),
             both,
@@ -971,11 +971,11 @@ fn a_restarts_doubt_outlives_a_second_restart_until_it_is_settled() {
         sim.cut_after(0);
         assert!(record.persist(&fs).await.is_err());
         sim.power_cut(&mut || false);
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(sorted(&record), vec![(other, obj(2))]);
         record.settle(other);
         record.persist(&fs).await.unwrap();
-        assert!(recover(&fs, &root).await.unwrap().objects().is_empty());
+        assert!(recover(&fs, &root, 1).await.unwrap().objects().is_empty());
     })
     .unwrap();
 }
@@ -992,7 +992,7 @@ fn a_restart_on_a_full_disk_still_records_its_doubt_for_the_next_one() {
     r.block_on(async {
         let (sim, fs, root) = sim_dir();
         // The daemon's first start, on an empty directory with room.
-        assert!(recover(&fs, &root).await.unwrap().objects().is_empty());
+        assert!(recover(&fs, &root, 1).await.unwrap().objects().is_empty());
         let s = ObjectStore::with_fs(fs.clone(), &root, 0, opts(false, true));
         s.write(PG, obj(1), 0, PayloadBuf::copy_from(&[1; BLOCK]), false)
             .await
@@ -1000,14 +1000,14 @@ fn a_restart_on_a_full_disk_still_records_its_doubt_for_the_next_one() {
         drop(s);
         sim.power_cut(&mut || true);
         sim.set_full(true);
-        let record = recover(&fs, &root)
+        let record = recover(&fs, &root, 1)
             .await
             .expect("a full disk refused the record its room was reserved for");
         assert_eq!(record.objects(), vec![(PG, obj(1))]);
         assert!(!record.stale());
         // Restarted again before any primary settled it, the disk still full.
         sim.power_cut(&mut || true);
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(
             record.objects(),
             vec![(PG, obj(1))],
@@ -1051,11 +1051,11 @@ fn a_restart_in_the_same_boot_is_a_crashs_doubt_and_after_a_power_cut_a_reboots(
         // Never started before: no record names a boot, so no crash can be
         // told from a reboot.
         write(1).await;
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(sorted(&record), vec![(PG, obj(1), Reboot)]);
         // Killed (the page cache stays), restarted in the same boot.
         write(2).await;
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(
             sorted(&record),
             vec![(PG, obj(1), Reboot), (PG, obj(2), Crash)]
@@ -1065,7 +1065,7 @@ fn a_restart_in_the_same_boot_is_a_crashs_doubt_and_after_a_power_cut_a_reboots(
         // since touched it).
         write(3).await;
         sim.power_cut(&mut || true);
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(
             sorted(&record),
             vec![
@@ -1079,16 +1079,16 @@ fn a_restart_in_the_same_boot_is_a_crashs_doubt_and_after_a_power_cut_a_reboots(
         record.persist(&fs).await.unwrap();
         write(2).await;
         sim.power_cut(&mut || true);
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(sorted(&record), vec![(PG, obj(2), Reboot)]);
         record.settle(PG);
         record.persist(&fs).await.unwrap();
         // No doubt left, and a start after a power cut names its boot (a
         // record with no objects), so a kill after it is told from a reboot.
         sim.power_cut(&mut || true);
-        assert!(recover(&fs, &root).await.unwrap().objects().is_empty());
+        assert!(recover(&fs, &root, 1).await.unwrap().objects().is_empty());
         write(4).await;
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(sorted(&record), vec![(PG, obj(4), Crash)]);
         record.settle(PG);
         record.persist(&fs).await.unwrap();
@@ -1098,11 +1098,11 @@ fn a_restart_in_the_same_boot_is_a_crashs_doubt_and_after_a_power_cut_a_reboots(
         write(5).await;
         let marker = doubt_record::writeback_failed_path(&root);
         fs.open(&marker, true).await.unwrap();
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(sorted(&record), vec![(PG, obj(5), Reboot)]);
         assert!(fs.open(&marker, false).await.unwrap().is_none());
         write(6).await;
-        let record = recover(&fs, &root).await.unwrap();
+        let record = recover(&fs, &root, 1).await.unwrap();
         assert_eq!(
             sorted(&record),
             vec![(PG, obj(5), Reboot), (PG, obj(6), Crash)]

@@ -1570,8 +1570,9 @@ impl Sim {
         let fs = Fs::Sim(o.fs.clone());
         let root = o.root.clone();
         let fs2 = fs.clone();
+        let shard_count = usize::from(o.config.shards);
         let suspects = match run_to_end(&mut reactor, async move {
-            flame_osd::store::recover(&fs2, &root).await
+            flame_osd::store::recover(&fs2, &root, shard_count).await
         }) {
             Ok(s) => Arc::new(s),
             Err(e) => {
