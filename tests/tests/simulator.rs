@@ -140,6 +140,7 @@ fn disk_workload_before_swarm(seed: u64) -> SimConfig {
     let legacy = SimConfig::legacy(seed);
     SimConfig {
         swarm: false,
+        slow_disks: false,
         osds: legacy.osds,
         shards: legacy.shards,
         hosts: legacy.hosts,
@@ -298,7 +299,7 @@ fn a_recovery_source_with_a_rotted_block_repairs_it_instead_of_waiting() {
 /// good, osd.0's recovery loop with them: its groups never became clean.
 #[test]
 fn a_call_cancelled_mid_connect_leaves_the_peer_reachable() {
-    all_pass([SimConfig::new(109)]);
+    all_pass([before_slow_disks(109)]);
 }
 
 /// Seed 396: both replicas of pg.44 missed a write (EAGAIN) the log then
@@ -309,7 +310,7 @@ fn a_call_cancelled_mid_connect_leaves_the_peer_reachable() {
 /// first, never ran.
 #[test]
 fn a_trimmed_miss_elsewhere_leaves_a_replica_a_repair_source() {
-    all_pass([SimConfig::new(396)]);
+    all_pass([before_slow_disks(396)]);
 }
 
 /// Seeds 369 (`--ops 2443`), 414 and 490: a copy in doubt after a power cut
@@ -321,7 +322,7 @@ fn a_trimmed_miss_elsewhere_leaves_a_replica_a_repair_source() {
 /// without the record (the others take other paths since the boot id).
 #[test]
 fn a_restarts_doubt_outlives_a_second_restart() {
-    all_pass([SimConfig::new(490)]);
+    all_pass([before_slow_disks(490)]);
 }
 
 /// Seed 200214: a start-up on a full disk could not write the restart-doubt
@@ -331,7 +332,7 @@ fn a_restarts_doubt_outlives_a_second_restart() {
 /// reserved now (`store::doubt_record::reserve`).
 #[test]
 fn a_restart_on_a_full_disk_keeps_its_doubt() {
-    all_pass([SimConfig::new(200214)]);
+    all_pass([before_slow_disks(200214)]);
 }
 
 /// Seed 200188: a crashed client's zeroing, still on the wire, landed after its
@@ -340,7 +341,16 @@ fn a_restart_on_a_full_disk_keeps_its_doubt() {
 /// fences its predecessor's connections (`flame-osd/src/session_fence.rs`).
 #[test]
 fn a_crashed_clients_write_on_the_wire_never_lands_over_its_successors() {
-    all_pass([SimConfig::new(200188)]);
+    all_pass([before_slow_disks(200188)]);
+}
+
+/// CI's model for `seed` before slow disks (`SimConfig::slow_disks`): the
+/// seeds found before them replay as they did.
+fn before_slow_disks(seed: u64) -> SimConfig {
+    SimConfig {
+        slow_disks: false,
+        ..SimConfig::new(seed)
+    }
 }
 
 /// Client operations of the replay check: enough for faults and many

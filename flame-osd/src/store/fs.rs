@@ -348,6 +348,17 @@ async fn blocking<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -
 }
 
 impl File {
+    /// The store found data blocks `blocks` of this file not matching their
+    /// checksums: noted for the simulator's check ([`SimFs::take_checksum_mismatches`]);
+    /// nothing for a real file.
+    pub fn note_checksum_mismatch(&self, blocks: &[u32]) {
+        if let File::Sim(sim, f) = self
+            && !blocks.is_empty()
+        {
+            sim.note_checksum_mismatch(f, blocks);
+        }
+    }
+
     /// Reads `len` bytes at `offset`; bytes past the end of the file read as zero.
     pub async fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         match self {
@@ -678,6 +689,10 @@ pub struct SimFs {
     fail_stopped: Cell<bool>,
     /// The machine's boot: [`SimFs::power_cut`] starts the next one.
     boot: Cell<u64>,
+    /// Data blocks the store found not matching their checksums (file, block),
+    /// in the order found: the simulator checks that it caused each one
+    /// ([`SimFs::take_checksum_mismatches`]).
+    mismatches: RefCell<Vec<(PathBuf, u32)>>,
 }
 
 /// The simulated disk's latency: a data operation (read, write, sync, allocate)
@@ -859,6 +874,30 @@ impl SimFs {
     /// Every file's path, in order (the simulator's comparison of copies).
     pub fn paths(&self) -> Vec<PathBuf> {
         self.files.borrow().keys().cloned().collect()
+    }
+
+    /// The data blocks the store found not matching their checksums since the
+    /// last call (file, block): each must be one the simulator rotted — a
+    /// mismatch nothing injected is a store that lost track of its own bytes
+    /// (a start-up that did not recompute an interrupted write's checksums,
+    /// say), even when read repair and scrub then hide it.
+    pub fn take_checksum_mismatches(&self) -> Vec<(PathBuf, u32)> {
+        std::mem::take(&mut *self.mismatches.borrow_mut())
+    }
+
+    fn note_checksum_mismatch(&self, file: &Rc<SimFile>, blocks: &[u32]) {
+        let files = self.files.borrow();
+        // Bounded by the files on the simulated disk; mismatches are rare.
+        let Some(path) = files
+            .iter()
+            .find(|(_, f)| Rc::ptr_eq(f, file))
+            .map(|(p, _)| p.clone())
+        else {
+            return; // unlinked since it was opened: nothing left to check
+        };
+        self.mismatches
+            .borrow_mut()
+            .extend(blocks.iter().map(|&b| (path.clone(), b)));
     }
 
     /// The current contents of `path` (what a read would see), up to its last

@@ -696,6 +696,7 @@ impl ObjectStore {
             state.wait_idle().await;
         }
         tracing::error!(%object, blocks = ?bad, "checksum mismatch on read");
+        state.file.note_checksum_mismatch(&bad);
         Err(StoreError::Checksum {
             object,
             blocks: bad,
@@ -825,6 +826,7 @@ impl ObjectStore {
             if !bad.is_empty() {
                 // Merging would give corrupt bytes a fresh, valid checksum.
                 tracing::error!(object = %state.object, blocks = ?bad, "checksum mismatch under a partial write");
+                state.file.note_checksum_mismatch(&bad);
                 return Err(StoreError::Checksum {
                     object: state.object,
                     blocks: bad,

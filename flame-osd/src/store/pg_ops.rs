@@ -85,6 +85,9 @@ impl ObjectStore {
                 // ends with its own crc32c is the same for every such block).
                 let bad = self.checksums
                     && (state.meta_bad.get() || meta::block_sum(block) != state.sum(b + i));
+                if bad {
+                    state.file.note_checksum_mismatch(&[(b + i) as u32]);
+                }
                 out.push(BlockSum {
                     sum: meta::compare_sum(block),
                     bad,

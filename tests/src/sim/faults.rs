@@ -58,9 +58,11 @@ pub enum FaultKind {
     /// Marked out (its groups move and backfill elsewhere) and in again.
     Out,
     /// A client process (not the first: it runs the final read-back) crashes
-    /// mid-write and a new incarnation — a new session — starts 0-3 s later
-    /// and re-issues the writes its writers had not finished; what the old one
-    /// had in flight may still land, never over a newer write.
+    /// mid-write and a new incarnation — a new op session, the same instance
+    /// name, as a restarted flame-nbd — starts 0-3 s later and re-issues the
+    /// writes its writers had not finished; what the old one had in flight may
+    /// still land, never over a newer write (its connections are fenced once
+    /// the new incarnation connects: seed 200188).
     ClientCrash,
     /// Frames to and from the OSD are corrupted in flight now and then (a bit
     /// flips past TCP's checksum): the receiver's frame checksums must catch

@@ -233,6 +233,12 @@ pub struct SimConfig {
     /// system (writes fail with ENOSPC). Off for the seeds that found bugs in
     /// the model before these existed, so that they replay as they did.
     pub disk_faults: bool,
+    /// Slow disks: beside a fault, sometimes one OSD's data operations take
+    /// 50 ms-2 s each (a disk remapping sectors, a saturated array, a stalling
+    /// controller): writes stay in flight on one copy while the rest of the
+    /// cluster moves on (a backfill lists a group while a creating write is
+    /// still on the primary's disk). Off for the seeds that found bugs before.
+    pub slow_disks: bool,
     /// Half the seeds shrink the volume once while the workload runs (the
     /// manager's new size, the client library's trim of the cut-off range on
     /// every copy), and grow it back once the trim is done. Off for the seeds
@@ -369,6 +375,7 @@ impl SimConfig {
             scrubs: true,
             bit_rot: true,
             swarm: true,
+            slow_disks: true,
         };
         c.draw_shape();
         c
@@ -385,6 +392,7 @@ impl SimConfig {
         let osds = if seed.is_multiple_of(2) { 4 } else { 3 };
         SimConfig {
             swarm: false,
+            slow_disks: false,
             osds,
             shards: 1,
             hosts: osds,
@@ -732,6 +740,8 @@ struct Impairment {
     write_errors_on: Option<usize>,
     /// This OSD's file system is full meanwhile.
     full_on: Option<usize>,
+    /// This OSD's disk is slow meanwhile.
+    slow_disk_on: Option<usize>,
     /// The paths near this address are flaky meanwhile ([`net::Weather`]).
     weather_on: Option<IpAddr>,
     /// This OSD lost power and loses it again soon after it restarts.
@@ -754,6 +764,7 @@ impl Impairment {
             read_errors_on: None,
             write_errors_on: None,
             full_on: None,
+            slow_disk_on: None,
             weather_on: None,
             repeat_power_loss: false,
             client_crashed: None,
@@ -782,6 +793,10 @@ struct Sim {
     /// Draws the disks' write errors and full file systems, and what a stopped
     /// OSD's disk keeps, for the same reason.
     disk_fault_rng: StdRng,
+    /// Draws slow disks ([`SimConfig::slow_disks`]).
+    slow_disk_rng: StdRng,
+    /// Chance that a fault comes with a slow disk (drawn per seed: 0, 0.15 or 0.3).
+    slow_disk_chance: f64,
     /// Bit rot's draws: a stream of its own, so seeds that draw none run as
     /// before.
     rot_rng: StdRng,
@@ -896,6 +911,14 @@ impl Sim {
             })
             .collect();
         let swarm = config.swarm();
+        // A stream of its own: seeds whose draw turns slow disks off replay as
+        // before they existed.
+        let mut slow_disk_rng = StdRng::seed_from_u64(config.seed ^ 0x5107_d15c);
+        let slow_disk_chance = if config.slow_disks && config.faults {
+            [0.0, 0.15, 0.3][slow_disk_rng.random_range(0..3)]
+        } else {
+            0.0
+        };
         let mut sim = Sim {
             rng: StdRng::seed_from_u64(config.seed ^ 0x5eed_f1a3e),
             mgr,
@@ -907,6 +930,8 @@ impl Sim {
             overlap_rng: StdRng::seed_from_u64(config.seed ^ 0x0e71_a9f5),
             disk_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_e770),
             disk_fault_rng: StdRng::seed_from_u64(config.seed ^ 0xd15c_fa11),
+            slow_disk_rng,
+            slow_disk_chance,
             rot_rng: StdRng::seed_from_u64(config.seed ^ 0x0b17_2071),
             rots: Vec::new(),
             rot_figures: RotFigures::default(),
@@ -1031,11 +1056,40 @@ impl Sim {
         // The read-back began with a FLUSH: every copy's checksums are on disk too,
         // so whole files are compared, header and checksums included.
         if clean && verified {
+            // Before the rots are forgotten.
+            self.check_checksum_mismatches();
             self.undo_unrepaired_rot();
             let differing = self.compare_copies(false);
             self.errors.extend(differing);
         }
         self.report()
+    }
+
+    /// Every checksum mismatch an OSD found must be on a block the simulator
+    /// rotted: any other is the store losing track of its own bytes (a
+    /// start-up that did not recompute an interrupted write's checksums),
+    /// which read repair and scrub would otherwise hide.
+    fn check_checksum_mismatches(&mut self) {
+        let data_at = flame_osd::store::meta::DATA_OFFSET as usize;
+        let mut unexplained = std::collections::BTreeSet::new();
+        for (j, o) in self.osds.iter().enumerate() {
+            for (path, block) in o.fs.take_checksum_mismatches() {
+                let start = data_at + block as usize * 4096;
+                if !self
+                    .rots
+                    .iter()
+                    .any(|r| r.osd == j && r.path == path && r.start == start)
+                {
+                    unexplained.insert((j, path, block));
+                }
+            }
+        }
+        for (j, path, block) in unexplained {
+            self.errors.push(format!(
+                "osd.{j}: checksum mismatch in {} block {block}, which no fault rotted",
+                path.display()
+            ));
+        }
     }
 
     fn report(mut self) -> SimReport {
@@ -1056,6 +1110,7 @@ impl Sim {
                 frames.undetected, frames.corrupted
             ));
         }
+        self.check_checksum_mismatches();
         let mut scrubs = ScrubFigures::default();
         let mut newer_copies_taken = 0;
         for r in &self.recoveries {
@@ -2556,6 +2611,7 @@ impl Sim {
         }
         let read_errors_on = self.read_errors(i);
         let (write_errors_on, full_on) = self.disk_faults(i);
+        let slow_disk_on = self.slow_disk(i);
         self.bit_rot();
         self.impaired.push(Impairment {
             osd: i,
@@ -2567,6 +2623,7 @@ impl Sim {
             read_errors_on,
             write_errors_on,
             full_on,
+            slow_disk_on,
             weather_on,
             repeat_power_loss,
             client_crashed,
@@ -2600,6 +2657,30 @@ impl Sim {
         self.event(format!(
             "osd.{j}'s disk fails {:.0} % of its data reads meanwhile",
             p * 100.0
+        ));
+        Some(j)
+    }
+
+    /// Sometimes (drawn from `slow_disk_rng`, with [`SimConfig::slow_disks`])
+    /// an OSD's disk — the impaired one's or another's — takes 50 ms-2 s per
+    /// data operation while the impairment lasts.
+    fn slow_disk(&mut self, impaired: usize) -> Option<usize> {
+        if self.slow_disk_chance == 0.0 || !self.slow_disk_rng.random_bool(self.slow_disk_chance) {
+            return None;
+        }
+        let j = if self.slow_disk_rng.random_bool(0.5) {
+            impaired
+        } else {
+            self.slow_disk_rng.random_range(0..self.osds.len())
+        };
+        let low_ms = self.slow_disk_rng.random_range(50..=500u64);
+        let seed = self.slow_disk_rng.random();
+        self.osds[j]
+            .fs
+            .set_latency(low_ms * 1000..=low_ms * 4000, seed);
+        self.event(format!(
+            "osd.{j}'s disk slow ({low_ms}-{} ms per operation) meanwhile",
+            low_ms * 4
         ));
         Some(j)
     }
@@ -2645,6 +2726,13 @@ impl Sim {
 
     /// Ends `imp`'s disk faults.
     fn end_disk_faults(&mut self, imp: &Impairment) {
+        if let Some(j) = imp.slow_disk_on {
+            let seed = self.slow_disk_rng.random();
+            self.osds[j]
+                .fs
+                .set_latency(DISK_LATENCY_US_MIN..=DISK_LATENCY_US_MAX, seed);
+            self.event(format!("osd.{j}'s disk fast again"));
+        }
         if let Some(j) = imp.write_errors_on {
             self.osds[j].fs.set_write_errors(0.0, 0);
             self.event(format!("osd.{j}'s disk writes well again"));
