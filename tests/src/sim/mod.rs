@@ -673,6 +673,10 @@ struct SimOsd {
     live: Option<LiveOsd>,
     /// When a crashed or powered-off OSD starts again.
     restart_at: Option<Instant>,
+    /// When this OSD's slow disk is fast again: a fault's end leaves it slow
+    /// 0-3 s longer, so the operations it holds land after the cluster moved
+    /// on (a member back in its groups, a backfill listing them).
+    slow_disk_until: Option<Instant>,
     /// This OSD host's clock: skew and drift ([`clocks`]); kept across restarts.
     clock: clock::NodeClock,
 }
@@ -906,6 +910,7 @@ impl Sim {
                     incarnation: 0,
                     live: None,
                     restart_at: None,
+                    slow_disk_until: None,
                     clock: clock::NodeClock::exact(),
                 }
             })
@@ -1476,6 +1481,9 @@ impl Sim {
             }
         }
         for i in 0..self.osds.len() {
+            if self.osds[i].slow_disk_until.is_some_and(|t| now >= t) {
+                self.fast_disk_again(i);
+            }
             // A restarted daemon boots with the manager before it serves: it
             // retries until it reaches the manager.
             if self.osds[i].live.is_none()
@@ -2230,6 +2238,11 @@ impl Sim {
                 self.event(format!("{id} marked in"));
             }
         }
+        for i in 0..self.osds.len() {
+            if self.osds[i].slow_disk_until.is_some() {
+                self.fast_disk_again(i);
+            }
+        }
         self.event("faults stop; every path healed".into());
     }
 
@@ -2685,6 +2698,16 @@ impl Sim {
         Some(j)
     }
 
+    /// OSD `i`'s slow disk takes its usual latency again.
+    fn fast_disk_again(&mut self, i: usize) {
+        self.osds[i].slow_disk_until = None;
+        let seed = self.slow_disk_rng.random();
+        self.osds[i]
+            .fs
+            .set_latency(DISK_LATENCY_US_MIN..=DISK_LATENCY_US_MAX, seed);
+        self.event(format!("osd.{i}'s disk fast again"));
+    }
+
     /// Sometimes (drawn from `disk_fault_rng`, and only with
     /// [`SimConfig::disk_faults`]) an OSD's disk — the impaired one's or
     /// another's — fails some of its writes and syncs while the impairment
@@ -2727,11 +2750,8 @@ impl Sim {
     /// Ends `imp`'s disk faults.
     fn end_disk_faults(&mut self, imp: &Impairment) {
         if let Some(j) = imp.slow_disk_on {
-            let seed = self.slow_disk_rng.random();
-            self.osds[j]
-                .fs
-                .set_latency(DISK_LATENCY_US_MIN..=DISK_LATENCY_US_MAX, seed);
-            self.event(format!("osd.{j}'s disk fast again"));
+            let after = Duration::from_millis(self.slow_disk_rng.random_range(0..=3000));
+            self.osds[j].slow_disk_until = Some(clock::now() + after);
         }
         if let Some(j) = imp.write_errors_on {
             self.osds[j].fs.set_write_errors(0.0, 0);
