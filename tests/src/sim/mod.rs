@@ -1605,6 +1605,15 @@ impl Sim {
 
     fn start_osd(&mut self, i: usize) {
         let now = clock::now();
+        // Start-up recovery runs to its end before anything else moves
+        // (`run_to_end`): on a slow disk it would hold the whole simulated
+        // cluster still for minutes of virtual time (seed 114 with slow disks:
+        // every OSD marked down at once). A restarted disk is fast.
+        if self.osds[i].slow_disk_until.is_some()
+            || self.impaired.iter().any(|m| m.slow_disk_on == Some(i))
+        {
+            self.fast_disk_again(i);
+        }
         let fsid = self.mgr.map().fsid.clone();
         let o = &mut self.osds[i];
         o.incarnation += 1;
