@@ -125,6 +125,11 @@ pub struct RecoveryShared {
     pub scrub_errors: AtomicU64,
     /// Objects scrubs repaired since start.
     pub scrub_repaired: AtomicU64,
+    /// Blocks a scrub found differing, each copy matching its own checksum, on
+    /// a copy nothing tells may differ (no missed write in the group's log, no
+    /// unsettled restart doubt): copies that diverged where none should have —
+    /// a bug the scrub repairs out of sight. The simulator fails a seed on any.
+    pub scrub_unexplained: AtomicU64,
     /// When a scrub of a group last finished, seconds since the Unix epoch.
     pub last_scrub_unix: AtomicU64,
     /// Objects peering took from another complete copy that held newer writes
@@ -361,7 +366,7 @@ pub struct RecoveryState {
     /// Complete members whose restart doubt ([`crate::restart_suspects`]) this
     /// shard, their primary, compared, with the incarnation (`up_from`) it was
     /// compared for.
-    suspects_checked: RefCell<HashMap<(PgId, OsdId), Epoch>>,
+    pub(crate) suspects_checked: RefCell<HashMap<(PgId, OsdId), Epoch>>,
     /// Groups whose last job failed (a member unreachable, a map moving) are tried
     /// again only after this instant, so a down peer costs one attempt per
     /// [`RETRY_DELAY`], not one per poll.

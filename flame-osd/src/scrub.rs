@@ -181,6 +181,42 @@ impl Shard {
         self.ask(view, member, pg, msg).await.map(|_| ())
     }
 
+    /// Whether `member`'s copy of `block` of `object` may differ from the
+    /// others' for a known reason: a write over it the group's log shows the
+    /// member missed (caught up later), or restart doubt not settled yet —
+    /// this primary's own about the object, or a replica's whose suspects this
+    /// primary has not compared for its incarnation.
+    fn divergence_expected(
+        &self,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        block: usize,
+    ) -> bool {
+        if member == self.osd {
+            return self
+                .doubt_record
+                .objects()
+                .iter()
+                .any(|&(p, o)| p == pg && o == object);
+        }
+        let offset = (block as u32).saturating_mul(BLOCK);
+        let lags = self.pgs.borrow().get(pg).is_some_and(|c| {
+            c.repair_sources(&[member], object, offset, BLOCK)
+                .is_empty()
+        });
+        let up_from = view.map.osds.get(&member).map(|o| o.up_from);
+        let unsettled = self
+            .recovery
+            .suspects_checked
+            .borrow()
+            .get(&(pg, member))
+            .copied()
+            != up_from;
+        lags || unsettled
+    }
+
     /// Compares (and unless `dry_run` repairs) one object across `members`
     /// (index 0 = this primary). Returns (inconsistent, repaired, primary_won),
     /// or an error status when a copy could not be read or written.
@@ -222,6 +258,20 @@ impl Shard {
             }
             inconsistent = true;
             primary_won |= v.primary_won;
+            for &i in &v.wrong {
+                if !copies[i].bad && !self.divergence_expected(view, pg, object, members[i], b) {
+                    tracing::error!(
+                        %object,
+                        block = b,
+                        member = %members[i],
+                        "scrub: this copy differs from the others although no write is known \
+                         missing there and no restart doubt is unsettled"
+                    );
+                    self.recovery_shared
+                        .scrub_unexplained
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
             let Some(winner) = v.winner else {
                 tracing::error!(%object, block = b, "scrub: no copy of this block verifies");
                 return Err(status::EIO);
