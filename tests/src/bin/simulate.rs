@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-slow-disks] [--no-swarm] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--slow-disks] [--no-swarm] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     let mut shrunk_wait = true;
     let mut scrubs = true;
     let mut bit_rot = true;
-    let mut slow_disks = true;
+    let mut slow_disks = false;
     let mut swarm = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
             "--no-shrunk-wait" => shrunk_wait = false,
             "--no-scrubs" => scrubs = false,
             "--no-bit-rot" => bit_rot = false,
-            "--no-slow-disks" => slow_disks = false,
+            "--slow-disks" => slow_disks = true,
             "--no-swarm" => swarm = false,
             "--twice" => twice = true,
             "--events" => events = true,
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
         cfg.resize_stays_shrunk = shrunk_wait;
         cfg.scrubs = scrubs;
         cfg.bit_rot = bit_rot;
-        cfg.slow_disks &= slow_disks;
+        cfg.slow_disks |= slow_disks;
         if let Some(n) = ops {
             cfg.ops = n;
         }
