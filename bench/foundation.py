@@ -205,6 +205,9 @@ def main():
     ap.add_argument("--base-bin", default=None,
                     help="flame-base: the release binaries of another build (a before/after run, "
                          "interleaved with flame), e.g. a worktree's target/release")
+    ap.add_argument("--base-current-config", action="store_true",
+                    help="flame-base takes today's flame-nbd config (a base built after the NBD "
+                         "export needed tcp_without_tls)")
     ap.add_argument("--base-port", type=int, default=16600)
     ap.add_argument("--dir", default=None, help="where clusters and the test file live (default: a temp dir)")
     ap.add_argument("--start-timeout", type=float, default=60)
@@ -271,7 +274,7 @@ def main():
                 if v == "flame":
                     got = run_flame(args, ports, snap, "")
                 elif v == "flame-base":
-                    got = run_flame(args, ports, base_snap, "", older_nbd_config=True)
+                    got = run_flame(args, ports, base_snap, "", older_nbd_config=not args.base_current_config)
                 elif v == "flame-nocsum":
                     got = run_flame(args, ports, snap, "checksums: false\n")
                 elif v == "flame-best":
