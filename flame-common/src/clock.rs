@@ -147,6 +147,15 @@ pub fn is_simulated() -> bool {
     VIRTUAL_NOW.try_with(Cell::get).ok().flatten().is_some()
 }
 
+/// Virtual time since this thread switched to it ([`simulated`]), as the
+/// simulator reads it (`None` in real time): the simulator's logs carry it, so
+/// that a daemon's log line lines up with the simulator's events.
+pub fn virtual_elapsed() -> Option<Duration> {
+    let now = VIRTUAL_NOW.try_with(Cell::get).ok().flatten()?;
+    let base = VIRTUAL_WALL_BASE.try_with(Cell::get).ok().flatten()?;
+    Some(now.saturating_duration_since(base))
+}
+
 /// Switches this thread to virtual time, starting at the real current instant
 /// (so instants from before stay comparable). For the simulator only.
 pub fn simulated() {

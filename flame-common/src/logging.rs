@@ -11,10 +11,29 @@ pub fn init() {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // A second call (tests) is harmless: try_init just reports the existing subscriber.
     let _ = tracing_subscriber::fmt()
+        .with_timer(NodeTime)
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .try_init();
+}
+
+/// A log line's time: the wall clock's, or, in the simulator, the virtual
+/// seconds since the seed started (as its event list prints them) and the
+/// simulated node that logs (its address), so one seed's daemon logs read as
+/// one story.
+struct NodeTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for NodeTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match crate::clock::virtual_elapsed() {
+            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
+            Some(t) => match crate::node::current() {
+                Some(node) => write!(w, "{:9.3} s {node}", t.as_secs_f64()),
+                None => write!(w, "{:9.3} s sim", t.as_secs_f64()),
+            },
+        }
+    }
 }
 
 /// Makes any panic end the whole process (after logging it).

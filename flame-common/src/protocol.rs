@@ -837,7 +837,9 @@ pub enum Message {
     },
     /// The checksums of every block of one object as its data on disk is now: the
     /// receiver reads the whole object and checksums each block. Reply payload:
-    /// [`encode_block_sums`]. `target.offset` and `target.length` are 0.
+    /// [`encode_block_sums`]. `target.length` is 0; `target.offset` is 0, or
+    /// [`OBJECT_SUMS_REWRITTEN`] to have the blocks the receiver rewrote since
+    /// its restart marked (a receiver that does not know it answers without).
     ObjectSums {
         /// Request id.
         id: RequestId,
@@ -1913,14 +1915,23 @@ pub struct BlockSum {
     pub sum: u32,
     /// The data does not match the checksum the copy recorded when it was written.
     pub bad: bool,
+    /// The copy wrote this block whole since it last started, while its restart
+    /// left the object in doubt: it holds that write whatever a power cut took
+    /// (`flame-osd/src/store/rewritten.rs`). Only in answers to an
+    /// [`Message::ObjectSums`] that asks for it; otherwise false.
+    pub rewritten: bool,
 }
+
+/// [`Message::ObjectSums`]'s `target.offset` asking for
+/// [`BlockSum::rewritten`].
+pub const OBJECT_SUMS_REWRITTEN: u32 = 1;
 
 /// Most blocks of one object (64 MiB of 4 KiB blocks).
 pub const OBJECT_BLOCKS_MAX: usize = 16_384;
 
 /// A [`Message::ObjectSums`] reply's payload: 8 bytes per block from block 0 (u32
-/// sum, u32 flags with bit 0 = bad), trailing all-zero good blocks left out (so an
-/// absent object is an empty payload).
+/// sum, u32 flags with bit 0 = bad, bit 1 = rewritten), trailing all-zero good
+/// blocks not rewritten left out (so an absent object is an empty payload).
 pub fn encode_block_sums(sums: &[BlockSum]) -> Vec<u8> {
     let mut end = sums.len();
     while end > 0 && sums[end - 1] == BlockSum::default() {
@@ -1929,7 +1940,8 @@ pub fn encode_block_sums(sums: &[BlockSum]) -> Vec<u8> {
     let mut b = Vec::with_capacity(end * 8);
     for s in &sums[..end] {
         b.extend_from_slice(&s.sum.to_le_bytes());
-        b.extend_from_slice(&u32::from(s.bad).to_le_bytes());
+        let flags = u32::from(s.bad) | u32::from(s.rewritten) << 1;
+        b.extend_from_slice(&flags.to_le_bytes());
     }
     b
 }
@@ -1941,13 +1953,10 @@ pub fn decode_block_sums(b: &[u8]) -> Option<Vec<BlockSum>> {
     }
     b.chunks(8)
         .map(|c| match u32_at(c, 4) {
-            0 => Some(BlockSum {
+            flags @ 0..=3 => Some(BlockSum {
                 sum: u32_at(c, 0),
-                bad: false,
-            }),
-            1 => Some(BlockSum {
-                sum: u32_at(c, 0),
-                bad: true,
+                bad: flags & 1 != 0,
+                rewritten: flags & 2 != 0,
             }),
             _ => None,
         })
@@ -2300,14 +2309,33 @@ mod tests {
         );
         assert!(decode_object_list(&[0; 15]).is_none());
         let sums = vec![
-            BlockSum { sum: 7, bad: false },
-            BlockSum { sum: 0, bad: true },
+            BlockSum {
+                sum: 7,
+                bad: false,
+                rewritten: false,
+            },
+            BlockSum {
+                sum: 0,
+                bad: true,
+                rewritten: false,
+            },
+            BlockSum {
+                sum: 0,
+                bad: false,
+                rewritten: true,
+            },
+            BlockSum {
+                sum: 9,
+                bad: true,
+                rewritten: true,
+            },
             BlockSum::default(),
         ];
         let b = encode_block_sums(&sums);
-        assert_eq!(b.len(), 16, "trailing zero blocks are left out");
-        assert_eq!(decode_block_sums(&b).unwrap(), sums[..2].to_vec());
-        assert!(decode_block_sums(&[0, 0, 0, 0, 2, 0, 0, 0]).is_none());
+        assert_eq!(b.len(), 32, "trailing zero blocks are left out");
+        assert_eq!(decode_block_sums(&b).unwrap(), sums[..4].to_vec());
+        assert_eq!(encode_block_sums(&sums[..2]).len(), 16);
+        assert!(decode_block_sums(&[0, 0, 0, 0, 4, 0, 0, 0]).is_none());
         let c = ScrubCounts {
             objects_checked: 1,
             inconsistent: 2,
@@ -2806,7 +2834,11 @@ mod payload_props {
     }
 
     fn block_sum() -> impl Strategy<Value = BlockSum> {
-        (any::<u32>(), any::<bool>()).prop_map(|(sum, bad)| BlockSum { sum, bad })
+        (any::<u32>(), any::<bool>(), any::<bool>()).prop_map(|(sum, bad, rewritten)| BlockSum {
+            sum,
+            bad,
+            rewritten,
+        })
     }
 
     /// Every decoder on `b`: whatever decodes must re-encode to exactly `b`.

@@ -339,8 +339,13 @@ impl Shard {
                     return (status::ESTALE, PayloadBuf::empty());
                 }
                 match self.store.block_sums(target.pg, target.object).await {
-                    Ok(sums) => (
-                        status::OK,
+                    Ok(mut sums) => (
+                        {
+                            if target.offset == protocol::OBJECT_SUMS_REWRITTEN {
+                                self.mark_rewritten(target.object, &mut sums);
+                            }
+                            status::OK
+                        },
                         PayloadBuf::copy_from(&protocol::encode_block_sums(&sums)),
                     ),
                     Err(e) => {

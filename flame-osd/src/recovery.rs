@@ -142,6 +142,12 @@ pub struct RecoveryShared {
     /// Removed volumes whose objects this OSD still holds, for the shards to
     /// delete ([`crate::tombstones`]).
     pub(crate) removed_volumes: crate::tombstones::Pending,
+    /// Complete members whose restart doubt a shard of this OSD, their
+    /// primary, compared, with the incarnation it was compared for: until
+    /// then, what that member's power cut took lives only on the other copies
+    /// (the simulator holds back its next power cut till then: two copies
+    /// losing the same unflushed write is a double fault).
+    suspects_compared: Mutex<HashMap<(PgId, OsdId), Epoch>>,
 }
 
 /// What one shard's recovery still has to do, as last published.
@@ -242,6 +248,15 @@ pub struct PgStatus {
 }
 
 impl RecoveryShared {
+    /// The incarnation of `member` whose restart doubt about `pg` a shard of
+    /// this OSD (its primary) compared last, if any.
+    pub fn suspects_compared(&self, pg: PgId, member: OsdId) -> Option<Epoch> {
+        self.suspects_compared
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(pg, member)).copied())
+    }
+
     /// Queues a member as recovered (the control thread sends it).
     pub fn push_report(&self, epoch: Epoch, pg: PgId, member: OsdId) {
         if let Ok(mut r) = self.reports.lock() {
@@ -578,6 +593,26 @@ impl Shard {
         decode_object_list(&data).ok_or(status::EIO)
     }
 
+    /// Marks in `sums` the blocks of `object` this copy rewrote since its
+    /// restart (`store/rewritten.rs`), extending `sums` with zero blocks where
+    /// a rewritten block lies past them (zeroed or removed since).
+    pub(crate) fn mark_rewritten(&self, object: ObjectId, sums: &mut Vec<BlockSum>) {
+        let ranges = self.store.rewritten_blocks(object);
+        let Some(&(_, end)) = ranges.last() else {
+            return;
+        };
+        let object_blocks = (self.view().map.pool.object_size / BLOCK) as usize;
+        let end = (end as usize).min(object_blocks);
+        if sums.len() < end {
+            sums.resize(end, BlockSum::default());
+        }
+        for &(first, last) in &ranges {
+            for b in first as usize..(last as usize).min(sums.len()) {
+                sums[b].rewritten = true;
+            }
+        }
+    }
+
     /// Every object of `pg` on `member` (this OSD: the local store).
     pub(crate) async fn list_objects(
         self: &Rc<Self>,
@@ -638,16 +673,37 @@ impl Shard {
         object: ObjectId,
         member: OsdId,
     ) -> Result<Vec<BlockSum>, i32> {
+        self.object_sums_with(view, pg, object, member, false).await
+    }
+
+    /// [`Self::object_sums`], with the blocks `member` rewrote since its restart
+    /// marked ([`BlockSum::rewritten`]) if `rewritten`.
+    pub(crate) async fn object_sums_with(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        rewritten: bool,
+    ) -> Result<Vec<BlockSum>, i32> {
         if member == self.osd {
-            return self.store.block_sums(pg, object).await.map_err(|e| {
+            let mut sums = self.store.block_sums(pg, object).await.map_err(|e| {
                 tracing::error!(%object, "cannot checksum the object: {e}");
                 status::EIO
-            });
+            })?;
+            if rewritten {
+                self.mark_rewritten(object, &mut sums);
+            }
+            return Ok(sums);
         }
         let target = IoTarget {
             pg,
             object,
-            offset: 0,
+            offset: if rewritten {
+                flame_common::protocol::OBJECT_SUMS_REWRITTEN
+            } else {
+                0
+            },
             length: 0,
         };
         let reply = self
@@ -1186,10 +1242,9 @@ impl Shard {
                     self.recovery.peered.borrow_mut().insert(pg, primacy);
                     // Peering compared every object of every member, the ones
                     // their restarts left in doubt included.
-                    let mut checked = self.recovery.suspects_checked.borrow_mut();
                     for &member in members.acting.iter().skip(1) {
                         if let Some(o) = view.map.osds.get(&member) {
-                            checked.insert((pg, member), o.up_from);
+                            self.suspects_compared(pg, member, o.up_from);
                         }
                     }
                 } else {
@@ -1212,12 +1267,7 @@ impl Shard {
                     .push_member_suspects(view, pg, member, (up_from, primacy))
                     .await
                 {
-                    Ok(()) => {
-                        self.recovery
-                            .suspects_checked
-                            .borrow_mut()
-                            .insert(key, up_from);
-                    }
+                    Ok(()) => self.suspects_compared(pg, member, up_from),
                     Err(JobError::Abandoned) => {}
                     Err(JobError::Failed(st)) => {
                         tracing::debug!(%pg, %member, st, "comparing a restarted member's doubt did not finish; will retry");
@@ -1355,6 +1405,18 @@ impl Shard {
             .suspects_checked
             .borrow_mut()
             .retain(|(pg, member), _| view.table.pg(*pg).acting.contains(member));
+    }
+
+    /// This shard, `pg`'s primary, compared `member`'s restart doubt for its
+    /// incarnation `up_from` (or peering compared every object of it).
+    fn suspects_compared(&self, pg: PgId, member: OsdId, up_from: Epoch) {
+        self.recovery
+            .suspects_checked
+            .borrow_mut()
+            .insert((pg, member), up_from);
+        if let Ok(mut m) = self.recovery_shared.suspects_compared.lock() {
+            m.insert((pg, member), up_from);
+        }
     }
 
     /// Deletes copies of groups this OSD is no longer a member of, once the group
@@ -1639,7 +1701,10 @@ mod tests {
     use super::*;
 
     fn b(sum: u32) -> BlockSum {
-        BlockSum { sum, bad: false }
+        BlockSum {
+            sum,
+            ..BlockSum::default()
+        }
     }
 
     #[test]

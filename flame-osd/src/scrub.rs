@@ -427,7 +427,10 @@ mod tests {
     use super::*;
 
     fn b(sum: u32) -> BlockSum {
-        BlockSum { sum, bad: false }
+        BlockSum {
+            sum,
+            ..BlockSum::default()
+        }
     }
 
     #[test]
@@ -443,7 +446,11 @@ mod tests {
 
     #[test]
     fn a_bad_block_does_not_vote_and_is_rewritten() {
-        let bad = BlockSum { sum: 1, bad: true };
+        let bad = BlockSum {
+            sum: 1,
+            bad: true,
+            ..BlockSum::default()
+        };
         let v = vote(&[b(1), bad, b(1)]);
         assert_eq!((v.winner, v.wrong), (Some(1), vec![1]));
         // Two copies, one bad: the good one wins without a "majority" question.
@@ -463,7 +470,11 @@ mod tests {
 
     #[test]
     fn no_copy_verifies_means_no_winner() {
-        let bad = BlockSum { sum: 1, bad: true };
+        let bad = BlockSum {
+            sum: 1,
+            bad: true,
+            ..BlockSum::default()
+        };
         assert_eq!(vote(&[bad, bad]).winner, None);
     }
 }

@@ -147,8 +147,10 @@ pub fn build_shard(parts: ShardParts<'_>, store: ObjectStore) -> Rc<Shard> {
     // The map it starts with already tells, for each group in doubt, whether
     // the manager took this copy out (it is recovering: its recovery settles
     // the doubt) or kept it complete (it settles the doubt itself).
-    let mut suspects =
-        crate::restart_suspects::RestartSuspects::new(&parts.restart_doubt.entries());
+    let doubt = parts.restart_doubt.entries();
+    // Blocks rewritten from now on are sure whatever the restart took.
+    store.track_rewrites(doubt.iter().map(|&(_, object, _)| object));
+    let mut suspects = crate::restart_suspects::RestartSuspects::new(&doubt);
     for pg in suspects.pgs() {
         suspects.on_map(parts.osd, pg, view.table.pg(pg));
     }

@@ -192,7 +192,7 @@ mod tests {
                             .chunks(4096)
                             .map(|b| BlockSum {
                                 sum: compare_sum(b),
-                                bad: false,
+                                ..BlockSum::default()
                             })
                             .collect();
                         data(encode_block_sums(&sums))

@@ -51,14 +51,62 @@ pub(crate) fn holes_to_fill(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32,
         })
 }
 
+/// The blocks of `mine` that `source` (another copy in doubt) rewrote since
+/// its restart and this copy did not, where they differ: `source` holds the
+/// newest write of those whatever its power cut took, while this copy's may be
+/// a write old (seed 230811: a replica's restart, writes it acknowledged, then
+/// the primary's power cut lost them; the primary kept its own bytes and
+/// copied them over the replica's).
+pub(crate) fn rewritten_to_take(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
+    source
+        .iter()
+        .enumerate()
+        .filter(|&(b, s)| {
+            let m = mine.get(b).copied().unwrap_or_default();
+            s.rewritten && !s.bad && !m.rewritten && s.sum != m.sum
+        })
+        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, (b, _)| {
+            let off = b as u32 * BLOCK;
+            match out.last_mut() {
+                Some((o, len)) if *o + *len == off => *len += BLOCK,
+                _ => out.push((off, BLOCK)),
+            }
+            out
+        })
+}
+
+/// What a copy in doubt whose own bytes stay takes from another copy in doubt:
+/// the blocks it lost to a hole ([`holes_to_fill`]) and those the other
+/// rewrote since its restart ([`rewritten_to_take`]), merged in order.
+pub(crate) fn lost_to_take(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
+    let mut blocks: Vec<u32> = holes_to_fill(source, mine)
+        .into_iter()
+        .chain(rewritten_to_take(source, mine))
+        .flat_map(|(off, len)| off / BLOCK..(off + len) / BLOCK)
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    blocks
+        .into_iter()
+        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, b| {
+            let off = b * BLOCK;
+            match out.last_mut() {
+                Some((o, len)) if *o + *len == off => *len += BLOCK,
+                _ => out.push((off, BLOCK)),
+            }
+            out
+        })
+}
+
 /// Which blocks a pull replaces.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pull {
     /// Every block that differs ([`ranges_to_pull`]); the object is removed
     /// here if the source lacks it (without `still`).
     Differing,
-    /// Only blocks empty here that hold data on the source ([`holes_to_fill`]).
-    Holes,
+    /// Only what this copy lost that the source, in doubt too, kept
+    /// ([`lost_to_take`]).
+    Lost,
 }
 
 impl Shard {
@@ -98,11 +146,13 @@ impl Shard {
                     // a new object's file (or blocks) to their older state. A
                     // block that holds nothing here but data on another copy in
                     // doubt came from a write every copy applied and this one
-                    // lost (seed 68): take those; every other block stays.
+                    // lost (seed 68), and a block another copy rewrote since its
+                    // restart holds the newest write there (seed 230811): take
+                    // those; every other block stays.
                     let mut filled = false;
                     for &(member, _) in &others {
                         filled |= self
-                            .pull_blocks(view, pg, object, member, None, Pull::Holes)
+                            .pull_blocks(view, pg, object, member, None, Pull::Lost)
                             .await?;
                     }
                     if filled {
@@ -196,12 +246,17 @@ impl Shard {
         if still.is_some_and(|f| !f()) {
             return Ok(false);
         }
-        let theirs = self.object_sums(view, pg, object, source).await?;
-        let mine = self.object_sums(view, pg, object, self.osd).await?;
+        let rewritten = which == Pull::Lost;
+        let theirs = self
+            .object_sums_with(view, pg, object, source, rewritten)
+            .await?;
+        let mine = self
+            .object_sums_with(view, pg, object, self.osd, rewritten)
+            .await?;
         if theirs.is_empty() {
             // Taking a newer copy (`still` given) never removes this one: a
             // source whose log names writes to an object it lacks is wrong.
-            if mine.is_empty() || still.is_some() || which == Pull::Holes {
+            if mine.is_empty() || still.is_some() || which == Pull::Lost {
                 return Ok(false);
             }
             // No acknowledged write created it: the other copy would have it.
@@ -214,7 +269,7 @@ impl Shard {
         }
         let ranges = match which {
             Pull::Differing => ranges_to_pull(&theirs, &mine),
-            Pull::Holes => holes_to_fill(&theirs, &mine),
+            Pull::Lost => lost_to_take(&theirs, &mine),
         };
         let Some(osd) = view.map.osds.get(&source) else {
             return Err(status::ESTALE);
@@ -319,7 +374,13 @@ mod tests {
     use super::*;
 
     fn sums(v: &[(u32, bool)]) -> Vec<BlockSum> {
-        v.iter().map(|&(sum, bad)| BlockSum { sum, bad }).collect()
+        v.iter()
+            .map(|&(sum, bad)| BlockSum {
+                sum,
+                bad,
+                ..BlockSum::default()
+            })
+            .collect()
     }
 
     #[test]
@@ -362,5 +423,48 @@ mod tests {
         );
         assert_eq!(holes_to_fill(&mine, &source), vec![(3 * b, b)]);
         assert!(holes_to_fill(&source, &source).is_empty());
+    }
+
+    /// Seed 230811: a replica restarted (power cut) and then applied writes the
+    /// primary acknowledged; the primary's power cut lost them. Every copy in
+    /// doubt, the primary's bytes stay — except where the replica rewrote a
+    /// block since its restart and the primary did not.
+    #[test]
+    fn takes_the_blocks_the_other_copy_rewrote_since_its_restart() {
+        let b = BLOCK;
+        let s = |sum, bad, rewritten| BlockSum {
+            sum,
+            bad,
+            rewritten,
+        };
+        let source = vec![
+            s(1, false, false), // older here or there: nothing tells, kept
+            s(2, false, true),  // rewritten there: taken
+            s(3, false, true),  // rewritten on both: kept
+            s(4, true, true),   // bad there: kept
+            s(5, false, true),  // rewritten there, equal here: nothing to do
+            s(0, false, true),  // zeroed there since: taken
+            s(7, false, true),  // past this copy's end: taken
+        ];
+        let mine = vec![
+            s(9, false, false),
+            s(9, false, false),
+            s(9, false, true),
+            s(9, false, false),
+            s(5, false, false),
+            s(9, false, false),
+        ];
+        assert_eq!(
+            rewritten_to_take(&source, &mine),
+            vec![(b, b), (5 * b, 2 * b)]
+        );
+        assert!(rewritten_to_take(&mine, &mine).is_empty());
+        // Merged with the holes: block 0 empty here, data there.
+        let mut holed = mine.clone();
+        holed[0] = BlockSum::default();
+        assert_eq!(
+            lost_to_take(&source, &holed),
+            vec![(0, 2 * b), (5 * b, 2 * b)]
+        );
     }
 }

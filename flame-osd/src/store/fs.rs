@@ -180,6 +180,15 @@ impl Fs {
                     return Err(io::Error::from(io::ErrorKind::NotFound));
                 }
                 let f = Rc::new(SimFile::new(parent));
+                if sim
+                    .traced_name
+                    .borrow()
+                    .as_deref()
+                    .is_some_and(|n| path.file_name().is_some_and(|f| f.to_string_lossy() == n))
+                {
+                    *f.traced.borrow_mut() = Some(path.to_path_buf());
+                    f.trace(|| "created".into());
+                }
                 files.insert(path.to_path_buf(), f.clone());
                 Ok(Some((File::Sim(sim.clone(), f), true)))
             }
@@ -241,7 +250,11 @@ impl Fs {
                 if dir {
                     return Ok(sim.dirs.borrow_mut().remove(path));
                 }
-                Ok(sim.files.borrow_mut().remove(path).is_some())
+                let removed = sim.files.borrow_mut().remove(path);
+                if let Some(f) = &removed {
+                    f.trace(|| "unlinked".into());
+                }
+                Ok(removed.is_some())
             }
         }
     }
@@ -449,11 +462,24 @@ impl File {
                 sim.tick()?;
                 sim.space_for(f, offset, data.len() as u64)?;
                 if let Some(landed) = sim.write_error() {
+                    f.trace(|| {
+                        format!(
+                            "write failed (EIO, landed: {landed}): {}",
+                            SimFile::describe_write(offset, data.as_ref())
+                        )
+                    });
                     if landed {
                         f.write(offset, data.as_ref(), false);
                     }
                     return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
+                f.trace(|| {
+                    format!(
+                        "write{}: {}",
+                        if dsync { " (dsync)" } else { "" },
+                        SimFile::describe_write(offset, data.as_ref())
+                    )
+                });
                 f.write(offset, data.as_ref(), dsync);
                 Ok(())
             }
@@ -483,11 +509,15 @@ impl File {
                 let len = usize::try_from(len)
                     .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
                 if let Some(landed) = sim.write_error() {
+                    f.trace(|| {
+                        format!("punch failed (EIO, landed: {landed}): {len} bytes at {offset}")
+                    });
                     if landed {
                         f.write(offset, &vec![0u8; len], false);
                     }
                     return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
+                f.trace(|| format!("punch: {len} bytes at {offset}"));
                 f.write(offset, &vec![0u8; len], false);
                 Ok(())
             }
@@ -537,7 +567,11 @@ impl File {
             File::Sim(sim, f) => {
                 sim.delay().await;
                 sim.tick()?;
-                sim.sync_error()?;
+                if let Err(e) = sim.sync_error() {
+                    f.trace(|| "datasync failed (EIO)".into());
+                    return Err(e);
+                }
+                f.trace(|| "datasync".into());
                 f.sync();
                 Ok(())
             }
@@ -693,6 +727,11 @@ pub struct SimFs {
     /// in the order found: the simulator checks that it caused each one
     /// ([`SimFs::take_checksum_mismatches`]).
     mismatches: RefCell<Vec<(PathBuf, u32)>>,
+    /// Files of this name are traced: every write, punch, sync, unlink and
+    /// power cut of them is logged (`info`, target `simfs`), with the write
+    /// counters of the workload's blocks written — how a failing seed's one
+    /// object is followed through every copy (`simulate --trace-file`).
+    traced_name: RefCell<Option<String>>,
 }
 
 /// The simulated disk's latency: a data operation (read, write, sync, allocate)
@@ -716,6 +755,8 @@ pub struct SimFile {
     /// Pages allocated without being written (`fallocate`): a full disk still
     /// lets them be written.
     reserved: RefCell<BTreeSet<u64>>,
+    /// The file's path, when it is traced ([`SimFs::trace_files_named`]).
+    traced: RefCell<Option<PathBuf>>,
 }
 
 impl SimFs {
@@ -876,6 +917,24 @@ impl SimFs {
         self.files.borrow().keys().cloned().collect()
     }
 
+    /// `syncfs`: every file's pages and every name made stable, as the daemon
+    /// does at start-up before it recovers the store (`daemon.rs`,
+    /// `sync_data_fs`): what a killed process left in the page cache is on the
+    /// disk before the new one serves (simulator seed 231152: without it, a file
+    /// a killed process created kept an unstable name, and a power cut long
+    /// after took the object the restarted OSD held as stable).
+    pub fn syncfs(&self) {
+        for f in self.files.borrow().values() {
+            f.sync();
+            f.name_stable.set(true);
+        }
+    }
+
+    /// Traces every file of this name made from now on (see `traced_name`).
+    pub fn trace_files_named(&self, name: &str) {
+        *self.traced_name.borrow_mut() = Some(name.to_string());
+    }
+
     /// The data blocks the store found not matching their checksums since the
     /// last call (file, block): each must be one the simulator rotted — a
     /// mismatch nothing injected is a store that lost track of its own bytes
@@ -943,6 +1002,8 @@ impl SimFs {
             let survives = f.name_stable.get() || keep();
             if survives {
                 f.cut(keep);
+            } else {
+                f.trace(|| "power cut: lost with its name (its directory never synced)".into());
             }
             survives
         });
@@ -961,6 +1022,37 @@ impl SimFile {
             dirty: RefCell::new(BTreeSet::new()),
             name_stable: Cell::new(false),
             reserved: RefCell::new(BTreeSet::new()),
+            traced: RefCell::new(None),
+        }
+    }
+
+    /// Logs `what` happened to this file, if it is traced.
+    fn trace(&self, what: impl FnOnce() -> String) {
+        if let Some(path) = &*self.traced.borrow() {
+            tracing::info!(target: "simfs", "{}: {}", path.display(), what());
+        }
+    }
+
+    /// What a write of `data` at `offset` was, for the trace: its extent and,
+    /// for each whole 4 KiB it carries, the simulated workload's write counter
+    /// (bytes 16..24 of its blocks; 0 for zeroes).
+    fn describe_write(offset: u64, data: &[u8]) -> String {
+        let counters: Vec<String> = data
+            .chunks_exact(4096)
+            .map(|b| {
+                let mut c = [0u8; 8];
+                c.copy_from_slice(&b[16..24]);
+                u64::from_le_bytes(c).to_string()
+            })
+            .collect();
+        if counters.is_empty() {
+            format!("{} bytes at {offset}", data.len())
+        } else {
+            format!(
+                "{} bytes at {offset}, counters [{}]",
+                data.len(),
+                counters.join(" ")
+            )
         }
     }
 
@@ -1012,8 +1104,10 @@ impl SimFile {
     }
 
     fn cut(&self, keep: &mut impl FnMut() -> bool) {
+        let dirty = self.dirty.borrow().len();
         self.sync_some(keep);
         *self.current.borrow_mut() = self.stable.borrow().clone();
+        self.trace(|| format!("power cut: {dirty} unsynced pages, each kept or lost"));
     }
 
     fn sync_some(&self, keep: &mut impl FnMut() -> bool) {

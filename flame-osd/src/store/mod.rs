@@ -26,6 +26,7 @@ pub mod layout;
 pub mod meta;
 pub mod pg_log_file;
 mod pg_ops;
+pub mod rewritten;
 pub mod wait_list;
 
 use crate::config::DirectIo;
@@ -413,6 +414,9 @@ pub struct ObjectStore {
     /// [`DELETED_VOLUMES_MAX`] (the newest ids, like the map's tombstones).
     removed_volumes: RefCell<BTreeSet<VolumeId>>,
     journal: Journal,
+    /// Blocks rewritten since start-up of the objects its restart left in
+    /// doubt (rewritten.rs): sure whatever the power cut took.
+    rewritten: rewritten::Rewritten,
     /// The stable copy of the placement-group logs (pg_log_file.rs).
     pg_log: pg_log_file::PgLogFile,
     /// Write-like operations in flight on this shard (the journal is reset only
@@ -501,6 +505,7 @@ impl ObjectStore {
             generation: Cell::new(0),
             known_dirs: RefCell::new(HashSet::default()),
             absent: RefCell::new(HashSet::default()),
+            rewritten: rewritten::Rewritten::default(),
             opening: RefCell::new(HashMap::default()),
             removed_volumes: RefCell::new(BTreeSet::new()),
             writes_inflight: Cell::new(0),
@@ -726,8 +731,10 @@ impl ObjectStore {
             .await?
             .ok_or_else(|| io::Error::other("object file vanished while creating it"))?;
         let _guard = self.begin_write(&state).await?;
+        let len = data.len() as u32;
         let res = self.write_data(&state, offset, data, fua).await;
         self.check_write(object, res)?;
+        self.note_rewritten(object, offset, len);
         if fua {
             // The data is stable; only a newly created name may still need its dir.
             self.sync_dirs().await?;
@@ -944,7 +951,9 @@ impl ObjectStore {
             return Ok(());
         }
         let Some(state) = self.state(pg, object, false).await? else {
-            return Ok(()); // no file: already zero
+            // No file: already zero.
+            self.note_rewritten(object, offset, len);
+            return Ok(());
         };
         let _guard = self.begin_write(&state).await?;
         let res = async {
@@ -984,10 +993,29 @@ impl ObjectStore {
         }
         .await;
         self.check_write(object, res)?;
+        self.note_rewritten(object, offset, len);
         if fua && let Err(e) = state.file.datasync().await {
             return Err(self.sync_failed(&format!("fdatasync of object {object}"), e));
         }
         Ok(())
+    }
+
+    /// Tracks the blocks rewritten from now on of `objects` (this shard's
+    /// restart doubt), for [`ObjectStore::rewritten_blocks`].
+    pub fn track_rewrites(&self, objects: impl IntoIterator<Item = ObjectId>) {
+        self.rewritten.track(objects);
+    }
+
+    /// The blocks of `object` (tracked by [`ObjectStore::track_rewrites`])
+    /// written whole, zeroed, repaired or removed since start-up.
+    pub fn rewritten_blocks(&self, object: ObjectId) -> rewritten::BlockRanges {
+        self.rewritten.of(object)
+    }
+
+    fn note_rewritten(&self, object: ObjectId, offset: u32, len: u32) {
+        if let Some((first, end)) = rewritten::whole_blocks(offset, len, BLOCK as u32) {
+            self.rewritten.note(object, first, end);
+        }
     }
 
     /// Makes every write applied so far to `volume` (every volume with `None`)
@@ -1140,6 +1168,7 @@ impl ObjectStore {
         for (i, b) in good.chunks(BLOCK).enumerate() {
             state.set_sum(first as usize + i, meta::block_sum(b));
         }
+        self.rewritten.note(object, first, first + blocks as u32);
         Ok(())
     }
 

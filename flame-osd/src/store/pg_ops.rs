@@ -91,6 +91,7 @@ impl ObjectStore {
                 out.push(BlockSum {
                     sum: meta::compare_sum(block),
                     bad,
+                    rewritten: false,
                 });
             }
             b += n;
@@ -115,6 +116,7 @@ impl ObjectStore {
         self.files.borrow_mut().remove(&object);
         self.dirty.borrow_mut().remove(&object);
         let removed = self.fs.unlink(&self.object_path(pg, object), false).await?;
+        self.rewritten.note(object, 0, BLOCKS_MAX as u32);
         {
             let mut absent = self.absent.borrow_mut();
             if absent.len() >= super::ABSENT_CACHE_MAX {

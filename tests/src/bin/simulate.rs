@@ -7,14 +7,18 @@
 //! simulate --seeds 200 --from 1000   # seeds 1000..1200
 //! simulate --seeds 50 --no-faults --ops 1000
 //! ```
-//! `RUST_LOG=debug` prints the simulated daemons' logs (one seed at a time).
+//! `RUST_LOG=debug` prints the simulated daemons' logs (one seed at a time),
+//! each line with its virtual time and node; `--trace-file NAME` (with
+//! `RUST_LOG=info`) adds every disk operation on the files of that name on
+//! every OSD — an object's file is `<volume, 16 hex>.<index, 16 hex>`, as a
+//! failed block's error names it.
 
 use flame_tests::sim::{SimConfig, run};
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--slow-disks] [--no-swarm] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--slow-disks] [--doubt-does-not-impair] [--trace-file NAME] [--no-swarm] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -34,6 +38,8 @@ fn main() -> ExitCode {
     let mut bit_rot = true;
     let mut slow_disks = false;
     let mut swarm = true;
+    let mut trace_file = None;
+    let mut doubt_impairs = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -73,6 +79,11 @@ fn main() -> ExitCode {
             "--no-scrubs" => scrubs = false,
             "--no-bit-rot" => bit_rot = false,
             "--slow-disks" => slow_disks = true,
+            "--doubt-does-not-impair" => doubt_impairs = false,
+            "--trace-file" => match args.next() {
+                Some(name) => trace_file = Some(name),
+                None => return usage(),
+            },
             "--no-swarm" => swarm = false,
             "--twice" => twice = true,
             "--events" => events = true,
@@ -99,6 +110,8 @@ fn main() -> ExitCode {
         cfg.scrubs = scrubs;
         cfg.bit_rot = bit_rot;
         cfg.slow_disks |= slow_disks;
+        cfg.doubt_impairs &= doubt_impairs;
+        cfg.trace_file.clone_from(&trace_file);
         if let Some(n) = ops {
             cfg.ops = n;
         }

@@ -68,7 +68,7 @@ use flame_osd::store::{ObjectStore, StoreOptions, layout};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -239,6 +239,14 @@ pub struct SimConfig {
     /// cluster moves on (a backfill lists a group while a creating write is
     /// still on the primary's disk). Off for the seeds that found bugs before.
     pub slow_disks: bool,
+    /// An OSD whose power cut (or failed disk) left it in doubt stays impaired
+    /// until its doubt is settled — its primaries compared it, or, as a
+    /// primary, it pulled what it was in doubt about — so no other fault comes
+    /// meanwhile: a second copy losing the same unflushed write before then is
+    /// a double fault (two disks' volatile caches lost), beyond the model
+    /// (seed 230811, with slow disks: the primary compared the restarted copy
+    /// too late, and lost power itself). Off for the seeds found before it.
+    pub doubt_impairs: bool,
     /// Half the seeds shrink the volume once while the workload runs (the
     /// manager's new size, the client library's trim of the cut-off range on
     /// every copy), and grow it back once the trim is done. Off for the seeds
@@ -271,6 +279,11 @@ pub struct SimConfig {
     /// the fixed draw of the model before it, for the seeds that found bugs
     /// there, so that they replay as they did.
     pub swarm: bool,
+    /// Files of this name (an object's, `<volume>.<index>` in 16 hex digits
+    /// each) are traced on every OSD's disk: each write (with the workload's
+    /// block counters), punch, sync, unlink and power cut is logged (`info`,
+    /// target `simfs`). Only for following a failing seed; changes nothing else.
+    pub trace_file: Option<String>,
 }
 
 impl SimConfig {
@@ -314,6 +327,12 @@ impl SimConfig {
         }
         if !self.bit_rot {
             c += " --no-bit-rot";
+        }
+        if self.slow_disks && !d.slow_disks {
+            c += " --slow-disks";
+        }
+        if !self.doubt_impairs && d.doubt_impairs {
+            c += " --doubt-does-not-impair";
         }
         if !self.swarm {
             c += " --no-swarm";
@@ -375,6 +394,8 @@ impl SimConfig {
             scrubs: true,
             bit_rot: true,
             swarm: true,
+            trace_file: None,
+            doubt_impairs: true,
             // Off until the three seeds they found (230204, 230811, 231152 of
             // seeds 230001..231190) are traced: `--slow-disks` turns them on.
             slow_disks: false,
@@ -394,7 +415,9 @@ impl SimConfig {
         let osds = if seed.is_multiple_of(2) { 4 } else { 3 };
         SimConfig {
             swarm: false,
+            trace_file: None,
             slow_disks: false,
+            doubt_impairs: false,
             osds,
             shards: 1,
             hosts: osds,
@@ -661,6 +684,8 @@ struct LiveOsd {
     wanted_epoch: Arc<AtomicU64>,
     liveness: Arc<Liveness>,
     recovery: Arc<RecoveryShared>,
+    /// Its restart-doubt record: what it still doubts.
+    doubt: Arc<flame_osd::store::doubt_record::DoubtRecord>,
     next_heartbeat: Instant,
 }
 
@@ -677,6 +702,9 @@ struct SimOsd {
     live: Option<LiveOsd>,
     /// When a crashed or powered-off OSD starts again.
     restart_at: Option<Instant>,
+    /// A power cut (or a failed disk) left this OSD in doubt, and that doubt
+    /// may not be settled yet ([`Sim::doubt_settled`]).
+    in_doubt: bool,
     /// When this OSD's slow disk is fast again: a fault's end leaves it slow
     /// 0-3 s longer, so the operations it holds land after the cluster moved
     /// on (a member back in its groups, a backfill listing them).
@@ -881,6 +909,9 @@ impl Sim {
                     layout::pgs_dir(&root),
                     layout::journal_dir(&root),
                 ]);
+                if let Some(name) = &config.trace_file {
+                    fs.trace_files_named(name);
+                }
                 // Disk operations complete out of order, as io_uring's do.
                 fs.set_latency(
                     DISK_LATENCY_US_MIN..=DISK_LATENCY_US_MAX,
@@ -914,6 +945,7 @@ impl Sim {
                     incarnation: 0,
                     live: None,
                     restart_at: None,
+                    in_doubt: false,
                     slow_disk_until: None,
                     clock: clock::NodeClock::exact(),
                 }
@@ -1651,7 +1683,9 @@ impl Sim {
         // replaced cable): the restarted OSD's writes work.
         o.fs.set_write_errors(0.0, 0);
         o.fs.take_fail_stop();
-        // The daemon's start: recover the store from its journal, then boot.
+        // The daemon's start: syncfs, recover the store from its journal, then
+        // boot.
+        o.fs.syncfs();
         let fs = Fs::Sim(o.fs.clone());
         let root = o.root.clone();
         let fs2 = fs.clone();
@@ -1756,6 +1790,7 @@ impl Sim {
             wanted_epoch,
             liveness,
             recovery,
+            doubt: suspects.clone(),
             next_heartbeat: now + Duration::from_millis(self.config.timings.heartbeat_interval_ms),
         });
         clock::set_node_clock(None);
@@ -1919,6 +1954,45 @@ impl Sim {
             }
             Err(e) => self.errors.push(format!("client {k} cannot restart: {e}")),
         }
+    }
+
+    /// Whether OSD `i`'s restart doubt is settled where it matters: it is up,
+    /// and in every group it is a complete copy of, either its primary (another
+    /// OSD) compared its doubt for this incarnation, or it is the primary and
+    /// doubts nothing of the group any more. A group where it is recovering is
+    /// settled by that recovery (its copy is not complete till then).
+    fn doubt_settled(&self, i: usize) -> bool {
+        let (Some(live), Some(id)) = (&self.osds[i].live, self.osds[i].id) else {
+            return false;
+        };
+        let m = self.mgr.map();
+        let Some(up_from) = m.osds.get(&id).filter(|o| o.up).map(|o| o.up_from) else {
+            return false;
+        };
+        let doubted: BTreeSet<flame_common::ids::PgId> = live
+            .doubt
+            .entries()
+            .into_iter()
+            .map(|(pg, _, _)| pg)
+            .collect();
+        let table = flame_common::placement::PgTable::new(m);
+        (0..m.pool.pg_count).all(|pg| {
+            let pg = flame_common::ids::PgId(pg);
+            let members = table.pg(pg);
+            if !members.acting.contains(&id) {
+                return true;
+            }
+            match members.primary() {
+                Some(p) if p == id => !doubted.contains(&pg),
+                Some(p) => self
+                    .osds
+                    .iter()
+                    .find(|o| o.id == Some(p))
+                    .and_then(|o| o.live.as_ref())
+                    .is_some_and(|l| l.recovery.suspects_compared(pg, id) == Some(up_from)),
+                None => false,
+            }
+        })
     }
 
     /// Whether every placement group has every member complete and up.
@@ -2314,6 +2388,17 @@ impl Sim {
         {
             self.next_fault = now + Duration::from_millis(500);
             return;
+        }
+        if self.config.doubt_impairs {
+            for i in 0..self.osds.len() {
+                if self.osds[i].in_doubt && self.doubt_settled(i) {
+                    self.osds[i].in_doubt = false;
+                }
+            }
+            if self.osds.iter().any(|o| o.in_doubt) {
+                self.next_fault = now + Duration::from_millis(500);
+                return;
+            }
         }
         self.new_fault(now);
     }
@@ -2796,6 +2881,7 @@ impl Sim {
         end_process(ip, self.osds[i].live.take());
         let rng = &mut self.disk_fault_rng;
         self.osds[i].fs.power_cut(&mut || rng.random_bool(0.5));
+        self.osds[i].in_doubt = true;
         self.osds[i].fs.set_write_errors(0.0, 0);
         let after = Duration::from_millis(self.disk_fault_rng.random_range(300..3000));
         self.osds[i].restart_at = Some(clock::now() + after);
@@ -2895,6 +2981,7 @@ impl Sim {
         if power {
             let rng = &mut self.rng;
             self.osds[i].fs.power_cut(&mut || rng.random_bool(0.5));
+            self.osds[i].in_doubt = true;
         }
         self.event(format!(
             "osd.{i} {}",
