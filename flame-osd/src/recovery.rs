@@ -1407,6 +1407,15 @@ impl Shard {
             .retain(|(pg, member), _| view.table.pg(*pg).acting.contains(member));
     }
 
+    /// Whether peering compared every other complete copy of `pg` with this
+    /// one under this shard's current primacy of it: only then are the copies
+    /// expected to agree (a write the previous primary applied on some copies
+    /// and not others is peering's to settle, not a scrub's: seed 230204).
+    pub(crate) fn peered_now(&self, pg: PgId) -> bool {
+        let primacy = self.pgs.borrow().primacy(pg);
+        self.recovery.peered.borrow().get(&pg) == Some(&primacy)
+    }
+
     /// This shard, `pg`'s primary, compared `member`'s restart doubt for its
     /// incarnation `up_from` (or peering compared every object of it).
     fn suspects_compared(&self, pg: PgId, member: OsdId, up_from: Epoch) {

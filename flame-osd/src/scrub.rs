@@ -322,6 +322,12 @@ impl Shard {
         if members.first() != Some(&self.osd) {
             return Err(status::ESTALE);
         }
+        // Before peering the copies may differ by what the previous primary
+        // applied on some and not others; peering (which takes the newest
+        // copy) settles that, not a majority vote.
+        if !self.peered_now(pg) {
+            return Err(status::EAGAIN);
+        }
         let mut objects = BTreeSet::new();
         for &m in &members {
             objects.extend(self.list_objects(view, pg, m).await?);
@@ -403,7 +409,7 @@ impl Shard {
             .iter()
             .filter(|(_, m)| m.primary() == Some(self.osd) && m.active)
             .map(|(pg, _)| pg)
-            .filter(|pg| self.holds(view, *pg))
+            .filter(|pg| self.holds(view, *pg) && self.peered_now(*pg))
             .find(|pg| {
                 let last = self.recovery.last_scrub.borrow().get(pg).copied();
                 // Groups never scrubbed wait one interval from the start.

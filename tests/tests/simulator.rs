@@ -370,7 +370,10 @@ fn a_primary_in_doubt_loses_only_what_the_double_fault_took() {
         doubt_impairs: false,
         ..with_slow_disks(230811)
     });
-    assert!(!r.errors.is_empty(), "the double fault no longer happens:\n{r}");
+    assert!(
+        !r.errors.is_empty(),
+        "the double fault no longer happens:\n{r}"
+    );
     assert!(
         r.errors.iter().all(|e| e.contains("block 13109:")),
         "more lost than the double fault explains:\n{r}"
@@ -385,6 +388,18 @@ fn a_primary_in_doubt_loses_only_what_the_double_fault_took() {
 #[test]
 fn a_restart_makes_what_the_killed_process_wrote_stable() {
     all_pass([with_slow_disks(231152)]);
+}
+
+/// Seed 230204 (slow disks): a scrub ran on a group whose primary had just
+/// changed, before peering: a write the previous primary had applied on two
+/// copies and a full disk had refused on the third made them differ, and the
+/// scrub repaired it by majority, out of sight (the scrub checker). Scrubs now
+/// wait until peering compared every copy under the current primacy
+/// (`Shard::peered_now`): settling such writes is peering's (the newest copy),
+/// not a vote's.
+#[test]
+fn a_scrub_waits_for_peering() {
+    all_pass([with_slow_disks(230204)]);
 }
 
 /// CI's model for `seed` before slow disks (`SimConfig::slow_disks`) and the
