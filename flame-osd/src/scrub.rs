@@ -324,8 +324,9 @@ impl Shard {
         }
         // Before peering the copies may differ by what the previous primary
         // applied on some and not others; peering (which takes the newest
-        // copy) settles that, not a majority vote.
-        if !self.peered_now(pg) {
+        // copy) settles that, not a majority vote. And without a lease this
+        // shard may not be the primary any more.
+        if !self.peered_now(pg) || !self.liveness.lease_valid() {
             return Err(status::EAGAIN);
         }
         let mut objects = BTreeSet::new();
@@ -335,6 +336,19 @@ impl Shard {
         let mut counts = ScrubCounts::default();
         let mut volumes: BTreeSet<VolumeId> = BTreeSet::new();
         for object in objects {
+            // A primary whose lease ran out may have been deposed without
+            // learning it (cut from the manager: seed 231501 scrubbed, and
+            // repaired, as the primary of a group the map had given another);
+            // and a map that changed the group's copies or its primacy (a
+            // member whose copy became a stray deletes it: seed 231398
+            // compared a copy being deleted) ends the scrub: it compares and
+            // repairs nothing more.
+            if !self.liveness.lease_valid()
+                || !self.peered_now(pg)
+                || self.view().table.pg(pg).acting != members
+            {
+                return Err(status::EAGAIN);
+            }
             counts.objects_checked += 1;
             match self.scrub_object(view, pg, object, &members, dry_run).await {
                 Ok((inconsistent, repaired, primary_won)) => {
@@ -409,7 +423,9 @@ impl Shard {
             .iter()
             .filter(|(_, m)| m.primary() == Some(self.osd) && m.active)
             .map(|(pg, _)| pg)
-            .filter(|pg| self.holds(view, *pg) && self.peered_now(*pg))
+            .filter(|pg| {
+                self.holds(view, *pg) && self.peered_now(*pg) && self.liveness.lease_valid()
+            })
             .find(|pg| {
                 let last = self.recovery.last_scrub.borrow().get(pg).copied();
                 // Groups never scrubbed wait one interval from the start.

@@ -402,6 +402,18 @@ fn a_scrub_waits_for_peering() {
     all_pass([with_slow_disks(230204)]);
 }
 
+/// Seeds 231501 and 231398 (slow disks): a scrub went on where the group was
+/// no longer this shard's to scrub. In 231501 a primary cut from the manager
+/// was deposed without learning it and, its lease run out, scrubbed and
+/// repaired as the primary of a group the map had given another; in 231398
+/// the map moved during a scrub, and it compared a copy its OSD, no longer a
+/// member, was deleting. A scrub now needs the lease, the peered primacy it
+/// started under and the same copies, before each object.
+#[test]
+fn a_scrub_stops_where_the_group_is_no_longer_its_to_scrub() {
+    all_pass([with_slow_disks(231501), with_slow_disks(231398)]);
+}
+
 /// CI's model for `seed` before slow disks (`SimConfig::slow_disks`) and the
 /// doubt that impairs (`SimConfig::doubt_impairs`): the seeds found before
 /// them replay as they did.
