@@ -338,11 +338,13 @@ impl Shard {
                 {
                     return (status::ESTALE, PayloadBuf::empty());
                 }
+                let rewritten = (target.offset == protocol::OBJECT_SUMS_REWRITTEN)
+                    .then(|| self.store.rewritten_blocks(target.object));
                 match self.store.block_sums(target.pg, target.object).await {
                     Ok(mut sums) => (
                         {
-                            if target.offset == protocol::OBJECT_SUMS_REWRITTEN {
-                                self.mark_rewritten(target.object, &mut sums);
+                            if let Some(ranges) = rewritten {
+                                self.mark_rewritten(&ranges, &mut sums);
                             }
                             status::OK
                         },

@@ -490,6 +490,18 @@ impl PgLog {
         self.synced.insert(member);
     }
 
+    /// This primary's copy changed outside the log: peering took another
+    /// copy's bytes of an object ([`PgLog::sources_ahead`]). No member peered or
+    /// recovered before is known to hold this copy's bytes any more, so each is
+    /// compared in full (peering, backfill) rather than caught up from the log,
+    /// which does not name those bytes (simulator seed 240719: a member peered
+    /// in a pass whose choice of the newest copy missed an unanswering source,
+    /// then caught up from the log after the next pass took that source's copy,
+    /// kept its older blocks).
+    pub fn unsync_all(&mut self) {
+        self.synced.clear();
+    }
+
     /// What log catch-up copies to `member`: [`PgLog::missed_by`], but `None`
     /// (backfill) for a member this primary has not made equal to its copy since
     /// its primacy began — neither peered nor recovered. Its tracking started
@@ -742,6 +754,16 @@ impl PgLog {
 mod tests {
     use super::*;
     use flame_common::ids::VolumeId;
+
+    #[test]
+    fn a_copy_changed_outside_the_log_is_caught_up_by_no_member() {
+        let mut log = PgLog::new(64);
+        let m = OsdId(2);
+        log.recovered(m, 0);
+        assert_eq!(log.catch_up(m), Some(Vec::new()));
+        log.unsync_all();
+        assert_eq!(log.catch_up(m), None, "backfilled, not caught up");
+    }
 
     /// Found by the simulator (seed 5374): a member taken out, whose stray copy
     /// was deleted, came back in and was "caught up" from this log as if it

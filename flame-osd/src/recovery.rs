@@ -593,11 +593,12 @@ impl Shard {
         decode_object_list(&data).ok_or(status::EIO)
     }
 
-    /// Marks in `sums` the blocks of `object` this copy rewrote since its
-    /// restart (`store/rewritten.rs`), extending `sums` with zero blocks where
-    /// a rewritten block lies past them (zeroed or removed since).
-    pub(crate) fn mark_rewritten(&self, object: ObjectId, sums: &mut Vec<BlockSum>) {
-        let ranges = self.store.rewritten_blocks(object);
+    /// Marks in `sums` the blocks of `ranges` (what this copy rewrote since its
+    /// restart, `store/rewritten.rs`, taken before the sums were read: a write
+    /// landing in between is then not marked beside a sum from before it),
+    /// extending `sums` with zero blocks where a rewritten block lies past them
+    /// (zeroed or removed since), up to the object's size.
+    pub(crate) fn mark_rewritten(&self, ranges: &[(u32, u32)], sums: &mut Vec<BlockSum>) {
         let Some(&(_, end)) = ranges.last() else {
             return;
         };
@@ -606,7 +607,7 @@ impl Shard {
         if sums.len() < end {
             sums.resize(end, BlockSum::default());
         }
-        for &(first, last) in &ranges {
+        for &(first, last) in ranges {
             for b in first as usize..(last as usize).min(sums.len()) {
                 sums[b].rewritten = true;
             }
@@ -687,12 +688,13 @@ impl Shard {
         rewritten: bool,
     ) -> Result<Vec<BlockSum>, i32> {
         if member == self.osd {
+            let ranges = rewritten.then(|| self.store.rewritten_blocks(object));
             let mut sums = self.store.block_sums(pg, object).await.map_err(|e| {
                 tracing::error!(%object, "cannot checksum the object: {e}");
                 status::EIO
             })?;
-            if rewritten {
-                self.mark_rewritten(object, &mut sums);
+            if let Some(ranges) = ranges {
+                self.mark_rewritten(&ranges, &mut sums);
             }
             return Ok(sums);
         }

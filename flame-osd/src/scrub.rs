@@ -335,6 +335,7 @@ impl Shard {
         }
         let mut counts = ScrubCounts::default();
         let mut volumes: BTreeSet<VolumeId> = BTreeSet::new();
+        let mut stopped = false;
         for object in objects {
             // A primary whose lease ran out may have been deposed without
             // learning it (cut from the manager: seed 231501 scrubbed, and
@@ -347,7 +348,8 @@ impl Shard {
                 || !self.peered_now(pg)
                 || self.view().table.pg(pg).acting != members
             {
-                return Err(status::EAGAIN);
+                stopped = true;
+                break;
             }
             counts.objects_checked += 1;
             match self.scrub_object(view, pg, object, &members, dry_run).await {
@@ -365,7 +367,8 @@ impl Shard {
                 }
             }
         }
-        // Repairs are made stable on every copy.
+        // Repairs are made stable on every copy (also those of a scrub that
+        // stopped part-way).
         for volume in volumes {
             if let Err(e) = self.store.flush(Some(volume)).await {
                 tracing::error!(%volume, "flush after scrub repair failed: {e}");
@@ -381,6 +384,9 @@ impl Shard {
                     tracing::warn!(%m, st, "flush after scrub repair failed");
                 }
             }
+        }
+        if stopped {
+            return Err(status::EAGAIN);
         }
         if !dry_run {
             crate::metrics::scrub_result(counts.inconsistent, counts.repaired);

@@ -147,6 +147,7 @@ impl Shard {
         {
             let mut suspects = self.suspects.borrow_mut();
             for pg in suspects.pgs() {
+                let objects = suspects.objects(pg);
                 if !fresh.table.pg(pg).is_member(self.osd) {
                     suspects.settled(pg);
                     self.doubt_record.settle(pg);
@@ -155,7 +156,10 @@ impl Shard {
                     suspects.settled(pg);
                 } else if suspects.on_map(self.osd, pg, fresh.table.pg(pg)) {
                     self.doubt_record.settle(pg);
+                } else {
+                    continue;
                 }
+                self.store.untrack_rewrites(objects);
             }
         }
         *self.view.borrow_mut() = fresh.clone();

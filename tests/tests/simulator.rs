@@ -414,6 +414,16 @@ fn a_scrub_stops_where_the_group_is_no_longer_its_to_scrub() {
     all_pass([with_slow_disks(231501), with_slow_disks(231398)]);
 }
 
+/// Seed 240719 (slow disks): a new primary's first peering pass missed the
+/// copy that was ahead (it did not answer) and marked another member peered;
+/// the next pass took the newer copy — bytes the log does not name — and the
+/// member peered before was later caught up from the log, keeping its older
+/// blocks. Taking a newer copy now un-syncs every member (`PgLog::unsync_all`).
+#[test]
+fn a_member_peered_before_a_newer_copy_was_taken_is_compared_again() {
+    all_pass([with_slow_disks(240719)]);
+}
+
 /// CI's model for `seed` before slow disks (`SimConfig::slow_disks`) and the
 /// doubt that impairs (`SimConfig::doubt_impairs`): the seeds found before
 /// them replay as they did.

@@ -117,6 +117,13 @@ impl Shard {
             }
         }
         if taken > 0 {
+            // Members peered earlier under this primacy (a pass whose choice
+            // left out a source that did not answer) no longer hold this copy's
+            // bytes of what was taken: they are compared again, not caught up
+            // from the log.
+            if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
+                log.unsync_all();
+            }
             crate::metrics::newer_copies_taken(taken);
             self.recovery_shared
                 .newer_copies_taken

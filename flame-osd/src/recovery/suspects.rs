@@ -37,9 +37,9 @@ pub(crate) fn holes_to_fill(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32,
         .iter()
         .enumerate()
         .filter(|&(b, s)| {
-            !s.bad
-                && *s != BlockSum::default()
-                && mine.get(b).is_none_or(|m| *m == BlockSum::default())
+            // Data there, nothing here (the rewritten flag is no data: a block
+            // zeroed since a restart is a hole too).
+            !s.bad && s.sum != 0 && mine.get(b).is_none_or(|m| !m.bad && m.sum == 0)
         })
         .fold(Vec::new(), |mut out: Vec<(u32, u32)>, (b, _)| {
             let off = b as u32 * BLOCK;
@@ -75,38 +75,17 @@ pub(crate) fn rewritten_to_take(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(
         })
 }
 
-/// What a copy in doubt whose own bytes stay takes from another copy in doubt:
-/// the blocks it lost to a hole ([`holes_to_fill`]) and those the other
-/// rewrote since its restart ([`rewritten_to_take`]), merged in order.
-pub(crate) fn lost_to_take(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
-    let mut blocks: Vec<u32> = holes_to_fill(source, mine)
-        .into_iter()
-        .chain(rewritten_to_take(source, mine))
-        .flat_map(|(off, len)| off / BLOCK..(off + len) / BLOCK)
-        .collect();
-    blocks.sort_unstable();
-    blocks.dedup();
-    blocks
-        .into_iter()
-        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, b| {
-            let off = b * BLOCK;
-            match out.last_mut() {
-                Some((o, len)) if *o + *len == off => *len += BLOCK,
-                _ => out.push((off, BLOCK)),
-            }
-            out
-        })
-}
-
 /// Which blocks a pull replaces.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pull {
     /// Every block that differs ([`ranges_to_pull`]); the object is removed
     /// here if the source lacks it (without `still`).
     Differing,
-    /// Only what this copy lost that the source, in doubt too, kept
-    /// ([`lost_to_take`]).
-    Lost,
+    /// Only the blocks the source, in doubt too, rewrote since its restart
+    /// ([`rewritten_to_take`]).
+    Rewritten,
+    /// Only blocks empty here that hold data on the source ([`holes_to_fill`]).
+    Holes,
 }
 
 impl Shard {
@@ -149,11 +128,16 @@ impl Shard {
                     // lost (seed 68), and a block another copy rewrote since its
                     // restart holds the newest write there (seed 230811): take
                     // those; every other block stays.
+                    // Every copy's rewritten blocks before any hole: a hole
+                    // filled from one copy's older block must not hide another
+                    // copy's newer one (this copy's pulls count as rewritten).
                     let mut filled = false;
-                    for &(member, _) in &others {
-                        filled |= self
-                            .pull_blocks(view, pg, object, member, None, Pull::Lost)
-                            .await?;
+                    for which in [Pull::Rewritten, Pull::Holes] {
+                        for &(member, _) in &others {
+                            filled |= self
+                                .pull_blocks(view, pg, object, member, None, which)
+                                .await?;
+                        }
                     }
                     if filled {
                         replaced += 1;
@@ -171,7 +155,9 @@ impl Shard {
             tracing::warn!(%pg, objects = kept, "every complete copy is in doubt about these objects (none kept what this one may have lost); this copy's stay");
         }
         tracing::info!(%pg, replaced, kept, "objects this restart left in doubt settled from the other complete copies");
+        let settled = self.suspects.borrow().objects(pg);
         self.suspects.borrow_mut().settled(pg);
+        self.store.untrack_rewrites(settled);
         self.doubt_record.settle(pg);
         Ok(())
     }
@@ -246,7 +232,7 @@ impl Shard {
         if still.is_some_and(|f| !f()) {
             return Ok(false);
         }
-        let rewritten = which == Pull::Lost;
+        let rewritten = which == Pull::Rewritten;
         let theirs = self
             .object_sums_with(view, pg, object, source, rewritten)
             .await?;
@@ -256,7 +242,7 @@ impl Shard {
         if theirs.is_empty() {
             // Taking a newer copy (`still` given) never removes this one: a
             // source whose log names writes to an object it lacks is wrong.
-            if mine.is_empty() || still.is_some() || which == Pull::Lost {
+            if mine.is_empty() || still.is_some() || which != Pull::Differing {
                 return Ok(false);
             }
             // No acknowledged write created it: the other copy would have it.
@@ -269,7 +255,8 @@ impl Shard {
         }
         let ranges = match which {
             Pull::Differing => ranges_to_pull(&theirs, &mine),
-            Pull::Lost => lost_to_take(&theirs, &mine),
+            Pull::Rewritten => rewritten_to_take(&theirs, &mine),
+            Pull::Holes => holes_to_fill(&theirs, &mine),
         };
         let Some(osd) = view.map.osds.get(&source) else {
             return Err(status::ESTALE);
@@ -459,12 +446,11 @@ mod tests {
             vec![(b, b), (5 * b, 2 * b)]
         );
         assert!(rewritten_to_take(&mine, &mine).is_empty());
-        // Merged with the holes: block 0 empty here, data there.
-        let mut holed = mine.clone();
-        holed[0] = BlockSum::default();
-        assert_eq!(
-            lost_to_take(&source, &holed),
-            vec![(0, 2 * b), (5 * b, 2 * b)]
-        );
+        // A block zeroed since the source's restart is no data to fill a hole
+        // with, and a rewritten zero block here is a hole.
+        let zeroed = vec![s(0, false, true), s(3, false, false)];
+        let holed = vec![s(0, false, true), s(0, false, false)];
+        assert_eq!(holes_to_fill(&zeroed, &holed), vec![(b, b)]);
+        assert!(holes_to_fill(&[s(0, false, true)], &[]).is_empty());
     }
 }

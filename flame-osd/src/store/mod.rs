@@ -1006,6 +1006,11 @@ impl ObjectStore {
         self.rewritten.track(objects);
     }
 
+    /// Stops tracking `objects` (their doubt is settled).
+    pub fn untrack_rewrites(&self, objects: impl IntoIterator<Item = ObjectId>) {
+        self.rewritten.untrack(objects);
+    }
+
     /// The blocks of `object` (tracked by [`ObjectStore::track_rewrites`])
     /// written whole, zeroed, repaired or removed since start-up.
     pub fn rewritten_blocks(&self, object: ObjectId) -> rewritten::BlockRanges {

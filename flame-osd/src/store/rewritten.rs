@@ -68,6 +68,15 @@ impl Rewritten {
         }
     }
 
+    /// Stops tracking these objects (their doubt is settled: this copy's marks
+    /// are never asked for again), so the data path pays nothing for them.
+    pub fn untrack(&self, objects: impl IntoIterator<Item = ObjectId>) {
+        let mut m = self.objects.borrow_mut();
+        for o in objects {
+            m.remove(&o);
+        }
+    }
+
     /// `object`'s blocks `[first, end)` were just written whole (or removed).
     /// One branch on the data path when nothing is tracked.
     pub fn note(&self, object: ObjectId, first: u32, end: u32) {
@@ -139,5 +148,8 @@ mod tests {
         t.note(o(2), 0, 1);
         assert_eq!(t.of(o(1)), vec![(0, 1)]);
         assert!(t.of(o(2)).is_empty());
+        t.untrack([o(1)]);
+        t.note(o(1), 4, 5);
+        assert!(t.of(o(1)).is_empty());
     }
 }

@@ -1629,3 +1629,52 @@ fn a_read_racing_a_create_refused_for_a_full_disk_caches_no_unlinked_file() {
     })
     .unwrap();
 }
+
+/// Seed 230811: the blocks a copy in doubt wrote whole since its start-up are
+/// sure whatever the restart's power cut took. Only tracked objects are
+/// marked; a partial block keeps older bytes and is not; a zeroing (also of an
+/// absent object), a repair and a removal are.
+#[test]
+fn blocks_rewritten_since_start_up_are_marked_for_tracked_objects_only() {
+    with_store(opts(false, true), async |s, _| {
+        s.track_rewrites([obj(1), obj(2)]);
+        let b = BLOCK as u32;
+        // Blocks 1 and 2 whole, and part of block 4.
+        s.write(PG, obj(1), b, PayloadBuf::copy_from(&[1; 2 * BLOCK]), false)
+            .await
+            .unwrap();
+        s.write(
+            PG,
+            obj(1),
+            4 * b + 512,
+            PayloadBuf::copy_from(&[1; 1024]),
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.rewritten_blocks(obj(1)), vec![(1, 3)]);
+        s.zero(PG, obj(1), 3 * b, b, false).await.unwrap();
+        s.repair_range(PG, obj(1), 6, &[2; BLOCK]).await.unwrap();
+        assert_eq!(s.rewritten_blocks(obj(1)), vec![(1, 4), (6, 7)]);
+        // A zeroing of an object with no file: it reads as zero, surely.
+        s.zero(PG, obj(2), 0, 2 * b, false).await.unwrap();
+        assert_eq!(s.rewritten_blocks(obj(2)), vec![(0, 2)]);
+        // Not tracked: nothing.
+        s.write(PG, obj(3), 0, PayloadBuf::copy_from(&[1; BLOCK]), false)
+            .await
+            .unwrap();
+        assert!(s.rewritten_blocks(obj(3)).is_empty());
+        // Removed: every block reads as zero, surely.
+        assert!(s.remove_object(PG, obj(1)).await.unwrap());
+        assert_eq!(
+            s.rewritten_blocks(obj(1)),
+            vec![(0, crate::store::meta::BLOCKS_MAX as u32)]
+        );
+        // Settled: no longer tracked, nothing more noted.
+        s.untrack_rewrites([obj(2)]);
+        s.write(PG, obj(2), 0, PayloadBuf::copy_from(&[1; BLOCK]), false)
+            .await
+            .unwrap();
+        assert!(s.rewritten_blocks(obj(2)).is_empty());
+    });
+}
