@@ -9,7 +9,7 @@
 #   RUST_LOG=info scripts/simulate.sh --seed 42       # with the daemons' logs
 #
 # Options besides --seeds/--from/--jobs go to the `simulate` binary: --ops N,
-# --pg-log N (the OSDs' log bound), --clients N, --writers N, --no-faults, --no-disk-faults, --no-resizes, --no-tcp-holds, --no-shrunk-wait, --no-scrubs, --no-bit-rot, --slow-disks, --twice (run each seed twice and compare the traces),
+# --pg-log N (the OSDs' log bound), --clients N, --writers N, --no-faults, --no-disk-faults, --no-resizes, --no-tcp-holds, --no-shrunk-wait, --no-scrubs, --no-bit-rot, --no-slow-disks, --twice (run each seed twice and compare the traces),
 # --events. A failing seed prints its errors, its last events and this script's
 # command that replays it; the exit status is 1 if any seed failed.
 set -euo pipefail

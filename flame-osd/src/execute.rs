@@ -219,9 +219,7 @@ impl Shard {
                             // or read repair) replaced these bytes (or may have,
                             // if it failed half-way): the log no longer proves
                             // what this copy holds there.
-                            if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
-                                log.forget_proof(object, offset, length.max(1));
-                            }
+                            self.forget_proof(pg, object, offset, length.max(1));
                         }
                     }
                     return (st, PayloadBuf::empty());
@@ -366,9 +364,7 @@ impl Shard {
                 if let Err(st) = self.admit_forward(&view, target.pg, &msg) {
                     return (st, PayloadBuf::empty());
                 }
-                if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
-                    log.forget_proof(target.object, 0, 0);
-                }
+                self.forget_proof(target.pg, target.object, 0, 0);
                 match self.store.remove_object(target.pg, target.object).await {
                     Ok(_) => (status::OK, PayloadBuf::empty()),
                     Err(e) => {

@@ -222,9 +222,7 @@ impl Shard {
         // which ops this copy holds there (as in `repair_one`). Without this, a
         // retry of a write this copy held but the other did not would be
         // answered as a duplicate from the replaced, older bytes.
-        if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
-            log.forget_proof(target.object, lo, hi - lo);
-        }
+        self.forget_proof(target.pg, target.object, lo, hi - lo);
         match self
             .store
             .repair_range(target.pg, target.object, first, good.as_slice())
@@ -306,9 +304,12 @@ impl Shard {
         };
         // Another copy's bytes replace this block: the log no longer proves which
         // ops this copy holds there.
-        if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
-            log.forget_proof(target.object, block_target.offset, block_target.length);
-        }
+        self.forget_proof(
+            target.pg,
+            target.object,
+            block_target.offset,
+            block_target.length,
+        );
         if let Err(e) = self
             .store
             .repair_block(target.pg, target.object, block, good.as_slice())

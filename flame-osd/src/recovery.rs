@@ -562,7 +562,7 @@ impl Shard {
     /// The objects of `pg` that `member`'s last restart left in doubt
     /// ([`Message::PgSuspects`]); with `rebooted_only`, only those whose doubt
     /// is a reboot's (a member that does not know the selection answers all).
-    async fn member_suspects(
+    pub(crate) async fn member_suspects(
         self: &Rc<Self>,
         view: &MapView,
         pg: PgId,

@@ -233,9 +233,12 @@ impl Shard {
             // stops vouching for these bytes, so the client's retry is applied
             // again on every copy (rewriting the bad sector too) instead of being
             // answered by another copy that fails the same way.
-            if let Some(log) = self.pgs.borrow_mut().log_mut(target.pg) {
-                log.forget_proof(target.object, target.offset, target.length.max(1));
-            }
+            self.forget_proof(
+                target.pg,
+                target.object,
+                target.offset,
+                target.length.max(1),
+            );
             crate::metrics::dup_op("unreadable");
             return status::EAGAIN;
         }

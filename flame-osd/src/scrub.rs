@@ -140,9 +140,7 @@ impl Shard {
         if member == self.osd {
             // Another copy's bytes replace this copy's: the log no longer proves
             // which ops this copy holds there.
-            if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
-                log.forget_proof(object, offset, BLOCK);
-            }
+            self.forget_proof(pg, object, offset, BLOCK);
             let r = match data {
                 Some(d) => self.store.write(pg, object, offset, d, false).await,
                 None => self.store.zero(pg, object, offset, BLOCK, false).await,
@@ -185,7 +183,10 @@ impl Shard {
     /// others' for a known reason: a write over it the group's log shows the
     /// member missed (caught up later), or restart doubt not settled yet —
     /// this primary's own about the object, or a replica's whose suspects this
-    /// primary has not compared for its incarnation.
+    /// primary has not compared for its incarnation. This primary's own copy
+    /// outvoted is also explained when the others missed a write there by the
+    /// log: one this copy failed (a full disk) while they applied it (seed 36:
+    /// the scrub came before the catch-up that makes them equal to this copy).
     fn divergence_expected(
         &self,
         view: &MapView,
@@ -194,14 +195,26 @@ impl Shard {
         member: OsdId,
         block: usize,
     ) -> bool {
-        if member == self.osd {
-            return self
-                .doubt_record
-                .objects()
-                .iter()
-                .any(|&(p, o)| p == pg && o == object);
-        }
         let offset = (block as u32).saturating_mul(BLOCK);
+        if member == self.osd {
+            let others: Vec<OsdId> = view
+                .table
+                .pg(pg)
+                .acting
+                .iter()
+                .copied()
+                .filter(|&m| m != self.osd)
+                .collect();
+            let others_lag = self.pgs.borrow().get(pg).is_some_and(|c| {
+                c.repair_sources(&others, object, offset, BLOCK).len() < others.len()
+            });
+            return others_lag
+                || self
+                    .doubt_record
+                    .objects()
+                    .iter()
+                    .any(|&(p, o)| p == pg && o == object);
+        }
         let lags = self.pgs.borrow().get(pg).is_some_and(|c| {
             c.repair_sources(&[member], object, offset, BLOCK)
                 .is_empty()
@@ -215,6 +228,35 @@ impl Shard {
             .copied()
             != up_from;
         lags || unsettled
+    }
+
+    /// Whether `member` (a replica) says its restart left `object` in doubt:
+    /// asked only for a copy found differing with no reason this primary knows
+    /// of, because the map may not show its restart yet (seed 74: a replica
+    /// restarted within the heartbeat grace was compared, a power cut's blocks
+    /// old, before the map told its new incarnation). Asked once per member
+    /// and object (`asked`); an answer that cannot list (E2BIG: everything in
+    /// doubt) or none at all counts as doubt.
+    async fn member_doubts(
+        self: &Rc<Self>,
+        view: &MapView,
+        pg: PgId,
+        object: ObjectId,
+        member: OsdId,
+        asked: &mut Vec<(OsdId, bool)>,
+    ) -> bool {
+        if member == self.osd {
+            return false;
+        }
+        if let Some(&(_, d)) = asked.iter().find(|(m, _)| *m == member) {
+            return d;
+        }
+        let d = match self.member_suspects(view, pg, member, false).await {
+            Ok(objects) => objects.contains(&object),
+            Err(_) => true,
+        };
+        asked.push((member, d));
+        d
     }
 
     /// Compares (and unless `dry_run` repairs) one object across `members`
@@ -247,6 +289,8 @@ impl Shard {
         let mut inconsistent = false;
         let mut primary_won = false;
         let mut fixes: Vec<(u32, Option<u32>, Vec<usize>)> = Vec::new();
+        // Replicas' own restart doubt, asked once each (`member_doubts`).
+        let mut doubts: Vec<(OsdId, bool)> = Vec::new();
         for b in 0..blocks {
             let copies: Vec<BlockSum> = sums
                 .iter()
@@ -259,7 +303,12 @@ impl Shard {
             inconsistent = true;
             primary_won |= v.primary_won;
             for &i in &v.wrong {
-                if !copies[i].bad && !self.divergence_expected(view, pg, object, members[i], b) {
+                if !copies[i].bad
+                    && !self.divergence_expected(view, pg, object, members[i], b)
+                    && !self
+                        .member_doubts(view, pg, object, members[i], &mut doubts)
+                        .await
+                {
                     tracing::error!(
                         %object,
                         block = b,

@@ -246,8 +246,14 @@ impl Shard {
         let mut pgs = self.pgs.borrow_mut();
         let mut loaded = 0usize;
         for s in stored {
-            if view.held_by(self.osd, self.id, s.pg) {
-                pgs.get_mut(s.pg).log.record_replica(s.entry);
+            if !view.held_by(self.osd, self.id, s.pg) {
+                continue;
+            }
+            let log = &mut pgs.get_mut(s.pg).log;
+            if s.proof_forgotten {
+                log.forget_proof(s.entry.object, s.entry.offset, s.entry.length);
+            } else {
+                log.record_replica(s.entry);
                 loaded += 1;
             }
         }
@@ -257,6 +263,25 @@ impl Shard {
             stored = stored_len,
             "placement-group log loaded"
         );
+    }
+
+    /// This copy's bytes `[offset, offset+length)` of `object` (`length` 0: all
+    /// of it) were, or may have been, replaced by another copy's (recovery,
+    /// peering, scrub or read repair): the log no longer proves which ops this
+    /// copy holds there — now, and after a restart (the stable log records it).
+    pub(crate) fn forget_proof(
+        &self,
+        pg: PgId,
+        object: flame_common::ids::ObjectId,
+        offset: u32,
+        length: u32,
+    ) {
+        if let Some(log) = self.pgs.borrow_mut().log_mut(pg) {
+            log.forget_proof(object, offset, length);
+        }
+        self.store
+            .pg_log()
+            .note_forgotten(pg, object, offset, length);
     }
 
     /// Whether this shard is the one of this OSD that holds `pg` in `view`.

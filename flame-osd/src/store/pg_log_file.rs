@@ -74,8 +74,13 @@ pub struct StoredEntry {
     /// Its group.
     pub pg: PgId,
     /// The entry (`interval` 0, `applied` empty: it proves only that this copy
-    /// holds it).
+    /// holds it). For a forgotten proof, only its object, offset and length
+    /// count (seq 0, no op).
     pub entry: LogEntry,
+    /// Not a write but a proof forgotten ([`PgLogFile::note_forgotten`]):
+    /// the entries stored before it no longer prove that this copy holds their
+    /// ops over `entry`'s bytes.
+    pub proof_forgotten: bool,
 }
 
 fn encode_header(generation: u64) -> Vec<u8> {
@@ -95,6 +100,9 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
+
+/// The record kind of a forgotten proof ([`PgLogFile::note_forgotten`]).
+const FORGOTTEN_CODE: u8 = 4;
 
 fn kind_code(kind: EntryKind) -> u8 {
     match kind {
@@ -122,6 +130,30 @@ pub fn encode_record(pg: PgId, e: &LogEntry) -> [u8; RECORD_LEN] {
     b
 }
 
+/// The record of a proof forgotten over `[offset, offset+length)` of `object`
+/// (`length` 0: all of it): seq and op 0, kind [`FORGOTTEN_CODE`].
+#[doc(hidden)]
+pub fn encode_forgotten(pg: PgId, object: ObjectId, offset: u32, length: u32) -> [u8; RECORD_LEN] {
+    let mut b = [0u8; RECORD_LEN];
+    b[32..40].copy_from_slice(&object.volume.0.to_le_bytes());
+    b[40..48].copy_from_slice(&object.index.to_le_bytes());
+    b[48..52].copy_from_slice(&offset.to_le_bytes());
+    b[52..56].copy_from_slice(&length.to_le_bytes());
+    b[56..60].copy_from_slice(&pg.0.to_le_bytes());
+    b[60] = FORGOTTEN_CODE;
+    b
+}
+
+/// The record of a stored entry, as [`decode_record`] read it.
+#[doc(hidden)]
+pub fn encode_stored(s: &StoredEntry) -> [u8; RECORD_LEN] {
+    if s.proof_forgotten {
+        encode_forgotten(s.pg, s.entry.object, s.entry.offset, s.entry.length)
+    } else {
+        encode_record(s.pg, &s.entry)
+    }
+}
+
 /// Stamps `generation` and the checksum (crc32c of bytes 0..64) into a record.
 #[doc(hidden)]
 pub fn seal(mut b: [u8; RECORD_LEN], generation: u64) -> [u8; RECORD_LEN] {
@@ -141,19 +173,26 @@ pub fn decode_record(b: &[u8], generation: u64) -> Option<StoredEntry> {
     if crc32c::crc32c(&b[..64]) != u32_at(b, 64) || u64_at(b, 0) != generation {
         return None;
     }
+    let forgotten = b[60] == FORGOTTEN_CODE;
     let kind = match b[60] {
         1 => EntryKind::Write,
         2 => EntryKind::Zero,
         3 => EntryKind::Discard,
+        FORGOTTEN_CODE => EntryKind::Write,
         _ => return None,
     };
     let seq = u64_at(b, 8);
     let (offset, length) = (u32_at(b, 48), u32_at(b, 52));
     // Bounded before use: a record that could not have been written is the end.
-    if seq == 0
-        || seq > crate::pg_core::PG_SEQ_MAX
-        || u64::from(offset) + u64::from(length) > 1 << 32
-    {
+    if u64::from(offset) + u64::from(length) > 1 << 32 {
+        return None;
+    }
+    if forgotten {
+        // Written with seq and op 0, and nothing after the kind.
+        if seq != 0 || u64_at(b, 16) != 0 || u64_at(b, 24) != 0 || b[61..64] != [0; 3] {
+            return None;
+        }
+    } else if seq == 0 || seq > crate::pg_core::PG_SEQ_MAX {
         return None;
     }
     Some(StoredEntry {
@@ -174,6 +213,7 @@ pub fn decode_record(b: &[u8], generation: u64) -> Option<StoredEntry> {
             kind,
             applied: Vec::new(),
         },
+        proof_forgotten: forgotten,
     })
 }
 
@@ -325,6 +365,12 @@ impl PgLogFile {
         if entry.seq == 0 || self.disabled.get() {
             return;
         }
+        self.push_pending(entry.object.volume, encode_record(pg, entry));
+    }
+
+    /// Queues a record for the next FLUSH of `volume` (bounded: see
+    /// [`PENDING_MAX`]).
+    fn push_pending(&self, volume: VolumeId, record: [u8; RECORD_LEN]) {
         let mut pending = self.pending.borrow_mut();
         if self.pending_len.get() >= PENDING_MAX {
             // Bounded: drop the oldest record of the fullest volume.
@@ -334,11 +380,24 @@ impl PgLogFile {
                 self.pending_len.set(self.pending_len.get() - 1);
             }
         }
-        pending
-            .entry(entry.object.volume)
-            .or_default()
-            .push_back(encode_record(pg, entry));
+        pending.entry(volume).or_default().push_back(record);
         self.pending_len.set(self.pending_len.get() + 1);
+    }
+
+    /// This copy's bytes `[offset, offset+length)` of `object` (`length` 0:
+    /// all of it) were replaced by another copy's (recovery, peering, a
+    /// repair): the entries stored before no longer prove that this copy holds
+    /// their ops there ([`crate::pg_log::PgLog::forget_proof`]). Without this
+    /// record the proof came back at the next start: a primary again after it
+    /// had been backfilled answered a client's retry of a zeroing it had
+    /// applied before as a duplicate from the backfilled bytes, which lacked it
+    /// (simulator seed 250636). Stable with the next FLUSH of the volume, like
+    /// the bytes it describes.
+    pub fn note_forgotten(&self, pg: PgId, object: ObjectId, offset: u32, length: u32) {
+        if self.disabled.get() {
+            return;
+        }
+        self.push_pending(object.volume, encode_forgotten(pg, object, offset, length));
     }
 
     /// Takes the records a FLUSH of `volume` (every volume: `None`) will make
@@ -560,7 +619,7 @@ impl PgLogFile {
         self.highest.set(generation);
         let mut buf = Vec::with_capacity(kept.len() * RECORD_LEN);
         for e in &kept {
-            buf.extend_from_slice(&seal(encode_record(e.pg, &e.entry), generation));
+            buf.extend_from_slice(&seal(encode_stored(e), generation));
         }
         if !buf.is_empty() {
             file.write(HEADER_LEN, buf, Some(SyncKind::PgLog)).await?;
@@ -629,10 +688,33 @@ mod tests {
             decode_record(&sealed, 4),
             Some(StoredEntry {
                 pg: PgId(5),
-                entry: e
+                entry: e,
+                proof_forgotten: false,
             })
         );
         assert_eq!(decode_record(&sealed, 5), None, "another generation");
+        // A forgotten proof: object and range, nothing else.
+        let o = ObjectId {
+            volume: VolumeId(2),
+            index: 9,
+        };
+        let f = decode_record(&seal(encode_forgotten(PgId(5), o, 4096, 8192), 4), 4).unwrap();
+        assert!(f.proof_forgotten);
+        assert_eq!(
+            (f.pg, f.entry.object, f.entry.offset, f.entry.length),
+            (PgId(5), o, 4096, 8192)
+        );
+        assert_eq!(
+            seal(encode_stored(&f), 4),
+            seal(encode_forgotten(PgId(5), o, 4096, 8192), 4)
+        );
+        let mut with_op = encode_forgotten(PgId(5), o, 0, 0);
+        with_op[24] = 1;
+        assert_eq!(
+            decode_record(&seal(with_op, 4), 4),
+            None,
+            "a forgotten proof names no op"
+        );
         let mut torn = sealed;
         torn[20] ^= 1;
         assert_eq!(decode_record(&torn, 4), None);
@@ -661,6 +743,43 @@ mod tests {
         let seqs: Vec<u64> = got.iter().map(|e| e.entry.seq).collect();
         assert_eq!(seqs, vec![1, 3]);
         assert_eq!(got[1].pg, PgId(2));
+    }
+
+    /// Seed 250636: a proof forgotten when another copy's bytes replaced this
+    /// one's is stable with the next flush of the volume, after the entries it
+    /// covers, and a compaction keeps it after them.
+    #[test]
+    fn a_forgotten_proof_outlives_a_restart_and_a_compaction_in_order() {
+        let root = PathBuf::from("/sim/osd");
+        let (sim, fs) = sim(&root);
+        let log = std::rc::Rc::new(PgLogFile::new(fs.clone(), &root, 1));
+        log.set_keep_per_pg(2);
+        let o = entry(1, 1, 1).object;
+        let l = log.clone();
+        run(async move {
+            l.load().await.unwrap();
+            l.note(PgId(1), &entry(1, 1, 1));
+            l.note_forgotten(PgId(1), o, 0, 4096);
+            let r = l.take(Some(VolumeId(1)));
+            l.persist(&r).await.unwrap();
+            l.compact().await.unwrap();
+        });
+        sim.power_cut(&mut || false);
+        let log = PgLogFile::new(fs, &root, 1);
+        let got = run(async move { log.load().await.unwrap() });
+        let kinds: Vec<(u64, bool)> = got
+            .iter()
+            .map(|e| (e.entry.seq, e.proof_forgotten))
+            .collect();
+        assert_eq!(kinds, vec![(1, false), (0, true)]);
+        assert_eq!(
+            (
+                got[1].entry.object,
+                got[1].entry.offset,
+                got[1].entry.length
+            ),
+            (o, 0, 4096)
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--slow-disks] [--doubt-does-not-impair] [--trace-file NAME] [--no-swarm] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-slow-disks] [--doubt-does-not-impair] [--trace-file NAME] [--no-swarm] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let mut shrunk_wait = true;
     let mut scrubs = true;
     let mut bit_rot = true;
-    let mut slow_disks = false;
+    let mut slow_disks = true;
     let mut swarm = true;
     let mut trace_file = None;
     let mut doubt_impairs = true;
@@ -78,7 +78,10 @@ fn main() -> ExitCode {
             "--no-shrunk-wait" => shrunk_wait = false,
             "--no-scrubs" => scrubs = false,
             "--no-bit-rot" => bit_rot = false,
-            "--slow-disks" => slow_disks = true,
+            "--no-slow-disks" => slow_disks = false,
+            // The default since the seeds they found were fixed (kept so
+            // that older replay commands still run).
+            "--slow-disks" => {}
             "--doubt-does-not-impair" => doubt_impairs = false,
             "--trace-file" => match args.next() {
                 Some(name) => trace_file = Some(name),
@@ -109,7 +112,7 @@ fn main() -> ExitCode {
         cfg.resize_stays_shrunk = shrunk_wait;
         cfg.scrubs = scrubs;
         cfg.bit_rot = bit_rot;
-        cfg.slow_disks |= slow_disks;
+        cfg.slow_disks &= slow_disks;
         cfg.doubt_impairs &= doubt_impairs;
         cfg.trace_file.clone_from(&trace_file);
         if let Some(n) = ops {

@@ -328,8 +328,8 @@ impl SimConfig {
         if !self.bit_rot {
             c += " --no-bit-rot";
         }
-        if self.slow_disks && !d.slow_disks {
-            c += " --slow-disks";
+        if !self.slow_disks && d.slow_disks {
+            c += " --no-slow-disks";
         }
         if !self.doubt_impairs && d.doubt_impairs {
             c += " --doubt-does-not-impair";
@@ -396,9 +396,7 @@ impl SimConfig {
             swarm: true,
             trace_file: None,
             doubt_impairs: true,
-            // Off until the three seeds they found (230204, 230811, 231152 of
-            // seeds 230001..231190) are traced: `--slow-disks` turns them on.
-            slow_disks: false,
+            slow_disks: true,
         };
         c.draw_shape();
         c
