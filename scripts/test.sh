@@ -26,10 +26,10 @@
 #      flame-nbd, down, up again (same data), down — in a temporary directory with
 #      its own port base (ports 16800..16839 by default), so it runs beside a
 #      default dev cluster (deploy/dev-cluster.sh up, ports 6800 etc.)
-#   6. the deterministic simulator in the release build: seeds 1..120 and a
-#      window of 100 that moves with the commit (printed, with the command that
-#      replays it); the main pass ran seeds 1..4 in the debug build and every
-#      regression seed
+#   6. the deterministic simulator in the release build: every regression seed
+#      (one test per bug), seeds 1..120 and a window of 100 that moves with the
+#      commit (printed, with the command that replays it); the main pass ran
+#      seeds 1..4 in the debug build
 #
 # Environment: FLAME_SMOKE_PORT_BASE=N moves the smoke cluster to ports N..N+39 (for
 # two test runs at once, or a machine where 16800..16839 are taken);
@@ -177,8 +177,8 @@ echo "disk after the build: $(df -h --output=used,avail,pcent "${TMPDIR:-/tmp}" 
 # fixed seeds 1..4 (not moving: a debug-only assertion's failure stays
 # comparable from run to run; each seed runs 1 000-2 000 operations on volumes
 # of up to 1 GiB, five times the CPU of the 300-operation seeds of which 60 ran
-# here) and every regression seed, one test per bug; the release build the
-# smoke test makes runs seeds 1..120 at the end.
+# here); the release build the smoke test makes runs every regression seed (one
+# test per bug, ignored here) and seeds 1..120 at the end.
 FLAME_SIM_SEEDS="${FLAME_SIM_SEEDS:-4}" cargo test --workspace --no-fail-fast
 # flame-client's unit tests of the ublk module (its config, request decoding).
 cargo test -p flame-client --features ublk --lib ublk
@@ -333,8 +333,8 @@ fi
 # the fixed seeds 1..120, comparable from run to run, and a window of 100 that
 # moves with the commit, so CI looks somewhere new each time: a seed that fails
 # there is a bug found (replay it with the command printed; it joins the
-# regression tests once traced). The regression seeds ran in the main pass
-# (tests/tests/simulator.rs, one test per bug). FLAME_SIM_WINDOW_FROM=N replays
+# regression tests once traced). The regression seeds run here first
+# (tests/tests/simulator.rs, one test per bug, ignored in the debug pass). FLAME_SIM_WINDOW_FROM=N replays
 # a given run's window; FLAME_SIM_MOVING=0 leaves the window out.
 SIM_FIXED=120
 SIM_WINDOW=100
@@ -361,6 +361,8 @@ else
     section "simulator, release build: fixed seeds 1..$SIM_FIXED (FLAME_SIM_MOVING=0: no moving window)"
 fi
 echo "  (one seed: scripts/simulate.sh --seed N)"
+# Every regression seed, one test per bug (ignored in the debug pass: docs/testing.md).
+cargo test --release -p flame-tests --test simulator -- --skip every_seed_of_the_ci_budget
 scripts/simulate.sh --seeds "$SIM_FIXED" --from 1 --jobs 2
 if [[ -n "$sim_from" ]]; then
     scripts/simulate.sh --seeds "$SIM_WINDOW" --from "$sim_from" --jobs 2

@@ -6,7 +6,12 @@
 //!
 //! `FLAME_SIM_SEEDS` (default 20) and `FLAME_SIM_FROM` (default 1) choose the
 //! seeds; the seeds run on two threads. Besides, every seed that once found a bug
-//! runs again, in a test named after its bug.
+//! runs again, in a test named after its bug — in the release build
+//! (`cargo test --release -p flame-tests --test simulator -- --skip
+//! every_seed_of_the_ci_budget`, as scripts/test.sh runs them): a debug build
+//! marks them ignored, since each
+//! costs five to ten times the CPU there and CI's debug pass keeps its
+//! minutes for the fixed seeds, whose debug assertions are the point.
 //! A seed runs 1 000-2 000 client operations on 1-3 volumes of
 //! 64 MiB-1 GiB (docs/testing.md, "The workload"), seven times the work of the
 //! 300 operations on one 4 MiB volume it ran before, so the budget counts fewer
@@ -170,6 +175,10 @@ fn all_pass(configs: impl IntoIterator<Item = SimConfig>) {
 /// copy it to members that might lack it) failed with EIO, though two copies
 /// were fine.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_retry_the_primary_cannot_read_back_is_not_failed_with_eio() {
     all_pass([before_disk_faults(25)]);
 }
@@ -177,6 +186,10 @@ fn a_retry_the_primary_cannot_read_back_is_not_failed_with_eio() {
 /// Seeds 103, 300, 344: a read failed with EIO when the primary's disk failed it
 /// and no other copy could be asked.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_read_is_failed_with_eio_only_when_every_copy_said_it_cannot() {
     all_pass([103, 300, 344].map(before_disk_faults));
 }
@@ -186,6 +199,10 @@ fn a_read_is_failed_with_eio_only_when_every_copy_said_it_cannot() {
 /// (`PgCore::decide_now`). Without the check 3231 fails (1480 takes another path
 /// since the black-hole fix).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_write_admitted_under_roles_that_changed_meanwhile_is_refused() {
     all_pass([1480, 3231].map(before_disk_faults));
 }
@@ -193,6 +210,10 @@ fn a_write_admitted_under_roles_that_changed_meanwhile_is_refused() {
 /// Seed 26202: the oracle's rule for a read overlapping a write given up on
 /// (docs/testing.md, "Explained: seed 26202 was the oracle's rule").
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_read_after_a_given_up_write_is_judged_by_the_oracles_rule() {
     all_pass([before_disk_faults(26202)]);
 }
@@ -200,6 +221,10 @@ fn a_read_after_a_given_up_write_is_judged_by_the_oracles_rule() {
 /// Seed 41296: two flushes racing left a checksum on disk that did not match
 /// the data (one metadata write of an object at a time).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn racing_flushes_never_leave_stale_checksums_on_disk() {
     all_pass([before_disk_faults(41296)]);
 }
@@ -208,6 +233,10 @@ fn racing_flushes_never_leave_stale_checksums_on_disk() {
 /// copies were up, stayed complete and served or spread blocks it had lost
 /// (`restart_suspects`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_copy_in_doubt_after_a_power_loss_waits_for_a_sure_copy() {
     all_pass([42219, 44034].map(before_disk_faults));
 }
@@ -216,6 +245,10 @@ fn a_copy_in_doubt_after_a_power_loss_waits_for_a_sure_copy() {
 /// flaw of the simulated network: a healed path now resets such connections, as
 /// TCP would).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_reply_lost_in_a_black_hole_resets_its_connection() {
     all_pass([before_disk_faults(45377)]);
 }
@@ -224,6 +257,10 @@ fn a_reply_lost_in_a_black_hole_resets_its_connection() {
 /// replica lost power, two copies differed (cause not known; it took another path
 /// after that session's changes, kept anyway).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn copies_stay_equal_when_a_replica_loses_power_after_a_deposed_primary_recovers() {
     all_pass([before_disk_faults(70999)]);
 }
@@ -231,6 +268,10 @@ fn copies_stay_equal_when_a_replica_loses_power_after_a_deposed_primary_recovers
 /// Seeds 301476, 500164: a member tracked from before peering was caught up from
 /// the log without a write it lacked.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_member_tracked_from_before_peering_is_not_caught_up_without_a_write_it_lacks() {
     all_pass([301476, 500164].map(before_disk_faults));
 }
@@ -238,6 +279,10 @@ fn a_member_tracked_from_before_peering_is_not_caught_up_without_a_write_it_lack
 /// Seed 105: a write the primary failed itself (ENOSPC) while both replicas
 /// applied it left the copies different for good.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_write_the_primary_failed_itself_leaves_no_copies_different() {
     all_pass([with_disk_faults(105)]);
 }
@@ -246,6 +291,10 @@ fn a_write_the_primary_failed_itself_leaves_no_copies_different() {
 /// without its metadata's space; the next FLUSH then stopped the OSD, which could
 /// not start again.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_full_disk_leaves_no_object_file_without_its_metadata_space() {
     all_pass([726, 1106, 1215].map(with_disk_faults));
 }
@@ -253,6 +302,10 @@ fn a_full_disk_leaves_no_object_file_without_its_metadata_space() {
 /// Seeds 436 (with resizes) and 507 (the same bug, with holding black holes):
 /// the checksum slots of trimmed blocks were left on disk.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn trimmed_blocks_leave_no_checksum_slots_on_disk() {
     all_pass([with_resizes(436), with_holds(507)]);
 }
@@ -260,6 +313,10 @@ fn trimmed_blocks_leave_no_checksum_slots_on_disk() {
 /// Seed 1617: a client write held since an earlier interval landed over a newer
 /// one (the interval check on client writes).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_client_write_held_since_an_earlier_interval_is_refused() {
     all_pass([with_holds(1617)]);
 }
@@ -267,6 +324,10 @@ fn a_client_write_held_since_an_earlier_interval_is_refused() {
 /// Seed 13469: a copy's writes went into a file that a create refused for a full
 /// disk had unlinked.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn no_write_goes_into_a_file_a_refused_create_unlinked() {
     all_pass([with_holds(13469)]);
 }
@@ -274,6 +335,10 @@ fn no_write_goes_into_a_file_a_refused_create_unlinked() {
 /// Seed 201884: a write completed after its primacy ended answered a retry from
 /// the log.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_write_completed_after_its_primacy_ended_answers_no_retry_from_the_log() {
     all_pass([with_holds(201884)]);
 }
@@ -281,6 +346,10 @@ fn a_write_completed_after_its_primacy_ended_answers_no_retry_from_the_log() {
 /// Seed 501399: a primary's read error was repaired from a replica whose full
 /// disk had refused a write over the bytes.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_read_error_is_not_repaired_from_a_replica_that_refused_the_write() {
     all_pass([before_scrubs(501399)]);
 }
@@ -289,6 +358,10 @@ fn a_read_error_is_not_repaired_from_a_replica_that_refused_the_write() {
 /// it and waited for a read or scrub to repair it, so its group never became
 /// clean.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_recovery_source_with_a_rotted_block_repairs_it_instead_of_waiting() {
     all_pass([64, 159].map(SimConfig::legacy));
 }
@@ -298,6 +371,10 @@ fn a_recovery_source_with_a_rotted_block_repairs_it_instead_of_waiting() {
 /// `Peers::connecting`, so every later call of osd.0 to osd.2 waited on it for
 /// good, osd.0's recovery loop with them: its groups never became clean.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_call_cancelled_mid_connect_leaves_the_peer_reachable() {
     all_pass([before_slow_disks(109)]);
 }
@@ -309,6 +386,10 @@ fn a_call_cancelled_mid_connect_leaves_the_peer_reachable() {
 /// and the backfill of either replica, which repairs the block from the other
 /// first, never ran.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_trimmed_miss_elsewhere_leaves_a_replica_a_repair_source() {
     all_pass([before_slow_disks(396)]);
 }
@@ -321,6 +402,10 @@ fn a_trimmed_miss_elsewhere_leaves_a_replica_a_repair_source() {
 /// (`store::doubt_record`). At the commit of this test only 490 still fails
 /// without the record (the others take other paths since the boot id).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_restarts_doubt_outlives_a_second_restart() {
     all_pass([before_slow_disks(490)]);
 }
@@ -331,6 +416,10 @@ fn a_restarts_doubt_outlives_a_second_restart() {
 /// write old (two copies differing before the read-back). The record has room
 /// reserved now (`store::doubt_record::reserve`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_restart_on_a_full_disk_keeps_its_doubt() {
     all_pass([before_slow_disks(200214)]);
 }
@@ -340,6 +429,10 @@ fn a_restart_on_a_full_disk_keeps_its_doubt() {
 /// it (a stale read to the end). A restarted client of the same name now
 /// fences its predecessor's connections (`flame-osd/src/session_fence.rs`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_crashed_clients_write_on_the_wire_never_lands_over_its_successors() {
     all_pass([before_slow_disks(200188)]);
 }
@@ -355,6 +448,10 @@ fn a_crashed_clients_write_on_the_wire_never_lands_over_its_successors() {
 /// unflushed write, only a recovering member held it — which the simulator
 /// now holds back (`SimConfig::doubt_impairs`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_primary_in_doubt_takes_what_a_replica_rewrote_since_its_restart() {
     all_pass([with_slow_disks(230811)]);
 }
@@ -365,6 +462,10 @@ fn a_primary_in_doubt_takes_what_a_replica_rewrote_since_its_restart() {
 /// that held it as stable (two copies differing). `SimFs::syncfs` now runs at
 /// every simulated start, as `sync_data_fs` does in the daemon.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_restart_makes_what_the_killed_process_wrote_stable() {
     all_pass([with_slow_disks(231152)]);
 }
@@ -377,6 +478,10 @@ fn a_restart_makes_what_the_killed_process_wrote_stable() {
 /// (`Shard::peered_now`): settling such writes is peering's (the newest copy),
 /// not a vote's.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_scrub_waits_for_peering() {
     all_pass([with_slow_disks(230204)]);
 }
@@ -389,6 +494,10 @@ fn a_scrub_waits_for_peering() {
 /// member, was deleting. A scrub now needs the lease, the peered primacy it
 /// started under and the same copies, before each object.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_scrub_stops_where_the_group_is_no_longer_its_to_scrub() {
     all_pass([with_slow_disks(231501), with_slow_disks(231398)]);
 }
@@ -399,6 +508,10 @@ fn a_scrub_stops_where_the_group_is_no_longer_its_to_scrub() {
 /// member peered before was later caught up from the log, keeping its older
 /// blocks. Taking a newer copy now un-syncs every member (`PgLog::unsync_all`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_member_peered_before_a_newer_copy_was_taken_is_compared_again() {
     all_pass([with_slow_disks(240719)]);
 }
@@ -410,6 +523,10 @@ fn a_member_peered_before_a_newer_copy_was_taken_is_compared_again() {
 /// duplicate from bytes that lacked the zeroing. The stable log now records a
 /// forgotten proof (`Shard::forget_proof`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_forgotten_proof_is_remembered_across_a_restart() {
     all_pass([with_slow_disks(250636)]);
 }
@@ -519,6 +636,10 @@ fn an_osd_whose_lease_ran_out_serves_nothing() {
 /// up: its copy differed for good (seeds 45 and 63, logs of 26 entries;
 /// `pg_log::tests::a_complete_member_whose_misses_were_trimmed_still_lags`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_complete_member_whose_misses_were_trimmed_is_caught_up() {
     for seed in [45, 63] {
         let r = run(disk_workload_before_swarm(seed));
@@ -532,6 +653,10 @@ fn a_complete_member_whose_misses_were_trimmed_is_caught_up() {
 /// was then on no copy that was sure of it (seed 277, `--ops 2085`). The
 /// simulator now waits for the stopped OSD's restart.
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn no_new_fault_while_an_osd_its_disk_stopped_is_down() {
     let r = run(SimConfig {
         ops: 2085,
@@ -547,6 +672,10 @@ fn no_new_fault_while_an_osd_its_disk_stopped_is_down() {
 /// every fellow copy is in doubt too fills the blocks it holds nothing of from
 /// their data (`recovery::suspects::holes_to_fill`).
 #[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a regression seed: scripts/test.sh runs it in the release build"
+)]
 fn a_primary_in_doubt_with_every_other_copy_keeps_no_hole_another_copy_fills() {
     let r = run(SimConfig {
         ops: 2717,
