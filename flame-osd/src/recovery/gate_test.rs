@@ -49,6 +49,48 @@ pub(super) fn hello_reply(id: RequestId) -> Message {
     }
 }
 
+/// A scripted complete copy on loopback, one connection: answers HELLO, then
+/// each message with `answer`'s payload (status OK) or, where it says `None`,
+/// the message's own default reply. For the tests of one real shard against
+/// a copy whose answers they choose (`newest_copy`, `suspects`).
+pub(super) fn scripted_copy(
+    answer: impl Fn(&Message) -> Option<Vec<u8>> + Send + 'static,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let Ok((mut conn, _)) = listener.accept() else {
+            return;
+        };
+        let mut out = conn.try_clone().unwrap();
+        while let Some(msg) = read_msg(&mut conn) {
+            let reply = match (&msg, answer(&msg)) {
+                (Message::Hello { id, .. }, _) => hello_reply(*id),
+                (_, Some(d)) => Message::Reply {
+                    op: msg.op(),
+                    id: msg.id(),
+                    epoch: Epoch(5),
+                    status: status::OK,
+                    data: PayloadBuf::copy_from(&d),
+                },
+                (m, None) => m.reply(Epoch(5), status::OK),
+            };
+            let _ = out.write_all(&reply.encode());
+        }
+    });
+    addr
+}
+
+/// The bytes a scripted copy holding `bytes` from offset 0 answers a read of
+/// `target` with (zeroes past them).
+pub(super) fn read_of(bytes: &[u8], target: &IoTarget) -> Vec<u8> {
+    let (at, n) = (target.offset as usize, target.length as usize);
+    let mut d = vec![0u8; n];
+    let have = bytes.len().saturating_sub(at).min(n);
+    d[..have].copy_from_slice(&bytes[at..at + have]);
+    d
+}
+
 /// A member that answers writes after `delay`, each on its own thread.
 fn scripted_member(delay: Duration) -> (SocketAddr, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

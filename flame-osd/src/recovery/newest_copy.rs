@@ -137,7 +137,7 @@ impl Shard {
 /// (OSD 2) that answers with its log's ops, its block sums and its bytes.
 #[cfg(test)]
 mod tests {
-    use super::super::gate_test::{hello_reply, read_msg, shard};
+    use super::super::gate_test::{read_of, shard};
     use crate::pg::MapView;
     use crate::pg_log::{EntryKind, LogEntry};
     use crate::store::meta::compare_sum;
@@ -145,11 +145,10 @@ mod tests {
     use flame_common::ids::{Epoch, ObjectId, OpId, OsdId, PgId, VolumeId};
     use flame_common::placement::PgMembers;
     use flame_common::protocol::{
-        BlockSum, LogOp, LogOps, Message, OpCode, encode_block_sums, encode_log_ops, status,
+        BlockSum, LogOp, LogOps, Message, OpCode, encode_block_sums, encode_log_ops,
     };
     use flame_common::reactor::Reactor;
-    use std::io::Write;
-    use std::net::{SocketAddr, TcpListener};
+    use std::net::SocketAddr;
     use std::rc::Rc;
     use std::sync::{Arc, Mutex};
 
@@ -162,8 +161,6 @@ mod tests {
     /// A complete copy holding `bytes` of [`OBJECT`] from offset 0 and a log
     /// with `ops` (op seqs of session 7); records the opcodes it was sent.
     fn scripted_copy(bytes: Vec<u8>, ops: &[u64]) -> (SocketAddr, Arc<Mutex<Vec<OpCode>>>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<OpCode>>> = Arc::default();
         let log = LogOps {
             trimmed_through: 0,
@@ -177,43 +174,22 @@ mod tests {
                 .collect(),
         };
         let s2 = seen.clone();
-        std::thread::spawn(move || {
-            let Ok((mut conn, _)) = listener.accept() else {
-                return;
-            };
-            let mut out = conn.try_clone().unwrap();
-            while let Some(msg) = read_msg(&mut conn) {
-                s2.lock().unwrap().push(msg.op());
-                let data = |d: Vec<u8>| Message::Reply {
-                    op: msg.op(),
-                    id: msg.id(),
-                    epoch: Epoch(5),
-                    status: status::OK,
-                    data: PayloadBuf::copy_from(&d),
-                };
-                let reply = match &msg {
-                    Message::Hello { id, .. } => hello_reply(*id),
-                    Message::PgLogOps { .. } => data(encode_log_ops(&log)),
-                    Message::ObjectSums { .. } => {
-                        let sums: Vec<BlockSum> = bytes
-                            .chunks(4096)
-                            .map(|b| BlockSum {
-                                sum: compare_sum(b),
-                                ..BlockSum::default()
-                            })
-                            .collect();
-                        data(encode_block_sums(&sums))
-                    }
-                    Message::Read { target, .. } => {
-                        let (at, n) = (target.offset as usize, target.length as usize);
-                        let mut d = vec![0u8; n];
-                        let have = bytes.len().saturating_sub(at).min(n);
-                        d[..have].copy_from_slice(&bytes[at..at + have]);
-                        data(d)
-                    }
-                    m => m.reply(Epoch(5), status::OK),
-                };
-                let _ = out.write_all(&reply.encode());
+        let addr = super::super::gate_test::scripted_copy(move |msg| {
+            s2.lock().unwrap().push(msg.op());
+            match msg {
+                Message::PgLogOps { .. } => Some(encode_log_ops(&log)),
+                Message::ObjectSums { .. } => {
+                    let sums: Vec<BlockSum> = bytes
+                        .chunks(4096)
+                        .map(|b| BlockSum {
+                            sum: compare_sum(b),
+                            ..BlockSum::default()
+                        })
+                        .collect();
+                    Some(encode_block_sums(&sums))
+                }
+                Message::Read { target, .. } => Some(read_of(&bytes, target)),
+                _ => None,
             }
         });
         (addr, seen)

@@ -12,43 +12,41 @@ use flame_common::placement::PgMembers;
 use flame_common::protocol::{BlockSum, IoTarget, Message, status};
 use std::rc::Rc;
 
+/// Ascending block numbers as `(offset, length)` byte ranges, adjacent blocks
+/// merged.
+fn byte_ranges(blocks: impl IntoIterator<Item = usize>) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for b in blocks {
+        let off = b as u32 * BLOCK;
+        match out.last_mut() {
+            Some((o, len)) if *o + *len == off => *len += BLOCK,
+            _ => out.push((off, BLOCK)),
+        }
+    }
+    out
+}
+
 /// The blocks of `mine` to replace with `source`'s: those whose sums differ or
 /// that fail their checksum here, except those that fail theirs on the source
 /// (this copy's block stays; read repair or scrub settles it).
 pub(crate) fn ranges_to_pull(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
-    differing_ranges(source, mine)
-        .into_iter()
-        .flat_map(|(off, len)| (off / BLOCK..(off + len) / BLOCK).map(|b| b as usize))
-        .filter(|&b| !source.get(b).is_some_and(|s| s.bad))
-        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, b| {
-            let off = b as u32 * BLOCK;
-            match out.last_mut() {
-                Some((o, len)) if *o + *len == off => *len += BLOCK,
-                _ => out.push((off, BLOCK)),
-            }
-            out
-        })
+    byte_ranges(
+        differing_ranges(source, mine)
+            .into_iter()
+            .flat_map(|(off, len)| (off / BLOCK..(off + len) / BLOCK).map(|b| b as usize))
+            .filter(|&b| !source.get(b).is_some_and(|s| s.bad)),
+    )
 }
 
 /// The blocks of `mine` that hold nothing (zeroes or absent) while `source`
 /// holds good data there: what a copy in doubt lost that another kept.
 pub(crate) fn holes_to_fill(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
-    source
-        .iter()
-        .enumerate()
-        .filter(|&(b, s)| {
-            // Data there, nothing here (the rewritten flag is no data: a block
-            // zeroed since a restart is a hole too).
-            !s.bad && s.sum != 0 && mine.get(b).is_none_or(|m| !m.bad && m.sum == 0)
-        })
-        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, (b, _)| {
-            let off = b as u32 * BLOCK;
-            match out.last_mut() {
-                Some((o, len)) if *o + *len == off => *len += BLOCK,
-                _ => out.push((off, BLOCK)),
-            }
-            out
-        })
+    byte_ranges(source.iter().enumerate().filter_map(|(b, s)| {
+        // Data there, nothing here (the rewritten flag is no data: a block
+        // zeroed since a restart is a hole too).
+        let hole = !s.bad && s.sum != 0 && mine.get(b).is_none_or(|m| !m.bad && m.sum == 0);
+        hole.then_some(b)
+    }))
 }
 
 /// The blocks of `mine` that `source` (another copy in doubt) rewrote since
@@ -58,21 +56,10 @@ pub(crate) fn holes_to_fill(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32,
 /// the primary's power cut lost them; the primary kept its own bytes and
 /// copied them over the replica's).
 pub(crate) fn rewritten_to_take(source: &[BlockSum], mine: &[BlockSum]) -> Vec<(u32, u32)> {
-    source
-        .iter()
-        .enumerate()
-        .filter(|&(b, s)| {
-            let m = mine.get(b).copied().unwrap_or_default();
-            s.rewritten && !s.bad && !m.rewritten && s.sum != m.sum
-        })
-        .fold(Vec::new(), |mut out: Vec<(u32, u32)>, (b, _)| {
-            let off = b as u32 * BLOCK;
-            match out.last_mut() {
-                Some((o, len)) if *o + *len == off => *len += BLOCK,
-                _ => out.push((off, BLOCK)),
-            }
-            out
-        })
+    byte_ranges(source.iter().enumerate().filter_map(|(b, s)| {
+        let m = mine.get(b).copied().unwrap_or_default();
+        (s.rewritten && !s.bad && !m.rewritten && s.sum != m.sum).then_some(b)
+    }))
 }
 
 /// Which blocks a pull replaces.
@@ -451,19 +438,18 @@ mod tests {
 /// against a scripted complete copy (OSD 2) in doubt too.
 #[cfg(test)]
 mod scripted {
-    use super::super::gate_test::{hello_reply, read_msg, shard};
+    use super::super::gate_test::{read_of, scripted_copy, shard};
     use crate::pg::MapView;
     use crate::restart_suspects::{Cause, RestartSuspects};
     use crate::store::meta::compare_sum;
     use flame_common::buffer::PayloadBuf;
-    use flame_common::ids::{Epoch, ObjectId, OsdId, PgId, VolumeId};
+    use flame_common::ids::{ObjectId, OsdId, PgId, VolumeId};
     use flame_common::placement::PgMembers;
     use flame_common::protocol::{
-        BlockSum, Message, OBJECT_SUMS_REWRITTEN, encode_block_sums, encode_object_list, status,
+        BlockSum, Message, OBJECT_SUMS_REWRITTEN, encode_block_sums, encode_object_list,
     };
     use flame_common::reactor::Reactor;
-    use std::io::Write;
-    use std::net::{SocketAddr, TcpListener};
+    use std::net::SocketAddr;
     use std::rc::Rc;
 
     const PG: PgId = PgId(0);
@@ -476,50 +462,24 @@ mod scripted {
     /// A complete copy in doubt (a reboot's) about [`OBJECT`], holding `bytes`,
     /// having rewritten the blocks in `rewritten` since its restart.
     fn copy_in_doubt(bytes: Vec<u8>, rewritten: Vec<usize>) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let Ok((mut conn, _)) = listener.accept() else {
-                return;
-            };
-            let mut out = conn.try_clone().unwrap();
-            while let Some(msg) = read_msg(&mut conn) {
-                let data = |d: Vec<u8>| Message::Reply {
-                    op: msg.op(),
-                    id: msg.id(),
-                    epoch: Epoch(5),
-                    status: status::OK,
-                    data: PayloadBuf::copy_from(&d),
-                };
-                let reply = match &msg {
-                    Message::Hello { id, .. } => hello_reply(*id),
-                    Message::PgSuspects { .. } => data(encode_object_list(&[OBJECT])),
-                    Message::ObjectSums { target, .. } => {
-                        let marked = target.offset == OBJECT_SUMS_REWRITTEN;
-                        let sums: Vec<BlockSum> = bytes
-                            .chunks(B)
-                            .enumerate()
-                            .map(|(i, b)| BlockSum {
-                                sum: compare_sum(b),
-                                bad: false,
-                                rewritten: marked && rewritten.contains(&i),
-                            })
-                            .collect();
-                        data(encode_block_sums(&sums))
-                    }
-                    Message::Read { target, .. } => {
-                        let (at, n) = (target.offset as usize, target.length as usize);
-                        let mut d = vec![0u8; n];
-                        let have = bytes.len().saturating_sub(at).min(n);
-                        d[..have].copy_from_slice(&bytes[at..at + have]);
-                        data(d)
-                    }
-                    m => m.reply(Epoch(5), status::OK),
-                };
-                let _ = out.write_all(&reply.encode());
+        scripted_copy(move |msg| match msg {
+            Message::PgSuspects { .. } => Some(encode_object_list(&[OBJECT])),
+            Message::ObjectSums { target, .. } => {
+                let marked = target.offset == OBJECT_SUMS_REWRITTEN;
+                let sums: Vec<BlockSum> = bytes
+                    .chunks(B)
+                    .enumerate()
+                    .map(|(i, b)| BlockSum {
+                        sum: compare_sum(b),
+                        bad: false,
+                        rewritten: marked && rewritten.contains(&i),
+                    })
+                    .collect();
+                Some(encode_block_sums(&sums))
             }
-        });
-        addr
+            Message::Read { target, .. } => Some(read_of(&bytes, target)),
+            _ => None,
+        })
     }
 
     /// Seed 230811: both copies rebooted since their last writes, so this
