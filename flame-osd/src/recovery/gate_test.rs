@@ -301,3 +301,33 @@ fn a_client_write_to_an_object_under_recovery_waits_for_its_copy() {
         "the client write reached the member before its recovery copy finished: {seen:?}"
     );
 }
+
+/// A scrub runs only on a group peered under this shard's current primacy and
+/// while the lease holds (seeds 230204, 231501): otherwise EAGAIN (the client
+/// retries) before anything is compared.
+#[test]
+fn a_scrub_needs_the_peered_primacy_and_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    // OSD 1 (this shard) holds the group's only complete copy: its primary.
+    let shard = shard(dir.path(), scripted_copy(|_| None));
+    let mut r = Reactor::new(Default::default()).unwrap();
+    r.block_on(async move {
+        let view = shard.view();
+        let pg = PgId(0);
+        let scrub = || shard.scrub_pg(&view, pg, false);
+        // Neither peered nor leased.
+        assert_eq!(scrub().await, Err(status::EAGAIN));
+        // Peered, no lease (a primary cut from the manager may have been
+        // replaced without knowing it).
+        let primacy = shard.pgs.borrow().primacy(pg);
+        shard.recovery.peered.borrow_mut().insert(pg, primacy);
+        assert_eq!(scrub().await, Err(status::EAGAIN));
+        // Both: it scrubs.
+        shard.liveness.renew(shard.liveness.now_ms(), 60_000);
+        assert!(scrub().await.is_ok());
+        // Leased, but the primacy peered is not the current one.
+        shard.recovery.peered.borrow_mut().insert(pg, primacy + 1);
+        assert_eq!(scrub().await, Err(status::EAGAIN));
+    })
+    .unwrap();
+}
