@@ -9,9 +9,11 @@
 #   RUST_LOG=info scripts/simulate.sh --seed 42       # with the daemons' logs
 #
 # Options besides --seeds/--from/--jobs go to the `simulate` binary: --ops N,
-# --pg-log N (the OSDs' log bound), --clients N, --writers N, --no-faults, --no-disk-faults, --no-resizes, --no-tcp-holds, --no-shrunk-wait, --no-scrubs, --no-bit-rot, --no-slow-disks, --twice (run each seed twice and compare the traces),
-# --events. A failing seed prints its errors, its last events and this script's
-# command that replays it; the exit status is 1 if any seed failed.
+# --pg-log N (the OSDs' log bound), --clients N, --writers N, --no-faults, --no-disk-faults, --no-resizes, --no-tcp-holds, --no-shrunk-wait, --no-scrubs, --no-bit-rot, --no-slow-disks, --doubt-does-not-impair, --twice (run each seed twice and compare the traces),
+# --events, --trace-file NAME (with RUST_LOG=info: every disk operation on the
+# files of that name, an object's `<volume>.<index>` in 16 hex digits each). A
+# failing seed prints its errors, its last events and this script's command that
+# replays it; the exit status is 1 if any seed failed.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +24,7 @@ from=1
 jobs=1
 pass=()
 usage() {
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 while (($#)); do
