@@ -1018,6 +1018,10 @@ impl ObjectStore {
     }
 
     fn note_rewritten(&self, object: ObjectId, offset: u32, len: u32) {
+        // The data path pays one branch when nothing is in doubt (the usual case).
+        if self.rewritten.is_idle() {
+            return;
+        }
         if let Some((first, end)) = rewritten::whole_blocks(offset, len, BLOCK as u32) {
             self.rewritten.note(object, first, end);
         }

@@ -77,6 +77,11 @@ impl Rewritten {
         }
     }
 
+    /// Whether no object is tracked (no doubt, or all of it settled).
+    pub fn is_idle(&self) -> bool {
+        self.objects.borrow().is_empty()
+    }
+
     /// `object`'s blocks `[first, end)` were just written whole (or removed).
     /// One branch on the data path when nothing is tracked.
     pub fn note(&self, object: ObjectId, first: u32, end: u32) {
