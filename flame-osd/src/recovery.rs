@@ -1161,6 +1161,10 @@ impl Shard {
             .get_mut(pg)
             .log
             .recovered(member, through);
+        // Its doubt was compared first (or everything, by backfill): nothing is
+        // left to compare when it joins the acting set, which would show as
+        // recovery work after the group is clean.
+        self.suspects_compared(pg, member, up_from);
         crate::metrics::recovery_member(kind);
         Ok(kind)
     }
@@ -1406,7 +1410,10 @@ impl Shard {
         self.recovery
             .suspects_checked
             .borrow_mut()
-            .retain(|(pg, member), _| view.table.pg(*pg).acting.contains(member));
+            .retain(|(pg, member), _| {
+                let m = view.table.pg(*pg);
+                m.acting.contains(member) || m.recovering.contains(member)
+            });
     }
 
     /// Whether peering compared every other complete copy of `pg` with this
