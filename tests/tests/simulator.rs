@@ -146,6 +146,7 @@ fn disk_workload_before_swarm(seed: u64) -> SimConfig {
     SimConfig {
         swarm: false,
         slow_disks: false,
+        rewrites: false,
         osds: legacy.osds,
         shards: legacy.shards,
         hosts: legacy.hosts,
@@ -538,6 +539,7 @@ fn before_slow_disks(seed: u64) -> SimConfig {
     SimConfig {
         slow_disks: false,
         doubt_impairs: false,
+        rewrites: false,
         ..SimConfig::new(seed)
     }
 }
@@ -547,6 +549,7 @@ fn before_slow_disks(seed: u64) -> SimConfig {
 fn with_slow_disks(seed: u64) -> SimConfig {
     SimConfig {
         slow_disks: true,
+        rewrites: false,
         ..SimConfig::new(seed)
     }
 }

@@ -247,6 +247,14 @@ pub struct SimConfig {
     /// (seed 230811, with slow disks: the primary compared the restarted copy
     /// too late, and lost power itself). Off for the seeds found before it.
     pub doubt_impairs: bool,
+    /// Hot rewrites: a fifth of the writes (when none is left in flight)
+    /// rewrite a range the same writer wrote among its last few, as a file
+    /// system rewrites its journal and metadata blocks. A write a fault held
+    /// back (the network, a slow disk, a deposed primary) that lands after
+    /// its own rewrite ages the block — what the interval fence
+    /// (`admit_client_write`) and the log's deduplication keep from happening.
+    /// Off for the seeds found before it, so that they replay as they did.
+    pub rewrites: bool,
     /// Half the seeds shrink the volume once while the workload runs (the
     /// manager's new size, the client library's trim of the cut-off range on
     /// every copy), and grow it back once the trim is done. Off for the seeds
@@ -334,6 +342,9 @@ impl SimConfig {
         if !self.doubt_impairs && d.doubt_impairs {
             c += " --doubt-does-not-impair";
         }
+        if !self.rewrites && d.rewrites {
+            c += " --no-rewrites";
+        }
         if !self.swarm {
             c += " --no-swarm";
         }
@@ -397,6 +408,7 @@ impl SimConfig {
             trace_file: None,
             doubt_impairs: true,
             slow_disks: true,
+            rewrites: true,
         };
         c.draw_shape();
         c
@@ -416,6 +428,7 @@ impl SimConfig {
             trace_file: None,
             slow_disks: false,
             doubt_impairs: false,
+            rewrites: false,
             osds,
             shards: 1,
             hosts: osds,
@@ -1820,6 +1833,7 @@ impl Sim {
             self.config.ops,
             &self.config.shape,
             self.config.io_timeout_ms > 0,
+            self.config.rewrites,
         ));
         if self.config.resizes {
             // Its own stream, so that seeds without one run as before.

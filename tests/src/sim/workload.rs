@@ -20,7 +20,9 @@
 //! objects of one volume; the window moves one object on with 15 % of its
 //! writes and jumps anywhere in any volume with 3 %. Reads land near a random
 //! writer's window 70 % of the time (what is being written, by this client or
-//! another), anywhere in any volume otherwise.
+//! another), anywhere in any volume otherwise. Hot blocks: a fifth of the
+//! writes rewrite one of the writer's last four data writes' ranges (new data),
+//! so that a write a fault held back meets its own later rewrite.
 //!
 //! The writers are spread over the client processes (writer `i` runs in client
 //! `i % clients`) and share one oracle per volume, so one client's reads check
@@ -60,12 +62,19 @@ const JUMP_CHANCE: f64 = 0.03;
 const READ_NEAR_CHANCE: f64 = 0.7;
 /// Most blocks per write.
 const WRITE_BLOCKS_MAX: u64 = 6;
+/// Chance that a write (none left in flight) rewrites one of its writer's
+/// recent ranges, with [`Workload::rewrites`].
+const REWRITE_CHANCE: f64 = 0.2;
+/// The recent data writes a writer may rewrite.
+const RECENT_WRITES_MAX: usize = 4;
 
 /// What the workload did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WorkloadFigures {
     /// Writes acknowledged.
     pub writes: u64,
+    /// Writes issued as hot rewrites of a writer's recent range.
+    pub rewrites: u64,
     /// Reads that returned (and were checked).
     pub reads: u64,
     /// FLUSHes acknowledged.
@@ -96,8 +105,9 @@ impl std::fmt::Display for WorkloadFigures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} writes ({} abandoned, {} cut short by a client crash, {} refused for a full disk), {} reads, {} flushes, {} blocks checked, {} failed, {} outside a shrunk volume, {} objects created ({} in a group being recovered)",
+            "{} writes ({} rewrites, {} abandoned, {} cut short by a client crash, {} refused for a full disk), {} reads, {} flushes, {} blocks checked, {} failed, {} outside a shrunk volume, {} objects created ({} in a group being recovered)",
             self.writes,
+            self.rewrites,
             self.abandoned,
             self.crashed,
             self.refused_full,
@@ -190,6 +200,8 @@ pub struct Workload {
     /// A file system has been full: a write may fail with ENOSPC (Flame's
     /// answer when a member of the group is full), which abandons it.
     enospc_allowed: Cell<bool>,
+    /// Writers rewrite their recent ranges ([`crate::sim::SimConfig::rewrites`]).
+    rewrites: bool,
 }
 
 impl Workload {
@@ -200,6 +212,7 @@ impl Workload {
         ops: u64,
         shape: &WorkloadShape,
         may_time_out: bool,
+        rewrites: bool,
     ) -> Workload {
         let writers = writers.max(1);
         let object_blocks = (shape.object_size / BLOCK).max(1);
@@ -248,6 +261,7 @@ impl Workload {
             verified: Cell::new(false),
             may_time_out: Cell::new(may_time_out),
             enospc_allowed: Cell::new(false),
+            rewrites,
         }
     }
 
@@ -555,6 +569,8 @@ impl Workload {
         // writes of one writer, often overlapping, run together, and their order
         // is the OSDs' to choose, the same on every copy.
         let mut pending: Option<(reactor::Task<()>, usize, u64)> = None;
+        // Its last data writes (volume, first block, blocks), newest last.
+        let mut recent: Vec<(usize, u64, u64)> = Vec::with_capacity(RECENT_WRITES_MAX);
         for _ in 0..self.ops_per_writer {
             // Think time: spreads the operations over the faults' schedule (it
             // costs nothing in virtual time).
@@ -567,6 +583,19 @@ impl Workload {
                 t.await;
             }
             match kind {
+                0..6 if self.rewrites
+                    && pending.is_none()
+                    && !recent.is_empty()
+                    && rng.random_bool(REWRITE_CHANCE) =>
+                {
+                    // A hot block: the same range again, new data.
+                    let (v, first, n) = recent[rng.random_range(0..recent.len())];
+                    self.count(|f| f.rewrites += 1);
+                    let how = WriteKind::Data {
+                        fua: rng.random_bool(0.1),
+                    };
+                    self.clone().write(v, vols[v].clone(), first, n, how).await;
+                }
                 0..6 => {
                     let (v, start, end, at) = match &pending {
                         // Overlap the write in flight, mostly (in its stripe).
@@ -601,6 +630,12 @@ impl Workload {
                             fua: rng.random_bool(0.1),
                         },
                     };
+                    if self.rewrites && matches!(how, WriteKind::Data { .. }) {
+                        if recent.len() == RECENT_WRITES_MAX {
+                            recent.remove(0);
+                        }
+                        recent.push((v, first, n));
+                    }
                     let w = self.clone().write(v, vols[v].clone(), first, n, how);
                     if pending.is_none() && rng.random_bool(0.3) {
                         pending = Some((reactor::spawn(w), v, first));
@@ -817,7 +852,7 @@ mod tests {
                 stripe_blocks: stripe,
                 window_objects: 2,
             };
-            let w = Workload::new(7, writers, 100, &shape, false);
+            let w = Workload::new(7, writers, 100, &shape, false, true);
             for (v, vol) in w.volumes.iter().enumerate() {
                 let mut owner = vec![None; vol.blocks as usize];
                 for i in 0..writers {
