@@ -43,6 +43,9 @@ use flame_common::protocol::{
     BlockSum, IoTarget, Message, PG_LIST_MAX, decode_block_sums, decode_object_list, flags, status,
 };
 use flame_common::reactor;
+use group_pass::{
+    GroupFacts, GroupPass, Outcome, PassTimings, RecoveringFacts, ReplicaFacts, Step,
+};
 use serde::Serialize;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -1193,151 +1196,202 @@ impl Shard {
             {
                 continue;
             }
-            let mut failed = false;
-            // This copy's own restart doubt first: nothing is served or peered
-            // from it until the other complete copies settled it.
-            let in_doubt = self.suspects.borrow().has(pg);
-            if in_doubt && let Err(st) = self.pull_suspects(view, pg, &members).await {
-                tracing::info!(%pg, st, "settling this copy's restart doubt did not finish; will retry");
+            let timings = PassTimings {
+                report_retry: REPORT_RETRY,
+                lagging_grace: self.lease * LAGGING_GRACE_LEASES,
+            };
+            // The group's core is made now if it has none (as a job does), so
+            // that its primacy stays put. Every step runs under this primacy: a
+            // job that sees it change is abandoned.
+            let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
+            let mut pass = GroupPass::new(timings);
+            loop {
+                let facts = self.group_facts(view, pg, &members, primacy);
+                let Some(step) = pass.next(&facts) else {
+                    break;
+                };
+                let outcome = self.run_step(view, pg, &members, primacy, step).await;
+                pass.record(step, outcome);
+            }
+            if pass.failed() {
                 self.recovery
                     .retry_after
                     .borrow_mut()
                     .insert(pg, clock::now() + RETRY_DELAY);
-                continue;
+            } else {
+                self.recovery.retry_after.borrow_mut().remove(&pg);
             }
-            let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
-            if self.recovery.peered.borrow().get(&pg) != Some(&primacy) {
-                let mut all_ok = true;
-                // The newest copy first: peering spreads this one's bytes. If
-                // taking it failed, nobody is peered this pass (the pushes
-                // would overwrite newer bytes); recovery goes on.
-                let newest = self.take_newer_copies(view, pg, &members).await;
-                if let Err(st) = newest {
-                    tracing::info!(%pg, st, "peering: taking a newer copy did not finish; will retry");
-                    all_ok = false;
+        }
+    }
+
+    /// `pg` as its recovery pass sees it now ([`GroupPass::next`]).
+    fn group_facts(
+        &self,
+        view: &MapView,
+        pg: PgId,
+        members: &PgMembers,
+        primacy: u64,
+    ) -> GroupFacts {
+        let up_from = |osd: OsdId| view.map.osds.get(&osd).map(|o| o.up_from);
+        let logs = self.pgs.borrow();
+        let log = logs.log(pg);
+        let checked = self.recovery.suspects_checked.borrow();
+        let lagging_since = self.recovery.lagging_since.borrow();
+        let reported = self.recovery.reported.borrow();
+        GroupFacts {
+            in_doubt: self.suspects.borrow().has(pg),
+            peered: self.recovery.peered.borrow().get(&pg) == Some(&primacy),
+            replicas: members
+                .acting
+                .iter()
+                .skip(1)
+                .map(|&osd| ReplicaFacts {
+                    osd,
+                    up_from: up_from(osd),
+                    doubt_compared: checked.get(&(pg, osd)).copied(),
+                    lagging: log.is_some_and(|l| l.lags(osd)),
+                    lagging_for: lagging_since.get(&(pg, osd)).map(|t| clock::elapsed(*t)),
+                })
+                .collect(),
+            recovering: members
+                .recovering
+                .iter()
+                .map(|&osd| RecoveringFacts {
+                    osd,
+                    up_from: up_from(osd),
+                    reported: reported
+                        .get(&(pg, osd))
+                        .map(|r| (r.up_from, clock::elapsed(r.at))),
+                })
+                .collect(),
+        }
+    }
+
+    /// Runs one step of `pg`'s recovery pass ([`Step`]), planned with
+    /// `members` under this shard's primacy `primacy` of the group.
+    async fn run_step(
+        self: &Rc<Self>,
+        view: &Rc<MapView>,
+        pg: PgId,
+        members: &PgMembers,
+        primacy: u64,
+        step: Step,
+    ) -> Outcome {
+        let outcome_of = |r: Result<(), JobError>| match r {
+            Ok(()) => Outcome::Done,
+            Err(JobError::Abandoned) => Outcome::Abandoned,
+            Err(JobError::Failed(_)) => Outcome::Failed,
+        };
+        match step {
+            Step::SettleOwnDoubt => match self.pull_suspects(view, pg, members).await {
+                Ok(()) => Outcome::Done,
+                Err(st) => {
+                    tracing::info!(%pg, st, "settling this copy's restart doubt did not finish; will retry");
+                    Outcome::Failed
                 }
-                for &member in members.acting.iter().skip(1).filter(|_| newest.is_ok()) {
-                    let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
-                        continue;
-                    };
-                    let job = (up_from, primacy);
-                    match self.backfill(view, pg, member, job, "peering").await {
-                        Ok(volumes) => {
-                            if let Err(st) = self.flush_member(view, pg, member, &volumes).await {
-                                tracing::warn!(%pg, %member, st, "peering: flush failed");
-                                all_ok = false;
-                            } else if let Some(core) = self.pgs.borrow_mut().existing_mut(pg)
+            },
+            Step::TakeNewerCopies => match self.take_newer_copies(view, pg, members).await {
+                Ok(_) => Outcome::Done,
+                Err(st) => {
+                    tracing::info!(%pg, st, "peering: taking a newer copy did not finish; will retry");
+                    Outcome::Failed
+                }
+            },
+            Step::PeerWith(member, up_from) => {
+                let r = match self
+                    .backfill(view, pg, member, (up_from, primacy), "peering")
+                    .await
+                {
+                    Ok(volumes) => match self.flush_member(view, pg, member, &volumes).await {
+                        Err(st) => {
+                            tracing::warn!(%pg, %member, st, "peering: flush failed");
+                            Outcome::Failed
+                        }
+                        Ok(()) => {
+                            if let Some(core) = self.pgs.borrow_mut().existing_mut(pg)
                                 && core.primacy() == primacy
                             {
                                 // Its copy equals this one's now: its log
                                 // tracking is a base for catching it up.
                                 core.log.peered(member);
                             }
+                            Outcome::Done
                         }
-                        Err(e) => {
-                            tracing::debug!(%pg, %member, ?e, "peering comparison did not finish; will retry");
-                            all_ok = false;
-                        }
+                    },
+                    Err(e) => {
+                        tracing::debug!(%pg, %member, ?e, "peering comparison did not finish; will retry");
+                        outcome_of(Err(e))
                     }
-                    self.recovery
-                        .remaining_per_job
-                        .borrow_mut()
-                        .remove(&(pg, member));
-                }
-                if all_ok {
-                    self.recovery.peered.borrow_mut().insert(pg, primacy);
-                    // Peering compared every object of every member, the ones
-                    // their restarts left in doubt included.
-                    for &member in members.acting.iter().skip(1) {
-                        if let Some(o) = view.map.osds.get(&member) {
-                            self.suspects_compared(pg, member, o.up_from);
-                        }
+                };
+                self.job_ended(pg, member);
+                r
+            }
+            Step::MarkPeered => {
+                self.recovery.peered.borrow_mut().insert(pg, primacy);
+                // Peering compared every object of every member, the ones
+                // their restarts left in doubt included.
+                for &member in members.acting.iter().skip(1) {
+                    if let Some(o) = view.map.osds.get(&member) {
+                        self.suspects_compared(pg, member, o.up_from);
                     }
-                } else {
-                    failed = true;
                 }
+                Outcome::Done
             }
             // A complete replica that restarted (it stayed complete: the group
             // could not go on without it) may lack acknowledged writes its
             // power cut took: its doubtful objects are compared once per
             // incarnation.
-            for &member in members.acting.iter().skip(1) {
-                let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
-                    continue;
-                };
-                let key = (pg, member);
-                if self.recovery.suspects_checked.borrow().get(&key) == Some(&up_from) {
-                    continue;
-                }
-                match self
+            Step::CompareDoubt(member, up_from) => {
+                let r = self
                     .push_member_suspects(view, pg, member, (up_from, primacy))
-                    .await
-                {
+                    .await;
+                match &r {
                     Ok(()) => self.suspects_compared(pg, member, up_from),
-                    Err(JobError::Abandoned) => {}
                     Err(JobError::Failed(st)) => {
                         tracing::debug!(%pg, %member, st, "comparing a restarted member's doubt did not finish; will retry");
-                        failed = true;
                     }
+                    Err(JobError::Abandoned) => {}
                 }
-                self.recovery
-                    .remaining_per_job
-                    .borrow_mut()
-                    .remove(&(pg, member));
+                self.job_ended(pg, member);
+                outcome_of(r)
             }
-            for &member in &members.recovering {
-                let Some(up_from) = view.map.osds.get(&member).map(|o| o.up_from) else {
-                    continue;
-                };
-                let key = (pg, member);
-                let retry = match self.recovery.reported.borrow().get(&key) {
-                    Some(r) if r.up_from == up_from => {
-                        if clock::elapsed(r.at) < REPORT_RETRY {
-                            continue;
-                        }
-                        true
-                    }
-                    _ => false,
-                };
-                if retry {
-                    // Still recovering in the map long after the report: send it again.
-                    self.recovery_shared.push_report(view.map.epoch, pg, member);
-                    self.recovery.reported.borrow_mut().insert(
-                        key,
-                        Reported {
-                            up_from,
-                            primacy: self.pgs.borrow().primacy(pg),
-                            at: clock::now(),
-                        },
-                    );
-                    continue;
-                }
+            Step::Recover(member, up_from) => {
                 let result = self.recover_member(view, pg, member).await;
-                self.recovery
-                    .remaining_per_job
-                    .borrow_mut()
-                    .remove(&(pg, member));
+                self.job_ended(pg, member);
                 match result {
                     Ok(kind) => {
                         tracing::info!(%pg, %member, kind, "member recovered");
-                        self.recovery_shared.push_report(view.map.epoch, pg, member);
-                        self.recovery.reported.borrow_mut().insert(
-                            key,
-                            Reported {
-                                up_from,
-                                primacy: self.pgs.borrow().primacy(pg),
-                                at: clock::now(),
-                            },
-                        );
+                        self.report_recovered(view, pg, member, up_from);
+                        Outcome::Done
                     }
                     Err(JobError::Abandoned) => {
                         tracing::info!(%pg, %member, "recovery abandoned: roles changed");
+                        Outcome::Abandoned
                     }
                     Err(JobError::Failed(st)) => {
                         tracing::info!(%pg, %member, st, "recovery did not finish; will retry");
-                        failed = true;
+                        Outcome::Failed
                     }
                 }
+            }
+            // Still recovering in the map long after the report: send it again.
+            Step::ResendReport(member, up_from) => {
+                self.report_recovered(view, pg, member, up_from);
+                Outcome::Done
+            }
+            Step::StartLagClock(member) => {
+                self.recovery
+                    .lagging_since
+                    .borrow_mut()
+                    .insert((pg, member), clock::now());
+                Outcome::Done
+            }
+            Step::ClearLagClock(member) => {
+                self.recovery
+                    .lagging_since
+                    .borrow_mut()
+                    .remove(&(pg, member));
+                Outcome::Done
             }
             // A complete member that failed writes of this interval (a forward
             // that timed out or met a broken connection, while the member stayed
@@ -1347,47 +1401,48 @@ impl Shard {
             // client's retry repairs it when there is one; a write the client
             // gave up on has none. Caught up from the log like a recovering
             // member (it stays complete in the map: it lacks no acknowledged write).
-            for &member in members.acting.iter().skip(1) {
-                let lagging = self.pgs.borrow().log(pg).is_some_and(|l| l.lags(member));
-                let key = (pg, member);
-                if !lagging {
-                    self.recovery.lagging_since.borrow_mut().remove(&key);
-                    continue;
-                }
-                let since = *self
-                    .recovery
+            Step::CatchUp(member) => {
+                self.recovery
                     .lagging_since
                     .borrow_mut()
-                    .entry(key)
-                    .or_insert_with(clock::now);
-                if clock::elapsed(since) < self.lease * LAGGING_GRACE_LEASES {
-                    continue;
-                }
-                self.recovery.lagging_since.borrow_mut().remove(&key);
-                match self.recover_member(view, pg, member).await {
-                    Ok(_) => {
+                    .remove(&(pg, member));
+                let r = self.recover_member(view, pg, member).await.map(|_| ());
+                match &r {
+                    Ok(()) => {
                         tracing::info!(%pg, %member, "complete member caught up on writes it failed");
                     }
-                    Err(JobError::Abandoned) => {}
                     Err(JobError::Failed(st)) => {
                         tracing::debug!(%pg, %member, st, "catching up a complete member did not finish; will retry");
-                        failed = true;
                     }
+                    Err(JobError::Abandoned) => {}
                 }
-                self.recovery
-                    .remaining_per_job
-                    .borrow_mut()
-                    .remove(&(pg, member));
-            }
-            if failed {
-                self.recovery
-                    .retry_after
-                    .borrow_mut()
-                    .insert(pg, clock::now() + RETRY_DELAY);
-            } else {
-                self.recovery.retry_after.borrow_mut().remove(&pg);
+                self.job_ended(pg, member);
+                outcome_of(r)
             }
         }
+    }
+
+    /// The job for (`pg`, `member`) ended: it no longer counts as work left.
+    fn job_ended(&self, pg: PgId, member: OsdId) {
+        self.recovery
+            .remaining_per_job
+            .borrow_mut()
+            .remove(&(pg, member));
+    }
+
+    /// Queues `member`'s report as recovered in `pg` (incarnation `up_from`)
+    /// and remembers it, so that it is not recovered again while the map
+    /// catches up.
+    fn report_recovered(&self, view: &MapView, pg: PgId, member: OsdId, up_from: Epoch) {
+        self.recovery_shared.push_report(view.map.epoch, pg, member);
+        self.recovery.reported.borrow_mut().insert(
+            (pg, member),
+            Reported {
+                up_from,
+                primacy: self.pgs.borrow().primacy(pg),
+                at: clock::now(),
+            },
+        );
     }
 
     /// A new map: failed jobs may succeed now, and members reported recovered
@@ -1711,6 +1766,7 @@ pub(crate) async fn recovery_loop(shard: Rc<Shard>) {
 
 #[cfg(test)]
 mod gate_test;
+mod group_pass;
 mod newest_copy;
 mod suspects;
 
