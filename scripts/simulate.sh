@@ -9,7 +9,7 @@
 #   RUST_LOG=info scripts/simulate.sh --seed 42       # with the daemons' logs
 #
 # Options besides --seeds/--from/--jobs go to the `simulate` binary: --ops N,
-# --pg-log N (the OSDs' log bound), --clients N, --writers N, --no-faults, --no-disk-faults, --no-resizes, --no-tcp-holds, --no-shrunk-wait, --no-scrubs, --no-bit-rot, --no-slow-disks, --doubt-does-not-impair, --twice (run each seed twice and compare the traces),
+# --pg-log N (the OSDs' log bound), --clients N, --writers N, --no-faults, --no-disk-faults, --no-resizes, --no-tcp-holds, --no-shrunk-wait, --no-scrubs, --no-bit-rot, --no-slow-disks, --doubt-does-not-impair, --no-rewrites, --no-tcp-backoff, --twice (run each seed twice and compare the traces),
 # --events, --trace-file NAME (with RUST_LOG=info: every disk operation on the
 # files of that name, an object's `<volume>.<index>` in 16 hex digits each). A
 # failing seed prints its errors, its last events and this script's command that

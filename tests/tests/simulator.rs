@@ -147,6 +147,7 @@ fn disk_workload_before_swarm(seed: u64) -> SimConfig {
         swarm: false,
         slow_disks: false,
         rewrites: false,
+        tcp_backoff: false,
         osds: legacy.osds,
         shards: legacy.shards,
         hosts: legacy.hosts,
@@ -540,6 +541,7 @@ fn before_slow_disks(seed: u64) -> SimConfig {
         slow_disks: false,
         doubt_impairs: false,
         rewrites: false,
+        tcp_backoff: false,
         ..SimConfig::new(seed)
     }
 }
@@ -550,6 +552,7 @@ fn with_slow_disks(seed: u64) -> SimConfig {
     SimConfig {
         slow_disks: true,
         rewrites: false,
+        tcp_backoff: false,
         ..SimConfig::new(seed)
     }
 }

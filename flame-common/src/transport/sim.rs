@@ -165,6 +165,9 @@ struct Net {
     /// time after the path heals (TCP retransmitting after an iptables DROP is
     /// removed) instead of resetting the connection ([`set_hold_black_holes`]).
     hold: Cell<bool>,
+    /// A held path's retransmission delay grows with how long it was held, as
+    /// TCP's exponential backoff makes it ([`set_tcp_backoff`]).
+    backoff: Cell<bool>,
     /// Held cargo of connection ends dropped before their path healed (the
     /// kernel keeps retransmitting an orphaned socket's data).
     orphans: RefCell<Vec<Orphan>>,
@@ -184,6 +187,8 @@ struct Orphan {
     /// The peer's inbox.
     inbox: Weak<Pipe>,
     held: Vec<Cargo>,
+    /// When the first of it was held.
+    held_since: Instant,
 }
 
 thread_local! {
@@ -219,6 +224,7 @@ pub fn install(config: NetConfig) {
         epoch: clock::sim_now(),
         dump: std::env::var_os("FLAME_SIM_DUMP").is_some(),
         hold: Cell::new(false),
+        backoff: Cell::new(false),
         orphans: RefCell::default(),
         weather: RefCell::default(),
         weather_rng: RefCell::new(StdRng::seed_from_u64(config.seed ^ 0x3ea7_4e2f)),
@@ -269,6 +275,14 @@ pub fn set_hold_black_holes(on: bool) {
     }
 }
 
+/// Whether a held path's retransmission delay grows with how long it was held
+/// (see [`Net::post_held`]); off: 0-4 s whatever the hold lasted.
+pub fn set_tcp_backoff(on: bool) {
+    if let Ok(n) = net() {
+        n.backoff.set(on);
+    }
+}
+
 /// Delivers what black holes held on the connections chosen by `which` whose
 /// path is open again: in order, after a retransmission delay of 0-4 s; what is
 /// sent on them later arrives after it.
@@ -291,11 +305,12 @@ fn release_held(n: &Net, which: impl Fn(&SimConn) -> bool) {
     };
     for o in orphans {
         let last = Cell::new(clock::sim_now());
-        n.post_held(&last, &o.inbox, o.from, o.to, o.held);
+        n.post_held(&last, &o.inbox, (o.from, o.to), o.held, o.held_since);
     }
     for c in ends {
         let held = std::mem::take(&mut *c.held.borrow_mut());
-        n.post_held(&c.last_arrival, &c.outbox, c.local, c.peer, held);
+        let since = c.held_since.take().unwrap_or_else(clock::sim_now);
+        n.post_held(&c.last_arrival, &c.outbox, (c.local, c.peer), held, since);
     }
 }
 
@@ -497,6 +512,11 @@ pub fn trace_event(extra: &[u8]) {
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// Longest retransmission delay of a held path after it heals, without
+/// [`set_tcp_backoff`].
+const HELD_DELAY_MS: u64 = 4000;
+/// Longest gap between two retransmissions (Linux's `TCP_RTO_MAX`).
+const RETRANSMIT_GAP_MAX: Duration = Duration::from_secs(120);
 
 /// The trace's hash step: FNV-1a's prime over 8-byte words (a byte at a time
 /// for the tail), folded so that high bits reach low ones. Every frame's bytes
@@ -532,18 +552,28 @@ impl Net {
         Duration::from_micros(us)
     }
 
-    /// Puts what a black hole held on the wire once its path healed: after a
-    /// retransmission delay of 0-4 s, in order, and before anything sent on the
-    /// same direction (`last`) later.
+    /// Puts what a black hole held since `held_since` on the wire once its
+    /// path healed: after a retransmission delay, in order, and before anything
+    /// sent on the same direction (`last`) later. The delay is 0-4 s, or with
+    /// [`set_tcp_backoff`] up to as long as the hold lasted (at most
+    /// [`RETRANSMIT_GAP_MAX`]): TCP doubles its retransmission timeout with
+    /// each try, so the try after the heal comes up to about the time already
+    /// waited later (seconds after a long cut, while the cluster moved on).
     fn post_held(
         &self,
         last: &Cell<Instant>,
         to: &Weak<Pipe>,
-        from: SocketAddr,
-        dest: SocketAddr,
+        (from, dest): (SocketAddr, SocketAddr),
         held: Vec<Cargo>,
+        held_since: Instant,
     ) {
-        let delay = Duration::from_millis(self.rng.borrow_mut().random_range(0..=4000));
+        let mut most = HELD_DELAY_MS;
+        if self.backoff.get() {
+            let waited = clock::sim_now().saturating_duration_since(held_since);
+            let waited_ms = u64::try_from(waited.min(RETRANSMIT_GAP_MAX).as_millis()).unwrap_or(0);
+            most = most.max(waited_ms);
+        }
+        let delay = Duration::from_millis(self.rng.borrow_mut().random_range(0..=most));
         last.set(last.get().max(clock::sim_now() + delay));
         for cargo in held {
             self.post(
@@ -641,6 +671,8 @@ pub struct SimConn {
     lost: Cell<bool>,
     /// What a holding black hole keeps until the path heals (`Net::hold`).
     held: RefCell<Vec<Cargo>>,
+    /// When the first of `held` was held.
+    held_since: Cell<Option<Instant>>,
     net: Weak<Net>,
 }
 
@@ -687,6 +719,7 @@ impl SimConn {
             closed: Cell::new(false),
             lost: Cell::new(false),
             held: RefCell::default(),
+            held_since: Cell::new(None),
             net: Rc::downgrade(&net),
         });
         let theirs = Rc::new(SimConn {
@@ -698,6 +731,7 @@ impl SimConn {
             closed: Cell::new(false),
             lost: Cell::new(false),
             held: RefCell::default(),
+            held_since: Cell::new(None),
             net: Rc::downgrade(&net),
         });
         // The accepting side keeps the other pipe alive through its end.
@@ -727,7 +761,7 @@ impl SimConn {
             return Err(TransportError::Closed);
         };
         if self.holds(&net) {
-            self.held.borrow_mut().push(Cargo::Frame(bytes));
+            self.hold(Cargo::Frame(bytes));
             return Ok(());
         }
         match net.fault(self.local.ip(), self.peer.ip()) {
@@ -791,7 +825,7 @@ impl SimConn {
         self.inbox.wake();
         if let Some(net) = self.net.upgrade() {
             if self.holds(&net) {
-                self.held.borrow_mut().push(Cargo::End);
+                self.hold(Cargo::End);
                 return;
             }
             net.post(
@@ -804,6 +838,15 @@ impl SimConn {
                 },
             );
         }
+    }
+
+    /// Keeps `cargo` until the path heals, noting when the first was held.
+    fn hold(&self, cargo: Cargo) {
+        let mut held = self.held.borrow_mut();
+        if held.is_empty() {
+            self.held_since.set(Some(clock::sim_now()));
+        }
+        held.push(cargo);
     }
 
     /// Whether what this end sends now is held (`Net::hold`): its path is a
@@ -837,6 +880,7 @@ impl Drop for SimConn {
                 to: self.peer,
                 inbox: self.outbox.clone(),
                 held,
+                held_since: self.held_since.get().unwrap_or_else(clock::sim_now),
             });
         }
     }

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-slow-disks] [--doubt-does-not-impair] [--no-rewrites] [--trace-file NAME] [--no-swarm] [--twice] [--events]"
+        "usage: simulate [--seed N | --seeds COUNT [--from FIRST]] [--ops N] [--pg-log N] [--clients N] [--writers N] [--no-faults] [--no-disk-faults] [--no-resizes] [--no-tcp-holds] [--no-shrunk-wait] [--no-scrubs] [--no-bit-rot] [--no-slow-disks] [--doubt-does-not-impair] [--no-rewrites] [--no-tcp-backoff] [--trace-file NAME] [--no-swarm] [--twice] [--events]"
     );
     ExitCode::from(2)
 }
@@ -41,6 +41,7 @@ fn main() -> ExitCode {
     let mut trace_file = None;
     let mut doubt_impairs = true;
     let mut rewrites = true;
+    let mut tcp_backoff = true;
     while let Some(a) = args.next() {
         let mut num = || args.next().and_then(|v| v.parse::<u64>().ok());
         match a.as_str() {
@@ -85,6 +86,7 @@ fn main() -> ExitCode {
             "--slow-disks" => {}
             "--doubt-does-not-impair" => doubt_impairs = false,
             "--no-rewrites" => rewrites = false,
+            "--no-tcp-backoff" => tcp_backoff = false,
             "--trace-file" => match args.next() {
                 Some(name) => trace_file = Some(name),
                 None => return usage(),
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
         cfg.slow_disks &= slow_disks;
         cfg.doubt_impairs &= doubt_impairs;
         cfg.rewrites &= rewrites;
+        cfg.tcp_backoff &= tcp_backoff;
         cfg.trace_file.clone_from(&trace_file);
         if let Some(n) = ops {
             cfg.ops = n;

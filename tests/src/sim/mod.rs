@@ -255,6 +255,12 @@ pub struct SimConfig {
     /// (`admit_client_write`) and the log's deduplication keep from happening.
     /// Off for the seeds found before it, so that they replay as they did.
     pub rewrites: bool,
+    /// A held black hole's frames arrive up to as long after the heal as the
+    /// hold lasted (TCP's exponential backoff), not only 0-4 s: a write held
+    /// through a long cut lands after its OSD returned and became primary
+    /// again (what the interval fence is for). Off for the seeds found before
+    /// it, so that they replay as they did.
+    pub tcp_backoff: bool,
     /// Half the seeds shrink the volume once while the workload runs (the
     /// manager's new size, the client library's trim of the cut-off range on
     /// every copy), and grow it back once the trim is done. Off for the seeds
@@ -345,6 +351,9 @@ impl SimConfig {
         if !self.rewrites && d.rewrites {
             c += " --no-rewrites";
         }
+        if !self.tcp_backoff && d.tcp_backoff {
+            c += " --no-tcp-backoff";
+        }
         if !self.swarm {
             c += " --no-swarm";
         }
@@ -409,6 +418,7 @@ impl SimConfig {
             doubt_impairs: true,
             slow_disks: true,
             rewrites: true,
+            tcp_backoff: true,
         };
         c.draw_shape();
         c
@@ -429,6 +439,7 @@ impl SimConfig {
             slow_disks: false,
             doubt_impairs: false,
             rewrites: false,
+            tcp_backoff: false,
             osds,
             shards: 1,
             hosts: osds,
@@ -664,6 +675,7 @@ pub fn run(config: SimConfig) -> SimReport {
             // Its own stream, so that seeds whose black holes lose run as before.
             if config.tcp_holds && StdRng::seed_from_u64(seed ^ 0x7c90_1d00).random_bool(0.5) {
                 net::set_hold_black_holes(true);
+                net::set_tcp_backoff(config.tcp_backoff);
             }
             let report = Sim::new(config).run();
             net::uninstall();
