@@ -417,6 +417,13 @@ static NEWER_COPIES_TAKEN: LazyLock<IntCounter> = LazyLock::new(|| {
     )
     .unwrap_or_else(|e| panic!("metric registration: {e}"))
 });
+static DOUBT_COMPARISONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    prometheus::register_int_counter!(
+        "flame_osd_recovery_doubt_comparisons_total",
+        "Comparisons a primary started of a complete member's restart doubt (one per member incarnation not compared by peering or by the member's recovery)"
+    )
+    .unwrap_or_else(|e| panic!("metric registration: {e}"))
+});
 static SCRUB_ERRORS: LazyLock<IntCounter> = LazyLock::new(|| {
     prometheus::register_int_counter!(
         "flame_osd_scrub_errors_total",
@@ -493,6 +500,7 @@ pub fn register_recovery_metrics(shard: u16) {
     }
     LazyLock::force(&RECOVERY_BYTES);
     LazyLock::force(&NEWER_COPIES_TAKEN);
+    LazyLock::force(&DOUBT_COMPARISONS);
     RECOVERY_REMAINING.with_label_values(&[&shard.to_string()]);
     PGS_UNPEERED.with_label_values(&[&shard.to_string()]);
     LazyLock::force(&SCRUB_ERRORS);
@@ -522,6 +530,11 @@ pub fn recovery_member(kind: &str) {
 /// Objects peering took from a copy with newer writes of them.
 pub fn newer_copies_taken(objects: u64) {
     NEWER_COPIES_TAKEN.inc_by(objects);
+}
+
+/// A primary starts comparing a complete member's restart doubt.
+pub fn doubt_comparison() {
+    DOUBT_COMPARISONS.inc();
 }
 
 /// Bytes copied by recovery or repair.

@@ -245,6 +245,13 @@ pub struct PgStatus {
     /// Some recovering member's remaining work cannot be estimated yet (a
     /// backfill of a group not counted yet).
     pub remaining_unknown: bool,
+    /// Objects the running comparison of a complete member (peering, a
+    /// restarted member's doubt, a lagging member's catch-up) has left. Not
+    /// recovery: no copy is missing, and the map may show the group clean
+    /// meanwhile (a primary that returned peers its groups after its own
+    /// recovery); not counted in `objects_remaining` nor in the OSD's objects
+    /// to recover, as Ceph counts peering in no recovery figure.
+    pub objects_comparing: u64,
     /// Objects this copy holds, counted at most [`OBJECT_COUNT_INTERVAL`] ago
     /// (`None`: not counted; counted only where this OSD is the primary).
     pub objects: Option<u64>,
@@ -1201,8 +1208,11 @@ impl Shard {
                 lagging_grace: self.lease * LAGGING_GRACE_LEASES,
             };
             // The group's core is made now if it has none (as a job does), so
-            // that its primacy stays put. Every step runs under this primacy: a
-            // job that sees it change is abandoned.
+            // that its primacy stays put. The steps are planned under this
+            // primacy: peering's comparisons run under it (a job that sees it
+            // change is abandoned), and the group is marked peered only if it
+            // is still the current one (recoveries check the current one
+            // themselves).
             let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
             let mut pass = GroupPass::new(timings);
             loop {
@@ -1327,6 +1337,10 @@ impl Shard {
                 r
             }
             Step::MarkPeered => {
+                if self.pgs.borrow().primacy(pg) != primacy {
+                    // The comparisons ran (in part) under an older primacy.
+                    return Outcome::Abandoned;
+                }
                 self.recovery.peered.borrow_mut().insert(pg, primacy);
                 // Peering compared every object of every member, the ones
                 // their restarts left in doubt included.
@@ -1342,6 +1356,7 @@ impl Shard {
             // power cut took: its doubtful objects are compared once per
             // incarnation.
             Step::CompareDoubt(member, up_from) => {
+                crate::metrics::doubt_comparison();
                 let r = self
                     .push_member_suspects(view, pg, member, (up_from, primacy))
                     .await;
@@ -1593,7 +1608,7 @@ impl Shard {
         pg: PgId,
         m: &PgMembers,
         state: &PendingState<'_>,
-    ) -> (u64, bool) {
+    ) -> (u64, bool, u64) {
         let PendingState {
             logs,
             jobs,
@@ -1623,13 +1638,15 @@ impl Shard {
                 None => unknown = true,
             }
         }
-        // Peering of the other acting copies (a new interval) is work too.
+        // Comparisons of the complete copies (peering, a restarted member's
+        // doubt, a lagging member's catch-up): shown apart.
+        let mut comparing = 0u64;
         for ((p, member), n) in jobs {
             if *p == pg && !m.recovering.contains(member) {
-                objects = objects.saturating_add(*n);
+                comparing = comparing.saturating_add(*n);
             }
         }
-        (objects, unknown)
+        (objects, unknown, comparing)
     }
 
     /// Publishes this shard's per-group status and what its recovery still has
@@ -1669,7 +1686,7 @@ impl Shard {
             if role == "none" && log.is_none() {
                 continue;
             }
-            let (pending, unknown) = if role == "primary" {
+            let (pending, unknown, comparing) = if role == "primary" {
                 let state = PendingState {
                     logs: &logs,
                     jobs: &jobs,
@@ -1678,7 +1695,7 @@ impl Shard {
                 };
                 self.pg_pending(view, pg, m, &state)
             } else {
-                (0, false)
+                (0, false, 0)
             };
             let is_peered = role == "primary" && peered.get(&pg) == Some(&logs.primacy(pg));
             unpeered += u64::from(role == "primary" && !is_peered);
@@ -1702,6 +1719,7 @@ impl Shard {
                 objects_recovered_total: recovered.get(&pg).copied().unwrap_or(0),
                 objects_remaining: pending,
                 remaining_unknown: unknown,
+                objects_comparing: comparing,
                 objects: counts.get(&pg).copied().filter(|_| role == "primary"),
             });
         }

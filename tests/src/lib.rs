@@ -1607,14 +1607,6 @@ impl TestCluster {
 
     // ---------------------------------------------------------------- diagnostics
 
-    /// Everything OSD `i` has logged so far (every run of it; empty if none).
-    pub fn osd_log(&self, i: usize) -> String {
-        self.osds
-            .get(i)
-            .and_then(|o| fs::read_to_string(&o.log).ok())
-            .unwrap_or_default()
-    }
-
     /// The last lines of every daemon's log, for failure messages.
     pub fn log_tails(&self) -> String {
         let mut s = format!("---- cluster dir {} ----\n", self.root.display());

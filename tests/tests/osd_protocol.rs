@@ -1746,7 +1746,12 @@ fn an_osd_hands_its_map_to_a_sender_with_an_older_one() {
             let mut nothing_newer = false;
             for id in 2..12 {
                 match call(&conn, ask(id, theirs)).await {
-                    Message::Reply { status, data, .. } => {
+                    Message::Reply {
+                        status,
+                        epoch,
+                        data,
+                        ..
+                    } => {
                         assert_eq!(status, status::OK);
                         if data.is_empty() {
                             nothing_newer = true;
@@ -1755,6 +1760,7 @@ fn an_osd_hands_its_map_to_a_sender_with_an_older_one() {
                         let newer: ClusterMap =
                             serde_json::from_slice(data.as_slice()).expect("the reply is a map");
                         assert!(newer.epoch > theirs, "only a newer map is handed");
+                        assert_eq!(newer.epoch, epoch, "the map of the epoch it answers under");
                         theirs = newer.epoch;
                     }
                     other => panic!("not a reply: {other:?}"),

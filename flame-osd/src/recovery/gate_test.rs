@@ -331,3 +331,31 @@ fn a_scrub_needs_the_peered_primacy_and_the_lease() {
     })
     .unwrap();
 }
+
+/// Only members being recovered count as objects to recover: a comparison of
+/// a complete copy (peering, a restarted member's doubt, a lagging member's
+/// catch-up) shows apart. A primary that returned peers its groups after its
+/// own recovery, when the map shows them clean, and the cluster's status went
+/// from "finishing" back to objects to recover (a CI run at 266688f).
+#[test]
+fn comparisons_of_complete_copies_are_not_objects_to_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = shard(dir.path(), scripted_copy(|_| None));
+    let view = shard.view();
+    let pg = PgId(0);
+    // OSD 2 is being recovered (3 objects left); a complete copy (OSD 3 here,
+    // any member not recovering) is being compared (4 left).
+    let jobs = &shard.recovery.remaining_per_job;
+    jobs.borrow_mut().insert((pg, OsdId(2)), 3);
+    jobs.borrow_mut().insert((pg, OsdId(3)), 4);
+    shard.publish_status(&view);
+    let work = shard.recovery_shared.work();
+    assert_eq!((work.objects, work.pgs_recovering), (3, 1));
+    let status = shard.recovery_shared.pgs.lock().unwrap()[&pg].clone();
+    assert_eq!((status.objects_remaining, status.objects_comparing), (3, 4));
+    // Only the comparison left: nothing to recover.
+    jobs.borrow_mut().remove(&(pg, OsdId(2)));
+    jobs.borrow_mut().insert((pg, OsdId(2)), 0);
+    shard.publish_status(&view);
+    assert_eq!(shard.recovery_shared.work().objects, 0);
+}

@@ -396,16 +396,14 @@ struct RecordState {
 
 impl DoubtRecord {
     /// The doubt `doubt` under `root`, of a process in boot `boot`, whose
-    /// newest record on disk is of `generation`, the next going to file
-    /// `next_file`; `on_disk`: that record holds `doubt` and `boot` (else
-    /// [`DoubtRecord::persist`] writes them).
+    /// newest record on disk (of `generation`) holds `doubt` and `boot`, the
+    /// next going to file `next_file`.
     pub fn new(
         root: &Path,
         boot: Option<BootId>,
         doubt: Doubt,
         generation: u64,
         next_file: usize,
-        on_disk: bool,
     ) -> DoubtRecord {
         DoubtRecord {
             root: root.to_path_buf(),
@@ -414,7 +412,7 @@ impl DoubtRecord {
                 doubt,
                 generation,
                 next_file: next_file & 1,
-                version: u64::from(!on_disk),
+                version: 0,
                 persisted: 0,
                 writing: false,
             }),
@@ -424,7 +422,7 @@ impl DoubtRecord {
     /// No doubt and nothing on disk (tests, and shards built without a store
     /// recovery).
     pub fn none(root: &Path) -> DoubtRecord {
-        DoubtRecord::new(root, None, Doubt::new(), 0, 0, true)
+        DoubtRecord::new(root, None, Doubt::new(), 0, 0)
     }
 
     /// Every object in doubt, group by group.

@@ -785,7 +785,7 @@ impl ObjectStore {
     fn check_write(&self, object: ObjectId, res: Result<(), StoreError>) -> Result<(), StoreError> {
         match res {
             Err(StoreError::Io(e))
-                if !matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+                if !doubt_record::is_full(&e)
                     && e.kind() != io::ErrorKind::InvalidInput
                     // The memory pool stayed exhausted: raised before any byte
                     // reached the disk.
@@ -1454,18 +1454,13 @@ pub async fn recover(fs: &Fs, root: &Path, shards: usize) -> io::Result<doubt_re
     // No doubt now means none before either (it only grows here), and a record
     // of this boot says what the next start needs: nothing to write.
     let record = if doubt.is_empty() && (boot.is_none() || boot == stored.boot) {
-        doubt_record::DoubtRecord::new(root, boot, doubt, stored.generation, stored.next_file, true)
+        doubt_record::DoubtRecord::new(root, boot, doubt, stored.generation, stored.next_file)
     } else {
         let generation = stored.generation + 1;
         match doubt_record::write(fs, root, stored.next_file, generation, boot, &doubt).await {
-            Ok(()) => doubt_record::DoubtRecord::new(
-                root,
-                boot,
-                doubt,
-                generation,
-                1 - stored.next_file,
-                true,
-            ),
+            Ok(()) => {
+                doubt_record::DoubtRecord::new(root, boot, doubt, generation, 1 - stored.next_file)
+            }
             // Written into the room reserved for it, so a full disk refuses it
             // only past that room. Serving without it is not safe: the
             // journals are reset next, and a second restart before the record
