@@ -207,8 +207,12 @@ pub struct PgRecoveredReport {
     pub recovered: Vec<(PgId, OsdId)>,
 }
 
-/// Most entries in one [`PgRecoveredReport`].
-pub const PG_RECOVERED_ENTRIES_MAX: usize = 65_536;
+/// Most entries in one [`PgRecoveredReport`]: at most `[4294967295,4294967295],`
+/// (24 bytes) each, a report stays under the manager's 64 KiB body limit for
+/// every route, so that no caller — one without a key included, whose
+/// signature can only be checked once its body is read — makes the manager
+/// buffer more (an OSD sends more entries as several reports).
+pub const PG_RECOVERED_ENTRIES_MAX: usize = 2_048;
 
 /// The manager's answer to a [`PgRecoveredReport`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
