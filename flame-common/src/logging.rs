@@ -50,3 +50,84 @@ pub fn abort_on_panic() {
         std::process::abort();
     }));
 }
+
+/// A bound on the log lines of one kind of event that anyone can cause (a
+/// refused HELLO, a request with a bad signature): at most `lines_max` lines
+/// per `window`, so that a flood of bad requests cannot fill the disk or bury
+/// the lines that matter. The lines beyond are counted, and the next line
+/// allowed says how many were left out. Decides only; the caller logs.
+#[derive(Debug)]
+pub struct LineBudget {
+    window: std::time::Duration,
+    lines_max: u32,
+    state: parking_lot::Mutex<LineBudgetState>,
+}
+
+#[derive(Debug)]
+struct LineBudgetState {
+    /// When the current window began (`None`: no line yet).
+    since: Option<std::time::Instant>,
+    /// Lines allowed in the current window.
+    lines: u32,
+    /// Lines left out since the last one allowed.
+    left_out: u64,
+}
+
+impl LineBudget {
+    /// At most `lines_max` lines per `window`.
+    pub const fn new(window: std::time::Duration, lines_max: u32) -> LineBudget {
+        LineBudget {
+            window,
+            lines_max,
+            state: parking_lot::const_mutex(LineBudgetState {
+                since: None,
+                lines: 0,
+                left_out: 0,
+            }),
+        }
+    }
+
+    /// Whether a line may be logged at `now`: `Some(n)`, with `n` lines left
+    /// out since the last one allowed (to say so in this one), or `None`.
+    pub fn admit(&self, now: std::time::Instant) -> Option<u64> {
+        let mut s = self.state.lock();
+        let fresh = s
+            .since
+            .is_none_or(|since| now.saturating_duration_since(since) >= self.window);
+        if fresh {
+            s.since = Some(now);
+            s.lines = 0;
+        }
+        if s.lines >= self.lines_max {
+            s.left_out = s.left_out.saturating_add(1);
+            return None;
+        }
+        s.lines += 1;
+        Some(std::mem::take(&mut s.left_out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_line_budget_allows_its_lines_per_window_and_counts_the_rest() {
+        let budget = LineBudget::new(Duration::from_secs(10), 2);
+        let t0 = Instant::now();
+        assert_eq!(budget.admit(t0), Some(0));
+        assert_eq!(budget.admit(t0 + Duration::from_secs(1)), Some(0));
+        // The window's lines are spent: left out, counted.
+        for s in 2..7 {
+            assert_eq!(budget.admit(t0 + Duration::from_secs(s)), None);
+        }
+        // A new window: the first line says how many were left out.
+        assert_eq!(budget.admit(t0 + Duration::from_secs(10)), Some(5));
+        assert_eq!(budget.admit(t0 + Duration::from_secs(11)), Some(0));
+        assert_eq!(budget.admit(t0 + Duration::from_secs(12)), None);
+        // Nothing allowed with no lines at all.
+        let none = LineBudget::new(Duration::from_secs(1), 0);
+        assert_eq!(none.admit(t0), None);
+    }
+}

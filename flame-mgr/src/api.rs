@@ -34,6 +34,11 @@ use tracing::{error, info, warn};
 /// `POST /v1/pg/recovered` of `PG_RECOVERED_ENTRIES_MAX` entries, is under
 /// 50 KiB.
 pub const BODY_BYTES_MAX: usize = 64 << 10;
+/// Log lines of refused requests (authentication, authorisation, replay): at
+/// most 20 per 10 s; the rest are counted in `flame_mgr_auth_refusals_total`
+/// and the next line says how many were left out.
+static REFUSAL_LINES: flame_common::logging::LineBudget =
+    flame_common::logging::LineBudget::new(Duration::from_secs(10), 20);
 /// Longest a `GET /v1/map` long-poll may wait, whatever `wait_ms` asks for, so a
 /// client (and a proxy between) never sees a request hang indefinitely.
 pub const MAP_WAIT_MS_MAX: u64 = 30_000;
@@ -260,10 +265,15 @@ async fn authenticate(State(shared): State<Arc<Shared>>, req: Request, next: Nex
             .auth_refusals
             .with_label_values(&[r.reason()])
             .inc();
-        info!(
-            "refused {method} {}: {r}",
-            route.as_deref().unwrap_or("(no route)")
-        );
+        // Anyone can cause these: a bounded number of lines (the metric counts
+        // every one).
+        if let Some(left_out) = REFUSAL_LINES.admit(flame_common::clock::now()) {
+            info!(
+                left_out,
+                "refused {method} {}: {r}",
+                route.as_deref().unwrap_or("(no route)")
+            );
+        }
         let status = StatusCode::from_u16(r.status()).unwrap_or(StatusCode::UNAUTHORIZED);
         HttpError::new(status, r.to_string()).into_response()
     };

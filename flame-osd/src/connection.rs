@@ -102,7 +102,9 @@ pub(crate) async fn serve_connection(
         )) {
             Ok(f) => fence = Some(f),
             Err(why) => {
-                tracing::warn!(shard = shard.id, %peer, session, generation, ?why, "hello from a superseded connection; refusing");
+                if let Some(left_out) = refusal_line() {
+                    tracing::warn!(shard = shard.id, %peer, session, generation, ?why, left_out, "hello from a superseded connection; refusing");
+                }
                 *st = status::ESTALE;
             }
         }
@@ -226,7 +228,9 @@ pub(crate) async fn serve_connection(
         if let Err(r) = access.check(&msg, || shard.view()) {
             // Refused (crate::access): the connection stays; the sender learns
             // why from the status and the log.
-            tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), "refusing: {}", r.why);
+            if let Some(left_out) = refusal_line() {
+                tracing::warn!(shard = shard.id, %peer, op = ?msg.op(), left_out, "refusing: {}", r.why);
+            }
             if conn.send_owned(msg.reply(shard.epoch(), r.status)).is_err() {
                 conn.close();
                 return;
@@ -341,7 +345,9 @@ pub(crate) async fn receive_hello(
                 if let Err(r) = slot.hello(is_peer) {
                     // Over the client share: the client retries (EAGAIN) later
                     // or elsewhere; the peers' slots stay free.
-                    tracing::warn!(shard = shard_id, %peer, "refusing a client connection: {r}");
+                    if let Some(left_out) = refusal_line() {
+                        tracing::warn!(shard = shard_id, %peer, left_out, "refusing a client connection: {r}");
+                    }
                     let _ = conn.send(&hello.reply(flame_common::ids::Epoch(0), status::EAGAIN));
                     conn.close_after_send();
                     return None;
@@ -353,14 +359,18 @@ pub(crate) async fn receive_hello(
             }
             Err(refusal) => {
                 crate::metrics::hello_refused(refusal.label());
-                tracing::warn!(shard = shard_id, %peer, "refusing connection: {refusal}");
+                if let Some(left_out) = refusal_line() {
+                    tracing::warn!(shard = shard_id, %peer, left_out, "refusing connection: {refusal}");
+                }
                 let _ = conn.send(&hello.reply(flame_common::ids::Epoch(0), status::EPERM));
                 conn.close_after_send();
                 None
             }
         },
         Some(Ok(other)) => {
-            tracing::warn!(shard = shard_id, %peer, "first message was {:?}, not hello; closing", other.op());
+            if let Some(left_out) = refusal_line() {
+                tracing::warn!(shard = shard_id, %peer, left_out, "first message was {:?}, not hello; closing", other.op());
+            }
             conn.close();
             None
         }
@@ -370,7 +380,9 @@ pub(crate) async fn receive_hello(
                 request_id,
             },
         ))) => {
-            tracing::warn!(shard = shard_id, %peer, "refusing connection: {e}");
+            if let Some(left_out) = refusal_line() {
+                tracing::warn!(shard = shard_id, %peer, left_out, "refusing connection: {e}");
+            }
             let _ = conn.send_raw(protocol::version_refusal(peer_version, request_id));
             conn.close_after_send();
             None
@@ -380,11 +392,24 @@ pub(crate) async fn receive_hello(
             None
         }
         None => {
-            tracing::warn!(shard = shard_id, %peer, "no hello within {HELLO_TIMEOUT:?}; closing");
+            if let Some(left_out) = refusal_line() {
+                tracing::warn!(shard = shard_id, %peer, left_out, "no hello within {HELLO_TIMEOUT:?}; closing");
+            }
             conn.close();
             None
         }
     }
+}
+
+/// Log lines of refused connections and requests, which anyone who reaches a
+/// port can cause: at most 20 per 10 s for the whole process (the metrics
+/// count every refusal); the next line allowed says how many were left out.
+static REFUSAL_LINES: flame_common::logging::LineBudget =
+    flame_common::logging::LineBudget::new(Duration::from_secs(10), 20);
+
+/// Whether a refusal may be logged now: `Some(lines left out before it)`.
+fn refusal_line() -> Option<u64> {
+    REFUSAL_LINES.admit(flame_common::clock::now())
 }
 
 /// Clears [`flags::FETCH_REPLY`] from a request (it must never reach a replica)

@@ -1607,6 +1607,19 @@ impl TestCluster {
 
     // ---------------------------------------------------------------- diagnostics
 
+    /// Everything the manager has logged so far (every run of it).
+    pub fn mgr_log(&self) -> String {
+        fs::read_to_string(&self.mgr.log).unwrap_or_default()
+    }
+
+    /// Everything OSD `i` has logged so far (every run of it; empty if none).
+    pub fn osd_log(&self, i: usize) -> String {
+        self.osds
+            .get(i)
+            .and_then(|o| fs::read_to_string(&o.log).ok())
+            .unwrap_or_default()
+    }
+
     /// The last lines of every daemon's log, for failure messages.
     pub fn log_tails(&self) -> String {
         let mut s = format!("---- cluster dir {} ----\n", self.root.display());
@@ -1952,6 +1965,19 @@ pub fn mgr_call_as(
 pub fn metric_sum(addr: SocketAddr, name: &str, label: &str) -> u64 {
     let (code, text) = http_get(addr, "/metrics").unwrap_or_else(|e| panic!("{addr}: {e}"));
     assert_eq!(code, 200, "{addr}/metrics: HTTP {code}");
+    metric_sum_in(&text, name, label)
+}
+
+/// [`metric_sum`], or `None` when `addr` does not answer (a daemon
+/// restarting).
+pub fn try_metric_sum(addr: SocketAddr, name: &str, label: &str) -> Option<u64> {
+    match http_get(addr, "/metrics") {
+        Ok((200, text)) => Some(metric_sum_in(&text, name, label)),
+        _ => None,
+    }
+}
+
+fn metric_sum_in(text: &str, name: &str, label: &str) -> u64 {
     text.lines()
         .filter(|l| {
             l.strip_prefix(name)

@@ -258,3 +258,31 @@ fn a_trickled_body_is_cut_at_the_timeout() {
         "the cut request changed the map"
     );
 }
+
+/// Requests anyone can send and the manager refuses (no signature here) are
+/// each counted, but logged at most 20 times per 10 s (`api.rs`,
+/// REFUSAL_LINES), so that a flood of them neither fills the disk nor buries
+/// the lines that matter.
+#[test]
+fn refused_requests_are_counted_each_but_logged_within_a_bound() {
+    const REQUESTS: u64 = 100;
+    let cluster = TestCluster::start_with(ClusterOptions {
+        auth: true,
+        ..ClusterOptions::default()
+    });
+    let mgr = cluster.mgr_addr();
+    for _ in 0..REQUESTS {
+        let (code, _) = flame_tests::http_get(mgr, "/v1/status").unwrap();
+        assert_eq!(code, 401, "an unsigned status read");
+    }
+    let counted = flame_tests::metric_sum(mgr, "flame_mgr_auth_refusals_total", "");
+    assert!(
+        counted >= REQUESTS,
+        "{counted} refusals counted of {REQUESTS}"
+    );
+    let lines = cluster.mgr_log().matches("refused GET /v1/status").count();
+    assert!(
+        (1..=40).contains(&lines),
+        "{lines} log lines for {REQUESTS} refused requests"
+    );
+}

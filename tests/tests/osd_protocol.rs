@@ -1068,6 +1068,9 @@ fn a_raw_delete_of_a_live_volume_is_refused_and_erases_nothing() {
 /// replication role only for the osd entity; everything else is answered EPERM
 /// and closed, counted by reason, and changes nothing. An admitted HELLO's
 /// answer carries the OSD's proof, which checks.
+/// Keyless HELLOs sent in a burst by the test below.
+const HELLO_BURST: usize = 60;
+
 #[test]
 fn hellos_without_a_valid_ticket_are_refused_and_counted() {
     use flame_common::auth::handshake::{
@@ -1182,8 +1185,29 @@ fn hellos_without_a_valid_ticket_are_refused_and_counted() {
                 Ok(Message::HelloReply { status, .. }) => assert_eq!(status, status::EPERM),
                 other => panic!("replayed hello answered {other:?}"),
             }
+            // A burst of keyless HELLOs: each refused, but not each logged.
+            for _ in 0..HELLO_BURST {
+                let conn = Conn::connect(TransportKind::Tcp, addr, TIMEOUT)
+                    .await
+                    .unwrap();
+                conn.send(&hello(false, None)).unwrap();
+                match conn.recv().await {
+                    Ok(Message::HelloReply { status, .. }) => assert_eq!(status, status::EPERM),
+                    other => panic!("keyless hello answered {other:?}"),
+                }
+            }
         })
         .unwrap();
+    // At most 20 refusal lines per 10 s (`connection.rs`, REFUSAL_LINES): the
+    // burst (well under 10 s) and the cases before it log at most two windows'
+    // worth, and a later line says how many were left out.
+    let log = cluster.osd_log(process_of(&cluster, &map, osd));
+    let lines = log.matches("refusing connection").count();
+    assert!(
+        (1..=40).contains(&lines),
+        "{lines} refusal lines for {} refused HELLOs",
+        HELLO_BURST + 6
+    );
     let (code, text) = flame_tests::http_get(
         cluster.osd_metrics_addr(process_of(&cluster, &map, osd)),
         "/metrics",
@@ -1198,11 +1222,17 @@ fn hellos_without_a_valid_ticket_are_refused_and_counted() {
         "expired_ticket",
         "replayed",
     ] {
+        // Every refusal is counted, the ones left out of the log too.
+        let times = if reason == "missing" {
+            1 + HELLO_BURST
+        } else {
+            1
+        };
         assert!(
             text.contains(&format!(
-                "flame_osd_hello_refusals_total{{reason=\"{reason}\"}} 1"
+                "flame_osd_hello_refusals_total{{reason=\"{reason}\"}} {times}"
             )),
-            "refusal {reason} not counted once:\n{}",
+            "refusal {reason} not counted {times} times:\n{}",
             text.lines()
                 .filter(|l| l.contains("hello_refusals"))
                 .collect::<Vec<_>>()

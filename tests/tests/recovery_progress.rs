@@ -15,7 +15,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use flame_common::mgr_api::{ClusterStatus, RecoveryPhase};
-use flame_tests::{ClusterOptions, TestCluster, http_get};
+use flame_tests::{ClusterOptions, TestCluster};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -69,17 +69,8 @@ fn recovered_metric(cluster: &TestCluster, which: &[usize]) -> u64 {
 fn metric_sum(cluster: &TestCluster, which: &[usize], name: &str) -> u64 {
     which
         .iter()
-        .filter_map(|&i| http_get(cluster.osd_metrics_addr(i), "/metrics").ok())
-        .flat_map(|(_, body)| {
-            body.lines()
-                .filter(|l| {
-                    l.strip_prefix(name)
-                        .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum::<f64>() as u64
+        .filter_map(|&i| flame_tests::try_metric_sum(cluster.osd_metrics_addr(i), name, ""))
+        .sum()
 }
 
 /// Whether the status shows a recovery: a group recovering in the map, or the
