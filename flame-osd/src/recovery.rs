@@ -1210,9 +1210,11 @@ impl Shard {
             // The group's core is made now if it has none (as a job does), so
             // that its primacy stays put. The steps are planned under this
             // primacy: peering's comparisons run under it (a job that sees it
-            // change is abandoned), and the group is marked peered only if it
-            // is still the current one (recoveries check the current one
-            // themselves).
+            // change is abandoned), and the group is marked peered under it
+            // (`peered_now` compares with the current one; recoveries check
+            // the current one themselves). Refusing the mark when the primacy
+            // moved changed simulator seeds 310153 and 312369 into failures
+            // (docs/testing.md, open seeds): not done until understood.
             let primacy = self.pgs.borrow_mut().get_mut(pg).primacy();
             let mut pass = GroupPass::new(timings);
             loop {
@@ -1337,10 +1339,6 @@ impl Shard {
                 r
             }
             Step::MarkPeered => {
-                if self.pgs.borrow().primacy(pg) != primacy {
-                    // The comparisons ran (in part) under an older primacy.
-                    return Outcome::Abandoned;
-                }
                 self.recovery.peered.borrow_mut().insert(pg, primacy);
                 // Peering compared every object of every member, the ones
                 // their restarts left in doubt included.
